@@ -1,0 +1,436 @@
+//! Array element types. Stored bytes are always little-endian, C order, packed (no padding).
+//!
+//! A dtype is written in the manifest as a name (`"float32"`, `"bfloat16"`, `"bytes:16"`,
+//! `"unicode:8"`) or, for structured dtypes, as `{"struct": [{"name": .., "dtype": .., "shape": [..]}]}`.
+
+use crate::error::{Error, Result};
+use serde_json::{json, Value};
+
+/// Deepest nesting accepted for structured dtypes (hostile-input guard).
+pub const MAX_DTYPE_DEPTH: usize = 16;
+/// Most fields accepted in one structured dtype.
+pub const MAX_STRUCT_FIELDS: usize = 4096;
+
+/// One named field of a structured (record) dtype.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Field {
+    pub name: String,
+    pub dtype: DType,
+    /// Sub-array shape of the field (empty for a scalar field).
+    pub shape: Vec<u64>,
+}
+
+/// The element type of an array.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DType {
+    Bool,
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    U16,
+    U32,
+    U64,
+    F16,
+    BF16,
+    F32,
+    F64,
+    C64,
+    C128,
+    F8E4M3FN,
+    F8E5M2,
+    F8E4M3FNUZ,
+    F8E5M2FNUZ,
+    F8E4M3B11FNUZ,
+    /// Fixed-width byte strings of `n` bytes (numpy `S<n>`).
+    Bytes(u64),
+    /// Fixed-width unicode of `n` code points, UTF-32LE (numpy `<U<n>`).
+    Unicode(u64),
+    /// Packed structured dtype (numpy record dtype without padding).
+    Struct(Vec<Field>),
+}
+
+const SIMPLE: &[(&str, DType)] = &[
+    ("bool", DType::Bool),
+    ("int8", DType::I8),
+    ("int16", DType::I16),
+    ("int32", DType::I32),
+    ("int64", DType::I64),
+    ("uint8", DType::U8),
+    ("uint16", DType::U16),
+    ("uint32", DType::U32),
+    ("uint64", DType::U64),
+    ("float16", DType::F16),
+    ("bfloat16", DType::BF16),
+    ("float32", DType::F32),
+    ("float64", DType::F64),
+    ("complex64", DType::C64),
+    ("complex128", DType::C128),
+    ("float8_e4m3fn", DType::F8E4M3FN),
+    ("float8_e5m2", DType::F8E5M2),
+    ("float8_e4m3fnuz", DType::F8E4M3FNUZ),
+    ("float8_e5m2fnuz", DType::F8E5M2FNUZ),
+    ("float8_e4m3b11fnuz", DType::F8E4M3B11FNUZ),
+];
+
+impl DType {
+    /// Every non-parametric dtype, in a stable order (used by tests and docs).
+    pub fn all_simple() -> impl Iterator<Item = DType> {
+        SIMPLE.iter().map(|(_, d)| d.clone())
+    }
+
+    /// Bytes per element in canonical (packed) storage.
+    pub fn itemsize(&self) -> u64 {
+        match self {
+            DType::Bool | DType::I8 | DType::U8 => 1,
+            DType::F8E4M3FN | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F8E4M3B11FNUZ => 1,
+            DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
+            DType::I32 | DType::U32 | DType::F32 => 4,
+            DType::I64 | DType::U64 | DType::F64 | DType::C64 => 8,
+            DType::C128 => 16,
+            DType::Bytes(n) => *n,
+            DType::Unicode(n) => n.saturating_mul(4),
+            DType::Struct(fields) => fields
+                .iter()
+                .map(|f| f.dtype.itemsize().saturating_mul(f.shape.iter().product::<u64>()))
+                .fold(0u64, |a, b| a.saturating_add(b)),
+        }
+    }
+
+    /// Size of one scalar unit that must be byte-swapped for endianness (1 = no swapping).
+    pub fn swap_unit(&self) -> u64 {
+        match self {
+            DType::C64 => 4,
+            DType::C128 => 8,
+            DType::Unicode(_) => 4,
+            DType::Bytes(_) | DType::Struct(_) => 1,
+            d => d.itemsize(),
+        }
+    }
+
+    /// True for dtypes whose values are numbers (min/max previews make sense).
+    pub fn is_real_number(&self) -> bool {
+        !matches!(self, DType::C64 | DType::C128 | DType::Bytes(_) | DType::Unicode(_) | DType::Struct(_))
+    }
+
+    /// The manifest name of a non-struct dtype (`None` for structs).
+    pub fn name(&self) -> Option<String> {
+        match self {
+            DType::Bytes(n) => Some(format!("bytes:{n}")),
+            DType::Unicode(n) => Some(format!("unicode:{n}")),
+            DType::Struct(_) => None,
+            d => SIMPLE.iter().find(|(_, x)| x == d).map(|(n, _)| n.to_string()),
+        }
+    }
+
+    /// Parse a dtype from its manifest name (`float32`, `bytes:16`, ...).
+    ///
+    /// # Errors
+    /// [`Error::BadDType`] when the name is unknown or a width is invalid.
+    pub fn from_name(name: &str) -> Result<DType> {
+        if let Some((_, d)) = SIMPLE.iter().find(|(n, _)| *n == name) {
+            return Ok(d.clone());
+        }
+        let parse_width = |w: &str| -> Result<u64> {
+            let n: u64 = w.parse().map_err(|_| bad(name, "width must be a positive integer"))?;
+            if n == 0 || n > (1 << 31) {
+                return Err(bad(name, "width must be between 1 and 2^31"));
+            }
+            Ok(n)
+        };
+        if let Some(w) = name.strip_prefix("bytes:") {
+            return Ok(DType::Bytes(parse_width(w)?));
+        }
+        if let Some(w) = name.strip_prefix("unicode:") {
+            return Ok(DType::Unicode(parse_width(w)?));
+        }
+        Err(bad(name, "not a treepack dtype name (see docs/format.md, section Dtypes)"))
+    }
+
+    /// JSON form used in the manifest.
+    pub fn to_json(&self) -> Value {
+        match self {
+            DType::Struct(fields) => {
+                let fs: Vec<Value> = fields
+                    .iter()
+                    .map(|f| {
+                        let mut o = json!({"name": f.name, "dtype": f.dtype.to_json()});
+                        if !f.shape.is_empty() {
+                            o["shape"] = json!(f.shape);
+                        }
+                        o
+                    })
+                    .collect();
+                json!({ "struct": fs })
+            }
+            d => Value::String(d.name().unwrap_or_default()),
+        }
+    }
+
+    /// Parse the manifest JSON form, validating names, widths, nesting and sizes.
+    ///
+    /// # Errors
+    /// [`Error::BadDType`] for anything malformed.
+    pub fn from_json(v: &Value) -> Result<DType> {
+        Self::from_json_depth(v, 0)
+    }
+
+    fn from_json_depth(v: &Value, depth: usize) -> Result<DType> {
+        if depth > MAX_DTYPE_DEPTH {
+            return Err(bad(&v.to_string(), "structured dtype nested too deeply"));
+        }
+        match v {
+            Value::String(s) => DType::from_name(s),
+            Value::Object(o) => {
+                let fields = o
+                    .get("struct")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| bad(&short(v), "object dtype must be {\"struct\": [fields]}"))?;
+                if fields.is_empty() || fields.len() > MAX_STRUCT_FIELDS {
+                    return Err(bad(&short(v), "a struct dtype needs 1 to 4096 fields"));
+                }
+                let mut out = Vec::with_capacity(fields.len());
+                for f in fields {
+                    let name = f
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| bad(&short(v), "struct field without a string `name`"))?;
+                    if out.iter().any(|x: &Field| x.name == name) {
+                        return Err(bad(&short(v), &format!("duplicate struct field `{name}`")));
+                    }
+                    let dt = f.get("dtype").ok_or_else(|| bad(&short(v), "struct field without `dtype`"))?;
+                    let dtype = DType::from_json_depth(dt, depth + 1)?;
+                    let shape = match f.get("shape") {
+                        None => vec![],
+                        Some(Value::Array(a)) if a.len() <= 32 => a
+                            .iter()
+                            .map(|x| x.as_u64().ok_or_else(|| bad(&short(v), "field shape must hold non-negative integers")))
+                            .collect::<Result<Vec<u64>>>()?,
+                        Some(_) => return Err(bad(&short(v), "field shape must be an array of at most 32 integers")),
+                    };
+                    out.push(Field { name: name.to_string(), dtype, shape });
+                }
+                let d = DType::Struct(out);
+                let size = d.itemsize();
+                if size == 0 || size > (1 << 31) {
+                    return Err(bad(&short(v), "struct itemsize must be between 1 and 2^31 bytes"));
+                }
+                Ok(d)
+            }
+            _ => Err(bad(&short(v), "a dtype is a name string or a {\"struct\": ...} object")),
+        }
+    }
+
+    /// Human-readable form (`float32`, `struct{x: float32, y: int64[3]}`).
+    pub fn display(&self) -> String {
+        match self {
+            DType::Struct(fields) => {
+                let parts: Vec<String> = fields
+                    .iter()
+                    .map(|f| {
+                        if f.shape.is_empty() {
+                            format!("{}: {}", f.name, f.dtype.display())
+                        } else {
+                            format!("{}: {}{:?}", f.name, f.dtype.display(), f.shape)
+                        }
+                    })
+                    .collect();
+                format!("struct{{{}}}", parts.join(", "))
+            }
+            d => d.name().unwrap_or_default(),
+        }
+    }
+
+    /// Decode element `i` of canonical bytes into a JSON value (for previews and `treepack cat`).
+    /// Returns `None` if out of range. Non-finite floats become strings ("nan", "inf", "-inf").
+    pub fn element_json(&self, bytes: &[u8], i: usize) -> Option<Value> {
+        let size = usize::try_from(self.itemsize()).ok()?;
+        let start = i.checked_mul(size)?;
+        let b = bytes.get(start..start.checked_add(size)?)?;
+        Some(self.decode_json(b))
+    }
+
+    fn decode_json(&self, b: &[u8]) -> Value {
+        macro_rules! le {
+            ($t:ty) => {{
+                let mut a = [0u8; std::mem::size_of::<$t>()];
+                a.copy_from_slice(&b[..std::mem::size_of::<$t>()]);
+                <$t>::from_le_bytes(a)
+            }};
+        }
+        match self {
+            DType::Bool => Value::Bool(b[0] != 0),
+            DType::I8 => json!(b[0] as i8),
+            DType::U8 => json!(b[0]),
+            DType::I16 => json!(le!(i16)),
+            DType::U16 => json!(le!(u16)),
+            DType::I32 => json!(le!(i32)),
+            DType::U32 => json!(le!(u32)),
+            DType::I64 => json!(le!(i64)),
+            DType::U64 => json!(le!(u64)),
+            DType::F16 => float_json(half::f16::from_bits(le!(u16)).to_f64()),
+            DType::BF16 => float_json(half::bf16::from_bits(le!(u16)).to_f64()),
+            DType::F32 => float_json(le!(f32) as f64),
+            DType::F64 => float_json(le!(f64)),
+            DType::C64 => {
+                let re = f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64;
+                let im = f32::from_le_bytes([b[4], b[5], b[6], b[7]]) as f64;
+                json!([float_json(re), float_json(im)])
+            }
+            DType::C128 => {
+                let mut r = [0u8; 8];
+                let mut m = [0u8; 8];
+                r.copy_from_slice(&b[0..8]);
+                m.copy_from_slice(&b[8..16]);
+                json!([float_json(f64::from_le_bytes(r)), float_json(f64::from_le_bytes(m))])
+            }
+            DType::F8E4M3FN | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F8E4M3B11FNUZ => {
+                float_json(f8_to_f64(self, b[0]))
+            }
+            DType::Bytes(_) => {
+                let end = b.iter().rposition(|&c| c != 0).map_or(0, |p| p + 1);
+                Value::String(String::from_utf8_lossy(&b[..end]).into_owned())
+            }
+            DType::Unicode(_) => {
+                let mut s = String::new();
+                for cp in b.chunks_exact(4) {
+                    let c = u32::from_le_bytes([cp[0], cp[1], cp[2], cp[3]]);
+                    if c == 0 {
+                        break;
+                    }
+                    s.push(char::from_u32(c).unwrap_or('\u{FFFD}'));
+                }
+                Value::String(s)
+            }
+            DType::Struct(fields) => {
+                let mut o = serde_json::Map::new();
+                let mut off = 0usize;
+                for f in fields {
+                    let n: u64 = f.shape.iter().product();
+                    let fsize = (f.dtype.itemsize() * n) as usize;
+                    let part = &b[off..off + fsize];
+                    let v = if f.shape.is_empty() {
+                        f.dtype.decode_json(part)
+                    } else {
+                        let k = f.dtype.itemsize() as usize;
+                        Value::Array(part.chunks_exact(k.max(1)).take(8).map(|e| f.dtype.decode_json(e)).collect())
+                    };
+                    o.insert(f.name.clone(), v);
+                    off += fsize;
+                }
+                Value::Object(o)
+            }
+        }
+    }
+
+    /// Decode element `i` as an f64 for min/max (None for non-numeric dtypes or out of range).
+    pub fn element_f64(&self, bytes: &[u8], i: usize) -> Option<f64> {
+        if !self.is_real_number() {
+            return None;
+        }
+        match self.element_json(bytes, i)? {
+            Value::Bool(b) => Some(if b { 1.0 } else { 0.0 }),
+            Value::Number(n) => n.as_f64(),
+            _ => None, // non-finite: skipped for min/max
+        }
+    }
+}
+
+fn bad(dtype: &str, reason: &str) -> Error {
+    Error::BadDType { dtype: dtype.to_string(), reason: reason.to_string() }
+}
+
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 80 {
+        format!("{}…", &s[..s.floor_char_boundary(80)])
+    } else {
+        s
+    }
+}
+
+/// A float as JSON: finite values as numbers, others as "nan" / "inf" / "-inf".
+pub fn float_json(x: f64) -> Value {
+    if x.is_nan() {
+        Value::String("nan".into())
+    } else if x.is_infinite() {
+        Value::String(if x > 0.0 { "inf" } else { "-inf" }.into())
+    } else {
+        serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
+    }
+}
+
+/// Decode an 8-bit float of one of the ml_dtypes formats.
+pub fn f8_to_f64(d: &DType, bits: u8) -> f64 {
+    // (exponent bits, mantissa bits, bias, has_inf, nan_style)
+    let (eb, mb, bias, fnuz): (u32, u32, i32, bool) = match d {
+        DType::F8E4M3FN => (4, 3, 7, false),
+        DType::F8E5M2 => (5, 2, 15, false),
+        DType::F8E4M3FNUZ => (4, 3, 8, true),
+        DType::F8E5M2FNUZ => (5, 2, 16, true),
+        DType::F8E4M3B11FNUZ => (4, 3, 11, true),
+        _ => return f64::NAN,
+    };
+    let sign = if bits & 0x80 != 0 { -1.0 } else { 1.0 };
+    if fnuz && bits == 0x80 {
+        return f64::NAN;
+    }
+    let e = ((bits >> mb) & ((1 << eb) - 1) as u8) as i32;
+    let m = (bits & ((1 << mb) - 1) as u8) as f64;
+    let emax = (1 << eb) - 1;
+    if matches!(d, DType::F8E5M2) && e == emax {
+        return if m == 0.0 { sign * f64::INFINITY } else { f64::NAN };
+    }
+    if matches!(d, DType::F8E4M3FN) && e == emax && m as u32 == (1 << mb) - 1 {
+        return f64::NAN;
+    }
+    let scale = (1u32 << mb) as f64;
+    if e == 0 {
+        sign * (m / scale) * 2f64.powi(1 - bias)
+    } else {
+        sign * (1.0 + m / scale) * 2f64.powi(e - bias)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for d in DType::all_simple().chain([DType::Bytes(7), DType::Unicode(3)]) {
+            assert_eq!(DType::from_json(&d.to_json()).unwrap(), d);
+        }
+        let s = DType::Struct(vec![
+            Field { name: "x".into(), dtype: DType::F32, shape: vec![] },
+            Field { name: "v".into(), dtype: DType::I16, shape: vec![3] },
+        ]);
+        assert_eq!(s.itemsize(), 10);
+        assert_eq!(DType::from_json(&s.to_json()).unwrap(), s);
+    }
+
+    #[test]
+    fn rejects_bad_dtypes() {
+        for v in [json!("float128"), json!("bytes:0"), json!("bytes:x"), json!(3), json!({"struct": []})] {
+            assert!(matches!(DType::from_json(&v), Err(Error::BadDType { .. })), "{v}");
+        }
+        let dup = json!({"struct": [{"name": "a", "dtype": "int8"}, {"name": "a", "dtype": "int8"}]});
+        assert!(DType::from_json(&dup).is_err());
+        let mut deep = json!("int8");
+        for _ in 0..40 {
+            deep = json!({"struct": [{"name": "a", "dtype": deep}]});
+        }
+        assert!(DType::from_json(&deep).is_err());
+    }
+
+    #[test]
+    fn float8_decoding() {
+        assert_eq!(f8_to_f64(&DType::F8E4M3FN, 0x38), 1.0);
+        assert!(f8_to_f64(&DType::F8E4M3FN, 0x7f).is_nan());
+        assert_eq!(f8_to_f64(&DType::F8E4M3FN, 0x7e), 448.0);
+        assert_eq!(f8_to_f64(&DType::F8E5M2, 0x3c), 1.0);
+        assert_eq!(f8_to_f64(&DType::F8E5M2, 0x7c), f64::INFINITY);
+        assert!(f8_to_f64(&DType::F8E4M3FNUZ, 0x80).is_nan());
+    }
+}

@@ -1,0 +1,450 @@
+//! Key paths name a node in a tree: `params/dense/kernel`, `layers/0`.
+//!
+//! Syntax (see docs/format.md, "Key paths"):
+//! - Segments are joined by `/`. The root is the empty path.
+//! - List and tuple items are decimal indices; record fields, custom children and string dict
+//!   keys are their text, with `~` written `~0`, `/` written `~1`, `*` written `~2`, and the
+//!   empty string written `~e`.
+//! - Other dict keys are typed: `~i42` (int), `~f1.5` / `~fnan` (float), `~true`, `~false`,
+//!   `~none`, and tuples `~t(a,~i1)` whose string items also escape `,` `(` `)` as `~3` `~4` `~5`.
+//! - Globs: `*` matches any text within one segment, `**` matches any number of segments.
+//!   A selection pattern also selects everything below the node it matches.
+
+use crate::error::{Error, Result};
+use crate::model::{Int, Key, Step, Tree};
+use std::fmt;
+
+/// One step of a key path, as stored in a tree walk.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Segment {
+    Index(usize),
+    Key(Key),
+    Name(String),
+}
+
+impl Segment {
+    pub(crate) fn from_step(s: &Step<'_>) -> Segment {
+        match s {
+            Step::Index(i) => Segment::Index(*i),
+            Step::Key(k) => Segment::Key((*k).clone()),
+            Step::Name(n) => Segment::Name(n.to_string()),
+        }
+    }
+
+    /// The escaped text form of this segment.
+    pub fn text(&self) -> String {
+        match self {
+            Segment::Index(i) => i.to_string(),
+            Segment::Name(n) => escape_str(n, false),
+            Segment::Key(k) => key_text(k, false),
+        }
+    }
+}
+
+fn escape_str(s: &str, in_tuple: bool) -> String {
+    if s.is_empty() {
+        return "~e".into();
+    }
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '~' => out.push_str("~0"),
+            '/' => out.push_str("~1"),
+            '*' => out.push_str("~2"),
+            ',' if in_tuple => out.push_str("~3"),
+            '(' if in_tuple => out.push_str("~4"),
+            ')' if in_tuple => out.push_str("~5"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn float_text(f: f64) -> String {
+    if f.is_nan() {
+        "nan".into()
+    } else if f.is_infinite() {
+        if f > 0.0 { "inf" } else { "-inf" }.into()
+    } else {
+        let mut b = ryu::Buffer::new();
+        b.format_finite(f).to_string()
+    }
+}
+
+fn key_text(k: &Key, in_tuple: bool) -> String {
+    match k {
+        Key::Str(s) => escape_str(s, in_tuple),
+        Key::Int(i) => format!("~i{i}"),
+        Key::Float(f) => format!("~f{}", float_text(*f)),
+        Key::Bool(b) => format!("~{b}"),
+        Key::None => "~none".into(),
+        Key::Tuple(items) => {
+            let parts: Vec<String> = items.iter().map(|k| key_text(k, true)).collect();
+            format!("~t({})", parts.join(","))
+        }
+    }
+}
+
+/// A key path: the segments from the root to a node.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct KeyPath(Vec<Segment>);
+
+impl KeyPath {
+    pub fn root() -> KeyPath {
+        KeyPath(Vec::new())
+    }
+    pub fn push(&mut self, s: Segment) {
+        self.0.push(s);
+    }
+    pub fn pop(&mut self) -> Option<Segment> {
+        self.0.pop()
+    }
+    pub fn segments(&self) -> &[Segment] {
+        &self.0
+    }
+    pub fn is_root(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// Escaped text of each segment.
+    pub fn texts(&self) -> Vec<String> {
+        self.0.iter().map(Segment::text).collect()
+    }
+}
+
+impl fmt::Display for KeyPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.texts().join("/"))
+    }
+}
+
+/// Split a path string into its (still escaped) segment texts, validating escapes.
+///
+/// # Errors
+/// [`Error::BadKeyPath`] for empty segments or unknown escapes.
+pub fn split(path: &str) -> Result<Vec<String>> {
+    let trimmed = path.trim_matches('/');
+    if trimmed.is_empty() {
+        return Ok(vec![]);
+    }
+    let segs: Vec<String> = trimmed.split('/').map(str::to_string).collect();
+    for s in &segs {
+        if s.is_empty() {
+            return Err(bad(path, "empty segment (write an empty key as `~e`)"));
+        }
+        if !valid_segment(s) {
+            return Err(bad(path, &format!("bad escape in segment `{s}` (a literal `~` is written `~0`)")));
+        }
+    }
+    Ok(segs)
+}
+
+fn valid_segment(s: &str) -> bool {
+    if matches!(s, "~e" | "~true" | "~false" | "~none") {
+        return true;
+    }
+    if let Some(r) = s.strip_prefix("~i") {
+        return Int::parse(r).is_some();
+    }
+    if let Some(r) = s.strip_prefix("~f") {
+        return matches!(r, "nan" | "inf" | "-inf") || r.parse::<f64>().is_ok();
+    }
+    if s.starts_with("~t(") && s.ends_with(')') {
+        return true;
+    }
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'~' {
+            if i + 1 >= b.len() || !(b'0'..=b'5').contains(&b[i + 1]) {
+                return false;
+            }
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    true
+}
+
+fn bad(path: &str, reason: &str) -> Error {
+    Error::BadKeyPath { path: path.to_string(), reason: reason.to_string() }
+}
+
+/// Parse a segment text into a dict key (for lookups that must build a `Key`).
+pub fn parse_key(seg: &str) -> Result<Key> {
+    if seg == "~e" {
+        return Ok(Key::Str(String::new()));
+    }
+    if seg == "~none" {
+        return Ok(Key::None);
+    }
+    if seg == "~true" || seg == "~false" {
+        return Ok(Key::Bool(seg == "~true"));
+    }
+    if let Some(i) = seg.strip_prefix("~i") {
+        return Int::parse(i).map(Key::Int).ok_or_else(|| bad(seg, "`~i` must be followed by an integer"));
+    }
+    if let Some(f) = seg.strip_prefix("~f") {
+        let v = match f {
+            "nan" => f64::NAN,
+            "inf" => f64::INFINITY,
+            "-inf" => f64::NEG_INFINITY,
+            _ => f.parse::<f64>().map_err(|_| bad(seg, "`~f` must be followed by a float"))?,
+        };
+        return Ok(Key::Float(v));
+    }
+    if seg.starts_with("~t(") {
+        return Err(bad(seg, "tuple keys can be matched by glob or by their exact text only"));
+    }
+    Ok(Key::Str(unescape(seg)))
+}
+
+/// Undo string escapes (`~0` `~1` `~2` `~3` `~4` `~5`, `~e`).
+pub fn unescape(seg: &str) -> String {
+    if seg == "~e" {
+        return String::new();
+    }
+    let mut out = String::with_capacity(seg.len());
+    let mut chars = seg.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' {
+            match chars.next() {
+                Some('0') => out.push('~'),
+                Some('1') => out.push('/'),
+                Some('2') => out.push('*'),
+                Some('3') => out.push(','),
+                Some('4') => out.push('('),
+                Some('5') => out.push(')'),
+                Some(o) => {
+                    out.push('~');
+                    out.push(o)
+                }
+                None => out.push('~'),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Find the child of `tree` named by one segment text.
+pub fn child<'t, L>(tree: &'t Tree<L>, seg: &str) -> Option<&'t Tree<L>> {
+    match tree {
+        Tree::Leaf(_) => None,
+        Tree::List(v) | Tree::Tuple(v) => {
+            if seg.len() > 1 && seg.starts_with('0') {
+                return None;
+            }
+            seg.parse::<usize>().ok().and_then(|i| v.get(i))
+        }
+        Tree::Dict(items) => items.iter().find(|(k, _)| key_text(k, false) == seg).map(|(_, c)| c),
+        Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => {
+            v.iter().find(|(n, _)| escape_str(n, false) == seg).map(|(_, c)| c)
+        }
+    }
+}
+
+/// Resolve a key path in a tree.
+///
+/// # Errors
+/// [`Error::BadKeyPath`] for a malformed path, [`Error::KeyNotFound`] naming the first missing step.
+pub fn resolve<'t, L>(tree: &'t Tree<L>, path: &str) -> Result<&'t Tree<L>> {
+    let mut node = tree;
+    let mut walked: Vec<String> = vec![];
+    for seg in split(path)? {
+        node = match child(node, &seg) {
+            Some(c) => c,
+            None => {
+                let here = if walked.is_empty() { "<root>".to_string() } else { walked.join("/") };
+                let avail: Vec<String> = node.children().iter().take(12).map(|(s, _)| Segment::from_step(s).text()).collect();
+                let reason = if matches!(node, Tree::Leaf(_)) {
+                    format!("`{here}` is a leaf and has no child `{seg}`")
+                } else {
+                    format!("`{here}` ({}) has no child `{seg}`; it has: {}", node.container_kind(), avail.join(", "))
+                };
+                return Err(Error::KeyNotFound { path: path.to_string(), reason });
+            }
+        };
+        walked.push(seg);
+    }
+    Ok(node)
+}
+
+/// A compiled key-path glob.
+#[derive(Debug, Clone)]
+pub struct Glob {
+    source: String,
+    segs: Vec<String>,
+}
+
+impl Glob {
+    /// Compile a glob pattern.
+    ///
+    /// # Errors
+    /// [`Error::BadKeyPath`] if the pattern is malformed.
+    pub fn new(pattern: &str) -> Result<Glob> {
+        let segs = if pattern.trim_matches('/').is_empty() {
+            vec![]
+        } else {
+            let s: Vec<String> = pattern.trim_matches('/').split('/').map(str::to_string).collect();
+            if s.iter().any(String::is_empty) {
+                return Err(bad(pattern, "empty segment"));
+            }
+            if s.iter().any(|x| x.contains("**") && x != "**") {
+                return Err(bad(pattern, "`**` must be a whole segment"));
+            }
+            s
+        };
+        if segs.len() > 256 {
+            return Err(bad(pattern, "too many segments"));
+        }
+        Ok(Glob { source: pattern.to_string(), segs })
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// True if the pattern matches exactly this path (given as escaped segment texts).
+    pub fn matches(&self, path: &[String]) -> bool {
+        match_segs(&self.segs, path)
+    }
+
+    /// True if the pattern matches this path or any of its ancestors (selection semantics).
+    pub fn selects(&self, path: &[String]) -> bool {
+        (0..=path.len()).any(|n| match_segs(&self.segs, &path[..n]))
+    }
+}
+
+fn match_segs(pat: &[String], path: &[String]) -> bool {
+    // Iterative matcher with backtracking on the last `**` (linear-ish, no exponential blowup).
+    let (mut p, mut s) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while s < path.len() {
+        if p < pat.len() && pat[p] == "**" {
+            star = Some((p, s));
+            p += 1;
+        } else if p < pat.len() && match_one(&pat[p], &path[s]) {
+            p += 1;
+            s += 1;
+        } else if let Some((sp, ss)) = star {
+            p = sp + 1;
+            s = ss + 1;
+            star = Some((sp, ss + 1));
+        } else {
+            return false;
+        }
+    }
+    while p < pat.len() && pat[p] == "**" {
+        p += 1;
+    }
+    p == pat.len()
+}
+
+/// Match one segment against a pattern segment where `*` matches any run of characters.
+fn match_one(pat: &str, text: &str) -> bool {
+    if !pat.contains('*') {
+        return pat == text;
+    }
+    let p: Vec<char> = pat.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let (mut i, mut j) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while j < t.len() {
+        if i < p.len() && p[i] == '*' {
+            star = Some((i, j));
+            i += 1;
+        } else if i < p.len() && p[i] == t[j] {
+            i += 1;
+            j += 1;
+        } else if let Some((si, sj)) = star {
+            i = si + 1;
+            j = sj + 1;
+            star = Some((si, sj + 1));
+        } else {
+            return false;
+        }
+    }
+    while i < p.len() && p[i] == '*' {
+        i += 1;
+    }
+    i == p.len()
+}
+
+/// A set of globs; empty means "everything".
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    globs: Vec<Glob>,
+}
+
+impl Selection {
+    pub fn all() -> Selection {
+        Selection::default()
+    }
+    /// Compile several patterns.
+    ///
+    /// # Errors
+    /// [`Error::BadKeyPath`] for a malformed pattern.
+    pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Selection> {
+        Ok(Selection { globs: patterns.iter().map(|p| Glob::new(p.as_ref())).collect::<Result<_>>()? })
+    }
+    pub fn is_all(&self) -> bool {
+        self.globs.is_empty()
+    }
+    /// True if a leaf at this path is selected.
+    pub fn selects(&self, path: &KeyPath) -> bool {
+        if self.globs.is_empty() {
+            return true;
+        }
+        let texts = path.texts();
+        self.globs.iter().any(|g| g.selects(&texts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Node;
+
+    fn t(s: &[&str]) -> Vec<String> {
+        s.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn escaping_round_trips() {
+        for s in ["a/b", "~x", "a*b", "", "plain", "x~1"] {
+            let seg = Segment::Name(s.to_string()).text();
+            assert!(!seg.contains('/'), "{seg}");
+            assert_eq!(unescape(&seg), s);
+        }
+        assert_eq!(Segment::Key(Key::Int(Int::Small(-3))).text(), "~i-3");
+        assert_eq!(Segment::Key(Key::Float(1.5)).text(), "~f1.5");
+        assert_eq!(Segment::Key(Key::Tuple(vec![Key::Str("a,b".into()), Key::None])).text(), "~t(a~3b,~none)");
+        assert_eq!(parse_key("~i-3").unwrap(), Key::Int(Int::Small(-3)));
+    }
+
+    #[test]
+    fn globs() {
+        let g = Glob::new("params/**/kernel").unwrap();
+        assert!(g.matches(&t(&["params", "kernel"])));
+        assert!(g.matches(&t(&["params", "a", "b", "kernel"])));
+        assert!(!g.matches(&t(&["opt", "kernel"])));
+        let g = Glob::new("layers/*/w*").unwrap();
+        assert!(g.matches(&t(&["layers", "0", "weight"])));
+        assert!(!g.matches(&t(&["layers", "0", "bias"])));
+        assert!(Glob::new("params").unwrap().selects(&t(&["params", "w"])));
+        assert!(Glob::new("**").unwrap().matches(&t(&[])));
+        assert!(Glob::new("a**").is_err());
+    }
+
+    #[test]
+    fn resolve_paths() {
+        let tree = Node::dict([("a/b", Node::list([Node::from(1i64), Node::from(2i64)]))]);
+        assert!(matches!(resolve(&tree, "a~1b/1").unwrap(), Tree::Leaf(_)));
+        let err = resolve(&tree, "a~1b/5").unwrap_err();
+        assert!(matches!(err, Error::KeyNotFound { .. }), "{err}");
+        assert!(resolve(&tree, "a~1b/01").is_err());
+        assert!(split("a//b").is_err());
+    }
+}

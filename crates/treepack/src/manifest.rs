@@ -1,0 +1,1278 @@
+//! The manifest (`treepack.json`): the tree's structure, inline values, and where every chunk
+//! lives. Written as compact JSON by hand (fast, deterministic) and parsed by a strict streaming
+//! visitor that bounds depth, rejects duplicates, and reports the key path of any problem.
+//!
+//! The normative description is docs/format.md; this module is its reference implementation.
+
+use crate::codec::Codec;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::grid::ChunkGrid;
+use crate::hash::Hash32;
+use crate::keypath::{KeyPath, Segment};
+use crate::model::{shape_len, Int, Key, Tree};
+use base64::Engine;
+use bytes::Bytes;
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::fmt::{self, Write as _};
+
+/// The format's signature value (`"format": "treepack"`).
+pub const FORMAT_NAME: &str = "treepack";
+/// Major version this build writes and reads.
+pub const VERSION_MAJOR: u16 = 1;
+/// Minor version this build writes. Readers accept any minor of a known major.
+pub const VERSION_MINOR: u16 = 0;
+/// Deepest container nesting accepted (Python's default recursion limit is 1000).
+pub const MAX_DEPTH: usize = 1000;
+/// Largest manifest accepted, in bytes.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+/// Most dimensions of an array (numpy's limit is 64).
+pub const MAX_NDIM: usize = 64;
+/// Most packs a manifest may list.
+pub const MAX_PACKS: usize = 1 << 20;
+
+const HASH_PREFIX: &str = ",\n\"manifest_hash\":\"";
+const HASH_SUFFIX: &str = "\"}\n";
+/// Length of the manifest's closing member: `,\n"manifest_hash":"<64 hex>"}\n`.
+pub const HASH_TRAILER_LEN: usize = HASH_PREFIX.len() + 64 + HASH_SUFFIX.len();
+
+/// Where one chunk's stored bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkRef {
+    /// Index into [`Manifest::packs`].
+    pub pack: u32,
+    pub offset: u64,
+    /// Stored length in bytes.
+    pub length: u64,
+    pub codec: Codec,
+    /// BLAKE3 of the canonical (decoded) bytes.
+    pub hash: Hash32,
+}
+
+/// A string or bytes value: inline in the manifest, or a blob in a pack.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stored<T> {
+    Inline(T),
+    Blob { size: u64, chunk: ChunkRef },
+}
+
+/// How an array's bytes are stored.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ArrayStorage {
+    /// Small arrays: canonical bytes base64-encoded in the manifest.
+    Inline(Bytes),
+    /// On a chunk grid, chunks in C order of grid coordinates.
+    Chunked { chunk_shape: Vec<u64>, chunks: Vec<ChunkRef> },
+}
+
+/// An array leaf as recorded in the manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArrayEntry {
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub storage: ArrayStorage,
+    /// Informational preview (first values, min, max). Never used to reconstruct data.
+    pub preview: Option<Value>,
+}
+
+impl ArrayEntry {
+    /// Logical byte size (itemsize × number of elements).
+    pub fn nbytes(&self) -> u64 {
+        shape_len(&self.shape).unwrap_or(0).saturating_mul(self.dtype.itemsize())
+    }
+    /// The chunk grid (a single chunk covering everything for inline arrays).
+    pub fn grid(&self) -> ChunkGrid {
+        match &self.storage {
+            ArrayStorage::Chunked { chunk_shape, .. } => {
+                ChunkGrid { shape: self.shape.clone(), chunk_shape: chunk_shape.clone() }
+            }
+            ArrayStorage::Inline(_) => {
+                ChunkGrid { shape: self.shape.clone(), chunk_shape: self.shape.iter().map(|&d| d.max(1)).collect() }
+            }
+        }
+    }
+}
+
+/// A leaf as recorded in the manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entry {
+    None,
+    Bool(bool),
+    Int(Int),
+    Float(f64),
+    Complex(f64, f64),
+    Str(Stored<String>),
+    Bytes(Stored<Bytes>),
+    Array(ArrayEntry),
+}
+
+impl Entry {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Entry::None => "none",
+            Entry::Bool(_) => "bool",
+            Entry::Int(_) => "int",
+            Entry::Float(_) => "float",
+            Entry::Complex(..) => "complex",
+            Entry::Str(_) => "str",
+            Entry::Bytes(_) => "bytes",
+            Entry::Array(_) => "array",
+        }
+    }
+
+    /// Chunks this leaf reads from packs.
+    pub fn chunks(&self) -> &[ChunkRef] {
+        match self {
+            Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => std::slice::from_ref(chunk),
+            Entry::Array(ArrayEntry { storage: ArrayStorage::Chunked { chunks, .. }, .. }) => chunks,
+            _ => &[],
+        }
+    }
+
+    /// Byte size of the value (UTF-8 bytes for strings).
+    pub fn nbytes(&self) -> u64 {
+        match self {
+            Entry::Str(Stored::Inline(s)) => s.len() as u64,
+            Entry::Bytes(Stored::Inline(b)) => b.len() as u64,
+            Entry::Str(Stored::Blob { size, .. }) | Entry::Bytes(Stored::Blob { size, .. }) => *size,
+            Entry::Array(a) => a.nbytes(),
+            _ => 0,
+        }
+    }
+}
+
+/// Description of one leaf, read from the manifest alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeafInfo {
+    pub path: String,
+    pub kind: &'static str,
+    pub dtype: Option<DType>,
+    pub shape: Option<Vec<u64>>,
+    pub nbytes: u64,
+}
+
+/// One pack file of a location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackInfo {
+    /// Path relative to the location (`packs/…​.tpp`), or `.` for the single file itself.
+    pub path: String,
+    pub size: u64,
+}
+
+/// A parsed manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    pub version: (u16, u16),
+    pub writer: String,
+    pub metadata: Option<Value>,
+    pub packs: Vec<PackInfo>,
+    pub root: Tree<Entry>,
+}
+
+impl Manifest {
+    /// The structure with a [`LeafInfo`] at each leaf.
+    pub fn structure(&self) -> Tree<LeafInfo> {
+        let r: std::result::Result<_, std::convert::Infallible> = self.root.clone().try_map(&mut |p, e| {
+            Ok(LeafInfo {
+                path: p.to_string(),
+                kind: e.kind(),
+                dtype: if let Entry::Array(a) = &e { Some(a.dtype.clone()) } else { None },
+                shape: if let Entry::Array(a) = &e { Some(a.shape.clone()) } else { None },
+                nbytes: e.nbytes(),
+            })
+        });
+        match r {
+            Ok(t) => t,
+            Err(e) => match e {},
+        }
+    }
+}
+
+// ---------------------------------------------------------------- writing
+
+/// Serialise a manifest to its exact on-storage bytes (including the trailing hash member).
+pub fn encode(m: &Manifest, stats: &Value) -> Vec<u8> {
+    let mut s = String::with_capacity(4096);
+    let _ = write!(s, "{{\"format\":\"{FORMAT_NAME}\",\"version\":[{},{}],\n\"writer\":", m.version.0, m.version.1);
+    write_str(&mut s, &m.writer);
+    if let Some(md) = &m.metadata {
+        s.push_str(",\n\"metadata\":");
+        s.push_str(&md.to_string());
+    }
+    s.push_str(",\n\"stats\":");
+    s.push_str(&stats.to_string());
+    s.push_str(",\n\"packs\":[");
+    for (i, p) in m.packs.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str("{\"path\":");
+        write_str(&mut s, &p.path);
+        let _ = write!(s, ",\"size\":{}}}", p.size);
+    }
+    s.push_str("],\n\"root\":");
+    write_node(&mut s, &m.root);
+    let hash = Hash32::of(s.as_bytes());
+    s.push_str(HASH_PREFIX);
+    s.push_str(&hash.to_hex());
+    s.push_str(HASH_SUFFIX);
+    s.into_bytes()
+}
+
+fn write_str(s: &mut String, v: &str) {
+    s.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            '\n' => s.push_str("\\n"),
+            '\r' => s.push_str("\\r"),
+            '\t' => s.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(s, "\\u{:04x}", c as u32);
+            }
+            c => s.push(c),
+        }
+    }
+    s.push('"');
+}
+
+fn write_float(s: &mut String, f: f64) {
+    if f.is_finite() {
+        let mut b = ryu::Buffer::new();
+        s.push_str(b.format_finite(f));
+    } else {
+        write_str(s, &float_text(f));
+    }
+}
+
+/// Text for a non-finite float: `nan`, `inf`, `-inf`, or `nan:<16 hex bits>` for a NaN whose bits
+/// are not the canonical quiet NaN 0x7ff8000000000000.
+fn float_text(f: f64) -> String {
+    if f.is_nan() {
+        if f.to_bits() == 0x7ff8_0000_0000_0000 {
+            "nan".into()
+        } else {
+            format!("nan:{:016x}", f.to_bits())
+        }
+    } else if f > 0.0 {
+        "inf".into()
+    } else {
+        "-inf".into()
+    }
+}
+
+fn write_int(s: &mut String, i: &Int) {
+    match i {
+        Int::Small(v) => {
+            let _ = write!(s, "{v}");
+        }
+        Int::Big(b) => {
+            let _ = write!(s, "{{\"t\":\"int\",\"v\":\"{b}\"}}");
+        }
+    }
+}
+
+fn write_key(s: &mut String, k: &Key) {
+    match k {
+        Key::None => s.push_str("null"),
+        Key::Bool(b) => s.push_str(if *b { "true" } else { "false" }),
+        Key::Int(i) => write_int(s, i),
+        Key::Float(f) => write_float_node(s, *f),
+        Key::Str(v) => write_str(s, v),
+        Key::Tuple(items) => {
+            s.push_str("{\"t\":\"tuple\",\"items\":[");
+            for (i, k) in items.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                write_key(s, k);
+            }
+            s.push_str("]}");
+        }
+    }
+}
+
+fn write_float_node(s: &mut String, f: f64) {
+    if f.is_finite() {
+        write_float(s, f);
+    } else {
+        s.push_str("{\"t\":\"float\",\"v\":");
+        write_float(s, f);
+        s.push('}');
+    }
+}
+
+fn write_chunk(s: &mut String, c: &ChunkRef) {
+    let _ = write!(
+        s,
+        "{{\"pack\":{},\"offset\":{},\"length\":{},\"codec\":\"{}\",\"blake3\":\"{}\"}}",
+        c.pack,
+        c.offset,
+        c.length,
+        c.codec.name(),
+        c.hash.to_hex()
+    );
+}
+
+fn write_u64s(s: &mut String, v: &[u64]) {
+    s.push('[');
+    for (i, x) in v.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{x}");
+    }
+    s.push(']');
+}
+
+fn write_named(s: &mut String, items: &[(String, Tree<Entry>)]) {
+    s.push('[');
+    for (i, (k, v)) in items.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push('[');
+        write_str(s, k);
+        s.push(',');
+        write_node(s, v);
+        s.push(']');
+    }
+    s.push(']');
+}
+
+fn write_node(s: &mut String, t: &Tree<Entry>) {
+    crate::model::grow(|| write_node_inner(s, t))
+}
+
+fn write_node_inner(s: &mut String, t: &Tree<Entry>) {
+    match t {
+        Tree::Leaf(e) => write_entry(s, e),
+        Tree::List(v) => {
+            s.push('[');
+            for (i, c) in v.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                write_node(s, c);
+            }
+            s.push(']');
+        }
+        Tree::Tuple(v) => {
+            s.push_str("{\"t\":\"tuple\",\"items\":[");
+            for (i, c) in v.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                write_node(s, c);
+            }
+            s.push_str("]}");
+        }
+        Tree::Dict(v) => {
+            s.push_str("{\"t\":\"dict\",\"items\":[");
+            for (i, (k, c)) in v.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                s.push('[');
+                write_key(s, k);
+                s.push(',');
+                write_node(s, c);
+                s.push(']');
+            }
+            s.push_str("]}");
+        }
+        Tree::Record { type_name, fields } => {
+            s.push_str("{\"t\":\"record\",\"type\":");
+            write_str(s, type_name);
+            s.push_str(",\"fields\":");
+            write_named(s, fields);
+            s.push('}');
+        }
+        Tree::Custom { type_name, data, children } => {
+            s.push_str("{\"t\":\"custom\",\"type\":");
+            write_str(s, type_name);
+            if !data.is_null() {
+                s.push_str(",\"data\":");
+                s.push_str(&data.to_string());
+            }
+            if !children.is_empty() {
+                s.push_str(",\"children\":");
+                write_named(s, children);
+            }
+            s.push('}');
+        }
+    }
+}
+
+fn write_entry(s: &mut String, e: &Entry) {
+    let b64 = &base64::engine::general_purpose::STANDARD;
+    match e {
+        Entry::None => s.push_str("null"),
+        Entry::Bool(b) => s.push_str(if *b { "true" } else { "false" }),
+        Entry::Int(i) => write_int(s, i),
+        Entry::Float(f) => write_float_node(s, *f),
+        Entry::Complex(re, im) => {
+            s.push_str("{\"t\":\"complex\",\"v\":[");
+            write_float(s, *re);
+            s.push(',');
+            write_float(s, *im);
+            s.push_str("]}");
+        }
+        Entry::Str(Stored::Inline(v)) => write_str(s, v),
+        Entry::Str(Stored::Blob { size, chunk }) => {
+            let _ = write!(s, "{{\"t\":\"str\",\"size\":{size},\"blob\":");
+            write_chunk(s, chunk);
+            s.push('}');
+        }
+        Entry::Bytes(Stored::Inline(v)) => {
+            s.push_str("{\"t\":\"bytes\",\"b64\":\"");
+            s.push_str(&b64.encode(v));
+            s.push_str("\"}");
+        }
+        Entry::Bytes(Stored::Blob { size, chunk }) => {
+            let _ = write!(s, "{{\"t\":\"bytes\",\"size\":{size},\"blob\":");
+            write_chunk(s, chunk);
+            s.push('}');
+        }
+        Entry::Array(a) => {
+            s.push_str("{\"t\":\"array\",\"dtype\":");
+            s.push_str(&a.dtype.to_json().to_string());
+            s.push_str(",\"shape\":");
+            write_u64s(s, &a.shape);
+            match &a.storage {
+                ArrayStorage::Inline(data) => {
+                    s.push_str(",\"data\":\"");
+                    s.push_str(&b64.encode(data));
+                    s.push('"');
+                }
+                ArrayStorage::Chunked { chunk_shape, chunks } => {
+                    s.push_str(",\"chunk_shape\":");
+                    write_u64s(s, chunk_shape);
+                    s.push_str(",\"chunks\":[");
+                    for (i, c) in chunks.iter().enumerate() {
+                        if i > 0 {
+                            s.push(',');
+                        }
+                        write_chunk(s, c);
+                    }
+                    s.push(']');
+                }
+            }
+            if let Some(p) = &a.preview {
+                s.push_str(",\"preview\":");
+                s.push_str(&p.to_string());
+            }
+            s.push('}');
+        }
+    }
+}
+
+// ---------------------------------------------------------------- reading
+
+/// Verify the trailing hash member and parse a manifest. `file` names the source in errors.
+///
+/// # Errors
+/// [`Error::NotTreepack`], [`Error::UnsupportedVersion`], [`Error::ManifestChecksum`] or
+/// [`Error::InvalidManifest`] (with the key path of the problem).
+pub fn decode(bytes: &[u8], file: &str) -> Result<Manifest> {
+    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(Error::limit("manifest size", MAX_MANIFEST_BYTES, format!("{file} is {} bytes", bytes.len())));
+    }
+    if !bytes.starts_with(b"{\"format\":") {
+        let head = String::from_utf8_lossy(&bytes[..bytes.len().min(40)]).into_owned();
+        return Err(Error::NotTreepack {
+            file: file.into(),
+            reason: format!("manifest must start with {{\"format\":, found {head:?}"),
+        });
+    }
+    // Check the version before the checksum so a newer file says "upgrade", not "corrupt".
+    check_version_prefix(bytes, file)?;
+    if bytes.len() < HASH_TRAILER_LEN + 2 {
+        return Err(Error::NotTreepack { file: file.into(), reason: "manifest is truncated".into() });
+    }
+    let split = bytes.len() - HASH_TRAILER_LEN;
+    let (body, trailer) = bytes.split_at(split);
+    let ok_shape = trailer.starts_with(HASH_PREFIX.as_bytes()) && trailer.ends_with(HASH_SUFFIX.as_bytes());
+    let stored = std::str::from_utf8(&trailer[HASH_PREFIX.len()..HASH_PREFIX.len() + 64]).ok().and_then(Hash32::from_hex);
+    let stored = match (ok_shape, stored) {
+        (true, Some(h)) => h,
+        _ => {
+            return Err(Error::NotTreepack {
+                file: file.into(),
+                reason: "manifest does not end with its \"manifest_hash\" member (truncated or edited?)".into(),
+            })
+        }
+    };
+    let actual = Hash32::of(body);
+    if actual != stored {
+        return Err(Error::ManifestChecksum { file: file.into(), expected: stored.to_hex(), actual: actual.to_hex() });
+    }
+    parse_unchecked(bytes, file)
+}
+
+fn check_version_prefix(bytes: &[u8], file: &str) -> Result<()> {
+    let head = &bytes[..bytes.len().min(64)];
+    let text = String::from_utf8_lossy(head);
+    let pat = "{\"format\":\"treepack\",\"version\":[";
+    let Some(rest) = text.strip_prefix(pat) else {
+        return Err(Error::NotTreepack {
+            file: file.into(),
+            reason: "manifest must begin with {\"format\":\"treepack\",\"version\":[major,minor]".into(),
+        });
+    };
+    let major: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    match major.parse::<u32>() {
+        Ok(m) if m == u32::from(VERSION_MAJOR) => Ok(()),
+        _ => {
+            let found: String = rest.chars().take_while(|&c| c != ']').take(20).collect();
+            Err(Error::UnsupportedVersion { file: file.into(), found, supported: VERSION_MAJOR })
+        }
+    }
+}
+
+/// Parse without checking the trailing hash (used by fuzzing and by `decode`).
+pub fn parse_unchecked(bytes: &[u8], file: &str) -> Result<Manifest> {
+    let path = RefCell::new(Vec::<String>::new());
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    de.disable_recursion_limit();
+    let res = TopSeed { path: &path }.deserialize(&mut de).and_then(|m| de.end().map(|_| m));
+    let m = res.map_err(|e| {
+        let p = path.borrow().join("/");
+        Error::manifest(file, if p.is_empty() { "<root>".to_string() } else { p }, e.to_string())
+    })?;
+    validate(&m, file)?;
+    Ok(m)
+}
+
+struct TopSeed<'a> {
+    path: &'a RefCell<Vec<String>>,
+}
+
+impl<'de> DeserializeSeed<'de> for TopSeed<'_> {
+    type Value = Manifest;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Manifest, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TopSeed<'_> {
+    type Value = Manifest;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a treepack manifest object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Manifest, A::Error> {
+        let mut seen = HashSet::new();
+        let (mut version, mut writer, mut metadata, mut packs, mut root) = (None, None, None, None, None);
+        while let Some(k) = map.next_key::<String>()? {
+            if !seen.insert(k.clone()) {
+                return Err(de::Error::custom(format!("duplicate member `{k}`")));
+            }
+            match k.as_str() {
+                "format" => {
+                    let f: String = map.next_value()?;
+                    if f != FORMAT_NAME {
+                        return Err(de::Error::custom(format!("format is {f:?}, expected \"treepack\"")));
+                    }
+                }
+                "version" => {
+                    let v: (u16, u16) = map.next_value()?;
+                    version = Some(v);
+                }
+                "writer" => writer = Some(map.next_value::<String>()?),
+                "metadata" => metadata = Some(map.next_value::<Value>()?),
+                "packs" => packs = Some(map.next_value::<Vec<RawPack>>()?),
+                "root" => root = Some(map.next_value_seed(NodeSeed { depth: 0, path: self.path })?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let version = version.ok_or_else(|| de::Error::custom("missing `version`"))?;
+        let packs = packs.ok_or_else(|| de::Error::custom("missing `packs`"))?;
+        if packs.len() > MAX_PACKS {
+            return Err(de::Error::custom("too many packs"));
+        }
+        Ok(Manifest {
+            version,
+            writer: writer.unwrap_or_default(),
+            metadata,
+            packs: packs.into_iter().map(|p| PackInfo { path: p.path, size: p.size }).collect(),
+            root: root.ok_or_else(|| de::Error::custom("missing `root`"))?,
+        })
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct RawPack {
+    path: String,
+    size: u64,
+}
+
+#[derive(serde::Deserialize)]
+struct RawChunk {
+    pack: u32,
+    offset: u64,
+    length: u64,
+    codec: String,
+    blake3: String,
+}
+
+impl RawChunk {
+    fn into_ref<E: de::Error>(self) -> std::result::Result<ChunkRef, E> {
+        let codec = Codec::from_name(&self.codec)
+            .ok_or_else(|| E::custom(format!("unknown codec {:?} (written by a newer treepack?)", self.codec)))?;
+        let hash = Hash32::from_hex(&self.blake3).ok_or_else(|| E::custom("`blake3` must be 64 lowercase hex digits"))?;
+        Ok(ChunkRef { pack: self.pack, offset: self.offset, length: self.length, codec, hash })
+    }
+}
+
+#[derive(Clone, Copy)]
+struct NodeSeed<'a> {
+    depth: usize,
+    path: &'a RefCell<Vec<String>>,
+}
+
+impl NodeSeed<'_> {
+    fn child(self) -> Self {
+        NodeSeed { depth: self.depth + 1, path: self.path }
+    }
+    fn check_depth<E: de::Error>(&self) -> std::result::Result<(), E> {
+        if self.depth >= MAX_DEPTH {
+            return Err(E::custom(format!("tree nested deeper than {MAX_DEPTH} levels")));
+        }
+        Ok(())
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for NodeSeed<'_> {
+    type Value = Tree<Entry>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Tree<Entry>, D::Error> {
+        crate::model::grow(|| d.deserialize_any(self))
+    }
+}
+
+fn parse_float_text<E: de::Error>(s: &str) -> std::result::Result<f64, E> {
+    match s {
+        "nan" => Ok(f64::NAN),
+        "inf" => Ok(f64::INFINITY),
+        "-inf" => Ok(f64::NEG_INFINITY),
+        _ => {
+            if let Some(hex) = s.strip_prefix("nan:") {
+                if let Ok(bits) = u64::from_str_radix(hex, 16) {
+                    let f = f64::from_bits(bits);
+                    if hex.len() == 16 && f.is_nan() {
+                        return Ok(f);
+                    }
+                }
+            }
+            Err(E::custom(format!("float string must be nan, inf, -inf or nan:<16 hex bits>, found {s:?}")))
+        }
+    }
+}
+
+fn value_float<E: de::Error>(v: &Value) -> std::result::Result<f64, E> {
+    match v {
+        Value::Number(n) => n.as_f64().ok_or_else(|| E::custom("bad float")),
+        Value::String(s) => parse_float_text(s),
+        _ => Err(E::custom("a float is a number or a string such as \"nan\"")),
+    }
+}
+
+impl<'de> Visitor<'de> for NodeSeed<'_> {
+    type Value = Tree<Entry>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a tree node")
+    }
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<Tree<Entry>, E> {
+        Ok(Tree::Leaf(Entry::None))
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<Tree<Entry>, E> {
+        Ok(Tree::Leaf(Entry::Bool(v)))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Tree<Entry>, E> {
+        Ok(Tree::Leaf(Entry::Int(Int::Small(v))))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Tree<Entry>, E> {
+        Ok(Tree::Leaf(Entry::Int(Int::from_big(v.into()))))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Tree<Entry>, E> {
+        Ok(Tree::Leaf(Entry::Float(v)))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Tree<Entry>, E> {
+        Ok(Tree::Leaf(Entry::Str(Stored::Inline(v.to_string()))))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<Tree<Entry>, E> {
+        Ok(Tree::Leaf(Entry::Str(Stored::Inline(v))))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Tree<Entry>, A::Error> {
+        self.check_depth()?;
+        Ok(Tree::List(read_items(self, seq)?))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Tree<Entry>, A::Error> {
+        self.check_depth()?;
+        let first = map.next_key::<String>()?;
+        if first.as_deref() != Some("t") {
+            return Err(de::Error::custom("a tagged node object must begin with its \"t\" member"));
+        }
+        let t: String = map.next_value()?;
+        match t.as_str() {
+            "tuple" => {
+                let mut items = None;
+                while let Some(k) = map.next_key::<String>()? {
+                    match k.as_str() {
+                        "items" => {
+                            dup(&items, "items")?;
+                            items = Some(map.next_value_seed(ItemsSeed(self))?);
+                        }
+                        _ => skip(&mut map, &k)?,
+                    }
+                }
+                Ok(Tree::Tuple(items.ok_or_else(|| de::Error::custom("tuple without `items`"))?))
+            }
+            "dict" => {
+                let mut items = None;
+                while let Some(k) = map.next_key::<String>()? {
+                    match k.as_str() {
+                        "items" => {
+                            dup(&items, "items")?;
+                            items = Some(map.next_value_seed(PairsSeed { node: self, keyed: true })?);
+                        }
+                        _ => skip(&mut map, &k)?,
+                    }
+                }
+                let pairs = items.ok_or_else(|| de::Error::custom("dict without `items`"))?;
+                Ok(Tree::Dict(pairs.into_iter().map(|(k, v)| (k.into_key(), v)).collect()))
+            }
+            "record" | "custom" => {
+                let (mut ty, mut fields, mut data) = (None, None, None);
+                let list_name = if t == "record" { "fields" } else { "children" };
+                while let Some(k) = map.next_key::<String>()? {
+                    if k == "type" {
+                        dup(&ty, "type")?;
+                        ty = Some(map.next_value::<String>()?);
+                    } else if k == list_name {
+                        dup(&fields, list_name)?;
+                        fields = Some(map.next_value_seed(PairsSeed { node: self, keyed: false })?);
+                    } else if k == "data" && t == "custom" {
+                        dup(&data, "data")?;
+                        data = Some(map.next_value::<Value>()?);
+                    } else {
+                        skip(&mut map, &k)?;
+                    }
+                }
+                let type_name = ty.ok_or_else(|| de::Error::custom(format!("{t} without `type`")))?;
+                let named: Vec<(String, Tree<Entry>)> =
+                    fields.unwrap_or_default().into_iter().map(|(k, v)| (k.into_name(), v)).collect();
+                if t == "record" {
+                    Ok(Tree::Record { type_name, fields: named })
+                } else {
+                    Ok(Tree::Custom { type_name, data: data.unwrap_or(Value::Null), children: named })
+                }
+            }
+            "int" => {
+                let v: Value = expect_one(&mut map, "v")?;
+                let i = match &v {
+                    Value::String(s) => Int::parse(s),
+                    Value::Number(n) => n.as_i64().map(Int::Small).or_else(|| n.as_u64().map(|u| Int::from_big(u.into()))),
+                    _ => None,
+                };
+                Ok(Tree::Leaf(Entry::Int(i.ok_or_else(|| de::Error::custom("int `v` must be a decimal string"))?)))
+            }
+            "float" => {
+                let v: Value = expect_one(&mut map, "v")?;
+                Ok(Tree::Leaf(Entry::Float(value_float(&v)?)))
+            }
+            "complex" => {
+                let v: Vec<Value> = expect_one(&mut map, "v")?;
+                if v.len() != 2 {
+                    return Err(de::Error::custom("complex `v` must be [real, imag]"));
+                }
+                Ok(Tree::Leaf(Entry::Complex(value_float(&v[0])?, value_float(&v[1])?)))
+            }
+            "str" | "bytes" => {
+                let (mut size, mut blob, mut b64) = (None, None, None);
+                while let Some(k) = map.next_key::<String>()? {
+                    match k.as_str() {
+                        "size" => {
+                            dup(&size, "size")?;
+                            size = Some(map.next_value::<u64>()?);
+                        }
+                        "blob" => {
+                            dup(&blob, "blob")?;
+                            blob = Some(map.next_value::<RawChunk>()?.into_ref()?);
+                        }
+                        "b64" if t == "bytes" => {
+                            dup(&b64, "b64")?;
+                            b64 = Some(map.next_value::<String>()?);
+                        }
+                        _ => skip(&mut map, &k)?,
+                    }
+                }
+                let entry = match (b64, size, blob) {
+                    (Some(b), None, None) => {
+                        let raw = base64::engine::general_purpose::STANDARD
+                            .decode(b.as_bytes())
+                            .map_err(|e| de::Error::custom(format!("bad base64: {e}")))?;
+                        Entry::Bytes(Stored::Inline(Bytes::from(raw)))
+                    }
+                    (None, Some(size), Some(chunk)) if t == "str" => Entry::Str(Stored::Blob { size, chunk }),
+                    (None, Some(size), Some(chunk)) => Entry::Bytes(Stored::Blob { size, chunk }),
+                    _ => return Err(de::Error::custom(format!("{t} node needs `size` and `blob` (or `b64` for bytes)"))),
+                };
+                Ok(Tree::Leaf(entry))
+            }
+            "array" => parse_array(&mut map).map(|a| Tree::Leaf(Entry::Array(a))),
+            other => Err(de::Error::custom(format!(
+                "unknown node type {other:?} (written by a newer treepack? see docs/format.md)"
+            ))),
+        }
+    }
+}
+
+fn dup<T, E: de::Error>(slot: &Option<T>, name: &str) -> std::result::Result<(), E> {
+    if slot.is_some() {
+        return Err(E::custom(format!("duplicate member `{name}`")));
+    }
+    Ok(())
+}
+
+fn skip<'de, A: MapAccess<'de>>(map: &mut A, _k: &str) -> std::result::Result<(), A::Error> {
+    map.next_value::<IgnoredAny>()?;
+    Ok(())
+}
+
+fn expect_one<'de, A: MapAccess<'de>, T: serde::Deserialize<'de>>(map: &mut A, name: &str) -> std::result::Result<T, A::Error> {
+    let mut out: Option<T> = None;
+    while let Some(k) = map.next_key::<String>()? {
+        if k == name {
+            dup(&out, name)?;
+            out = Some(map.next_value()?);
+        } else {
+            skip(map, &k)?;
+        }
+    }
+    out.ok_or_else(|| de::Error::custom(format!("missing `{name}`")))
+}
+
+fn parse_array<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::Result<ArrayEntry, A::Error> {
+    let (mut dtype, mut shape, mut chunk_shape, mut chunks, mut data, mut preview) = (None, None, None, None, None, None);
+    while let Some(k) = map.next_key::<String>()? {
+        match k.as_str() {
+            "dtype" => {
+                dup(&dtype, "dtype")?;
+                let v: Value = map.next_value()?;
+                dtype = Some(DType::from_json(&v).map_err(|e| de::Error::custom(e.to_string()))?);
+            }
+            "shape" => {
+                dup(&shape, "shape")?;
+                shape = Some(map.next_value::<Vec<u64>>()?);
+            }
+            "chunk_shape" => {
+                dup(&chunk_shape, "chunk_shape")?;
+                chunk_shape = Some(map.next_value::<Vec<u64>>()?);
+            }
+            "chunks" => {
+                dup(&chunks, "chunks")?;
+                let raw: Vec<RawChunk> = map.next_value()?;
+                chunks = Some(raw.into_iter().map(RawChunk::into_ref).collect::<std::result::Result<Vec<_>, _>>()?);
+            }
+            "data" => {
+                dup(&data, "data")?;
+                let s: String = map.next_value()?;
+                let raw = base64::engine::general_purpose::STANDARD
+                    .decode(s.as_bytes())
+                    .map_err(|e| de::Error::custom(format!("bad base64 in `data`: {e}")))?;
+                data = Some(Bytes::from(raw));
+            }
+            "preview" => {
+                dup(&preview, "preview")?;
+                preview = Some(map.next_value::<Value>()?);
+            }
+            _ => skip(map, &k)?,
+        }
+    }
+    let dtype = dtype.ok_or_else(|| de::Error::custom("array without `dtype`"))?;
+    let shape = shape.ok_or_else(|| de::Error::custom("array without `shape`"))?;
+    let storage = match (data, chunk_shape, chunks) {
+        (Some(d), None, None) => ArrayStorage::Inline(d),
+        (None, Some(cs), Some(c)) => ArrayStorage::Chunked { chunk_shape: cs, chunks: c },
+        _ => return Err(de::Error::custom("array needs either `data` or both `chunk_shape` and `chunks`")),
+    };
+    Ok(ArrayEntry { dtype, shape, storage, preview })
+}
+
+struct ItemsSeed<'a>(NodeSeed<'a>);
+
+impl<'de> DeserializeSeed<'de> for ItemsSeed<'_> {
+    type Value = Vec<Tree<Entry>>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ItemsSeed<'_> {
+    type Value = Vec<Tree<Entry>>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of nodes")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Self::Value, A::Error> {
+        read_items(self.0, seq)
+    }
+}
+
+fn read_items<'de, A: SeqAccess<'de>>(node: NodeSeed<'_>, mut seq: A) -> std::result::Result<Vec<Tree<Entry>>, A::Error> {
+    let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+    loop {
+        node.path.borrow_mut().push(out.len().to_string());
+        match seq.next_element_seed(node.child())? {
+            Some(v) => {
+                node.path.borrow_mut().pop();
+                out.push(v)
+            }
+            None => {
+                node.path.borrow_mut().pop();
+                return Ok(out);
+            }
+        }
+    }
+}
+
+/// A dict key or a field name read as the first item of a `[key, node]` pair.
+enum PairKey {
+    Key(Key),
+    Name(String),
+}
+
+impl PairKey {
+    fn into_key(self) -> Key {
+        match self {
+            PairKey::Key(k) => k,
+            PairKey::Name(n) => Key::Str(n),
+        }
+    }
+    fn into_name(self) -> String {
+        match self {
+            PairKey::Name(n) => n,
+            PairKey::Key(Key::Str(s)) => s,
+            PairKey::Key(_) => String::new(),
+        }
+    }
+}
+
+struct PairsSeed<'a> {
+    node: NodeSeed<'a>,
+    keyed: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for PairsSeed<'_> {
+    type Value = Vec<(PairKey, Tree<Entry>)>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PairsSeed<'_> {
+    type Value = Vec<(PairKey, Tree<Entry>)>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of [key, node] pairs")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        let mut seen: HashSet<String> = HashSet::new();
+        while let Some(pair) = seq.next_element_seed(PairSeed { node: self.node, keyed: self.keyed })? {
+            let text = match &pair.0 {
+                PairKey::Key(k) => Segment::Key(k.clone()).text(),
+                PairKey::Name(n) => Segment::Name(n.clone()).text(),
+            };
+            if !seen.insert(text.clone()) {
+                self.node.path.borrow_mut().push(text.clone());
+                return Err(de::Error::custom(format!("duplicate key `{text}`")));
+            }
+            out.push(pair);
+        }
+        Ok(out)
+    }
+}
+
+struct PairSeed<'a> {
+    node: NodeSeed<'a>,
+    keyed: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for PairSeed<'_> {
+    type Value = (PairKey, Tree<Entry>);
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PairSeed<'_> {
+    type Value = (PairKey, Tree<Entry>);
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a [key, node] pair")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
+        let key = if self.keyed {
+            let k = seq
+                .next_element_seed(self.node.child())?
+                .ok_or_else(|| de::Error::custom("empty pair: expected [key, node]"))?;
+            PairKey::Key(entry_to_key(k)?)
+        } else {
+            PairKey::Name(seq.next_element::<String>()?.ok_or_else(|| de::Error::custom("empty pair: expected [name, node]"))?)
+        };
+        let text = match &key {
+            PairKey::Key(k) => Segment::Key(k.clone()).text(),
+            PairKey::Name(n) => Segment::Name(n.clone()).text(),
+        };
+        self.node.path.borrow_mut().push(text);
+        let v = seq
+            .next_element_seed(self.node.child())?
+            .ok_or_else(|| de::Error::custom("pair without a value: expected [key, node]"))?;
+        if seq.next_element::<IgnoredAny>()?.is_some() {
+            return Err(de::Error::custom("a pair must have exactly two items"));
+        }
+        self.node.path.borrow_mut().pop();
+        Ok((key, v))
+    }
+}
+
+fn entry_to_key<E: de::Error>(t: Tree<Entry>) -> std::result::Result<Key, E> {
+    Ok(match t {
+        Tree::Leaf(Entry::None) => Key::None,
+        Tree::Leaf(Entry::Bool(b)) => Key::Bool(b),
+        Tree::Leaf(Entry::Int(i)) => Key::Int(i),
+        Tree::Leaf(Entry::Float(f)) => Key::Float(f),
+        Tree::Leaf(Entry::Str(Stored::Inline(s))) => Key::Str(s),
+        Tree::Tuple(items) => Key::Tuple(items.into_iter().map(entry_to_key).collect::<std::result::Result<_, E>>()?),
+        other => {
+            return Err(E::custom(format!(
+                "a dict key must be null, bool, int, float, an inline str or a tuple of these, found {}",
+                other.container_kind()
+            )))
+        }
+    })
+}
+
+// ---------------------------------------------------------------- validation
+
+/// Check everything the parser cannot: pack names, chunk bounds, sizes and grid consistency.
+///
+/// # Errors
+/// [`Error::InvalidManifest`] or [`Error::OutOfBounds`] naming the key path.
+pub fn validate(m: &Manifest, file: &str) -> Result<()> {
+    if m.version.0 != VERSION_MAJOR {
+        return Err(Error::UnsupportedVersion {
+            file: file.into(),
+            found: format!("{}.{}", m.version.0, m.version.1),
+            supported: VERSION_MAJOR,
+        });
+    }
+    for p in &m.packs {
+        validate_pack_path(&p.path).map_err(|r| Error::manifest(file, "packs", r))?;
+    }
+    let mut err: Option<Error> = None;
+    m.root.for_each_leaf(&mut |path, e| {
+        if err.is_none() {
+            if let Err(e) = validate_entry(m, path, e, file) {
+                err = Some(e);
+            }
+        }
+    });
+    match err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Pack paths are relative, `/`-separated, made of `[A-Za-z0-9._-]`, with no `.`/`..` segments,
+/// or exactly `.` (the single file itself).
+pub fn validate_pack_path(p: &str) -> std::result::Result<(), String> {
+    if p == "." {
+        return Ok(());
+    }
+    let ok = !p.is_empty()
+        && p.len() <= 512
+        && p.split('/').all(|seg| {
+            !seg.is_empty() && seg != "." && seg != ".." && seg.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("pack path {p:?} is not a safe relative path (letters, digits, `._-`, `/`; no `..`)"))
+    }
+}
+
+fn validate_chunk(m: &Manifest, c: &ChunkRef, expect_len: u64, path: &KeyPath, i: usize, file: &str) -> Result<()> {
+    let key = path.to_string();
+    let pack = m.packs.get(c.pack as usize).ok_or_else(|| Error::OutOfBounds {
+        file: file.into(),
+        key: key.clone(),
+        reason: format!("chunk {i} names pack {} but the manifest lists {} packs", c.pack, m.packs.len()),
+    })?;
+    let end = c.offset.checked_add(c.length);
+    if end.is_none_or(|e| e > pack.size) {
+        return Err(Error::OutOfBounds {
+            file: file.into(),
+            key,
+            reason: format!(
+                "chunk {i} spans bytes {}..+{} but pack `{}` has {} bytes",
+                c.offset, c.length, pack.path, pack.size
+            ),
+        });
+    }
+    if c.codec == Codec::Raw && c.length != expect_len {
+        return Err(Error::manifest(
+            file,
+            key,
+            format!("chunk {i} stores {} bytes but its region needs {expect_len} (shape × itemsize)", c.length),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_entry(m: &Manifest, path: &KeyPath, e: &Entry, file: &str) -> Result<()> {
+    let key = || path.to_string();
+    match e {
+        Entry::Str(Stored::Blob { size, chunk }) | Entry::Bytes(Stored::Blob { size, chunk }) => {
+            validate_chunk(m, chunk, *size, path, 0, file)
+        }
+        Entry::Array(a) => {
+            if a.shape.len() > MAX_NDIM {
+                return Err(Error::manifest(file, key(), format!("{} dimensions (limit {MAX_NDIM})", a.shape.len())));
+            }
+            let nbytes = shape_len(&a.shape).and_then(|n| n.checked_mul(a.dtype.itemsize()));
+            let Some(nbytes) = nbytes else {
+                return Err(Error::manifest(file, key(), format!("shape {:?} overflows 64-bit byte counts", a.shape)));
+            };
+            match &a.storage {
+                ArrayStorage::Inline(d) => {
+                    if d.len() as u64 != nbytes {
+                        return Err(Error::manifest(
+                            file,
+                            key(),
+                            format!("inline data has {} bytes but dtype × shape needs {nbytes}", d.len()),
+                        ));
+                    }
+                }
+                ArrayStorage::Chunked { chunk_shape, chunks } => {
+                    let grid = ChunkGrid::new(a.shape.clone(), chunk_shape.clone()).map_err(|r| Error::manifest(file, key(), r))?;
+                    let n = grid.num_chunks();
+                    if n != Some(chunks.len() as u64) {
+                        return Err(Error::manifest(
+                            file,
+                            key(),
+                            format!("the chunk grid has {} chunks but {} are listed", n.map_or("2^64+".into(), |n| n.to_string()), chunks.len()),
+                        ));
+                    }
+                    for (i, c) in chunks.iter().enumerate() {
+                        let (_, extent) = grid.chunk_region(i as u64);
+                        let len = shape_len(&extent).unwrap_or(u64::MAX).saturating_mul(a.dtype.itemsize());
+                        validate_chunk(m, c, len, path, i, file)?;
+                    }
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Manifest {
+        let chunk = ChunkRef { pack: 0, offset: 0, length: 8, codec: Codec::Raw, hash: Hash32::of(&[0u8; 8]) };
+        Manifest {
+            version: (1, 0),
+            writer: "test".into(),
+            metadata: Some(serde_json::json!({"step": 3})),
+            packs: vec![PackInfo { path: "packs/a-0.tpp".into(), size: 64 }],
+            root: Tree::Dict(vec![
+                (Key::Str("a".into()), Tree::Leaf(Entry::Int(Int::Small(1)))),
+                (Key::Int(Int::Small(7)), Tree::List(vec![Tree::Leaf(Entry::Float(-0.0)), Tree::Leaf(Entry::Float(f64::NAN))])),
+                (
+                    Key::Tuple(vec![Key::None, Key::Bool(true)]),
+                    Tree::Tuple(vec![Tree::Leaf(Entry::Str(Stored::Inline("x\"\n".into())))]),
+                ),
+                (
+                    Key::Str("w".into()),
+                    Tree::Leaf(Entry::Array(ArrayEntry {
+                        dtype: DType::F32,
+                        shape: vec![2],
+                        storage: ArrayStorage::Chunked { chunk_shape: vec![2], chunks: vec![chunk] },
+                        preview: None,
+                    })),
+                ),
+            ]),
+        }
+    }
+
+    #[test]
+    fn encode_decode_round_trip() {
+        let m = sample();
+        let bytes = encode(&m, &serde_json::json!({}));
+        let back = decode(&bytes, "t").unwrap();
+        assert_eq!(back.packs, m.packs);
+        assert_eq!(back.metadata, m.metadata);
+        // NaN != NaN, so compare the re-encoding instead
+        assert_eq!(encode(&back, &serde_json::json!({})), bytes);
+        // still plain JSON for other tools
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["format"], "treepack");
+    }
+
+    #[test]
+    fn detects_flips_and_truncation() {
+        let bytes = encode(&sample(), &serde_json::json!({}));
+        let mut flipped = bytes.clone();
+        flipped[60] ^= 1;
+        assert!(decode(&flipped, "t").is_err());
+        assert!(matches!(decode(&bytes[..bytes.len() - 5], "t"), Err(Error::NotTreepack { .. })));
+    }
+
+    fn with_root(root: &str) -> Vec<u8> {
+        let body = format!("{{\"format\":\"treepack\",\"version\":[1,0],\n\"packs\":[],\n\"root\":{root}");
+        let h = Hash32::of(body.as_bytes());
+        format!("{body}{HASH_PREFIX}{}{HASH_SUFFIX}", h.to_hex()).into_bytes()
+    }
+
+    #[test]
+    fn rejects_hostile_roots() {
+        let cases = [
+            ("{\"t\":\"dict\",\"items\":[[\"a\",1],[\"a\",2]]}", "duplicate key"),
+            ("{\"items\":[],\"t\":\"tuple\"}", "must begin"),
+            ("{\"t\":\"array\",\"dtype\":\"float32\",\"shape\":[2],\"data\":\"AAAA\"}", "inline data"),
+            ("{\"t\":\"wat\"}", "unknown node type"),
+            ("{\"t\":\"dict\",\"items\":[[[1],2]]}", "dict key"),
+            ("{\"t\":\"float\",\"v\":\"NaN\"}", "float string"),
+        ];
+        for (root, needle) in cases {
+            let err = decode(&with_root(root), "t").unwrap_err().to_string();
+            assert!(err.contains(needle), "{root}: {err}");
+        }
+        let deep = "[".repeat(MAX_DEPTH + 5) + &"]".repeat(MAX_DEPTH + 5);
+        assert!(decode(&with_root(&deep), "t").unwrap_err().to_string().contains("deeper"));
+        let ok = "[".repeat(MAX_DEPTH - 1) + &"]".repeat(MAX_DEPTH - 1);
+        decode(&with_root(&ok), "t").unwrap();
+    }
+
+    #[test]
+    fn error_names_the_key_path() {
+        let err = decode(&with_root("{\"t\":\"dict\",\"items\":[[\"params\",[1,{\"t\":\"zzz\"}]]]}"), "f").unwrap_err();
+        match err {
+            Error::InvalidManifest { key, .. } => assert_eq!(key, "params/1"),
+            e => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn future_major_version_says_upgrade() {
+        let body = "{\"format\":\"treepack\",\"version\":[2,0],\"packs\":[],\"root\":null}";
+        assert!(matches!(decode(body.as_bytes(), "f"), Err(Error::UnsupportedVersion { .. })));
+    }
+}

@@ -1,0 +1,458 @@
+//! The data model: a tree of containers whose leaves are scalars, strings, bytes and arrays.
+//!
+//! One generic [`Tree<L>`] carries the container structure so that the in-memory tree
+//! ([`Node`] = `Tree<Leaf>`), the stored manifest tree (`Tree<Entry>`) and the structure-only
+//! view (`Tree<LeafInfo>`) share the same walking, key-path and mapping code.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use bytes::Bytes;
+use num_bigint::BigInt;
+use std::fmt;
+
+/// An exact integer of any size. Values that fit in `i64` are kept unboxed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Int {
+    Small(i64),
+    Big(BigInt),
+}
+
+impl Int {
+    /// Build from a big integer, normalising to `Small` when it fits.
+    pub fn from_big(b: BigInt) -> Int {
+        match i64::try_from(&b) {
+            Ok(v) => Int::Small(v),
+            Err(_) => Int::Big(b),
+        }
+    }
+
+    /// Parse a decimal string (optional leading `-`).
+    pub fn parse(s: &str) -> Option<Int> {
+        if s.is_empty() || s.len() > 100_000 {
+            return None;
+        }
+        let digits = s.strip_prefix('-').unwrap_or(s);
+        if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        s.parse::<BigInt>().ok().map(Int::from_big)
+    }
+
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            Int::Small(v) => Some(*v),
+            Int::Big(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Int {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Int::Small(v) => write!(f, "{v}"),
+            Int::Big(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+impl From<i64> for Int {
+    fn from(v: i64) -> Self {
+        Int::Small(v)
+    }
+}
+
+/// A dict key. Python dicts allow these hashable kinds; order of entries is kept by the dict.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Key {
+    None,
+    Bool(bool),
+    Int(Int),
+    Float(f64),
+    Str(String),
+    Tuple(Vec<Key>),
+}
+
+impl Key {
+    /// True if two keys are the same key (floats compared by bits so NaN keys are well-defined).
+    pub fn same(&self, other: &Key) -> bool {
+        match (self, other) {
+            (Key::Float(a), Key::Float(b)) => a.to_bits() == b.to_bits(),
+            (Key::Tuple(a), Key::Tuple(b)) => a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same(y)),
+            _ => self == other,
+        }
+    }
+}
+
+impl From<&str> for Key {
+    fn from(s: &str) -> Self {
+        Key::Str(s.to_string())
+    }
+}
+impl From<String> for Key {
+    fn from(s: String) -> Self {
+        Key::Str(s)
+    }
+}
+impl From<i64> for Key {
+    fn from(v: i64) -> Self {
+        Key::Int(Int::Small(v))
+    }
+}
+
+/// An n-dimensional array in canonical form: little-endian, C order, packed.
+///
+/// The bytes are a cheaply clonable [`Bytes`], so arrays can be views of caller memory (zero-copy
+/// saves) or of a memory-mapped file (zero-copy loads).
+#[derive(Clone, PartialEq)]
+pub struct ArrayData {
+    dtype: DType,
+    shape: Vec<u64>,
+    data: Bytes,
+}
+
+impl fmt::Debug for ArrayData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ArrayData({}, {:?}, {} bytes)", self.dtype.display(), self.shape, self.data.len())
+    }
+}
+
+/// Product of a shape, or `None` on overflow.
+pub fn shape_len(shape: &[u64]) -> Option<u64> {
+    shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d))
+}
+
+impl ArrayData {
+    /// Wrap canonical bytes. Fails if `data.len() != itemsize × prod(shape)`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTree`] on a length mismatch or overflow.
+    pub fn new(dtype: DType, shape: Vec<u64>, data: impl Into<Bytes>) -> Result<Self> {
+        let data = data.into();
+        let expected = shape_len(&shape).and_then(|n| n.checked_mul(dtype.itemsize()));
+        if expected != Some(data.len() as u64) {
+            return Err(Error::invalid_tree(
+                "<array>",
+                format!(
+                    "{} bytes given but dtype {} × shape {:?} needs {}",
+                    data.len(),
+                    dtype.display(),
+                    shape,
+                    expected.map_or("more than 2^64".to_string(), |e| e.to_string())
+                ),
+            ));
+        }
+        Ok(ArrayData { dtype, shape, data })
+    }
+
+    /// A 0-d array (typed scalar) from canonical bytes.
+    pub fn scalar(dtype: DType, data: impl Into<Bytes>) -> Result<Self> {
+        Self::new(dtype, vec![], data)
+    }
+
+    pub fn dtype(&self) -> &DType {
+        &self.dtype
+    }
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+    /// Canonical bytes (little-endian, C order).
+    pub fn bytes(&self) -> &Bytes {
+        &self.data
+    }
+    pub fn nbytes(&self) -> u64 {
+        self.data.len() as u64
+    }
+    pub fn len(&self) -> u64 {
+        shape_len(&self.shape).unwrap_or(0)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn into_parts(self) -> (DType, Vec<u64>, Bytes) {
+        (self.dtype, self.shape, self.data)
+    }
+}
+
+/// A leaf value of an in-memory tree.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Leaf {
+    None,
+    Bool(bool),
+    Int(Int),
+    Float(f64),
+    Complex(f64, f64),
+    Str(String),
+    Bytes(Bytes),
+    Array(ArrayData),
+}
+
+impl Leaf {
+    /// The leaf's kind name as used in `LeafInfo` and the CLI.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Leaf::None => "none",
+            Leaf::Bool(_) => "bool",
+            Leaf::Int(_) => "int",
+            Leaf::Float(_) => "float",
+            Leaf::Complex(..) => "complex",
+            Leaf::Str(_) => "str",
+            Leaf::Bytes(_) => "bytes",
+            Leaf::Array(_) => "array",
+        }
+    }
+
+    /// Equality that treats floats bitwise (NaN == NaN with the same bits, -0.0 != 0.0).
+    pub fn exact_eq(&self, other: &Leaf) -> bool {
+        match (self, other) {
+            (Leaf::Float(a), Leaf::Float(b)) => a.to_bits() == b.to_bits(),
+            (Leaf::Complex(a, b), Leaf::Complex(c, d)) => a.to_bits() == c.to_bits() && b.to_bits() == d.to_bits(),
+            _ => self == other,
+        }
+    }
+}
+
+/// A tree: containers over leaves of type `L`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Tree<L> {
+    Leaf(L),
+    List(Vec<Tree<L>>),
+    Tuple(Vec<Tree<L>>),
+    /// Ordered dict; keys are unique.
+    Dict(Vec<(Key, Tree<L>)>),
+    /// A named type with ordered, named fields (dataclass, namedtuple, Rust struct).
+    Record { type_name: String, fields: Vec<(String, Tree<L>)> },
+    /// A registered custom type: its name, JSON data, and named children.
+    Custom { type_name: String, data: serde_json::Value, children: Vec<(String, Tree<L>)> },
+}
+
+/// Run `f`, first growing the stack if little is left, so deep (up to `MAX_DEPTH`) trees can be
+/// walked recursively on any thread (tokio workers and Python threads have small stacks).
+pub(crate) fn grow<R>(f: impl FnOnce() -> R) -> R {
+    stacker::maybe_grow(128 * 1024, 4 * 1024 * 1024, f)
+}
+
+/// The in-memory tree users build and get back.
+pub type Node = Tree<Leaf>;
+
+/// One step from a container to a child, used by key paths.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step<'a> {
+    Index(usize),
+    Key(&'a Key),
+    Name(&'a str),
+}
+
+impl<L> Tree<L> {
+    /// Children with the step that reaches each, in order (empty for leaves).
+    pub fn children(&self) -> Vec<(Step<'_>, &Tree<L>)> {
+        match self {
+            Tree::Leaf(_) => vec![],
+            Tree::List(v) | Tree::Tuple(v) => v.iter().enumerate().map(|(i, c)| (Step::Index(i), c)).collect(),
+            Tree::Dict(v) => v.iter().map(|(k, c)| (Step::Key(k), c)).collect(),
+            Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => {
+                v.iter().map(|(k, c)| (Step::Name(k.as_str()), c)).collect()
+            }
+        }
+    }
+
+    /// Map every leaf, keeping the structure; `f` gets the leaf's key path.
+    ///
+    /// # Errors
+    /// Whatever `f` returns.
+    pub fn try_map<M, E>(self, f: &mut impl FnMut(&crate::keypath::KeyPath, L) -> Result<M, E>) -> Result<Tree<M>, E> {
+        let mut path = crate::keypath::KeyPath::root();
+        self.try_map_at(&mut path, f)
+    }
+
+    fn try_map_at<M, E>(
+        self,
+        path: &mut crate::keypath::KeyPath,
+        f: &mut impl FnMut(&crate::keypath::KeyPath, L) -> Result<M, E>,
+    ) -> Result<Tree<M>, E> {
+        grow(move || self.try_map_inner(path, f))
+    }
+
+    fn try_map_inner<M, E>(
+        self,
+        path: &mut crate::keypath::KeyPath,
+        f: &mut impl FnMut(&crate::keypath::KeyPath, L) -> Result<M, E>,
+    ) -> Result<Tree<M>, E> {
+        use crate::keypath::Segment;
+        Ok(match self {
+            Tree::Leaf(l) => Tree::Leaf(f(path, l)?),
+            Tree::List(v) => Tree::List(map_seq(v, path, f)?),
+            Tree::Tuple(v) => Tree::Tuple(map_seq(v, path, f)?),
+            Tree::Dict(v) => {
+                let mut out = Vec::with_capacity(v.len());
+                for (k, c) in v {
+                    path.push(Segment::Key(k.clone()));
+                    let m = c.try_map_at(path, f);
+                    let k = match path.pop() {
+                        Some(Segment::Key(k)) => k,
+                        _ => unreachable!("pushed a key segment"),
+                    };
+                    out.push((k, m?));
+                }
+                Tree::Dict(out)
+            }
+            Tree::Record { type_name, fields } => Tree::Record { type_name, fields: map_named(fields, path, f)? },
+            Tree::Custom { type_name, data, children } => {
+                Tree::Custom { type_name, data, children: map_named(children, path, f)? }
+            }
+        })
+    }
+
+    /// Visit every leaf with its key path, in tree order.
+    pub fn for_each_leaf(&self, f: &mut impl FnMut(&crate::keypath::KeyPath, &L)) {
+        let mut path = crate::keypath::KeyPath::root();
+        self.visit(&mut path, f);
+    }
+
+    fn visit(&self, path: &mut crate::keypath::KeyPath, f: &mut impl FnMut(&crate::keypath::KeyPath, &L)) {
+        if let Tree::Leaf(l) = self {
+            f(path, l);
+            return;
+        }
+        grow(|| {
+            for (step, child) in self.children() {
+                path.push(crate::keypath::Segment::from_step(&step));
+                child.visit(path, f);
+                path.pop();
+            }
+        })
+    }
+
+    /// Number of leaves.
+    pub fn leaf_count(&self) -> usize {
+        match self {
+            Tree::Leaf(_) => 1,
+            _ => grow(|| self.children().iter().map(|(_, c)| c.leaf_count()).sum()),
+        }
+    }
+
+    /// Maximum container depth (a lone leaf has depth 0).
+    pub fn depth(&self) -> usize {
+        match self {
+            Tree::Leaf(_) => 0,
+            _ => 1 + grow(|| self.children().iter().map(|(_, c)| c.depth()).max().unwrap_or(0)),
+        }
+    }
+
+    /// A short name of the container kind (`list`, `dict`, ...) or `leaf`.
+    pub fn container_kind(&self) -> &'static str {
+        match self {
+            Tree::Leaf(_) => "leaf",
+            Tree::List(_) => "list",
+            Tree::Tuple(_) => "tuple",
+            Tree::Dict(_) => "dict",
+            Tree::Record { .. } => "record",
+            Tree::Custom { .. } => "custom",
+        }
+    }
+}
+
+fn map_seq<L, M, E>(
+    v: Vec<Tree<L>>,
+    path: &mut crate::keypath::KeyPath,
+    f: &mut impl FnMut(&crate::keypath::KeyPath, L) -> Result<M, E>,
+) -> Result<Vec<Tree<M>>, E> {
+    let mut out = Vec::with_capacity(v.len());
+    for (i, c) in v.into_iter().enumerate() {
+        path.push(crate::keypath::Segment::Index(i));
+        let m = c.try_map_at(path, f);
+        path.pop();
+        out.push(m?);
+    }
+    Ok(out)
+}
+
+fn map_named<L, M, E>(
+    v: Vec<(String, Tree<L>)>,
+    path: &mut crate::keypath::KeyPath,
+    f: &mut impl FnMut(&crate::keypath::KeyPath, L) -> Result<M, E>,
+) -> Result<Vec<(String, Tree<M>)>, E> {
+    let mut out = Vec::with_capacity(v.len());
+    for (k, c) in v {
+        path.push(crate::keypath::Segment::Name(k));
+        let m = c.try_map_at(path, f);
+        let k = match path.pop() {
+            Some(crate::keypath::Segment::Name(k)) => k,
+            _ => unreachable!("pushed a name segment"),
+        };
+        out.push((k, m?));
+    }
+    Ok(out)
+}
+
+// ---- Convenience constructors for in-memory trees ----
+
+impl Node {
+    pub fn none() -> Node {
+        Tree::Leaf(Leaf::None)
+    }
+    /// A dict with string keys, in the given order.
+    pub fn dict<K: Into<Key>>(items: impl IntoIterator<Item = (K, Node)>) -> Node {
+        Tree::Dict(items.into_iter().map(|(k, v)| (k.into(), v)).collect())
+    }
+    pub fn list(items: impl IntoIterator<Item = Node>) -> Node {
+        Tree::List(items.into_iter().collect())
+    }
+    pub fn tuple(items: impl IntoIterator<Item = Node>) -> Node {
+        Tree::Tuple(items.into_iter().collect())
+    }
+    pub fn record(type_name: &str, fields: impl IntoIterator<Item = (&'static str, Node)>) -> Node {
+        Tree::Record { type_name: type_name.into(), fields: fields.into_iter().map(|(k, v)| (k.into(), v)).collect() }
+    }
+    /// Exact structural equality (floats bitwise).
+    pub fn exact_eq(&self, other: &Node) -> bool {
+        match (self, other) {
+            (Tree::Leaf(a), Tree::Leaf(b)) => a.exact_eq(b),
+            (Tree::List(a), Tree::List(b)) | (Tree::Tuple(a), Tree::Tuple(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.exact_eq(y))
+            }
+            (Tree::Dict(a), Tree::Dict(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|((k1, x), (k2, y))| k1.same(k2) && x.exact_eq(y))
+            }
+            (Tree::Record { type_name: t1, fields: a }, Tree::Record { type_name: t2, fields: b }) => {
+                t1 == t2 && a.len() == b.len() && a.iter().zip(b).all(|((k1, x), (k2, y))| k1 == k2 && x.exact_eq(y))
+            }
+            (
+                Tree::Custom { type_name: t1, data: d1, children: a },
+                Tree::Custom { type_name: t2, data: d2, children: b },
+            ) => {
+                t1 == t2
+                    && d1 == d2
+                    && a.len() == b.len()
+                    && a.iter().zip(b).all(|((k1, x), (k2, y))| k1 == k2 && x.exact_eq(y))
+            }
+            _ => false,
+        }
+    }
+    /// The array at this node, if it is an array leaf.
+    pub fn as_array(&self) -> Option<&ArrayData> {
+        match self {
+            Tree::Leaf(Leaf::Array(a)) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+macro_rules! leaf_from {
+    ($t:ty, $v:ident => $e:expr) => {
+        impl From<$t> for Node {
+            fn from($v: $t) -> Node {
+                Tree::Leaf($e)
+            }
+        }
+    };
+}
+leaf_from!(bool, v => Leaf::Bool(v));
+leaf_from!(i64, v => Leaf::Int(Int::Small(v)));
+leaf_from!(i32, v => Leaf::Int(Int::Small(v as i64)));
+leaf_from!(u64, v => Leaf::Int(i64::try_from(v).map(Int::Small).unwrap_or_else(|_| Int::Big(BigInt::from(v)))));
+leaf_from!(f64, v => Leaf::Float(v));
+leaf_from!(&str, v => Leaf::Str(v.to_string()));
+leaf_from!(String, v => Leaf::Str(v));
+leaf_from!(ArrayData, v => Leaf::Array(v));
+leaf_from!(Vec<u8>, v => Leaf::Bytes(Bytes::from(v)));
+leaf_from!(Int, v => Leaf::Int(v));

@@ -397,8 +397,12 @@ impl Selection {
         if self.globs.is_empty() {
             return true;
         }
-        let texts = path.texts();
-        self.globs.iter().any(|g| g.selects(&texts))
+        self.selects_texts(&path.texts())
+    }
+
+    /// Like [`Selection::selects`] for a path given as escaped segment texts.
+    pub fn selects_texts(&self, texts: &[String]) -> bool {
+        self.globs.is_empty() || self.globs.iter().any(|g| g.selects(texts))
     }
 }
 

@@ -303,12 +303,12 @@ impl<L> Tree<L> {
     }
 
     /// Visit every leaf with its key path, in tree order.
-    pub fn for_each_leaf(&self, f: &mut impl FnMut(&crate::keypath::KeyPath, &L)) {
+    pub fn for_each_leaf<'a>(&'a self, f: &mut impl FnMut(&crate::keypath::KeyPath, &'a L)) {
         let mut path = crate::keypath::KeyPath::root();
         self.visit(&mut path, f);
     }
 
-    fn visit(&self, path: &mut crate::keypath::KeyPath, f: &mut impl FnMut(&crate::keypath::KeyPath, &L)) {
+    fn visit<'a>(&'a self, path: &mut crate::keypath::KeyPath, f: &mut impl FnMut(&crate::keypath::KeyPath, &'a L)) {
         if let Tree::Leaf(l) = self {
             f(path, l);
             return;

@@ -1,0 +1,136 @@
+//! Informational previews stored next to each chunked array: the first values, min and max.
+//! Readers never use them to reconstruct data; `treepack inspect` shows them.
+
+use crate::dtype::{float_json, DType};
+use serde_json::{json, Value};
+
+/// How many leading values a preview keeps.
+pub const HEAD_LEN: usize = 6;
+
+/// The first values of an array (canonical bytes).
+pub fn head(dtype: &DType, bytes: &[u8]) -> Value {
+    let n = (bytes.len() as u64 / dtype.itemsize().max(1)).min(HEAD_LEN as u64) as usize;
+    Value::Array((0..n).filter_map(|i| dtype.element_json(bytes, i)).collect())
+}
+
+/// Min and max of the finite/real values in `bytes`, or `None` if there are none or the dtype
+/// is not a real number type.
+pub fn min_max(dtype: &DType, bytes: &[u8]) -> Option<(f64, f64)> {
+    macro_rules! typed {
+        ($t:ty, $conv:expr) => {{
+            const N: usize = std::mem::size_of::<$t>();
+            let mut lo = f64::INFINITY;
+            let mut hi = f64::NEG_INFINITY;
+            for c in bytes.chunks_exact(N) {
+                let mut a = [0u8; N];
+                a.copy_from_slice(c);
+                let v: f64 = $conv(<$t>::from_le_bytes(a));
+                if v < lo {
+                    lo = v;
+                }
+                if v > hi {
+                    hi = v;
+                }
+            }
+            if lo <= hi {
+                Some((lo, hi))
+            } else {
+                None
+            }
+        }};
+    }
+    match dtype {
+        DType::F32 => {
+            // 8 independent lanes so the loop vectorises; NaNs are skipped by f32::min/max.
+            let mut lo = [f32::INFINITY; 8];
+            let mut hi = [f32::NEG_INFINITY; 8];
+            let mut it = bytes.chunks_exact(32);
+            for block in &mut it {
+                for l in 0..8 {
+                    let v = f32::from_le_bytes([block[4 * l], block[4 * l + 1], block[4 * l + 2], block[4 * l + 3]]);
+                    lo[l] = lo[l].min(v);
+                    hi[l] = hi[l].max(v);
+                }
+            }
+            let mut lo = lo.iter().fold(f32::INFINITY, |a, &b| a.min(b));
+            let mut hi = hi.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            for c in it.remainder().chunks_exact(4) {
+                let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                lo = lo.min(v);
+                hi = hi.max(v);
+            }
+            (lo <= hi).then_some((lo as f64, hi as f64))
+        }
+        DType::F64 => typed!(f64, |v: f64| if v.is_nan() { f64::NAN } else { v }),
+        DType::I16 => typed!(i16, f64::from),
+        DType::U16 => typed!(u16, f64::from),
+        DType::I32 => typed!(i32, f64::from),
+        DType::U32 => typed!(u32, f64::from),
+        DType::I64 => typed!(i64, |v: i64| v as f64),
+        DType::U64 => typed!(u64, |v: u64| v as f64),
+        DType::F16 => typed!(u16, |b: u16| half::f16::from_bits(b).to_f64()),
+        DType::BF16 => typed!(u16, |b: u16| half::bf16::from_bits(b).to_f64()),
+        d if d.itemsize() == 1 && d.is_real_number() => {
+            // bool, int8, uint8, float8: mark which byte values occur, then decode those.
+            let mut seen = [false; 256];
+            for &b in bytes {
+                seen[b as usize] = true;
+            }
+            let mut lo = f64::INFINITY;
+            let mut hi = f64::NEG_INFINITY;
+            for (b, _) in seen.iter().enumerate().filter(|(_, s)| **s) {
+                if let Some(v) = d.element_f64(&[b as u8], 0) {
+                    lo = lo.min(v);
+                    hi = hi.max(v);
+                }
+            }
+            (lo <= hi).then_some((lo, hi))
+        }
+        _ => None,
+    }
+}
+
+/// Combine per-chunk min/max results.
+pub fn combine(a: Option<(f64, f64)>, b: Option<(f64, f64)>) -> Option<(f64, f64)> {
+    match (a, b) {
+        (Some((l1, h1)), Some((l2, h2))) => Some((l1.min(l2), h1.max(h2))),
+        (x, None) | (None, x) => x,
+    }
+}
+
+/// The preview object written to the manifest.
+pub fn to_json(dtype: &DType, head: Value, mm: Option<(f64, f64)>) -> Value {
+    let mut o = json!({ "head": head });
+    if let Some((lo, hi)) = mm {
+        let as_json = |x: f64| {
+            if matches!(dtype, DType::Bool) {
+                Value::Bool(x != 0.0)
+            } else if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64) && dtype.is_real_number() && x.fract() == 0.0 && x.abs() < 9.0e15 && !is_f8(dtype) {
+                json!(x as i64)
+            } else {
+                float_json(x)
+            }
+        };
+        o["min"] = as_json(lo);
+        o["max"] = as_json(hi);
+    }
+    o
+}
+
+fn is_f8(d: &DType) -> bool {
+    matches!(d, DType::F8E4M3FN | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F8E4M3B11FNUZ)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn min_max_skips_nan() {
+        let v: Vec<u8> = [3.0f32, f32::NAN, -1.5, 7.0, 0.0, 1.0, 2.0, 3.0, 4.0, -9.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(min_max(&DType::F32, &v), Some((-9.0, 7.0)));
+        let v: Vec<u8> = [5i32, -2].iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(min_max(&DType::I32, &v), Some((-2.0, 5.0)));
+        assert_eq!(min_max(&DType::U8, &[4, 9, 1]), Some((1.0, 9.0)));
+        assert_eq!(min_max(&DType::F32, &f32::NAN.to_le_bytes()), None);
+    }
+}

@@ -1,0 +1,578 @@
+//! Loading: open a manifest, then fetch only the chunks that selected leaves (or a slice of one
+//! array) need, verify their BLAKE3 hashes, and assemble values.
+//!
+//! Memory stays bounded: leaves are processed in batches of at most `batch_bytes` of chunk data,
+//! and a chunk buffer is dropped as soon as its leaf is assembled. Single-chunk arrays use the
+//! read buffer itself (no second copy); with `mmap`, contiguous arrays are views of the file.
+
+use crate::container;
+use crate::error::{Error, Result};
+use crate::grid::{self, ChunkGrid};
+use crate::hash::Hash32;
+use crate::keypath::{self, Selection};
+use crate::manifest::{self, ArrayEntry, ArrayStorage, ChunkRef, Entry, LeafInfo, Manifest, Stored};
+use crate::model::{ArrayData, Leaf, Node, Tree};
+use crate::runtime::block_on;
+use crate::store::{Layout, Location, MANIFEST_NAME};
+use bytes::Bytes;
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Options for [`crate::load`] and [`Reader::load`].
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Key-path globs; only matching leaves (and everything below matching nodes) are read.
+    /// Unselected leaves come back as `None`. Empty = everything.
+    pub select: Vec<String>,
+    /// Check every chunk's BLAKE3 hash (default true).
+    pub verify: bool,
+    /// Return arrays as read-only views of a memory-mapped local file where possible.
+    pub mmap: bool,
+    /// Most chunk bytes held in flight at once.
+    pub batch_bytes: u64,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { select: vec![], verify: true, mmap: false, batch_bytes: 64 << 20 }
+    }
+}
+
+/// One problem found by [`Reader::verify`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub file: String,
+    pub key: String,
+    pub chunk: Option<usize>,
+    pub reason: String,
+}
+
+/// Result of a full verification.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyReport {
+    pub chunks_checked: usize,
+    pub bytes_checked: u64,
+    pub problems: Vec<Problem>,
+}
+
+impl VerifyReport {
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// A lazy view of a stored tree: the manifest is read once, data on demand.
+#[derive(Debug)]
+pub struct Reader {
+    loc: Location,
+    manifest: Arc<Manifest>,
+    manifest_file: String,
+    mmaps: Mutex<HashMap<u32, Bytes>>,
+}
+
+type ChunkKey = (u32, u64, u64);
+
+/// A leaf scheduled for materialisation.
+struct Job<'m> {
+    id: usize,
+    path: String,
+    entry: &'m Entry,
+}
+
+const TAIL_READ: u64 = 64 << 10;
+
+impl Reader {
+    /// Open the tree at a location (one request for a directory's manifest; one ranged read of
+    /// the tail for a single file, plus one more if its manifest is larger than 64 KiB).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] if no tree is there; format errors for damaged manifests.
+    pub async fn open_async(loc: Location) -> Result<Reader> {
+        let (bytes, file) = match loc.layout() {
+            Layout::Directory => {
+                let file = loc.file_name(MANIFEST_NAME);
+                let b = loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await?.ok_or_else(|| Error::NotFound {
+                    location: loc.display().to_string(),
+                    detail: format!("`{file}` does not exist"),
+                })?;
+                (b, file)
+            }
+            Layout::SingleFile => (read_single_manifest(&loc).await?, loc.display().to_string()),
+        };
+        let parse_file = file.clone();
+        let m = tokio::task::spawn_blocking(move || manifest::decode(&bytes, &parse_file))
+            .await
+            .map_err(|e| Error::Serde(format!("manifest parse task failed: {e}")))??;
+        let single = loc.layout() == Layout::SingleFile;
+        for p in &m.packs {
+            if (p.path == ".") != single {
+                return Err(Error::manifest(&file, "packs", format!("pack `{}` is not allowed in this layout", p.path)));
+            }
+        }
+        Ok(Reader { loc, manifest: Arc::new(m), manifest_file: file, mmaps: Mutex::default() })
+    }
+
+    /// Blocking [`Reader::open_async`].
+    ///
+    /// # Errors
+    /// As [`Reader::open_async`].
+    pub fn open(loc: Location) -> Result<Reader> {
+        block_on(Self::open_async(loc))
+    }
+
+    pub fn location(&self) -> &Location {
+        &self.loc
+    }
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+    /// The tree with a [`LeafInfo`] at each leaf (no data read).
+    pub fn structure(&self) -> Tree<LeafInfo> {
+        self.manifest.structure()
+    }
+    /// The stored node at a key path.
+    ///
+    /// # Errors
+    /// [`Error::KeyNotFound`] / [`Error::BadKeyPath`].
+    pub fn entry(&self, path: &str) -> Result<&Tree<Entry>> {
+        keypath::resolve(&self.manifest.root, path)
+    }
+
+    fn pack_file(&self, pack: u32) -> String {
+        self.manifest.packs.get(pack as usize).map_or_else(|| "?".into(), |p| self.loc.file_name(&p.path))
+    }
+
+    /// Load the whole tree (or the selected leaves).
+    ///
+    /// # Errors
+    /// Storage errors, [`Error::ChunkCorrupt`] when a hash does not match, [`Error::OutOfMemory`].
+    pub async fn load_async(&self, opts: &LoadOptions) -> Result<Node> {
+        self.materialize(&self.manifest.root, String::new(), opts).await
+    }
+
+    /// Load the subtree at `path` (selection globs apply relative to the whole tree).
+    ///
+    /// # Errors
+    /// As [`Reader::load_async`], plus [`Error::KeyNotFound`].
+    pub async fn get_async(&self, path: &str, opts: &LoadOptions) -> Result<Node> {
+        let node = self.entry(path)?;
+        self.materialize(node, keypath::split(path)?.join("/"), opts).await
+    }
+
+    async fn materialize(&self, subtree: &Tree<Entry>, prefix: String, opts: &LoadOptions) -> Result<Node> {
+        let sel = Selection::new(&opts.select)?;
+        let mut jobs: Vec<Job<'_>> = Vec::new();
+        let mut id = 0usize;
+        subtree.for_each_leaf(&mut |p, e| {
+            let full = if prefix.is_empty() {
+                p.to_string()
+            } else if p.is_root() {
+                prefix.clone()
+            } else {
+                format!("{prefix}/{p}")
+            };
+            let selected = sel.is_all() || {
+                let texts: Vec<String> = keypath::split(&full).unwrap_or_default();
+                sel_texts(&sel, &texts)
+            };
+            if selected && !e.chunks().is_empty() {
+                jobs.push(Job { id, path: full, entry: e });
+            }
+            id += 1;
+        });
+        let mut results: HashMap<usize, Leaf> = HashMap::with_capacity(jobs.len());
+        let mut start = 0;
+        while start < jobs.len() {
+            let mut end = start;
+            let mut bytes = 0u64;
+            while end < jobs.len() && (end == start || bytes + jobs[end].entry.nbytes() <= opts.batch_bytes) {
+                bytes += jobs[end].entry.nbytes();
+                end += 1;
+            }
+            let batch = &jobs[start..end];
+            let refs: Vec<ChunkRef> = batch.iter().flat_map(|j| j.entry.chunks().iter().cloned()).collect();
+            let fetched = self.fetch(&refs, opts.mmap).await?;
+            let built: Vec<(usize, Leaf)> = batch
+                .par_iter()
+                .map(|j| Ok((j.id, self.assemble(j, &fetched, opts)?)))
+                .collect::<Result<Vec<_>>>()?;
+            results.extend(built);
+            start = end;
+        }
+        let mut counter = 0usize;
+        let r: Result<Node> = subtree.clone().try_map(&mut |p, e| {
+            let i = counter;
+            counter += 1;
+            if let Some(l) = results.remove(&i) {
+                return Ok(l);
+            }
+            let full = if prefix.is_empty() { p.to_string() } else { format!("{prefix}/{p}") };
+            let selected = sel.is_all() || sel_texts(&sel, &keypath::split(&full).unwrap_or_default());
+            if !selected {
+                return Ok(Leaf::None);
+            }
+            inline_leaf(e, &self.manifest_file, &full)
+        });
+        r
+    }
+
+    /// Fetch the stored bytes of chunks, grouped by pack (mmap views when asked and local).
+    async fn fetch(&self, refs: &[ChunkRef], mmap: bool) -> Result<HashMap<ChunkKey, Bytes>> {
+        let mut by_pack: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+        for r in refs {
+            by_pack.entry(r.pack).or_default().push((r.offset, r.length));
+        }
+        let mut out = HashMap::with_capacity(refs.len());
+        let mut futs = Vec::new();
+        for (pack, mut ranges) in by_pack {
+            ranges.sort_unstable();
+            ranges.dedup();
+            let rel = self.manifest.packs[pack as usize].path.clone();
+            if mmap {
+                if let Some(map) = self.mmap_pack(pack, &rel)? {
+                    for (off, len) in ranges {
+                        let end = off + len;
+                        if end as usize > map.len() {
+                            return Err(Error::OutOfBounds {
+                                file: self.pack_file(pack),
+                                key: String::new(),
+                                reason: format!("bytes {off}..{end} lie past the end of the file (truncated?)"),
+                            });
+                        }
+                        out.insert((pack, off, len), map.slice(off as usize..end as usize));
+                    }
+                    continue;
+                }
+            }
+            futs.push(async move {
+                let got = self.loc.read_ranges(&rel, ranges.iter().map(|&(o, l)| o..o + l).collect()).await?;
+                Ok::<_, Error>(ranges.into_iter().zip(got).map(move |((o, l), b)| ((pack, o, l), b)).collect::<Vec<_>>())
+            });
+        }
+        for part in futures::future::try_join_all(futs).await? {
+            out.extend(part);
+        }
+        Ok(out)
+    }
+
+    fn mmap_pack(&self, pack: u32, rel: &str) -> Result<Option<Bytes>> {
+        let mut cache = self.mmaps.lock().map_err(|_| Error::Serde("mmap cache poisoned".into()))?;
+        if let Some(m) = cache.get(&pack) {
+            return Ok(Some(m.clone()));
+        }
+        let m = self.loc.mmap(rel)?;
+        if let Some(m) = &m {
+            cache.insert(pack, m.clone());
+        }
+        Ok(m)
+    }
+
+    fn chunk_bytes(&self, job_path: &str, i: usize, r: &ChunkRef, fetched: &HashMap<ChunkKey, Bytes>, verify: bool) -> Result<Bytes> {
+        let b = fetched.get(&(r.pack, r.offset, r.length)).cloned().ok_or_else(|| Error::OutOfBounds {
+            file: self.pack_file(r.pack),
+            key: job_path.to_string(),
+            reason: format!("chunk {i} was not read"),
+        })?;
+        if verify {
+            let h = Hash32::of(&b);
+            if h != r.hash {
+                return Err(Error::ChunkCorrupt {
+                    file: self.pack_file(r.pack),
+                    key: job_path.to_string(),
+                    chunk: i,
+                    expected: r.hash.to_hex(),
+                    actual: h.to_hex(),
+                });
+            }
+        }
+        r.codec
+            .decode(b, r.length)
+            .map_err(|reason| Error::OutOfBounds { file: self.pack_file(r.pack), key: job_path.to_string(), reason })
+    }
+
+    fn assemble(&self, job: &Job<'_>, fetched: &HashMap<ChunkKey, Bytes>, opts: &LoadOptions) -> Result<Leaf> {
+        match job.entry {
+            Entry::Str(Stored::Blob { chunk, .. }) => {
+                let b = self.chunk_bytes(&job.path, 0, chunk, fetched, opts.verify)?;
+                String::from_utf8(b.to_vec())
+                    .map(Leaf::Str)
+                    .map_err(|_| Error::manifest(&self.pack_file(chunk.pack), job.path.clone(), "string blob is not valid UTF-8"))
+            }
+            Entry::Bytes(Stored::Blob { chunk, .. }) => Ok(Leaf::Bytes(self.chunk_bytes(&job.path, 0, chunk, fetched, opts.verify)?)),
+            Entry::Array(a) => self.assemble_array(&job.path, a, fetched, opts).map(Leaf::Array),
+            other => inline_leaf_ref(other, &self.manifest_file, &job.path),
+        }
+    }
+
+    fn assemble_array(&self, path: &str, a: &ArrayEntry, fetched: &HashMap<ChunkKey, Bytes>, opts: &LoadOptions) -> Result<ArrayData> {
+        let ArrayStorage::Chunked { chunks, .. } = &a.storage else {
+            return inline_array(a, &self.manifest_file, path);
+        };
+        let grid = a.grid();
+        let fix = |e: Error| match e {
+            Error::InvalidTree { reason, .. } => Error::manifest(&self.manifest_file, path, reason),
+            e => e,
+        };
+        if chunks.len() == 1 {
+            let b = self.chunk_bytes(path, 0, &chunks[0], fetched, opts.verify)?;
+            return ArrayData::new(a.dtype.clone(), a.shape.clone(), b).map_err(fix);
+        }
+        if opts.mmap && contiguous_in_pack(&grid, chunks) {
+            // One view over all chunks; verify each chunk's slice.
+            for (i, r) in chunks.iter().enumerate() {
+                self.chunk_bytes(path, i, r, fetched, opts.verify)?;
+            }
+            if let Some(map) = self.mmaps.lock().ok().and_then(|m| m.get(&chunks[0].pack).cloned()) {
+                let start = chunks[0].offset as usize;
+                let end = start + a.nbytes() as usize;
+                return ArrayData::new(a.dtype.clone(), a.shape.clone(), map.slice(start..end)).map_err(fix);
+            }
+        }
+        let total = a.nbytes();
+        let mut out = alloc(total, path)?;
+        let itemsize = a.dtype.itemsize();
+        let full = grid::full(&a.shape);
+        for (i, r) in chunks.iter().enumerate() {
+            let b = self.chunk_bytes(path, i, r, fetched, opts.verify)?;
+            let (origin, extent) = grid.chunk_region(i as u64);
+            if grid::chunk_is_contiguous(&grid, &extent) {
+                let off = grid::c_offset(&a.shape, &origin, itemsize) as usize;
+                out[off..off + b.len()].copy_from_slice(&b);
+            } else {
+                grid::copy_chunk(&mut out, &full, &origin, &extent, &b, itemsize as usize);
+            }
+        }
+        ArrayData::new(a.dtype.clone(), a.shape.clone(), out).map_err(fix)
+    }
+
+    /// Read a numpy-style slice (`"0:2, :, 3"`) of the array at `path`, touching only the chunks
+    /// that intersect it.
+    ///
+    /// # Errors
+    /// [`Error::BadSlice`], [`Error::KeyNotFound`], storage and integrity errors.
+    pub async fn read_array_async(&self, path: &str, slice: &str, verify: bool) -> Result<ArrayData> {
+        let a = match self.entry(path)? {
+            Tree::Leaf(Entry::Array(a)) => a,
+            other => {
+                return Err(Error::KeyNotFound {
+                    path: path.to_string(),
+                    reason: format!("`{path}` is a {} node, not an array", leaf_kind(other)),
+                })
+            }
+        };
+        let items = grid::parse_slice(slice)?;
+        let sel = grid::normalize(&items, &a.shape, slice)?;
+        let out_shape = grid::result_shape(&sel);
+        let itemsize = a.dtype.itemsize();
+        let count: u64 = sel.iter().map(|s| s.count).product();
+        let mut out = alloc(count * itemsize, path)?;
+        let grid: ChunkGrid = a.grid();
+        match &a.storage {
+            ArrayStorage::Inline(d) => {
+                if count > 0 {
+                    let zeros = vec![0u64; a.shape.len()];
+                    grid::copy_chunk(&mut out, &sel, &zeros, &a.shape, d, itemsize as usize);
+                }
+            }
+            ArrayStorage::Chunked { chunks, .. } => {
+                let ids = if count == 0 { vec![] } else { grid.chunks_for(&sel) };
+                let refs: Vec<ChunkRef> = ids.iter().map(|&i| chunks[i as usize].clone()).collect();
+                let fetched = self.fetch(&refs, false).await?;
+                for (&i, r) in ids.iter().zip(&refs) {
+                    let b = self.chunk_bytes(path, i as usize, r, &fetched, verify)?;
+                    let (origin, extent) = grid.chunk_region(i);
+                    grid::copy_chunk(&mut out, &sel, &origin, &extent, &b, itemsize as usize);
+                }
+            }
+        }
+        ArrayData::new(a.dtype.clone(), out_shape, out)
+    }
+
+    /// Re-hash every chunk and check every pack, collecting all problems instead of stopping
+    /// at the first.
+    ///
+    /// # Errors
+    /// Only for failures that prevent verification as a whole.
+    pub async fn verify_async(&self) -> Result<VerifyReport> {
+        let mut report = VerifyReport::default();
+        if self.loc.layout() == Layout::SingleFile {
+            let h = self.loc.read_ranges(".", vec![0..container::HEADER_LEN]).await?;
+            if let Err(e) = container::check_header(&h[0], self.loc.display()) {
+                report.problems.push(Problem { file: self.loc.display().into(), key: String::new(), chunk: None, reason: e.to_string() });
+            }
+        }
+        let mut bad_packs = vec![false; self.manifest.packs.len()];
+        for (i, p) in self.manifest.packs.iter().enumerate() {
+            match self.loc.size(&p.path).await {
+                Ok(actual) if actual >= p.size => {}
+                Ok(actual) => {
+                    bad_packs[i] = true;
+                    report.problems.push(Problem {
+                        file: self.loc.file_name(&p.path),
+                        key: String::new(),
+                        chunk: None,
+                        reason: format!("pack has {actual} bytes, the manifest says {}", p.size),
+                    });
+                }
+                Err(e) => {
+                    bad_packs[i] = true;
+                    report.problems.push(Problem { file: self.loc.file_name(&p.path), key: String::new(), chunk: None, reason: e.to_string() });
+                }
+            }
+        }
+        let mut leaves: Vec<(String, Vec<ChunkRef>)> = vec![];
+        self.manifest.root.for_each_leaf(&mut |p, e| {
+            if !e.chunks().is_empty() {
+                leaves.push((p.to_string(), e.chunks().to_vec()));
+            }
+        });
+        let mut batch: Vec<(String, usize, ChunkRef)> = vec![];
+        let mut bytes = 0u64;
+        let all: Vec<(String, usize, ChunkRef)> = leaves
+            .into_iter()
+            .flat_map(|(p, cs)| cs.into_iter().enumerate().map(move |(i, c)| (p.clone(), i, c)))
+            .filter(|(_, _, c)| !bad_packs[c.pack as usize])
+            .collect();
+        let n = all.len();
+        for (k, item) in all.into_iter().enumerate() {
+            bytes += item.2.length;
+            batch.push(item);
+            if bytes >= (64 << 20) || k + 1 == n {
+                let refs: Vec<ChunkRef> = batch.iter().map(|b| b.2.clone()).collect();
+                let fetched = self.fetch(&refs, false).await?;
+                let problems: Vec<Problem> = batch
+                    .par_iter()
+                    .filter_map(|(p, i, r)| match self.chunk_bytes(p, *i, r, &fetched, true) {
+                        Ok(_) => None,
+                        Err(e) => Some(Problem { file: self.pack_file(r.pack), key: p.clone(), chunk: Some(*i), reason: e.to_string() }),
+                    })
+                    .collect();
+                report.chunks_checked += batch.len();
+                report.bytes_checked += bytes;
+                report.problems.extend(problems);
+                batch.clear();
+                bytes = 0;
+            }
+        }
+        Ok(report)
+    }
+
+    // ---- blocking facade ----
+
+    /// Blocking [`Reader::load_async`].
+    ///
+    /// # Errors
+    /// As [`Reader::load_async`].
+    pub fn load(&self, opts: &LoadOptions) -> Result<Node> {
+        block_on(self.load_async(opts))
+    }
+    /// Blocking [`Reader::get_async`].
+    ///
+    /// # Errors
+    /// As [`Reader::get_async`].
+    pub fn get(&self, path: &str) -> Result<Node> {
+        block_on(self.get_async(path, &LoadOptions::default()))
+    }
+    /// Blocking [`Reader::read_array_async`] (hashes verified).
+    ///
+    /// # Errors
+    /// As [`Reader::read_array_async`].
+    pub fn read_array(&self, path: &str, slice: &str) -> Result<ArrayData> {
+        block_on(self.read_array_async(path, slice, true))
+    }
+    /// Blocking [`Reader::verify_async`].
+    ///
+    /// # Errors
+    /// As [`Reader::verify_async`].
+    pub fn verify(&self) -> Result<VerifyReport> {
+        block_on(self.verify_async())
+    }
+}
+
+fn sel_texts(sel: &Selection, texts: &[String]) -> bool {
+    sel.selects_texts(texts)
+}
+
+fn leaf_kind(t: &Tree<Entry>) -> &'static str {
+    match t {
+        Tree::Leaf(e) => e.kind(),
+        t => t.container_kind(),
+    }
+}
+
+fn alloc(n: u64, key: &str) -> Result<Vec<u8>> {
+    let len = usize::try_from(n).map_err(|_| Error::OutOfMemory { key: key.into(), bytes: n })?;
+    let mut v: Vec<u8> = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { key: key.into(), bytes: n })?;
+    v.resize(len, 0);
+    Ok(v)
+}
+
+fn contiguous_in_pack(grid: &ChunkGrid, chunks: &[ChunkRef]) -> bool {
+    let n = chunks.len();
+    (0..n).all(|i| grid::chunk_is_contiguous(grid, &grid.chunk_region(i as u64).1))
+        && chunks.windows(2).all(|w| w[0].pack == w[1].pack && w[0].offset + w[0].length == w[1].offset)
+}
+
+fn inline_array(a: &ArrayEntry, file: &str, path: &str) -> Result<ArrayData> {
+    match &a.storage {
+        ArrayStorage::Inline(d) => ArrayData::new(a.dtype.clone(), a.shape.clone(), d.clone()).map_err(|e| Error::manifest(file, path, e.to_string())),
+        ArrayStorage::Chunked { .. } => Err(Error::manifest(file, path, "array data was not read")),
+    }
+}
+
+fn inline_leaf(e: Entry, file: &str, path: &str) -> Result<Leaf> {
+    inline_leaf_ref(&e, file, path)
+}
+
+fn inline_leaf_ref(e: &Entry, file: &str, path: &str) -> Result<Leaf> {
+    Ok(match e {
+        Entry::None => Leaf::None,
+        Entry::Bool(b) => Leaf::Bool(*b),
+        Entry::Int(i) => Leaf::Int(i.clone()),
+        Entry::Float(f) => Leaf::Float(*f),
+        Entry::Complex(a, b) => Leaf::Complex(*a, *b),
+        Entry::Str(Stored::Inline(s)) => Leaf::Str(s.clone()),
+        Entry::Bytes(Stored::Inline(b)) => Leaf::Bytes(b.clone()),
+        Entry::Array(a) => Leaf::Array(inline_array(a, file, path)?),
+        Entry::Str(Stored::Blob { .. }) | Entry::Bytes(Stored::Blob { .. }) => {
+            return Err(Error::manifest(file, path, "blob was not read"))
+        }
+    })
+}
+
+/// Read a single file's manifest: one ranged read of the tail (and one more for big manifests).
+async fn read_single_manifest(loc: &Location) -> Result<Bytes> {
+    let file = loc.display().to_string();
+    let size = loc.size(".").await?;
+    let min = container::HEADER_LEN + container::FOOTER_LEN;
+    if size < min {
+        return Err(Error::NotTreepack { file, reason: format!("file has {size} bytes, fewer than a header and footer") });
+    }
+    let tail_len = size.min(TAIL_READ);
+    let tail = loc.read_ranges(".", vec![size - tail_len..size]).await?.pop().unwrap_or_default();
+    if tail_len == size {
+        container::check_header(&tail[..container::HEADER_LEN as usize], &file)?;
+    }
+    let footer = &tail[tail.len() - container::FOOTER_LEN as usize..];
+    let (off, len) = container::parse_footer(footer, size, &file)?;
+    if len > manifest::MAX_MANIFEST_BYTES {
+        return Err(Error::limit("manifest size", manifest::MAX_MANIFEST_BYTES, format!("{file} declares {len} bytes")));
+    }
+    let tail_start = size - tail_len;
+    if off >= tail_start {
+        let s = (off - tail_start) as usize;
+        Ok(tail.slice(s..s + len as usize))
+    } else {
+        Ok(loc.read_ranges(".", vec![off..off + len]).await?.pop().unwrap_or_default())
+    }
+}
+
+/// Open a location and read only its manifest.
+///
+/// # Errors
+/// As [`Reader::open_async`].
+pub async fn load_structure_async(loc: Location) -> Result<Tree<LeafInfo>> {
+    Ok(Reader::open_async(loc).await?.structure())
+}

@@ -1,0 +1,429 @@
+//! Saving: turn an in-memory tree into a manifest plus pack files, and commit atomically.
+//!
+//! Order of work: (1) walk the tree, slicing arrays into chunks (zero-copy where a chunk is a
+//! contiguous run of the array), (2) hash every chunk and compute previews in parallel,
+//! (3) lay unique chunks out in packs at 64-byte alignment, (4) write packs, then (5) commit the
+//! manifest last — with a create-only put unless overwriting — so a reader never sees a partial
+//! tree, and (6) when overwriting, delete the packs only the old tree used.
+
+use crate::container::{self, align_up};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::grid::{self, ChunkGrid, DimSel};
+use crate::hash::Hash32;
+use crate::keypath::{Glob, KeyPath};
+use crate::manifest::{self, ArrayEntry, ArrayStorage, ChunkRef, Entry, Manifest, PackInfo, Stored, MAX_DEPTH, MAX_NDIM};
+use crate::model::{ArrayData, Leaf, Node, Tree};
+use crate::preview;
+use crate::store::{Layout, Location, MANIFEST_NAME, PACKS_DIR};
+use crate::codec::Codec;
+use bytes::{Bytes, BytesMut};
+use futures::{StreamExt, TryStreamExt};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+
+/// Options for [`crate::save`].
+#[derive(Debug, Clone)]
+pub struct SaveOptions {
+    /// Replace a tree already at the location (default: fail with `AlreadyExists`).
+    pub overwrite: bool,
+    /// Free-form JSON stored in the manifest's `metadata` member.
+    pub metadata: Option<Value>,
+    /// Target chunk size for arrays without an explicit chunk shape.
+    pub chunk_bytes: u64,
+    /// Explicit chunk shapes by key-path glob (first match wins).
+    pub chunk_shapes: Vec<(String, Vec<u64>)>,
+    /// Arrays and bytes of at most this many bytes are stored inline in the manifest.
+    pub inline_bytes: usize,
+    /// Strings of at most this many UTF-8 bytes are stored inline in the manifest.
+    pub inline_str_bytes: usize,
+    /// Target pack file size; a save writes several packs in parallel when larger.
+    pub pack_bytes: u64,
+    /// Compute the `preview` (first values, min, max) of each chunked array.
+    pub preview: bool,
+    /// The `writer` string recorded in the manifest.
+    pub writer: String,
+    /// Packs written at once.
+    pub concurrency: usize,
+}
+
+impl Default for SaveOptions {
+    fn default() -> Self {
+        SaveOptions {
+            overwrite: false,
+            metadata: None,
+            chunk_bytes: grid::DEFAULT_CHUNK_BYTES,
+            chunk_shapes: vec![],
+            inline_bytes: 128,
+            inline_str_bytes: 4096,
+            pack_bytes: 256 << 20,
+            preview: true,
+            writer: concat!("treepack-rs/", env!("CARGO_PKG_VERSION")).to_string(),
+            concurrency: 4,
+        }
+    }
+}
+
+/// What a save wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaveInfo {
+    pub location: String,
+    pub leaves: usize,
+    pub arrays: usize,
+    /// Logical bytes of all arrays.
+    pub array_bytes: u64,
+    /// Bytes written to storage (packs + manifest, or the whole file).
+    pub bytes_written: u64,
+    pub chunks: usize,
+    /// Chunks actually stored after deduplication.
+    pub unique_chunks: usize,
+    pub packs: usize,
+}
+
+/// A chunk waiting to be hashed and placed; referenced by index from the entry tree.
+struct Pending {
+    data: Bytes,
+    /// dtype for min/max previews (None for blobs or when previews are off).
+    dtype: Option<DType>,
+}
+
+/// Placeholder marker in `ChunkRef::pack` before layout.
+const UNPLACED: u32 = u32::MAX;
+
+fn check_tree(tree: &Node) -> Result<()> {
+    if tree.depth() > MAX_DEPTH {
+        return Err(Error::limit("tree depth", MAX_DEPTH as u64, "nest containers less deeply"));
+    }
+    let mut err = None;
+    check_unique(tree, &mut KeyPath::root(), &mut err);
+    err.map_or(Ok(()), Err)
+}
+
+fn check_unique(t: &Node, path: &mut KeyPath, err: &mut Option<Error>) {
+    if err.is_some() {
+        return;
+    }
+    let kids = t.children();
+    if matches!(t, Tree::Dict(_) | Tree::Record { .. } | Tree::Custom { .. }) {
+        let mut seen = HashSet::with_capacity(kids.len());
+        for (s, _) in &kids {
+            let txt = crate::keypath::Segment::from_step(s).text();
+            if !seen.insert(txt.clone()) {
+                *err = Some(Error::invalid_tree(path.to_string(), format!("duplicate key `{txt}`")));
+                return;
+            }
+        }
+    }
+    crate::model::grow(|| {
+        for (s, c) in kids {
+            path.push(crate::keypath::Segment::from_step(&s));
+            check_unique(c, path, err);
+            path.pop();
+        }
+    });
+}
+
+/// Slice an array into its chunks (zero-copy for contiguous chunks).
+fn array_chunks(a: &ArrayData, grid: &ChunkGrid) -> Vec<Bytes> {
+    let n = grid.num_chunks().unwrap_or(0);
+    let itemsize = a.dtype().itemsize();
+    let data = a.bytes();
+    (0..n)
+        .map(|i| {
+            let (origin, extent) = grid.chunk_region(i);
+            let len = (extent.iter().product::<u64>() * itemsize) as usize;
+            if grid::chunk_is_contiguous(grid, &extent) {
+                let off = grid::c_offset(&grid.shape, &origin, itemsize) as usize;
+                data.slice(off..off + len)
+            } else {
+                let sel: Vec<DimSel> =
+                    origin.iter().zip(&extent).map(|(&o, &e)| DimSel { start: o, count: e, step: 1, keep: true }).collect();
+                let mut out = vec![0u8; len];
+                let zeros = vec![0u64; grid.shape.len()];
+                grid::copy_chunk(&mut out, &sel, &zeros, &grid.shape, data, itemsize as usize);
+                Bytes::from(out)
+            }
+        })
+        .collect()
+}
+
+struct Planner<'o> {
+    opts: &'o SaveOptions,
+    globs: Vec<(Glob, Vec<u64>)>,
+    pending: Vec<Pending>,
+    /// Per chunked array: (index range in `pending`, head preview).
+    arrays: usize,
+    array_bytes: u64,
+}
+
+fn placeholder(i: usize) -> ChunkRef {
+    ChunkRef { pack: UNPLACED, offset: i as u64, length: 0, codec: Codec::Raw, hash: Hash32([0; 32]) }
+}
+
+impl Planner<'_> {
+    fn push(&mut self, data: Bytes, dtype: Option<DType>) -> ChunkRef {
+        self.pending.push(Pending { data, dtype });
+        placeholder(self.pending.len() - 1)
+    }
+
+    fn leaf(&mut self, path: &KeyPath, leaf: &Leaf) -> Result<Entry> {
+        Ok(match leaf {
+            Leaf::None => Entry::None,
+            Leaf::Bool(b) => Entry::Bool(*b),
+            Leaf::Int(i) => Entry::Int(i.clone()),
+            Leaf::Float(f) => Entry::Float(*f),
+            Leaf::Complex(a, b) => Entry::Complex(*a, *b),
+            Leaf::Str(s) if s.len() <= self.opts.inline_str_bytes => Entry::Str(Stored::Inline(s.clone())),
+            Leaf::Str(s) => {
+                let chunk = self.push(Bytes::copy_from_slice(s.as_bytes()), None);
+                Entry::Str(Stored::Blob { size: s.len() as u64, chunk })
+            }
+            Leaf::Bytes(b) if b.len() <= self.opts.inline_bytes => Entry::Bytes(Stored::Inline(b.clone())),
+            Leaf::Bytes(b) => {
+                let chunk = self.push(b.clone(), None);
+                Entry::Bytes(Stored::Blob { size: b.len() as u64, chunk })
+            }
+            Leaf::Array(a) => self.array(path, a)?,
+        })
+    }
+
+    fn array(&mut self, path: &KeyPath, a: &ArrayData) -> Result<Entry> {
+        let dtype = a.dtype().clone();
+        let shape = a.shape().to_vec();
+        if shape.len() > MAX_NDIM {
+            return Err(Error::invalid_tree(path.to_string(), format!("{} dimensions (limit {MAX_NDIM})", shape.len())));
+        }
+        self.arrays += 1;
+        self.array_bytes += a.nbytes();
+        if a.nbytes() as usize <= self.opts.inline_bytes {
+            return Ok(Entry::Array(ArrayEntry { dtype, shape, storage: ArrayStorage::Inline(a.bytes().clone()), preview: None }));
+        }
+        let texts = path.texts();
+        let chunk_shape = match self.globs.iter().find(|(g, _)| g.matches(&texts)) {
+            Some((g, cs)) => {
+                if cs.len() != shape.len() || cs.contains(&0) {
+                    return Err(Error::invalid_tree(
+                        path.to_string(),
+                        format!("chunk shape {cs:?} (from pattern `{}`) does not fit shape {shape:?}", g.source()),
+                    ));
+                }
+                cs.clone()
+            }
+            None => grid::default_chunk_shape(&shape, dtype.itemsize(), self.opts.chunk_bytes),
+        };
+        let grid = ChunkGrid::new(shape.clone(), chunk_shape.clone()).map_err(|r| Error::invalid_tree(path.to_string(), r))?;
+        let mm_dtype = if self.opts.preview { Some(dtype.clone()) } else { None };
+        let chunks: Vec<ChunkRef> = array_chunks(a, &grid).into_iter().map(|c| self.push(c, mm_dtype.clone())).collect();
+        let preview = if self.opts.preview { Some(preview::head(&dtype, a.bytes())) } else { None };
+        Ok(Entry::Array(ArrayEntry { dtype, shape, storage: ArrayStorage::Chunked { chunk_shape, chunks }, preview }))
+    }
+}
+
+/// Where each unique chunk goes.
+struct Layouted {
+    /// For each pending chunk: its final ref.
+    refs: Vec<ChunkRef>,
+    /// Per pack: (relative path, parts to write, size).
+    packs: Vec<(String, Vec<Bytes>, u64)>,
+    unique: usize,
+}
+
+fn layout(pending: &[Pending], hashes: &[Hash32], opts: &SaveOptions, single: bool) -> Layouted {
+    let mut refs = Vec::with_capacity(pending.len());
+    let mut seen: HashMap<Hash32, ChunkRef> = HashMap::new();
+    // (parts, size) per pack, before naming
+    let mut packs: Vec<(Vec<Bytes>, u64)> = vec![];
+    let base = if single { container::HEADER_LEN } else { 0 };
+    let mut id = blake3::Hasher::new();
+    for (p, h) in pending.iter().zip(hashes) {
+        if let Some(r) = seen.get(h) {
+            refs.push(r.clone());
+            continue;
+        }
+        let len = p.data.len() as u64;
+        let start_new = packs.is_empty() || (!single && packs.last().is_some_and(|(_, s)| *s > 0 && *s + len > opts.pack_bytes));
+        if start_new {
+            packs.push((vec![], base));
+        }
+        let idx = packs.len() - 1;
+        let (parts, size) = &mut packs[idx];
+        let off = align_up(*size);
+        if off > *size {
+            parts.push(Bytes::from_static(&ZEROS[..(off - *size) as usize]));
+        }
+        parts.push(p.data.clone());
+        *size = off + len;
+        let r = ChunkRef { pack: idx as u32, offset: off, length: len, codec: Codec::Raw, hash: *h };
+        id.update(&h.0);
+        id.update(&[idx as u8]);
+        seen.insert(*h, r.clone());
+        refs.push(r);
+    }
+    let id = id.finalize().to_hex();
+    let unique = seen.len();
+    let packs = packs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (parts, size))| {
+            let name = if single { ".".to_string() } else { format!("{PACKS_DIR}/{}-{i}.tpp", &id[..16]) };
+            (name, coalesce(parts), size)
+        })
+        .collect();
+    Layouted { refs, packs, unique }
+}
+
+static ZEROS: [u8; 64] = [0; 64];
+
+/// Merge runs of small parts into larger buffers: fewer write calls, no copy of big arrays.
+fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
+    const SMALL: usize = 64 << 10;
+    const FLUSH: usize = 4 << 20;
+    let mut out = Vec::with_capacity(parts.len());
+    let mut buf = BytesMut::new();
+    for p in parts {
+        if p.len() < SMALL {
+            buf.extend_from_slice(&p);
+            if buf.len() >= FLUSH {
+                out.push(buf.split().freeze());
+            }
+        } else {
+            if !buf.is_empty() {
+                out.push(buf.split().freeze());
+            }
+            out.push(p);
+        }
+    }
+    if !buf.is_empty() {
+        out.push(buf.freeze());
+    }
+    out
+}
+
+/// Read an existing manifest's pack list (for cleanup after an overwrite); errors are ignored
+/// because a damaged old tree must not prevent replacing it.
+async fn old_packs(loc: &Location) -> Option<Vec<String>> {
+    let bytes = loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await.ok()??;
+    let m = manifest::decode(&bytes, MANIFEST_NAME).ok()?;
+    Some(m.packs.into_iter().map(|p| p.path).collect())
+}
+
+/// Save `tree` at `loc`.
+///
+/// # Errors
+/// [`Error::AlreadyExists`] unless overwriting, [`Error::InvalidTree`] for unsaveable trees,
+/// storage errors.
+pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<SaveInfo> {
+    check_tree(tree)?;
+    let single = loc.layout() == Layout::SingleFile;
+    let manifest_rel = if single { "." } else { MANIFEST_NAME };
+    let exists = match loc.size(manifest_rel).await {
+        Ok(_) => true,
+        Err(Error::NotFound { .. }) => false,
+        Err(e) => return Err(e),
+    };
+    if exists && !opts.overwrite {
+        return Err(Error::AlreadyExists { location: loc.display().to_string() });
+    }
+    let previous = if exists && !single { old_packs(loc).await } else { None };
+
+    let globs = opts
+        .chunk_shapes
+        .iter()
+        .map(|(p, cs)| Ok((Glob::new(p)?, cs.clone())))
+        .collect::<Result<Vec<_>>>()?;
+    let mut planner = Planner { opts, globs, pending: vec![], arrays: 0, array_bytes: 0 };
+    let entries: Tree<Entry> = {
+        let r: Result<Tree<Entry>> = tree.clone().try_map(&mut |p, l| planner.leaf(p, &l));
+        r?
+    };
+
+    // Hash and min/max every chunk in parallel.
+    let stats: Vec<(Hash32, Option<(f64, f64)>)> = planner
+        .pending
+        .par_iter()
+        .map(|p| (Hash32::of(&p.data), p.dtype.as_ref().and_then(|d| preview::min_max(d, &p.data))))
+        .collect();
+    let hashes: Vec<Hash32> = stats.iter().map(|s| s.0).collect();
+    let lay = layout(&planner.pending, &hashes, opts, single);
+
+    // Patch placeholders with final refs, and finish previews with min/max.
+    let chunks_total = planner.pending.len();
+    let root: Tree<Entry> = {
+        let r: Result<Tree<Entry>, std::convert::Infallible> = entries.try_map(&mut |_, e| {
+            Ok(match e {
+                Entry::Str(Stored::Blob { size, chunk }) => Entry::Str(Stored::Blob { size, chunk: lay.refs[chunk.offset as usize].clone() }),
+                Entry::Bytes(Stored::Blob { size, chunk }) => Entry::Bytes(Stored::Blob { size, chunk: lay.refs[chunk.offset as usize].clone() }),
+                Entry::Array(mut a) => {
+                    if let ArrayStorage::Chunked { chunks, .. } = &mut a.storage {
+                        let mut mm = None;
+                        for c in chunks.iter_mut() {
+                            let i = c.offset as usize;
+                            mm = preview::combine(mm, stats[i].1);
+                            *c = lay.refs[i].clone();
+                        }
+                        if let Some(head) = a.preview.take() {
+                            a.preview = Some(preview::to_json(&a.dtype, head, mm));
+                        }
+                    }
+                    Entry::Array(a)
+                }
+                e => e,
+            })
+        });
+        match r {
+            Ok(t) => t,
+            Err(e) => match e {},
+        }
+    };
+    let leaves = root.leaf_count();
+    let stored: u64 = lay.packs.iter().map(|p| p.2).sum();
+    let manifest = Manifest {
+        version: (manifest::VERSION_MAJOR, manifest::VERSION_MINOR),
+        writer: opts.writer.clone(),
+        metadata: opts.metadata.clone(),
+        packs: lay.packs.iter().map(|(name, _, size)| PackInfo { path: name.clone(), size: *size }).collect(),
+        root,
+    };
+    let stats_json = json!({
+        "leaves": leaves, "arrays": planner.arrays, "array_bytes": planner.array_bytes,
+        "chunks": chunks_total, "unique_chunks": lay.unique, "stored_bytes": stored,
+    });
+    let mbytes = manifest::encode(&manifest, &stats_json);
+    let before = loc.stats().bytes_written();
+
+    if single {
+        let mut parts = vec![Bytes::copy_from_slice(&container::header())];
+        let mut end = container::HEADER_LEN;
+        if let Some((_, p, size)) = lay.packs.into_iter().next() {
+            parts.extend(p);
+            end = size;
+        }
+        let mlen = mbytes.len() as u64;
+        parts.push(Bytes::from(mbytes));
+        parts.push(Bytes::copy_from_slice(&container::footer(end, mlen)));
+        loc.put(".", parts, !opts.overwrite).await?;
+    } else {
+        let new_names: HashSet<String> = lay.packs.iter().map(|p| p.0.clone()).collect();
+        futures::stream::iter(lay.packs.into_iter().map(|(name, parts, _)| async move { loc.put(&name, parts, false).await }))
+            .buffer_unordered(opts.concurrency.max(1))
+            .try_collect::<Vec<()>>()
+            .await?;
+        loc.put(MANIFEST_NAME, vec![Bytes::from(mbytes)], !opts.overwrite).await?;
+        if let Some(old) = previous {
+            for p in old.into_iter().filter(|p| !new_names.contains(p) && manifest::validate_pack_path(p).is_ok() && p != ".") {
+                loc.delete(&p).await?;
+            }
+        }
+    }
+    Ok(SaveInfo {
+        location: loc.display().to_string(),
+        leaves,
+        arrays: planner.arrays,
+        array_bytes: planner.array_bytes,
+        bytes_written: loc.stats().bytes_written() - before,
+        chunks: chunks_total,
+        unique_chunks: lay.unique,
+        packs: manifest.packs.len(),
+    })
+}

@@ -1,0 +1,2 @@
+//! placeholder
+pub fn to_tree(){} pub fn from_tree(){}

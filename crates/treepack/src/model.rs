@@ -144,6 +144,12 @@ impl ArrayData {
         Ok(ArrayData { dtype, shape, data })
     }
 
+    /// Wrap bytes whose length the caller has already made right.
+    pub(crate) fn new_unchecked(dtype: DType, shape: Vec<u64>, data: Bytes) -> Self {
+        debug_assert_eq!(shape_len(&shape).map(|n| n * dtype.itemsize()), Some(data.len() as u64));
+        ArrayData { dtype, shape, data }
+    }
+
     /// A 0-d array (typed scalar) from canonical bytes.
     pub fn scalar(dtype: DType, data: impl Into<Bytes>) -> Result<Self> {
         Self::new(dtype, vec![], data)

@@ -269,14 +269,14 @@ impl DType {
             DType::U32 => json!(le!(u32)),
             DType::I64 => json!(le!(i64)),
             DType::U64 => json!(le!(u64)),
-            DType::F16 => float_json(half::f16::from_bits(le!(u16)).to_f64()),
-            DType::BF16 => float_json(half::bf16::from_bits(le!(u16)).to_f64()),
-            DType::F32 => float_json(le!(f32) as f64),
+            DType::F16 => float32_json(half::f16::from_bits(le!(u16)).to_f32()),
+            DType::BF16 => float32_json(half::bf16::from_bits(le!(u16)).to_f32()),
+            DType::F32 => float32_json(le!(f32)),
             DType::F64 => float_json(le!(f64)),
             DType::C64 => {
-                let re = f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64;
-                let im = f32::from_le_bytes([b[4], b[5], b[6], b[7]]) as f64;
-                json!([float_json(re), float_json(im)])
+                let re = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                let im = f32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+                json!([float32_json(re), float32_json(im)])
             }
             DType::C128 => {
                 let mut r = [0u8; 8];
@@ -359,6 +359,17 @@ pub fn float_json(x: f64) -> Value {
     } else {
         serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
     }
+}
+
+/// A 32-bit float as JSON using its own shortest representation (0.3f32 prints as 0.3, not as
+/// the widened 0.30000001192092896).
+pub fn float32_json(x: f32) -> Value {
+    if !x.is_finite() {
+        return float_json(f64::from(x));
+    }
+    let mut b = ryu::Buffer::new();
+    let short: f64 = b.format_finite(x).parse().unwrap_or(f64::from(x));
+    float_json(short)
 }
 
 /// Decode an 8-bit float of one of the ml_dtypes formats.

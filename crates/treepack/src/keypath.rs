@@ -31,6 +31,11 @@ impl Segment {
         }
     }
 
+    /// The segment for one step of a tree walk (see [`crate::model::Tree::children`]).
+    pub fn from_step_pub(s: &Step<'_>) -> Segment {
+        Segment::from_step(s)
+    }
+
     /// The escaped text form of this segment.
     pub fn text(&self) -> String {
         match self {

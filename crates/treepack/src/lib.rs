@@ -22,6 +22,7 @@
 
 pub mod codec;
 pub mod container;
+pub mod demo;
 pub mod dtype;
 pub mod error;
 pub mod grid;
@@ -42,7 +43,7 @@ pub use manifest::{Entry, LeafInfo, Manifest};
 pub use model::{ArrayData, Int, Key, Leaf, Node, Tree};
 pub use read::{LoadOptions, Problem, Reader, VerifyReport};
 pub use runtime::block_on;
-pub use save::{SaveInfo, SaveOptions};
+pub use save::{GcReport, SaveInfo, SaveOptions};
 pub use serde_tree::{from_tree, to_tree};
 pub use store::{IoStats, Layout, Location};
 
@@ -104,4 +105,13 @@ pub fn open(location: &str) -> Result<Reader> {
 /// As [`open`].
 pub async fn open_async(location: &str) -> Result<Reader> {
     Reader::open_async(Location::parse(location)?).await
+}
+
+/// Remove leftovers of interrupted saves older than `grace` (see [`save::gc_async`]).
+///
+/// # Errors
+/// As [`save::gc_async`].
+pub fn gc(location: &str, grace: std::time::Duration) -> Result<GcReport> {
+    let loc = Location::parse(location)?;
+    block_on(save::gc_async(&loc, grace))
 }

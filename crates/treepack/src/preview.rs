@@ -1,7 +1,7 @@
 //! Informational previews stored next to each chunked array: the first values, min and max.
 //! Readers never use them to reconstruct data; `treepack inspect` shows them.
 
-use crate::dtype::{float_json, DType};
+use crate::dtype::{float32_json, float_json, DType};
 use serde_json::{json, Value};
 
 /// How many leading values a preview keeps.
@@ -107,8 +107,10 @@ pub fn to_json(dtype: &DType, head: Value, mm: Option<(f64, f64)>) -> Value {
                 Value::Bool(x != 0.0)
             } else if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64) && dtype.is_real_number() && x.fract() == 0.0 && x.abs() < 9.0e15 && !is_f8(dtype) {
                 json!(x as i64)
-            } else {
+            } else if matches!(dtype, DType::F64) {
                 float_json(x)
+            } else {
+                float32_json(x as f32)
             }
         };
         o["min"] = as_json(lo);

@@ -1,0 +1,177 @@
+//! Human-readable rendering: sizes, leaf summaries, numpy-style arrays.
+
+use serde_json::Value;
+use treepack::manifest::{ArrayStorage, Entry, Stored};
+use treepack::{ArrayData, DType, Leaf, Node, Tree};
+
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn shape_text(shape: &[u64]) -> String {
+    format!("[{}]", shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", "))
+}
+
+fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() > n {
+        format!("{}…", s.chars().take(n).collect::<String>())
+    } else {
+        s.to_string()
+    }
+}
+
+fn json_val(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        v => v.to_string(),
+    }
+}
+
+/// One-line summary of a stored leaf.
+pub fn entry_summary(e: &Entry) -> String {
+    match e {
+        Entry::None => "None".into(),
+        Entry::Bool(b) => format!("bool {}", if *b { "True" } else { "False" }),
+        Entry::Int(i) => format!("int {}", clip(&i.to_string(), 40)),
+        Entry::Float(f) => format!("float {}", fmt_float(*f)),
+        Entry::Complex(a, b) => format!("complex ({}{}{}j)", fmt_float(*a), if *b < 0.0 { "" } else { "+" }, fmt_float(*b)),
+        Entry::Str(Stored::Inline(s)) => format!("str {}", clip(&format!("{s:?}"), 60)),
+        Entry::Str(Stored::Blob { size, .. }) => format!("str ({}, in pack)", human_bytes(*size)),
+        Entry::Bytes(Stored::Inline(b)) => format!("bytes ({} B)", b.len()),
+        Entry::Bytes(Stored::Blob { size, .. }) => format!("bytes ({}, in pack)", human_bytes(*size)),
+        Entry::Array(a) => {
+            let mut s = format!("{}{}  {}", a.dtype.display(), shape_text(&a.shape), human_bytes(a.nbytes()));
+            match &a.storage {
+                ArrayStorage::Inline(_) => s.push_str("  inline"),
+                ArrayStorage::Chunked { chunks, .. } => s.push_str(&format!("  {} chunk{}", chunks.len(), if chunks.len() == 1 { "" } else { "s" })),
+            }
+            if let Some(p) = &a.preview {
+                if let (Some(lo), Some(hi)) = (p.get("min"), p.get("max")) {
+                    s.push_str(&format!("  min {} max {}", json_val(lo), json_val(hi)));
+                }
+                if let Some(Value::Array(h)) = p.get("head") {
+                    let items: Vec<String> = h.iter().map(json_val).collect();
+                    s.push_str(&format!("  [{}{}]", clip(&items.join(", "), 60), if h.len() as u64 >= 6 { ", …" } else { "" }));
+                }
+            }
+            s
+        }
+    }
+}
+
+pub fn fmt_float(f: f64) -> String {
+    if f.is_nan() {
+        "nan".into()
+    } else if f.is_infinite() {
+        if f > 0.0 { "inf" } else { "-inf" }.into()
+    } else {
+        let mut b = ryu_like(f);
+        if !b.contains('.') && !b.contains('e') && !b.contains("inf") {
+            b.push_str(".0");
+        }
+        b
+    }
+}
+
+fn ryu_like(f: f64) -> String {
+    serde_json::Number::from_f64(f).map_or_else(|| f.to_string(), |n| n.to_string())
+}
+
+/// Render an array numpy-style, eliding the middle of long axes.
+pub fn format_array(a: &ArrayData) -> String {
+    let dtype = a.dtype();
+    let n = a.len() as usize;
+    let summarize = n > 1000;
+    let mut out = String::new();
+    let shape: Vec<usize> = a.shape().iter().map(|&d| d as usize).collect();
+    if shape.is_empty() {
+        return elem(dtype, a, 0);
+    }
+    rec(dtype, a, &shape, 0, 0, summarize, &mut out);
+    out
+}
+
+fn elem(dtype: &DType, a: &ArrayData, i: usize) -> String {
+    match dtype.element_json(a.bytes(), i) {
+        Some(Value::Number(n)) if n.is_f64() => fmt_float(n.as_f64().unwrap_or(f64::NAN)),
+        Some(Value::String(s)) if matches!(dtype, DType::Bytes(_) | DType::Unicode(_)) => format!("{s:?}"),
+        Some(Value::String(s)) => s,
+        Some(Value::Bool(b)) => if b { "True" } else { "False" }.into(),
+        Some(Value::Array(v)) if v.len() == 2 && matches!(dtype, DType::C64 | DType::C128) => {
+            let re = json_val(&v[0]);
+            let im = json_val(&v[1]);
+            format!("{re}{}{im}j", if im.starts_with('-') { "" } else { "+" })
+        }
+        Some(v) => v.to_string(),
+        None => "?".into(),
+    }
+}
+
+fn rec(dtype: &DType, a: &ArrayData, shape: &[usize], axis: usize, base: usize, summarize: bool, out: &mut String) {
+    let len = shape[axis];
+    let stride: usize = shape[axis + 1..].iter().product();
+    let idx: Vec<Option<usize>> = if summarize && len > 6 {
+        (0..3).map(Some).chain([None]).chain((len - 3..len).map(Some)).collect()
+    } else {
+        (0..len).map(Some).collect()
+    };
+    out.push('[');
+    for (k, i) in idx.iter().enumerate() {
+        if k > 0 {
+            if axis + 1 == shape.len() {
+                out.push_str(", ");
+            } else {
+                out.push_str(",\n");
+                out.push_str(&" ".repeat(axis + 1));
+            }
+        }
+        match i {
+            None => out.push_str("..."),
+            Some(i) => {
+                if axis + 1 == shape.len() {
+                    out.push_str(&elem(dtype, a, base + i));
+                } else {
+                    rec(dtype, a, shape, axis + 1, base + i * stride, summarize, out);
+                }
+            }
+        }
+    }
+    out.push(']');
+}
+
+/// Render a loaded (sub)tree: arrays numpy-style, other leaves as Python-like literals.
+pub fn format_node(n: &Node, indent: usize) -> String {
+    let pad = " ".repeat(indent);
+    match n {
+        Tree::Leaf(Leaf::Array(a)) => format!("{}{} =\n{}", a.dtype().display(), shape_text(a.shape()), format_array(a)),
+        Tree::Leaf(Leaf::None) => "None".into(),
+        Tree::Leaf(Leaf::Bool(b)) => if *b { "True" } else { "False" }.into(),
+        Tree::Leaf(Leaf::Int(i)) => i.to_string(),
+        Tree::Leaf(Leaf::Float(f)) => fmt_float(*f),
+        Tree::Leaf(Leaf::Complex(a, b)) => format!("({}{}{}j)", fmt_float(*a), if *b < 0.0 { "" } else { "+" }, fmt_float(*b)),
+        Tree::Leaf(Leaf::Str(s)) => format!("{s:?}"),
+        Tree::Leaf(Leaf::Bytes(b)) => {
+            let shown: String = b.iter().take(64).flat_map(|&c| std::ascii::escape_default(c)).map(char::from).collect();
+            format!("b\"{shown}{}\" ({} bytes)", if b.len() > 64 { "…" } else { "" }, b.len())
+        }
+        t => {
+            let mut s = format!("{}:\n", t.container_kind());
+            for (step, child) in t.children() {
+                let name = treepack::keypath::Segment::from_step_pub(&step).text();
+                s.push_str(&format!("{pad}  {name}: {}\n", format_node(child, indent + 2)));
+            }
+            s.trim_end().to_string()
+        }
+    }
+}

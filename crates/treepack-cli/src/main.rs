@@ -250,7 +250,9 @@ fn verify(path: &str, as_json: bool) -> Result<ExitCode> {
             .collect();
         println!(
             "{}",
-            serde_json::to_string_pretty(&json!({"ok": rep.ok(), "chunks_checked": rep.chunks_checked, "bytes_checked": rep.bytes_checked, "problems": problems}))?
+            serde_json::to_string_pretty(
+                &json!({"ok": rep.ok(), "chunks_checked": rep.chunks_checked, "bytes_checked": rep.bytes_checked, "problems": problems})
+            )?
         );
     } else {
         for p in &rep.problems {

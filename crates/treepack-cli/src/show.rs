@@ -45,7 +45,9 @@ pub fn entry_summary(e: &Entry) -> String {
         Entry::Bool(b) => format!("bool {}", if *b { "True" } else { "False" }),
         Entry::Int(i) => format!("int {}", clip(&i.to_string(), 40)),
         Entry::Float(f) => format!("float {}", fmt_float(*f)),
-        Entry::Complex(a, b) => format!("complex ({}{}{}j)", fmt_float(*a), if *b < 0.0 { "" } else { "+" }, fmt_float(*b)),
+        Entry::Complex(a, b) => {
+            format!("complex ({}{}{}j)", fmt_float(*a), if *b < 0.0 { "" } else { "+" }, fmt_float(*b))
+        }
         Entry::Str(Stored::Inline(s)) => format!("str {}", clip(&format!("{s:?}"), 60)),
         Entry::Str(Stored::Blob { size, .. }) => format!("str ({}, in pack)", human_bytes(*size)),
         Entry::Bytes(Stored::Inline(b)) => format!("bytes ({} B)", b.len()),
@@ -54,7 +56,9 @@ pub fn entry_summary(e: &Entry) -> String {
             let mut s = format!("{}{}  {}", a.dtype.display(), shape_text(&a.shape), human_bytes(a.nbytes()));
             match &a.storage {
                 ArrayStorage::Inline(_) => s.push_str("  inline"),
-                ArrayStorage::Chunked { chunks, .. } => s.push_str(&format!("  {} chunk{}", chunks.len(), if chunks.len() == 1 { "" } else { "s" })),
+                ArrayStorage::Chunked { chunks, .. } => {
+                    s.push_str(&format!("  {} chunk{}", chunks.len(), if chunks.len() == 1 { "" } else { "s" }))
+                }
             }
             if let Some(p) = &a.preview {
                 if let (Some(lo), Some(hi)) = (p.get("min"), p.get("max")) {
@@ -62,7 +66,11 @@ pub fn entry_summary(e: &Entry) -> String {
                 }
                 if let Some(Value::Array(h)) = p.get("head") {
                     let items: Vec<String> = h.iter().map(json_val).collect();
-                    s.push_str(&format!("  [{}{}]", clip(&items.join(", "), 60), if h.len() as u64 >= 6 { ", …" } else { "" }));
+                    s.push_str(&format!(
+                        "  [{}{}]",
+                        clip(&items.join(", "), 60),
+                        if h.len() as u64 >= 6 { ", …" } else { "" }
+                    ));
                 }
             }
             s
@@ -154,15 +162,20 @@ fn rec(dtype: &DType, a: &ArrayData, shape: &[usize], axis: usize, base: usize, 
 pub fn format_node(n: &Node, indent: usize) -> String {
     let pad = " ".repeat(indent);
     match n {
-        Tree::Leaf(Leaf::Array(a)) => format!("{}{} =\n{}", a.dtype().display(), shape_text(a.shape()), format_array(a)),
+        Tree::Leaf(Leaf::Array(a)) => {
+            format!("{}{} =\n{}", a.dtype().display(), shape_text(a.shape()), format_array(a))
+        }
         Tree::Leaf(Leaf::None) => "None".into(),
         Tree::Leaf(Leaf::Bool(b)) => if *b { "True" } else { "False" }.into(),
         Tree::Leaf(Leaf::Int(i)) => i.to_string(),
         Tree::Leaf(Leaf::Float(f)) => fmt_float(*f),
-        Tree::Leaf(Leaf::Complex(a, b)) => format!("({}{}{}j)", fmt_float(*a), if *b < 0.0 { "" } else { "+" }, fmt_float(*b)),
+        Tree::Leaf(Leaf::Complex(a, b)) => {
+            format!("({}{}{}j)", fmt_float(*a), if *b < 0.0 { "" } else { "+" }, fmt_float(*b))
+        }
         Tree::Leaf(Leaf::Str(s)) => format!("{s:?}"),
         Tree::Leaf(Leaf::Bytes(b)) => {
-            let shown: String = b.iter().take(64).flat_map(|&c| std::ascii::escape_default(c)).map(char::from).collect();
+            let shown: String =
+                b.iter().take(64).flat_map(|&c| std::ascii::escape_default(c)).map(char::from).collect();
             format!("b\"{shown}{}\" ({} bytes)", if b.len() > 64 { "…" } else { "" }, b.len())
         }
         t => {

@@ -38,10 +38,17 @@ pub fn check_header(h: &[u8], file: &str) -> Result<()> {
     let major = u16::from_le_bytes([h[8], h[9]]);
     let minor = u16::from_le_bytes([h[10], h[11]]);
     if major != VERSION_MAJOR {
-        return Err(Error::UnsupportedVersion { file: file.into(), found: format!("{major}.{minor}"), supported: VERSION_MAJOR });
+        return Err(Error::UnsupportedVersion {
+            file: file.into(),
+            found: format!("{major}.{minor}"),
+            supported: VERSION_MAJOR,
+        });
     }
     if h[12..64].iter().any(|&b| b != 0) {
-        return Err(Error::NotTreepack { file: file.into(), reason: "reserved header bytes are not zero (corrupt header)".into() });
+        return Err(Error::NotTreepack {
+            file: file.into(),
+            reason: "reserved header bytes are not zero (corrupt header)".into(),
+        });
     }
     Ok(())
 }

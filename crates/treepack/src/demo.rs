@@ -18,22 +18,33 @@ pub fn example_tree() -> Node {
         ("kernel", arr(DType::F32, vec![512, 256], |i| ((i % 97) as f32 * 0.01 - 0.3).to_le_bytes().to_vec())),
         ("bias", arr(DType::F32, vec![256], |i| (i as f32 * 0.001).to_le_bytes().to_vec())),
     ]);
-    let embed = arr(DType::BF16, vec![1000, 64], |i| half::bf16::from_f32((i % 13) as f32 - 6.0).to_bits().to_le_bytes().to_vec());
+    let embed = arr(DType::BF16, vec![1000, 64], |i| {
+        half::bf16::from_f32((i % 13) as f32 - 6.0).to_bits().to_le_bytes().to_vec()
+    });
     let dtypes = Node::dict([
         ("bool", arr(DType::Bool, vec![8], |i| vec![(i % 3 == 0) as u8])),
         ("int8", arr(DType::I8, vec![4], |i| vec![(i as i8 - 2) as u8])),
         ("uint16", arr(DType::U16, vec![2, 3], |i| (i as u16 * 1000).to_le_bytes().to_vec())),
         ("int64", arr(DType::I64, vec![3], |i| (i as i64 - (1 << 40)).to_le_bytes().to_vec())),
         ("float16", arr(DType::F16, vec![5], |i| half::f16::from_f32(i as f32 / 4.0).to_bits().to_le_bytes().to_vec())),
-        ("float64", arr(DType::F64, vec![2, 2], |i| [f64::NAN, -0.0, f64::INFINITY, 1e-300][i as usize].to_le_bytes().to_vec())),
-        ("complex64", arr(DType::C64, vec![2], |i| [i as f32, -(i as f32)].iter().flat_map(|x| x.to_le_bytes()).collect())),
+        (
+            "float64",
+            arr(DType::F64, vec![2, 2], |i| [f64::NAN, -0.0, f64::INFINITY, 1e-300][i as usize].to_le_bytes().to_vec()),
+        ),
+        (
+            "complex64",
+            arr(DType::C64, vec![2], |i| [i as f32, -(i as f32)].iter().flat_map(|x| x.to_le_bytes()).collect()),
+        ),
         ("float8_e4m3fn", arr(DType::F8E4M3FN, vec![4], |i| vec![0x38 + i as u8])),
         ("float8_e5m2", arr(DType::F8E5M2, vec![4], |i| vec![0x3c + i as u8])),
         ("bytes4", arr(DType::Bytes(4), vec![2], |i| if i == 0 { b"ab\0\0".to_vec() } else { b"wxyz".to_vec() })),
-        ("unicode3", arr(DType::Unicode(3), vec![2], |i| {
-            let s: [char; 3] = if i == 0 { ['h', 'é', '\0'] } else { ['∑', 'x', 'y'] };
-            s.iter().flat_map(|c| (*c as u32).to_le_bytes()).collect()
-        })),
+        (
+            "unicode3",
+            arr(DType::Unicode(3), vec![2], |i| {
+                let s: [char; 3] = if i == 0 { ['h', 'é', '\0'] } else { ['∑', 'x', 'y'] };
+                s.iter().flat_map(|c| (*c as u32).to_le_bytes()).collect()
+            }),
+        ),
         (
             "record_dtype",
             arr(
@@ -73,7 +84,13 @@ pub fn example_tree() -> Node {
         ("params", Node::dict([("dense", dense), ("embed", embed)])),
         ("dtypes", dtypes),
         ("scalars", scalars),
-        ("history", Node::list([Node::tuple([Node::from(1i64), Node::from(0.9)]), Node::tuple([Node::from(2i64), Node::from(0.7)])])),
+        (
+            "history",
+            Node::list([
+                Node::tuple([Node::from(1i64), Node::from(0.9)]),
+                Node::tuple([Node::from(2i64), Node::from(0.7)]),
+            ]),
+        ),
         ("config", Node::record("demo.Config", [("layers", Node::from(2i64)), ("activation", Node::from("gelu"))])),
         (
             "custom",

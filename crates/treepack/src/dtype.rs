@@ -205,7 +205,9 @@ impl DType {
                         None => vec![],
                         Some(Value::Array(a)) if a.len() <= 32 => a
                             .iter()
-                            .map(|x| x.as_u64().ok_or_else(|| bad(&short(v), "field shape must hold non-negative integers")))
+                            .map(|x| {
+                                x.as_u64().ok_or_else(|| bad(&short(v), "field shape must hold non-negative integers"))
+                            })
                             .collect::<Result<Vec<u64>>>()?,
                         Some(_) => return Err(bad(&short(v), "field shape must be an array of at most 32 integers")),
                     };
@@ -344,7 +346,11 @@ fn bad(dtype: &str, reason: &str) -> Error {
 fn short(v: &Value) -> String {
     let s = v.to_string();
     if s.len() > 80 {
-        format!("{}…", &s[..s.floor_char_boundary(80)])
+        let mut end = 80;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &s[..end])
     } else {
         s
     }

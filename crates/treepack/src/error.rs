@@ -30,7 +30,9 @@ pub enum Error {
     InvalidManifest { file: String, key: String, reason: String },
 
     /// The manifest's own checksum does not match its bytes: it was modified or truncated.
-    #[error("{file}: manifest checksum mismatch (stored {expected}, computed {actual}); the file was modified or truncated")]
+    #[error(
+        "{file}: manifest checksum mismatch (stored {expected}, computed {actual}); the file was modified or truncated"
+    )]
     ManifestChecksum { file: String, expected: String, actual: String },
 
     /// A chunk's bytes do not hash to the value recorded in the manifest.

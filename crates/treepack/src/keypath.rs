@@ -262,7 +262,8 @@ pub fn resolve<'t, L>(tree: &'t Tree<L>, path: &str) -> Result<&'t Tree<L>> {
             Some(c) => c,
             None => {
                 let here = if walked.is_empty() { "<root>".to_string() } else { walked.join("/") };
-                let avail: Vec<String> = node.children().iter().take(12).map(|(s, _)| Segment::from_step(s).text()).collect();
+                let avail: Vec<String> =
+                    node.children().iter().take(12).map(|(s, _)| Segment::from_step(s).text()).collect();
                 let reason = if matches!(node, Tree::Leaf(_)) {
                     format!("`{here}` is a leaf and has no child `{seg}`")
                 } else {

@@ -115,3 +115,8 @@ pub fn gc(location: &str, grace: std::time::Duration) -> Result<GcReport> {
     let loc = Location::parse(location)?;
     block_on(save::gc_async(&loc, grace))
 }
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -126,7 +126,9 @@ impl Entry {
     /// Chunks this leaf reads from packs.
     pub fn chunks(&self) -> &[ChunkRef] {
         match self {
-            Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => std::slice::from_ref(chunk),
+            Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => {
+                std::slice::from_ref(chunk)
+            }
             Entry::Array(ArrayEntry { storage: ArrayStorage::Chunked { chunks, .. }, .. }) => chunks,
             _ => &[],
         }
@@ -497,7 +499,8 @@ pub fn decode(bytes: &[u8], file: &str) -> Result<Manifest> {
     let split = bytes.len() - HASH_TRAILER_LEN;
     let (body, trailer) = bytes.split_at(split);
     let ok_shape = trailer.starts_with(HASH_PREFIX.as_bytes()) && trailer.ends_with(HASH_SUFFIX.as_bytes());
-    let stored = std::str::from_utf8(&trailer[HASH_PREFIX.len()..HASH_PREFIX.len() + 64]).ok().and_then(Hash32::from_hex);
+    let stored =
+        std::str::from_utf8(&trailer[HASH_PREFIX.len()..HASH_PREFIX.len() + 64]).ok().and_then(Hash32::from_hex);
     let stored = match (ok_shape, stored) {
         (true, Some(h)) => h,
         _ => {
@@ -625,7 +628,8 @@ impl RawChunk {
     fn into_ref<E: de::Error>(self) -> std::result::Result<ChunkRef, E> {
         let codec = Codec::from_name(&self.codec)
             .ok_or_else(|| E::custom(format!("unknown codec {:?} (written by a newer treepack?)", self.codec)))?;
-        let hash = Hash32::from_hex(&self.blake3).ok_or_else(|| E::custom("`blake3` must be 64 lowercase hex digits"))?;
+        let hash =
+            Hash32::from_hex(&self.blake3).ok_or_else(|| E::custom("`blake3` must be 64 lowercase hex digits"))?;
         Ok(ChunkRef { pack: self.pack, offset: self.offset, length: self.length, codec, hash })
     }
 }
@@ -777,7 +781,9 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                 let v: Value = expect_one(&mut map, "v")?;
                 let i = match &v {
                     Value::String(s) => Int::parse(s),
-                    Value::Number(n) => n.as_i64().map(Int::Small).or_else(|| n.as_u64().map(|u| Int::from_big(u.into()))),
+                    Value::Number(n) => {
+                        n.as_i64().map(Int::Small).or_else(|| n.as_u64().map(|u| Int::from_big(u.into())))
+                    }
                     _ => None,
                 };
                 Ok(Tree::Leaf(Entry::Int(i.ok_or_else(|| de::Error::custom("int `v` must be a decimal string"))?)))
@@ -821,7 +827,9 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                     }
                     (None, Some(size), Some(chunk)) if t == "str" => Entry::Str(Stored::Blob { size, chunk }),
                     (None, Some(size), Some(chunk)) => Entry::Bytes(Stored::Blob { size, chunk }),
-                    _ => return Err(de::Error::custom(format!("{t} node needs `size` and `blob` (or `b64` for bytes)"))),
+                    _ => {
+                        return Err(de::Error::custom(format!("{t} node needs `size` and `blob` (or `b64` for bytes)")))
+                    }
                 };
                 Ok(Tree::Leaf(entry))
             }
@@ -845,7 +853,10 @@ fn skip<'de, A: MapAccess<'de>>(map: &mut A, _k: &str) -> std::result::Result<()
     Ok(())
 }
 
-fn expect_one<'de, A: MapAccess<'de>, T: serde::Deserialize<'de>>(map: &mut A, name: &str) -> std::result::Result<T, A::Error> {
+fn expect_one<'de, A: MapAccess<'de>, T: serde::Deserialize<'de>>(
+    map: &mut A,
+    name: &str,
+) -> std::result::Result<T, A::Error> {
     let mut out: Option<T> = None;
     while let Some(k) = map.next_key::<String>()? {
         if k == name {
@@ -859,7 +870,8 @@ fn expect_one<'de, A: MapAccess<'de>, T: serde::Deserialize<'de>>(map: &mut A, n
 }
 
 fn parse_array<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::Result<ArrayEntry, A::Error> {
-    let (mut dtype, mut shape, mut chunk_shape, mut chunks, mut data, mut preview) = (None, None, None, None, None, None);
+    let (mut dtype, mut shape, mut chunk_shape, mut chunks, mut data, mut preview) =
+        (None, None, None, None, None, None);
     while let Some(k) = map.next_key::<String>()? {
         match k.as_str() {
             "dtype" => {
@@ -924,7 +936,10 @@ impl<'de> Visitor<'de> for ItemsSeed<'_> {
     }
 }
 
-fn read_items<'de, A: SeqAccess<'de>>(node: NodeSeed<'_>, mut seq: A) -> std::result::Result<Vec<Tree<Entry>>, A::Error> {
+fn read_items<'de, A: SeqAccess<'de>>(
+    node: NodeSeed<'_>,
+    mut seq: A,
+) -> std::result::Result<Vec<Tree<Entry>>, A::Error> {
     let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
     loop {
         node.path.borrow_mut().push(out.len().to_string());
@@ -1022,7 +1037,9 @@ impl<'de> Visitor<'de> for PairSeed<'_> {
                 .ok_or_else(|| de::Error::custom("empty pair: expected [key, node]"))?;
             PairKey::Key(entry_to_key(k)?)
         } else {
-            PairKey::Name(seq.next_element::<String>()?.ok_or_else(|| de::Error::custom("empty pair: expected [name, node]"))?)
+            PairKey::Name(
+                seq.next_element::<String>()?.ok_or_else(|| de::Error::custom("empty pair: expected [name, node]"))?,
+            )
         };
         let text = match &key {
             PairKey::Key(k) => Segment::Key(k.clone()).text(),
@@ -1097,7 +1114,10 @@ pub fn validate_pack_path(p: &str) -> std::result::Result<(), String> {
     let ok = !p.is_empty()
         && p.len() <= 512
         && p.split('/').all(|seg| {
-            !seg.is_empty() && seg != "." && seg != ".." && seg.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
+            !seg.is_empty()
+                && seg != "."
+                && seg != ".."
+                && seg.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
         });
     if ok {
         Ok(())
@@ -1159,13 +1179,18 @@ fn validate_entry(m: &Manifest, path: &KeyPath, e: &Entry, file: &str) -> Result
                     }
                 }
                 ArrayStorage::Chunked { chunk_shape, chunks } => {
-                    let grid = ChunkGrid::new(a.shape.clone(), chunk_shape.clone()).map_err(|r| Error::manifest(file, key(), r))?;
+                    let grid = ChunkGrid::new(a.shape.clone(), chunk_shape.clone())
+                        .map_err(|r| Error::manifest(file, key(), r))?;
                     let n = grid.num_chunks();
                     if n != Some(chunks.len() as u64) {
                         return Err(Error::manifest(
                             file,
                             key(),
-                            format!("the chunk grid has {} chunks but {} are listed", n.map_or("2^64+".into(), |n| n.to_string()), chunks.len()),
+                            format!(
+                                "the chunk grid has {} chunks but {} are listed",
+                                n.map_or("2^64+".into(), |n| n.to_string()),
+                                chunks.len()
+                            ),
                         ));
                     }
                     for (i, c) in chunks.iter().enumerate() {
@@ -1194,7 +1219,10 @@ mod tests {
             packs: vec![PackInfo { path: "packs/a-0.tpp".into(), size: 64 }],
             root: Tree::Dict(vec![
                 (Key::Str("a".into()), Tree::Leaf(Entry::Int(Int::Small(1)))),
-                (Key::Int(Int::Small(7)), Tree::List(vec![Tree::Leaf(Entry::Float(-0.0)), Tree::Leaf(Entry::Float(f64::NAN))])),
+                (
+                    Key::Int(Int::Small(7)),
+                    Tree::List(vec![Tree::Leaf(Entry::Float(-0.0)), Tree::Leaf(Entry::Float(f64::NAN))]),
+                ),
                 (
                     Key::Tuple(vec![Key::None, Key::Bool(true)]),
                     Tree::Tuple(vec![Tree::Leaf(Entry::Str(Stored::Inline("x\"\n".into())))]),

@@ -226,9 +226,16 @@ pub enum Tree<L> {
     /// Ordered dict; keys are unique.
     Dict(Vec<(Key, Tree<L>)>),
     /// A named type with ordered, named fields (dataclass, namedtuple, Rust struct).
-    Record { type_name: String, fields: Vec<(String, Tree<L>)> },
+    Record {
+        type_name: String,
+        fields: Vec<(String, Tree<L>)>,
+    },
     /// A registered custom type: its name, JSON data, and named children.
-    Custom { type_name: String, data: serde_json::Value, children: Vec<(String, Tree<L>)> },
+    Custom {
+        type_name: String,
+        data: serde_json::Value,
+        children: Vec<(String, Tree<L>)>,
+    },
 }
 
 /// Run `f`, first growing the stack if little is left, so deep (up to `MAX_DEPTH`) trees can be

@@ -105,7 +105,12 @@ pub fn to_json(dtype: &DType, head: Value, mm: Option<(f64, f64)>) -> Value {
         let as_json = |x: f64| {
             if matches!(dtype, DType::Bool) {
                 Value::Bool(x != 0.0)
-            } else if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64) && dtype.is_real_number() && x.fract() == 0.0 && x.abs() < 9.0e15 && !is_f8(dtype) {
+            } else if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+                && dtype.is_real_number()
+                && x.fract() == 0.0
+                && x.abs() < 9.0e15
+                && !is_f8(dtype)
+            {
                 json!(x as i64)
             } else if matches!(dtype, DType::F64) {
                 float_json(x)
@@ -128,7 +133,8 @@ mod tests {
     use super::*;
     #[test]
     fn min_max_skips_nan() {
-        let v: Vec<u8> = [3.0f32, f32::NAN, -1.5, 7.0, 0.0, 1.0, 2.0, 3.0, 4.0, -9.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let v: Vec<u8> =
+            [3.0f32, f32::NAN, -1.5, 7.0, 0.0, 1.0, 2.0, 3.0, 4.0, -9.0].iter().flat_map(|x| x.to_le_bytes()).collect();
         assert_eq!(min_max(&DType::F32, &v), Some((-9.0, 7.0)));
         let v: Vec<u8> = [5i32, -2].iter().flat_map(|x| x.to_le_bytes()).collect();
         assert_eq!(min_max(&DType::I32, &v), Some((-2.0, 5.0)));

@@ -92,9 +92,8 @@ impl Reader {
         let (bytes, file) = match loc.layout() {
             Layout::Directory => {
                 let file = loc.file_name(MANIFEST_NAME);
-                let b = loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await?.ok_or_else(|| Error::NotFound {
-                    location: loc.display().to_string(),
-                    detail: format!("`{file}` does not exist"),
+                let b = loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await?.ok_or_else(|| {
+                    Error::NotFound { location: loc.display().to_string(), detail: format!("`{file}` does not exist") }
                 })?;
                 (b, file)
             }
@@ -107,7 +106,11 @@ impl Reader {
         let single = loc.layout() == Layout::SingleFile;
         for p in &m.packs {
             if (p.path == ".") != single {
-                return Err(Error::manifest(&file, "packs", format!("pack `{}` is not allowed in this layout", p.path)));
+                return Err(Error::manifest(
+                    &file,
+                    "packs",
+                    format!("pack `{}` is not allowed in this layout", p.path),
+                ));
             }
         }
         Ok(Reader { loc, manifest: Arc::new(m), manifest_file: file, mmaps: Mutex::default() })
@@ -193,10 +196,8 @@ impl Reader {
             let batch = &jobs[start..end];
             let refs: Vec<ChunkRef> = batch.iter().flat_map(|j| j.entry.chunks().iter().cloned()).collect();
             let fetched = self.fetch(&refs, opts.mmap).await?;
-            let built: Vec<(usize, Leaf)> = batch
-                .par_iter()
-                .map(|j| Ok((j.id, self.assemble(j, &fetched, opts)?)))
-                .collect::<Result<Vec<_>>>()?;
+            let built: Vec<(usize, Leaf)> =
+                batch.par_iter().map(|j| Ok((j.id, self.assemble(j, &fetched, opts)?))).collect::<Result<Vec<_>>>()?;
             results.extend(built);
             start = end;
         }
@@ -247,7 +248,9 @@ impl Reader {
             }
             futs.push(async move {
                 let got = self.loc.read_ranges(&rel, ranges.iter().map(|&(o, l)| o..o + l).collect()).await?;
-                Ok::<_, Error>(ranges.into_iter().zip(got).map(move |((o, l), b)| ((pack, o, l), b)).collect::<Vec<_>>())
+                Ok::<_, Error>(
+                    ranges.into_iter().zip(got).map(move |((o, l), b)| ((pack, o, l), b)).collect::<Vec<_>>(),
+                )
             });
         }
         for part in futures::future::try_join_all(futs).await? {
@@ -268,7 +271,14 @@ impl Reader {
         Ok(m)
     }
 
-    fn chunk_bytes(&self, job_path: &str, i: usize, r: &ChunkRef, fetched: &HashMap<ChunkKey, Bytes>, verify: bool) -> Result<Bytes> {
+    fn chunk_bytes(
+        &self,
+        job_path: &str,
+        i: usize,
+        r: &ChunkRef,
+        fetched: &HashMap<ChunkKey, Bytes>,
+        verify: bool,
+    ) -> Result<Bytes> {
         let b = fetched.get(&(r.pack, r.offset, r.length)).cloned().ok_or_else(|| Error::OutOfBounds {
             file: self.pack_file(r.pack),
             key: job_path.to_string(),
@@ -286,26 +296,36 @@ impl Reader {
                 });
             }
         }
-        r.codec
-            .decode(b, r.length)
-            .map_err(|reason| Error::OutOfBounds { file: self.pack_file(r.pack), key: job_path.to_string(), reason })
+        r.codec.decode(b, r.length).map_err(|reason| Error::OutOfBounds {
+            file: self.pack_file(r.pack),
+            key: job_path.to_string(),
+            reason,
+        })
     }
 
     fn assemble(&self, job: &Job<'_>, fetched: &HashMap<ChunkKey, Bytes>, opts: &LoadOptions) -> Result<Leaf> {
         match job.entry {
             Entry::Str(Stored::Blob { chunk, .. }) => {
                 let b = self.chunk_bytes(&job.path, 0, chunk, fetched, opts.verify)?;
-                String::from_utf8(b.to_vec())
-                    .map(Leaf::Str)
-                    .map_err(|_| Error::manifest(&self.pack_file(chunk.pack), job.path.clone(), "string blob is not valid UTF-8"))
+                String::from_utf8(b.to_vec()).map(Leaf::Str).map_err(|_| {
+                    Error::manifest(&self.pack_file(chunk.pack), job.path.clone(), "string blob is not valid UTF-8")
+                })
             }
-            Entry::Bytes(Stored::Blob { chunk, .. }) => Ok(Leaf::Bytes(self.chunk_bytes(&job.path, 0, chunk, fetched, opts.verify)?)),
+            Entry::Bytes(Stored::Blob { chunk, .. }) => {
+                Ok(Leaf::Bytes(self.chunk_bytes(&job.path, 0, chunk, fetched, opts.verify)?))
+            }
             Entry::Array(a) => self.assemble_array(&job.path, a, fetched, opts).map(Leaf::Array),
             other => inline_leaf_ref(other, &self.manifest_file, &job.path),
         }
     }
 
-    fn assemble_array(&self, path: &str, a: &ArrayEntry, fetched: &HashMap<ChunkKey, Bytes>, opts: &LoadOptions) -> Result<ArrayData> {
+    fn assemble_array(
+        &self,
+        path: &str,
+        a: &ArrayEntry,
+        fetched: &HashMap<ChunkKey, Bytes>,
+        opts: &LoadOptions,
+    ) -> Result<ArrayData> {
         let ArrayStorage::Chunked { chunks, .. } = &a.storage else {
             return inline_array(a, &self.manifest_file, path);
         };
@@ -397,9 +417,14 @@ impl Reader {
     pub async fn verify_async(&self) -> Result<VerifyReport> {
         let mut report = VerifyReport::default();
         if self.loc.layout() == Layout::SingleFile {
-            let h = self.loc.read_ranges(".", vec![0..container::HEADER_LEN]).await?;
-            if let Err(e) = container::check_header(&h[0], self.loc.display()) {
-                report.problems.push(Problem { file: self.loc.display().into(), key: String::new(), chunk: None, reason: e.to_string() });
+            let h = self.loc.read_range(".", 0..container::HEADER_LEN).await?;
+            if let Err(e) = container::check_header(&h, self.loc.display()) {
+                report.problems.push(Problem {
+                    file: self.loc.display().into(),
+                    key: String::new(),
+                    chunk: None,
+                    reason: e.to_string(),
+                });
             }
         }
         let mut bad_packs = vec![false; self.manifest.packs.len()];
@@ -417,7 +442,12 @@ impl Reader {
                 }
                 Err(e) => {
                     bad_packs[i] = true;
-                    report.problems.push(Problem { file: self.loc.file_name(&p.path), key: String::new(), chunk: None, reason: e.to_string() });
+                    report.problems.push(Problem {
+                        file: self.loc.file_name(&p.path),
+                        key: String::new(),
+                        chunk: None,
+                        reason: e.to_string(),
+                    });
                 }
             }
         }
@@ -445,7 +475,12 @@ impl Reader {
                     .par_iter()
                     .filter_map(|(p, i, r)| match self.chunk_bytes(p, *i, r, &fetched, true) {
                         Ok(_) => None,
-                        Err(e) => Some(Problem { file: self.pack_file(r.pack), key: p.clone(), chunk: Some(*i), reason: e.to_string() }),
+                        Err(e) => Some(Problem {
+                            file: self.pack_file(r.pack),
+                            key: p.clone(),
+                            chunk: Some(*i),
+                            reason: e.to_string(),
+                        }),
                     })
                     .collect();
                 report.chunks_checked += batch.len();
@@ -517,7 +552,8 @@ fn contiguous_in_pack(grid: &ChunkGrid, chunks: &[ChunkRef]) -> bool {
 
 fn inline_array(a: &ArrayEntry, file: &str, path: &str) -> Result<ArrayData> {
     match &a.storage {
-        ArrayStorage::Inline(d) => ArrayData::new(a.dtype.clone(), a.shape.clone(), d.clone()).map_err(|e| Error::manifest(file, path, e.to_string())),
+        ArrayStorage::Inline(d) => ArrayData::new(a.dtype.clone(), a.shape.clone(), d.clone())
+            .map_err(|e| Error::manifest(file, path, e.to_string())),
         ArrayStorage::Chunked { .. } => Err(Error::manifest(file, path, "array data was not read")),
     }
 }
@@ -548,24 +584,31 @@ async fn read_single_manifest(loc: &Location) -> Result<Bytes> {
     let size = loc.size(".").await?;
     let min = container::HEADER_LEN + container::FOOTER_LEN;
     if size < min {
-        return Err(Error::NotTreepack { file, reason: format!("file has {size} bytes, fewer than a header and footer") });
+        return Err(Error::NotTreepack {
+            file,
+            reason: format!("file has {size} bytes, fewer than a header and footer"),
+        });
     }
     let tail_len = size.min(TAIL_READ);
-    let tail = loc.read_ranges(".", vec![size - tail_len..size]).await?.pop().unwrap_or_default();
+    let tail = loc.read_range(".", size - tail_len..size).await?;
     if tail_len == size {
         container::check_header(&tail[..container::HEADER_LEN as usize], &file)?;
     }
     let footer = &tail[tail.len() - container::FOOTER_LEN as usize..];
     let (off, len) = container::parse_footer(footer, size, &file)?;
     if len > manifest::MAX_MANIFEST_BYTES {
-        return Err(Error::limit("manifest size", manifest::MAX_MANIFEST_BYTES, format!("{file} declares {len} bytes")));
+        return Err(Error::limit(
+            "manifest size",
+            manifest::MAX_MANIFEST_BYTES,
+            format!("{file} declares {len} bytes"),
+        ));
     }
     let tail_start = size - tail_len;
     if off >= tail_start {
         let s = (off - tail_start) as usize;
         Ok(tail.slice(s..s + len as usize))
     } else {
-        Ok(loc.read_ranges(".", vec![off..off + len]).await?.pop().unwrap_or_default())
+        loc.read_range(".", off..off + len).await
     }
 }
 

@@ -6,17 +6,19 @@
 //! manifest last — with a create-only put unless overwriting — so a reader never sees a partial
 //! tree, and (6) when overwriting, delete the packs only the old tree used.
 
+use crate::codec::Codec;
 use crate::container::{self, align_up};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::grid::{self, ChunkGrid, DimSel};
 use crate::hash::Hash32;
 use crate::keypath::{Glob, KeyPath};
-use crate::manifest::{self, ArrayEntry, ArrayStorage, ChunkRef, Entry, Manifest, PackInfo, Stored, MAX_DEPTH, MAX_NDIM};
+use crate::manifest::{
+    self, ArrayEntry, ArrayStorage, ChunkRef, Entry, Manifest, PackInfo, Stored, MAX_DEPTH, MAX_NDIM,
+};
 use crate::model::{ArrayData, Leaf, Node, Tree};
 use crate::preview;
 use crate::store::{Layout, Location, MANIFEST_NAME, PACKS_DIR};
-use crate::codec::Codec;
 use bytes::{Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
 use rayon::prelude::*;
@@ -137,8 +139,11 @@ fn array_chunks(a: &ArrayData, grid: &ChunkGrid) -> Vec<Bytes> {
                 let off = grid::c_offset(&grid.shape, &origin, itemsize) as usize;
                 data.slice(off..off + len)
             } else {
-                let sel: Vec<DimSel> =
-                    origin.iter().zip(&extent).map(|(&o, &e)| DimSel { start: o, count: e, step: 1, keep: true }).collect();
+                let sel: Vec<DimSel> = origin
+                    .iter()
+                    .zip(&extent)
+                    .map(|(&o, &e)| DimSel { start: o, count: e, step: 1, keep: true })
+                    .collect();
                 let mut out = vec![0u8; len];
                 let zeros = vec![0u64; grid.shape.len()];
                 grid::copy_chunk(&mut out, &sel, &zeros, &grid.shape, data, itemsize as usize);
@@ -192,12 +197,20 @@ impl Planner<'_> {
         let dtype = a.dtype().clone();
         let shape = a.shape().to_vec();
         if shape.len() > MAX_NDIM {
-            return Err(Error::invalid_tree(path.to_string(), format!("{} dimensions (limit {MAX_NDIM})", shape.len())));
+            return Err(Error::invalid_tree(
+                path.to_string(),
+                format!("{} dimensions (limit {MAX_NDIM})", shape.len()),
+            ));
         }
         self.arrays += 1;
         self.array_bytes += a.nbytes();
         if a.nbytes() as usize <= self.opts.inline_bytes {
-            return Ok(Entry::Array(ArrayEntry { dtype, shape, storage: ArrayStorage::Inline(a.bytes().clone()), preview: None }));
+            return Ok(Entry::Array(ArrayEntry {
+                dtype,
+                shape,
+                storage: ArrayStorage::Inline(a.bytes().clone()),
+                preview: None,
+            }));
         }
         let texts = path.texts();
         let chunk_shape = match self.globs.iter().find(|(g, _)| g.matches(&texts)) {
@@ -212,9 +225,11 @@ impl Planner<'_> {
             }
             None => grid::default_chunk_shape(&shape, dtype.itemsize(), self.opts.chunk_bytes),
         };
-        let grid = ChunkGrid::new(shape.clone(), chunk_shape.clone()).map_err(|r| Error::invalid_tree(path.to_string(), r))?;
+        let grid =
+            ChunkGrid::new(shape.clone(), chunk_shape.clone()).map_err(|r| Error::invalid_tree(path.to_string(), r))?;
         let mm_dtype = if self.opts.preview { Some(dtype.clone()) } else { None };
-        let chunks: Vec<ChunkRef> = array_chunks(a, &grid).into_iter().map(|c| self.push(c, mm_dtype.clone())).collect();
+        let chunks: Vec<ChunkRef> =
+            array_chunks(a, &grid).into_iter().map(|c| self.push(c, mm_dtype.clone())).collect();
         let preview = if self.opts.preview { Some(preview::head(&dtype, a.bytes())) } else { None };
         Ok(Entry::Array(ArrayEntry { dtype, shape, storage: ArrayStorage::Chunked { chunk_shape, chunks }, preview }))
     }
@@ -242,7 +257,8 @@ fn layout(pending: &[Pending], hashes: &[Hash32], opts: &SaveOptions, single: bo
             continue;
         }
         let len = p.data.len() as u64;
-        let start_new = packs.is_empty() || (!single && packs.last().is_some_and(|(_, s)| *s > 0 && *s + len > opts.pack_bytes));
+        let start_new =
+            packs.is_empty() || (!single && packs.last().is_some_and(|(_, s)| *s > 0 && *s + len > opts.pack_bytes));
         if start_new {
             packs.push((vec![], base));
         }
@@ -327,11 +343,7 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     }
     let previous = if exists && !single { old_packs(loc).await } else { None };
 
-    let globs = opts
-        .chunk_shapes
-        .iter()
-        .map(|(p, cs)| Ok((Glob::new(p)?, cs.clone())))
-        .collect::<Result<Vec<_>>>()?;
+    let globs = opts.chunk_shapes.iter().map(|(p, cs)| Ok((Glob::new(p)?, cs.clone()))).collect::<Result<Vec<_>>>()?;
     let mut planner = Planner { opts, globs, pending: vec![], arrays: 0, array_bytes: 0 };
     let entries: Tree<Entry> = {
         let r: Result<Tree<Entry>> = tree.clone().try_map(&mut |p, l| planner.leaf(p, &l));
@@ -352,8 +364,12 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     let root: Tree<Entry> = {
         let r: Result<Tree<Entry>, std::convert::Infallible> = entries.try_map(&mut |_, e| {
             Ok(match e {
-                Entry::Str(Stored::Blob { size, chunk }) => Entry::Str(Stored::Blob { size, chunk: lay.refs[chunk.offset as usize].clone() }),
-                Entry::Bytes(Stored::Blob { size, chunk }) => Entry::Bytes(Stored::Blob { size, chunk: lay.refs[chunk.offset as usize].clone() }),
+                Entry::Str(Stored::Blob { size, chunk }) => {
+                    Entry::Str(Stored::Blob { size, chunk: lay.refs[chunk.offset as usize].clone() })
+                }
+                Entry::Bytes(Stored::Blob { size, chunk }) => {
+                    Entry::Bytes(Stored::Blob { size, chunk: lay.refs[chunk.offset as usize].clone() })
+                }
                 Entry::Array(mut a) => {
                     if let ArrayStorage::Chunked { chunks, .. } = &mut a.storage {
                         let mut mm = None;
@@ -405,13 +421,18 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
         loc.put(".", parts, !opts.overwrite).await?;
     } else {
         let new_names: HashSet<String> = lay.packs.iter().map(|p| p.0.clone()).collect();
-        futures::stream::iter(lay.packs.into_iter().map(|(name, parts, _)| async move { loc.put(&name, parts, false).await }))
-            .buffer_unordered(opts.concurrency.max(1))
-            .try_collect::<Vec<()>>()
-            .await?;
+        futures::stream::iter(
+            lay.packs.into_iter().map(|(name, parts, _)| async move { loc.put(&name, parts, false).await }),
+        )
+        .buffer_unordered(opts.concurrency.max(1))
+        .try_collect::<Vec<()>>()
+        .await?;
         loc.put(MANIFEST_NAME, vec![Bytes::from(mbytes)], !opts.overwrite).await?;
         if let Some(old) = previous {
-            for p in old.into_iter().filter(|p| !new_names.contains(p) && manifest::validate_pack_path(p).is_ok() && p != ".") {
+            for p in old
+                .into_iter()
+                .filter(|p| !new_names.contains(p) && manifest::validate_pack_path(p).is_ok() && p != ".")
+            {
                 loc.delete(&p).await?;
             }
         }
@@ -452,7 +473,9 @@ pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcRe
     match loc.layout() {
         Layout::Directory => {
             let referenced: HashSet<String> = match loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await? {
-                Some(b) => manifest::decode(&b, &loc.file_name(MANIFEST_NAME))?.packs.into_iter().map(|p| p.path).collect(),
+                Some(b) => {
+                    manifest::decode(&b, &loc.file_name(MANIFEST_NAME))?.packs.into_iter().map(|p| p.path).collect()
+                }
                 None => HashSet::new(),
             };
             let mut candidates = loc.list(PACKS_DIR).await?;

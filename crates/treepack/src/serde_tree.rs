@@ -107,7 +107,9 @@ impl Element for bool {
 
 impl ArrayData {
     /// Canonical copy of an ndarray (any memory layout).
-    pub fn from_ndarray<T: Element, S: ndarray::Data<Elem = T>, D: ndarray::Dimension>(a: &ndarray::ArrayBase<S, D>) -> ArrayData {
+    pub fn from_ndarray<T: Element, S: ndarray::Data<Elem = T>, D: ndarray::Dimension>(
+        a: &ndarray::ArrayBase<S, D>,
+    ) -> ArrayData {
         let mut out = Vec::with_capacity(a.len() * T::SIZE);
         for x in a.iter() {
             x.write_le(&mut out);
@@ -123,7 +125,11 @@ impl ArrayData {
     /// [`Error::Serde`] if the dtype is not `T`'s.
     pub fn to_ndarray<T: Element>(&self) -> Result<ndarray::ArrayD<T>> {
         if *self.dtype() != T::DTYPE {
-            return Err(Error::Serde(format!("array has dtype {}, expected {}", self.dtype().display(), T::DTYPE.display())));
+            return Err(Error::Serde(format!(
+                "array has dtype {}, expected {}",
+                self.dtype().display(),
+                T::DTYPE.display()
+            )));
         }
         let v: Vec<T> = self.bytes().chunks_exact(T::SIZE).map(T::read_le).collect();
         let shape: Vec<usize> = self.shape().iter().map(|&d| d as usize).collect();
@@ -191,7 +197,9 @@ pub mod array {
     #[serde(rename = "$treepack::Array")]
     struct Wrapped(Owned);
 
-    pub fn deserialize<'de, T: Element, D: ndarray::Dimension, De: Deserializer<'de>>(d: De) -> Result<ndarray::Array<T, D>, De::Error> {
+    pub fn deserialize<'de, T: Element, D: ndarray::Dimension, De: Deserializer<'de>>(
+        d: De,
+    ) -> Result<ndarray::Array<T, D>, De::Error> {
         let Wrapped(Owned(name, shape, bytes)) = Wrapped::deserialize(d)?;
         let dtype = crate::DType::from_name(&name).map_err(De::Error::custom)?;
         let a = ArrayData::new(dtype, shape, bytes).map_err(De::Error::custom)?;
@@ -323,7 +331,9 @@ impl ser::Serializer for TreeSerializer {
                 let bytes = parts.pop();
                 let shape = parts.pop();
                 let dtype = parts.pop();
-                if let (Some(Tree::Leaf(Leaf::Str(d))), Some(Tree::List(s)), Some(Tree::Leaf(Leaf::Bytes(b)))) = (dtype, shape, bytes) {
+                if let (Some(Tree::Leaf(Leaf::Str(d))), Some(Tree::List(s)), Some(Tree::Leaf(Leaf::Bytes(b)))) =
+                    (dtype, shape, bytes)
+                {
                     let shape: Vec<u64> = s
                         .into_iter()
                         .map(|x| match x {
@@ -337,7 +347,13 @@ impl ser::Serializer for TreeSerializer {
         }
         Err(Error::Serde("malformed array payload".into()))
     }
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(self, _: &'static str, _: u32, variant: &'static str, v: &T) -> Result<Node> {
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        v: &T,
+    ) -> Result<Node> {
         Ok(wrap_variant(Some(variant), v.serialize(self)?))
     }
     fn serialize_seq(self, len: Option<usize>) -> Result<SeqSer> {
@@ -358,7 +374,13 @@ impl ser::Serializer for TreeSerializer {
     fn serialize_struct(self, name: &'static str, _: usize) -> Result<StructSer> {
         Ok(StructSer { name, fields: vec![], variant: None })
     }
-    fn serialize_struct_variant(self, name: &'static str, _: u32, variant: &'static str, _: usize) -> Result<StructSer> {
+    fn serialize_struct_variant(
+        self,
+        name: &'static str,
+        _: u32,
+        variant: &'static str,
+        _: usize,
+    ) -> Result<StructSer> {
         Ok(StructSer { name, fields: vec![], variant: Some(variant) })
     }
 }
@@ -489,10 +511,16 @@ impl<'de> de::VariantAccess<'de> for EnumAcc<'_> {
         seed.deserialize(TreeDeserializer(self.content.ok_or_else(|| Error::Serde("variant without content".into()))?))
     }
     fn tuple_variant<V: Visitor<'de>>(self, _: usize, visitor: V) -> Result<V::Value> {
-        de::Deserializer::deserialize_any(TreeDeserializer(self.content.ok_or_else(|| Error::Serde("variant without content".into()))?), visitor)
+        de::Deserializer::deserialize_any(
+            TreeDeserializer(self.content.ok_or_else(|| Error::Serde("variant without content".into()))?),
+            visitor,
+        )
     }
     fn struct_variant<V: Visitor<'de>>(self, _: &'static [&'static str], visitor: V) -> Result<V::Value> {
-        de::Deserializer::deserialize_any(TreeDeserializer(self.content.ok_or_else(|| Error::Serde("variant without content".into()))?), visitor)
+        de::Deserializer::deserialize_any(
+            TreeDeserializer(self.content.ok_or_else(|| Error::Serde("variant without content".into()))?),
+            visitor,
+        )
     }
 }
 
@@ -512,17 +540,20 @@ impl<'de> de::Deserializer<'de> for TreeDeserializer<'_> {
                 },
             },
             Tree::Leaf(Leaf::Float(f)) => visitor.visit_f64(*f),
-            Tree::Leaf(Leaf::Complex(a, b)) => visitor.visit_seq(SeqAcc([Node::from(*a), Node::from(*b)].to_vec().iter())),
+            Tree::Leaf(Leaf::Complex(a, b)) => {
+                visitor.visit_seq(SeqAcc([Node::from(*a), Node::from(*b)].to_vec().iter()))
+            }
             Tree::Leaf(Leaf::Str(s)) => visitor.visit_str(s),
             Tree::Leaf(Leaf::Bytes(b)) => visitor.visit_bytes(b),
             Tree::Leaf(Leaf::Array(_)) => Err(Error::Serde(
                 "an array leaf needs a field annotated #[serde(with = \"treepack::serde_tree::array\")]".into(),
             )),
             Tree::List(v) | Tree::Tuple(v) => visitor.visit_seq(SeqAcc(v.iter())),
-            Tree::Dict(items) => visitor.visit_map(MapAcc { items: items.iter().map(|(k, v)| (key_node(k), v)).collect(), pos: 0 }),
-            Tree::Record { fields, .. } | Tree::Custom { children: fields, .. } => {
-                visitor.visit_map(MapAcc { items: fields.iter().map(|(k, v)| (Node::from(k.as_str()), v)).collect(), pos: 0 })
+            Tree::Dict(items) => {
+                visitor.visit_map(MapAcc { items: items.iter().map(|(k, v)| (key_node(k), v)).collect(), pos: 0 })
             }
+            Tree::Record { fields, .. } | Tree::Custom { children: fields, .. } => visitor
+                .visit_map(MapAcc { items: fields.iter().map(|(k, v)| (Node::from(k.as_str()), v)).collect(), pos: 0 }),
         }
     }
 
@@ -538,7 +569,8 @@ impl<'de> de::Deserializer<'de> for TreeDeserializer<'_> {
             let Tree::Leaf(Leaf::Array(a)) = self.0 else {
                 return Err(Error::Serde(format!("expected an array leaf, found {}", describe(self.0))));
             };
-            let dname = a.dtype().name().ok_or_else(|| Error::Serde("struct dtypes cannot become ndarray elements".into()))?;
+            let dname =
+                a.dtype().name().ok_or_else(|| Error::Serde("struct dtypes cannot become ndarray elements".into()))?;
             let payload = Tree::Tuple(vec![
                 Node::from(dname),
                 Tree::List(a.shape().iter().map(|&d| Node::from(d)).collect()),
@@ -549,14 +581,21 @@ impl<'de> de::Deserializer<'de> for TreeDeserializer<'_> {
         visitor.visit_newtype_struct(self)
     }
 
-    fn deserialize_enum<V: Visitor<'de>>(self, _: &'static str, _: &'static [&'static str], visitor: V) -> Result<V::Value> {
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value> {
         match self.0 {
             Tree::Leaf(Leaf::Str(s)) => visitor.visit_enum(EnumAcc { variant: s.clone(), content: None }),
             Tree::Dict(items) if items.len() == 1 => match &items[0] {
                 (Key::Str(k), v) => visitor.visit_enum(EnumAcc { variant: k.clone(), content: Some(v) }),
                 _ => Err(Error::Serde("enum dict key must be a string".into())),
             },
-            other => Err(Error::Serde(format!("expected an enum (string or one-entry dict), found {}", describe(other)))),
+            other => {
+                Err(Error::Serde(format!("expected an enum (string or one-entry dict), found {}", describe(other))))
+            }
         }
     }
 

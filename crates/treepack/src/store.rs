@@ -137,7 +137,14 @@ impl Location {
         let layout = layout_for(path_str, is_file);
         let fs = object_store::local::LocalFileSystem::new();
         let base = ObjPath::from_absolute_path(&path).map_err(|e| bad(&e.to_string()))?;
-        Ok(Location { display: s.to_string(), store: Arc::new(fs), base, layout, local: Some(path), stats: Arc::default() })
+        Ok(Location {
+            display: s.to_string(),
+            store: Arc::new(fs),
+            base,
+            layout,
+            local: Some(path),
+            stats: Arc::default(),
+        })
     }
 
     pub fn layout(&self) -> Layout {
@@ -181,9 +188,10 @@ impl Location {
 
     fn store_err(&self, rel: &str, e: object_store::Error) -> Error {
         match e {
-            object_store::Error::NotFound { .. } => {
-                Error::NotFound { location: self.display.clone(), detail: format!("`{}` does not exist", self.file_name(rel)) }
-            }
+            object_store::Error::NotFound { .. } => Error::NotFound {
+                location: self.display.clone(),
+                detail: format!("`{}` does not exist", self.file_name(rel)),
+            },
             object_store::Error::AlreadyExists { .. } => Error::AlreadyExists { location: self.display.clone() },
             e => Error::Store { location: self.file_name(rel), source: e },
         }
@@ -224,16 +232,21 @@ impl Location {
             if meta.len() > limit {
                 return Err(Error::limit("file size", limit, format!("{} is {} bytes", p.display(), meta.len())));
             }
-            let data = tokio::task::spawn_blocking(move || std::fs::read(&p).map_err(|e| Error::Io { path: p, source: e }))
-                .await
-                .map_err(|e| Error::Serde(format!("read task failed: {e}")))??;
+            let data =
+                tokio::task::spawn_blocking(move || std::fs::read(&p).map_err(|e| Error::Io { path: p, source: e }))
+                    .await
+                    .map_err(|e| Error::Serde(format!("read task failed: {e}")))??;
             self.stats.read(data.len() as u64);
             return Ok(Some(Bytes::from(data)));
         }
         match self.store.get(&self.obj(rel)).await {
             Ok(r) => {
                 if r.meta.size > limit {
-                    return Err(Error::limit("object size", limit, format!("{} is {} bytes", self.file_name(rel), r.meta.size)));
+                    return Err(Error::limit(
+                        "object size",
+                        limit,
+                        format!("{} is {} bytes", self.file_name(rel), r.meta.size),
+                    ));
                 }
                 let b = r.bytes().await.map_err(|e| self.store_err(rel, e))?;
                 self.stats.read(b.len() as u64);
@@ -250,7 +263,10 @@ impl Location {
         if let Some(p) = self.local_file(rel) {
             return std::fs::metadata(&p).map(|m| m.len()).map_err(|e| {
                 if e.kind() == std::io::ErrorKind::NotFound {
-                    Error::NotFound { location: self.display.clone(), detail: format!("`{}` does not exist", p.display()) }
+                    Error::NotFound {
+                        location: self.display.clone(),
+                        detail: format!("`{}` does not exist", p.display()),
+                    }
                 } else {
                     Error::Io { path: p, source: e }
                 }
@@ -281,6 +297,11 @@ impl Location {
         Ok(out)
     }
 
+    /// Read one byte range of an object.
+    pub async fn read_range(&self, rel: &str, range: Range<u64>) -> Result<Bytes> {
+        Ok(self.read_ranges(rel, vec![range]).await?.pop().unwrap_or_default())
+    }
+
     /// Memory-map a local file (read-only). `None` for non-local locations.
     pub fn mmap(&self, rel: &str) -> Result<Option<Bytes>> {
         self.check_no_symlink(rel)?;
@@ -298,7 +319,8 @@ impl Location {
     pub async fn put(&self, rel: &str, parts: Vec<Bytes>, create_only: bool) -> Result<()> {
         let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
         if let (Some(dir), Layout::Directory) = (&self.local, self.layout) {
-            let parent = self.local_file(rel).and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or_else(|| dir.clone());
+            let parent =
+                self.local_file(rel).and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or_else(|| dir.clone());
             std::fs::create_dir_all(&parent).map_err(|e| Error::Io { path: parent, source: e })?;
         }
         if let (Some(file), Layout::SingleFile) = (&self.local, self.layout) {

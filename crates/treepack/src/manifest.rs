@@ -217,11 +217,7 @@ pub fn encode(m: &Manifest, stats: &Value) -> Vec<u8> {
     }
     s.push_str("],\n\"root\":");
     write_node(&mut s, &m.root);
-    let hash = Hash32::of(s.as_bytes());
-    s.push_str(HASH_PREFIX);
-    s.push_str(&hash.to_hex());
-    s.push_str(HASH_SUFFIX);
-    s.into_bytes()
+    seal(s.as_bytes())
 }
 
 fn write_str(s: &mut String, v: &str) {
@@ -471,6 +467,18 @@ fn write_entry(s: &mut String, e: &Entry) {
             s.push('}');
         }
     }
+}
+
+/// Append the `manifest_hash` trailer to a manifest body (everything up to, not including, the
+/// final `,\n"manifest_hash":…` member). Used by the writer, by tests that craft manifests, and
+/// by other implementations as the reference for the checksum rule.
+pub fn seal(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + HASH_TRAILER_LEN);
+    out.extend_from_slice(body);
+    out.extend_from_slice(HASH_PREFIX.as_bytes());
+    out.extend_from_slice(Hash32::of(body).to_hex().as_bytes());
+    out.extend_from_slice(HASH_SUFFIX.as_bytes());
+    out
 }
 
 // ---------------------------------------------------------------- reading

@@ -581,16 +581,12 @@ fn inline_leaf_ref(e: &Entry, file: &str, path: &str) -> Result<Leaf> {
 /// Read a single file's manifest: one ranged read of the tail (and one more for big manifests).
 async fn read_single_manifest(loc: &Location) -> Result<Bytes> {
     let file = loc.display().to_string();
-    let size = loc.size(".").await?;
+    let (tail, size) = loc.read_suffix(".", TAIL_READ).await?;
     let min = container::HEADER_LEN + container::FOOTER_LEN;
-    if size < min {
-        return Err(Error::NotTreepack {
-            file,
-            reason: format!("file has {size} bytes, fewer than a header and footer"),
-        });
+    if size < min || (tail.len() as u64) < size.min(TAIL_READ) {
+        return Err(Error::NotTreepack { file, reason: format!("file has {size} bytes, fewer than a header and footer") });
     }
-    let tail_len = size.min(TAIL_READ);
-    let tail = loc.read_range(".", size - tail_len..size).await?;
+    let tail_len = tail.len() as u64;
     if tail_len == size {
         container::check_header(&tail[..container::HEADER_LEN as usize], &file)?;
     }

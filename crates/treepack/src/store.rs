@@ -297,6 +297,22 @@ impl Location {
         Ok(out)
     }
 
+    /// Read the last `n` bytes of an object (all of it if smaller) in one request, returning
+    /// them with the object's total size.
+    pub async fn read_suffix(&self, rel: &str, n: u64) -> Result<(Bytes, u64)> {
+        if self.local.is_some() {
+            let size = self.size(rel).await?;
+            let start = size.saturating_sub(n);
+            return Ok((self.read_range(rel, start..size).await?, size));
+        }
+        let opts = object_store::GetOptions { range: Some(object_store::GetRange::Suffix(n)), ..Default::default() };
+        let r = self.store.get_opts(&self.obj(rel), opts).await.map_err(|e| self.store_err(rel, e))?;
+        let size = r.meta.size;
+        let b = r.bytes().await.map_err(|e| self.store_err(rel, e))?;
+        self.stats.read(b.len() as u64);
+        Ok((b, size))
+    }
+
     /// Read one byte range of an object.
     pub async fn read_range(&self, rel: &str, range: Range<u64>) -> Result<Bytes> {
         Ok(self.read_ranges(rel, vec![range]).await?.pop().unwrap_or_default())

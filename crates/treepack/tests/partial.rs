@@ -1,0 +1,132 @@
+//! Partial and lazy reads touch only the bytes they need, counted through the location's
+//! instrumented I/O statistics.
+
+use treepack::manifest::{ArrayStorage, Entry};
+use treepack::*;
+
+fn f32_array(rows: u64, cols: u64, seed: f32) -> ArrayData {
+    let v: Vec<u8> = (0..rows * cols).flat_map(|i| (i as f32 + seed).to_le_bytes()).collect();
+    ArrayData::new(DType::F32, vec![rows, cols], v).unwrap()
+}
+
+fn tree() -> Node {
+    Node::dict([
+        ("a", Node::from(f32_array(256, 1024, 0.0))), // 1 MiB
+        ("b", Node::from(f32_array(256, 1024, 0.5))), // 1 MiB
+        ("meta", Node::dict([("name", Node::from("x".repeat(10_000))), ("step", Node::from(7i64))])),
+    ])
+}
+
+fn chunk_bytes_of(r: &Reader, key: &str, ids: Option<&[u64]>) -> u64 {
+    match r.entry(key).unwrap() {
+        Tree::Leaf(Entry::Array(a)) => match &a.storage {
+            ArrayStorage::Chunked { chunks, .. } => match ids {
+                None => chunks.iter().map(|c| c.length).sum(),
+                Some(ids) => ids.iter().map(|&i| chunks[i as usize].length).sum(),
+            },
+            ArrayStorage::Inline(_) => 0,
+        },
+        Tree::Leaf(e) => e.chunks().iter().map(|c| c.length).sum(),
+        _ => panic!("not a leaf"),
+    }
+}
+
+fn check_layout(path: &str) {
+    let opts = SaveOptions { chunk_bytes: 64 << 10, ..Default::default() };
+    save(&tree(), path, &opts).unwrap();
+    let loc = Location::parse(path).unwrap();
+    let r = Reader::open(loc.clone()).unwrap();
+    // Structure only: one request.
+    assert_eq!(loc.stats().read_requests(), 1, "{path}: opening reads the manifest with one request");
+    let manifest_read = loc.stats().bytes_read();
+    assert!(manifest_read < 70_000, "{path}: structure read {manifest_read} bytes");
+
+    // One selected leaf: exactly its chunks.
+    loc.stats().reset();
+    let sel = LoadOptions { select: vec!["a".into()], ..Default::default() };
+    let got = r.load(&sel).unwrap();
+    let a_bytes = chunk_bytes_of(&r, "a", None);
+    assert_eq!(a_bytes, 1 << 20);
+    assert_eq!(loc.stats().bytes_read(), a_bytes, "{path}: selecting `a` must read only a's chunks");
+    assert!(keypath::resolve(&got, "b").unwrap().exact_eq(&Node::none()));
+    assert!(keypath::resolve(&got, "meta/step").unwrap().exact_eq(&Node::none()));
+    assert_eq!(keypath::resolve(&got, "a").unwrap().as_array().unwrap(), &f32_array(256, 1024, 0.0));
+
+    // A glob over an inline scalar reads nothing from packs.
+    loc.stats().reset();
+    let got = r.load(&LoadOptions { select: vec!["meta/st*".into()], ..Default::default() }).unwrap();
+    assert_eq!(loc.stats().bytes_read(), 0);
+    assert!(keypath::resolve(&got, "meta/step").unwrap().exact_eq(&Node::from(7i64)));
+
+    // A 1% slice of `b` reads only the chunks that intersect it.
+    loc.stats().reset();
+    let s = r.read_array("b", "10:12, 100:110").unwrap();
+    assert_eq!(s.shape(), &[2, 10]);
+    let e = r.entry("b").unwrap();
+    let Tree::Leaf(Entry::Array(ae)) = e else { panic!() };
+    let grid = ae.grid();
+    let sel = treepack::grid::normalize(&treepack::grid::parse_slice("10:12, 100:110").unwrap(), &ae.shape, "").unwrap();
+    let ids = grid.chunks_for(&sel);
+    assert_eq!(ids.len(), 1);
+    assert_eq!(loc.stats().bytes_read(), chunk_bytes_of(&r, "b", Some(&ids)));
+    assert!(loc.stats().bytes_read() <= (64 << 10));
+    let want: Vec<u8> = (10..12u64)
+        .flat_map(|row| (100..110u64).map(move |c| (row * 1024 + c) as f32 + 0.5))
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    assert_eq!(s.bytes().as_ref(), &want[..]);
+
+    // Subtree get reads only that subtree's blobs.
+    loc.stats().reset();
+    let meta = r.get("meta").unwrap();
+    assert_eq!(loc.stats().bytes_read(), 10_000);
+    assert!(keypath::resolve(&meta, "name").unwrap().exact_eq(&Node::from("x".repeat(10_000))));
+}
+
+#[test]
+fn directory_partial_reads_touch_only_needed_bytes() {
+    let d = tempfile::tempdir().unwrap();
+    check_layout(d.path().join("ckpt").to_str().unwrap());
+}
+
+#[test]
+fn single_file_partial_reads_touch_only_needed_bytes() {
+    let d = tempfile::tempdir().unwrap();
+    check_layout(d.path().join("ckpt.tpk").to_str().unwrap());
+}
+
+#[test]
+fn memory_store_partial_reads_touch_only_needed_bytes() {
+    check_layout("memory://partial/ckpt");
+    check_layout("memory://partial/ckpt.tpk");
+}
+
+#[test]
+fn single_file_with_large_manifest_needs_two_requests() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("many.tpk");
+    let p = p.to_str().unwrap();
+    let t = Node::list((0..20_000i64).map(|i| Node::dict([("i", Node::from(i)), ("s", Node::from(format!("item {i}")))])));
+    save(&t, p, &SaveOptions::default()).unwrap();
+    let loc = Location::parse(p).unwrap();
+    let r = Reader::open(loc.clone()).unwrap();
+    assert_eq!(loc.stats().read_requests(), 2);
+    assert_eq!(r.structure().leaf_count(), 40_000);
+}
+
+#[test]
+fn mmap_returns_views_of_the_file() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.tpk");
+    let p = p.to_str().unwrap();
+    save(&tree(), p, &SaveOptions { chunk_bytes: 64 << 10, ..Default::default() }).unwrap();
+    let loc = Location::parse(p).unwrap();
+    let r = Reader::open(loc.clone()).unwrap();
+    loc.stats().reset();
+    let t = r.load(&LoadOptions { mmap: true, verify: false, ..Default::default() }).unwrap();
+    // No read requests: bytes come from the mapping, and multi-chunk arrays are one view.
+    assert_eq!(loc.stats().read_requests(), 0);
+    let a = keypath::resolve(&t, "a").unwrap().as_array().unwrap();
+    assert_eq!(a, &f32_array(256, 1024, 0.0));
+    assert_eq!(a.bytes().as_ptr() as usize % 64, 0, "mmap views are 64-byte aligned");
+}

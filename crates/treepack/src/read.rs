@@ -584,7 +584,10 @@ async fn read_single_manifest(loc: &Location) -> Result<Bytes> {
     let (tail, size) = loc.read_suffix(".", TAIL_READ).await?;
     let min = container::HEADER_LEN + container::FOOTER_LEN;
     if size < min || (tail.len() as u64) < size.min(TAIL_READ) {
-        return Err(Error::NotTreepack { file, reason: format!("file has {size} bytes, fewer than a header and footer") });
+        return Err(Error::NotTreepack {
+            file,
+            reason: format!("file has {size} bytes, fewer than a header and footer"),
+        });
     }
     let tail_len = tail.len() as u64;
     if tail_len == size {

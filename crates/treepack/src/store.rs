@@ -132,7 +132,7 @@ impl Location {
             }
         }
         let path_str = s.strip_prefix("file://").unwrap_or(s);
-        let path = std::path::absolute(Path::new(path_str)).map_err(|e| bad(&e.to_string()))?;
+        let path = normalize_local(&std::path::absolute(Path::new(path_str)).map_err(|e| bad(&e.to_string()))?);
         let is_file = std::fs::metadata(&path).map(|m| m.is_file()).unwrap_or(false);
         let layout = layout_for(path_str, is_file);
         let fs = object_store::local::LocalFileSystem::new();
@@ -407,6 +407,22 @@ impl Location {
             None => Ok(false),
         }
     }
+}
+
+/// Resolve `.` and `..` lexically (the path may not exist yet, so no canonicalisation).
+fn normalize_local(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            c => out.push(c.as_os_str()),
+        }
+    }
+    out
 }
 
 fn read_local_ranges(p: &Path, ranges: &[Range<u64>], stats: &IoStats, file: &str) -> Result<Vec<Bytes>> {

@@ -10,7 +10,9 @@ use treepack::*;
 /// Write a directory location with a sealed manifest (given packs/root JSON) and pack files.
 fn craft(dir: &Path, packs: &str, root: &str, files: &[(&str, &[u8])]) -> String {
     std::fs::create_dir_all(dir.join("packs")).unwrap();
-    let body = format!("{{\"format\":\"treepack\",\"version\":[1,0],\n\"writer\":\"crafted\",\n\"packs\":{packs},\n\"root\":{root}");
+    let body = format!(
+        "{{\"format\":\"treepack\",\"version\":[1,0],\n\"writer\":\"crafted\",\n\"packs\":{packs},\n\"root\":{root}"
+    );
     std::fs::write(dir.join("treepack.json"), seal(body.as_bytes())).unwrap();
     for (name, data) in files {
         std::fs::write(dir.join(name), data).unwrap();
@@ -44,7 +46,12 @@ fn array_root(shape: &str, chunk_shape: &str, chunks: &str) -> String {
 fn a_well_formed_crafted_tree_loads() {
     // The crafting helper itself is right: the same bytes with sane values load.
     let d = tempfile::tempdir().unwrap();
-    let p = craft(d.path(), "[{\"path\":\"packs/p.tpp\",\"size\":16}]", &array_root("[4]", "[4]", &chunk(0, 0, &DATA)), &[("packs/p.tpp", &DATA)]);
+    let p = craft(
+        d.path(),
+        "[{\"path\":\"packs/p.tpp\",\"size\":16}]",
+        &array_root("[4]", "[4]", &chunk(0, 0, &DATA)),
+        &[("packs/p.tpp", &DATA)],
+    );
     let t = load(&p, &LoadOptions::default()).unwrap();
     assert_eq!(keypath::resolve(&t, "w").unwrap().as_array().unwrap().bytes().as_ref(), &DATA);
 }
@@ -67,7 +74,8 @@ fn symlinked_packs_are_refused() {
     let outside = d.path().join("secret");
     std::fs::write(&outside, DATA).unwrap();
     let loc = d.path().join("tree");
-    let p = craft(&loc, "[{\"path\":\"packs/p.tpp\",\"size\":16}]", &array_root("[4]", "[4]", &chunk(0, 0, &DATA)), &[]);
+    let p =
+        craft(&loc, "[{\"path\":\"packs/p.tpp\",\"size\":16}]", &array_root("[4]", "[4]", &chunk(0, 0, &DATA)), &[]);
     std::os::unix::fs::symlink(&outside, loc.join("packs/p.tpp")).unwrap();
     let e = load_err(&p);
     assert!(matches!(e, Error::OutOfBounds { .. }) && e.to_string().contains("symbolic link"), "{e}");

@@ -65,7 +65,8 @@ fn check_layout(path: &str) {
     let e = r.entry("b").unwrap();
     let Tree::Leaf(Entry::Array(ae)) = e else { panic!() };
     let grid = ae.grid();
-    let sel = treepack::grid::normalize(&treepack::grid::parse_slice("10:12, 100:110").unwrap(), &ae.shape, "").unwrap();
+    let sel =
+        treepack::grid::normalize(&treepack::grid::parse_slice("10:12, 100:110").unwrap(), &ae.shape, "").unwrap();
     let ids = grid.chunks_for(&sel);
     assert_eq!(ids.len(), 1);
     assert_eq!(loc.stats().bytes_read(), chunk_bytes_of(&r, "b", Some(&ids)));
@@ -106,7 +107,8 @@ fn single_file_with_large_manifest_needs_two_requests() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("many.tpk");
     let p = p.to_str().unwrap();
-    let t = Node::list((0..20_000i64).map(|i| Node::dict([("i", Node::from(i)), ("s", Node::from(format!("item {i}")))])));
+    let t =
+        Node::list((0..20_000i64).map(|i| Node::dict([("i", Node::from(i)), ("s", Node::from(format!("item {i}")))])));
     save(&t, p, &SaveOptions::default()).unwrap();
     let loc = Location::parse(p).unwrap();
     let r = Reader::open(loc.clone()).unwrap();

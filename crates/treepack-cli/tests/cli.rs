@@ -1,0 +1,103 @@
+//! The `treepack` binary, driven as a user would (the commands shown in the README).
+
+use assert_cmd::Command;
+
+fn tp() -> Command {
+    Command::cargo_bin("treepack").unwrap()
+}
+
+fn run_ok(args: &[&str]) -> String {
+    let out = tp().args(args).output().unwrap();
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn demo_inspect_ls_cat_verify() {
+    let d = tempfile::tempdir().unwrap();
+    let ckpt = d.path().join("ckpt");
+    let c = ckpt.to_str().unwrap();
+    let out = run_ok(&["demo", c]);
+    assert!(out.contains("loaded back: identical"), "{out}");
+    assert!(out.contains("kernel: float32[512, 256]"), "{out}");
+
+    let out = run_ok(&["inspect", c]);
+    assert!(out.contains("embed: bfloat16[1000, 64]"), "{out}");
+    assert!(out.contains("totals: 41 leaves, 18 arrays"), "{out}");
+
+    let out = run_ok(&["inspect", c, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["totals"]["leaves"], 41);
+    let kernel = v["leaves"].as_array().unwrap().iter().find(|l| l["path"] == "params/dense/kernel").unwrap();
+    assert_eq!(kernel["shape"], serde_json::json!([512, 256]));
+    assert_eq!(kernel["dtype"], "float32");
+
+    let out = run_ok(&["ls", c, "params/**"]);
+    assert_eq!(out.lines().count(), 3, "{out}");
+    assert!(out.lines().next().unwrap().starts_with("params/dense/kernel\tfloat32[512, 256]"));
+
+    // kernel[i, j] = ((i*256 + j) % 97) * 0.01 - 0.3 in float32: [0, 254] -> 60*0.01-0.3
+    let out = run_ok(&["cat", c, "params/dense/kernel[0:2, -2:]"]);
+    assert!(out.starts_with("float32[2, 2] =\n"), "{out}");
+    assert!(out.contains("[[0.29999995, 0.31],\n [-0.050000012, -0.04000002]]"), "{out}");
+
+    let out = run_ok(&["cat", c, "scalars/name"]);
+    assert_eq!(out.trim(), "\"treepack demo ✓\"");
+    let out = run_ok(&["cat", c, "odd_keys/with~1slash"]);
+    assert_eq!(out.trim(), "\"escaped in key paths\"");
+    let out = run_ok(&["cat", c, "dtypes/unicode3"]);
+    assert!(out.contains("[\"hé\", \"∑xy\"]"), "{out}");
+
+    let out = run_ok(&["verify", c]);
+    assert!(out.starts_with("OK: "), "{out}");
+}
+
+#[test]
+fn verify_names_the_corrupt_chunk_and_fails() {
+    let d = tempfile::tempdir().unwrap();
+    let ckpt = d.path().join("ckpt.tpk");
+    let c = ckpt.to_str().unwrap();
+    run_ok(&["demo", c]);
+    let mut bytes = std::fs::read(&ckpt).unwrap();
+    bytes[200] ^= 0xff; // inside the first chunk (params/dense/kernel)
+    std::fs::write(&ckpt, &bytes).unwrap();
+    let out = tp().args(["verify", c]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let s = String::from_utf8(out.stdout).unwrap();
+    assert!(s.contains("CORRUPT params/dense/kernel chunk 0"), "{s}");
+    assert!(s.contains("FAILED"), "{s}");
+    let out = tp().args(["verify", c, "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["problems"][0]["key"], "params/dense/kernel");
+}
+
+#[test]
+fn errors_are_clear_and_exit_2() {
+    let d = tempfile::tempdir().unwrap();
+    let out = tp().args(["inspect", d.path().join("nope").to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8(out.stderr).unwrap();
+    assert!(e.contains("no treepack tree found"), "{e}");
+    let c = d.path().join("c");
+    run_ok(&["demo", c.to_str().unwrap()]);
+    let out = tp().args(["cat", c.to_str().unwrap(), "params/nope"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8(out.stderr).unwrap();
+    assert!(e.contains("has no child `nope`") && e.contains("dense"), "{e}");
+    let out = tp().args(["cat", c.to_str().unwrap(), "params/dense/kernel[999]"]).output().unwrap();
+    assert!(String::from_utf8(out.stderr).unwrap().contains("out of bounds"));
+    let out = tp().args(["demo", c.to_str().unwrap()]).output().unwrap();
+    assert!(String::from_utf8(out.stderr).unwrap().contains("already exists"));
+}
+
+#[test]
+fn gc_command() {
+    let d = tempfile::tempdir().unwrap();
+    let c = d.path().join("c");
+    run_ok(&["demo", c.to_str().unwrap()]);
+    std::fs::write(c.join("packs/0000000000000000-0.tpp"), b"orphan").unwrap();
+    let out = run_ok(&["gc", c.to_str().unwrap(), "--grace-secs", "0"]);
+    assert!(out.contains("removed packs/0000000000000000-0.tpp"), "{out}");
+    run_ok(&["verify", c.to_str().unwrap()]);
+}

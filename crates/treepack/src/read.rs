@@ -25,6 +25,9 @@ pub struct LoadOptions {
     /// Key-path globs; only matching leaves (and everything below matching nodes) are read.
     /// Unselected leaves come back as `None`. Empty = everything.
     pub select: Vec<String>,
+    /// If set, only leaves whose key path is in this set are read (others come back as `None`).
+    /// This is how a masked structure (`like=` in Python) selects leaves exactly.
+    pub keep: Option<std::collections::HashSet<String>>,
     /// Check every chunk's BLAKE3 hash (default true).
     pub verify: bool,
     /// Return arrays as read-only views of a memory-mapped local file where possible.
@@ -35,7 +38,7 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { select: vec![], verify: true, mmap: false, batch_bytes: 64 << 20 }
+        LoadOptions { select: vec![], keep: None, verify: true, mmap: false, batch_bytes: 64 << 20 }
     }
 }
 
@@ -175,10 +178,7 @@ impl Reader {
             } else {
                 format!("{prefix}/{p}")
             };
-            let selected = sel.is_all() || {
-                let texts: Vec<String> = keypath::split(&full).unwrap_or_default();
-                sel_texts(&sel, &texts)
-            };
+            let selected = is_selected(&sel, opts, &full);
             if selected && !e.chunks().is_empty() {
                 jobs.push(Job { id, path: full, entry: e });
             }
@@ -209,8 +209,7 @@ impl Reader {
                 return Ok(l);
             }
             let full = if prefix.is_empty() { p.to_string() } else { format!("{prefix}/{p}") };
-            let selected = sel.is_all() || sel_texts(&sel, &keypath::split(&full).unwrap_or_default());
-            if !selected {
+            if !is_selected(&sel, opts, &full) {
                 return Ok(Leaf::None);
             }
             inline_leaf(e, &self.manifest_file, &full)
@@ -525,8 +524,13 @@ impl Reader {
     }
 }
 
-fn sel_texts(sel: &Selection, texts: &[String]) -> bool {
-    sel.selects_texts(texts)
+fn is_selected(sel: &Selection, opts: &LoadOptions, path: &str) -> bool {
+    if let Some(keep) = &opts.keep {
+        if !keep.contains(path) {
+            return false;
+        }
+    }
+    sel.is_all() || sel.selects_texts(&keypath::split(path).unwrap_or_default())
 }
 
 fn leaf_kind(t: &Tree<Entry>) -> &'static str {

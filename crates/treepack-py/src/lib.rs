@@ -1,0 +1,674 @@
+//! `treepack._core`: the Rust side of the Python package.
+//!
+//! Python trees are walked here with exact-type fast paths (None, bool, int, float, complex, str,
+//! bytes, list, tuple, dict, numpy arrays and scalars); any other object is handed to a Python
+//! callback (`encode_other`) that returns a record or custom node description. Loading builds
+//! numpy arrays directly from the read buffers (no copy), and read-only views for mmap loads.
+//! The GIL is released for all storage I/O and hashing.
+
+use bytes::Bytes;
+use numpy::ndarray::ArrayView1;
+use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyFileExistsError, PyFileNotFoundError, PyIOError, PyKeyError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use std::collections::{HashMap, HashSet};
+use treepack::manifest::{ArrayStorage, Entry};
+use treepack::model::shape_len;
+use treepack::{ArrayData, DType, Int, Key, Leaf, LoadOptions, Node, SaveOptions, Tree};
+
+pyo3::create_exception!(_core, TreepackError, pyo3::exceptions::PyException, "Base class of treepack errors.");
+pyo3::create_exception!(_core, CorruptError, TreepackError, "Stored bytes do not match their recorded hash or layout.");
+pyo3::create_exception!(_core, FormatError, TreepackError, "The location is not a valid treepack tree.");
+
+/// Map a core error to the most fitting Python exception (message keeps file and key path).
+fn py_err(e: treepack::Error) -> PyErr {
+    use treepack::Error as E;
+    let msg = e.to_string();
+    match e {
+        E::NotFound { .. } => PyFileNotFoundError::new_err(msg),
+        E::AlreadyExists { .. } => PyFileExistsError::new_err(msg),
+        E::KeyNotFound { .. } => PyKeyError::new_err(msg),
+        E::BadKeyPath { .. }
+        | E::BadSlice { .. }
+        | E::InvalidTree { .. }
+        | E::BadDType { .. }
+        | E::BadLocation { .. } => PyValueError::new_err(msg),
+        E::ChunkCorrupt { .. } | E::ManifestChecksum { .. } | E::OutOfBounds { .. } => CorruptError::new_err(msg),
+        E::Io { .. } | E::Store { .. } => PyIOError::new_err(msg),
+        _ => FormatError::new_err(msg),
+    }
+}
+
+/// Keeps a numpy array alive while its memory is borrowed as `Bytes` (zero-copy saves).
+struct NumpyOwner {
+    ptr: *const u8,
+    len: usize,
+    _obj: Py<PyAny>,
+}
+// SAFETY: the array object is kept alive by `_obj`; the memory is only read, and the Python API
+// contract says arrays must not be mutated while a blocking save runs.
+unsafe impl Send for NumpyOwner {}
+unsafe impl Sync for NumpyOwner {}
+impl AsRef<[u8]> for NumpyOwner {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: ptr/len describe the live, contiguous buffer of the array held by `_obj`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Owner of mmap'd / shared bytes exposed to numpy as a read-only view (the field is only held
+/// to keep the memory alive).
+#[pyclass(frozen)]
+struct BytesOwner(#[allow(dead_code)] Bytes);
+
+struct Encoder<'py> {
+    py: Python<'py>,
+    ndarray: Bound<'py, PyAny>,
+    generic: Bound<'py, PyAny>,
+    encode_other: Bound<'py, PyAny>,
+    encode_array: Bound<'py, PyAny>,
+    path: Vec<String>,
+}
+
+fn simple_dtype(kind: u8, size: usize) -> Option<DType> {
+    Some(match (kind, size) {
+        (b'b', 1) => DType::Bool,
+        (b'i', 1) => DType::I8,
+        (b'i', 2) => DType::I16,
+        (b'i', 4) => DType::I32,
+        (b'i', 8) => DType::I64,
+        (b'u', 1) => DType::U8,
+        (b'u', 2) => DType::U16,
+        (b'u', 4) => DType::U32,
+        (b'u', 8) => DType::U64,
+        (b'f', 2) => DType::F16,
+        (b'f', 4) => DType::F32,
+        (b'f', 8) => DType::F64,
+        (b'c', 8) => DType::C64,
+        (b'c', 16) => DType::C128,
+        _ => return None,
+    })
+}
+
+impl<'py> Encoder<'py> {
+    fn here(&self) -> String {
+        if self.path.is_empty() {
+            "<root>".into()
+        } else {
+            self.path.join("/")
+        }
+    }
+
+    fn err(&self, msg: impl std::fmt::Display) -> PyErr {
+        PyTypeError::new_err(format!("cannot save `{}`: {msg}", self.here()))
+    }
+
+    fn key(&self, k: &Bound<'py, PyAny>) -> PyResult<Key> {
+        if k.is_none() {
+            return Ok(Key::None);
+        }
+        if k.is_exact_instance_of::<PyBool>() {
+            return Ok(Key::Bool(k.extract()?));
+        }
+        if k.is_exact_instance_of::<PyInt>() {
+            return Ok(Key::Int(int_of(k)?));
+        }
+        if k.is_exact_instance_of::<PyFloat>() {
+            return Ok(Key::Float(k.extract()?));
+        }
+        if k.is_exact_instance_of::<PyString>() {
+            return Ok(Key::Str(k.extract()?));
+        }
+        if let Ok(t) = k.cast_exact::<PyTuple>() {
+            return Ok(Key::Tuple(t.iter().map(|x| self.key(&x)).collect::<PyResult<_>>()?));
+        }
+        Err(self.err(format!(
+            "dict key {} of type {} is not supported (keys may be str, int, float, bool, None or tuples of these)",
+            k.repr().map(|r| r.to_string()).unwrap_or_default(),
+            k.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+        )))
+    }
+
+    fn child(&mut self, seg: String, v: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
+        self.path.push(seg);
+        let r = self.node(v, depth + 1);
+        if r.is_ok() {
+            self.path.pop();
+        }
+        r
+    }
+
+    fn node(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
+        if depth > treepack::manifest::MAX_DEPTH {
+            return Err(PyValueError::new_err(format!(
+                "cannot save `{}`: nested deeper than {} levels (or the tree contains a reference cycle)",
+                self.here(),
+                treepack::manifest::MAX_DEPTH
+            )));
+        }
+        if obj.is_none() {
+            return Ok(Node::none());
+        }
+        if obj.is_exact_instance_of::<PyBool>() {
+            return Ok(Node::from(obj.extract::<bool>()?));
+        }
+        if obj.is_exact_instance_of::<PyInt>() {
+            return Ok(Tree::Leaf(Leaf::Int(int_of(obj)?)));
+        }
+        if obj.is_exact_instance_of::<PyFloat>() {
+            return Ok(Node::from(obj.extract::<f64>()?));
+        }
+        if let Ok(c) = obj.cast_exact::<PyComplex>() {
+            return Ok(Tree::Leaf(Leaf::Complex(c.real(), c.imag())));
+        }
+        if obj.is_exact_instance_of::<PyString>() {
+            let s: String =
+                obj.extract().map_err(|_| self.err("string is not valid Unicode (it contains lone surrogates)"))?;
+            return Ok(Node::from(s));
+        }
+        if let Ok(b) = obj.cast_exact::<PyBytes>() {
+            return Ok(Tree::Leaf(Leaf::Bytes(Bytes::copy_from_slice(b.as_bytes()))));
+        }
+        if let Ok(l) = obj.cast_exact::<PyList>() {
+            let mut out = Vec::with_capacity(l.len());
+            for (i, x) in l.iter().enumerate() {
+                out.push(self.child(i.to_string(), &x, depth)?);
+            }
+            return Ok(Tree::List(out));
+        }
+        if let Ok(t) = obj.cast_exact::<PyTuple>() {
+            let mut out = Vec::with_capacity(t.len());
+            for (i, x) in t.iter().enumerate() {
+                out.push(self.child(i.to_string(), &x, depth)?);
+            }
+            return Ok(Tree::Tuple(out));
+        }
+        if let Ok(d) = obj.cast_exact::<PyDict>() {
+            let mut out = Vec::with_capacity(d.len());
+            for (k, v) in d.iter() {
+                let key = self.key(&k)?;
+                let seg = treepack::keypath::Segment::Key(key.clone()).text();
+                out.push((key, self.child(seg, &v, depth)?));
+            }
+            return Ok(Tree::Dict(out));
+        }
+        if obj.get_type().is(&self.ndarray) {
+            return self.array(obj).map(Node::from);
+        }
+        if obj.is_instance(&self.generic)? {
+            // numpy scalar: keep its dtype as a 0-d array inside a `py.npscalar` node.
+            let np = self.py.import("numpy")?;
+            let a = np.call_method1("asarray", (obj,))?;
+            let arr = self.array(&a)?;
+            return Ok(Tree::Custom {
+                type_name: "py.npscalar".into(),
+                data: serde_json::Value::Null,
+                children: vec![("value".into(), Node::from(arr))],
+            });
+        }
+        self.other(obj, depth)
+    }
+
+    fn array(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<ArrayData> {
+        let arr = obj.cast::<PyUntypedArray>()?;
+        let descr = arr.dtype();
+        let kind = descr.kind();
+        let native_le = matches!(descr.byteorder(), b'=' | b'<' | b'|') && cfg!(target_endian = "little");
+        let fast = if arr.is_c_contiguous() && native_le && !descr.has_fields() && !descr.has_subarray() {
+            simple_dtype(kind, descr.itemsize())
+        } else {
+            None
+        };
+        let (canon, dtype) = match fast {
+            Some(d) => (obj.clone(), d),
+            None => {
+                // Slow path (big-endian, strided, structured, strings, ml_dtypes): Python makes a
+                // canonical copy and describes its dtype.
+                let r = self.encode_array.call1((obj,)).map_err(|e| self.err(e))?;
+                let (c, dj): (Bound<'py, PyAny>, String) = r.extract()?;
+                let v: serde_json::Value = serde_json::from_str(&dj).map_err(|e| self.err(e))?;
+                (c, DType::from_json(&v).map_err(|e| self.err(e))?)
+            }
+        };
+        let carr = canon.cast::<PyUntypedArray>()?;
+        let shape: Vec<u64> = carr.shape().iter().map(|&d| d as u64).collect();
+        let nbytes = shape_len(&shape).unwrap_or(0) * dtype.itemsize();
+        // SAFETY: `canon` is C-contiguous with exactly `nbytes` bytes (checked by numpy / Python helper).
+        let ptr = unsafe { (*carr.as_array_ptr()).fields.data } as *const u8;
+        let owner = NumpyOwner { ptr, len: nbytes as usize, _obj: canon.clone().unbind() };
+        ArrayData::new(dtype, shape, Bytes::from_owner(owner)).map_err(|e| self.err(e))
+    }
+
+    fn other(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
+        let here = self.here();
+        let desc = self.encode_other.call1((obj, here)).map_err(|e| {
+            if e.is_instance_of::<PyTypeError>(self.py) {
+                e
+            } else {
+                self.err(e)
+            }
+        })?;
+        let (kind, type_name, data, children): (String, String, Option<String>, Vec<(String, Bound<'py, PyAny>)>) =
+            desc.extract()?;
+        let mut kids = Vec::with_capacity(children.len());
+        for (name, v) in children {
+            let seg = treepack::keypath::Segment::Name(name.clone()).text();
+            kids.push((name, self.child(seg, &v, depth)?));
+        }
+        match kind.as_str() {
+            "record" => Ok(Tree::Record { type_name, fields: kids }),
+            "custom" => {
+                let data = match data {
+                    Some(s) => serde_json::from_str(&s).map_err(|e| self.err(e))?,
+                    None => serde_json::Value::Null,
+                };
+                Ok(Tree::Custom { type_name, data, children: kids })
+            }
+            k => Err(self.err(format!("encode_other returned unknown kind {k:?}"))),
+        }
+    }
+}
+
+fn int_of(obj: &Bound<'_, PyAny>) -> PyResult<Int> {
+    if let Ok(v) = obj.extract::<i64>() {
+        return Ok(Int::Small(v));
+    }
+    Ok(Int::from_big(obj.extract::<num_bigint::BigInt>()?))
+}
+
+/// Save a Python tree. Returns (leaves, bytes_written, location, arrays, array_bytes).
+#[pyfunction]
+#[pyo3(signature = (tree, path, encode_other, encode_array, overwrite=false, metadata=None, chunk_bytes=None))]
+#[allow(clippy::too_many_arguments)]
+fn save(
+    py: Python<'_>,
+    tree: &Bound<'_, PyAny>,
+    path: &str,
+    encode_other: Bound<'_, PyAny>,
+    encode_array: Bound<'_, PyAny>,
+    overwrite: bool,
+    metadata: Option<String>,
+    chunk_bytes: Option<u64>,
+) -> PyResult<(usize, u64, String, usize, u64)> {
+    let np = py.import("numpy")?;
+    let mut enc = Encoder {
+        py,
+        ndarray: np.getattr("ndarray")?,
+        generic: np.getattr("generic")?,
+        encode_other,
+        encode_array,
+        path: vec![],
+    };
+    let node = enc.node(tree, 0)?;
+    let mut opts = SaveOptions { overwrite, ..Default::default() };
+    if let Some(m) = metadata {
+        opts.metadata = Some(serde_json::from_str(&m).map_err(|e| PyValueError::new_err(format!("metadata: {e}")))?);
+    }
+    if let Some(c) = chunk_bytes {
+        opts.chunk_bytes = c.max(1);
+    }
+    let loc = treepack::Location::parse(path).map_err(py_err)?;
+    let info = py.detach(|| treepack::block_on(treepack::save::save_async(&node, &loc, &opts))).map_err(py_err)?;
+    drop(node);
+    Ok((info.leaves, info.bytes_written, info.location, info.arrays, info.array_bytes))
+}
+
+/// A stored tree opened for reading (the manifest is parsed once).
+#[pyclass(frozen)]
+struct Reader {
+    inner: treepack::Reader,
+}
+
+struct Decoder<'py> {
+    py: Python<'py>,
+    decode_other: Option<Bound<'py, PyAny>>,
+    np_dtype: Bound<'py, PyAny>,
+    dtypes: HashMap<String, Bound<'py, PyAny>>,
+    readonly: bool,
+}
+
+impl<'py> Decoder<'py> {
+    fn dtype(&mut self, d: &DType) -> PyResult<Bound<'py, PyAny>> {
+        let key = d.to_json().to_string();
+        if let Some(x) = self.dtypes.get(&key) {
+            return Ok(x.clone());
+        }
+        let x = self.np_dtype.call1((key.clone(),))?;
+        self.dtypes.insert(key, x.clone());
+        Ok(x)
+    }
+
+    fn array(&mut self, a: ArrayData) -> PyResult<Bound<'py, PyAny>> {
+        let (dtype, shape, bytes) = a.into_parts();
+        let dt = self.dtype(&dtype)?;
+        let shape_t = PyTuple::new(self.py, shape.iter().map(|&d| d as usize))?;
+        let flat: Bound<'py, PyAny> = if self.readonly {
+            let owner = Bound::new(self.py, BytesOwner(bytes.clone()))?;
+            // SAFETY: the view points into `bytes`, which `owner` keeps alive and never changes.
+            let view = unsafe { ArrayView1::from_shape_ptr(bytes.len(), bytes.as_ptr()) };
+            let arr = unsafe { PyArray1::<u8>::borrow_from_array(&view, owner.into_any()) };
+            arr.call_method1("setflags", (false,))?;
+            arr.into_any()
+        } else {
+            let vec: Vec<u8> = match bytes.try_into_mut() {
+                Ok(m) => m.into(),
+                Err(b) => b.to_vec(),
+            };
+            PyArray1::from_vec(self.py, vec).into_any()
+        };
+        flat.call_method1("view", (dt,))?.call_method1("reshape", (shape_t,))
+    }
+
+    fn key(&self, k: &Key) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match k {
+            Key::None => self.py.None().into_bound(self.py),
+            Key::Bool(b) => PyBool::new(self.py, *b).to_owned().into_any(),
+            Key::Int(i) => int_py(self.py, i)?,
+            Key::Float(f) => PyFloat::new(self.py, *f).into_any(),
+            Key::Str(s) => PyString::new(self.py, s).into_any(),
+            Key::Tuple(v) => {
+                PyTuple::new(self.py, v.iter().map(|k| self.key(k)).collect::<PyResult<Vec<_>>>()?)?.into_any()
+            }
+        })
+    }
+
+    fn node(&mut self, n: Node) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        Ok(match n {
+            Tree::Leaf(l) => match l {
+                Leaf::None => py.None().into_bound(py),
+                Leaf::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
+                Leaf::Int(i) => int_py(py, &i)?,
+                Leaf::Float(f) => PyFloat::new(py, f).into_any(),
+                Leaf::Complex(a, b) => PyComplex::from_doubles(py, a, b).into_any(),
+                Leaf::Str(s) => PyString::new(py, &s).into_any(),
+                Leaf::Bytes(b) => PyBytes::new(py, &b).into_any(),
+                Leaf::Array(a) => self.array(a)?,
+            },
+            Tree::List(v) => {
+                let items = v.into_iter().map(|c| self.node(c)).collect::<PyResult<Vec<_>>>()?;
+                PyList::new(py, items)?.into_any()
+            }
+            Tree::Tuple(v) => {
+                let items = v.into_iter().map(|c| self.node(c)).collect::<PyResult<Vec<_>>>()?;
+                PyTuple::new(py, items)?.into_any()
+            }
+            Tree::Dict(v) => {
+                let d = PyDict::new(py);
+                for (k, c) in v {
+                    let key = self.key(&k)?;
+                    d.set_item(key, self.node(c)?)?;
+                }
+                d.into_any()
+            }
+            Tree::Record { type_name, fields } => self.other("record", type_name, serde_json::Value::Null, fields)?,
+            Tree::Custom { type_name, data, children } => self.other("custom", type_name, data, children)?,
+        })
+    }
+
+    fn other(
+        &mut self,
+        kind: &str,
+        type_name: String,
+        data: serde_json::Value,
+        kids: Vec<(String, Node)>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut pairs = Vec::with_capacity(kids.len());
+        for (k, c) in kids {
+            pairs.push(PyTuple::new(self.py, [PyString::new(self.py, &k).into_any(), self.node(c)?])?);
+        }
+        let data_s = if data.is_null() { None } else { Some(data.to_string()) };
+        let f = self.decode_other.as_ref().ok_or_else(|| PyValueError::new_err("no decoder for records"))?;
+        f.call1((kind, type_name, data_s, PyList::new(self.py, pairs)?))
+    }
+}
+
+fn int_py<'py>(py: Python<'py>, i: &Int) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match i {
+        Int::Small(v) => v.into_pyobject(py)?.into_any(),
+        Int::Big(b) => b.into_pyobject(py)?.into_any(),
+    })
+}
+
+fn dtype_text(d: &DType) -> String {
+    d.name().unwrap_or_else(|| d.to_json().to_string())
+}
+
+#[pymethods]
+impl Reader {
+    #[new]
+    fn new(py: Python<'_>, path: &str) -> PyResult<Self> {
+        let loc = treepack::Location::parse(path).map_err(py_err)?;
+        let inner = py.detach(|| treepack::Reader::open(loc)).map_err(py_err)?;
+        Ok(Reader { inner })
+    }
+
+    /// Every record/custom node: (kind, type, data JSON or None, key path). Constructs nothing.
+    fn types(&self) -> Vec<(String, String, Option<String>, String)> {
+        let mut out = vec![];
+        walk_types(&self.inner.manifest().root, &mut vec![], &mut out);
+        out
+    }
+
+    /// Load the tree (or the subtree at `subpath`).
+    #[pyo3(signature = (decode_other, np_dtype, select=None, keep=None, mmap=false, verify=true, subpath=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn load<'py>(
+        &self,
+        py: Python<'py>,
+        decode_other: Bound<'py, PyAny>,
+        np_dtype: Bound<'py, PyAny>,
+        select: Option<Vec<String>>,
+        keep: Option<HashSet<String>>,
+        mmap: bool,
+        verify: bool,
+        subpath: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let opts = LoadOptions { select: select.unwrap_or_default(), keep, mmap, verify, ..Default::default() };
+        let node = py
+            .detach(|| match &subpath {
+                Some(p) => treepack::block_on(self.inner.get_async(p, &opts)),
+                None => treepack::block_on(self.inner.load_async(&opts)),
+            })
+            .map_err(py_err)?;
+        let mut dec =
+            Decoder { py, decode_other: Some(decode_other), np_dtype, dtypes: HashMap::new(), readonly: mmap };
+        dec.node(node)
+    }
+
+    /// The structure: containers as dict/list/tuple, records/custom nodes via `make_node`,
+    /// leaves as `LeafInfo`.
+    fn structure<'py>(
+        &self,
+        py: Python<'py>,
+        make_node: Bound<'py, PyAny>,
+        leaf_info: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        structure(py, &self.inner.manifest().root, &mut vec![], &make_node, &leaf_info)
+    }
+
+    /// Kind of the node at a key path: a container kind or a leaf kind.
+    fn kind(&self, path: &str) -> PyResult<String> {
+        let t = self.inner.entry(path).map_err(py_err)?;
+        Ok(match t {
+            Tree::Leaf(e) => e.kind().to_string(),
+            t => t.container_kind().to_string(),
+        })
+    }
+
+    /// Children of the container at `path`: (segment text, key as a Python object).
+    fn children<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Vec<(String, Bound<'py, PyAny>)>> {
+        let t = self.inner.entry(path).map_err(py_err)?;
+        let dec = Decoder {
+            py,
+            decode_other: None,
+            np_dtype: py.None().into_bound(py),
+            dtypes: HashMap::new(),
+            readonly: false,
+        };
+        let mut out = vec![];
+        for (step, _) in t.children() {
+            let seg = treepack::keypath::Segment::from_step_pub(&step);
+            let key = match &seg {
+                treepack::keypath::Segment::Index(i) => i.into_pyobject(py)?.into_any(),
+                treepack::keypath::Segment::Key(k) => dec.key(k)?,
+                treepack::keypath::Segment::Name(n) => PyString::new(py, n).into_any(),
+            };
+            out.push((seg.text(), key));
+        }
+        Ok(out)
+    }
+
+    /// (dtype JSON, shape) of the array at `path`.
+    fn array_info(&self, path: &str) -> PyResult<(String, Vec<u64>)> {
+        match self.inner.entry(path).map_err(py_err)? {
+            Tree::Leaf(Entry::Array(a)) => Ok((a.dtype.to_json().to_string(), a.shape.clone())),
+            _ => Err(PyKeyError::new_err(format!("`{path}` is not an array"))),
+        }
+    }
+
+    /// Read a numpy-style slice of the array at `path` (only the chunks it touches).
+    fn read_array<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+        slice: &str,
+        np_dtype: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let a = py.detach(|| treepack::block_on(self.inner.read_array_async(path, slice, true))).map_err(py_err)?;
+        let mut dec = Decoder { py, decode_other: None, np_dtype, dtypes: HashMap::new(), readonly: false };
+        dec.array(a)
+    }
+
+    /// Re-hash every chunk: (ok, chunks checked, bytes checked, problems as strings).
+    fn verify(&self, py: Python<'_>) -> PyResult<(bool, usize, u64, Vec<String>)> {
+        let r = py.detach(|| self.inner.verify()).map_err(py_err)?;
+        let probs = r
+            .problems
+            .iter()
+            .map(|p| match p.chunk {
+                Some(c) => format!("{} chunk {c} in {}: {}", p.key, p.file, p.reason),
+                None => format!("{}: {}", p.file, p.reason),
+            })
+            .collect();
+        Ok((r.ok(), r.chunks_checked, r.bytes_checked, probs))
+    }
+
+    /// The user metadata as JSON text (None if absent).
+    fn metadata(&self) -> Option<String> {
+        self.inner.manifest().metadata.as_ref().map(|m| m.to_string())
+    }
+
+    /// Bytes and requests this reader has read so far.
+    fn io_stats(&self) -> (u64, u64) {
+        let s = self.inner.location().stats();
+        (s.bytes_read(), s.read_requests())
+    }
+}
+
+fn walk_types(t: &Tree<Entry>, path: &mut Vec<String>, out: &mut Vec<(String, String, Option<String>, String)>) {
+    match t {
+        Tree::Record { type_name, .. } => out.push(("record".into(), type_name.clone(), None, path.join("/"))),
+        Tree::Custom { type_name, data, .. } => out.push((
+            "custom".into(),
+            type_name.clone(),
+            if data.is_null() { None } else { Some(data.to_string()) },
+            path.join("/"),
+        )),
+        _ => {}
+    }
+    for (step, c) in t.children() {
+        path.push(treepack::keypath::Segment::from_step_pub(&step).text());
+        walk_types(c, path, out);
+        path.pop();
+    }
+}
+
+fn structure<'py>(
+    py: Python<'py>,
+    t: &Tree<Entry>,
+    path: &mut Vec<String>,
+    make_node: &Bound<'py, PyAny>,
+    leaf_info: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let dec =
+        Decoder { py, decode_other: None, np_dtype: py.None().into_bound(py), dtypes: HashMap::new(), readonly: false };
+    let mut kids = vec![];
+    for (step, c) in t.children() {
+        let seg = treepack::keypath::Segment::from_step_pub(&step);
+        path.push(seg.text());
+        let v = structure(py, c, path, make_node, leaf_info)?;
+        path.pop();
+        let k = match &seg {
+            treepack::keypath::Segment::Index(i) => i.into_pyobject(py)?.into_any(),
+            treepack::keypath::Segment::Key(k) => dec.key(k)?,
+            treepack::keypath::Segment::Name(n) => PyString::new(py, n).into_any(),
+        };
+        kids.push((k, v));
+    }
+    Ok(match t {
+        Tree::Leaf(e) => {
+            let (dtype, shape) = match e {
+                Entry::Array(a) => {
+                    (Some(dtype_text(&a.dtype)), Some(PyTuple::new(py, a.shape.iter().copied())?.into_any()))
+                }
+                _ => (None, None),
+            };
+            let inline = match e {
+                Entry::Array(a) => matches!(a.storage, ArrayStorage::Inline(_)),
+                _ => e.chunks().is_empty(),
+            };
+            leaf_info.call1((path.join("/"), e.kind(), dtype, shape, e.nbytes(), inline))?
+        }
+        Tree::List(_) => PyList::new(py, kids.into_iter().map(|(_, v)| v))?.into_any(),
+        Tree::Tuple(_) => PyTuple::new(py, kids.into_iter().map(|(_, v)| v))?.into_any(),
+        Tree::Dict(_) => {
+            let d = PyDict::new(py);
+            for (k, v) in kids {
+                d.set_item(k, v)?;
+            }
+            d.into_any()
+        }
+        Tree::Record { type_name, .. } => {
+            let pairs = PyList::new(
+                py,
+                kids.into_iter().map(|(k, v)| PyTuple::new(py, [k, v])).collect::<PyResult<Vec<_>>>()?,
+            )?;
+            make_node.call1(("record", type_name, py.None(), pairs, path.join("/")))?
+        }
+        Tree::Custom { type_name, data, .. } => {
+            let pairs = PyList::new(
+                py,
+                kids.into_iter().map(|(k, v)| PyTuple::new(py, [k, v])).collect::<PyResult<Vec<_>>>()?,
+            )?;
+            let d = if data.is_null() { None } else { Some(data.to_string()) };
+            make_node.call1(("custom", type_name, d, pairs, path.join("/")))?
+        }
+    })
+}
+
+/// Remove leftovers of interrupted saves; returns removed paths.
+#[pyfunction]
+#[pyo3(signature = (path, grace_secs=3600.0))]
+fn gc(py: Python<'_>, path: &str, grace_secs: f64) -> PyResult<Vec<String>> {
+    let r =
+        py.detach(|| treepack::gc(path, std::time::Duration::from_secs_f64(grace_secs.max(0.0)))).map_err(py_err)?;
+    Ok(r.removed)
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(save, m)?)?;
+    m.add_function(wrap_pyfunction!(gc, m)?)?;
+    m.add_class::<Reader>()?;
+    m.add_class::<BytesOwner>()?;
+    m.add("TreepackError", m.py().get_type::<TreepackError>())?;
+    m.add("CorruptError", m.py().get_type::<CorruptError>())?;
+    m.add("FormatError", m.py().get_type::<FormatError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

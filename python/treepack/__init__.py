@@ -1,0 +1,354 @@
+"""treepack: save and load trees of data — nested dicts, lists, tuples, dataclasses and custom
+objects whose leaves are numpy arrays, scalars, strings and bytes — fast, safely and partially.
+
+Strict by default: loading never imports or runs code it was not told to trust, and never
+unpickles unless ``allow_pickle=True``. See docs/python.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _codec, _core, _registry
+from ._codec import Unloadable
+from ._core import CorruptError, FormatError, TreepackError
+from ._registry import register, registered
+
+__version__ = _core.__version__
+
+__all__ = [
+    "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc",
+    "register", "registered", "LeafInfo", "StructNode", "SaveInfo", "Unloadable",
+    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "View", "LazyArray",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class UntrustedTypeError(TreepackError):
+    """A file names types that are not allowed. ``.types`` maps each type name to its key paths."""
+
+    def __init__(self, path: str, types: Dict[str, List[str]]) -> None:
+        self.types = types
+        lines = [f"  {name}: at {', '.join(paths[:5])}{' …' if len(paths) > 5 else ''}" for name, paths in sorted(types.items())]
+        super().__init__(
+            f"{path}: refusing to load types that are not trusted (nothing was imported or constructed):\n"
+            + "\n".join(lines)
+            + "\nTrust them with load(..., trust=['module.*']), register them with treepack.register(...), "
+            "pass allow_pickle=True for pickled objects, or use on_missing='placeholder'."
+        )
+
+
+@dataclass(frozen=True)
+class LeafInfo:
+    """What ``load_structure`` puts at each leaf: where it is and what it holds."""
+
+    path: str
+    kind: str
+    dtype: Optional[str]
+    shape: Optional[Tuple[int, ...]]
+    nbytes: int
+    inline: bool = True
+
+
+@dataclass(frozen=True)
+class StructNode:
+    """A record or custom node in a structure tree (its class is not constructed)."""
+
+    kind: str
+    type_name: str
+    data: Any
+    children: Dict[Any, Any]
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class SaveInfo:
+    leaves: int
+    bytes_written: int
+    location: str
+    arrays: int = 0
+    array_bytes: int = 0
+
+
+def _path(p: PathLike) -> str:
+    import os
+
+    return os.fspath(p)
+
+
+def save(
+    tree: Any,
+    path: PathLike,
+    *,
+    overwrite: bool = False,
+    metadata: Optional[Any] = None,
+    allow_pickle: bool = False,
+    chunk_bytes: Optional[int] = None,
+) -> SaveInfo:
+    """Save ``tree`` at ``path`` (a directory, a ``.tpk`` file, ``file://…`` or ``memory://…``).
+
+    numpy arrays are written without copying when C-contiguous and little-endian. Objects other
+    than the built-in kinds must be dataclasses, namedtuples, enums or registered types; anything
+    else is refused unless ``allow_pickle=True``. Raises ``FileExistsError`` if a tree is already
+    there and ``overwrite`` is false. Do not mutate the arrays while ``save`` runs.
+    """
+    p = _path(path)
+
+    def enc(obj: Any, where: str) -> Any:
+        return _codec.encode_other(obj, where, allow_pickle)
+
+    md = json.dumps(metadata) if metadata is not None else None
+    leaves, written, loc, arrays, array_bytes = _core.save(
+        tree, p, enc, _codec.encode_array, overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes
+    )
+    return SaveInfo(leaves, written, loc, arrays, array_bytes)
+
+
+def _keep_paths(like: Any) -> set:
+    keep: set = set()
+    stack = [like]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, LeafInfo):
+            keep.add(x.path)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, StructNode):
+            stack.extend(x.children.values())
+    return keep
+
+
+def _check(reader: Any, p: str, trust: Tuple[str, ...], allow_pickle: bool, on_missing: str) -> None:
+    if on_missing not in ("error", "placeholder"):
+        raise ValueError("on_missing must be 'error' or 'placeholder'")
+    bad = _codec.audit(reader.types(), trust, allow_pickle)
+    if bad and on_missing == "error":
+        raise UntrustedTypeError(p, bad)
+
+
+def load(
+    path: PathLike,
+    *,
+    select: Optional[Sequence[str]] = None,
+    like: Any = None,
+    trust: Iterable[str] = (),
+    allow_pickle: bool = False,
+    on_missing: str = "error",
+    mmap: bool = False,
+    verify: Optional[bool] = None,
+) -> Any:
+    """Load a tree.
+
+    - ``select``: key-path globs (``"params/**"``); other leaves come back as ``None``.
+    - ``like``: a tree from ``load_structure`` in which leaves replaced by ``None`` are not read.
+    - ``trust``: globs of ``module:qualname`` / ``module.qualname`` names whose dataclasses,
+      namedtuples and enums may be rebuilt (their modules may then be imported).
+    - ``on_missing="placeholder"``: unknown or untrusted objects become ``Unloadable``.
+    - ``mmap=True``: arrays are read-only views of the (local, uncompressed) file, no copy.
+    - ``verify``: check chunk hashes (default: True; False with ``mmap`` since it would read everything).
+
+    The whole manifest is audited before anything is constructed: untrusted types raise
+    ``UntrustedTypeError`` listing every type and key path, and nothing is imported.
+    """
+    p = _path(path)
+    trust_t = tuple(trust)
+    r = _core.Reader(p)
+    _check(r, p, trust_t, allow_pickle, on_missing)
+    keep = _keep_paths(like) if like is not None else None
+    dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder")
+    return r.load(
+        dec,
+        _codec.np_dtype,
+        select=list(select) if select is not None else None,
+        keep=keep,
+        mmap=mmap,
+        verify=(not mmap) if verify is None else verify,
+    )
+
+
+def _leaf_info(path: str, kind: str, dtype: Optional[str], shape: Optional[Tuple[int, ...]], nbytes: int, inline: bool) -> LeafInfo:
+    return LeafInfo(path, kind, dtype, shape, nbytes, inline)
+
+
+def _struct_node(kind: str, type_name: str, data: Optional[str], children: List[Tuple[Any, Any]], path: str) -> StructNode:
+    return StructNode(kind, type_name, json.loads(data) if data else None, dict(children), path)
+
+
+def load_structure(path: PathLike) -> Any:
+    """The tree with a ``LeafInfo`` at every leaf, reading only the manifest.
+
+    Containers come back as dict/list/tuple; records and custom objects as ``StructNode`` (their
+    classes are never constructed or imported).
+    """
+    return _core.Reader(_path(path)).structure(_struct_node, _leaf_info)
+
+
+def untrusted_types(path: PathLike, trust: Iterable[str] = (), allow_pickle: bool = False) -> Dict[str, List[str]]:
+    """What loading ``path`` would need trusted: {type name: [key paths]}. Constructs nothing."""
+    return _codec.audit(_core.Reader(_path(path)).types(), tuple(trust), allow_pickle)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    ok: bool
+    chunks_checked: int
+    bytes_checked: int
+    problems: List[str]
+
+
+def verify(path: PathLike) -> VerifyReport:
+    """Re-hash every chunk; the report names corrupt chunks."""
+    return VerifyReport(*_core.Reader(_path(path)).verify())
+
+
+def gc(path: PathLike, grace_secs: float = 3600.0) -> List[str]:
+    """Remove leftovers of interrupted saves older than ``grace_secs``; returns what was removed."""
+    return _core.gc(_path(path), grace_secs)
+
+
+# ---------------------------------------------------------------- lazy views
+
+
+def _slice_text(idx: Any, ndim: int) -> str:
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    parts = []
+    for x in idx:
+        if x is Ellipsis:
+            parts.append("...")
+        elif isinstance(x, slice):
+            if x.step is not None and x.step <= 0:
+                raise IndexError("only positive slice steps are supported")
+            parts.append(
+                f"{'' if x.start is None else int(x.start)}:{'' if x.stop is None else int(x.stop)}"
+                + (f":{int(x.step)}" if x.step is not None else "")
+            )
+        elif isinstance(x, (int, np.integer)):
+            parts.append(str(int(x)))
+        else:
+            raise IndexError(f"unsupported index {x!r}: use integers, slices and ...")
+    return ",".join(parts)
+
+
+class LazyArray:
+    """An array in a stored tree; reads only the chunks a slice touches."""
+
+    def __init__(self, reader: Any, path: str) -> None:
+        self._r = reader
+        self.path = path
+        dtype_json, shape = reader.array_info(path)
+        self._dtype_json = dtype_json
+        self.shape: Tuple[int, ...] = tuple(shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return _codec.np_dtype(self._dtype_json)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def __getitem__(self, idx: Any) -> np.ndarray:
+        out = self._r.read_array(self.path, _slice_text(idx, self.ndim), _codec.np_dtype)
+        return out
+
+    def read(self) -> np.ndarray:
+        return self._r.read_array(self.path, "", _codec.np_dtype)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.read()
+        return a.astype(dtype) if dtype is not None else a
+
+    def __repr__(self) -> str:
+        return f"LazyArray({self.path!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+class View:
+    """A lazy view of a stored tree: index it like the tree; arrays come back as ``LazyArray``."""
+
+    def __init__(self, reader: Any, path: str = "", *, trust: Tuple[str, ...] = (), allow_pickle: bool = False, on_missing: str = "error") -> None:
+        self._r = reader
+        self.path = path
+        self._opts = (trust, allow_pickle, on_missing)
+
+    @property
+    def kind(self) -> str:
+        return self._r.kind(self.path)
+
+    def _children(self) -> List[Tuple[str, Any]]:
+        return self._r.children(self.path)
+
+    def keys(self) -> List[Any]:
+        return [k for _, k in self._children()]
+
+    def __len__(self) -> int:
+        return len(self._children())
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.keys())
+
+    def __contains__(self, key: Any) -> bool:
+        return any(_same_key(k, key) for _, k in self._children())
+
+    def __getitem__(self, key: Any) -> Any:
+        kind = self.kind
+        for seg, k in self._children():
+            if (kind in ("list", "tuple") and isinstance(key, (int, np.integer)) and not isinstance(key, bool) and int(key) % max(len(self), 1) == k) or (
+                kind not in ("list", "tuple") and _same_key(k, key)
+            ):
+                child = f"{self.path}/{seg}" if self.path else seg
+                ck = self._r.kind(child)
+                if ck == "array":
+                    return LazyArray(self._r, child)
+                if ck in ("dict", "list", "tuple", "record", "custom"):
+                    return View(self._r, child, trust=self._opts[0], allow_pickle=self._opts[1], on_missing=self._opts[2])
+                return self._read(child)
+        raise KeyError(f"{key!r} not found in `{self.path or '<root>'}` ({kind})")
+
+    def _read(self, path: str) -> Any:
+        trust, allow_pickle, on_missing = self._opts
+        bad = _codec.audit([t for t in self._r.types() if t[3] == path or t[3].startswith(path + "/") or not path], trust, allow_pickle)
+        if bad and on_missing == "error":
+            raise UntrustedTypeError(path, bad)
+        dec = _codec.Decoder(trust, allow_pickle, on_missing == "placeholder")
+        return self._r.load(dec, _codec.np_dtype, subpath=path)
+
+    def read(self) -> Any:
+        """Load this subtree (trust rules apply)."""
+        return self._read(self.path)
+
+    def structure(self) -> Any:
+        return self._r.structure(_struct_node, _leaf_info)
+
+    @property
+    def metadata(self) -> Any:
+        m = self._r.metadata()
+        return json.loads(m) if m is not None else None
+
+    def __repr__(self) -> str:
+        return f"View({self.path or '<root>'!r}, {self.kind}, {len(self)} children)"
+
+
+def _same_key(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def open(path: PathLike, *, trust: Iterable[str] = (), allow_pickle: bool = False, on_missing: str = "error") -> View:
+    """Open a stored tree lazily: ``open(p)["params"]["w"][0:2]`` reads only the chunks it needs."""
+    return View(_core.Reader(_path(path)), "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing)

@@ -1,0 +1,117 @@
+"""The custom-type registry and trust rules.
+
+Resolution order (documented in docs/python.md): when saving an object, treepack walks
+``type(obj).__mro__`` and uses the first class that has a registration — so the *most specific*
+registered base class wins, whatever the registration order. ``registered()`` lists names so that
+every class comes before its registered base classes, ties kept in registration order.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+__all__ = ["Registration", "register", "registered", "lookup_class", "lookup_name", "type_name", "is_trusted"]
+
+
+@dataclass(frozen=True)
+class Registration:
+    cls: type
+    name: str
+    to_data: Callable[[Any], Any]
+    from_data: Callable[[Any], Any]
+
+
+_lock = threading.Lock()
+_by_class: Dict[type, Registration] = {}
+_by_name: Dict[str, Registration] = {}
+_order: List[Registration] = []
+
+
+def register(
+    cls: type,
+    *,
+    name: str,
+    to_data: Callable[[Any], Any],
+    from_data: Callable[[Any], Any],
+) -> None:
+    """Register a custom type.
+
+    ``to_data(obj)`` returns a tree (JSON-able values and/or arrays) saved in place of the object;
+    ``from_data(tree)`` rebuilds it. ``name`` is what the file records; it must be unique. A type
+    registered in this process is trusted when loading.
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"register() needs a class, got {cls!r}")
+    if not name or name.startswith("py."):
+        raise ValueError(f"invalid registration name {name!r} (the `py.` prefix is reserved for built-ins)")
+    reg = Registration(cls, name, to_data, from_data)
+    with _lock:
+        old = _by_name.get(name)
+        if old is not None and old.cls is not cls:
+            raise ValueError(f"name {name!r} is already registered for {type_name(old.cls)}")
+        prev = _by_class.pop(cls, None)
+        if prev is not None:
+            _by_name.pop(prev.name, None)
+            _order.remove(prev)
+        _by_class[cls] = reg
+        _by_name[name] = reg
+        _order.append(reg)
+
+
+def registered() -> List[str]:
+    """Registered names in resolution order: subclasses before their registered bases."""
+    with _lock:
+        regs = list(_order)
+    out: List[Registration] = []
+    remaining = regs[:]
+    while remaining:
+        for r in remaining:
+            # r can go next if no remaining registration is a strict subclass of r.cls
+            if not any(o is not r and issubclass(o.cls, r.cls) for o in remaining):
+                out.append(r)
+                remaining.remove(r)
+                break
+    return [r.name for r in out]
+
+
+def lookup_class(cls: type) -> Optional[Registration]:
+    """The registration for an object's class: the most specific registered base by MRO."""
+    with _lock:
+        if not _by_class:
+            return None
+        for base in cls.__mro__:
+            r = _by_class.get(base)
+            if r is not None:
+                return r
+    return None
+
+
+def lookup_name(name: str) -> Optional[Registration]:
+    with _lock:
+        return _by_name.get(name)
+
+
+def type_name(cls: type) -> str:
+    """How a class is named in files: ``module:qualname``."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def is_trusted(name: str, trust: Iterable[str]) -> bool:
+    """True if ``name`` (``module:qualname``) matches a trust glob.
+
+    Globs match the name as written (``mypkg.models:Point``) or in dotted form
+    (``mypkg.models.Point``), so ``"mypkg.*"`` trusts everything in ``mypkg`` and below.
+    """
+    dotted = name.replace(":", ".")
+    for g in trust:
+        if fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(dotted, g):
+            return True
+    return False
+
+
+def split_name(name: str) -> Tuple[str, str]:
+    module, _, qual = name.partition(":")
+    return module, qual

@@ -202,9 +202,10 @@ def encode_array(a: np.ndarray) -> Tuple[np.ndarray, str]:
     desc, canon = _dtype_desc(a.dtype)
     if a.dtype.kind == "S" and a.size and a.dtype.itemsize == 0:
         raise TypeError("zero-width byte strings are not supported")
-    out = np.ascontiguousarray(a.astype(canon, copy=False))
-    if out.dtype != canon:
-        out = out.astype(canon)
+    # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
+    out = a.astype(canon, copy=False)
+    if not out.flags.c_contiguous:
+        out = out.copy(order="C")
     return out, json.dumps(desc, separators=(",", ":"))
 
 

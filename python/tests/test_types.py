@@ -1,0 +1,174 @@
+"""Every type the issue lists round-trips exactly, with no registration."""
+
+import collections
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import math
+import pathlib
+import uuid
+import zoneinfo
+
+import numpy as np
+import pytest
+
+import treepack
+
+
+def same(a, b):
+    """Exact equality: types, float bits, array dtypes and values."""
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, np.generic):
+        return type(a) is type(b) and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return a.hex() == b.hex() or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, complex):
+        return same(a.real, b.real) and same(a.imag, b.imag)
+    if isinstance(a, dict):
+        return list(a.keys()) == list(b.keys()) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if dataclasses.is_dataclass(a):
+        return all(same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    return a == b
+
+
+@pytest.mark.parametrize("layout", ["dir", "file.tpk", "memory"])
+def test_builtins_round_trip(tmp_path, layout):
+    tree = {
+        "none": None, "t": True, "f": False, "small": -7, "big": 3**200, "neg_big": -(2**70),
+        "float": 0.1, "nan": float("nan"), "inf": float("inf"), "ninf": -math.inf, "negzero": -0.0,
+        "complex": complex(1.5, -0.0), "str": "héllo ✓", "long_str": "x" * 100_000, "bytes": b"\x00\xff",
+        "long_bytes": bytes(range(256)) * 100, "bytearray": bytearray(b"abc"),
+        "list": [1, [2, [3]]], "tuple": (1, (2,)), "empty": ([], (), {}),
+        "set": {1, 2, 3}, "frozenset": frozenset({"a"}), "range": range(2, 20, 3), "slice": slice(1, None, 2),
+        "ellipsis": ..., "decimal": decimal.Decimal("-1.2300"), "uuid": uuid.UUID(int=12345),
+        "path": pathlib.PurePosixPath("/a/b"), "winpath": pathlib.PureWindowsPath("C:\\x"),
+        "date": dt.date(2024, 2, 29), "time": dt.time(12, 30, 1, 5),
+        "tz_time": dt.time(1, 2, tzinfo=dt.timezone(dt.timedelta(hours=-3))),
+        "naive": dt.datetime(2020, 1, 1, 0, 0, 0, 7),
+        "utc": dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc),
+        "zone": dt.datetime(2021, 11, 7, 1, 30, fold=1, tzinfo=zoneinfo.ZoneInfo("America/New_York")),
+        "delta": dt.timedelta(days=-1, seconds=5, microseconds=7),
+        1: "int key", 2.5: "float key", None: "none key", True: "bool key", ("a", 1): "tuple key",
+    }
+    loc = str(tmp_path / layout) if layout != "memory" else f"memory://types/{tmp_path.name}"
+    info = treepack.save(tree, loc)
+    assert info.leaves > 30
+    back = treepack.load(loc)
+    assert list(back.keys()) == list(tree.keys())
+    for k in tree:
+        assert same(tree[k], back[k]), (k, tree[k], back[k])
+    assert back["zone"].tzinfo.key == "America/New_York" and back["zone"].fold == 1
+
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128", "S5", "U3", ">f8", ">i4", "<U2"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_numpy_dtypes(loc, dtype):
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 255, size=6 * np.dtype(dtype).itemsize, dtype=np.uint8)
+    a = raw.view(np.dtype(dtype).newbyteorder("=") if np.dtype(dtype).kind != "U" else "<U" + str(np.dtype(dtype).itemsize // 4))
+    if np.dtype(dtype).kind == "U":
+        a = np.array(["ab", "é", "", "xyz"[: np.dtype(dtype).itemsize // 4], "1", "2"], dtype=dtype)
+    a = a.astype(dtype).reshape(2, 3)
+    tree = {"a": a, "zero_d": np.array(a[0, 0]), "empty": a[:0], "scalar": a[1, 2]}
+    treepack.save(tree, loc)
+    back = treepack.load(loc)
+    for k in ("a", "zero_d", "empty"):
+        assert back[k].shape == tree[k].shape
+        assert back[k].dtype == tree[k].dtype.newbyteorder("<") or back[k].dtype == tree[k].dtype
+        assert np.array_equal(back[k], tree[k], equal_nan=back[k].dtype.kind in "fc"), k
+        assert back[k].flags.writeable and back[k].flags.c_contiguous
+    assert type(back["scalar"]) is type(tree["scalar"]) or back["scalar"].dtype == tree["scalar"].dtype
+    assert back["scalar"].tobytes() == np.asarray(tree["scalar"]).astype(back["scalar"].dtype).tobytes()
+
+
+def test_structured_and_strided_arrays(loc):
+    rec = np.zeros(4, dtype=np.dtype([("id", "<i4"), ("pos", ">f4", (2,)), ("name", "S3")], align=True))
+    rec["id"] = [1, 2, 3, 4]
+    rec["pos"] = [[1, 2], [3, 4], [5, 6], [7, 8]]
+    rec["name"] = [b"a", b"bb", b"ccc", b""]
+    strided = np.arange(100, dtype=np.float64).reshape(10, 10)[::3, 1::4]
+    fortran = np.asfortranarray(np.arange(12, dtype=np.int16).reshape(3, 4))
+    treepack.save({"rec": rec, "strided": strided, "fortran": fortran}, loc)
+    back = treepack.load(loc)
+    assert back["rec"].dtype.names == ("id", "pos", "name")
+    assert back["rec"].dtype.itemsize == 4 + 8 + 3  # packed on storage
+    for f in rec.dtype.names:
+        assert np.array_equal(back["rec"][f], rec[f])
+    assert np.array_equal(back["strided"], strided)
+    assert np.array_equal(back["fortran"], fortran)
+
+
+def test_ml_dtypes(loc):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    tree = {n: np.array([0.5, -1.0, 2.0], dtype=getattr(ml_dtypes, n)) for n in ("bfloat16", "float8_e4m3fn", "float8_e5m2")}
+    tree["scalar"] = ml_dtypes.bfloat16(3.0)
+    treepack.save(tree, loc)
+    back = treepack.load(loc)
+    for n in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        assert back[n].dtype == tree[n].dtype and back[n].tobytes() == tree[n].tobytes()
+    assert back["scalar"].dtype == ml_dtypes.bfloat16 and float(back["scalar"]) == 3.0
+    assert treepack.load_structure(loc)["bfloat16"].dtype == "bfloat16"
+
+
+@dataclasses.dataclass
+class Point:
+    x: float
+    y: np.ndarray
+    tags: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    a: int
+
+
+Pair = collections.namedtuple("Pair", ["left", "right"])
+
+
+class Color(enum.Enum):
+    RED = 1
+    GREEN = "g"
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+
+
+def test_dataclasses_namedtuples_enums_with_trust(loc):
+    tree = {"p": Point(1.5, np.ones(3), ["a"]), "f": Frozen(3), "pair": Pair(1, Pair(2, None)), "c": Color.GREEN, "lvl": Level.LOW}
+    treepack.save(tree, loc)
+    with pytest.raises(treepack.UntrustedTypeError) as e:
+        treepack.load(loc)
+    for name in ("test_types:Point", "test_types:Frozen", "test_types:Pair", "test_types:Color", "test_types:Level"):
+        assert name in str(e.value)
+    assert e.value.types["test_types:Pair"] == ["pair", "pair/right"]
+    back = treepack.load(loc, trust=["test_types.*"])
+    assert same(back["p"], tree["p"]) and type(back["p"]) is Point
+    assert back["f"] == Frozen(3) and back["pair"] == tree["pair"] and type(back["pair"].right) is Pair
+    assert back["c"] is Color.GREEN and back["lvl"] is Level.LOW
+    # exact-name trust works too
+    assert treepack.load(loc, trust=["test_types:*"])["f"] == Frozen(3)
+
+
+def test_unsupported_object_is_refused_with_its_path(loc):
+    class Opaque:
+        pass
+
+    with pytest.raises(TypeError, match=r"cannot save `a/0/~i3`.*Opaque.*register"):
+        treepack.save({"a": [{3: Opaque()}]}, loc)
+
+
+def test_reference_cycles_are_refused(loc):
+    x = []
+    x.append(x)
+    with pytest.raises(ValueError, match="reference cycle"):
+        treepack.save(x, loc)

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Every test: formatting, lints, Rust unit/integration/doc tests (and the Python suite once it exists).
+# Every test: formatting, lints, Rust unit/integration/property/golden/doc tests, then the Python
+# package is built into .venv and its pytest suite runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+echo "== cargo clippy (all crates, all targets)"
 cargo clippy --workspace --all-targets -j2 -- -D warnings
-echo "== cargo test"
-cargo test --workspace -j2
+echo "== cargo test (core + CLI)"
+cargo test -j2
+echo "== python package: build into .venv"
+py=$(bash scripts/python-env.sh)
+echo "== pytest"
+"$py" -m pytest -q python/tests

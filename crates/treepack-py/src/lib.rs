@@ -65,6 +65,12 @@ impl AsRef<[u8]> for NumpyOwner {
 #[pyclass(frozen)]
 struct BytesOwner(#[allow(dead_code)] Bytes);
 
+/// What `encode_other` returns: (kind, type name, data JSON, named children).
+type NodeDescription<'py> = (String, String, Option<String>, Vec<(String, Bound<'py, PyAny>)>);
+
+/// (kind, type name, data JSON, key path) of a record or custom node.
+type TypeRow = (String, String, Option<String>, String);
+
 struct Encoder<'py> {
     py: Python<'py>,
     ndarray: Bound<'py, PyAny>,
@@ -252,8 +258,7 @@ impl<'py> Encoder<'py> {
                 self.err(e)
             }
         })?;
-        let (kind, type_name, data, children): (String, String, Option<String>, Vec<(String, Bound<'py, PyAny>)>) =
-            desc.extract()?;
+        let (kind, type_name, data, children): NodeDescription<'py> = desc.extract()?;
         let mut kids = Vec::with_capacity(children.len());
         for (name, v) in children {
             let seg = treepack::keypath::Segment::Name(name.clone()).text();
@@ -448,7 +453,7 @@ impl Reader {
     }
 
     /// Every record/custom node: (kind, type, data JSON or None, key path). Constructs nothing.
-    fn types(&self) -> Vec<(String, String, Option<String>, String)> {
+    fn types(&self) -> Vec<TypeRow> {
         let mut out = vec![];
         walk_types(&self.inner.manifest().root, &mut vec![], &mut out);
         out
@@ -570,7 +575,7 @@ impl Reader {
     }
 }
 
-fn walk_types(t: &Tree<Entry>, path: &mut Vec<String>, out: &mut Vec<(String, String, Option<String>, String)>) {
+fn walk_types(t: &Tree<Entry>, path: &mut Vec<String>, out: &mut Vec<TypeRow>) {
     match t {
         Tree::Record { type_name, .. } => out.push(("record".into(), type_name.clone(), None, path.join("/"))),
         Tree::Custom { type_name, data, .. } => out.push((

@@ -1,0 +1,326 @@
+"""One benchmark case, run in a fresh subprocess by bench/run.py.
+
+    python bench/case.py WORKLOAD PEER OP DIR SCALE
+
+Prints one JSON line: {"wall": seconds, "bytes": logical bytes moved, "rss_peak": bytes,
+"read_bytes": bytes read from storage (where known), "note": ...}. Data generation and imports
+happen before the clock starts; only the operation is timed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import pickle
+import resource
+import sys
+import time
+
+import numpy as np
+
+# ------------------------------------------------------------------ workloads (deterministic)
+
+
+def w1(scale: float):
+    """~1 GiB (× scale) in 200 float32 / bfloat16 arrays in nested dicts: a model checkpoint."""
+    import ml_dtypes
+
+    total = int((1 << 30) * scale)
+    n = 200
+    rng = np.random.default_rng(1)
+    weights = rng.uniform(0.2, 1.8, n)
+    sizes = (weights / weights.sum() * total).astype(np.int64)
+    tree: dict = {"layers": {}}
+    for i in range(n):
+        cols = 1024
+        rows = max(1, int(sizes[i]) // (4 * cols))
+        base = np.arange(rows * cols, dtype=np.float32)
+        base *= np.float32(1e-3)
+        base += np.float32(i)
+        a = base.reshape(rows, cols)
+        if i % 2:
+            a = a.astype(ml_dtypes.bfloat16)
+        tree["layers"].setdefault(f"{i // 4:03d}", {})[["attn_q", "attn_o", "mlp_in", "mlp_out"][i % 4]] = a
+    return tree
+
+
+def w2(scale: float):
+    """100k (× scale) small leaves: ints, floats, strings and tiny arrays (optimizer state, configs)."""
+    groups = max(1, int(25_000 * scale))
+    return {
+        "opt": {
+            f"p{i}": {"step": i, "lr": 1e-3 * (i % 7), "name": f"param_{i}", "m": np.full(4, i, np.float32)}
+            for i in range(groups)
+        }
+    }
+
+
+def w3(scale: float):
+    """10k (× scale) records: str, int, float, datetime, a small array and 4 KiB of bytes."""
+    n = max(1, int(10_000 * scale))
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    img = bytes(range(256)) * 16
+    return [
+        {"id": f"call-{i}", "n": i, "score": i / 7, "ts": t0 + dt.timedelta(seconds=i), "emb": np.full(16, i, np.float32), "img": img}
+        for i in range(n)
+    ]
+
+
+WORKLOADS = {"W1": w1, "W2": w2, "W3": w3}
+
+
+def flat(tree, prefix=""):
+    """{'a/b/c': array} for the array leaves of nested dicts."""
+    out = {}
+    for k, v in tree.items():
+        p = f"{prefix}/{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flat(v, p))
+        else:
+            out[p] = v
+    return out
+
+
+def as_numpy_plain(a):
+    """bfloat16 has no numpy-native dtype: peers that need one get the same bytes as uint16."""
+    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+
+
+def nbytes(tree) -> int:
+    if isinstance(tree, np.ndarray):
+        return tree.nbytes
+    if isinstance(tree, dict):
+        return sum(nbytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(nbytes(v) for v in tree)
+    if isinstance(tree, (bytes, str)):
+        return len(tree)
+    return 8
+
+
+def largest(tree):
+    f = flat(tree)
+    return max(f.items(), key=lambda kv: kv[1].nbytes)
+
+
+# ------------------------------------------------------------------ peers
+
+
+class NA(Exception):
+    """This peer does not apply to this workload/operation."""
+
+
+def peer_save(peer, tree, path, wl):
+    if peer == "treepack":
+        import treepack
+
+        treepack.save(tree, path)
+    elif peer == "treepack-tpk":
+        import treepack
+
+        treepack.save(tree, path + ".tpk")
+    elif peer == "pickle":
+        with open(path, "wb") as f:
+            pickle.dump(tree, f, protocol=5)
+    elif peer == "npz":
+        if wl != "W1":
+            raise NA("arrays only")
+        np.savez(path + ".npz", **{k: as_numpy_plain(v) for k, v in flat(tree).items()})
+    elif peer == "safetensors":
+        if wl != "W1":
+            raise NA("flat dict of arrays only")
+        from safetensors.numpy import save_file
+
+        save_file({k: as_numpy_plain(v) for k, v in flat(tree).items()}, path + ".safetensors")
+    elif peer == "h5py":
+        if wl != "W1":
+            raise NA("arrays only")
+        import h5py
+
+        with h5py.File(path + ".h5", "w") as f:
+            for k, v in flat(tree).items():
+                f.create_dataset(k, data=as_numpy_plain(v))
+    elif peer == "flax-msgpack":
+        if wl == "W3":
+            raise NA("no datetime/bytes-in-records support")
+        from flax import serialization
+
+        with open(path + ".msgpack", "wb") as f:
+            f.write(serialization.msgpack_serialize(tree))
+    elif peer == "orbax":
+        if wl == "W3":
+            raise NA("no datetime leaves")
+        import orbax.checkpoint as ocp
+
+        ckptr = ocp.PyTreeCheckpointer()
+        ckptr.save(os.path.abspath(path + ".orbax"), tree)
+    elif peer == "raw":
+        if wl != "W1":
+            raise NA("baseline for arrays")
+        arrays = list(flat(tree).values())
+        buf = np.concatenate([as_numpy_plain(a).reshape(-1).view(np.uint8) for a in arrays])
+        t = time.perf_counter()
+        with open(path + ".raw", "wb") as f:
+            f.write(memoryview(buf))
+        return time.perf_counter() - t  # time only the single write (the concatenation is setup)
+    else:
+        raise NA(f"unknown peer {peer}")
+    return None
+
+
+def peer_load(peer, path, wl):
+    if peer in ("treepack", "treepack-tpk"):
+        import treepack
+
+        return treepack.load(path if peer == "treepack" else path + ".tpk")
+    if peer == "pickle":
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    if peer == "npz":
+        with np.load(path + ".npz") as z:
+            return {k: z[k] for k in z.files}
+    if peer == "safetensors":
+        from safetensors.numpy import load_file
+
+        return load_file(path + ".safetensors")
+    if peer == "h5py":
+        import h5py
+
+        out = {}
+        with h5py.File(path + ".h5", "r") as f:
+            f.visititems(lambda k, d: out.__setitem__(k, d[()]) if isinstance(d, h5py.Dataset) else None)
+        return out
+    if peer == "flax-msgpack":
+        from flax import serialization
+
+        with open(path + ".msgpack", "rb") as f:
+            return serialization.msgpack_restore(f.read())
+    if peer == "orbax":
+        import orbax.checkpoint as ocp
+
+        return ocp.PyTreeCheckpointer().restore(os.path.abspath(path + ".orbax"))
+    if peer == "raw":
+        size = os.path.getsize(path + ".raw")
+        buf = np.empty(size, np.uint8)
+        with open(path + ".raw", "rb", buffering=0) as f:
+            f.readinto(memoryview(buf))
+        return buf
+    raise NA(peer)
+
+
+def peer_partial(peer, path, wl, tree_info):
+    """W4: one whole leaf, and a 1% slice (leading rows) of the largest array."""
+    key, rows = tree_info["largest"], tree_info["rows"]
+    sl = max(1, rows // 100)
+    if peer in ("treepack", "treepack-tpk"):
+        import treepack
+
+        p = path if peer == "treepack" else path + ".tpk"
+        v = treepack.open(p)
+        node = v
+        for part in key.split("/"):
+            node = node[part]
+        part = node[0:sl]
+        one = treepack.load(p, select=[tree_info["small"]])
+        return part, one
+    if peer == "safetensors":
+        from safetensors import safe_open
+
+        with safe_open(path + ".safetensors", "numpy") as f:
+            return f.get_slice(key)[0:sl], f.get_tensor(tree_info["small"])
+    if peer == "h5py":
+        import h5py
+
+        with h5py.File(path + ".h5", "r") as f:
+            return f[key][0:sl], f[tree_info["small"]][()]
+    if peer == "npz":
+        with np.load(path + ".npz") as z:
+            return z[key][0:sl], z[tree_info["small"]]
+    raise NA("no partial read")
+
+
+def peer_structure(peer, path, wl):
+    if peer in ("treepack", "treepack-tpk"):
+        import treepack
+
+        return treepack.load_structure(path if peer == "treepack" else path + ".tpk")
+    if peer == "orbax":
+        import orbax.checkpoint as ocp
+
+        return ocp.PyTreeCheckpointer().metadata(os.path.abspath(path + ".orbax"))
+    raise NA("no structure-only read")
+
+
+def peer_mmap_touch(peer, path, wl, tree_info):
+    key = tree_info["small"]
+    if peer in ("treepack", "treepack-tpk"):
+        import treepack
+
+        t = treepack.load(path if peer == "treepack" else path + ".tpk", mmap=True)
+        node = t
+        for part in key.split("/"):
+            node = node[part]
+        return float(np.asarray(node, dtype=np.float32).sum())
+    if peer == "safetensors":
+        from safetensors import safe_open
+
+        with safe_open(path + ".safetensors", "numpy") as f:
+            return float(f.get_tensor(key).astype(np.float32).sum())
+    if peer == "npz":
+        with np.load(path + ".npz", mmap_mode="r") as z:  # npz cannot mmap members: reads the member
+            return float(z[key].astype(np.float32).sum())
+    raise NA("no mmap")
+
+
+def main():
+    wl, peer, op, d, scale = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
+    path = os.path.join(d, f"{wl}-{peer}")
+    info_path = os.path.join(d, f"{wl}-info.json")
+    result = {"wall": None, "bytes": 0, "note": ""}
+    try:
+        if op == "save":
+            tree = WORKLOADS[wl](scale)
+            result["bytes"] = nbytes(tree)
+            if wl == "W1" and not os.path.exists(info_path):
+                k, a = largest(tree)
+                small = min(flat(tree).items(), key=lambda kv: kv[1].nbytes)[0]
+                with open(info_path, "w") as f:
+                    json.dump({"largest": k, "rows": a.shape[0], "small": small, "bytes": result["bytes"]}, f)
+            # import the peer's modules before timing
+            if peer.startswith("treepack"):
+                import treepack  # noqa: F401
+            t = time.perf_counter()
+            inner = peer_save(peer, tree, path, wl)
+            result["wall"] = inner if inner is not None else time.perf_counter() - t
+        else:
+            info = json.load(open(info_path)) if os.path.exists(info_path) else {}
+            if peer.startswith("treepack"):
+                import treepack  # noqa: F401
+            elif peer in ("orbax", "flax-msgpack"):
+                import jax  # noqa: F401
+            t = time.perf_counter()
+            if op == "load":
+                out = peer_load(peer, path, wl)
+                result["wall"] = time.perf_counter() - t
+                result["bytes"] = nbytes(out)
+            elif op == "partial":
+                out = peer_partial(peer, path, wl, info)
+                result["wall"] = time.perf_counter() - t
+                result["bytes"] = nbytes(list(out))
+            elif op == "structure":
+                peer_structure(peer, path, wl)
+                result["wall"] = time.perf_counter() - t
+            elif op == "mmap":
+                peer_mmap_touch(peer, path, wl, info)
+                result["wall"] = time.perf_counter() - t
+    except NA as e:
+        result["note"] = f"n/a: {e}"
+    except Exception as e:  # a peer that fails is reported, not fatal
+        result["note"] = f"error: {type(e).__name__}: {str(e)[:160]}"
+    result["rss_peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

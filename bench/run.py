@@ -1,0 +1,263 @@
+"""treepack benchmarks against the tools people use today.
+
+    python bench/run.py            # full run (~1 GiB W1; fits in 15 minutes on 2 cores / 24 GiB)
+    python bench/run.py --quick    # smoke test (~64 MiB W1, fewer runs; < 2 minutes), used by CI
+
+Every case runs in a fresh subprocess: one warm-up, then the median of N timed runs. Each run
+reports wall time, peak RSS of its process, bytes moved; saves also report bytes on disk.
+Results go to bench/results/<date>-<host>.json and a readable bench/RESULTS.md (quick runs write
+bench/results/quick-*.json and do not overwrite RESULTS.md). Numbers are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEERS = ["treepack", "treepack-tpk", "pickle", "npz", "safetensors", "h5py", "flax-msgpack", "orbax", "raw"]
+PLAN = [
+    ("W1", "save"), ("W1", "load"), ("W4", "partial"), ("W6", "mmap"),
+    ("W2", "save"), ("W2", "load"), ("W5", "structure"),
+    ("W3", "save"), ("W3", "load"),
+]
+DATA_OF = {"W4": "W1", "W6": "W1", "W5": "W2"}
+CASE_TIMEOUT = 300
+
+
+def drop_caches() -> bool:
+    try:
+        subprocess.run(["sync"], check=False)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def run_case(wl, peer, op, d, scale):
+    data_wl = DATA_OF.get(wl, wl)
+    cmd = [sys.executable, os.path.join(HERE, "case.py"), data_wl, peer, op, d, str(scale)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=CASE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"wall": None, "note": f"timeout after {CASE_TIMEOUT}s"}
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    if not lines:
+        return {"wall": None, "note": f"crashed: {out.stderr.strip()[-200:]}"}
+    return json.loads(lines[-1])
+
+
+def disk_usage(d, wl, peer):
+    base = os.path.join(d, f"{wl}-{peer}")
+    total = 0
+    for cand in [base, base + ".tpk", base + ".npz", base + ".safetensors", base + ".h5", base + ".msgpack", base + ".orbax", base + ".raw"]:
+        if os.path.isfile(cand):
+            total += os.path.getsize(cand)
+        elif os.path.isdir(cand):
+            for root, _, files in os.walk(cand):
+                total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def clean(d, wl, peer):
+    base = os.path.join(d, f"{wl}-{peer}")
+    for cand in [base, base + ".tpk", base + ".npz", base + ".safetensors", base + ".h5", base + ".msgpack", base + ".orbax", base + ".raw"]:
+        if os.path.isdir(cand):
+            shutil.rmtree(cand)
+        elif os.path.exists(cand):
+            os.remove(cand)
+
+
+def memcpy_bandwidth(nbytes):
+    import numpy as np
+
+    a = np.ones(nbytes // 8, np.float64)
+    b = np.empty_like(a)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        times.append(time.perf_counter() - t)
+    return a.nbytes / statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--runs", type=int, default=None)
+    ap.add_argument("--peers", default=",".join(PEERS))
+    ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    args = ap.parse_args()
+    scale = {"W1": 1 / 16, "W2": 0.1, "W3": 0.1} if args.quick else {"W1": 1.0, "W2": 1.0, "W3": 1.0}
+    runs = args.runs or (2 if args.quick else 5)
+    peers = args.peers.split(",")
+    d = args.dir or tempfile.mkdtemp(prefix="treepack-bench-")
+    os.makedirs(d, exist_ok=True)
+    dropped = drop_caches()
+    results = []
+    skipped = {}  # (data workload, peer) -> why its save did not apply
+    started = time.time()
+    for wl, op in PLAN:
+        data_wl = DATA_OF.get(wl, wl)
+        sc = scale[data_wl]
+        for peer in peers:
+            if op != "save" and (data_wl, peer) in skipped:
+                row = {"workload": wl, "op": op, "peer": peer, "note": skipped[(data_wl, peer)]}
+                results.append(row)
+                continue
+            if op == "save":
+                clean(d, data_wl, peer)
+            samples = []
+            first = run_case(wl, peer, op, d, sc)  # warm-up (for saves it also creates the files to load)
+            note = first.get("note", "")
+            if first.get("wall") is not None:
+                n = runs if first["wall"] < 30 else 1
+                for _ in range(n):
+                    if op == "save":
+                        clean(d, data_wl, peer)
+                    if dropped and op != "save":
+                        drop_caches()
+                    r = run_case(wl, peer, op, d, sc)
+                    if r.get("wall") is None:
+                        note = r.get("note", "")
+                        break
+                    samples.append(r)
+            row = {"workload": wl, "op": op, "peer": peer, "note": note}
+            if samples:
+                walls = [s["wall"] for s in samples]
+                row.update(
+                    wall_median=statistics.median(walls),
+                    wall_min=min(walls),
+                    runs=len(walls),
+                    bytes=samples[0]["bytes"],
+                    rss_peak=max(s["rss_peak"] for s in samples),
+                )
+                if row["wall_median"] > 0 and row["bytes"]:
+                    row["throughput"] = row["bytes"] / row["wall_median"]
+                if op == "save":
+                    row["disk_bytes"] = disk_usage(d, data_wl, peer)
+            if op == "save" and not samples:
+                skipped[(data_wl, peer)] = note if note.startswith("n/a") else f"n/a: save failed ({note})"
+            results.append(row)
+            status = f"{row['wall_median'] * 1e3:9.1f} ms" if samples else f"  {note}"
+            print(f"{wl} {op:9s} {peer:13s} {status}", flush=True)
+    mem_bw = memcpy_bandwidth(256 << 20 if args.quick else 1 << 30)
+    host = socket.gethostname()
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": host,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "quick": args.quick,
+        "runs_per_case": runs,
+        "page_cache_dropped": dropped,
+        "memcpy_bytes_per_s": mem_bw,
+        "elapsed_s": round(time.time() - started, 1),
+        "scale": scale,
+    }
+    out_dir = os.path.join(HERE, "results")
+    os.makedirs(out_dir, exist_ok=True)
+    stamp = datetime.date.today().isoformat()
+    name = f"{'quick-' if args.quick else ''}{stamp}-{host}.json"
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1)
+    table = render(meta, results)
+    print(table)
+    if not args.quick:
+        with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
+            f.write(table)
+    if not args.dir:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def fmt_bytes(n):
+    for unit in ["B", "KiB", "MiB", "GiB"]:
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return str(n)
+
+
+def render(meta, results):
+    lines = [
+        "# Benchmark results",
+        "",
+        f"{meta['date']} on `{meta['host']}` ({meta['platform']}, {meta['cpus']} CPUs, Python {meta['python']}); "
+        f"median of {meta['runs_per_case']} runs after a warm-up, each in a fresh process. "
+        f"Page cache {'dropped before reads' if meta['page_cache_dropped'] else 'NOT dropped (not permitted here): reads are warm'}. "
+        f"memcpy bandwidth {fmt_bytes(meta['memcpy_bytes_per_s'])}/s. Run took {meta['elapsed_s']} s.",
+        "",
+        "| workload | op | peer | median | throughput | peak RSS | on disk | vs treepack | note |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    by = {(r["workload"], r["op"], r["peer"]): r for r in results}
+    for r in results:
+        tp = by.get((r["workload"], r["op"], "treepack"), {})
+        ratio = ""
+        if r.get("wall_median") and tp.get("wall_median"):
+            ratio = f"{r['wall_median'] / tp['wall_median']:.2f}×"
+        lines.append(
+            "| {w} | {o} | {p} | {m} | {t} | {rss} | {disk} | {ratio} | {note} |".format(
+                w=r["workload"], o=r["op"], p=r["peer"],
+                m=f"{r['wall_median'] * 1e3:.1f} ms" if r.get("wall_median") is not None else "—",
+                t=f"{fmt_bytes(r['throughput'])}/s" if r.get("throughput") else "",
+                rss=fmt_bytes(r["rss_peak"]) if r.get("rss_peak") else "",
+                disk=fmt_bytes(r["disk_bytes"]) if r.get("disk_bytes") else "",
+                ratio=ratio, note=r.get("note", ""),
+            )
+        )
+    lines += ["", "`vs treepack` = peer time / treepack (directory layout) time: above 1× means treepack is faster.", ""]
+    lines += targets(meta, by)
+    return "\n".join(lines) + "\n"
+
+
+def targets(meta, by):
+    """The issue's targets, evaluated against peers measured in the same run."""
+
+    def t(w, o, p):
+        return by.get((w, o, p), {}).get("wall_median")
+
+    out = ["## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
+
+    def row(name, value, ok):
+        out.append(f"| {name} | {value} | {'yes' if ok else ('no' if ok is not None else 'n/a')} |")
+
+    tp_s, st_s, raw_s = t("W1", "save", "treepack"), t("W1", "save", "safetensors"), t("W1", "save", "raw")
+    row("W1 save ≥ 1.0× safetensors throughput", f"{st_s / tp_s:.2f}×" if tp_s and st_s else "n/a", (st_s / tp_s >= 1.0) if tp_s and st_s else None)
+    row("W1 save ≥ 0.7× single-write baseline", f"{raw_s / tp_s:.2f}×" if tp_s and raw_s else "n/a", (raw_s / tp_s >= 0.7) if tp_s and raw_s else None)
+    tp_l, st_l = t("W1", "load", "treepack"), t("W1", "load", "safetensors")
+    row("W1 load ≥ safetensors", f"{st_l / tp_l:.2f}×" if tp_l and st_l else "n/a", (st_l / tp_l >= 1.0) if tp_l and st_l else None)
+    for w in ("W2", "W3"):
+        for o in ("save", "load"):
+            tp, pk, ob = t(w, o, "treepack"), t(w, o, "pickle"), t(w, o, "orbax")
+            row(f"{w} {o} faster than pickle", f"{pk / tp:.2f}×" if tp and pk else "n/a", (pk > tp) if tp and pk else None)
+            row(f"{w} {o} ≥ 10× faster than orbax", f"{ob / tp:.1f}×" if tp and ob else "n/a", (ob / tp >= 10) if tp and ob else None)
+    p4, l1 = t("W4", "partial", "treepack"), t("W1", "load", "treepack")
+    row("W4 partial < 5% of a full W1 load", f"{p4 / l1 * 100:.1f}%" if p4 and l1 else "n/a", (p4 / l1 < 0.05) if p4 and l1 else None)
+    w5 = t("W5", "structure", "treepack")
+    row("W5 structure < 50 ms", f"{w5 * 1e3:.1f} ms" if w5 else "n/a", (w5 < 0.05) if w5 else None)
+    w6 = t("W6", "mmap", "treepack")
+    row("W6 mmap open + touch < 10 ms", f"{w6 * 1e3:.1f} ms" if w6 else "n/a", (w6 < 0.01) if w6 else None)
+    for w, o in (("W1", "save"), ("W1", "load")):
+        r = by.get((w, o, "treepack"), {})
+        if r.get("rss_peak") and r.get("bytes"):
+            limit = r["bytes"] * 1.1 + (64 << 20)
+            row(f"{w} {o} peak RSS ≤ data × 1.1 + 64 MiB", f"{fmt_bytes(r['rss_peak'])} (limit {fmt_bytes(limit)})", r["rss_peak"] <= limit)
+    out.append("")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+//! Criterion benchmarks for the hot paths: chunk hashing, manifest encode/decode, pack I/O.
+//! Run: `cargo bench -p treepack --bench hot`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use treepack::*;
+
+fn hashing(c: &mut Criterion) {
+    let mut g = c.benchmark_group("chunk_hash");
+    for size in [64 << 10, 4 << 20] {
+        let data = vec![7u8; size];
+        g.throughput(Throughput::Bytes(size as u64));
+        g.bench_with_input(BenchmarkId::from_parameter(size), &data, |b, d| b.iter(|| hash::Hash32::of(d)));
+    }
+    g.finish();
+}
+
+fn many_leaves(n: i64) -> Node {
+    Node::list((0..n).map(|i| Node::dict([("step", Node::from(i)), ("lr", Node::from(i as f64 * 1e-3)), ("name", Node::from(format!("p{i}")))])))
+}
+
+fn manifest(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m");
+    let p = p.to_str().unwrap();
+    save(&many_leaves(30_000), p, &SaveOptions::default()).unwrap();
+    let bytes = std::fs::read(dir.path().join("m/treepack.json")).unwrap();
+    let m = manifest::decode(&bytes, "bench").unwrap();
+    let mut g = c.benchmark_group("manifest_90k_leaves");
+    g.throughput(Throughput::Bytes(bytes.len() as u64));
+    g.bench_function("decode", |b| b.iter(|| manifest::decode(&bytes, "bench").unwrap()));
+    g.bench_function("encode", |b| b.iter(|| manifest::encode(&m, &serde_json::json!({}))));
+    g.finish();
+}
+
+fn pack_io(c: &mut Criterion) {
+    let n = 16 << 20;
+    let data: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+    let tree = Node::dict([("w", Node::from(ArrayData::new(DType::U8, vec![n as u64], data).unwrap()))]);
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p");
+    let p = p.to_str().unwrap().to_string();
+    let mut g = c.benchmark_group("pack_io_16MiB");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(n as u64));
+    let opts = SaveOptions { overwrite: true, ..Default::default() };
+    g.bench_function("save_dir", |b| b.iter(|| save(&tree, &p, &opts).unwrap()));
+    g.bench_function("load_dir", |b| b.iter(|| load(&p, &LoadOptions::default()).unwrap()));
+    g.bench_function("load_dir_noverify", |b| b.iter(|| load(&p, &LoadOptions { verify: false, ..Default::default() }).unwrap()));
+    g.finish();
+}
+
+criterion_group!(benches, hashing, manifest, pack_io);
+criterion_main!(benches);

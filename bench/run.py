@@ -98,6 +98,7 @@ def main():
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--md", default=os.path.join(HERE, "RESULTS.md"), help="where a full run writes its table")
     args = ap.parse_args()
     scale = {"W1": 1 / 16, "W2": 0.1, "W3": 0.1} if args.quick else {"W1": 1.0, "W2": 1.0, "W3": 1.0}
     runs = args.runs or (2 if args.quick else 5)
@@ -170,13 +171,14 @@ def main():
     out_dir = os.path.join(HERE, "results")
     os.makedirs(out_dir, exist_ok=True)
     stamp = datetime.date.today().isoformat()
-    name = f"{'quick-' if args.quick else ''}{stamp}-{host}.json"
+    subset = "" if peers == PEERS else "subset-"
+    name = f"{'quick-' if args.quick else ''}{subset}{stamp}-{host}.json"
     with open(os.path.join(out_dir, name), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
     table = render(meta, results)
     print(table)
     if not args.quick:
-        with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
+        with open(args.md, "w") as f:
             f.write(table)
     if not args.dir:
         shutil.rmtree(d, ignore_errors=True)

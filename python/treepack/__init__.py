@@ -43,16 +43,9 @@ class UntrustedTypeError(TreepackError):
         )
 
 
-@dataclass(frozen=True)
-class LeafInfo:
-    """What ``load_structure`` puts at each leaf: where it is and what it holds."""
-
-    path: str
-    kind: str
-    dtype: Optional[str]
-    shape: Optional[Tuple[int, ...]]
-    nbytes: int
-    inline: bool = True
+LeafInfo = _core.LeafInfo
+"""What ``load_structure`` puts at each leaf: ``path``, ``kind``, ``dtype``, ``shape``, ``nbytes``,
+``inline`` (a Rust class: cheap to create for trees with many leaves)."""
 
 
 @dataclass(frozen=True)
@@ -173,10 +166,6 @@ def load(
     )
 
 
-def _leaf_info(path: str, kind: str, dtype: Optional[str], shape: Optional[Tuple[int, ...]], nbytes: int, inline: bool) -> LeafInfo:
-    return LeafInfo(path, kind, dtype, shape, nbytes, inline)
-
-
 def _struct_node(kind: str, type_name: str, data: Optional[str], children: List[Tuple[Any, Any]], path: str) -> StructNode:
     return StructNode(kind, type_name, json.loads(data) if data else None, dict(children), path)
 
@@ -187,7 +176,7 @@ def load_structure(path: PathLike) -> Any:
     Containers come back as dict/list/tuple; records and custom objects as ``StructNode`` (their
     classes are never constructed or imported).
     """
-    return _core.Reader(_path(path)).structure(_struct_node, _leaf_info)
+    return _core.Reader(_path(path)).structure(_struct_node)
 
 
 def untrusted_types(path: PathLike, trust: Iterable[str] = (), allow_pickle: bool = False) -> Dict[str, List[str]]:
@@ -334,7 +323,7 @@ class View:
         return self._read(self.path)
 
     def structure(self) -> Any:
-        return self._r.structure(_struct_node, _leaf_info)
+        return self._r.structure(_struct_node)
 
     @property
     def metadata(self) -> Any:

@@ -7,8 +7,7 @@
 //! The GIL is released for all storage I/O and hashing.
 
 use bytes::Bytes;
-use numpy::ndarray::ArrayView1;
-use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyFileExistsError, PyFileNotFoundError, PyIOError, PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
@@ -60,10 +59,69 @@ impl AsRef<[u8]> for NumpyOwner {
     }
 }
 
-/// Owner of mmap'd / shared bytes exposed to numpy as a read-only view (the field is only held
-/// to keep the memory alive).
+/// Owns the memory behind a numpy array made by treepack: the loaded buffer itself (writable
+/// arrays, no copy) or shared/mmap'd bytes (read-only views). Only held to keep memory alive.
+#[allow(dead_code)]
+enum Memory {
+    Owned(Box<[u8]>),
+    Shared(Bytes),
+}
+
 #[pyclass(frozen)]
-struct BytesOwner(#[allow(dead_code)] Bytes);
+struct BytesOwner(#[allow(dead_code)] Memory);
+
+/// What `load_structure` puts at each leaf.
+#[pyclass(frozen, eq, module = "treepack")]
+#[derive(PartialEq, Clone)]
+struct LeafInfo {
+    #[pyo3(get)]
+    path: String,
+    #[pyo3(get)]
+    kind: String,
+    #[pyo3(get)]
+    dtype: Option<String>,
+    shape_v: Option<Vec<u64>>,
+    #[pyo3(get)]
+    nbytes: u64,
+    #[pyo3(get)]
+    inline: bool,
+}
+
+#[pymethods]
+impl LeafInfo {
+    #[new]
+    #[pyo3(signature = (path, kind, dtype=None, shape=None, nbytes=0, inline=true))]
+    fn new(
+        path: String,
+        kind: String,
+        dtype: Option<String>,
+        shape: Option<Vec<u64>>,
+        nbytes: u64,
+        inline: bool,
+    ) -> Self {
+        LeafInfo { path, kind, dtype, shape_v: shape, nbytes, inline }
+    }
+    /// Array shape as a tuple (None for non-array leaves).
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        self.shape_v.as_ref().map(|s| PyTuple::new(py, s.iter().copied())).transpose()
+    }
+    fn __repr__(&self) -> String {
+        let shape = match &self.shape_v {
+            None => "None".to_string(),
+            Some(s) if s.len() == 1 => format!("({},)", s[0]),
+            Some(s) => format!("({})", s.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
+        };
+        let dtype = self.dtype.as_ref().map_or("None".to_string(), |d| format!("{d:?}"));
+        format!(
+            "LeafInfo(path={:?}, kind={:?}, dtype={dtype}, shape={shape}, nbytes={}, inline={})",
+            self.path,
+            self.kind,
+            self.nbytes,
+            if self.inline { "True" } else { "False" }
+        )
+    }
+}
 
 /// What `encode_other` returns: (kind, type name, data JSON, named children).
 type NodeDescription<'py> = (String, String, Option<String>, Vec<(String, Bound<'py, PyAny>)>);
@@ -332,40 +390,63 @@ struct Decoder<'py> {
     py: Python<'py>,
     decode_other: Option<Bound<'py, PyAny>>,
     np_dtype: Bound<'py, PyAny>,
-    dtypes: HashMap<String, Bound<'py, PyAny>>,
+    dtypes: HashMap<DType, Bound<'py, PyArrayDescr>>,
     readonly: bool,
 }
 
 impl<'py> Decoder<'py> {
-    fn dtype(&mut self, d: &DType) -> PyResult<Bound<'py, PyAny>> {
-        let key = d.to_json().to_string();
-        if let Some(x) = self.dtypes.get(&key) {
+    fn dtype(&mut self, d: &DType) -> PyResult<Bound<'py, PyArrayDescr>> {
+        if let Some(x) = self.dtypes.get(d) {
             return Ok(x.clone());
         }
-        let x = self.np_dtype.call1((key.clone(),))?;
-        self.dtypes.insert(key, x.clone());
+        let x = self.np_dtype.call1((d.to_json().to_string(),))?.cast_into::<PyArrayDescr>()?;
+        self.dtypes.insert(d.clone(), x.clone());
         Ok(x)
     }
 
+    /// One numpy array per leaf, made with a single C-API call: writable over the loaded buffer
+    /// (no copy when the buffer is uniquely owned), or a read-only view for mmap loads.
     fn array(&mut self, a: ArrayData) -> PyResult<Bound<'py, PyAny>> {
+        use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
         let (dtype, shape, bytes) = a.into_parts();
-        let dt = self.dtype(&dtype)?;
-        let shape_t = PyTuple::new(self.py, shape.iter().map(|&d| d as usize))?;
-        let flat: Bound<'py, PyAny> = if self.readonly {
-            let owner = Bound::new(self.py, BytesOwner(bytes.clone()))?;
-            // SAFETY: the view points into `bytes`, which `owner` keeps alive and never changes.
-            let view = unsafe { ArrayView1::from_shape_ptr(bytes.len(), bytes.as_ptr()) };
-            let arr = unsafe { PyArray1::<u8>::borrow_from_array(&view, owner.into_any()) };
-            arr.call_method1("setflags", (false,))?;
-            arr.into_any()
+        let descr = self.dtype(&dtype)?;
+        let (owner, data, flags) = if self.readonly {
+            let ptr = bytes.as_ptr() as *mut u8;
+            (BytesOwner(Memory::Shared(bytes)), ptr, 0)
         } else {
-            let vec: Vec<u8> = match bytes.try_into_mut() {
-                Ok(m) => m.into(),
-                Err(b) => b.to_vec(),
+            let mut boxed: Box<[u8]> = match bytes.try_into_mut() {
+                Ok(m) => Vec::from(m).into_boxed_slice(),
+                Err(b) => b.to_vec().into_boxed_slice(),
             };
-            PyArray1::from_vec(self.py, vec).into_any()
+            let ptr = boxed.as_mut_ptr();
+            (BytesOwner(Memory::Owned(boxed)), ptr, npyffi::NPY_ARRAY_WRITEABLE)
         };
-        flat.call_method1("view", (dt,))?.call_method1("reshape", (shape_t,))
+        let owner = Bound::new(self.py, owner)?;
+        let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+        // SAFETY: `data` points to itemsize × prod(shape) bytes owned by `owner` (checked by
+        // ArrayData::new); NewFromDescr steals the descr reference we pass, SetBaseObject steals
+        // the owner reference, so the memory lives exactly as long as the array.
+        unsafe {
+            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+                self.py,
+                npyffi::get_type_object(self.py, npyffi::NpyTypes::PyArray_Type),
+                descr.into_ptr() as *mut npyffi::PyArray_Descr,
+                dims.len() as std::os::raw::c_int,
+                dims.as_mut_ptr(),
+                std::ptr::null_mut(),
+                data as *mut std::os::raw::c_void,
+                flags,
+                std::ptr::null_mut(),
+            );
+            if arr.is_null() {
+                return Err(PyErr::fetch(self.py));
+            }
+            if PY_ARRAY_API.PyArray_SetBaseObject(self.py, arr as *mut npyffi::PyArrayObject, owner.into_ptr()) != 0 {
+                pyo3::ffi::Py_DECREF(arr);
+                return Err(PyErr::fetch(self.py));
+            }
+            Ok(Bound::from_owned_ptr(self.py, arr))
+        }
     }
 
     fn key(&self, k: &Key) -> PyResult<Bound<'py, PyAny>> {
@@ -487,13 +568,8 @@ impl Reader {
 
     /// The structure: containers as dict/list/tuple, records/custom nodes via `make_node`,
     /// leaves as `LeafInfo`.
-    fn structure<'py>(
-        &self,
-        py: Python<'py>,
-        make_node: Bound<'py, PyAny>,
-        leaf_info: Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        structure(py, &self.inner.manifest().root, &mut vec![], &make_node, &leaf_info)
+    fn structure<'py>(&self, py: Python<'py>, make_node: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        structure(py, &self.inner.manifest().root, &mut vec![], &make_node)
     }
 
     /// Kind of the node at a key path: a container kind or a leaf kind.
@@ -598,7 +674,6 @@ fn structure<'py>(
     t: &Tree<Entry>,
     path: &mut Vec<String>,
     make_node: &Bound<'py, PyAny>,
-    leaf_info: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let dec =
         Decoder { py, decode_other: None, np_dtype: py.None().into_bound(py), dtypes: HashMap::new(), readonly: false };
@@ -606,7 +681,7 @@ fn structure<'py>(
     for (step, c) in t.children() {
         let seg = treepack::keypath::Segment::from_step_pub(&step);
         path.push(seg.text());
-        let v = structure(py, c, path, make_node, leaf_info)?;
+        let v = structure(py, c, path, make_node)?;
         path.pop();
         let k = match &seg {
             treepack::keypath::Segment::Index(i) => i.into_pyobject(py)?.into_any(),
@@ -618,16 +693,22 @@ fn structure<'py>(
     Ok(match t {
         Tree::Leaf(e) => {
             let (dtype, shape) = match e {
-                Entry::Array(a) => {
-                    (Some(dtype_text(&a.dtype)), Some(PyTuple::new(py, a.shape.iter().copied())?.into_any()))
-                }
+                Entry::Array(a) => (Some(dtype_text(&a.dtype)), Some(a.shape.clone())),
                 _ => (None, None),
             };
             let inline = match e {
                 Entry::Array(a) => matches!(a.storage, ArrayStorage::Inline(_)),
                 _ => e.chunks().is_empty(),
             };
-            leaf_info.call1((path.join("/"), e.kind(), dtype, shape, e.nbytes(), inline))?
+            let info = LeafInfo {
+                path: path.join("/"),
+                kind: e.kind().to_string(),
+                dtype,
+                shape_v: shape,
+                nbytes: e.nbytes(),
+                inline,
+            };
+            Bound::new(py, info)?.into_any()
         }
         Tree::List(_) => PyList::new(py, kids.into_iter().map(|(_, v)| v))?.into_any(),
         Tree::Tuple(_) => PyTuple::new(py, kids.into_iter().map(|(_, v)| v))?.into_any(),
@@ -671,6 +752,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gc, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<BytesOwner>()?;
+    m.add_class::<LeafInfo>()?;
     m.add("TreepackError", m.py().get_type::<TreepackError>())?;
     m.add("CorruptError", m.py().get_type::<CorruptError>())?;
     m.add("FormatError", m.py().get_type::<FormatError>())?;

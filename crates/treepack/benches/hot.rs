@@ -15,7 +15,13 @@ fn hashing(c: &mut Criterion) {
 }
 
 fn many_leaves(n: i64) -> Node {
-    Node::list((0..n).map(|i| Node::dict([("step", Node::from(i)), ("lr", Node::from(i as f64 * 1e-3)), ("name", Node::from(format!("p{i}")))])))
+    Node::list((0..n).map(|i| {
+        Node::dict([
+            ("step", Node::from(i)),
+            ("lr", Node::from(i as f64 * 1e-3)),
+            ("name", Node::from(format!("p{i}"))),
+        ])
+    }))
 }
 
 fn manifest(c: &mut Criterion) {
@@ -45,7 +51,9 @@ fn pack_io(c: &mut Criterion) {
     let opts = SaveOptions { overwrite: true, ..Default::default() };
     g.bench_function("save_dir", |b| b.iter(|| save(&tree, &p, &opts).unwrap()));
     g.bench_function("load_dir", |b| b.iter(|| load(&p, &LoadOptions::default()).unwrap()));
-    g.bench_function("load_dir_noverify", |b| b.iter(|| load(&p, &LoadOptions { verify: false, ..Default::default() }).unwrap()));
+    g.bench_function("load_dir_noverify", |b| {
+        b.iter(|| load(&p, &LoadOptions { verify: false, ..Default::default() }).unwrap())
+    });
     g.finish();
 }
 

@@ -68,8 +68,9 @@ pub fn min_max(dtype: &DType, bytes: &[u8]) -> Option<(f64, f64)> {
         DType::U32 => typed!(u32, f64::from),
         DType::I64 => typed!(i64, |v: i64| v as f64),
         DType::U64 => typed!(u64, |v: u64| v as f64),
-        DType::F16 => typed!(u16, |b: u16| half::f16::from_bits(b).to_f64()),
-        DType::BF16 => typed!(u16, |b: u16| half::bf16::from_bits(b).to_f64()),
+        DType::F16 => lanes_u16(bytes, |b| half::f16::from_bits(b).to_f32()),
+        // bfloat16 is the top half of a float32: widening is a shift.
+        DType::BF16 => lanes_u16(bytes, |b| f32::from_bits(u32::from(b) << 16)),
         d if d.itemsize() == 1 && d.is_real_number() => {
             // bool, int8, uint8, float8: mark which byte values occur, then decode those.
             let mut seen = [false; 256];
@@ -88,6 +89,28 @@ pub fn min_max(dtype: &DType, bytes: &[u8]) -> Option<(f64, f64)> {
         }
         _ => None,
     }
+}
+
+/// Min/max over 16-bit floats widened to f32, with 8 independent lanes so the loop vectorises.
+fn lanes_u16(bytes: &[u8], widen: impl Fn(u16) -> f32) -> Option<(f64, f64)> {
+    let mut lo = [f32::INFINITY; 8];
+    let mut hi = [f32::NEG_INFINITY; 8];
+    let mut it = bytes.chunks_exact(16);
+    for block in &mut it {
+        for l in 0..8 {
+            let v = widen(u16::from_le_bytes([block[2 * l], block[2 * l + 1]]));
+            lo[l] = lo[l].min(v);
+            hi[l] = hi[l].max(v);
+        }
+    }
+    let mut lo = lo.iter().fold(f32::INFINITY, |a, &b| a.min(b));
+    let mut hi = hi.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for c in it.remainder().chunks_exact(2) {
+        let v = widen(u16::from_le_bytes([c[0], c[1]]));
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    (lo <= hi).then_some((f64::from(lo), f64::from(hi)))
 }
 
 /// Combine per-chunk min/max results.
@@ -140,5 +163,10 @@ mod tests {
         assert_eq!(min_max(&DType::I32, &v), Some((-2.0, 5.0)));
         assert_eq!(min_max(&DType::U8, &[4, 9, 1]), Some((1.0, 9.0)));
         assert_eq!(min_max(&DType::F32, &f32::NAN.to_le_bytes()), None);
+        let v: Vec<u8> = (0..21).flat_map(|i| half::bf16::from_f32(i as f32 - 10.0).to_bits().to_le_bytes()).collect();
+        assert_eq!(min_max(&DType::BF16, &v), Some((-10.0, 10.0)));
+        let v: Vec<u8> =
+            [half::f16::NAN, half::f16::from_f32(2.5)].iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
+        assert_eq!(min_max(&DType::F16, &v), Some((2.5, 2.5)));
     }
 }

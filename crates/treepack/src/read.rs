@@ -170,17 +170,13 @@ impl Reader {
         let sel = Selection::new(&opts.select)?;
         let mut jobs: Vec<Job<'_>> = Vec::new();
         let mut id = 0usize;
+        let everything = sel.is_all() && opts.keep.is_none();
         subtree.for_each_leaf(&mut |p, e| {
-            let full = if prefix.is_empty() {
-                p.to_string()
-            } else if p.is_root() {
-                prefix.clone()
-            } else {
-                format!("{prefix}/{p}")
-            };
-            let selected = is_selected(&sel, opts, &full);
-            if selected && !e.chunks().is_empty() {
-                jobs.push(Job { id, path: full, entry: e });
+            if !e.chunks().is_empty() {
+                let full = join_path(&prefix, &p.to_string());
+                if everything || is_selected(&sel, opts, &full) {
+                    jobs.push(Job { id, path: full, entry: e });
+                }
             }
             id += 1;
         });
@@ -194,36 +190,53 @@ impl Reader {
                 end += 1;
             }
             let batch = &jobs[start..end];
-            let refs: Vec<ChunkRef> = batch.iter().flat_map(|j| j.entry.chunks().iter().cloned()).collect();
-            let fetched = self.fetch(&refs, opts.mmap).await?;
+            let mut keys: Vec<ChunkKey> = Vec::new();
+            for j in batch {
+                match span_of(j.entry) {
+                    Some(span) if !opts.mmap => keys.push(span),
+                    _ => keys.extend(j.entry.chunks().iter().map(|c| (c.pack, c.offset, c.length))),
+                }
+            }
+            let fetched = self.fetch_keys(keys, opts.mmap).await?;
             let built: Vec<(usize, Leaf)> =
                 batch.par_iter().map(|j| Ok((j.id, self.assemble(j, &fetched, opts)?))).collect::<Result<Vec<_>>>()?;
             results.extend(built);
             start = end;
         }
         let mut counter = 0usize;
-        let r: Result<Node> = subtree.clone().try_map(&mut |p, e| {
+        let r: Result<Node> = subtree.map_ref(&mut |p, e| {
             let i = counter;
             counter += 1;
             if let Some(l) = results.remove(&i) {
                 return Ok(l);
             }
-            let full = if prefix.is_empty() { p.to_string() } else { format!("{prefix}/{p}") };
-            if !is_selected(&sel, opts, &full) {
-                return Ok(Leaf::None);
+            if !everything {
+                let full = join_path(&prefix, &p.to_string());
+                if !is_selected(&sel, opts, &full) {
+                    return Ok(Leaf::None);
+                }
             }
-            inline_leaf(e, &self.manifest_file, &full)
+            if !e.chunks().is_empty() {
+                // Selected chunked leaves were materialised above; reaching here means a bug.
+                return Err(Error::manifest(&self.manifest_file, p.to_string(), "leaf data was not read"));
+            }
+            inline_leaf_ref(e, &self.manifest_file, &|| join_path(&prefix, &p.to_string()))
         });
         r
     }
 
     /// Fetch the stored bytes of chunks, grouped by pack (mmap views when asked and local).
     async fn fetch(&self, refs: &[ChunkRef], mmap: bool) -> Result<HashMap<ChunkKey, Bytes>> {
+        self.fetch_keys(refs.iter().map(|r| (r.pack, r.offset, r.length)).collect(), mmap).await
+    }
+
+    /// Fetch byte ranges `(pack, offset, length)`, grouped by pack.
+    async fn fetch_keys(&self, keys: Vec<ChunkKey>, mmap: bool) -> Result<HashMap<ChunkKey, Bytes>> {
         let mut by_pack: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
-        for r in refs {
-            by_pack.entry(r.pack).or_default().push((r.offset, r.length));
+        for (pack, off, len) in keys {
+            by_pack.entry(pack).or_default().push((off, len));
         }
-        let mut out = HashMap::with_capacity(refs.len());
+        let mut out = HashMap::new();
         let mut futs = Vec::new();
         for (pack, mut ranges) in by_pack {
             ranges.sort_unstable();
@@ -283,6 +296,11 @@ impl Reader {
             key: job_path.to_string(),
             reason: format!("chunk {i} was not read"),
         })?;
+        self.check_chunk(job_path, i, r, b, verify)
+    }
+
+    /// Verify (optionally) and decode one chunk's stored bytes.
+    fn check_chunk(&self, job_path: &str, i: usize, r: &ChunkRef, b: Bytes, verify: bool) -> Result<Bytes> {
         if verify {
             let h = Hash32::of(&b);
             if h != r.hash {
@@ -314,7 +332,7 @@ impl Reader {
                 Ok(Leaf::Bytes(self.chunk_bytes(&job.path, 0, chunk, fetched, opts.verify)?))
             }
             Entry::Array(a) => self.assemble_array(&job.path, a, fetched, opts).map(Leaf::Array),
-            other => inline_leaf_ref(other, &self.manifest_file, &job.path),
+            other => inline_leaf_ref(other, &self.manifest_file, &|| job.path.clone()),
         }
     }
 
@@ -336,6 +354,16 @@ impl Reader {
         if chunks.len() == 1 {
             let b = self.chunk_bytes(path, 0, &chunks[0], fetched, opts.verify)?;
             return ArrayData::new(a.dtype.clone(), a.shape.clone(), b).map_err(fix);
+        }
+        if let Some(span) = span_of_array(a).and_then(|k| fetched.get(&k).cloned()) {
+            // The chunks were read as one contiguous span: it is the array's buffer. Check each
+            // chunk as a slice of it (in parallel), then drop the slices so the buffer stays unique.
+            let base = chunks[0].offset;
+            chunks.par_iter().enumerate().try_for_each(|(i, r)| {
+                let s = (r.offset - base) as usize;
+                self.check_chunk(path, i, r, span.slice(s..s + r.length as usize), opts.verify).map(drop)
+            })?;
+            return ArrayData::new(a.dtype.clone(), a.shape.clone(), span).map_err(fix);
         }
         if opts.mmap && contiguous_in_pack(&grid, chunks) {
             // One view over all chunks; verify each chunk's slice.
@@ -524,6 +552,14 @@ impl Reader {
     }
 }
 
+fn join_path(prefix: &str, p: &str) -> String {
+    match (prefix.is_empty(), p.is_empty()) {
+        (true, _) => p.to_string(),
+        (false, true) => prefix.to_string(),
+        (false, false) => format!("{prefix}/{p}"),
+    }
+}
+
 fn is_selected(sel: &Selection, opts: &LoadOptions, path: &str) -> bool {
     if let Some(keep) = &opts.keep {
         if !keep.contains(path) {
@@ -548,6 +584,27 @@ fn alloc(n: u64, key: &str) -> Result<Vec<u8>> {
     Ok(v)
 }
 
+/// The single byte range covering all chunks of a raw multi-chunk array laid out contiguously,
+/// in C order, in one pack (the default layout), if it is one.
+fn span_of_array(a: &ArrayEntry) -> Option<ChunkKey> {
+    let ArrayStorage::Chunked { chunks, .. } = &a.storage else { return None };
+    if chunks.len() < 2
+        || chunks.iter().any(|c| c.codec != crate::codec::Codec::Raw)
+        || !contiguous_in_pack(&a.grid(), chunks)
+    {
+        return None;
+    }
+    let first = &chunks[0];
+    Some((first.pack, first.offset, chunks.iter().map(|c| c.length).sum()))
+}
+
+fn span_of(e: &Entry) -> Option<ChunkKey> {
+    match e {
+        Entry::Array(a) => span_of_array(a),
+        _ => None,
+    }
+}
+
 fn contiguous_in_pack(grid: &ChunkGrid, chunks: &[ChunkRef]) -> bool {
     let n = chunks.len();
     (0..n).all(|i| grid::chunk_is_contiguous(grid, &grid.chunk_region(i as u64).1))
@@ -562,11 +619,9 @@ fn inline_array(a: &ArrayEntry, file: &str, path: &str) -> Result<ArrayData> {
     }
 }
 
-fn inline_leaf(e: Entry, file: &str, path: &str) -> Result<Leaf> {
-    inline_leaf_ref(&e, file, path)
-}
-
-fn inline_leaf_ref(e: &Entry, file: &str, path: &str) -> Result<Leaf> {
+/// The value of a leaf stored inline in the manifest. `path` names it in errors (built lazily:
+/// this runs once per leaf of large trees).
+fn inline_leaf_ref(e: &Entry, file: &str, path: &dyn Fn() -> String) -> Result<Leaf> {
     Ok(match e {
         Entry::None => Leaf::None,
         Entry::Bool(b) => Leaf::Bool(*b),
@@ -575,9 +630,9 @@ fn inline_leaf_ref(e: &Entry, file: &str, path: &str) -> Result<Leaf> {
         Entry::Complex(a, b) => Leaf::Complex(*a, *b),
         Entry::Str(Stored::Inline(s)) => Leaf::Str(s.clone()),
         Entry::Bytes(Stored::Inline(b)) => Leaf::Bytes(b.clone()),
-        Entry::Array(a) => Leaf::Array(inline_array(a, file, path)?),
+        Entry::Array(a) => Leaf::Array(inline_array(a, file, &path())?),
         Entry::Str(Stored::Blob { .. }) | Entry::Bytes(Stored::Blob { .. }) => {
-            return Err(Error::manifest(file, path, "blob was not read"))
+            return Err(Error::manifest(file, path(), "blob was not read"))
         }
     })
 }

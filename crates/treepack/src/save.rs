@@ -346,7 +346,7 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     let globs = opts.chunk_shapes.iter().map(|(p, cs)| Ok((Glob::new(p)?, cs.clone()))).collect::<Result<Vec<_>>>()?;
     let mut planner = Planner { opts, globs, pending: vec![], arrays: 0, array_bytes: 0 };
     let entries: Tree<Entry> = {
-        let r: Result<Tree<Entry>> = tree.clone().try_map(&mut |p, l| planner.leaf(p, &l));
+        let r: Result<Tree<Entry>> = tree.map_ref(&mut |p, l| planner.leaf(p, l));
         r?
     };
 

@@ -324,14 +324,30 @@ impl Glob {
 }
 
 fn match_segs(pat: &[String], path: &[String]) -> bool {
-    // Iterative matcher with backtracking on the last `**` (linear-ish, no exponential blowup).
+    wildcard(pat, path, |p| p == "**", |p, s| match_one(p, s))
+}
+
+/// Match one segment against a pattern segment where `*` matches any run of characters.
+fn match_one(pat: &str, text: &str) -> bool {
+    if !pat.contains('*') {
+        return pat == text;
+    }
+    let p: Vec<char> = pat.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    wildcard(&p, &t, |c| *c == '*', |a, b| a == b)
+}
+
+/// Wildcard matching shared by segments (`**`) and characters (`*`): a star matches any run of
+/// items. Iterative with backtracking to the last star only, so it runs in O(len(pat) × len(text))
+/// at worst — no exponential blow-up on hostile patterns.
+fn wildcard<P, T>(pat: &[P], text: &[T], is_star: impl Fn(&P) -> bool, eq: impl Fn(&P, &T) -> bool) -> bool {
     let (mut p, mut s) = (0usize, 0usize);
     let mut star: Option<(usize, usize)> = None;
-    while s < path.len() {
-        if p < pat.len() && pat[p] == "**" {
+    while s < text.len() {
+        if p < pat.len() && is_star(&pat[p]) {
             star = Some((p, s));
             p += 1;
-        } else if p < pat.len() && match_one(&pat[p], &path[s]) {
+        } else if p < pat.len() && eq(&pat[p], &text[s]) {
             p += 1;
             s += 1;
         } else if let Some((sp, ss)) = star {
@@ -342,40 +358,10 @@ fn match_segs(pat: &[String], path: &[String]) -> bool {
             return false;
         }
     }
-    while p < pat.len() && pat[p] == "**" {
+    while p < pat.len() && is_star(&pat[p]) {
         p += 1;
     }
     p == pat.len()
-}
-
-/// Match one segment against a pattern segment where `*` matches any run of characters.
-fn match_one(pat: &str, text: &str) -> bool {
-    if !pat.contains('*') {
-        return pat == text;
-    }
-    let p: Vec<char> = pat.chars().collect();
-    let t: Vec<char> = text.chars().collect();
-    let (mut i, mut j) = (0usize, 0usize);
-    let mut star: Option<(usize, usize)> = None;
-    while j < t.len() {
-        if i < p.len() && p[i] == '*' {
-            star = Some((i, j));
-            i += 1;
-        } else if i < p.len() && p[i] == t[j] {
-            i += 1;
-            j += 1;
-        } else if let Some((si, sj)) = star {
-            i = si + 1;
-            j = sj + 1;
-            star = Some((si, sj + 1));
-        } else {
-            return false;
-        }
-    }
-    while i < p.len() && p[i] == '*' {
-        i += 1;
-    }
-    i == p.len()
 }
 
 /// A set of globs; empty means "everything".

@@ -333,6 +333,7 @@ impl Location {
     /// Write an object atomically. `create_only` fails with [`Error::AlreadyExists`] if the
     /// object exists (conditional put).
     pub async fn put(&self, rel: &str, parts: Vec<Bytes>, create_only: bool) -> Result<()> {
+        failpoint_before_put();
         let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
         if let (Some(dir), Layout::Directory) = (&self.local, self.layout) {
             let parent =
@@ -405,6 +406,21 @@ impl Location {
                 Err(e) => Err(Error::Io { path: p, source: e }),
             },
             None => Ok(false),
+        }
+    }
+}
+
+/// Crash-test failpoint: when `TREEPACK_FAILPOINT_ABORT_BEFORE_PUT=N` is set, the process aborts
+/// (like a SIGKILL: no cleanup, no unwinding) just before its N-th storage write (1-based). The
+/// crash tests sweep N over every write of a save to prove each intermediate state is safe.
+fn failpoint_before_put() {
+    static LIMIT: OnceLock<Option<u64>> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let limit =
+        LIMIT.get_or_init(|| std::env::var("TREEPACK_FAILPOINT_ABORT_BEFORE_PUT").ok().and_then(|v| v.parse().ok()));
+    if let Some(n) = *limit {
+        if COUNT.fetch_add(1, Ordering::SeqCst) + 1 >= n {
+            std::process::abort();
         }
     }
 }

@@ -21,6 +21,16 @@ fn version(v: u8) -> Node {
     ])
 }
 
+/// This test binary re-run as a child that only runs `crash_child_helper` against `loc`.
+fn child(loc: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", "crash_child_helper", "--nocapture", "--test-threads=1"])
+        .env("TREEPACK_CRASH_CHILD", loc)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    c
+}
+
 /// Runs only as the child of the crash tests.
 #[test]
 fn crash_child_helper() {
@@ -50,13 +60,7 @@ fn sigkill_mid_save_leaves_old_or_new_tree() {
         for _ in 0..30 {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let delay = Duration::from_millis(20 + (seed >> 33) % 300);
-            let mut child = Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "crash_child_helper", "--nocapture", "--test-threads=1"])
-                .env("TREEPACK_CRASH_CHILD", &loc)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
+            let mut child = child(&loc).spawn().unwrap();
             std::thread::sleep(delay);
             child.kill().unwrap(); // SIGKILL on Unix
             child.wait().unwrap();
@@ -87,14 +91,7 @@ fn abort_before_each_write_leaves_old_or_new_tree() {
         let mut n = 1;
         loop {
             save(&a, &loc, &SaveOptions { overwrite: true, ..Default::default() }).unwrap();
-            let status = Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "crash_child_helper", "--nocapture", "--test-threads=1"])
-                .env("TREEPACK_CRASH_CHILD", &loc)
-                .env("TREEPACK_FAILPOINT_ABORT_BEFORE_PUT", n.to_string())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .unwrap();
+            let status = child(&loc).env("TREEPACK_FAILPOINT_ABORT_BEFORE_PUT", n.to_string()).status().unwrap();
             let got =
                 load(&loc, &LoadOptions::default()).unwrap_or_else(|e| panic!("{layout}: abort before write {n}: {e}"));
             if status.success() {

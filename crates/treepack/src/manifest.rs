@@ -177,12 +177,12 @@ pub struct Manifest {
 impl Manifest {
     /// The structure with a [`LeafInfo`] at each leaf.
     pub fn structure(&self) -> Tree<LeafInfo> {
-        let r: std::result::Result<_, std::convert::Infallible> = self.root.clone().try_map(&mut |p, e| {
+        let r: std::result::Result<_, std::convert::Infallible> = self.root.map_ref(&mut |p, e| {
             Ok(LeafInfo {
                 path: p.to_string(),
                 kind: e.kind(),
-                dtype: if let Entry::Array(a) = &e { Some(a.dtype.clone()) } else { None },
-                shape: if let Entry::Array(a) = &e { Some(a.shape.clone()) } else { None },
+                dtype: if let Entry::Array(a) = e { Some(a.dtype.clone()) } else { None },
+                shape: if let Entry::Array(a) = e { Some(a.shape.clone()) } else { None },
                 nbytes: e.nbytes(),
             })
         });

@@ -456,27 +456,18 @@ impl Reader {
         }
         let mut bad_packs = vec![false; self.manifest.packs.len()];
         for (i, p) in self.manifest.packs.iter().enumerate() {
-            match self.loc.size(&p.path).await {
-                Ok(actual) if actual >= p.size => {}
-                Ok(actual) => {
-                    bad_packs[i] = true;
-                    report.problems.push(Problem {
-                        file: self.loc.file_name(&p.path),
-                        key: String::new(),
-                        chunk: None,
-                        reason: format!("pack has {actual} bytes, the manifest says {}", p.size),
-                    });
-                }
-                Err(e) => {
-                    bad_packs[i] = true;
-                    report.problems.push(Problem {
-                        file: self.loc.file_name(&p.path),
-                        key: String::new(),
-                        chunk: None,
-                        reason: e.to_string(),
-                    });
-                }
-            }
+            let problem = match self.loc.size(&p.path).await {
+                Ok(actual) if actual >= p.size => continue,
+                Ok(actual) => format!("pack has {actual} bytes, the manifest says {}", p.size),
+                Err(e) => e.to_string(),
+            };
+            bad_packs[i] = true;
+            report.problems.push(Problem {
+                file: self.loc.file_name(&p.path),
+                key: String::new(),
+                chunk: None,
+                reason: problem,
+            });
         }
         let mut leaves: Vec<(String, Vec<ChunkRef>)> = vec![];
         self.manifest.root.for_each_leaf(&mut |p, e| {

@@ -31,19 +31,22 @@ fn child(loc: &str) -> Command {
     c
 }
 
+/// How the child overwrites: small chunks and packs so a save makes several storage writes.
+fn child_opts() -> SaveOptions {
+    SaveOptions { overwrite: true, chunk_bytes: 1 << 20, pack_bytes: 4 << 20, ..Default::default() }
+}
+
 /// Runs only as the child of the crash tests.
 #[test]
 fn crash_child_helper() {
     let Ok(loc) = std::env::var("TREEPACK_CRASH_CHILD") else { return };
     if std::env::var_os("TREEPACK_FAILPOINT_ABORT_BEFORE_PUT").is_some() {
         // One overwrite that aborts before its N-th storage write.
-        let opts = SaveOptions { overwrite: true, chunk_bytes: 1 << 20, pack_bytes: 4 << 20, ..Default::default() };
-        save(&version(2), &loc, &opts).unwrap();
+        save(&version(2), &loc, &child_opts()).unwrap();
         std::process::exit(0);
     }
-    let opts = SaveOptions { overwrite: true, chunk_bytes: 1 << 20, pack_bytes: 4 << 20, ..Default::default() };
     for i in 0.. {
-        save(&version(if i % 2 == 0 { 2 } else { 1 }), &loc, &opts).unwrap();
+        save(&version(if i % 2 == 0 { 2 } else { 1 }), &loc, &child_opts()).unwrap();
     }
 }
 

@@ -8,7 +8,9 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy (all crates, all targets)"
 cargo clippy --workspace --all-targets -j2 -- -D warnings
-echo "== cargo test (core + CLI)"
+echo "== local object-store servers for the remote tests (moto, azurite, fake-gcs-server, gcp-storage-emulator)"
+bash scripts/servers.sh
+echo "== cargo test (core + CLI; remote tests start their servers on 127.0.0.1)"
 cargo test -j2
 echo "== python package: build into .venv"
 py=$(bash scripts/python-env.sh)

@@ -75,7 +75,11 @@ pub enum Error {
     #[error("invalid location `{location}`: {reason}")]
     BadLocation { location: String, reason: String },
 
-    /// The object store (local disk, memory, later S3/GCS/Azure) reported an error.
+    /// The location can be read but not written (HTTP).
+    #[error("{location}: read-only location: {reason}")]
+    ReadOnly { location: String, reason: String },
+
+    /// The object store (local disk, memory, S3, GCS, Azure, HTTP) reported an error (after retries).
     #[error("{location}: storage error: {source}")]
     Store {
         location: String,
@@ -128,6 +132,7 @@ impl Error {
             Error::LimitExceeded { .. } => "limit_exceeded",
             Error::OutOfMemory { .. } => "out_of_memory",
             Error::BadLocation { .. } => "bad_location",
+            Error::ReadOnly { .. } => "read_only",
             Error::Store { .. } => "store",
             Error::Io { .. } => "io",
             Error::Serde(_) => "serde",

@@ -31,6 +31,7 @@ pub mod keypath;
 pub mod manifest;
 pub mod model;
 pub mod preview;
+pub mod progress;
 pub mod read;
 pub mod runtime;
 pub mod save;
@@ -41,18 +42,54 @@ pub use dtype::{DType, Field};
 pub use error::{Error, Result};
 pub use manifest::{Entry, LeafInfo, Manifest};
 pub use model::{ArrayData, Int, Key, Leaf, Node, Tree};
+pub use progress::ProgressFn;
 pub use read::{LoadOptions, Problem, Reader, VerifyReport};
 pub use runtime::block_on;
 pub use save::{GcReport, SaveInfo, SaveOptions};
 pub use serde_tree::{from_tree, to_tree};
-pub use store::{IoStats, Layout, Location};
+pub use store::{IoStats, Layout, Location, StorageOptions};
 
-/// Save a tree at a location (a directory, a `.tpk` file, or `memory://…`).
+/// Anything that names a location: a string (parsed with [`Location::parse`], so cloud settings
+/// come from the environment) or a [`Location`] built with [`Location::parse_with`] and explicit
+/// [`StorageOptions`].
+pub trait IntoLocation {
+    /// # Errors
+    /// [`Error::BadLocation`] when a string cannot be parsed.
+    fn into_location(self) -> Result<Location>;
+}
+
+impl IntoLocation for &str {
+    fn into_location(self) -> Result<Location> {
+        Location::parse(self)
+    }
+}
+impl IntoLocation for &String {
+    fn into_location(self) -> Result<Location> {
+        Location::parse(self)
+    }
+}
+impl IntoLocation for String {
+    fn into_location(self) -> Result<Location> {
+        Location::parse(&self)
+    }
+}
+impl IntoLocation for Location {
+    fn into_location(self) -> Result<Location> {
+        Ok(self)
+    }
+}
+impl IntoLocation for &Location {
+    fn into_location(self) -> Result<Location> {
+        Ok(self.clone())
+    }
+}
+
+/// Save a tree at a location (a directory, a `.tpk` file, `s3://…`, `gs://…`, `az://…`, `memory://…`).
 ///
 /// # Errors
 /// [`Error::AlreadyExists`] unless `opts.overwrite`; [`Error::InvalidTree`]; storage errors.
-pub fn save(tree: &Node, location: &str, opts: &SaveOptions) -> Result<SaveInfo> {
-    let loc = Location::parse(location)?;
+pub fn save(tree: &Node, location: impl IntoLocation, opts: &SaveOptions) -> Result<SaveInfo> {
+    let loc = location.into_location()?;
     block_on(save::save_async(tree, &loc, opts))
 }
 
@@ -60,8 +97,8 @@ pub fn save(tree: &Node, location: &str, opts: &SaveOptions) -> Result<SaveInfo>
 ///
 /// # Errors
 /// As [`save`].
-pub async fn save_async(tree: &Node, location: &str, opts: &SaveOptions) -> Result<SaveInfo> {
-    let loc = Location::parse(location)?;
+pub async fn save_async(tree: &Node, location: impl IntoLocation, opts: &SaveOptions) -> Result<SaveInfo> {
+    let loc = location.into_location()?;
     save::save_async(tree, &loc, opts).await
 }
 
@@ -69,8 +106,8 @@ pub async fn save_async(tree: &Node, location: &str, opts: &SaveOptions) -> Resu
 ///
 /// # Errors
 /// [`Error::NotFound`], format and integrity errors, storage errors.
-pub fn load(location: &str, opts: &LoadOptions) -> Result<Node> {
-    let loc = Location::parse(location)?;
+pub fn load(location: impl IntoLocation, opts: &LoadOptions) -> Result<Node> {
+    let loc = location.into_location()?;
     block_on(async { Reader::open_async(loc).await?.load_async(opts).await })
 }
 
@@ -78,8 +115,8 @@ pub fn load(location: &str, opts: &LoadOptions) -> Result<Node> {
 ///
 /// # Errors
 /// As [`load`].
-pub async fn load_async(location: &str, opts: &LoadOptions) -> Result<Node> {
-    let loc = Location::parse(location)?;
+pub async fn load_async(location: impl IntoLocation, opts: &LoadOptions) -> Result<Node> {
+    let loc = location.into_location()?;
     Reader::open_async(loc).await?.load_async(opts).await
 }
 
@@ -87,7 +124,7 @@ pub async fn load_async(location: &str, opts: &LoadOptions) -> Result<Node> {
 ///
 /// # Errors
 /// As [`open`].
-pub fn load_structure(location: &str) -> Result<Tree<LeafInfo>> {
+pub fn load_structure(location: impl IntoLocation) -> Result<Tree<LeafInfo>> {
     Ok(open(location)?.structure())
 }
 
@@ -95,24 +132,24 @@ pub fn load_structure(location: &str) -> Result<Tree<LeafInfo>> {
 ///
 /// # Errors
 /// [`Error::NotFound`], format errors, storage errors.
-pub fn open(location: &str) -> Result<Reader> {
-    Reader::open(Location::parse(location)?)
+pub fn open(location: impl IntoLocation) -> Result<Reader> {
+    Reader::open(location.into_location()?)
 }
 
 /// Async [`open`].
 ///
 /// # Errors
 /// As [`open`].
-pub async fn open_async(location: &str) -> Result<Reader> {
-    Reader::open_async(Location::parse(location)?).await
+pub async fn open_async(location: impl IntoLocation) -> Result<Reader> {
+    Reader::open_async(location.into_location()?).await
 }
 
 /// Remove leftovers of interrupted saves older than `grace` (see [`save::gc_async`]).
 ///
 /// # Errors
 /// As [`save::gc_async`].
-pub fn gc(location: &str, grace: std::time::Duration) -> Result<GcReport> {
-    let loc = Location::parse(location)?;
+pub fn gc(location: impl IntoLocation, grace: std::time::Duration) -> Result<GcReport> {
+    let loc = location.into_location()?;
     block_on(save::gc_async(&loc, grace))
 }
 

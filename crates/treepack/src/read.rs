@@ -12,11 +12,13 @@ use crate::hash::Hash32;
 use crate::keypath::{self, Selection};
 use crate::manifest::{self, ArrayEntry, ArrayStorage, ChunkRef, Entry, LeafInfo, Manifest, Stored};
 use crate::model::{ArrayData, Leaf, Node, Tree};
+use crate::progress::Tracker;
 use crate::runtime::block_on;
 use crate::store::{Layout, Location, MANIFEST_NAME};
 use bytes::Bytes;
 use rayon::prelude::*;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// Options for [`crate::load`] and [`Reader::load`].
@@ -34,11 +36,13 @@ pub struct LoadOptions {
     pub mmap: bool,
     /// Most chunk bytes held in flight at once.
     pub batch_bytes: u64,
+    /// Called with (bytes read, bytes to read) as chunks arrive.
+    pub progress: Option<crate::progress::ProgressFn>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { select: vec![], keep: None, verify: true, mmap: false, batch_bytes: 64 << 20 }
+        LoadOptions { select: vec![], keep: None, verify: true, mmap: false, batch_bytes: 64 << 20, progress: None }
     }
 }
 
@@ -181,6 +185,10 @@ impl Reader {
             id += 1;
         });
         let mut results: HashMap<usize, Leaf> = HashMap::with_capacity(jobs.len());
+        let tracker = opts.progress.as_ref().map(|cb| {
+            let total = jobs.iter().flat_map(|j| j.entry.chunks()).map(|c| c.length).sum();
+            Tracker::new(Some(cb.clone()), total)
+        });
         let mut start = 0;
         while start < jobs.len() {
             let mut end = start;
@@ -193,11 +201,17 @@ impl Reader {
             let mut keys: Vec<ChunkKey> = Vec::new();
             for j in batch {
                 match span_of(j.entry) {
-                    Some(span) if !opts.mmap => keys.push(span),
+                    // Remote reads of big arrays go chunk by chunk so they can be fetched by
+                    // several requests in parallel (re-coalesced up to `max_request_bytes`).
+                    Some(span)
+                        if !opts.mmap && self.loc.remote_tuning().is_none_or(|t| span.2 <= t.max_request_bytes) =>
+                    {
+                        keys.push(span)
+                    }
                     _ => keys.extend(j.entry.chunks().iter().map(|c| (c.pack, c.offset, c.length))),
                 }
             }
-            let fetched = self.fetch_keys(keys, opts.mmap).await?;
+            let fetched = self.fetch_keys(keys, opts.mmap, tracker.as_ref()).await?;
             let built: Vec<(usize, Leaf)> =
                 batch.par_iter().map(|j| Ok((j.id, self.assemble(j, &fetched, opts)?))).collect::<Result<Vec<_>>>()?;
             results.extend(built);
@@ -227,11 +241,16 @@ impl Reader {
 
     /// Fetch the stored bytes of chunks, grouped by pack (mmap views when asked and local).
     async fn fetch(&self, refs: &[ChunkRef], mmap: bool) -> Result<HashMap<ChunkKey, Bytes>> {
-        self.fetch_keys(refs.iter().map(|r| (r.pack, r.offset, r.length)).collect(), mmap).await
+        self.fetch_keys(refs.iter().map(|r| (r.pack, r.offset, r.length)).collect(), mmap, None).await
     }
 
     /// Fetch byte ranges `(pack, offset, length)`, grouped by pack.
-    async fn fetch_keys(&self, keys: Vec<ChunkKey>, mmap: bool) -> Result<HashMap<ChunkKey, Bytes>> {
+    async fn fetch_keys(
+        &self,
+        keys: Vec<ChunkKey>,
+        mmap: bool,
+        progress: Option<&Tracker>,
+    ) -> Result<HashMap<ChunkKey, Bytes>> {
         let mut by_pack: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
         for (pack, off, len) in keys {
             by_pack.entry(pack).or_default().push((off, len));
@@ -259,7 +278,16 @@ impl Reader {
                 }
             }
             futs.push(async move {
-                let got = self.loc.read_ranges(&rel, ranges.iter().map(|&(o, l)| o..o + l).collect()).await?;
+                let want: Vec<Range<u64>> = ranges.iter().map(|&(o, l)| o..o + l).collect();
+                let got = if self.loc.is_remote() {
+                    self.loc.read_remote_ranges(&rel, want, progress).await?
+                } else {
+                    let got = self.loc.read_ranges(&rel, want).await?;
+                    if let Some(t) = progress {
+                        t.advance(got.iter().map(|b| b.len() as u64).sum());
+                    }
+                    got
+                };
                 Ok::<_, Error>(
                     ranges.into_iter().zip(got).map(move |((o, l), b)| ((pack, o, l), b)).collect::<Vec<_>>(),
                 )

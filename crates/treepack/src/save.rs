@@ -18,6 +18,7 @@ use crate::manifest::{
 };
 use crate::model::{ArrayData, Leaf, Node, Tree};
 use crate::preview;
+use crate::progress::Tracker;
 use crate::store::{Layout, Location, MANIFEST_NAME, PACKS_DIR};
 use bytes::{Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
@@ -48,6 +49,8 @@ pub struct SaveOptions {
     pub writer: String,
     /// Packs written at once.
     pub concurrency: usize,
+    /// Called with (bytes written, bytes to write) as packs (or multipart parts) are stored.
+    pub progress: Option<crate::progress::ProgressFn>,
 }
 
 impl Default for SaveOptions {
@@ -63,6 +66,7 @@ impl Default for SaveOptions {
             preview: true,
             writer: concat!("treepack-rs/", env!("CARGO_PKG_VERSION")).to_string(),
             concurrency: 4,
+            progress: None,
         }
     }
 }
@@ -333,11 +337,7 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     check_tree(tree)?;
     let single = loc.layout() == Layout::SingleFile;
     let manifest_rel = if single { "." } else { MANIFEST_NAME };
-    let exists = match loc.size(manifest_rel).await {
-        Ok(_) => true,
-        Err(Error::NotFound { .. }) => false,
-        Err(e) => return Err(e),
-    };
+    let exists = loc.exists(manifest_rel).await?;
     if exists && !opts.overwrite {
         return Err(Error::AlreadyExists { location: loc.display().to_string() });
     }
@@ -407,6 +407,13 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     });
     let mbytes = manifest::encode(&manifest, &stats_json);
     let before = loc.stats().bytes_written();
+    let total = if single {
+        lay.packs.first().map_or(container::HEADER_LEN, |p| p.2) + mbytes.len() as u64 + container::FOOTER_LEN
+    } else {
+        lay.packs.iter().map(|p| p.2).sum::<u64>() + mbytes.len() as u64
+    };
+    let tracker = Tracker::new(opts.progress.clone(), total);
+    let tracker = &tracker;
 
     if single {
         let mut parts = vec![Bytes::copy_from_slice(&container::header())];
@@ -418,16 +425,18 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
         let mlen = mbytes.len() as u64;
         parts.push(Bytes::from(mbytes));
         parts.push(Bytes::copy_from_slice(&container::footer(end, mlen)));
-        loc.put(".", parts, !opts.overwrite).await?;
+        loc.put_tracked(".", parts, !opts.overwrite, Some(tracker)).await?;
     } else {
         let new_names: HashSet<String> = lay.packs.iter().map(|p| p.0.clone()).collect();
         futures::stream::iter(
-            lay.packs.into_iter().map(|(name, parts, _)| async move { loc.put(&name, parts, false).await }),
+            lay.packs
+                .into_iter()
+                .map(|(name, parts, _)| async move { loc.put_tracked(&name, parts, false, Some(tracker)).await }),
         )
         .buffer_unordered(opts.concurrency.max(1))
         .try_collect::<Vec<()>>()
         .await?;
-        loc.put(MANIFEST_NAME, vec![Bytes::from(mbytes)], !opts.overwrite).await?;
+        loc.put_tracked(MANIFEST_NAME, vec![Bytes::from(mbytes)], !opts.overwrite, Some(tracker)).await?;
         if let Some(old) = previous {
             for p in old
                 .into_iter()

@@ -1,16 +1,23 @@
-//! Where trees live. Everything goes through the `object_store` crate (local disk and memory now;
-//! S3, GCS, Azure and HTTP plug in as further schemes), with two local-only fast paths measured to
-//! matter: positioned reads straight from the file, and memory maps.
+//! Where trees live. Everything goes through the `object_store` crate — local disk, memory, S3,
+//! GCS, Azure and (read-only) HTTP — with two local-only fast paths measured to matter: positioned
+//! reads straight from the file, and memory maps.
+//!
+//! Remote stores get: credentials/region/endpoint from each cloud's usual environment variables
+//! plus explicit [`StorageOptions`]; bounded request concurrency; retries with exponential backoff
+//! (object_store's retry layer); multipart uploads with parallel parts for large objects; and
+//! ranged reads that coalesce neighbouring chunks into few requests.
 //!
 //! Every read and write is counted in [`IoStats`], which tests use to prove partial loads touch
 //! only the bytes they need.
 
 use crate::error::{Error, Result};
+use crate::progress::Tracker;
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutMode, PutOptions, PutPayload, WriteMultipart};
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -69,6 +76,50 @@ impl IoStats {
     }
 }
 
+/// Settings for a remote location, as `key -> value` strings: the keys of object_store's
+/// builders (`aws_access_key_id`, `region`, `endpoint`, `google_service_account_key`,
+/// `azure_storage_account_name`, `allow_http`, …) plus treepack's own [`TUNING_KEYS`].
+/// Values given here override the environment.
+pub type StorageOptions = BTreeMap<String, String>;
+
+/// treepack's own storage-option keys (the rest go to the cloud client):
+/// `max_concurrency` (requests in flight per operation, default 16), `multipart_threshold`
+/// (objects at least this large are uploaded in parts, default 64 MiB), `multipart_part_size`
+/// (default 16 MiB), `max_request_bytes` (largest coalesced ranged read, default 32 MiB),
+/// `max_retries` (per request, default 10) and `retry_timeout_secs` (give up retrying a request
+/// after this long, default 180). Retries back off exponentially from 100 ms up to 15 s.
+pub const TUNING_KEYS: [&str; 6] = [
+    "max_concurrency",
+    "multipart_threshold",
+    "multipart_part_size",
+    "max_request_bytes",
+    "max_retries",
+    "retry_timeout_secs",
+];
+
+/// How requests to a remote store are shaped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteTuning {
+    pub max_concurrency: usize,
+    pub multipart_threshold: u64,
+    pub multipart_part_size: usize,
+    pub max_request_bytes: u64,
+}
+
+impl Default for RemoteTuning {
+    fn default() -> Self {
+        RemoteTuning {
+            max_concurrency: 16,
+            multipart_threshold: 64 << 20,
+            multipart_part_size: 16 << 20,
+            max_request_bytes: 32 << 20,
+        }
+    }
+}
+
+/// Ranges closer than this are fetched in one request (the bytes between are read and dropped).
+const COALESCE_GAP: u64 = 1 << 20;
+
 /// A place a tree is (or will be) stored.
 #[derive(Debug, Clone)]
 pub struct Location {
@@ -79,6 +130,10 @@ pub struct Location {
     layout: Layout,
     /// Filesystem path of the directory or file, for local fast paths.
     local: Option<PathBuf>,
+    /// Set for HTTP(S) locations, which can be read but not written.
+    read_only: bool,
+    /// Request shaping for remote stores (`None` for local disk and memory).
+    remote: Option<RemoteTuning>,
     stats: Arc<IoStats>,
 }
 
@@ -95,6 +150,20 @@ impl Location {
     /// # Errors
     /// [`Error::BadLocation`] for unsupported schemes or malformed strings.
     pub fn parse(s: &str) -> Result<Location> {
+        Self::parse_with(s, &StorageOptions::new())
+    }
+
+    /// Parse a location with explicit [`StorageOptions`]. Besides local paths, `file://` and
+    /// `memory://`, this accepts `s3://bucket/prefix` (also `s3a://`), `gs://bucket/prefix`,
+    /// `az://container/prefix` (also `azure://`, `abfs[s]://container@account.dfs.core.windows.net/…`)
+    /// and `http(s)://host/prefix` (read-only). Cloud settings come from the usual environment
+    /// variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`), overridden by `options`. An `endpoint` that
+    /// starts with `http://` turns on plain-HTTP access (for local servers such as MinIO or moto).
+    ///
+    /// # Errors
+    /// [`Error::BadLocation`] for unsupported schemes, malformed strings, unknown option keys
+    /// and cloud clients that cannot be configured (e.g. no bucket).
+    pub fn parse_with(s: &str, options: &StorageOptions) -> Result<Location> {
         let bad = |r: &str| Error::BadLocation { location: s.to_string(), reason: r.to_string() };
         if s.is_empty() {
             return Err(bad("empty location"));
@@ -121,14 +190,24 @@ impl Location {
                 base,
                 layout: layout_for(prefix, false),
                 local: None,
+                read_only: false,
+                remote: None,
                 stats: Arc::default(),
             });
         }
         if let Some((scheme, _)) = s.split_once("://") {
             if scheme != "file" {
-                return Err(bad(&format!(
-                    "scheme `{scheme}://` is not supported by this build (supported: local paths, file://, memory://)"
-                )));
+                let (store, base, read_only, tuning) = remote_store(s, options).map_err(|r| bad(&r))?;
+                return Ok(Location {
+                    display: s.to_string(),
+                    store,
+                    layout: layout_for(base.as_ref(), false),
+                    base,
+                    local: None,
+                    read_only,
+                    remote: Some(tuning),
+                    stats: Arc::default(),
+                });
             }
         }
         let path_str = s.strip_prefix("file://").unwrap_or(s);
@@ -143,8 +222,20 @@ impl Location {
             base,
             layout,
             local: Some(path),
+            read_only: false,
+            remote: None,
             stats: Arc::default(),
         })
+    }
+
+    /// Whether the location is on a remote object store (S3, GCS, Azure, HTTP).
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// Request shaping of a remote location (`None` when local or in memory).
+    pub fn remote_tuning(&self) -> Option<RemoteTuning> {
+        self.remote
     }
 
     pub fn layout(&self) -> Layout {
@@ -257,6 +348,31 @@ impl Location {
         }
     }
 
+    /// Whether an object exists. Remote stores answer with a one-byte ranged GET rather than a
+    /// HEAD: the same single request, and it also works where HEAD is not served
+    /// (gcp-storage-emulator, some static web servers).
+    pub async fn exists(&self, rel: &str) -> Result<bool> {
+        if self.remote.is_none() {
+            return match self.size(rel).await {
+                Ok(_) => Ok(true),
+                Err(Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(e),
+            };
+        }
+        let opts = object_store::GetOptions { range: Some((0..1).into()), ..Default::default() };
+        match self.store.get_opts(&self.obj(rel), opts).await {
+            Ok(r) => {
+                self.stats.read(0);
+                drop(r);
+                Ok(true)
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            // An empty object cannot serve byte 0, but it exists.
+            Err(e) if e.to_string().contains("416") => Ok(true),
+            Err(e) => Err(self.store_err(rel, e)),
+        }
+    }
+
     /// Size of an object in bytes.
     pub async fn size(&self, rel: &str) -> Result<u64> {
         self.check_no_symlink(rel)?;
@@ -291,9 +407,54 @@ impl Location {
                 .await
                 .map_err(|e| Error::Serde(format!("read task failed: {e}")))?;
         }
-        let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-        let out = self.store.get_ranges(&self.obj(rel), &ranges).await.map_err(|e| self.store_err(rel, e))?;
-        self.stats.read(total);
+        self.read_remote_ranges(rel, ranges, None).await
+    }
+
+    /// Ranged reads against an object store: coalesced into few requests (see [`plan_requests`]),
+    /// at most `max_concurrency` in flight, each retried with backoff by the client.
+    pub async fn read_remote_ranges(
+        &self,
+        rel: &str,
+        ranges: Vec<Range<u64>>,
+        progress: Option<&Tracker>,
+    ) -> Result<Vec<Bytes>> {
+        let tuning = self.remote.unwrap_or_default();
+        let path = self.obj(rel);
+        let plan = plan_requests(&ranges, tuning.max_request_bytes);
+        let fetched: Vec<(Range<u64>, Vec<usize>, Bytes)> =
+            futures::stream::iter(plan.into_iter().map(|(req, members)| {
+                let path = &path;
+                async move {
+                    let b = self.store.get_range(path, req.clone()).await.map_err(|e| self.store_err(rel, e))?;
+                    if (b.len() as u64) != req.end - req.start {
+                        return Err(Error::OutOfBounds {
+                            file: self.file_name(rel),
+                            key: String::new(),
+                            reason: format!(
+                                "asked for bytes {}..{}, got {} bytes (truncated?)",
+                                req.start,
+                                req.end,
+                                b.len()
+                            ),
+                        });
+                    }
+                    self.stats.read(b.len() as u64);
+                    if let Some(t) = progress {
+                        t.advance(b.len() as u64);
+                    }
+                    Ok((req, members, b))
+                }
+            }))
+            .buffer_unordered(tuning.max_concurrency)
+            .try_collect()
+            .await?;
+        let mut out = vec![Bytes::new(); ranges.len()];
+        for (req, members, b) in fetched {
+            for i in members {
+                let r = &ranges[i];
+                out[i] = b.slice((r.start - req.start) as usize..(r.end - req.start) as usize);
+            }
+        }
         Ok(out)
     }
 
@@ -306,7 +467,16 @@ impl Location {
             return Ok((self.read_range(rel, start..size).await?, size));
         }
         let opts = object_store::GetOptions { range: Some(object_store::GetRange::Suffix(n)), ..Default::default() };
-        let r = self.store.get_opts(&self.obj(rel), opts).await.map_err(|e| self.store_err(rel, e))?;
+        let r = match self.store.get_opts(&self.obj(rel), opts).await {
+            Ok(r) => r,
+            // Azure has no suffix ranges: ask for the size, then read the tail (two requests).
+            Err(object_store::Error::NotSupported { .. }) => {
+                let size = self.size(rel).await?;
+                let start = size.saturating_sub(n);
+                return Ok((self.read_range(rel, start..size).await?, size));
+            }
+            Err(e) => return Err(self.store_err(rel, e)),
+        };
         let size = r.meta.size;
         let b = r.bytes().await.map_err(|e| self.store_err(rel, e))?;
         self.stats.read(b.len() as u64);
@@ -333,8 +503,39 @@ impl Location {
     /// Write an object atomically. `create_only` fails with [`Error::AlreadyExists`] if the
     /// object exists (conditional put).
     pub async fn put(&self, rel: &str, parts: Vec<Bytes>, create_only: bool) -> Result<()> {
+        self.put_tracked(rel, parts, create_only, None).await
+    }
+
+    fn refuse_write(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly {
+                location: self.display.clone(),
+                reason: "HTTP(S) locations can only be read; save to s3://, gs://, az:// or a local path".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// [`put`](Self::put), reporting bytes written to `progress`. On remote stores, objects of at
+    /// least `multipart_threshold` bytes go up as a multipart upload with parallel parts (an
+    /// upload is invisible until it completes, and is aborted on error).
+    pub async fn put_tracked(
+        &self,
+        rel: &str,
+        parts: Vec<Bytes>,
+        create_only: bool,
+        progress: Option<&Tracker>,
+    ) -> Result<()> {
+        self.refuse_write()?;
         failpoint_before_put();
         let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
+        // Conditional create needs a single PUT; manifests are always far below the threshold, and
+        // a large single-file object was checked for existence when the save began.
+        if let Some(t) = self.remote.filter(|t| n >= t.multipart_threshold) {
+            self.put_multipart(rel, parts, t, progress).await?;
+            self.stats.wrote(n);
+            return Ok(());
+        }
         if let (Some(dir), Layout::Directory) = (&self.local, self.layout) {
             let parent =
                 self.local_file(rel).and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or_else(|| dir.clone());
@@ -352,11 +553,51 @@ impl Location {
             .await
             .map_err(|e| self.store_err(rel, e))?;
         self.stats.wrote(n);
+        if let Some(t) = progress {
+            t.advance(n);
+        }
         Ok(())
+    }
+
+    async fn put_multipart(
+        &self,
+        rel: &str,
+        parts: Vec<Bytes>,
+        t: RemoteTuning,
+        progress: Option<&Tracker>,
+    ) -> Result<()> {
+        let upload = self.store.put_multipart(&self.obj(rel)).await.map_err(|e| self.store_err(rel, e))?;
+        let mut w = WriteMultipart::new_with_chunk_size(upload, t.multipart_part_size);
+        let result: std::result::Result<(), object_store::Error> = async {
+            for p in parts {
+                // Feed in part-sized pieces so progress and back-pressure track real uploads.
+                let mut off = 0;
+                while off < p.len() {
+                    let end = (off + t.multipart_part_size).min(p.len());
+                    w.wait_for_capacity(t.max_concurrency).await?;
+                    w.put(p.slice(off..end));
+                    if let Some(tr) = progress {
+                        tr.advance((end - off) as u64);
+                    }
+                    off = end;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => w.finish().await.map(|_| ()).map_err(|e| self.store_err(rel, e)),
+            Err(e) => {
+                // Best effort: the upload was never visible; aborting frees the stored parts.
+                let _ = w.abort().await;
+                Err(self.store_err(rel, e))
+            }
+        }
     }
 
     /// Delete an object; a missing object is not an error.
     pub async fn delete(&self, rel: &str) -> Result<()> {
+        self.refuse_write()?;
         match self.store.delete(&self.obj(rel)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.store_err(rel, e)),
@@ -467,4 +708,157 @@ fn read_local_ranges(p: &Path, ranges: &[Range<u64>], stats: &IoStats, file: &st
             Ok(Bytes::from(buf))
         })
         .collect()
+}
+
+/// Build the object_store client for a remote URL: `(store, prefix, read_only, tuning)`.
+/// Errors are plain reasons; the caller wraps them in [`Error::BadLocation`].
+fn remote_store(
+    s: &str,
+    options: &StorageOptions,
+) -> std::result::Result<(Arc<dyn ObjectStore>, ObjPath, bool, RemoteTuning), String> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+    use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+    use object_store::http::HttpBuilder;
+    use object_store::{ClientConfigKey, ClientOptions, RetryConfig};
+
+    let url = url::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+    let (scheme, prefix) = ObjectStoreScheme::parse(&url).map_err(|_| {
+        format!(
+            "scheme `{}://` is not supported (supported: local paths, file://, memory://, s3://, gs://, az://, abfs://, http(s)://)",
+            url.scheme()
+        )
+    })?;
+    let mut tuning = RemoteTuning::default();
+    let mut retry = RetryConfig::default();
+    let mut client = BTreeMap::new();
+    for (k, v) in options {
+        let num =
+            || v.trim().parse::<u64>().map_err(|_| format!("storage option `{k}` must be a whole number, got `{v}`"));
+        match k.as_str() {
+            "max_concurrency" => tuning.max_concurrency = num()?.clamp(1, 1024) as usize,
+            "multipart_threshold" => tuning.multipart_threshold = num()?,
+            "multipart_part_size" => tuning.multipart_part_size = num()?.clamp(5 << 20, 5 << 30) as usize,
+            "max_request_bytes" => tuning.max_request_bytes = num()?.max(1),
+            "max_retries" => retry.max_retries = num()?.min(1000) as usize,
+            "retry_timeout_secs" => retry.retry_timeout = std::time::Duration::from_secs(num()?),
+            _ => {
+                client.insert(k.to_ascii_lowercase(), v.clone());
+            }
+        }
+    }
+    // Plain-HTTP endpoints are how people reach MinIO, moto or azurite; asking for one is consent.
+    let http_endpoint = client.iter().any(|(k, v)| k.contains("endpoint") && v.starts_with("http://"))
+        || std::env::var("AWS_ENDPOINT_URL").is_ok_and(|v| v.starts_with("http://"))
+        || std::env::var("AWS_ENDPOINT").is_ok_and(|v| v.starts_with("http://"));
+    let client_options = ClientOptions::new().with_allow_http(http_endpoint || url.scheme() == "http");
+    let unknown = |k: &str, cloud: &str| {
+        format!(
+            "unknown storage option `{k}` for {cloud} (see object_store's {cloud} config keys, or treepack's: {})",
+            TUNING_KEYS.join(", ")
+        )
+    };
+    let (store, read_only): (Arc<dyn ObjectStore>, bool) = match scheme {
+        ObjectStoreScheme::AmazonS3 => {
+            let mut b = AmazonS3Builder::from_env().with_url(s).with_client_options(client_options).with_retry(retry);
+            for (k, v) in &client {
+                let key: AmazonS3ConfigKey = k.parse().map_err(|_| unknown(k, "S3"))?;
+                b = b.with_config(key, v);
+            }
+            (Arc::new(b.build().map_err(|e| format!("S3 client: {e}"))?), false)
+        }
+        ObjectStoreScheme::GoogleCloudStorage => {
+            let mut b =
+                GoogleCloudStorageBuilder::from_env().with_url(s).with_client_options(client_options).with_retry(retry);
+            for (k, v) in &client {
+                let key: GoogleConfigKey = k.parse().map_err(|_| unknown(k, "GCS"))?;
+                b = b.with_config(key, v);
+            }
+            (Arc::new(b.build().map_err(|e| format!("GCS client: {e}"))?), false)
+        }
+        ObjectStoreScheme::MicrosoftAzure => {
+            let mut b =
+                MicrosoftAzureBuilder::from_env().with_url(s).with_client_options(client_options).with_retry(retry);
+            for (k, v) in &client {
+                let key: AzureConfigKey = k.parse().map_err(|_| unknown(k, "Azure"))?;
+                b = b.with_config(key, v);
+            }
+            (Arc::new(b.build().map_err(|e| format!("Azure client: {e}"))?), false)
+        }
+        ObjectStoreScheme::Http => {
+            let origin = &url[..url::Position::BeforePath];
+            let mut b = HttpBuilder::new().with_url(origin).with_client_options(client_options).with_retry(retry);
+            for (k, v) in &client {
+                let key: ClientConfigKey = k.parse().map_err(|_| unknown(k, "HTTP"))?;
+                b = b.with_config(key, v);
+            }
+            (Arc::new(b.build().map_err(|e| format!("HTTP client: {e}"))?), true)
+        }
+        other => return Err(format!("{other:?} locations are not remote; use a plain path or memory://")),
+    };
+    Ok((store, prefix, read_only, tuning))
+}
+
+/// Group ranges into requests: neighbours closer than [`COALESCE_GAP`] share a request unless it
+/// would grow past `max_bytes`. Every input range lies wholly inside one request, so results are
+/// zero-copy slices. Returns `(request, indices of the ranges in it)`.
+fn plan_requests(ranges: &[Range<u64>], max_bytes: u64) -> Vec<(Range<u64>, Vec<usize>)> {
+    let mut order: Vec<usize> = (0..ranges.len()).collect();
+    order.sort_by_key(|&i| (ranges[i].start, ranges[i].end));
+    let mut out: Vec<(Range<u64>, Vec<usize>)> = vec![];
+    for i in order {
+        let r = &ranges[i];
+        if let Some((req, members)) = out.last_mut() {
+            let end = req.end.max(r.end);
+            if r.start <= req.end.saturating_add(COALESCE_GAP) && end - req.start <= max_bytes {
+                req.end = end;
+                members.push(i);
+                continue;
+            }
+        }
+        out.push((r.clone(), vec![i]));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_requests_coalesces_neighbours_and_caps_size() {
+        let rs = vec![0..10, 10..20, (3 << 20)..(3 << 20) + 5, 20..30];
+        let plan = plan_requests(&rs, 1 << 30);
+        assert_eq!(plan.len(), 2);
+        assert_eq!(plan[0].0, 0..30);
+        assert_eq!(plan[0].1, vec![0, 1, 3]);
+        assert_eq!(plan[1].0, (3 << 20)..(3 << 20) + 5);
+        // A cap of 15 bytes splits at range boundaries, never inside a range.
+        let plan = plan_requests(&rs[..2], 15);
+        assert_eq!(plan.iter().map(|p| p.0.clone()).collect::<Vec<_>>(), vec![0..10, 10..20]);
+    }
+
+    #[test]
+    fn remote_schemes_parse_and_bad_ones_are_refused() {
+        let mut o = StorageOptions::new();
+        o.insert("region".into(), "us-east-1".into());
+        o.insert("endpoint".into(), "http://127.0.0.1:9".into());
+        let l = Location::parse_with("s3://bucket/some/prefix", &o).unwrap();
+        assert!(l.is_remote());
+        assert_eq!(l.base.as_ref(), "some/prefix");
+        assert_eq!(l.layout(), Layout::Directory);
+        let l = Location::parse_with("s3://bucket/x/ckpt.tpk", &o).unwrap();
+        assert_eq!(l.layout(), Layout::SingleFile);
+        let l = Location::parse("http://127.0.0.1:9/bucket/tree").unwrap();
+        assert!(l.read_only);
+        o.insert("no_such_option".into(), "1".into());
+        let e = Location::parse_with("s3://bucket/p", &o).unwrap_err();
+        assert_eq!(e.kind(), "bad_location");
+        assert!(e.to_string().contains("no_such_option"), "{e}");
+        let e = Location::parse("ftp://host/x").unwrap_err();
+        assert!(e.to_string().contains("not supported"), "{e}");
+        let mut o = StorageOptions::new();
+        o.insert("max_concurrency".into(), "many".into());
+        assert!(Location::parse_with("s3://b/p", &o).unwrap_err().to_string().contains("whole number"));
+    }
 }

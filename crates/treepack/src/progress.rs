@@ -1,0 +1,46 @@
+//! Progress reporting for long transfers. A save or load calls the callback with the bytes moved
+//! so far and the total it expects; the CLI draws a bar with it, Python passes a callable.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A progress callback: `(bytes_done, bytes_total)`. Called from I/O tasks, possibly from several
+/// threads, so it must be cheap and thread-safe; `bytes_done` never decreases.
+#[derive(Clone)]
+pub struct ProgressFn(pub Arc<dyn Fn(u64, u64) + Send + Sync>);
+
+impl ProgressFn {
+    pub fn new(f: impl Fn(u64, u64) + Send + Sync + 'static) -> Self {
+        ProgressFn(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for ProgressFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressFn(..)")
+    }
+}
+
+/// Counts bytes for one operation and forwards the running total to a [`ProgressFn`].
+#[derive(Debug)]
+pub struct Tracker {
+    cb: Option<ProgressFn>,
+    done: AtomicU64,
+    total: u64,
+}
+
+impl Tracker {
+    pub fn new(cb: Option<ProgressFn>, total: u64) -> Self {
+        let t = Tracker { cb, done: AtomicU64::new(0), total };
+        t.advance(0);
+        t
+    }
+
+    /// Record `n` more bytes moved.
+    pub fn advance(&self, n: u64) {
+        let done = self.done.fetch_add(n, Ordering::Relaxed) + n;
+        if let Some(cb) = &self.cb {
+            (cb.0)(done.min(self.total), self.total);
+        }
+    }
+}

@@ -7,9 +7,13 @@ unpickles unless ``allow_pickle=True``. See docs/python.md.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import json
+import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Generator, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -21,12 +25,25 @@ from ._registry import register, registered
 __version__ = _core.__version__
 
 __all__ = [
-    "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc",
+    "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",
     "register", "registered", "LeafInfo", "StructNode", "SaveInfo", "Unloadable",
     "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "View", "LazyArray",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
+StorageOptions = Optional[Mapping[str, Any]]
+"""Cloud settings for remote locations (``s3://``, ``gs://``, ``az://``, ``http(s)://``): object_store's
+keys (``aws_access_key_id``, ``region``, ``endpoint``, ``google_service_account_key``, ``azure_storage_account_name``…)
+and treepack's tuning keys (``max_concurrency``, ``multipart_threshold``, ``multipart_part_size``,
+``max_request_bytes``, ``max_retries``, ``retry_timeout_secs``). Values override environment variables."""
+Progress = Optional[Callable[[int, int], Any]]
+"""Called as ``progress(bytes_done, bytes_total)`` from a background thread while data moves."""
+
+
+def _opts(storage_options: StorageOptions) -> Optional[Dict[str, str]]:
+    if storage_options is None:
+        return None
+    return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in storage_options.items()}
 
 
 class UntrustedTypeError(TreepackError):
@@ -82,13 +99,22 @@ def save(
     metadata: Optional[Any] = None,
     allow_pickle: bool = False,
     chunk_bytes: Optional[int] = None,
-) -> SaveInfo:
-    """Save ``tree`` at ``path`` (a directory, a ``.tpk`` file, ``file://…`` or ``memory://…``).
+    storage_options: StorageOptions = None,
+    progress: Progress = None,
+    blocking: bool = True,
+) -> Any:
+    """Save ``tree`` at ``path``: a directory, a ``.tpk`` file, ``s3://…``, ``gs://…``, ``az://…``,
+    ``file://…`` or ``memory://…``.
 
     numpy arrays are written without copying when C-contiguous and little-endian. Objects other
     than the built-in kinds must be dataclasses, namedtuples, enums or registered types; anything
     else is refused unless ``allow_pickle=True``. Raises ``FileExistsError`` if a tree is already
-    there and ``overwrite`` is false. Do not mutate the arrays while ``save`` runs.
+    there and ``overwrite`` is false.
+
+    ``blocking=False`` returns a :class:`SaveHandle` at once: the tree is converted and its arrays
+    copied (a consistent snapshot) before returning, so the caller may change them immediately;
+    storage I/O runs on a background thread. With ``blocking=True`` (the default) nothing is
+    copied, so do not mutate the arrays while ``save`` runs.
     """
     p = _path(path)
 
@@ -96,10 +122,72 @@ def save(
         return _codec.encode_other(obj, where, allow_pickle)
 
     md = json.dumps(metadata) if metadata is not None else None
-    leaves, written, loc, arrays, array_bytes = _core.save(
-        tree, p, enc, _codec.encode_array, overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes
+    prepared = _core.prepare(tree, enc, _codec.encode_array, snapshot=not blocking)
+    write = functools.partial(
+        prepared.write, p, overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes,
+        storage_options=_opts(storage_options), progress=progress,
     )
-    return SaveInfo(leaves, written, loc, arrays, array_bytes)
+    if blocking:
+        return SaveInfo(*write())
+    return SaveHandle(_executor().submit(lambda: SaveInfo(*write())), p)
+
+
+_EXECUTOR: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    # Saves run with the GIL released, so a few threads overlap I/O; pending saves are finished
+    # (not dropped) when the interpreter exits.
+    global _EXECUTOR
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="treepack-save")
+        return _EXECUTOR
+
+
+class SaveHandle:
+    """A save running in the background (from ``save(..., blocking=False)``).
+
+    ``result(timeout=None)`` waits and returns the :class:`SaveInfo` (or raises the save's error),
+    ``done()`` says whether it finished, and the handle can be awaited in asyncio code.
+    """
+
+    def __init__(self, future: "concurrent.futures.Future[SaveInfo]", location: str) -> None:
+        self._future = future
+        self.location = location
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self, timeout: Optional[float] = None) -> SaveInfo:
+        return self._future.result(timeout)
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        return self._future.exception(timeout)
+
+    def add_done_callback(self, fn: Callable[["SaveHandle"], Any]) -> None:
+        self._future.add_done_callback(lambda _f: fn(self))
+
+    def __await__(self) -> Generator[Any, None, SaveInfo]:
+        return asyncio.wrap_future(self._future).__await__()
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        return f"SaveHandle({self.location!r}, {state})"
+
+
+async def asave(tree: Any, path: PathLike, **kwargs: Any) -> SaveInfo:
+    """``await asave(tree, path, ...)``: like :func:`save` (same keywords), without blocking the event
+    loop during I/O. The tree is snapshotted before the first ``await`` yields."""
+    kwargs.pop("blocking", None)
+    return await save(tree, path, blocking=False, **kwargs)
+
+
+async def aload(path: PathLike, **kwargs: Any) -> Any:
+    """``await aload(path, ...)``: :func:`load` (same keywords) on a worker thread."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, functools.partial(load, path, **kwargs))
 
 
 def _keep_paths(like: Any) -> set:
@@ -136,8 +224,10 @@ def load(
     on_missing: str = "error",
     mmap: bool = False,
     verify: Optional[bool] = None,
+    storage_options: StorageOptions = None,
+    progress: Progress = None,
 ) -> Any:
-    """Load a tree.
+    """Load a tree from a local path, ``.tpk`` file, ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` location.
 
     - ``select``: key-path globs (``"params/**"``); other leaves come back as ``None``.
     - ``like``: a tree from ``load_structure`` in which leaves replaced by ``None`` are not read.
@@ -146,13 +236,14 @@ def load(
     - ``on_missing="placeholder"``: unknown or untrusted objects become ``Unloadable``.
     - ``mmap=True``: arrays are read-only views of the (local, uncompressed) file, no copy.
     - ``verify``: check chunk hashes (default: True; False with ``mmap`` since it would read everything).
+    - ``storage_options``: credentials/endpoint/tuning for remote locations; ``progress(done, total)``.
 
     The whole manifest is audited before anything is constructed: untrusted types raise
     ``UntrustedTypeError`` listing every type and key path, and nothing is imported.
     """
     p = _path(path)
     trust_t = tuple(trust)
-    r = _core.Reader(p)
+    r = _core.Reader(p, _opts(storage_options))
     _check(r, p, trust_t, allow_pickle, on_missing)
     keep = _keep_paths(like) if like is not None else None
     dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder")
@@ -163,6 +254,7 @@ def load(
         keep=keep,
         mmap=mmap,
         verify=(not mmap) if verify is None else verify,
+        progress=progress,
     )
 
 
@@ -170,18 +262,20 @@ def _struct_node(kind: str, type_name: str, data: Optional[str], children: List[
     return StructNode(kind, type_name, json.loads(data) if data else None, dict(children), path)
 
 
-def load_structure(path: PathLike) -> Any:
+def load_structure(path: PathLike, *, storage_options: StorageOptions = None) -> Any:
     """The tree with a ``LeafInfo`` at every leaf, reading only the manifest.
 
     Containers come back as dict/list/tuple; records and custom objects as ``StructNode`` (their
     classes are never constructed or imported).
     """
-    return _core.Reader(_path(path)).structure(_struct_node)
+    return _core.Reader(_path(path), _opts(storage_options)).structure(_struct_node)
 
 
-def untrusted_types(path: PathLike, trust: Iterable[str] = (), allow_pickle: bool = False) -> Dict[str, List[str]]:
+def untrusted_types(
+    path: PathLike, trust: Iterable[str] = (), allow_pickle: bool = False, *, storage_options: StorageOptions = None
+) -> Dict[str, List[str]]:
     """What loading ``path`` would need trusted: {type name: [key paths]}. Constructs nothing."""
-    return _codec.audit(_core.Reader(_path(path)).types(), tuple(trust), allow_pickle)
+    return _codec.audit(_core.Reader(_path(path), _opts(storage_options)).types(), tuple(trust), allow_pickle)
 
 
 @dataclass(frozen=True)
@@ -192,14 +286,14 @@ class VerifyReport:
     problems: List[str]
 
 
-def verify(path: PathLike) -> VerifyReport:
+def verify(path: PathLike, *, storage_options: StorageOptions = None) -> VerifyReport:
     """Re-hash every chunk; the report names corrupt chunks."""
-    return VerifyReport(*_core.Reader(_path(path)).verify())
+    return VerifyReport(*_core.Reader(_path(path), _opts(storage_options)).verify())
 
 
-def gc(path: PathLike, grace_secs: float = 3600.0) -> List[str]:
+def gc(path: PathLike, grace_secs: float = 3600.0, *, storage_options: StorageOptions = None) -> List[str]:
     """Remove leftovers of interrupted saves older than ``grace_secs``; returns what was removed."""
-    return _core.gc(_path(path), grace_secs)
+    return _core.gc(_path(path), grace_secs, _opts(storage_options))
 
 
 # ---------------------------------------------------------------- lazy views
@@ -338,6 +432,15 @@ def _same_key(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def open(path: PathLike, *, trust: Iterable[str] = (), allow_pickle: bool = False, on_missing: str = "error") -> View:
-    """Open a stored tree lazily: ``open(p)["params"]["w"][0:2]`` reads only the chunks it needs."""
-    return View(_core.Reader(_path(path)), "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing)
+def open(
+    path: PathLike,
+    *,
+    trust: Iterable[str] = (),
+    allow_pickle: bool = False,
+    on_missing: str = "error",
+    storage_options: StorageOptions = None,
+) -> View:
+    """Open a stored tree lazily: ``open(p)["params"]["w"][0:2]`` reads only the chunks it needs
+    (on object stores: one GET for the manifest, then ranged GETs)."""
+    reader = _core.Reader(_path(path), _opts(storage_options))
+    return View(reader, "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing)

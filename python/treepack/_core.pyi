@@ -1,6 +1,6 @@
 """Type stubs for the compiled extension ``treepack._core`` (the Rust side of the package)."""
 
-from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 __version__: str
 
@@ -12,18 +12,26 @@ EncodeOther = Callable[[Any, str], Tuple[str, str, Optional[str], List[Tuple[str
 EncodeArray = Callable[[Any], Tuple[Any, str]]
 DecodeOther = Callable[[str, str, Optional[str], List[Tuple[str, Any]]], Any]
 
-def save(
-    tree: Any,
-    path: str,
-    encode_other: EncodeOther,
-    encode_array: EncodeArray,
-    overwrite: bool = False,
-    metadata: Optional[str] = None,
-    chunk_bytes: Optional[int] = None,
-) -> Tuple[int, int, str, int, int]:
-    """Save a tree; returns (leaves, bytes written, location, arrays, array bytes)."""
+Progress = Optional[Callable[[int, int], Any]]
+StorageOptions = Optional[Dict[str, str]]
 
-def gc(path: str, grace_secs: float = 3600.0) -> List[str]: ...
+class Prepared:
+    """A Python tree converted to treepack's model, ready to be written once (on any thread)."""
+    def write(
+        self,
+        path: str,
+        overwrite: bool = False,
+        metadata: Optional[str] = None,
+        chunk_bytes: Optional[int] = None,
+        storage_options: StorageOptions = None,
+        progress: Progress = None,
+    ) -> Tuple[int, int, str, int, int]:
+        """Write with the GIL released; returns (leaves, bytes written, location, arrays, array bytes)."""
+
+def prepare(tree: Any, encode_other: EncodeOther, encode_array: EncodeArray, snapshot: bool = False) -> Prepared:
+    """Convert a tree; with ``snapshot`` array bytes are copied so the caller may mutate them."""
+
+def gc(path: str, grace_secs: float = 3600.0, storage_options: StorageOptions = None) -> List[str]: ...
 
 class LeafInfo:
     path: str
@@ -37,7 +45,7 @@ class LeafInfo:
 class BytesOwner: ...
 
 class Reader:
-    def __init__(self, path: str) -> None: ...
+    def __init__(self, path: str, storage_options: StorageOptions = None) -> None: ...
     def types(self) -> List[Tuple[str, str, Optional[str], str]]: ...
     def load(
         self,
@@ -48,6 +56,7 @@ class Reader:
         mmap: bool = False,
         verify: bool = True,
         subpath: Optional[str] = None,
+        progress: Progress = None,
     ) -> Any: ...
     def structure(self, make_node: Callable[..., Any]) -> Any: ...
     def kind(self, path: str) -> str: ...

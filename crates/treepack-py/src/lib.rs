@@ -8,7 +8,9 @@
 
 use bytes::Bytes;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyFileExistsError, PyFileNotFoundError, PyIOError, PyKeyError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyFileExistsError, PyFileNotFoundError, PyIOError, PyKeyError, PyPermissionError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use std::collections::{HashMap, HashSet};
@@ -35,6 +37,7 @@ fn py_err(e: treepack::Error) -> PyErr {
         | E::BadLocation { .. } => PyValueError::new_err(msg),
         E::ChunkCorrupt { .. } | E::ManifestChecksum { .. } | E::OutOfBounds { .. } => CorruptError::new_err(msg),
         E::Io { .. } | E::Store { .. } => PyIOError::new_err(msg),
+        E::ReadOnly { .. } => PyPermissionError::new_err(msg),
         _ => FormatError::new_err(msg),
     }
 }
@@ -136,6 +139,9 @@ struct Encoder<'py> {
     encode_other: Bound<'py, PyAny>,
     encode_array: Bound<'py, PyAny>,
     path: Vec<String>,
+    /// Copy array bytes instead of borrowing them, so the caller may mutate its arrays as soon
+    /// as `prepare` returns (non-blocking saves).
+    snapshot: bool,
 }
 
 fn simple_dtype(kind: u8, size: usize) -> Option<DType> {
@@ -304,7 +310,8 @@ impl<'py> Encoder<'py> {
         // SAFETY: `canon` is C-contiguous with exactly `nbytes` bytes (checked by numpy / Python helper).
         let ptr = unsafe { (*carr.as_array_ptr()).fields.data } as *const u8;
         let owner = NumpyOwner { ptr, len: nbytes as usize, _obj: canon.clone().unbind() };
-        ArrayData::new(dtype, shape, Bytes::from_owner(owner)).map_err(|e| self.err(e))
+        let data = if self.snapshot { Bytes::copy_from_slice(owner.as_ref()) } else { Bytes::from_owner(owner) };
+        ArrayData::new(dtype, shape, data).map_err(|e| self.err(e))
     }
 
     fn other(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
@@ -343,20 +350,44 @@ fn int_of(obj: &Bound<'_, PyAny>) -> PyResult<Int> {
     Ok(Int::from_big(obj.extract::<num_bigint::BigInt>()?))
 }
 
-/// Save a Python tree. Returns (leaves, bytes_written, location, arrays, array_bytes).
+type Options = Option<HashMap<String, String>>;
+
+/// Parse a location with optional storage options (credentials, endpoint, tuning).
+fn location(path: &str, storage_options: Options) -> PyResult<treepack::Location> {
+    let opts: treepack::StorageOptions = storage_options.unwrap_or_default().into_iter().collect();
+    treepack::Location::parse_with(path, &opts).map_err(py_err)
+}
+
+/// Wrap a Python callable `(done, total)` as a progress callback; its errors are reported as
+/// unraisable (a broken progress bar must not fail a save).
+fn progress_fn(cb: Option<Py<PyAny>>) -> Option<treepack::ProgressFn> {
+    cb.map(|cb| {
+        treepack::ProgressFn::new(move |done, total| {
+            Python::attach(|py| {
+                if let Err(e) = cb.call1(py, (done, total)) {
+                    e.write_unraisable(py, None);
+                }
+            })
+        })
+    })
+}
+
+/// A Python tree converted to treepack's model, ready to be written (possibly on another thread).
+#[pyclass(frozen)]
+struct Prepared {
+    node: std::sync::Mutex<Option<Node>>,
+}
+
+/// Convert a Python tree (with the GIL held). With `snapshot`, array bytes are copied.
 #[pyfunction]
-#[pyo3(signature = (tree, path, encode_other, encode_array, overwrite=false, metadata=None, chunk_bytes=None))]
-#[allow(clippy::too_many_arguments)]
-fn save(
+#[pyo3(signature = (tree, encode_other, encode_array, snapshot=false))]
+fn prepare(
     py: Python<'_>,
     tree: &Bound<'_, PyAny>,
-    path: &str,
     encode_other: Bound<'_, PyAny>,
     encode_array: Bound<'_, PyAny>,
-    overwrite: bool,
-    metadata: Option<String>,
-    chunk_bytes: Option<u64>,
-) -> PyResult<(usize, u64, String, usize, u64)> {
+    snapshot: bool,
+) -> PyResult<Prepared> {
     let np = py.import("numpy")?;
     let mut enc = Encoder {
         py,
@@ -365,19 +396,51 @@ fn save(
         encode_other,
         encode_array,
         path: vec![],
+        snapshot,
     };
     let node = enc.node(tree, 0)?;
-    let mut opts = SaveOptions { overwrite, ..Default::default() };
-    if let Some(m) = metadata {
-        opts.metadata = Some(serde_json::from_str(&m).map_err(|e| PyValueError::new_err(format!("metadata: {e}")))?);
+    Ok(Prepared { node: std::sync::Mutex::new(Some(node)) })
+}
+
+#[pymethods]
+impl Prepared {
+    /// Write the tree (GIL released). Returns (leaves, bytes_written, location, arrays, array_bytes).
+    /// A prepared tree is written once; its memory is freed afterwards.
+    #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, progress=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        overwrite: bool,
+        metadata: Option<String>,
+        chunk_bytes: Option<u64>,
+        storage_options: Options,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<(usize, u64, String, usize, u64)> {
+        let node = self
+            .node
+            .lock()
+            .map_err(|_| PyValueError::new_err("prepared tree is poisoned"))?
+            .take()
+            .ok_or_else(|| PyValueError::new_err("this prepared tree was already written"))?;
+        let mut opts = SaveOptions { overwrite, progress: progress_fn(progress), ..Default::default() };
+        if let Some(m) = metadata {
+            opts.metadata =
+                Some(serde_json::from_str(&m).map_err(|e| PyValueError::new_err(format!("metadata: {e}")))?);
+        }
+        if let Some(c) = chunk_bytes {
+            opts.chunk_bytes = c.max(1);
+        }
+        let loc = location(path, storage_options)?;
+        let info = py.detach(|| {
+            let r = treepack::block_on(treepack::save::save_async(&node, &loc, &opts));
+            drop(node);
+            r
+        });
+        let info = info.map_err(py_err)?;
+        Ok((info.leaves, info.bytes_written, info.location, info.arrays, info.array_bytes))
     }
-    if let Some(c) = chunk_bytes {
-        opts.chunk_bytes = c.max(1);
-    }
-    let loc = treepack::Location::parse(path).map_err(py_err)?;
-    let info = py.detach(|| treepack::block_on(treepack::save::save_async(&node, &loc, &opts))).map_err(py_err)?;
-    drop(node);
-    Ok((info.leaves, info.bytes_written, info.location, info.arrays, info.array_bytes))
 }
 
 /// A stored tree opened for reading (the manifest is parsed once).
@@ -527,8 +590,9 @@ fn dtype_text(d: &DType) -> String {
 #[pymethods]
 impl Reader {
     #[new]
-    fn new(py: Python<'_>, path: &str) -> PyResult<Self> {
-        let loc = treepack::Location::parse(path).map_err(py_err)?;
+    #[pyo3(signature = (path, storage_options=None))]
+    fn new(py: Python<'_>, path: &str, storage_options: Options) -> PyResult<Self> {
+        let loc = location(path, storage_options)?;
         let inner = py.detach(|| treepack::Reader::open(loc)).map_err(py_err)?;
         Ok(Reader { inner })
     }
@@ -541,7 +605,7 @@ impl Reader {
     }
 
     /// Load the tree (or the subtree at `subpath`).
-    #[pyo3(signature = (decode_other, np_dtype, select=None, keep=None, mmap=false, verify=true, subpath=None))]
+    #[pyo3(signature = (decode_other, np_dtype, select=None, keep=None, mmap=false, verify=true, subpath=None, progress=None))]
     #[allow(clippy::too_many_arguments)]
     fn load<'py>(
         &self,
@@ -553,8 +617,16 @@ impl Reader {
         mmap: bool,
         verify: bool,
         subpath: Option<String>,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let opts = LoadOptions { select: select.unwrap_or_default(), keep, mmap, verify, ..Default::default() };
+        let opts = LoadOptions {
+            select: select.unwrap_or_default(),
+            keep,
+            mmap,
+            verify,
+            progress: progress_fn(progress),
+            ..Default::default()
+        };
         let node = py
             .detach(|| match &subpath {
                 Some(p) => treepack::block_on(self.inner.get_async(p, &opts)),
@@ -739,16 +811,17 @@ fn structure<'py>(
 
 /// Remove leftovers of interrupted saves; returns removed paths.
 #[pyfunction]
-#[pyo3(signature = (path, grace_secs=3600.0))]
-fn gc(py: Python<'_>, path: &str, grace_secs: f64) -> PyResult<Vec<String>> {
-    let r =
-        py.detach(|| treepack::gc(path, std::time::Duration::from_secs_f64(grace_secs.max(0.0)))).map_err(py_err)?;
+#[pyo3(signature = (path, grace_secs=3600.0, storage_options=None))]
+fn gc(py: Python<'_>, path: &str, grace_secs: f64, storage_options: Options) -> PyResult<Vec<String>> {
+    let loc = location(path, storage_options)?;
+    let r = py.detach(|| treepack::gc(loc, std::time::Duration::from_secs_f64(grace_secs.max(0.0)))).map_err(py_err)?;
     Ok(r.removed)
 }
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(save, m)?)?;
+    m.add_function(wrap_pyfunction!(prepare, m)?)?;
+    m.add_class::<Prepared>()?;
     m.add_function(wrap_pyfunction!(gc, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<BytesOwner>()?;

@@ -334,6 +334,7 @@ async fn old_packs(loc: &Location) -> Option<Vec<String>> {
 /// [`Error::AlreadyExists`] unless overwriting, [`Error::InvalidTree`] for unsaveable trees,
 /// storage errors.
 pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<SaveInfo> {
+    loc.refuse_write()?;
     check_tree(tree)?;
     let single = loc.layout() == Layout::SingleFile;
     let manifest_rel = if single { "." } else { MANIFEST_NAME };

@@ -506,7 +506,8 @@ impl Location {
         self.put_tracked(rel, parts, create_only, None).await
     }
 
-    fn refuse_write(&self) -> Result<()> {
+    /// Fail with [`Error::ReadOnly`] on locations that cannot be written (HTTP).
+    pub fn refuse_write(&self) -> Result<()> {
         if self.read_only {
             return Err(Error::ReadOnly {
                 location: self.display.clone(),

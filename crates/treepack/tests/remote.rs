@@ -259,8 +259,10 @@ fn http_locations_read_but_refuse_writes() {
     assert_eq!(load_structure(one.as_str()).unwrap().leaf_count(), t.leaf_count());
     assert_eq!(proxy.requests().len(), 1, "one suffix GET: {:?}", proxy.requests());
     assert!(load(one.as_str(), &LoadOptions::default()).unwrap().exact_eq(&t));
+    proxy.reset();
     let e = save(&t, format!("{}/pub/new", proxy.url()), &SaveOptions::default()).unwrap_err();
-    // The early existence check finds nothing; the first write is refused as read-only.
+    assert!(proxy.requests().is_empty(), "{:?}", proxy.requests());
+    // Refused before any request is sent.
     assert_eq!(e.kind(), "read_only", "{e}");
     assert!(e.to_string().contains("s3://"), "says what to do instead: {e}");
     let e = load(format!("{}/pub/missing", proxy.url()), &LoadOptions::default()).unwrap_err();

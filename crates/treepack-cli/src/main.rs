@@ -1,4 +1,4 @@
-//! `treepack`: inspect, list, print, verify and clean stored trees; write a demo tree.
+//! `treepack`: inspect, list, print, verify, copy and clean stored trees; write a demo tree.
 
 mod show;
 
@@ -8,20 +8,25 @@ use serde_json::json;
 use show::{entry_summary, human_bytes};
 use std::process::ExitCode;
 use treepack::manifest::Entry;
-use treepack::{LoadOptions, Reader, SaveOptions, Tree};
+use treepack::{LoadOptions, Location, ProgressFn, Reader, SaveOptions, StorageOptions, Tree};
 
 #[derive(Parser)]
 #[command(name = "treepack", version, about = "Save, inspect and load trees of arrays, scalars and strings")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Storage option for remote locations, KEY=VALUE (repeatable): credentials, `region`,
+    /// `endpoint`, or tuning such as `max_concurrency`. Environment variables (AWS_*, GOOGLE_*,
+    /// AZURE_*) are read too; these override them.
+    #[arg(short = 'o', long = "storage-option", value_name = "KEY=VALUE", global = true)]
+    storage_options: Vec<String>,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
     /// Show the tree: types, dtypes, shapes, sizes and totals (reads only the manifest).
     Inspect {
-        /// A directory, a .tpk file, file://… or memory://…
+        /// A directory, a .tpk file, s3://…, gs://…, az://…, http(s)://…, file://… or memory://…
         path: String,
         /// Machine-readable output.
         #[arg(long)]
@@ -50,6 +55,17 @@ enum Cmd {
         #[arg(long)]
         overwrite: bool,
     },
+    /// Copy a tree between locations (e.g. a local checkpoint to S3), verifying every chunk on
+    /// the way; shows progress bars on a terminal.
+    Cp {
+        src: String,
+        dst: String,
+        #[arg(long)]
+        overwrite: bool,
+        /// No progress bars.
+        #[arg(long, short)]
+        quiet: bool,
+    },
     /// Remove leftovers of interrupted saves (unreferenced packs, staging files).
     Gc {
         path: String,
@@ -71,14 +87,21 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
+    let mut so = StorageOptions::new();
+    for kv in &cli.storage_options {
+        let Some((k, v)) = kv.split_once('=') else { bail!("storage option `{kv}` must look like KEY=VALUE") };
+        so.insert(k.trim().to_string(), v.to_string());
+    }
+    let so = &so;
     match cli.cmd {
-        Cmd::Inspect { path, json, key } => inspect(&path, json, key.as_deref()),
-        Cmd::Ls { path, patterns } => ls(&path, &patterns),
-        Cmd::Cat { path, key } => cat(&path, &key),
-        Cmd::Verify { path, json } => verify(&path, json),
-        Cmd::Demo { dir, overwrite } => demo(&dir, overwrite),
+        Cmd::Inspect { path, json, key } => inspect(&path, so, json, key.as_deref()),
+        Cmd::Ls { path, patterns } => ls(&path, so, &patterns),
+        Cmd::Cat { path, key } => cat(&path, so, &key),
+        Cmd::Verify { path, json } => verify(&path, so, json),
+        Cmd::Demo { dir, overwrite } => demo(&dir, so, overwrite),
+        Cmd::Cp { src, dst, overwrite, quiet } => copy(&src, &dst, so, overwrite, quiet),
         Cmd::Gc { path, grace_secs } => {
-            let r = treepack::gc(&path, std::time::Duration::from_secs(grace_secs))?;
+            let r = treepack::gc(location(&path, so)?, std::time::Duration::from_secs(grace_secs))?;
             for p in &r.removed {
                 println!("removed {p}");
             }
@@ -91,8 +114,49 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-fn open(path: &str) -> Result<Reader> {
-    treepack::open(path).with_context(|| format!("cannot open `{path}`"))
+fn location(path: &str, so: &StorageOptions) -> Result<Location> {
+    Ok(Location::parse_with(path, so)?)
+}
+
+fn open(path: &str, so: &StorageOptions) -> Result<Reader> {
+    treepack::open(location(path, so)?).with_context(|| format!("cannot open `{path}`"))
+}
+
+/// A byte-progress bar on stderr (hidden when stderr is not a terminal or `quiet`).
+fn progress_bar(label: &str, quiet: bool) -> (indicatif::ProgressBar, ProgressFn) {
+    let bar = if quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(0) };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>8} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(label.to_string());
+    let b = bar.clone();
+    let f = ProgressFn::new(move |done, total| {
+        b.set_length(total);
+        b.set_position(done);
+    });
+    (bar, f)
+}
+
+fn copy(src: &str, dst: &str, so: &StorageOptions, overwrite: bool, quiet: bool) -> Result<ExitCode> {
+    let r = open(src, so)?;
+    let (bar, f) = progress_bar("read", quiet);
+    let tree = r.load(&LoadOptions { progress: Some(f), ..Default::default() })?;
+    bar.finish_and_clear();
+    let m = r.manifest();
+    let (bar, f) = progress_bar("write", quiet);
+    let opts = SaveOptions { overwrite, metadata: m.metadata.clone(), progress: Some(f), ..Default::default() };
+    let info = treepack::save(&tree, location(dst, so)?, &opts).with_context(|| format!("saving to `{dst}`"))?;
+    bar.finish_and_clear();
+    println!(
+        "copied {} leaves ({} of array data) from {src} to {dst}: {} written in {} pack(s)",
+        info.leaves,
+        human_bytes(info.array_bytes),
+        human_bytes(info.bytes_written),
+        info.packs
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 struct Totals {
@@ -101,8 +165,8 @@ struct Totals {
     array_bytes: u64,
 }
 
-fn inspect(path: &str, as_json: bool, key: Option<&str>) -> Result<ExitCode> {
-    let r = open(path)?;
+fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>) -> Result<ExitCode> {
+    let r = open(path, so)?;
     let m = r.manifest();
     let node = r.entry(key.unwrap_or(""))?;
     let mut t = Totals { leaves: 0, arrays: 0, array_bytes: 0 };
@@ -196,8 +260,8 @@ fn render(t: &Tree<Entry>, name: String, prefix: &str, last: bool, root: bool, o
     }
 }
 
-fn ls(path: &str, patterns: &[String]) -> Result<ExitCode> {
-    let r = open(path)?;
+fn ls(path: &str, so: &StorageOptions, patterns: &[String]) -> Result<ExitCode> {
+    let r = open(path, so)?;
     let sel = treepack::keypath::Selection::new(patterns)?;
     let mut n = 0;
     r.manifest().root.for_each_leaf(&mut |p, e| {
@@ -223,8 +287,8 @@ fn split_key_slice(key: &str) -> (&str, Option<&str>) {
     (key, None)
 }
 
-fn cat(path: &str, key: &str) -> Result<ExitCode> {
-    let r = open(path)?;
+fn cat(path: &str, so: &StorageOptions, key: &str) -> Result<ExitCode> {
+    let r = open(path, so)?;
     let (k, slice) = split_key_slice(key);
     match slice {
         Some(s) => {
@@ -239,8 +303,8 @@ fn cat(path: &str, key: &str) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn verify(path: &str, as_json: bool) -> Result<ExitCode> {
-    let r = open(path)?;
+fn verify(path: &str, so: &StorageOptions, as_json: bool) -> Result<ExitCode> {
+    let r = open(path, so)?;
     let rep = r.verify()?;
     if as_json {
         let problems: Vec<_> = rep
@@ -273,7 +337,7 @@ fn verify(path: &str, as_json: bool) -> Result<ExitCode> {
     Ok(if rep.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
-fn demo(dir: &str, overwrite: bool) -> Result<ExitCode> {
+fn demo(dir: &str, so: &StorageOptions, overwrite: bool) -> Result<ExitCode> {
     let tree = treepack::demo::example_tree();
     let opts = SaveOptions {
         overwrite,
@@ -281,7 +345,8 @@ fn demo(dir: &str, overwrite: bool) -> Result<ExitCode> {
         chunk_bytes: 128 << 10,
         ..Default::default()
     };
-    let info = treepack::save(&tree, dir, &opts).with_context(|| format!("saving the demo tree to `{dir}`"))?;
+    let info =
+        treepack::save(&tree, location(dir, so)?, &opts).with_context(|| format!("saving the demo tree to `{dir}`"))?;
     println!(
         "saved {} leaves ({} arrays, {} of array data) to {dir}: {} chunks ({} unique) in {} pack(s), {} written\n",
         info.leaves,
@@ -292,13 +357,13 @@ fn demo(dir: &str, overwrite: bool) -> Result<ExitCode> {
         info.packs,
         human_bytes(info.bytes_written)
     );
-    inspect(dir, false, None)?;
-    let back = treepack::load(dir, &LoadOptions::default())?;
+    inspect(dir, so, false, None)?;
+    let back = treepack::load(location(dir, so)?, &LoadOptions::default())?;
     if !back.exact_eq(&tree) {
         bail!("the loaded tree differs from the saved one");
     }
     println!("\nloaded back: identical to what was saved (all chunk hashes verified)");
-    let r = open(dir)?;
+    let r = open(dir, so)?;
     let part = r.read_array("params/dense/kernel", "0:2, 0:4")?;
     println!("partial read params/dense/kernel[0:2, 0:4] = \n{}", show::format_array(&part));
     println!("\ntry: treepack inspect {dir} | treepack ls {dir} 'params/**' | treepack cat {dir} 'dtypes/record_dtype' | treepack verify {dir}");

@@ -101,3 +101,39 @@ fn gc_command() {
     assert!(out.contains("removed packs/0000000000000000-0.tpp"), "{out}");
     run_ok(&["verify", c.to_str().unwrap()]);
 }
+
+#[path = "../../treepack/tests/support/servers.rs"]
+mod servers;
+
+#[test]
+fn cp_to_s3_and_back_with_storage_options() {
+    let moto = servers::moto("bucket");
+    let ep = format!("endpoint={}", moto.url());
+    let o = ["-o", &ep, "-o", "region=us-east-1", "-o", "access_key_id=k", "-o", "secret_access_key=s"];
+    let d = tempfile::tempdir().unwrap();
+    let local = d.path().join("ckpt");
+    let l = local.to_str().unwrap();
+    run_ok(&["demo", l]);
+    let out = run_ok(&[&o[..], &["cp", l, "s3://bucket/runs/ckpt"]].concat());
+    assert!(out.contains("copied 41 leaves"), "{out}");
+    let out = run_ok(&[&o[..], &["inspect", "s3://bucket/runs/ckpt"]].concat());
+    assert!(out.contains("totals: 41 leaves, 18 arrays"), "{out}");
+    let out = run_ok(&[&o[..], &["verify", "s3://bucket/runs/ckpt"]].concat());
+    assert!(out.starts_with("OK:"), "{out}");
+    let out = run_ok(&[&o[..], &["cat", "s3://bucket/runs/ckpt", "params/dense/kernel[0, 0:3]"]].concat());
+    assert!(out.contains("float32[3]"), "{out}");
+    // Without --overwrite a second copy is refused with a clear message and exit code 2.
+    let out = tp().args([&o[..], &["cp", l, "s3://bucket/runs/ckpt"]].concat()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+    // And back to a single local file, identical leaf for leaf.
+    let back = d.path().join("back.tpk");
+    run_ok(&[&o[..], &["cp", "s3://bucket/runs/ckpt", back.to_str().unwrap()]].concat());
+    let a = treepack::load(l, &Default::default()).unwrap();
+    let b = treepack::load(back.to_str().unwrap(), &Default::default()).unwrap();
+    assert!(a.exact_eq(&b));
+    // A malformed option is refused before anything happens.
+    let out = tp().args(["-o", "novalue", "inspect", l]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("KEY=VALUE"));
+}

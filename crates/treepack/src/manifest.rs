@@ -536,12 +536,16 @@ fn check_version_prefix(bytes: &[u8], file: &str) -> Result<()> {
         });
     };
     let major: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let found: String = rest.chars().take_while(|&c| c != ']').take(20).collect();
+    // A version that is not `[integer, integer]` is damage, not a newer format.
+    let minor_ok = found
+        .strip_prefix(major.as_str())
+        .and_then(|r| r.strip_prefix(','))
+        .is_some_and(|m| !m.is_empty() && m.chars().all(|c| c.is_ascii_digit()));
     match major.parse::<u32>() {
-        Ok(m) if m == u32::from(VERSION_MAJOR) => Ok(()),
-        _ => {
-            let found: String = rest.chars().take_while(|&c| c != ']').take(20).collect();
-            Err(Error::UnsupportedVersion { file: file.into(), found, supported: VERSION_MAJOR })
-        }
+        Ok(m) if minor_ok && m == u32::from(VERSION_MAJOR) => Ok(()),
+        Ok(_) if minor_ok => Err(Error::UnsupportedVersion { file: file.into(), found, supported: VERSION_MAJOR }),
+        _ => Err(Error::manifest(file, "version", format!("`[{found}]` is not [major, minor] with integer parts"))),
     }
 }
 

@@ -211,7 +211,19 @@ impl Reader {
                     _ => keys.extend(j.entry.chunks().iter().map(|c| (c.pack, c.offset, c.length))),
                 }
             }
+            // A single file's header sits right before its first chunk: check it with the first
+            // batch of a full load (the range coalesces with that chunk's read, so it costs no extra
+            // request; selective loads skip it and read only the selected chunks).
+            let header_key = (0u32, 0u64, container::HEADER_LEN);
+            let check_header = start == 0 && everything && prefix.is_empty() && self.loc.layout() == Layout::SingleFile;
+            if check_header {
+                keys.push(header_key);
+            }
             let fetched = self.fetch_keys(keys, opts.mmap, tracker.as_ref()).await?;
+            if check_header {
+                let h = fetched.get(&header_key).map(|b| b.as_ref()).unwrap_or_default();
+                container::check_header(h, &self.manifest_file)?;
+            }
             let built: Vec<(usize, Leaf)> =
                 batch.par_iter().map(|j| Ok((j.id, self.assemble(j, &fetched, opts)?))).collect::<Result<Vec<_>>>()?;
             results.extend(built);

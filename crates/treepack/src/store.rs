@@ -686,7 +686,18 @@ fn normalize_local(p: &Path) -> PathBuf {
 fn read_local_ranges(p: &Path, ranges: &[Range<u64>], stats: &IoStats, file: &str) -> Result<Vec<Bytes>> {
     use rayon::prelude::*;
     use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(p).map_err(|e| Error::Io { path: p.to_path_buf(), source: e })?;
+    let f = std::fs::File::open(p).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Error::NotFound {
+                location: file.to_string(),
+                detail:
+                    "a pack file the manifest lists is missing: the tree is incomplete (deleted, or not fully copied)"
+                        .into(),
+            }
+        } else {
+            Error::Io { path: p.to_path_buf(), source: e }
+        }
+    })?;
     ranges
         .par_iter()
         .map(|r| {

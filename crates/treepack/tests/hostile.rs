@@ -1,0 +1,296 @@
+//! The on-disk hostile corpus in `tests/hostile/`: crafted locations and files (truncations,
+//! wrong lengths, overlapping and out-of-range offsets, giant shapes, deep nesting, duplicate
+//! keys, bad UTF-8, NaN where integers belong, escaping pack paths, symlinks, unknown versions
+//! and codecs). Each must fail with the error kind listed in `tests/hostile/EXPECTED.tsv`, in
+//! under a second, without the process growing by 100 MiB.
+//!
+//! Regenerate after a deliberate format change: `TREEPACK_BLESS=1 cargo test -p treepack --test hostile`.
+//! Crashes found by fuzzing (fuzz/) are added here as further cases.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use treepack::hash::Hash32;
+use treepack::manifest::seal;
+use treepack::*;
+
+fn corpus_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/hostile")
+}
+
+const DATA: [u8; 16] = [1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0];
+const PACKS: &str = "[{\"path\":\"packs/p.tpp\",\"size\":16}]";
+
+fn chunk(pack: u32, offset: u64, data: &[u8]) -> String {
+    format!(
+        "{{\"pack\":{pack},\"offset\":{offset},\"length\":{},\"codec\":\"raw\",\"blake3\":\"{}\"}}",
+        data.len(),
+        Hash32::of(data).to_hex()
+    )
+}
+
+fn array_root(shape: &str, chunk_shape: &str, chunks: &str) -> String {
+    format!("{{\"t\":\"dict\",\"items\":[[\"w\",{{\"t\":\"array\",\"dtype\":\"int32\",\"shape\":{shape},\"chunk_shape\":{chunk_shape},\"chunks\":[{chunks}]}}]]}}")
+}
+
+fn body(packs: &str, root: &str) -> Vec<u8> {
+    format!(
+        "{{\"format\":\"treepack\",\"version\":[1,0],\n\"writer\":\"hostile\",\n\"packs\":{packs},\n\"root\":{root}"
+    )
+    .into_bytes()
+}
+
+/// How a case is laid out on disk.
+enum Build {
+    /// A directory with this (already sealed or raw) manifest and pack bytes at `packs/p.tpp`.
+    Dir { manifest: Vec<u8>, pack: Option<Vec<u8>> },
+    /// A directory whose manifest is sealed from `packs`/`root`.
+    Sealed { packs: String, root: String, pack: Option<Vec<u8>> },
+    /// A single `.tpk` file with these bytes.
+    File(Vec<u8>),
+    /// Custom: write whatever is needed under the given path.
+    Custom(Box<dyn Fn(&Path)>),
+}
+
+struct Case {
+    name: &'static str,
+    kind: &'static str,
+    what: &'static str,
+    build: Build,
+}
+
+fn case(name: &'static str, kind: &'static str, what: &'static str, build: Build) -> Case {
+    Case { name, kind, what, build }
+}
+
+fn sealed(packs: &str, root: String, pack: Option<&[u8]>) -> Build {
+    Build::Sealed { packs: packs.to_string(), root, pack: pack.map(<[u8]>::to_vec) }
+}
+
+fn good_root() -> String {
+    array_root("[4]", "[4]", &chunk(0, 0, &DATA))
+}
+
+fn good_manifest() -> Vec<u8> {
+    seal(&body(PACKS, &good_root()))
+}
+
+/// A valid single file holding a 100 kB u8 array, for single-file damage.
+fn good_tpk() -> Vec<u8> {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t.tpk");
+    let arr = ArrayData::new(DType::U8, vec![100_000], vec![7u8; 100_000]).unwrap();
+    save(&Node::dict([("a", Node::from(arr))]), p.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    std::fs::read(&p).unwrap()
+}
+
+fn cases() -> Vec<Case> {
+    let tpk = good_tpk();
+    let n = tpk.len();
+    let flip = |i: usize, x: u8| {
+        let mut b = tpk.clone();
+        b[i] ^= x;
+        b
+    };
+    let with_footer = |off: u64, len: u64| {
+        let mut b = tpk.clone();
+        b[n - 64..].copy_from_slice(&container::footer(off, len));
+        b
+    };
+    let m = good_manifest();
+    vec![
+        // --- nothing, or not a manifest at all
+        case("empty-dir", "not_found", "a folder with no manifest", Build::Custom(Box::new(|p| std::fs::create_dir_all(p).unwrap()))),
+        case("manifest-empty", "not_treepack", "a 0-byte treepack.json", Build::Dir { manifest: vec![], pack: None }),
+        case("manifest-zip", "not_treepack", "a zip file named treepack.json", Build::Dir { manifest: b"PK\x03\x04 not json".to_vec(), pack: None }),
+        case("manifest-truncated", "not_treepack", "the last 10 bytes cut off", Build::Dir { manifest: m[..m.len() - 10].to_vec(), pack: Some(DATA.to_vec()) }),
+        case("manifest-half", "not_treepack", "cut in half", Build::Dir { manifest: m[..m.len() / 2].to_vec(), pack: Some(DATA.to_vec()) }),
+        case("manifest-edited", "manifest_checksum", "a value edited after sealing", Build::Dir { manifest: String::from_utf8(m.clone()).unwrap().replace("hostile", "hostilE").into_bytes(), pack: Some(DATA.to_vec()) }),
+        case("manifest-no-hash", "not_treepack", "valid JSON without the manifest_hash trailer", Build::Dir { manifest: [body(PACKS, &good_root()), b"}\n".to_vec()].concat(), pack: Some(DATA.to_vec()) }),
+        // --- versions and format name
+        case("version-future", "unsupported_version", "major version 7", Build::Dir { manifest: seal(&String::from_utf8(body(PACKS, &good_root())).unwrap().replace("[1,0]", "[7,0]").into_bytes()), pack: Some(DATA.to_vec()) }),
+        case("version-nan", "invalid_manifest", "NaN as the version", Build::Dir { manifest: seal(&String::from_utf8(body(PACKS, &good_root())).unwrap().replace("[1,0]", "[NaN,0]").into_bytes()), pack: Some(DATA.to_vec()) }),
+        case("version-float", "invalid_manifest", "1.5 as the major version", Build::Dir { manifest: seal(&String::from_utf8(body(PACKS, &good_root())).unwrap().replace("[1,0]", "[1.5,0]").into_bytes()), pack: Some(DATA.to_vec()) }),
+        case("format-name", "not_treepack", "format is not \"treepack\"", Build::Dir { manifest: seal(&String::from_utf8(body(PACKS, &good_root())).unwrap().replace("\"treepack\"", "\"safetensors\"").into_bytes()), pack: Some(DATA.to_vec()) }),
+        // --- JSON-level hostility
+        case("bad-utf8", "invalid_manifest", "invalid UTF-8 inside a string", Build::Dir { manifest: seal(b"{\"format\":\"treepack\",\"version\":[1,0],\n\"packs\":[],\n\"root\":\"\xff\xfe\""), pack: None }),
+        case("deep-nesting", "invalid_manifest", "200 000 nested lists", sealed("[]", "[".repeat(200_000) + &"]".repeat(200_000), None)),
+        case("deep-dicts", "invalid_manifest", "5 000 nested dict nodes", sealed("[]", "{\"t\":\"dict\",\"items\":[[\"a\",".repeat(5000) + "1" + &"]]}".repeat(5000), None)),
+        case("dup-keys", "invalid_manifest", "a dict with key `a` twice", sealed("[]", "{\"t\":\"dict\",\"items\":[[\"a\",1],[\"a\",2]]}".into(), None)),
+        case("dup-int-keys", "invalid_manifest", "a dict with int key 1 twice", sealed("[]", "{\"t\":\"dict\",\"items\":[[1,1],[1,2]]}".into(), None)),
+        case("dup-fields", "invalid_manifest", "a record with field `a` twice", sealed("[]", "{\"t\":\"record\",\"type\":\"x\",\"fields\":[[\"a\",1],[\"a\",2]]}".into(), None)),
+        case("dup-member", "invalid_manifest", "a JSON object with `items` twice", sealed("[]", "{\"t\":\"tuple\",\"items\":[],\"items\":[1]}".into(), None)),
+        case("unknown-node", "invalid_manifest", "a node type `pickle` carrying a payload", sealed("[]", "{\"t\":\"pickle\",\"v\":\"cos\\nsystem\"}".into(), None)),
+        case("list-key", "invalid_manifest", "an unhashable (list) dict key", sealed("[]", "{\"t\":\"dict\",\"items\":[[[1],2]]}".into(), None)),
+        case("bad-int", "invalid_manifest", "a big int `12x`", sealed("[]", "{\"t\":\"int\",\"v\":\"12x\"}".into(), None)),
+        case("bad-base64", "invalid_manifest", "inline bytes that are not base64", sealed("[]", "{\"t\":\"bytes\",\"b64\":\"!!\"}".into(), None)),
+        case("trailing-garbage", "invalid_manifest", "garbage after the root", sealed("[]", "1} {".into(), None)),
+        case("object-dtype", "invalid_manifest", "dtype `object`", sealed("[]", "{\"t\":\"array\",\"dtype\":\"object\",\"shape\":[],\"data\":\"\"}".into(), None)),
+        case("inline-length", "invalid_manifest", "inline array data of the wrong length", sealed("[]", "{\"t\":\"array\",\"dtype\":\"int32\",\"shape\":[4],\"data\":\"AAAA\"}".into(), None)),
+        // --- shapes, chunk grids and offsets
+        case("shape-nan", "invalid_manifest", "NaN in a shape", sealed(PACKS, array_root("[NaN]", "[4]", &chunk(0, 0, &DATA)), Some(&DATA))),
+        case("shape-float", "invalid_manifest", "4.5 in a shape", sealed(PACKS, array_root("[4.5]", "[4]", &chunk(0, 0, &DATA)), Some(&DATA))),
+        case("shape-negative", "invalid_manifest", "-4 in a shape", sealed(PACKS, array_root("[-4]", "[4]", &chunk(0, 0, &DATA)), Some(&DATA))),
+        case("shape-giant", "invalid_manifest", "2^32 × 2^32 elements (overflows u64 bytes)", sealed(PACKS, array_root("[4294967296,4294967296]", "[1,1]", &chunk(0, 0, &DATA)), Some(&DATA))),
+        case("grid-giant", "invalid_manifest", "a grid of 2^40 chunks with one listed", sealed(PACKS, array_root("[1099511627776]", "[1]", &chunk(0, 0, &DATA)), Some(&DATA))),
+        case("chunk-giant", "out_of_bounds", "one chunk claiming 1 TiB", sealed(PACKS, array_root("[274877906944]", "[274877906944]", "{\"pack\":0,\"offset\":0,\"length\":1099511627776,\"codec\":\"raw\",\"blake3\":\"af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262\"}"), Some(&DATA))),
+        case("ndim-65", "invalid_manifest", "65 dimensions", sealed(PACKS, array_root(&format!("[4{}]", ",1".repeat(64)), &format!("[4{}]", ",1".repeat(64)), &chunk(0, 0, &DATA)), Some(&DATA))),
+        case("chunk-dim-zero", "invalid_manifest", "a zero chunk dimension", sealed(PACKS, array_root("[4]", "[0]", &chunk(0, 0, &DATA)), Some(&DATA))),
+        case("chunk-count", "invalid_manifest", "fewer chunks listed than the grid has", sealed(PACKS, array_root("[4]", "[2]", &chunk(0, 0, &DATA)), Some(&DATA))),
+        case("chunk-length", "invalid_manifest", "chunk length disagrees with shape × itemsize", sealed(PACKS, array_root("[5]", "[5]", &chunk(0, 0, &DATA)), Some(&DATA))),
+        case("offset-past-end", "out_of_bounds", "a chunk beyond its pack's declared size", sealed(PACKS, array_root("[4]", "[4]", &chunk(0, 8, &DATA)), Some(&DATA))),
+        case("offset-overflow", "out_of_bounds", "offset + length overflows u64", sealed(PACKS, array_root("[4]", "[4]", &chunk(0, u64::MAX - 2, &DATA)), Some(&DATA))),
+        case("overlapping-chunks", "chunk_corrupt", "chunk 1 overlaps chunk 0 (bytes 8..24 of 32) with a hash of other data", sealed("[{\"path\":\"packs/p.tpp\",\"size\":32}]", array_root("[8]", "[4]", &format!("{},{}", chunk(0, 0, &DATA), chunk(0, 8, &[9u8; 16]))), Some(&[DATA, DATA].concat()))),
+        case("pack-index", "out_of_bounds", "a chunk in pack 3 of 1", sealed(PACKS, array_root("[4]", "[4]", &chunk(3, 0, &DATA)), Some(&DATA))),
+        case("pack-truncated", "out_of_bounds", "the pack is shorter than declared", sealed(PACKS, good_root(), Some(&DATA[..8]))),
+        case("pack-missing", "not_found", "the pack file does not exist", sealed(PACKS, good_root(), None)),
+        case("pack-size-huge", "out_of_bounds", "a pack declared as 2^62 bytes, a chunk at 2^40 in a 16-byte file", sealed("[{\"path\":\"packs/p.tpp\",\"size\":4611686018427387904}]", array_root("[4]", "[4]", &chunk(0, 1 << 40, &DATA)), Some(&DATA))),
+        case("unknown-codec", "invalid_manifest", "codec `zstd9`", sealed(PACKS, array_root("[4]", "[4]", &chunk(0, 0, &DATA).replace("raw", "zstd9")), Some(&DATA))),
+        case("bad-hash-hex", "invalid_manifest", "a BLAKE3 that is not hex", sealed(PACKS, array_root("[4]", "[4]", &chunk(0, 0, &DATA).replace("\"blake3\":\"", "\"blake3\":\"zz")), Some(&DATA))),
+        case("corrupt-data", "chunk_corrupt", "pack bytes that do not match their hash", sealed(PACKS, array_root("[4]", "[4]", &chunk(0, 0, &[9; 16])), Some(&DATA))),
+        case("blob-bad-utf8", "invalid_manifest", "a string blob that is not UTF-8", sealed(PACKS, format!("{{\"t\":\"str\",\"size\":2,\"blob\":{}}}", chunk(0, 0, &[0xff, 0xfe])), Some(&[0xff, 0xfe]))),
+        case("blob-size", "invalid_manifest", "a blob whose size disagrees with its chunk", sealed(PACKS, format!("{{\"t\":\"bytes\",\"size\":5,\"blob\":{}}}", chunk(0, 0, &DATA)), Some(&DATA))),
+        // --- pack paths and links
+        case("pack-path-parent", "invalid_manifest", "pack path `../outside.tpp`", sealed("[{\"path\":\"../outside.tpp\",\"size\":16}]", good_root(), None)),
+        case("pack-path-absolute", "invalid_manifest", "pack path `/etc/passwd`", sealed("[{\"path\":\"/etc/passwd\",\"size\":16}]", good_root(), None)),
+        case("pack-path-sneaky", "invalid_manifest", "pack path `packs/../../x`", sealed("[{\"path\":\"packs/../../x\",\"size\":16}]", good_root(), None)),
+        case("pack-path-backslash", "invalid_manifest", "pack path with a backslash", sealed("[{\"path\":\"packs/a\\\\b\",\"size\":16}]", good_root(), None)),
+        case("symlink-pack", "out_of_bounds", "packs/p.tpp is a symlink to /etc/hostname", Build::Custom(Box::new(|p| {
+            std::fs::create_dir_all(p.join("packs")).unwrap();
+            std::fs::write(p.join("treepack.json"), good_manifest()).unwrap();
+            std::os::unix::fs::symlink("/etc/hostname", p.join("packs/p.tpp")).unwrap();
+        }))),
+        case("symlink-manifest", "out_of_bounds", "treepack.json is a symlink", Build::Custom(Box::new(|p| {
+            std::fs::create_dir_all(p.join("packs")).unwrap();
+            std::fs::write(p.join("packs/p.tpp"), DATA).unwrap();
+            std::fs::write(p.join("real.json"), good_manifest()).unwrap();
+            std::os::unix::fs::symlink("real.json", p.join("treepack.json")).unwrap();
+        }))),
+        // --- single files
+        case("tpk-empty.tpk", "not_treepack", "a 0-byte .tpk", Build::File(vec![])),
+        case("tpk-header-only.tpk", "not_treepack", "only the 64-byte header", Build::File(tpk[..64].to_vec())),
+        case("tpk-truncated.tpk", "not_treepack", "cut in the middle", Build::File(tpk[..n / 2].to_vec())),
+        case("tpk-bad-magic.tpk", "not_treepack", "header magic changed", Build::File(flip(0, 0x20))),
+        case("tpk-future-version.tpk", "unsupported_version", "header says format 9", Build::File({
+            let mut b = tpk.clone();
+            b[8] = 9;
+            b
+        })),
+        case("tpk-footer-past-end.tpk", "not_treepack", "footer points past the end", Build::File(with_footer(n as u64, 100))),
+        case("tpk-footer-huge-len.tpk", "not_treepack", "footer declares a 1 TiB manifest", Build::File(with_footer(64, 1 << 40))),
+        case("tpk-footer-into-header.tpk", "not_treepack", "manifest range overlapping the header", Build::File(with_footer(0, 100))),
+        case("tpk-footer-reserved.tpk", "not_treepack", "non-zero reserved footer bytes", Build::File(flip(n - 30, 1))),
+        case("tpk-corrupt-chunk.tpk", "chunk_corrupt", "one data byte flipped", Build::File(flip(5000, 1))),
+        case("tpk-not-a-tpk.tpk", "not_treepack", "an HDF5 signature", Build::File(b"\x89HDF\r\n\x1a\n and more bytes that are not treepack at all".repeat(3))),
+    ]
+}
+
+fn write_case(root: &Path, c: &Case) {
+    let p = root.join(c.name);
+    match &c.build {
+        Build::Dir { manifest, pack } => {
+            std::fs::create_dir_all(p.join("packs")).unwrap();
+            std::fs::write(p.join("treepack.json"), manifest).unwrap();
+            if let Some(d) = pack {
+                std::fs::write(p.join("packs/p.tpp"), d).unwrap();
+            }
+        }
+        Build::Sealed { packs, root: r, pack } => {
+            std::fs::create_dir_all(p.join("packs")).unwrap();
+            std::fs::write(p.join("treepack.json"), seal(&body(packs, r))).unwrap();
+            if let Some(d) = pack {
+                std::fs::write(p.join("packs/p.tpp"), d).unwrap();
+            }
+        }
+        Build::File(b) => std::fs::write(&p, b).unwrap(),
+        Build::Custom(f) => f(&p),
+    }
+    // Git does not keep empty folders.
+    if p.is_dir() && std::fs::read_dir(&p).unwrap().next().is_none() {
+        std::fs::write(p.join(".keep"), b"").unwrap();
+    }
+}
+
+fn expected() -> Vec<(String, String, String)> {
+    let text = std::fs::read_to_string(corpus_dir().join("EXPECTED.tsv"))
+        .expect("tests/hostile/EXPECTED.tsv is missing: run TREEPACK_BLESS=1 cargo test -p treepack --test hostile");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let mut f = l.splitn(3, '\t');
+            (f.next().unwrap().into(), f.next().unwrap().into(), f.next().unwrap_or("").into())
+        })
+        .collect()
+}
+
+#[test]
+fn corpus_matches_its_generator() {
+    let cs = cases();
+    if std::env::var("TREEPACK_BLESS").is_ok() {
+        let root = corpus_dir();
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let mut tsv =
+            String::from("# case\texpected error kind\twhat it is (generated by crates/treepack/tests/hostile.rs)\n");
+        for c in &cs {
+            write_case(&root, c);
+            tsv.push_str(&format!("{}\t{}\t{}\n", c.name, c.kind, c.what));
+        }
+        std::fs::write(root.join("EXPECTED.tsv"), tsv).unwrap();
+    }
+    let names: Vec<String> = cs.iter().map(|c| c.name.to_string()).collect();
+    let listed: Vec<String> = expected().into_iter().map(|e| e.0).collect();
+    assert_eq!(names, listed, "tests/hostile is stale: re-bless");
+    // Fresh generation gives the same bytes as the committed corpus (single files compared).
+    let d = tempfile::tempdir().unwrap();
+    for c in cs.iter().filter(|c| matches!(c.build, Build::File(_))) {
+        write_case(d.path(), c);
+        assert_eq!(
+            std::fs::read(d.path().join(c.name)).unwrap(),
+            std::fs::read(corpus_dir().join(c.name)).unwrap(),
+            "{}",
+            c.name
+        );
+    }
+}
+
+fn peak_rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn every_hostile_case_fails_fast_with_its_error_kind() {
+    let rows = expected();
+    assert!(rows.len() >= 40, "the corpus holds {} cases; the bar is 40", rows.len());
+    let base = peak_rss_kib();
+    let mut report = vec![];
+    for (name, kind, what) in &rows {
+        let path = corpus_dir().join(name);
+        let p = path.to_str().unwrap();
+        let t = Instant::now();
+        let e = load(p, &LoadOptions::default()).expect_err(name);
+        let took = t.elapsed();
+        assert_eq!(e.kind(), kind, "{name} ({what}): {e}");
+        assert!(took < Duration::from_secs(1), "{name} took {took:?}");
+        // The message names the location, so users can find the bad file.
+        assert!(e.to_string().contains(name.as_str()), "{name}: {e}");
+        // The other entry points refuse it too (or, where only data is bad, read just the manifest).
+        let t = Instant::now();
+        match open(p) {
+            Ok(r) => {
+                let _ = r.structure();
+                let _ = r.verify();
+            }
+            Err(e2) => assert_eq!(e2.kind(), *kind, "{name} via open: {e2}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(1), "{name}: open+verify took {:?}", t.elapsed());
+        report.push(format!("{name}: {kind} in {took:?}"));
+    }
+    let grew_mib = peak_rss_kib().saturating_sub(base) / 1024;
+    assert!(grew_mib < 100, "peak RSS grew by {grew_mib} MiB over the corpus");
+    eprintln!("{} hostile cases, peak RSS growth {grew_mib} MiB\n{}", rows.len(), report.join("\n"));
+}

@@ -96,6 +96,7 @@ impl Reader {
     /// # Errors
     /// [`Error::NotFound`] if no tree is there; format errors for damaged manifests.
     pub async fn open_async(loc: Location) -> Result<Reader> {
+        let loc = loc.pin()?;
         let (bytes, file) = match loc.layout() {
             Layout::Directory => {
                 let file = loc.file_name(MANIFEST_NAME);

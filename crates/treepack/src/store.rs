@@ -134,6 +134,9 @@ pub struct Location {
     read_only: bool,
     /// Request shaping for remote stores (`None` for local disk and memory).
     remote: Option<RemoteTuning>,
+    /// A local single file opened once by [`Location::pin`]: readers keep reading the file they
+    /// opened even if a concurrent save replaces it (rename) under the same name.
+    pinned: Option<Arc<std::fs::File>>,
     stats: Arc<IoStats>,
 }
 
@@ -192,6 +195,7 @@ impl Location {
                 local: None,
                 read_only: false,
                 remote: None,
+                pinned: None,
                 stats: Arc::default(),
             });
         }
@@ -206,6 +210,7 @@ impl Location {
                     local: None,
                     read_only,
                     remote: Some(tuning),
+                    pinned: None,
                     stats: Arc::default(),
                 });
             }
@@ -224,6 +229,7 @@ impl Location {
             local: Some(path),
             read_only: false,
             remote: None,
+            pinned: None,
             stats: Arc::default(),
         })
     }
@@ -231,6 +237,37 @@ impl Location {
     /// Whether the location is on a remote object store (S3, GCS, Azure, HTTP).
     pub fn is_remote(&self) -> bool {
         self.remote.is_some()
+    }
+
+    /// For a local single file, open it now and read through that handle from then on (a
+    /// no-op elsewhere). Readers pin so that a save replacing the file mid-read cannot make them
+    /// mix the old manifest with the new file's bytes.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] if the file does not exist; symlinks are refused.
+    pub fn pin(&self) -> Result<Location> {
+        let (Some(p), Layout::SingleFile, None) = (&self.local, self.layout, &self.pinned) else {
+            return Ok(self.clone());
+        };
+        let f = std::fs::File::open(p).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::NotFound { location: self.display.clone(), detail: format!("`{}` does not exist", p.display()) }
+            } else {
+                Error::Io { path: p.clone(), source: e }
+            }
+        })?;
+        if std::fs::symlink_metadata(p).map(|m| m.file_type().is_symlink()).unwrap_or(false) {
+            return Err(Error::OutOfBounds {
+                file: p.display().to_string(),
+                key: String::new(),
+                reason: "is a symbolic link; treepack does not follow links".into(),
+            });
+        }
+        Ok(Location { pinned: Some(Arc::new(f)), ..self.clone() })
+    }
+
+    fn pinned_file(&self, rel: &str) -> Option<&Arc<std::fs::File>> {
+        self.pinned.as_ref().filter(|_| rel == "." || rel.is_empty())
     }
 
     /// Request shaping of a remote location (`None` when local or in memory).
@@ -375,6 +412,10 @@ impl Location {
 
     /// Size of an object in bytes.
     pub async fn size(&self, rel: &str) -> Result<u64> {
+        if let Some(f) = self.pinned_file(rel) {
+            let p = self.local.clone().unwrap_or_default();
+            return f.metadata().map(|m| m.len()).map_err(|e| Error::Io { path: p, source: e });
+        }
         self.check_no_symlink(rel)?;
         if let Some(p) = self.local_file(rel) {
             return std::fs::metadata(&p).map(|m| m.len()).map_err(|e| {
@@ -398,6 +439,12 @@ impl Location {
     pub async fn read_ranges(&self, rel: &str, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>> {
         if ranges.is_empty() {
             return Ok(vec![]);
+        }
+        if let Some(f) = self.pinned_file(rel).cloned() {
+            let (stats, file, p) = (self.stats.clone(), self.file_name(rel), self.local.clone().unwrap_or_default());
+            return tokio::task::spawn_blocking(move || read_file_ranges(&f, &p, &ranges, &stats, &file))
+                .await
+                .map_err(|e| Error::Serde(format!("read task failed: {e}")))?;
         }
         self.check_no_symlink(rel)?;
         if let Some(p) = self.local_file(rel) {
@@ -492,7 +539,10 @@ impl Location {
     pub fn mmap(&self, rel: &str) -> Result<Option<Bytes>> {
         self.check_no_symlink(rel)?;
         let Some(p) = self.local_file(rel) else { return Ok(None) };
-        let f = std::fs::File::open(&p).map_err(|e| Error::Io { path: p.clone(), source: e })?;
+        let f = match self.pinned_file(rel) {
+            Some(f) => f.try_clone().map_err(|e| Error::Io { path: p.clone(), source: e })?,
+            None => std::fs::File::open(&p).map_err(|e| Error::Io { path: p.clone(), source: e })?,
+        };
         // SAFETY: treepack never modifies committed files in place (writes are temp + rename),
         // so the mapping stays valid; callers opt in to mmap knowing another program could
         // truncate the file underneath them.
@@ -684,8 +734,6 @@ fn normalize_local(p: &Path) -> PathBuf {
 }
 
 fn read_local_ranges(p: &Path, ranges: &[Range<u64>], stats: &IoStats, file: &str) -> Result<Vec<Bytes>> {
-    use rayon::prelude::*;
-    use std::os::unix::fs::FileExt;
     let f = std::fs::File::open(p).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             Error::NotFound {
@@ -698,6 +746,18 @@ fn read_local_ranges(p: &Path, ranges: &[Range<u64>], stats: &IoStats, file: &st
             Error::Io { path: p.to_path_buf(), source: e }
         }
     })?;
+    read_file_ranges(&f, p, ranges, stats, file)
+}
+
+fn read_file_ranges(
+    f: &std::fs::File,
+    p: &Path,
+    ranges: &[Range<u64>],
+    stats: &IoStats,
+    file: &str,
+) -> Result<Vec<Bytes>> {
+    use rayon::prelude::*;
+    use std::os::unix::fs::FileExt;
     ranges
         .par_iter()
         .map(|r| {

@@ -4,7 +4,9 @@
 //! killed with SIGKILL at pseudo-random moments, 60 times. After every kill the location must load
 //! (with all hashes verified) as exactly the old or the new tree — never a partial one — and `gc`
 //! must leave a loadable tree. `two_writers_exactly_one_wins`: concurrent creates of the same
-//! location — exactly one succeeds, the other gets `AlreadyExists`.
+//! location — exactly one succeeds, the other gets `AlreadyExists`, both as threads and as separate
+//! processes. `reader_process_during_saves_sees_whole_trees`: a reader racing a writer process
+//! sees the old tree, the new tree, or "not found" — never a mixed or corrupt one.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -139,5 +141,88 @@ fn two_writers_exactly_one_wins() {
             let got = load(&loc, &LoadOptions::default()).unwrap();
             assert!(got.exact_eq(&Node::dict([("writer", Node::from(winner))])));
         }
+    }
+}
+
+/// Runs only as a child of `two_processes_exactly_one_wins`: wait for the go-file, save once,
+/// and report through the exit code (0 saved, 3 already exists, 4 anything else).
+#[test]
+fn race_child_helper() {
+    let Ok(loc) = std::env::var("TREEPACK_RACE_CHILD") else { return };
+    let v: i64 = std::env::var("TREEPACK_RACE_WRITER").unwrap().parse().unwrap();
+    let go = std::path::PathBuf::from(std::env::var("TREEPACK_RACE_GO").unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !go.exists() {
+        assert!(std::time::Instant::now() < deadline, "no go signal");
+        std::thread::yield_now();
+    }
+    let big = ArrayData::new(DType::U8, vec![1 << 20], vec![v as u8; 1 << 20]).unwrap();
+    let t = Node::dict([("writer", Node::from(v)), ("data", Node::from(big))]);
+    let code = match save(&t, &loc, &SaveOptions::default()) {
+        Ok(_) => 0,
+        Err(Error::AlreadyExists { .. }) => 3,
+        Err(_) => 4,
+    };
+    std::process::exit(code);
+}
+
+#[test]
+fn two_processes_exactly_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..10 {
+        for ext in ["", ".tpk"] {
+            let loc = dir.path().join(format!("prace{round}{ext}"));
+            let loc = loc.to_str().unwrap().to_string();
+            let go = dir.path().join(format!("go{round}{ext}"));
+            let mut kids: Vec<_> = (1..=2)
+                .map(|v| {
+                    Command::new(std::env::current_exe().unwrap())
+                        .args(["--exact", "race_child_helper", "--nocapture", "--test-threads=1"])
+                        .env("TREEPACK_RACE_CHILD", &loc)
+                        .env("TREEPACK_RACE_WRITER", v.to_string())
+                        .env("TREEPACK_RACE_GO", &go)
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect();
+            std::fs::write(&go, b"go").unwrap();
+            let codes: Vec<i32> = kids.iter_mut().map(|k| k.wait().unwrap().code().unwrap_or(-1)).collect();
+            let mut sorted = codes.clone();
+            sorted.sort();
+            assert_eq!(sorted, vec![0, 3], "round {round}{ext}: exit codes {codes:?} (0 saved, 3 already exists)");
+            let winner = codes.iter().position(|&c| c == 0).unwrap() as i64 + 1;
+            let got = load(&loc, &LoadOptions::default()).unwrap();
+            assert!(keypath::resolve(&got, "writer").unwrap().exact_eq(&Node::from(winner)), "round {round}{ext}");
+        }
+    }
+}
+
+#[test]
+fn reader_process_during_saves_sees_whole_trees() {
+    let dir = tempfile::tempdir().unwrap();
+    for layout in ["tree", "tree.tpk"] {
+        let loc = dir.path().join(layout);
+        let loc = loc.to_str().unwrap().to_string();
+        save(&version(1), &loc, &SaveOptions::default()).unwrap();
+        let (a, b) = (version(1), version(2));
+        // The writer overwrites 1 -> 2 -> 1 ... until killed.
+        let mut writer = child(&loc).spawn().unwrap();
+        let (mut seen_a, mut seen_b, mut not_found) = (0, 0, 0);
+        for i in 0..40 {
+            match load(&loc, &LoadOptions::default()) {
+                Ok(t) if t.exact_eq(&a) => seen_a += 1,
+                Ok(t) if t.exact_eq(&b) => seen_b += 1,
+                Ok(_) => panic!("{layout}: load {i} returned a tree that is neither version"),
+                // A reader that read the old manifest may find the old packs already replaced.
+                Err(e) if e.kind() == "not_found" => not_found += 1,
+                Err(e) => panic!("{layout}: load {i} failed with {} ({e})", e.kind()),
+            }
+        }
+        writer.kill().unwrap();
+        writer.wait().unwrap();
+        eprintln!("{layout}: old {seen_a}, new {seen_b}, not found {not_found}");
+        assert!(seen_a + seen_b >= 20, "{layout}: most loads see a whole tree");
     }
 }

@@ -110,3 +110,21 @@ fn blocking_api_works_inside_a_tokio_runtime() {
         assert!(back.exact_eq(&arr(10, 1)));
     });
 }
+
+#[test]
+fn a_reader_keeps_reading_the_single_file_it_opened() {
+    // Regression: a reader that opened `t.tpk`, then saw it replaced by a concurrent save, used to
+    // read the new file's bytes at the old manifest's offsets (a spurious ChunkCorrupt).
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t.tpk");
+    let ps = p.to_str().unwrap();
+    let (v1, v2) = (Node::dict([("a", arr(100_000, 1))]), Node::dict([("a", arr(100_000, 2))]));
+    save(&v1, ps, &SaveOptions::default()).unwrap();
+    let r = open(ps).unwrap();
+    save(&v2, ps, &SaveOptions { overwrite: true, ..Default::default() }).unwrap();
+    assert!(r.load(&LoadOptions::default()).unwrap().exact_eq(&v1));
+    assert!(r.load(&LoadOptions { mmap: true, ..Default::default() }).unwrap().exact_eq(&v1));
+    assert_eq!(r.read_array("a", "5").unwrap().bytes().as_ref(), &[1]);
+    assert!(r.verify().unwrap().ok());
+    assert!(open(ps).unwrap().load(&LoadOptions::default()).unwrap().exact_eq(&v2));
+}

@@ -11,7 +11,11 @@ secs="${1:-300}"; shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then targets=(manifest directory single_file keypath); fi
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
-[ -d corpus/manifest ] || ../.venv/bin/python make_seeds.py
+# The kept corpus (minimised with `cargo fuzz cmin`) lives compressed in corpus.tar.xz; re-pack it
+# after a run with: cargo fuzz cmin -s none -a <target> corpus/<target>; tar -cJf corpus.tar.xz corpus
+if [ ! -d corpus/manifest ]; then
+  if [ -f corpus.tar.xz ]; then tar -xJf corpus.tar.xz; else ../.venv/bin/python make_seeds.py; fi
+fi
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t"
   echo "== fuzz $t for ${secs}s"

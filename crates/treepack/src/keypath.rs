@@ -46,6 +46,16 @@ impl Segment {
     }
 }
 
+/// The escaped path segment of a dict key (without cloning the key into a [`Segment`]).
+pub(crate) fn key_segment_text(k: &Key) -> String {
+    key_text(k, false)
+}
+
+/// The escaped path segment of a record field or custom child name.
+pub(crate) fn name_segment_text(n: &str) -> String {
+    escape_str(n, false)
+}
+
 fn escape_str(s: &str, in_tuple: bool) -> String {
     if s.is_empty() {
         return "~e".into();

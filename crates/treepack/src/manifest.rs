@@ -9,7 +9,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::grid::ChunkGrid;
 use crate::hash::Hash32;
-use crate::keypath::{KeyPath, Segment};
+use crate::keypath::KeyPath;
 use crate::model::{shape_len, Int, Key, Tree};
 use base64::Engine;
 use bytes::Bytes;
@@ -551,12 +551,12 @@ fn check_version_prefix(bytes: &[u8], file: &str) -> Result<()> {
 
 /// Parse without checking the trailing hash (used by fuzzing and by `decode`).
 pub fn parse_unchecked(bytes: &[u8], file: &str) -> Result<Manifest> {
-    let path = RefCell::new(Vec::<String>::new());
+    let path = RefCell::new(Vec::<PathSeg>::new());
     let mut de = serde_json::Deserializer::from_slice(bytes);
     de.disable_recursion_limit();
     let res = TopSeed { path: &path }.deserialize(&mut de).and_then(|m| de.end().map(|_| m));
     let m = res.map_err(|e| {
-        let p = path.borrow().join("/");
+        let p = path.borrow().iter().map(PathSeg::text).collect::<Vec<_>>().join("/");
         Error::manifest(file, if p.is_empty() { "<root>".to_string() } else { p }, e.to_string())
     })?;
     validate(&m, file)?;
@@ -564,7 +564,7 @@ pub fn parse_unchecked(bytes: &[u8], file: &str) -> Result<Manifest> {
 }
 
 struct TopSeed<'a> {
-    path: &'a RefCell<Vec<String>>,
+    path: &'a RefCell<Vec<PathSeg>>,
 }
 
 impl<'de> DeserializeSeed<'de> for TopSeed<'_> {
@@ -649,7 +649,7 @@ impl RawChunk {
 #[derive(Clone, Copy)]
 struct NodeSeed<'a> {
     depth: usize,
-    path: &'a RefCell<Vec<String>>,
+    path: &'a RefCell<Vec<PathSeg>>,
 }
 
 impl NodeSeed<'_> {
@@ -954,7 +954,7 @@ fn read_items<'de, A: SeqAccess<'de>>(
 ) -> std::result::Result<Vec<Tree<Entry>>, A::Error> {
     let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
     loop {
-        node.path.borrow_mut().push(out.len().to_string());
+        node.path.borrow_mut().push(PathSeg::Index(out.len()));
         match seq.next_element_seed(node.child())? {
             Some(v) => {
                 node.path.borrow_mut().pop();
@@ -964,6 +964,22 @@ fn read_items<'de, A: SeqAccess<'de>>(
                 node.path.borrow_mut().pop();
                 return Ok(out);
             }
+        }
+    }
+}
+
+/// One step of the key path being parsed, kept only to name the place of an error (indices are
+/// not formatted unless an error happens).
+enum PathSeg {
+    Index(usize),
+    Text(String),
+}
+
+impl PathSeg {
+    fn text(&self) -> String {
+        match self {
+            PathSeg::Index(i) => i.to_string(),
+            PathSeg::Text(t) => t.clone(),
         }
     }
 }
@@ -1009,17 +1025,17 @@ impl<'de> Visitor<'de> for PairsSeed<'_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
         let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-        let mut seen: HashSet<String> = HashSet::new();
-        while let Some(pair) = seq.next_element_seed(PairSeed { node: self.node, keyed: self.keyed })? {
-            let text = match &pair.0 {
-                PairKey::Key(k) => Segment::Key(k.clone()).text(),
-                PairKey::Name(n) => Segment::Name(n.clone()).text(),
-            };
-            if !seen.insert(text.clone()) {
-                self.node.path.borrow_mut().push(text.clone());
-                return Err(de::Error::custom(format!("duplicate key `{text}`")));
+        let mut seen: HashSet<String> = HashSet::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some((key, v, text)) = seq.next_element_seed(PairSeed { node: self.node, keyed: self.keyed })? {
+            // Keys are compared by their escaped key-path text: two keys that would name the
+            // same path are duplicates.
+            if seen.contains(&text) {
+                let msg = format!("duplicate key `{text}`");
+                self.node.path.borrow_mut().push(PathSeg::Text(text));
+                return Err(de::Error::custom(msg));
             }
-            out.push(pair);
+            seen.insert(text);
+            out.push((key, v));
         }
         Ok(out)
     }
@@ -1031,14 +1047,14 @@ struct PairSeed<'a> {
 }
 
 impl<'de> DeserializeSeed<'de> for PairSeed<'_> {
-    type Value = (PairKey, Tree<Entry>);
+    type Value = (PairKey, Tree<Entry>, String);
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         d.deserialize_seq(self)
     }
 }
 
 impl<'de> Visitor<'de> for PairSeed<'_> {
-    type Value = (PairKey, Tree<Entry>);
+    type Value = (PairKey, Tree<Entry>, String);
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a [key, node] pair")
     }
@@ -1054,18 +1070,21 @@ impl<'de> Visitor<'de> for PairSeed<'_> {
             )
         };
         let text = match &key {
-            PairKey::Key(k) => Segment::Key(k.clone()).text(),
-            PairKey::Name(n) => Segment::Name(n.clone()).text(),
+            PairKey::Key(k) => crate::keypath::key_segment_text(k),
+            PairKey::Name(n) => crate::keypath::name_segment_text(n),
         };
-        self.node.path.borrow_mut().push(text);
+        self.node.path.borrow_mut().push(PathSeg::Text(text));
         let v = seq
             .next_element_seed(self.node.child())?
             .ok_or_else(|| de::Error::custom("pair without a value: expected [key, node]"))?;
         if seq.next_element::<IgnoredAny>()?.is_some() {
             return Err(de::Error::custom("a pair must have exactly two items"));
         }
-        self.node.path.borrow_mut().pop();
-        Ok((key, v))
+        let text = match self.node.path.borrow_mut().pop() {
+            Some(PathSeg::Text(t)) => t,
+            _ => String::new(),
+        };
+        Ok((key, v, text))
     }
 }
 

@@ -155,6 +155,22 @@ def peer_save(peer, tree, path, wl):
 
         ckptr = ocp.PyTreeCheckpointer()
         ckptr.save(os.path.abspath(path + ".orbax"), tree)
+    elif peer == "jax-ts":
+        # JAX's own array saver (jax.experimental.array_serialization: one TensorStore zarr array per
+        # leaf). Leaves become jax.Arrays first, as in a JAX program; only the save is timed.
+        if wl != "W1":
+            raise NA("jax.Array leaves only")
+        import jax
+        from jax.experimental.array_serialization import serialization as ser
+
+        f = flat(tree)
+        arrays = [jax.device_put(v) for v in f.values()]
+        jax.block_until_ready(arrays)
+        base = os.path.abspath(path + ".jaxts")
+        specs = [ser.get_tensorstore_spec(os.path.join(base, k.replace("/", "."))) for k in f]
+        t = time.perf_counter()
+        ser.run_serialization(arrays, specs)
+        return time.perf_counter() - t
     elif peer == "raw":
         if wl != "W1":
             raise NA("baseline for arrays")
@@ -200,6 +216,16 @@ def peer_load(peer, path, wl):
         import orbax.checkpoint as ocp
 
         return ocp.PyTreeCheckpointer().restore(os.path.abspath(path + ".orbax"))
+    if peer == "jax-ts":
+        import jax
+        from jax.experimental.array_serialization import serialization as ser
+
+        base = os.path.abspath(path + ".jaxts")
+        names = sorted(os.listdir(base))
+        specs = [ser.get_tensorstore_spec(os.path.join(base, n)) for n in names]
+        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        arrays = ser.run_deserialization([dev] * len(specs), specs)
+        return {n: np.asarray(a) for n, a in zip(names, arrays)}
     if peer == "raw":
         size = os.path.getsize(path + ".raw")
         buf = np.empty(size, np.uint8)

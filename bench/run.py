@@ -25,7 +25,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PEERS = ["treepack", "treepack-tpk", "pickle", "npz", "safetensors", "h5py", "flax-msgpack", "orbax", "raw"]
+PEERS = ["treepack", "treepack-tpk", "pickle", "npz", "safetensors", "h5py", "flax-msgpack", "orbax", "jax-ts", "raw"]
 PLAN = [
     ("W1", "save"), ("W1", "load"), ("W4", "partial"), ("W6", "mmap"),
     ("W2", "save"), ("W2", "load"), ("W5", "structure"),

@@ -86,9 +86,26 @@ def _tz_data(tz: Optional[_dt.tzinfo]) -> Any:
     raise TypeError(f"cannot save timezone {tz!r}: only datetime.timezone and zoneinfo.ZoneInfo are supported")
 
 
+_TZ_CACHE: Dict[Any, Optional[_dt.tzinfo]] = {}
+
+
 def _tz_from(d: Any) -> Optional[_dt.tzinfo]:
+    # Traced data repeats a handful of zones over thousands of datetimes: memoise.
     if d is None:
         return None
+    try:
+        key = (d.get("zone"), tuple(d.get("offset") or ()), d.get("name"))
+    except (AttributeError, TypeError):
+        key = None
+    if key is not None and key in _TZ_CACHE:
+        return _TZ_CACHE[key]
+    tz = _tz_build(d)
+    if key is not None and len(_TZ_CACHE) < 1024:
+        _TZ_CACHE[key] = tz
+    return tz
+
+
+def _tz_build(d: Any) -> Optional[_dt.tzinfo]:
     if "zone" in d:
         import zoneinfo
 

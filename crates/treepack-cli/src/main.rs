@@ -10,6 +10,12 @@ use std::process::ExitCode;
 use treepack::manifest::Entry;
 use treepack::{LoadOptions, Location, ProgressFn, Reader, SaveOptions, StorageOptions, Tree};
 
+/// mimalloc: trees of many small leaves are allocation-bound; measured on the 100k-leaf
+/// workload (crates/treepack/examples/profile_small_leaves.rs) it cut building the structure
+/// view from ~47 ms to ~28 ms against glibc malloc.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "treepack", version, about = "Save, inspect and load trees of arrays, scalars and strings")]
 struct Cli {

@@ -172,3 +172,55 @@ def test_reference_cycles_are_refused(loc):
     x.append(x)
     with pytest.raises(ValueError, match="reference cycle"):
         treepack.save(x, loc)
+
+
+def test_datetimes_round_trip_exactly(tmp_path):
+    """Datetimes take a fast path in Rust for naive/UTC/fixed-offset values; every variant must
+    come back identical (value, tzinfo, fold, type) to what the general decoder produces."""
+    import zoneinfo
+
+    ny = zoneinfo.ZoneInfo("America/New_York")
+    values = [
+        dt.datetime(1, 1, 1),
+        dt.datetime(9999, 12, 31, 23, 59, 59, 999999),
+        dt.datetime(2026, 3, 4, 5, 6, 7, 8),
+        dt.datetime(2026, 3, 4, 5, 6, 7, fold=1),
+        dt.datetime(2026, 3, 4, tzinfo=dt.timezone.utc),
+        dt.datetime(2026, 3, 4, 1, 2, 3, 4, tzinfo=dt.timezone(dt.timedelta(hours=-3, minutes=-30))),
+        dt.datetime(2026, 3, 4, tzinfo=dt.timezone(dt.timedelta(hours=5, seconds=1, microseconds=7))),
+        dt.datetime(2026, 3, 4, tzinfo=dt.timezone(dt.timedelta(hours=1), "CET")),
+        dt.datetime(2026, 3, 4, tzinfo=dt.timezone(dt.timedelta(0), "Zulu")),
+        dt.datetime(2021, 11, 7, 1, 30, fold=1, tzinfo=ny),
+    ]
+    treepack.save(values, tmp_path / "t")
+    back = treepack.load(tmp_path / "t")
+    for a, b in zip(values, back):
+        assert type(b) is dt.datetime
+        assert (a, a.fold, a.tzinfo, a.tzname(), a.utcoffset()) == (b, b.fold, b.tzinfo, b.tzname(), b.utcoffset()), (a, b)
+
+
+def test_a_registered_datetime_codec_wins_over_the_fast_path(tmp_path):
+    from treepack import _registry
+
+    treepack.register(dt.datetime, name="test.epoch", to_data=lambda d: d.timestamp(), from_data=lambda x: ("epoch", x))
+    try:
+        v = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+        treepack.save({"t": v}, tmp_path / "t")
+        assert treepack.load(tmp_path / "t")["t"] == ("epoch", v.timestamp())
+    finally:
+        reg = _registry._by_class.pop(dt.datetime)
+        _registry._by_name.pop(reg.name, None)
+
+
+def test_fast_datetime_encoding_writes_the_same_bytes_as_the_python_encoder(tmp_path):
+    from treepack import _codec, _core
+
+    vals = [dt.datetime(2026, 1, 2, 3, 4, 5), dt.datetime(2026, 1, 2, 3, 4, 5, 6, fold=1),
+            dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc), dt.datetime(2026, 1, 2, tzinfo=dt.timezone(dt.timedelta(hours=2)))]
+    enc = lambda o, w: _codec.encode_other(o, w, False)  # noqa: E731
+    for fast in (True, False):
+        _core.prepare(vals, enc, _codec.encode_array, fast_datetime=fast).write(str(tmp_path / f"t{fast}"))
+    a = (tmp_path / "tTrue" / "treepack.json").read_bytes()
+    b = (tmp_path / "tFalse" / "treepack.json").read_bytes()
+    assert a == b
+    assert treepack.load(tmp_path / "tTrue") == vals

@@ -8,6 +8,7 @@ unpickles unless ``allow_pickle=True``. See docs/python.md.
 from __future__ import annotations
 
 import asyncio
+import datetime as _dt
 import concurrent.futures
 import functools
 import json
@@ -122,7 +123,9 @@ def save(
         return _codec.encode_other(obj, where, allow_pickle)
 
     md = json.dumps(metadata) if metadata is not None else None
-    prepared = _core.prepare(tree, enc, _codec.encode_array, snapshot=not blocking)
+    prepared = _core.prepare(
+        tree, enc, _codec.encode_array, snapshot=not blocking, fast_datetime=_registry.lookup_class(_dt.datetime) is None
+    )
     write = functools.partial(
         prepared.write, p, overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes,
         storage_options=_opts(storage_options), progress=progress,

@@ -28,7 +28,9 @@ class Prepared:
     ) -> Tuple[int, int, str, int, int]:
         """Write with the GIL released; returns (leaves, bytes written, location, arrays, array bytes)."""
 
-def prepare(tree: Any, encode_other: EncodeOther, encode_array: EncodeArray, snapshot: bool = False) -> Prepared:
+def prepare(
+    tree: Any, encode_other: EncodeOther, encode_array: EncodeArray, snapshot: bool = False, fast_datetime: bool = False
+) -> Prepared:
     """Convert a tree; with ``snapshot`` array bytes are copied so the caller may mutate them."""
 
 def gc(path: str, grace_secs: float = 3600.0, storage_options: StorageOptions = None) -> List[str]: ...

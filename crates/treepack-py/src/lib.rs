@@ -148,6 +148,9 @@ struct Encoder<'py> {
     /// Copy array bytes instead of borrowing them, so the caller may mutate its arrays as soon
     /// as `prepare` returns (non-blocking saves).
     snapshot: bool,
+    /// Encode naive and UTC `datetime`s here rather than through `encode_other` (off when the
+    /// user registered a custom codec for `datetime`).
+    fast_datetime: bool,
 }
 
 fn simple_dtype(kind: u8, size: usize) -> Option<DType> {
@@ -275,6 +278,13 @@ impl<'py> Encoder<'py> {
         if obj.get_type().is(&self.ndarray) {
             return self.array(obj).map(Node::from);
         }
+        if self.fast_datetime {
+            if let Ok(d) = obj.cast_exact::<pyo3::types::PyDateTime>() {
+                if let Some(n) = datetime_node(self.py, d)? {
+                    return Ok(n);
+                }
+            }
+        }
         if obj.is_instance(&self.generic)? {
             // numpy scalar: keep its dtype as a 0-d array inside a `py.npscalar` node.
             let np = self.py.import("numpy")?;
@@ -386,13 +396,14 @@ struct Prepared {
 
 /// Convert a Python tree (with the GIL held). With `snapshot`, array bytes are copied.
 #[pyfunction]
-#[pyo3(signature = (tree, encode_other, encode_array, snapshot=false))]
+#[pyo3(signature = (tree, encode_other, encode_array, snapshot=false, fast_datetime=false))]
 fn prepare(
     py: Python<'_>,
     tree: &Bound<'_, PyAny>,
     encode_other: Bound<'_, PyAny>,
     encode_array: Bound<'_, PyAny>,
     snapshot: bool,
+    fast_datetime: bool,
 ) -> PyResult<Prepared> {
     let np = py.import("numpy")?;
     let mut enc = Encoder {
@@ -403,6 +414,7 @@ fn prepare(
         encode_array,
         path: vec![],
         snapshot,
+        fast_datetime,
     };
     let node = enc.node(tree, 0)?;
     Ok(Prepared { node: std::sync::Mutex::new(Some(node)) })
@@ -576,10 +588,127 @@ impl<'py> Decoder<'py> {
         for (k, c) in kids {
             pairs.push(PyTuple::new(self.py, [PyString::new(self.py, &k).into_any(), self.node(c)?])?);
         }
+        if kind == "custom" && type_name == "py.datetime" && pairs.is_empty() {
+            if let Some(dt) = datetime_fast(self.py, &data)? {
+                return Ok(dt);
+            }
+        }
         let data_s = if data.is_null() { None } else { Some(data.to_string()) };
         let f = self.decode_other.as_ref().ok_or_else(|| PyValueError::new_err("no decoder for records"))?;
         f.call1((kind, type_name, data_s, PyList::new(self.py, pairs)?))
     }
+}
+
+/// The `py.datetime` node of a naive or UTC datetime, exactly as the Python encoder writes it
+/// (`{"iso": naive isoformat, "tz": null | {"offset": [0,0,0], "name": "UTC"}, "fold": 0|1}`);
+/// `None` for other time zones, which the Python encoder handles.
+fn datetime_node(py: Python<'_>, d: &Bound<'_, pyo3::types::PyDateTime>) -> PyResult<Option<Node>> {
+    use pyo3::types::{PyDateAccess, PyTimeAccess, PyTzInfo, PyTzInfoAccess};
+    let tz = match d.get_tzinfo() {
+        None => serde_json::Value::Null,
+        Some(t) if t.is(&*PyTzInfo::utc(py)?) => serde_json::json!({"offset": [0, 0, 0], "name": "UTC"}),
+        Some(_) => return Ok(None),
+    };
+    let mut iso = format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        d.get_year(),
+        d.get_month(),
+        d.get_day(),
+        d.get_hour(),
+        d.get_minute(),
+        d.get_second()
+    );
+    if d.get_microsecond() != 0 {
+        iso.push_str(&format!(".{:06}", d.get_microsecond()));
+    }
+    let data = serde_json::json!({"iso": iso, "tz": tz, "fold": u8::from(d.get_fold())});
+    Ok(Some(Tree::Custom { type_name: "py.datetime".into(), data, children: vec![] }))
+}
+
+/// Fast path for `py.datetime` nodes (one per record in traced data): build the datetime in Rust
+/// instead of sending JSON text through the Python decoder (~10 µs -> ~1 µs each). Handles naive,
+/// UTC and unnamed fixed-offset datetimes; anything else (zoneinfo zones, named offsets, odd
+/// text) returns `None` and takes the general Python path, which defines the semantics.
+fn datetime_fast<'py>(py: Python<'py>, data: &serde_json::Value) -> PyResult<Option<Bound<'py, PyAny>>> {
+    use pyo3::types::{PyDateTime, PyDelta, PyTzInfo};
+    let Some(obj) = data.as_object() else { return Ok(None) };
+    if obj.len() > 3 {
+        return Ok(None);
+    }
+    let Some(iso) = obj.get("iso").and_then(|v| v.as_str()) else { return Ok(None) };
+    let fold = match obj.get("fold").map(|v| v.as_u64()) {
+        None | Some(Some(0)) => false,
+        Some(Some(1)) => true,
+        _ => return Ok(None),
+    };
+    let Some((y, mo, d, h, mi, sec, us)) = parse_iso_datetime(iso) else { return Ok(None) };
+    let tz: Option<Bound<'py, PyTzInfo>> = match obj.get("tz") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(t) => {
+            let Some(t) = t.as_object() else { return Ok(None) };
+            let Some(off) = t.get("offset").and_then(|o| o.as_array()) else { return Ok(None) };
+            let off: Vec<i64> = off.iter().filter_map(serde_json::Value::as_i64).collect();
+            if off.len() != 3 || t.len() > 2 {
+                return Ok(None);
+            }
+            let name = t.get("name");
+            let (days, secs, micros) = (off[0], off[1], off[2]);
+            if days == 0 && secs == 0 && micros == 0 && matches!(name.and_then(|n| n.as_str()), None | Some("UTC")) {
+                Some(PyTzInfo::utc(py)?.to_owned())
+            } else if name.is_none_or(serde_json::Value::is_null) {
+                let (Ok(days), Ok(secs), Ok(micros)) =
+                    (i32::try_from(days), i32::try_from(secs), i32::try_from(micros))
+                else {
+                    return Ok(None);
+                };
+                let delta = PyDelta::new(py, days, secs, micros, true)?;
+                Some(PyTzInfo::fixed_offset(py, delta)?)
+            } else {
+                return Ok(None);
+            }
+        }
+    };
+    let dt = PyDateTime::new_with_fold(py, y, mo, d, h, mi, sec, us, tz.as_ref(), fold)?;
+    Ok(Some(dt.into_any()))
+}
+
+/// Parse `YYYY-MM-DDTHH:MM:SS[.ffffff]` (what `datetime.isoformat()` writes for naive values).
+fn parse_iso_datetime(s: &str) -> Option<(i32, u8, u8, u8, u8, u8, u32)> {
+    let b = s.as_bytes();
+    if !(b.len() == 19 || b.len() == 26)
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<u32> {
+        let t = &s[r];
+        if t.bytes().all(|c| c.is_ascii_digit()) {
+            t.parse().ok()
+        } else {
+            None
+        }
+    };
+    let us = if b.len() == 26 {
+        if b[19] != b'.' {
+            return None;
+        }
+        num(20..26)?
+    } else {
+        0
+    };
+    Some((
+        i32::try_from(num(0..4)?).ok()?,
+        u8::try_from(num(5..7)?).ok()?,
+        u8::try_from(num(8..10)?).ok()?,
+        u8::try_from(num(11..13)?).ok()?,
+        u8::try_from(num(14..16)?).ok()?,
+        u8::try_from(num(17..19)?).ok()?,
+        us,
+    ))
 }
 
 fn int_py<'py>(py: Python<'py>, i: &Int) -> PyResult<Bound<'py, PyAny>> {

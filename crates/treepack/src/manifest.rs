@@ -1122,6 +1122,18 @@ pub fn validate(m: &Manifest, file: &str) -> Result<()> {
     for p in &m.packs {
         validate_pack_path(&p.path).map_err(|r| Error::manifest(file, "packs", r))?;
     }
+    // Fast pass without key paths (building a path per leaf costs more than the checks); only if
+    // it finds a problem does the second pass run with paths, to name where the problem is.
+    let root_path = KeyPath::root();
+    let mut bad = false;
+    m.root.for_each_leaf_unpathed(&mut |e| {
+        if !bad && validate_entry(m, &root_path, e, file).is_err() {
+            bad = true;
+        }
+    });
+    if !bad {
+        return Ok(());
+    }
     let mut err: Option<Error> = None;
     m.root.for_each_leaf(&mut |path, e| {
         if err.is_none() {

@@ -391,6 +391,18 @@ impl<L> Tree<L> {
         })
     }
 
+    /// Call `f` on every leaf in order, without building key paths (cheaper when the path is not
+    /// needed).
+    pub fn for_each_leaf_unpathed<'a>(&'a self, f: &mut impl FnMut(&'a L)) {
+        match self {
+            Tree::Leaf(l) => f(l),
+            Tree::List(v) | Tree::Tuple(v) => grow(|| v.iter().for_each(|c| c.for_each_leaf_unpathed(f))),
+            Tree::Dict(v) => grow(|| v.iter().for_each(|(_, c)| c.for_each_leaf_unpathed(f))),
+            Tree::Record { fields, .. } => grow(|| fields.iter().for_each(|(_, c)| c.for_each_leaf_unpathed(f))),
+            Tree::Custom { children, .. } => grow(|| children.iter().for_each(|(_, c)| c.for_each_leaf_unpathed(f))),
+        }
+    }
+
     /// Number of leaves.
     pub fn leaf_count(&self) -> usize {
         match self {

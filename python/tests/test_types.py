@@ -224,3 +224,47 @@ def test_fast_datetime_encoding_writes_the_same_bytes_as_the_python_encoder(tmp_
     b = (tmp_path / "tFalse" / "treepack.json").read_bytes()
     assert a == b
     assert treepack.load(tmp_path / "tTrue") == vals
+
+
+def test_deep_trees_work_on_threads_with_small_stacks(tmp_path):
+    """Encoding, decoding and the structure view recurse once per level; they must grow their
+    stack instead of overflowing it (regression: a debug build crashed on a reference cycle)."""
+    import threading
+
+    deep: list = []
+    cur = deep
+    for _ in range(990):
+        nxt: list = []
+        cur.append(nxt)
+        cur = nxt
+    out: dict = {}
+
+    def work() -> None:
+        try:
+            treepack.save(deep, tmp_path / "deep")
+            back = treepack.load(tmp_path / "deep")
+            treepack.load_structure(tmp_path / "deep")
+            depth = 0
+            while back:
+                back = back[0]
+                depth += 1
+            out["depth"] = depth
+            cyc: list = []
+            cyc.append(cyc)
+            try:
+                treepack.save(cyc, tmp_path / "cyc")
+            except ValueError as e:
+                out["cycle"] = str(e)
+        except BaseException as e:  # noqa: BLE001 - report to the main thread
+            out["error"] = e
+
+    old = threading.stack_size(256 * 1024)
+    try:
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    finally:
+        threading.stack_size(old)
+    assert "error" not in out, out.get("error")
+    assert out["depth"] == 990
+    assert "reference cycle" in out["cycle"]

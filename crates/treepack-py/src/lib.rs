@@ -214,7 +214,8 @@ impl<'py> Encoder<'py> {
 
     fn child(&mut self, seg: String, v: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
         self.path.push(seg);
-        let r = self.node(v, depth + 1);
+        // Deep (or cyclic, until the depth limit) trees recurse up to MAX_DEPTH levels.
+        let r = treepack::model::grow(|| self.node(v, depth + 1));
         if r.is_ok() {
             self.path.pop();
         }
@@ -544,6 +545,10 @@ impl<'py> Decoder<'py> {
     }
 
     fn node(&mut self, n: Node) -> PyResult<Bound<'py, PyAny>> {
+        treepack::model::grow(|| self.node_inner(n))
+    }
+
+    fn node_inner(&mut self, n: Node) -> PyResult<Bound<'py, PyAny>> {
         let py = self.py;
         Ok(match n {
             Tree::Leaf(l) => match l {
@@ -871,7 +876,7 @@ fn walk_types(t: &Tree<Entry>, path: &mut Vec<String>, out: &mut Vec<TypeRow>) {
     }
     for (step, c) in t.children() {
         path.push(treepack::keypath::Segment::from_step_pub(&step).text());
-        walk_types(c, path, out);
+        treepack::model::grow(|| walk_types(c, path, out));
         path.pop();
     }
 }
@@ -888,7 +893,7 @@ fn structure<'py>(
     for (step, c) in t.children() {
         let seg = treepack::keypath::Segment::from_step_pub(&step);
         path.push(seg.text());
-        let v = structure(py, c, path, make_node)?;
+        let v = treepack::model::grow(|| structure(py, c, path, make_node))?;
         path.pop();
         let k = match &seg {
             treepack::keypath::Segment::Index(i) => i.into_pyobject(py)?.into_any(),

@@ -238,9 +238,10 @@ pub enum Tree<L> {
     },
 }
 
-/// Run `f`, first growing the stack if little is left, so deep (up to `MAX_DEPTH`) trees can be
-/// walked recursively on any thread (tokio workers and Python threads have small stacks).
-pub(crate) fn grow<R>(f: impl FnOnce() -> R) -> R {
+/// Run `f` with at least 128 KiB of stack left, switching to a fresh 4 MiB segment when needed:
+/// every recursive walk over a tree (up to `MAX_DEPTH` deep, possibly from a hostile file) goes
+/// through this, so no input can overflow the stack whatever the build profile.
+pub fn grow<R>(f: impl FnOnce() -> R) -> R {
     stacker::maybe_grow(128 * 1024, 4 * 1024 * 1024, f)
 }
 

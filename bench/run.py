@@ -122,9 +122,13 @@ def main():
             samples = []
             first = run_case(wl, peer, op, d, sc)  # warm-up (for saves it also creates the files to load)
             note = first.get("note", "")
-            if first.get("wall") is not None:
-                n = runs if first["wall"] < 30 else 1
-                for _ in range(n):
+            if first.get("wall") is not None and first["wall"] >= 30:
+                # A case this slow (orbax on 100k leaves) is reported from its one run, so the
+                # whole benchmark stays within its time budget; the ratio is conclusive anyway.
+                samples.append(first)
+                note = (note + "; " if note else "") + "1 run (over 30 s)"
+            elif first.get("wall") is not None:
+                for _ in range(runs):
                     if op == "save":
                         clean(d, data_wl, peer)
                     if dropped and op != "save":

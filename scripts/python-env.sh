@@ -3,11 +3,7 @@
 # Python package into it (maturin develop). Safe to re-run; prints the venv's python path last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
-fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+source scripts/venv.sh
 .venv/bin/python -m pip install -q -r python/requirements-dev.txt
 profile_flag=()
 if [ "${TREEPACK_RELEASE:-0}" = "1" ]; then profile_flag=(--release); fi

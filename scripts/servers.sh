@@ -4,11 +4,7 @@
 # They go into .venv (Python ones) and .tools/ (azurite). Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
-fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+source scripts/venv.sh
 .venv/bin/python -m pip install -q -r tests/servers/requirements.txt
 if [ ! -x .tools/node_modules/.bin/azurite-blob ]; then
   mkdir -p .tools

@@ -33,6 +33,13 @@ fn child(loc: &str) -> Command {
     c
 }
 
+/// A location (directory or `.tpk`, by `layout`'s name) holding `version(1)`.
+fn location_with_version_1(dir: &std::path::Path, layout: &str) -> String {
+    let loc = dir.join(layout).to_str().unwrap().to_string();
+    save(&version(1), &loc, &SaveOptions::default()).unwrap();
+    loc
+}
+
 /// How the child overwrites: small chunks and packs so a save makes several storage writes.
 fn child_opts() -> SaveOptions {
     SaveOptions { overwrite: true, chunk_bytes: 1 << 20, pack_bytes: 4 << 20, ..Default::default() }
@@ -56,9 +63,7 @@ fn crash_child_helper() {
 fn sigkill_mid_save_leaves_old_or_new_tree() {
     let dir = tempfile::tempdir().unwrap();
     for layout in ["tree", "tree.tpk"] {
-        let loc = dir.path().join(layout);
-        let loc = loc.to_str().unwrap().to_string();
-        save(&version(1), &loc, &SaveOptions::default()).unwrap();
+        let loc = location_with_version_1(dir.path(), layout);
         let (a, b) = (version(1), version(2));
         let mut seed = 0x9e37_79b9_u64;
         let mut saw = [0usize; 2];
@@ -203,9 +208,7 @@ fn two_processes_exactly_one_wins() {
 fn reader_process_during_saves_sees_whole_trees() {
     let dir = tempfile::tempdir().unwrap();
     for layout in ["tree", "tree.tpk"] {
-        let loc = dir.path().join(layout);
-        let loc = loc.to_str().unwrap().to_string();
-        save(&version(1), &loc, &SaveOptions::default()).unwrap();
+        let loc = location_with_version_1(dir.path(), layout);
         let (a, b) = (version(1), version(2));
         // The writer overwrites 1 -> 2 -> 1 ... until killed.
         let mut writer = child(&loc).spawn().unwrap();

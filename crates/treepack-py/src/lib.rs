@@ -593,8 +593,19 @@ impl<'py> Decoder<'py> {
         for (k, c) in kids {
             pairs.push(PyTuple::new(self.py, [PyString::new(self.py, &k).into_any(), self.node(c)?])?);
         }
+        self.other_built(kind, &type_name, &data, pairs)
+    }
+
+    /// A record or custom node from its already-built children (`(name, value)` tuples).
+    fn other_built(
+        &mut self,
+        kind: &str,
+        type_name: &str,
+        data: &serde_json::Value,
+        pairs: Vec<Bound<'py, PyTuple>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         if kind == "custom" && type_name == "py.datetime" && pairs.is_empty() {
-            if let Some(dt) = datetime_fast(self.py, &data)? {
+            if let Some(dt) = datetime_fast(self.py, data)? {
                 return Ok(dt);
             }
         }
@@ -602,6 +613,124 @@ impl<'py> Decoder<'py> {
         let f = self.decode_other.as_ref().ok_or_else(|| PyValueError::new_err("no decoder for records"))?;
         f.call1((kind, type_name, data_s, PyList::new(self.py, pairs)?))
     }
+
+    /// A numpy array that owns a copy of `data` (for arrays stored inline in the manifest: they
+    /// are small, and one allocation inside numpy is cheaper than a separate owner object).
+    fn small_array(&mut self, dtype: &DType, shape: &[u64], data: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+        use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+        let descr = self.dtype(dtype)?;
+        let n = shape.iter().try_fold(descr.itemsize(), |acc, &d| acc.checked_mul(usize::try_from(d).ok()?));
+        if n != Some(data.len()) {
+            return Err(PyValueError::new_err(format!(
+                "inline array has {} bytes, but its dtype and shape {shape:?} need {n:?}",
+                data.len()
+            )));
+        }
+        let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+        // SAFETY: NewFromDescr steals the descr reference and allocates a C-contiguous buffer of
+        // itemsize × prod(shape) bytes, which the manifest validation guarantees `data` has.
+        unsafe {
+            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+                self.py,
+                npyffi::get_type_object(self.py, npyffi::NpyTypes::PyArray_Type),
+                descr.into_ptr() as *mut npyffi::PyArray_Descr,
+                dims.len() as std::os::raw::c_int,
+                dims.as_mut_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+            );
+            if arr.is_null() {
+                return Err(PyErr::fetch(self.py));
+            }
+            let obj = arr as *mut npyffi::PyArrayObject;
+            std::ptr::copy_nonoverlapping(data.as_ptr(), (*obj).fields.data as *mut u8, data.len());
+            if self.readonly {
+                (*obj).fields.flags &= !npyffi::NPY_ARRAY_WRITEABLE;
+            }
+            Ok(Bound::from_owned_ptr(self.py, arr))
+        }
+    }
+
+    /// Build the Python tree straight from the manifest tree: inline leaves are read from the
+    /// manifest (borrowed, nothing cloned), stored leaves are taken in order from `stored`.
+    fn entry_tree(&mut self, t: &Tree<Entry>, stored: &mut StoredLeaves) -> PyResult<Bound<'py, PyAny>> {
+        treepack::model::grow(|| self.entry_tree_inner(t, stored))
+    }
+
+    fn entry_tree_inner(&mut self, t: &Tree<Entry>, stored: &mut StoredLeaves) -> PyResult<Bound<'py, PyAny>> {
+        use treepack::manifest::Stored;
+        let py = self.py;
+        Ok(match t {
+            Tree::Leaf(e) => {
+                let id = stored.next_id;
+                stored.next_id += 1;
+                if let Some((_, l)) = stored.leaves.next_if(|(j, _)| *j == id) {
+                    return self.node_inner(Tree::Leaf(l));
+                }
+                match e {
+                    Entry::None => py.None().into_bound(py),
+                    Entry::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+                    Entry::Int(i) => int_py(py, i)?,
+                    Entry::Float(f) => PyFloat::new(py, *f).into_any(),
+                    Entry::Complex(a, b) => PyComplex::from_doubles(py, *a, *b).into_any(),
+                    Entry::Str(Stored::Inline(s)) => PyString::new(py, s).into_any(),
+                    Entry::Bytes(Stored::Inline(b)) => PyBytes::new(py, b).into_any(),
+                    Entry::Array(a) => match &a.storage {
+                        ArrayStorage::Inline(d) => self.small_array(&a.dtype, &a.shape, d)?,
+                        ArrayStorage::Chunked { .. } => return Err(PyValueError::new_err("array data was not read")),
+                    },
+                    Entry::Str(Stored::Blob { .. }) | Entry::Bytes(Stored::Blob { .. }) => {
+                        return Err(PyValueError::new_err("blob was not read"))
+                    }
+                }
+            }
+            Tree::List(v) => {
+                let items = v.iter().map(|c| self.entry_tree(c, stored)).collect::<PyResult<Vec<_>>>()?;
+                PyList::new(py, items)?.into_any()
+            }
+            Tree::Tuple(v) => {
+                let items = v.iter().map(|c| self.entry_tree(c, stored)).collect::<PyResult<Vec<_>>>()?;
+                PyTuple::new(py, items)?.into_any()
+            }
+            Tree::Dict(v) => {
+                let d = PyDict::new(py);
+                for (k, c) in v {
+                    let key = self.key(k)?;
+                    d.set_item(key, self.entry_tree(c, stored)?)?;
+                }
+                d.into_any()
+            }
+            Tree::Record { type_name, fields } => {
+                let pairs = self.entry_pairs(fields, stored)?;
+                self.other_built("record", type_name, &serde_json::Value::Null, pairs)?
+            }
+            Tree::Custom { type_name, data, children } => {
+                let pairs = self.entry_pairs(children, stored)?;
+                self.other_built("custom", type_name, data, pairs)?
+            }
+        })
+    }
+
+    fn entry_pairs(
+        &mut self,
+        kids: &[(String, Tree<Entry>)],
+        stored: &mut StoredLeaves,
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let mut pairs = Vec::with_capacity(kids.len());
+        for (k, c) in kids {
+            pairs.push(PyTuple::new(self.py, [PyString::new(self.py, k).into_any(), self.entry_tree(c, stored)?])?);
+        }
+        Ok(pairs)
+    }
+}
+
+/// The leaves a whole-tree load read from packs, consumed in tree order while the Python tree
+/// is built from the manifest.
+struct StoredLeaves {
+    leaves: std::iter::Peekable<std::vec::IntoIter<(usize, Leaf)>>,
+    next_id: usize,
 }
 
 /// The `py.datetime` node of a naive or UTC datetime, exactly as the Python encoder writes it
@@ -767,21 +896,29 @@ impl Reader {
             progress: progress_fn(progress),
             ..Default::default()
         };
+        let mut dec =
+            Decoder { py, decode_other: Some(decode_other), np_dtype, dtypes: HashMap::new(), readonly: mmap };
+        if subpath.is_none() && opts.select.is_empty() && opts.keep.is_none() {
+            // Whole tree: fetch the stored leaves, then build Python objects straight from the
+            // manifest (no intermediate tree of owned values).
+            let leaves =
+                py.detach(|| treepack::block_on(self.inner.fetch_stored_leaves_async(&opts))).map_err(py_err)?;
+            let mut stored = StoredLeaves { leaves: leaves.into_iter().peekable(), next_id: 0 };
+            return without_gc(py, || dec.entry_tree(&self.inner.manifest().root, &mut stored));
+        }
         let node = py
             .detach(|| match &subpath {
                 Some(p) => treepack::block_on(self.inner.get_async(p, &opts)),
                 None => treepack::block_on(self.inner.load_async(&opts)),
             })
             .map_err(py_err)?;
-        let mut dec =
-            Decoder { py, decode_other: Some(decode_other), np_dtype, dtypes: HashMap::new(), readonly: mmap };
-        dec.node(node)
+        without_gc(py, || dec.node(node))
     }
 
     /// The structure: containers as dict/list/tuple, records/custom nodes via `make_node`,
     /// leaves as `LeafInfo`.
     fn structure<'py>(&self, py: Python<'py>, make_node: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        structure(py, &self.inner.manifest().root, &mut vec![], &make_node)
+        without_gc(py, || structure(py, &self.inner.manifest().root, &mut String::new(), &make_node))
     }
 
     /// Kind of the node at a key path: a container kind or a leaf kind.
@@ -863,19 +1000,24 @@ impl Reader {
     }
 }
 
-fn walk_types(t: &Tree<Entry>, path: &mut Vec<String>, out: &mut Vec<TypeRow>) {
+fn walk_types<'a>(t: &'a Tree<Entry>, path: &mut Vec<treepack::model::Step<'a>>, out: &mut Vec<TypeRow>) {
+    let text = |path: &[treepack::model::Step<'_>]| treepack::keypath::steps_text(path);
     match t {
-        Tree::Record { type_name, .. } => out.push(("record".into(), type_name.clone(), None, path.join("/"))),
+        Tree::Leaf(_) => return,
+        Tree::Record { type_name, .. } => out.push(("record".into(), type_name.clone(), None, text(path))),
         Tree::Custom { type_name, data, .. } => out.push((
             "custom".into(),
             type_name.clone(),
             if data.is_null() { None } else { Some(data.to_string()) },
-            path.join("/"),
+            text(path),
         )),
         _ => {}
     }
     for (step, c) in t.children() {
-        path.push(treepack::keypath::Segment::from_step_pub(&step).text());
+        if matches!(c, Tree::Leaf(_)) {
+            continue;
+        }
+        path.push(step);
         treepack::model::grow(|| walk_types(c, path, out));
         path.pop();
     }
@@ -884,21 +1026,24 @@ fn walk_types(t: &Tree<Entry>, path: &mut Vec<String>, out: &mut Vec<TypeRow>) {
 fn structure<'py>(
     py: Python<'py>,
     t: &Tree<Entry>,
-    path: &mut Vec<String>,
+    path: &mut String,
     make_node: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let dec =
         Decoder { py, decode_other: None, np_dtype: py.None().into_bound(py), dtypes: HashMap::new(), readonly: false };
     let mut kids = vec![];
     for (step, c) in t.children() {
-        let seg = treepack::keypath::Segment::from_step_pub(&step);
-        path.push(seg.text());
+        let here = path.len();
+        if here > 0 {
+            path.push('/');
+        }
+        path.push_str(&treepack::keypath::steps_text(std::slice::from_ref(&step)));
         let v = treepack::model::grow(|| structure(py, c, path, make_node))?;
-        path.pop();
-        let k = match &seg {
-            treepack::keypath::Segment::Index(i) => i.into_pyobject(py)?.into_any(),
-            treepack::keypath::Segment::Key(k) => dec.key(k)?,
-            treepack::keypath::Segment::Name(n) => PyString::new(py, n).into_any(),
+        path.truncate(here);
+        let k = match step {
+            treepack::model::Step::Index(i) => i.into_pyobject(py)?.into_any(),
+            treepack::model::Step::Key(k) => dec.key(k)?,
+            treepack::model::Step::Name(n) => PyString::new(py, n).into_any(),
         };
         kids.push((k, v));
     }
@@ -913,7 +1058,7 @@ fn structure<'py>(
                 _ => e.chunks().is_empty(),
             };
             let info = LeafInfo {
-                path: path.join("/"),
+                path: path.clone(),
                 kind: e.kind().to_string(),
                 dtype,
                 shape_v: shape,
@@ -936,7 +1081,7 @@ fn structure<'py>(
                 py,
                 kids.into_iter().map(|(k, v)| PyTuple::new(py, [k, v])).collect::<PyResult<Vec<_>>>()?,
             )?;
-            make_node.call1(("record", type_name, py.None(), pairs, path.join("/")))?
+            make_node.call1(("record", type_name, py.None(), pairs, path.as_str()))?
         }
         Tree::Custom { type_name, data, .. } => {
             let pairs = PyList::new(
@@ -944,9 +1089,27 @@ fn structure<'py>(
                 kids.into_iter().map(|(k, v)| PyTuple::new(py, [k, v])).collect::<PyResult<Vec<_>>>()?,
             )?;
             let d = if data.is_null() { None } else { Some(data.to_string()) };
-            make_node.call1(("custom", type_name, d, pairs, path.join("/")))?
+            make_node.call1(("custom", type_name, d, pairs, path.as_str()))?
         }
     })
+}
+
+/// Run `f` with Python's cyclic garbage collector paused. Building a tree allocates one
+/// container per node and none of them can form a cycle yet, so the collections that the
+/// allocation count would trigger (a full pass over all young objects every 700 containers)
+/// are pure overhead; pickle and json loads pay them, we do not. The previous state is restored
+/// even if `f` fails.
+fn without_gc<'py, T>(py: Python<'py>, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    let gc = py.import("gc")?;
+    let was_enabled = gc.call_method0("isenabled")?.is_truthy()?;
+    if was_enabled {
+        gc.call_method0("disable")?;
+    }
+    let out = f();
+    if was_enabled {
+        gc.call_method0("enable")?;
+    }
+    out
 }
 
 /// Remove leftovers of interrupted saves; returns removed paths.

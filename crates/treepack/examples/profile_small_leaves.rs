@@ -24,6 +24,14 @@ fn main() -> Result<()> {
     });
     let groups: Vec<(String, Node)> = groups.collect::<Result<_>>()?;
     let tree = Node::dict([("opt", Node::dict(groups))]);
+    eprintln!(
+        "sizes: Tree<Entry> {} Entry {} Key {} ArrayEntry {} Tree<Leaf> {}",
+        std::mem::size_of::<Tree<manifest::Entry>>(),
+        std::mem::size_of::<manifest::Entry>(),
+        std::mem::size_of::<Key>(),
+        std::mem::size_of::<manifest::ArrayEntry>(),
+        std::mem::size_of::<Node>()
+    );
     let dir = std::env::temp_dir().join("treepack-profile-small");
     let p = dir.to_str().unwrap_or("treepack-profile-small");
     for _ in 0..reps {

@@ -46,6 +46,23 @@ impl Segment {
     }
 }
 
+/// The escaped text of a path given as borrowed steps (see [`Tree::for_each_leaf_steps`]):
+/// the same text as the [`KeyPath`] of those steps.
+pub fn steps_text(steps: &[Step<'_>]) -> String {
+    let mut out = String::new();
+    for (i, s) in steps.iter().enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        match s {
+            Step::Index(i) => out.push_str(&i.to_string()),
+            Step::Key(k) => out.push_str(&key_text(k, false)),
+            Step::Name(n) => out.push_str(&escape_str(n, false)),
+        }
+    }
+    out
+}
+
 /// The escaped path segment of a dict key (without cloning the key into a [`Segment`]).
 pub(crate) fn key_segment_text(k: &Key) -> String {
     key_text(k, false)

@@ -177,9 +177,9 @@ pub struct Manifest {
 impl Manifest {
     /// The structure with a [`LeafInfo`] at each leaf.
     pub fn structure(&self) -> Tree<LeafInfo> {
-        let r: std::result::Result<_, std::convert::Infallible> = self.root.map_ref(&mut |p, e| {
+        let r: std::result::Result<_, std::convert::Infallible> = self.root.map_ref_steps(&mut |p, e| {
             Ok(LeafInfo {
-                path: p.to_string(),
+                path: crate::keypath::steps_text(p),
                 kind: e.kind(),
                 dtype: if let Entry::Array(a) = e { Some(a.dtype.clone()) } else { None },
                 shape: if let Entry::Array(a) = e { Some(a.shape.clone()) } else { None },
@@ -730,66 +730,66 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Tree<Entry>, A::Error> {
         self.check_depth()?;
-        let first = map.next_key::<String>()?;
-        if first.as_deref() != Some("t") {
+        if map.next_key_seed(MemberSeed)? != Some(Member::T) {
             return Err(de::Error::custom("a tagged node object must begin with its \"t\" member"));
         }
-        let t: String = map.next_value()?;
-        match t.as_str() {
-            "tuple" => {
+        let t = map.next_value_seed(TagSeed)?;
+        match t {
+            Tag::Tuple => {
                 let mut items = None;
-                while let Some(k) = map.next_key::<String>()? {
-                    match k.as_str() {
-                        "items" => {
+                while let Some(k) = map.next_key_seed(MemberSeed)? {
+                    match k {
+                        Member::Items => {
                             dup(&items, "items")?;
                             items = Some(map.next_value_seed(ItemsSeed(self))?);
                         }
-                        _ => skip(&mut map, &k)?,
+                        _ => skip(&mut map)?,
                     }
                 }
                 Ok(Tree::Tuple(items.ok_or_else(|| de::Error::custom("tuple without `items`"))?))
             }
-            "dict" => {
+            Tag::Dict => {
                 let mut items = None;
-                while let Some(k) = map.next_key::<String>()? {
-                    match k.as_str() {
-                        "items" => {
+                while let Some(k) = map.next_key_seed(MemberSeed)? {
+                    match k {
+                        Member::Items => {
                             dup(&items, "items")?;
-                            items = Some(map.next_value_seed(PairsSeed { node: self, keyed: true })?);
+                            items = Some(map.next_value_seed(PairsSeed::<Key>::new(self))?);
                         }
-                        _ => skip(&mut map, &k)?,
+                        _ => skip(&mut map)?,
                     }
                 }
-                let pairs = items.ok_or_else(|| de::Error::custom("dict without `items`"))?;
-                Ok(Tree::Dict(pairs.into_iter().map(|(k, v)| (k.into_key(), v)).collect()))
+                Ok(Tree::Dict(items.ok_or_else(|| de::Error::custom("dict without `items`"))?))
             }
-            "record" | "custom" => {
+            Tag::Record | Tag::Custom => {
                 let (mut ty, mut fields, mut data) = (None, None, None);
-                let list_name = if t == "record" { "fields" } else { "children" };
-                while let Some(k) = map.next_key::<String>()? {
-                    if k == "type" {
+                let is_record = t == Tag::Record;
+                let (list_member, list_name) =
+                    if is_record { (Member::Fields, "fields") } else { (Member::Children, "children") };
+                let name = if is_record { "record" } else { "custom" };
+                while let Some(k) = map.next_key_seed(MemberSeed)? {
+                    if k == Member::Type {
                         dup(&ty, "type")?;
                         ty = Some(map.next_value::<String>()?);
-                    } else if k == list_name {
+                    } else if k == list_member {
                         dup(&fields, list_name)?;
-                        fields = Some(map.next_value_seed(PairsSeed { node: self, keyed: false })?);
-                    } else if k == "data" && t == "custom" {
+                        fields = Some(map.next_value_seed(PairsSeed::<String>::new(self))?);
+                    } else if k == Member::Data && !is_record {
                         dup(&data, "data")?;
                         data = Some(map.next_value::<Value>()?);
                     } else {
-                        skip(&mut map, &k)?;
+                        skip(&mut map)?;
                     }
                 }
-                let type_name = ty.ok_or_else(|| de::Error::custom(format!("{t} without `type`")))?;
-                let named: Vec<(String, Tree<Entry>)> =
-                    fields.unwrap_or_default().into_iter().map(|(k, v)| (k.into_name(), v)).collect();
-                if t == "record" {
+                let type_name = ty.ok_or_else(|| de::Error::custom(format!("{name} without `type`")))?;
+                let named: Vec<(String, Tree<Entry>)> = fields.unwrap_or_default();
+                if is_record {
                     Ok(Tree::Record { type_name, fields: named })
                 } else {
                     Ok(Tree::Custom { type_name, data: data.unwrap_or(Value::Null), children: named })
                 }
             }
-            "int" => {
+            Tag::Int => {
                 let v: Value = expect_one(&mut map, "v")?;
                 let i = match &v {
                     Value::String(s) => Int::parse(s),
@@ -800,53 +800,52 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                 };
                 Ok(Tree::Leaf(Entry::Int(i.ok_or_else(|| de::Error::custom("int `v` must be a decimal string"))?)))
             }
-            "float" => {
+            Tag::Float => {
                 let v: Value = expect_one(&mut map, "v")?;
                 Ok(Tree::Leaf(Entry::Float(value_float(&v)?)))
             }
-            "complex" => {
+            Tag::Complex => {
                 let v: Vec<Value> = expect_one(&mut map, "v")?;
                 if v.len() != 2 {
                     return Err(de::Error::custom("complex `v` must be [real, imag]"));
                 }
                 Ok(Tree::Leaf(Entry::Complex(value_float(&v[0])?, value_float(&v[1])?)))
             }
-            "str" | "bytes" => {
+            Tag::Str | Tag::Bytes => {
+                let is_str = t == Tag::Str;
                 let (mut size, mut blob, mut b64) = (None, None, None);
-                while let Some(k) = map.next_key::<String>()? {
-                    match k.as_str() {
-                        "size" => {
+                while let Some(k) = map.next_key_seed(MemberSeed)? {
+                    match k {
+                        Member::Size => {
                             dup(&size, "size")?;
                             size = Some(map.next_value::<u64>()?);
                         }
-                        "blob" => {
+                        Member::Blob => {
                             dup(&blob, "blob")?;
                             blob = Some(map.next_value::<RawChunk>()?.into_ref()?);
                         }
-                        "b64" if t == "bytes" => {
+                        Member::B64 if !is_str => {
                             dup(&b64, "b64")?;
-                            b64 = Some(map.next_value::<String>()?);
+                            b64 = Some(map.next_value_seed(Base64Seed("b64"))?);
                         }
-                        _ => skip(&mut map, &k)?,
+                        _ => skip(&mut map)?,
                     }
                 }
                 let entry = match (b64, size, blob) {
-                    (Some(b), None, None) => {
-                        let raw = base64::engine::general_purpose::STANDARD
-                            .decode(b.as_bytes())
-                            .map_err(|e| de::Error::custom(format!("bad base64: {e}")))?;
-                        Entry::Bytes(Stored::Inline(Bytes::from(raw)))
-                    }
-                    (None, Some(size), Some(chunk)) if t == "str" => Entry::Str(Stored::Blob { size, chunk }),
+                    (Some(b), None, None) => Entry::Bytes(Stored::Inline(b)),
+                    (None, Some(size), Some(chunk)) if is_str => Entry::Str(Stored::Blob { size, chunk }),
                     (None, Some(size), Some(chunk)) => Entry::Bytes(Stored::Blob { size, chunk }),
                     _ => {
-                        return Err(de::Error::custom(format!("{t} node needs `size` and `blob` (or `b64` for bytes)")))
+                        let name = if is_str { "str" } else { "bytes" };
+                        return Err(de::Error::custom(format!(
+                            "{name} node needs `size` and `blob` (or `b64` for bytes)"
+                        )));
                     }
                 };
                 Ok(Tree::Leaf(entry))
             }
-            "array" => parse_array(&mut map).map(|a| Tree::Leaf(Entry::Array(a))),
-            other => Err(de::Error::custom(format!(
+            Tag::Array => parse_array(&mut map).map(|a| Tree::Leaf(Entry::Array(a))),
+            Tag::Unknown(other) => Err(de::Error::custom(format!(
                 "unknown node type {other:?} (written by a newer treepack? see docs/format.md)"
             ))),
         }
@@ -860,63 +859,211 @@ fn dup<T, E: de::Error>(slot: &Option<T>, name: &str) -> std::result::Result<(),
     Ok(())
 }
 
-fn skip<'de, A: MapAccess<'de>>(map: &mut A, _k: &str) -> std::result::Result<(), A::Error> {
+fn skip<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::Result<(), A::Error> {
     map.next_value::<IgnoredAny>()?;
     Ok(())
 }
 
+/// The value of the single member `v` of a tagged node (other members are ignored).
 fn expect_one<'de, A: MapAccess<'de>, T: serde::Deserialize<'de>>(
     map: &mut A,
     name: &str,
 ) -> std::result::Result<T, A::Error> {
     let mut out: Option<T> = None;
-    while let Some(k) = map.next_key::<String>()? {
-        if k == name {
+    while let Some(k) = map.next_key_seed(MemberSeed)? {
+        if k == Member::V {
             dup(&out, name)?;
             out = Some(map.next_value()?);
         } else {
-            skip(map, &k)?;
+            skip(map)?;
         }
     }
     out.ok_or_else(|| de::Error::custom(format!("missing `{name}`")))
 }
 
+/// The member names of tagged node objects, matched without allocating (a 100k-leaf manifest
+/// has several hundred thousand of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Member {
+    T,
+    Items,
+    Type,
+    Fields,
+    Children,
+    Data,
+    V,
+    Size,
+    Blob,
+    B64,
+    Dtype,
+    Shape,
+    ChunkShape,
+    Chunks,
+    Preview,
+    Other,
+}
+
+struct MemberSeed;
+
+impl<'de> DeserializeSeed<'de> for MemberSeed {
+    type Value = Member;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Member, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MemberSeed {
+    type Value = Member;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a member name")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Member, E> {
+        Ok(match v {
+            "t" => Member::T,
+            "items" => Member::Items,
+            "type" => Member::Type,
+            "fields" => Member::Fields,
+            "children" => Member::Children,
+            "data" => Member::Data,
+            "v" => Member::V,
+            "size" => Member::Size,
+            "blob" => Member::Blob,
+            "b64" => Member::B64,
+            "dtype" => Member::Dtype,
+            "shape" => Member::Shape,
+            "chunk_shape" => Member::ChunkShape,
+            "chunks" => Member::Chunks,
+            "preview" => Member::Preview,
+            _ => Member::Other,
+        })
+    }
+}
+
+/// The value of a node's `t` member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Tag {
+    Tuple,
+    Dict,
+    Record,
+    Custom,
+    Int,
+    Float,
+    Complex,
+    Str,
+    Bytes,
+    Array,
+    Unknown(String),
+}
+
+struct TagSeed;
+
+impl<'de> DeserializeSeed<'de> for TagSeed {
+    type Value = Tag;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Tag, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TagSeed {
+    type Value = Tag;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a node type name")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Tag, E> {
+        Ok(match v {
+            "tuple" => Tag::Tuple,
+            "dict" => Tag::Dict,
+            "record" => Tag::Record,
+            "custom" => Tag::Custom,
+            "int" => Tag::Int,
+            "float" => Tag::Float,
+            "complex" => Tag::Complex,
+            "str" => Tag::Str,
+            "bytes" => Tag::Bytes,
+            "array" => Tag::Array,
+            other => Tag::Unknown(other.to_string()),
+        })
+    }
+}
+
+/// Base64 text decoded straight from the input (no intermediate `String`).
+struct Base64Seed(&'static str);
+
+impl<'de> DeserializeSeed<'de> for Base64Seed {
+    type Value = Bytes;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Bytes, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Base64Seed {
+    type Value = Bytes;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("base64 text")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Bytes, E> {
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(v.as_bytes())
+            .map_err(|e| E::custom(format!("bad base64 in `{}`: {e}", self.0)))?;
+        Ok(Bytes::from(raw))
+    }
+}
+
+/// A dtype: a name parsed straight from the input, or a structured dtype object.
+struct DtypeSeed;
+
+impl<'de> DeserializeSeed<'de> for DtypeSeed {
+    type Value = DType;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<DType, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DtypeSeed {
+    type Value = DType;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a dtype name or {\"struct\": [fields]}")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<DType, E> {
+        DType::from_name(v).map_err(|e| E::custom(e.to_string()))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<DType, A::Error> {
+        let v = <Value as serde::Deserialize>::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        DType::from_json(&v).map_err(|e| de::Error::custom(e.to_string()))
+    }
+}
+
 fn parse_array<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::Result<ArrayEntry, A::Error> {
     let (mut dtype, mut shape, mut chunk_shape, mut chunks, mut data, mut preview) =
         (None, None, None, None, None, None);
-    while let Some(k) = map.next_key::<String>()? {
-        match k.as_str() {
-            "dtype" => {
+    while let Some(k) = map.next_key_seed(MemberSeed)? {
+        match k {
+            Member::Dtype => {
                 dup(&dtype, "dtype")?;
-                let v: Value = map.next_value()?;
-                dtype = Some(DType::from_json(&v).map_err(|e| de::Error::custom(e.to_string()))?);
+                dtype = Some(map.next_value_seed(DtypeSeed)?);
             }
-            "shape" => {
+            Member::Shape => {
                 dup(&shape, "shape")?;
                 shape = Some(map.next_value::<Vec<u64>>()?);
             }
-            "chunk_shape" => {
+            Member::ChunkShape => {
                 dup(&chunk_shape, "chunk_shape")?;
                 chunk_shape = Some(map.next_value::<Vec<u64>>()?);
             }
-            "chunks" => {
+            Member::Chunks => {
                 dup(&chunks, "chunks")?;
                 let raw: Vec<RawChunk> = map.next_value()?;
                 chunks = Some(raw.into_iter().map(RawChunk::into_ref).collect::<std::result::Result<Vec<_>, _>>()?);
             }
-            "data" => {
+            Member::Data => {
                 dup(&data, "data")?;
-                let s: String = map.next_value()?;
-                let raw = base64::engine::general_purpose::STANDARD
-                    .decode(s.as_bytes())
-                    .map_err(|e| de::Error::custom(format!("bad base64 in `data`: {e}")))?;
-                data = Some(Bytes::from(raw));
+                data = Some(map.next_value_seed(Base64Seed("data"))?);
             }
-            "preview" => {
+            Member::Preview => {
                 dup(&preview, "preview")?;
                 preview = Some(map.next_value::<Value>()?);
             }
-            _ => skip(map, &k)?,
+            _ => skip(map)?,
         }
     }
     let dtype = dtype.ok_or_else(|| de::Error::custom("array without `dtype`"))?;
@@ -973,6 +1120,8 @@ fn read_items<'de, A: SeqAccess<'de>>(
 enum PathSeg {
     Index(usize),
     Text(String),
+    /// A pair's key whose text is filled in only if an error happens below it.
+    Pending,
 }
 
 impl PathSeg {
@@ -980,111 +1129,154 @@ impl PathSeg {
         match self {
             PathSeg::Index(i) => i.to_string(),
             PathSeg::Text(t) => t.clone(),
+            PathSeg::Pending => "?".into(),
         }
     }
 }
 
-/// A dict key or a field name read as the first item of a `[key, node]` pair.
-enum PairKey {
-    Key(Key),
-    Name(String),
+/// The first item of a `[key, node]` pair: a dict key, or a record field / custom child name.
+trait PairKey: Sized {
+    /// Read the key as the next element of the pair.
+    fn read<'de, A: SeqAccess<'de>>(seq: &mut A, node: NodeSeed<'_>) -> std::result::Result<Self, A::Error>;
+    /// The escaped key-path segment text (only computed for errors and typed keys).
+    fn text(&self) -> String;
+    /// The key itself when it is a string. Two string keys name the same path exactly when the
+    /// strings are equal, and never the same path as a typed key (whose text starts with `~` and
+    /// a letter no escaped string uses), so duplicates can be found without escaping anything.
+    fn plain(&self) -> Option<&str>;
 }
 
-impl PairKey {
-    fn into_key(self) -> Key {
+impl PairKey for Key {
+    fn read<'de, A: SeqAccess<'de>>(seq: &mut A, node: NodeSeed<'_>) -> std::result::Result<Self, A::Error> {
+        let k = seq
+            .next_element_seed(node.child())?
+            .ok_or_else(|| de::Error::custom("empty pair: expected [key, node]"))?;
+        entry_to_key(k)
+    }
+    fn text(&self) -> String {
+        crate::keypath::key_segment_text(self)
+    }
+    fn plain(&self) -> Option<&str> {
         match self {
-            PairKey::Key(k) => k,
-            PairKey::Name(n) => Key::Str(n),
-        }
-    }
-    fn into_name(self) -> String {
-        match self {
-            PairKey::Name(n) => n,
-            PairKey::Key(Key::Str(s)) => s,
-            PairKey::Key(_) => String::new(),
+            Key::Str(s) => Some(s),
+            _ => None,
         }
     }
 }
 
-struct PairsSeed<'a> {
+impl PairKey for String {
+    fn read<'de, A: SeqAccess<'de>>(seq: &mut A, _node: NodeSeed<'_>) -> std::result::Result<Self, A::Error> {
+        seq.next_element::<String>()?.ok_or_else(|| de::Error::custom("empty pair: expected [name, node]"))
+    }
+    fn text(&self) -> String {
+        crate::keypath::name_segment_text(self)
+    }
+    fn plain(&self) -> Option<&str> {
+        Some(self)
+    }
+}
+
+struct PairsSeed<'a, K> {
     node: NodeSeed<'a>,
-    keyed: bool,
+    _key: std::marker::PhantomData<K>,
 }
 
-impl<'de> DeserializeSeed<'de> for PairsSeed<'_> {
-    type Value = Vec<(PairKey, Tree<Entry>)>;
+impl<'a, K> PairsSeed<'a, K> {
+    fn new(node: NodeSeed<'a>) -> Self {
+        PairsSeed { node, _key: std::marker::PhantomData }
+    }
+}
+
+impl<'de, K: PairKey> DeserializeSeed<'de> for PairsSeed<'_, K> {
+    type Value = Vec<(K, Tree<Entry>)>;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         d.deserialize_seq(self)
     }
 }
 
-impl<'de> Visitor<'de> for PairsSeed<'_> {
-    type Value = Vec<(PairKey, Tree<Entry>)>;
+impl<'de, K: PairKey> Visitor<'de> for PairsSeed<'_, K> {
+    type Value = Vec<(K, Tree<Entry>)>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an array of [key, node] pairs")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
-        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-        let mut seen: HashSet<String> = HashSet::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-        while let Some((key, v, text)) = seq.next_element_seed(PairSeed { node: self.node, keyed: self.keyed })? {
-            // Keys are compared by their escaped key-path text: two keys that would name the
-            // same path are duplicates.
-            if seen.contains(&text) {
-                let msg = format!("duplicate key `{text}`");
-                self.node.path.borrow_mut().push(PathSeg::Text(text));
-                return Err(de::Error::custom(msg));
-            }
-            seen.insert(text);
-            out.push((key, v));
+        let mut out: Vec<(K, Tree<Entry>)> = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(pair) =
+            seq.next_element_seed(PairSeed::<K> { node: self.node, _key: std::marker::PhantomData })?
+        {
+            out.push(pair);
+        }
+        if let Some(i) = first_duplicate(&out) {
+            let text = out[i].0.text();
+            let msg = format!("duplicate key `{text}`");
+            self.node.path.borrow_mut().push(PathSeg::Text(text));
+            return Err(de::Error::custom(msg));
         }
         Ok(out)
     }
 }
 
-struct PairSeed<'a> {
-    node: NodeSeed<'a>,
-    keyed: bool,
+/// Index of the first pair whose key names the same path as an earlier one. Small containers
+/// (the common case) are compared pairwise; large ones through a hash set of borrowed keys.
+fn first_duplicate<K: PairKey, V>(pairs: &[(K, V)]) -> Option<usize> {
+    if pairs.len() < 2 {
+        return None;
+    }
+    if pairs.len() <= 16 {
+        let texts: Vec<std::borrow::Cow<'_, str>> = pairs
+            .iter()
+            .map(|(k, _)| k.plain().map_or_else(|| std::borrow::Cow::Owned(k.text()), std::borrow::Cow::Borrowed))
+            .collect();
+        return (1..texts.len()).find(|&i| texts[..i].contains(&texts[i]));
+    }
+    let mut plain: HashSet<&str> = HashSet::with_capacity(pairs.len());
+    let mut typed: HashSet<String> = HashSet::new();
+    pairs.iter().position(|(k, _)| match k.plain() {
+        Some(p) => !plain.insert(p),
+        None => !typed.insert(k.text()),
+    })
 }
 
-impl<'de> DeserializeSeed<'de> for PairSeed<'_> {
-    type Value = (PairKey, Tree<Entry>, String);
+struct PairSeed<'a, K> {
+    node: NodeSeed<'a>,
+    _key: std::marker::PhantomData<K>,
+}
+
+impl<'de, K: PairKey> DeserializeSeed<'de> for PairSeed<'_, K> {
+    type Value = (K, Tree<Entry>);
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         d.deserialize_seq(self)
     }
 }
 
-impl<'de> Visitor<'de> for PairSeed<'_> {
-    type Value = (PairKey, Tree<Entry>, String);
+impl<'de, K: PairKey> Visitor<'de> for PairSeed<'_, K> {
+    type Value = (K, Tree<Entry>);
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a [key, node] pair")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
-        let key = if self.keyed {
-            let k = seq
-                .next_element_seed(self.node.child())?
-                .ok_or_else(|| de::Error::custom("empty pair: expected [key, node]"))?;
-            PairKey::Key(entry_to_key(k)?)
-        } else {
-            PairKey::Name(
-                seq.next_element::<String>()?.ok_or_else(|| de::Error::custom("empty pair: expected [name, node]"))?,
-            )
+        let key = K::read(&mut seq, self.node)?;
+        // The key's path text is only formatted if parsing the value fails.
+        let at = {
+            let mut p = self.node.path.borrow_mut();
+            p.push(PathSeg::Pending);
+            p.len() - 1
         };
-        let text = match &key {
-            PairKey::Key(k) => crate::keypath::key_segment_text(k),
-            PairKey::Name(n) => crate::keypath::name_segment_text(n),
+        let name_here = |e: A::Error| {
+            if let Some(seg) = self.node.path.borrow_mut().get_mut(at) {
+                *seg = PathSeg::Text(key.text());
+            }
+            e
         };
-        self.node.path.borrow_mut().push(PathSeg::Text(text));
         let v = seq
-            .next_element_seed(self.node.child())?
-            .ok_or_else(|| de::Error::custom("pair without a value: expected [key, node]"))?;
-        if seq.next_element::<IgnoredAny>()?.is_some() {
-            return Err(de::Error::custom("a pair must have exactly two items"));
+            .next_element_seed(self.node.child())
+            .and_then(|v| v.ok_or_else(|| de::Error::custom("pair without a value: expected [key, node]")))
+            .map_err(name_here)?;
+        if seq.next_element::<IgnoredAny>().map_err(name_here)?.is_some() {
+            return Err(name_here(de::Error::custom("a pair must have exactly two items")));
         }
-        let text = match self.node.path.borrow_mut().pop() {
-            Some(PathSeg::Text(t)) => t,
-            _ => String::new(),
-        };
-        Ok((key, v, text))
+        self.node.path.borrow_mut().pop();
+        Ok((key, v))
     }
 }
 

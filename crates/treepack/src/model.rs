@@ -372,6 +372,101 @@ impl<L> Tree<L> {
         })
     }
 
+    /// Visit every leaf in tree order with the borrowed steps that reach it. Nothing is cloned or
+    /// formatted per leaf (render a path with [`crate::keypath::steps_text`] only when needed),
+    /// which is what makes walks over 100k-leaf trees cheap.
+    pub fn for_each_leaf_steps<'a>(&'a self, f: &mut impl FnMut(&[Step<'a>], &'a L)) {
+        let mut path = Vec::new();
+        self.visit_steps(&mut path, f);
+    }
+
+    fn visit_steps<'a>(&'a self, path: &mut Vec<Step<'a>>, f: &mut impl FnMut(&[Step<'a>], &'a L)) {
+        let mut go = |step: Step<'a>, c: &'a Tree<L>, path: &mut Vec<Step<'a>>| {
+            path.push(step);
+            c.visit_steps(path, f);
+            path.pop();
+        };
+        match self {
+            Tree::Leaf(l) => f(path, l),
+            Tree::List(v) | Tree::Tuple(v) => {
+                grow(|| v.iter().enumerate().for_each(|(i, c)| go(Step::Index(i), c, path)))
+            }
+            Tree::Dict(v) => grow(|| v.iter().for_each(|(k, c)| go(Step::Key(k), c, path))),
+            Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => {
+                grow(|| v.iter().for_each(|(k, c)| go(Step::Name(k), c, path)))
+            }
+        }
+    }
+
+    /// Map every leaf by reference, keeping the structure; `f` gets the borrowed steps to the
+    /// leaf (see [`Tree::for_each_leaf_steps`]). Keys and names are cloned into the new tree.
+    ///
+    /// # Errors
+    /// Whatever `f` returns.
+    pub fn map_ref_steps<'a, M, E>(
+        &'a self,
+        f: &mut impl FnMut(&[Step<'a>], &'a L) -> Result<M, E>,
+    ) -> Result<Tree<M>, E> {
+        let mut path = Vec::new();
+        self.map_steps_at(&mut path, f)
+    }
+
+    fn map_steps_at<'a, M, E>(
+        &'a self,
+        path: &mut Vec<Step<'a>>,
+        f: &mut impl FnMut(&[Step<'a>], &'a L) -> Result<M, E>,
+    ) -> Result<Tree<M>, E> {
+        fn named<'a, L, M, E>(
+            v: &'a [(String, Tree<L>)],
+            path: &mut Vec<Step<'a>>,
+            f: &mut impl FnMut(&[Step<'a>], &'a L) -> Result<M, E>,
+        ) -> Result<Vec<(String, Tree<M>)>, E> {
+            let mut out = Vec::with_capacity(v.len());
+            for (k, c) in v {
+                path.push(Step::Name(k));
+                let m = c.map_steps_at(path, f);
+                path.pop();
+                out.push((k.clone(), m?));
+            }
+            Ok(out)
+        }
+        grow(move || {
+            let mut seq = |v: &'a [Tree<L>], path: &mut Vec<Step<'a>>| -> Result<Vec<Tree<M>>, E> {
+                let mut out = Vec::with_capacity(v.len());
+                for (i, c) in v.iter().enumerate() {
+                    path.push(Step::Index(i));
+                    let m = c.map_steps_at(path, f);
+                    path.pop();
+                    out.push(m?);
+                }
+                Ok(out)
+            };
+            Ok(match self {
+                Tree::Leaf(l) => Tree::Leaf(f(path, l)?),
+                Tree::List(v) => Tree::List(seq(v, path)?),
+                Tree::Tuple(v) => Tree::Tuple(seq(v, path)?),
+                Tree::Dict(v) => {
+                    let mut out = Vec::with_capacity(v.len());
+                    for (k, c) in v {
+                        path.push(Step::Key(k));
+                        let m = c.map_steps_at(path, f);
+                        path.pop();
+                        out.push((k.clone(), m?));
+                    }
+                    Tree::Dict(out)
+                }
+                Tree::Record { type_name, fields } => {
+                    Tree::Record { type_name: type_name.clone(), fields: named(fields, path, f)? }
+                }
+                Tree::Custom { type_name, data, children } => Tree::Custom {
+                    type_name: type_name.clone(),
+                    data: data.clone(),
+                    children: named(children, path, f)?,
+                },
+            })
+        })
+    }
+
     /// Visit every leaf with its key path, in tree order.
     pub fn for_each_leaf<'a>(&'a self, f: &mut impl FnMut(&crate::keypath::KeyPath, &'a L)) {
         let mut path = crate::keypath::KeyPath::root();

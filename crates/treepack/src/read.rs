@@ -171,21 +171,43 @@ impl Reader {
         self.materialize(node, keypath::split(path)?.join("/"), opts).await
     }
 
-    async fn materialize(&self, subtree: &Tree<Entry>, prefix: String, opts: &LoadOptions) -> Result<Node> {
-        let sel = Selection::new(&opts.select)?;
+    /// Every leaf of the whole tree whose bytes live in packs, fetched (and verified unless
+    /// `opts.verify` is off), in tree order as `(leaf ordinal, leaf)`; the ordinal counts all
+    /// leaves depth-first, as [`Tree::for_each_leaf_steps`] visits them. Inline leaves are not
+    /// included: read them from [`Reader::manifest`]. `opts.select` and `opts.keep` are ignored.
+    ///
+    /// This lets a binding (the Python extension) build its own objects straight from the
+    /// manifest tree, skipping the intermediate [`Node`] that [`Reader::load_async`] returns.
+    ///
+    /// # Errors
+    /// As [`Reader::load_async`].
+    pub async fn fetch_stored_leaves_async(&self, opts: &LoadOptions) -> Result<Vec<(usize, Leaf)>> {
+        let all = LoadOptions { select: vec![], keep: None, ..opts.clone() };
+        self.fetch_stored(&self.manifest.root, "", &Selection::new::<String>(&[])?, &all).await
+    }
+
+    /// The selected leaves of `subtree` that live in packs, in tree order (see
+    /// [`Reader::fetch_stored_leaves_async`]).
+    async fn fetch_stored(
+        &self,
+        subtree: &Tree<Entry>,
+        prefix: &str,
+        sel: &Selection,
+        opts: &LoadOptions,
+    ) -> Result<Vec<(usize, Leaf)>> {
         let mut jobs: Vec<Job<'_>> = Vec::new();
         let mut id = 0usize;
         let everything = sel.is_all() && opts.keep.is_none();
-        subtree.for_each_leaf(&mut |p, e| {
+        subtree.for_each_leaf_steps(&mut |p, e| {
             if !e.chunks().is_empty() {
-                let full = join_path(&prefix, &p.to_string());
-                if everything || is_selected(&sel, opts, &full) {
+                let full = join_path(prefix, &keypath::steps_text(p));
+                if everything || is_selected(sel, opts, &full) {
                     jobs.push(Job { id, path: full, entry: e });
                 }
             }
             id += 1;
         });
-        let mut results: HashMap<usize, Leaf> = HashMap::with_capacity(jobs.len());
+        let mut results: Vec<(usize, Leaf)> = Vec::with_capacity(jobs.len());
         let tracker = opts.progress.as_ref().map(|cb| {
             let total = jobs.iter().flat_map(|j| j.entry.chunks()).map(|c| c.length).sum();
             Tracker::new(Some(cb.clone()), total)
@@ -230,24 +252,31 @@ impl Reader {
             results.extend(built);
             start = end;
         }
+        Ok(results)
+    }
+
+    async fn materialize(&self, subtree: &Tree<Entry>, prefix: String, opts: &LoadOptions) -> Result<Node> {
+        let sel = Selection::new(&opts.select)?;
+        let everything = sel.is_all() && opts.keep.is_none();
+        let mut stored = self.fetch_stored(subtree, &prefix, &sel, opts).await?.into_iter().peekable();
         let mut counter = 0usize;
-        let r: Result<Node> = subtree.map_ref(&mut |p, e| {
+        let r: Result<Node> = subtree.map_ref_steps(&mut |p, e| {
             let i = counter;
             counter += 1;
-            if let Some(l) = results.remove(&i) {
+            if let Some((_, l)) = stored.next_if(|(j, _)| *j == i) {
                 return Ok(l);
             }
             if !everything {
-                let full = join_path(&prefix, &p.to_string());
+                let full = join_path(&prefix, &keypath::steps_text(p));
                 if !is_selected(&sel, opts, &full) {
                     return Ok(Leaf::None);
                 }
             }
             if !e.chunks().is_empty() {
                 // Selected chunked leaves were materialised above; reaching here means a bug.
-                return Err(Error::manifest(&self.manifest_file, p.to_string(), "leaf data was not read"));
+                return Err(Error::manifest(&self.manifest_file, keypath::steps_text(p), "leaf data was not read"));
             }
-            inline_leaf_ref(e, &self.manifest_file, &|| join_path(&prefix, &p.to_string()))
+            inline_leaf_ref(e, &self.manifest_file, &|| join_path(&prefix, &keypath::steps_text(p)))
         });
         r
     }
@@ -511,9 +540,9 @@ impl Reader {
             });
         }
         let mut leaves: Vec<(String, Vec<ChunkRef>)> = vec![];
-        self.manifest.root.for_each_leaf(&mut |p, e| {
+        self.manifest.root.for_each_leaf_steps(&mut |p, e| {
             if !e.chunks().is_empty() {
-                leaves.push((p.to_string(), e.chunks().to_vec()));
+                leaves.push((keypath::steps_text(p), e.chunks().to_vec()));
             }
         });
         let mut batch: Vec<(String, usize, ChunkRef)> = vec![];

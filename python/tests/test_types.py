@@ -268,3 +268,31 @@ def test_deep_trees_work_on_threads_with_small_stacks(tmp_path):
     assert "error" not in out, out.get("error")
     assert out["depth"] == 990
     assert "reference cycle" in out["cycle"]
+
+
+def test_datetimes_in_the_object_form_still_load(tmp_path):
+    """Files written before the compact `py.datetime` form (a string) used an object
+    {"iso", "tz", "fold"} for every datetime; both decoders must keep reading it."""
+    import json
+
+    from treepack import _codec, _core
+
+    def legacy(o, where):
+        if type(o) is dt.datetime:
+            tz = None if o.tzinfo is None else {"offset": [0, 0, 0], "name": "UTC"}
+            data = {"iso": o.replace(tzinfo=None).isoformat(), "tz": tz, "fold": o.fold}
+            return ("custom", "py.datetime", json.dumps(data), [])
+        return _codec.encode_other(o, where, False)
+
+    vals = [dt.datetime(2026, 1, 2, 3, 4, 5, 6), dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)]
+    _core.prepare(vals, legacy, _codec.encode_array, fast_datetime=False).write(str(tmp_path / "t"))
+    assert '"iso"' in (tmp_path / "t" / "treepack.json").read_text()
+    back = treepack.load(tmp_path / "t")
+    assert back == vals and [b.tzinfo for b in back] == [None, dt.timezone.utc]
+
+
+def test_naive_and_utc_datetimes_are_stored_as_one_string(tmp_path):
+    vals = [dt.datetime(2026, 1, 2, 3, 4, 5), dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)]
+    treepack.save(vals, tmp_path / "t")
+    text = (tmp_path / "t" / "treepack.json").read_text()
+    assert '"data":"2026-01-02T03:04:05"' in text and '"data":"2026-01-02T00:00:00Z"' in text

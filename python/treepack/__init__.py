@@ -212,7 +212,7 @@ def _keep_paths(like: Any) -> set:
 def _check(reader: Any, p: str, trust: Tuple[str, ...], allow_pickle: bool, on_missing: str) -> None:
     if on_missing not in ("error", "placeholder"):
         raise ValueError("on_missing must be 'error' or 'placeholder'")
-    bad = _codec.audit(reader.types(), trust, allow_pickle)
+    bad = _codec.audit(reader.types(_codec.AUDIT_FREE), trust, allow_pickle)
     if bad and on_missing == "error":
         raise UntrustedTypeError(p, bad)
 
@@ -278,7 +278,9 @@ def untrusted_types(
     path: PathLike, trust: Iterable[str] = (), allow_pickle: bool = False, *, storage_options: StorageOptions = None
 ) -> Dict[str, List[str]]:
     """What loading ``path`` would need trusted: {type name: [key paths]}. Constructs nothing."""
-    return _codec.audit(_core.Reader(_path(path), _opts(storage_options)).types(), tuple(trust), allow_pickle)
+    return _codec.audit(
+        _core.Reader(_path(path), _opts(storage_options)).types(_codec.AUDIT_FREE), tuple(trust), allow_pickle
+    )
 
 
 @dataclass(frozen=True)
@@ -409,7 +411,7 @@ class View:
 
     def _read(self, path: str) -> Any:
         trust, allow_pickle, on_missing = self._opts
-        bad = _codec.audit([t for t in self._r.types() if t[3] == path or t[3].startswith(path + "/") or not path], trust, allow_pickle)
+        bad = _codec.audit([t for t in self._r.types(_codec.AUDIT_FREE) if t[3] == path or t[3].startswith(path + "/") or not path], trust, allow_pickle)
         if bad and on_missing == "error":
             raise UntrustedTypeError(path, bad)
         dec = _codec.Decoder(trust, allow_pickle, on_missing == "placeholder")

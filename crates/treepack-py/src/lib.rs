@@ -474,6 +474,7 @@ struct Decoder<'py> {
     np_dtype: Bound<'py, PyAny>,
     dtypes: HashMap<DType, Bound<'py, PyArrayDescr>>,
     readonly: bool,
+    keys: std::cell::RefCell<HashMap<String, Bound<'py, PyAny>>>,
 }
 
 impl<'py> Decoder<'py> {
@@ -531,13 +532,32 @@ impl<'py> Decoder<'py> {
         }
     }
 
+    /// A dict key string, shared between dicts: trees of records repeat the same few keys
+    /// thousands of times, and a shared string is created and hashed once (pickle's memo does
+    /// the same). Only short keys are cached, and at most `KEY_CACHE` of them.
+    fn key_str(&self, s: &str) -> Bound<'py, PyAny> {
+        const KEY_CACHE: usize = 4096;
+        if s.len() > 64 {
+            return PyString::new(self.py, s).into_any();
+        }
+        let mut cache = self.keys.borrow_mut();
+        if let Some(k) = cache.get(s) {
+            return k.clone();
+        }
+        let k = PyString::new(self.py, s).into_any();
+        if cache.len() < KEY_CACHE {
+            cache.insert(s.to_string(), k.clone());
+        }
+        k
+    }
+
     fn key(&self, k: &Key) -> PyResult<Bound<'py, PyAny>> {
         Ok(match k {
             Key::None => self.py.None().into_bound(self.py),
             Key::Bool(b) => PyBool::new(self.py, *b).to_owned().into_any(),
             Key::Int(i) => int_py(self.py, i)?,
             Key::Float(f) => PyFloat::new(self.py, *f).into_any(),
-            Key::Str(s) => PyString::new(self.py, s).into_any(),
+            Key::Str(s) => self.key_str(s),
             Key::Tuple(v) => {
                 PyTuple::new(self.py, v.iter().map(|k| self.key(k)).collect::<PyResult<Vec<_>>>()?)?.into_any()
             }
@@ -755,7 +775,15 @@ fn datetime_node(py: Python<'_>, d: &Bound<'_, pyo3::types::PyDateTime>) -> PyRe
     if d.get_microsecond() != 0 {
         iso.push_str(&format!(".{:06}", d.get_microsecond()));
     }
-    let data = serde_json::json!({"iso": iso, "tz": tz, "fold": u8::from(d.get_fold())});
+    let data = if d.get_fold() {
+        serde_json::json!({"iso": iso, "tz": tz, "fold": 1})
+    } else {
+        // The compact form (see `datetime_fast`): one JSON string instead of a nested object.
+        if !tz.is_null() {
+            iso.push('Z');
+        }
+        serde_json::Value::String(iso)
+    };
     Ok(Some(Tree::Custom { type_name: "py.datetime".into(), data, children: vec![] }))
 }
 
@@ -765,6 +793,16 @@ fn datetime_node(py: Python<'_>, d: &Bound<'_, pyo3::types::PyDateTime>) -> PyRe
 /// text) returns `None` and takes the general Python path, which defines the semantics.
 fn datetime_fast<'py>(py: Python<'py>, data: &serde_json::Value) -> PyResult<Option<Bound<'py, PyAny>>> {
     use pyo3::types::{PyDateTime, PyDelta, PyTzInfo};
+    if let Some(text) = data.as_str() {
+        // Compact form: naive isoformat, or with a trailing `Z` for `timezone.utc` (fold 0).
+        let (iso, utc) = match text.strip_suffix('Z') {
+            Some(t) => (t, true),
+            None => (text, false),
+        };
+        let Some((y, mo, d, h, mi, sec, us)) = parse_iso_datetime(iso) else { return Ok(None) };
+        let tz = if utc { Some(PyTzInfo::utc(py)?.to_owned()) } else { None };
+        return Ok(Some(PyDateTime::new_with_fold(py, y, mo, d, h, mi, sec, us, tz.as_ref(), false)?.into_any()));
+    }
     let Some(obj) = data.as_object() else { return Ok(None) };
     if obj.len() > 3 {
         return Ok(None);
@@ -866,10 +904,13 @@ impl Reader {
         Ok(Reader { inner })
     }
 
-    /// Every record/custom node: (kind, type, data JSON or None, key path). Constructs nothing.
-    fn types(&self) -> Vec<TypeRow> {
+    /// Every record/custom node: (kind, type, data JSON or None, key path), leaving out custom
+    /// nodes whose type is in `skip` (types the caller accepts whatever their data, so 10k
+    /// datetimes cost no rows). Constructs nothing.
+    #[pyo3(signature = (skip=None))]
+    fn types(&self, skip: Option<HashSet<String>>) -> Vec<TypeRow> {
         let mut out = vec![];
-        walk_types(&self.inner.manifest().root, &mut vec![], &mut out);
+        walk_types(&self.inner.manifest().root, &mut vec![], &skip.unwrap_or_default(), &mut out);
         out
     }
 
@@ -896,8 +937,14 @@ impl Reader {
             progress: progress_fn(progress),
             ..Default::default()
         };
-        let mut dec =
-            Decoder { py, decode_other: Some(decode_other), np_dtype, dtypes: HashMap::new(), readonly: mmap };
+        let mut dec = Decoder {
+            py,
+            decode_other: Some(decode_other),
+            np_dtype,
+            dtypes: HashMap::new(),
+            readonly: mmap,
+            keys: Default::default(),
+        };
         if subpath.is_none() && opts.select.is_empty() && opts.keep.is_none() {
             // Whole tree: fetch the stored leaves, then build Python objects straight from the
             // manifest (no intermediate tree of owned values).
@@ -918,7 +965,15 @@ impl Reader {
     /// The structure: containers as dict/list/tuple, records/custom nodes via `make_node`,
     /// leaves as `LeafInfo`.
     fn structure<'py>(&self, py: Python<'py>, make_node: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        without_gc(py, || structure(py, &self.inner.manifest().root, &mut String::new(), &make_node))
+        let dec = Decoder {
+            py,
+            decode_other: None,
+            np_dtype: py.None().into_bound(py),
+            dtypes: HashMap::new(),
+            readonly: false,
+            keys: Default::default(),
+        };
+        without_gc(py, || structure(&dec, &self.inner.manifest().root, &mut String::new(), &make_node))
     }
 
     /// Kind of the node at a key path: a container kind or a leaf kind.
@@ -939,6 +994,7 @@ impl Reader {
             np_dtype: py.None().into_bound(py),
             dtypes: HashMap::new(),
             readonly: false,
+            keys: Default::default(),
         };
         let mut out = vec![];
         for (step, _) in t.children() {
@@ -970,7 +1026,14 @@ impl Reader {
         np_dtype: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let a = py.detach(|| treepack::block_on(self.inner.read_array_async(path, slice, true))).map_err(py_err)?;
-        let mut dec = Decoder { py, decode_other: None, np_dtype, dtypes: HashMap::new(), readonly: false };
+        let mut dec = Decoder {
+            py,
+            decode_other: None,
+            np_dtype,
+            dtypes: HashMap::new(),
+            readonly: false,
+            keys: Default::default(),
+        };
         dec.array(a)
     }
 
@@ -1000,11 +1063,17 @@ impl Reader {
     }
 }
 
-fn walk_types<'a>(t: &'a Tree<Entry>, path: &mut Vec<treepack::model::Step<'a>>, out: &mut Vec<TypeRow>) {
+fn walk_types<'a>(
+    t: &'a Tree<Entry>,
+    path: &mut Vec<treepack::model::Step<'a>>,
+    skip: &HashSet<String>,
+    out: &mut Vec<TypeRow>,
+) {
     let text = |path: &[treepack::model::Step<'_>]| treepack::keypath::steps_text(path);
     match t {
         Tree::Leaf(_) => return,
         Tree::Record { type_name, .. } => out.push(("record".into(), type_name.clone(), None, text(path))),
+        Tree::Custom { type_name, .. } if skip.contains(type_name) => {}
         Tree::Custom { type_name, data, .. } => out.push((
             "custom".into(),
             type_name.clone(),
@@ -1018,19 +1087,18 @@ fn walk_types<'a>(t: &'a Tree<Entry>, path: &mut Vec<treepack::model::Step<'a>>,
             continue;
         }
         path.push(step);
-        treepack::model::grow(|| walk_types(c, path, out));
+        treepack::model::grow(|| walk_types(c, path, skip, out));
         path.pop();
     }
 }
 
 fn structure<'py>(
-    py: Python<'py>,
+    dec: &Decoder<'py>,
     t: &Tree<Entry>,
     path: &mut String,
     make_node: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let dec =
-        Decoder { py, decode_other: None, np_dtype: py.None().into_bound(py), dtypes: HashMap::new(), readonly: false };
+    let py = dec.py;
     let mut kids = vec![];
     for (step, c) in t.children() {
         let here = path.len();
@@ -1038,7 +1106,7 @@ fn structure<'py>(
             path.push('/');
         }
         path.push_str(&treepack::keypath::steps_text(std::slice::from_ref(&step)));
-        let v = treepack::model::grow(|| structure(py, c, path, make_node))?;
+        let v = treepack::model::grow(|| structure(dec, c, path, make_node))?;
         path.truncate(here);
         let k = match step {
             treepack::model::Step::Index(i) => i.into_pyobject(py)?.into_any(),

@@ -34,6 +34,20 @@ fn main() -> Result<()> {
     );
     let dir = std::env::temp_dir().join("treepack-profile-small");
     let p = dir.to_str().unwrap_or("treepack-profile-small");
+    if std::env::var_os("DECODE_ONLY").is_some() {
+        // `DECODE_ONLY=1 perf record …`: profile manifest decoding alone.
+        save(&tree, p, &SaveOptions { overwrite: true, ..Default::default() })?;
+        let bytes = std::fs::read(dir.join("treepack.json")).unwrap_or_default();
+        for _ in 0..reps {
+            let t = Instant::now();
+            let m = treepack::manifest::decode(&bytes, "m")?;
+            let t_decode = t.elapsed();
+            let t = Instant::now();
+            drop(m);
+            println!("decode {t_decode:?}, drop {:?}", t.elapsed());
+        }
+        return Ok(());
+    }
     for _ in 0..reps {
         let t = Instant::now();
         save(&tree, p, &SaveOptions { overwrite: true, ..Default::default() })?;

@@ -17,7 +17,7 @@ use crate::runtime::block_on;
 use crate::store::{Layout, Location, MANIFEST_NAME};
 use bytes::Bytes;
 use rayon::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -247,8 +247,17 @@ impl Reader {
                 let h = fetched.get(&header_key).map(|b| b.as_ref()).unwrap_or_default();
                 container::check_header(h, &self.manifest_file)?;
             }
-            let built: Vec<(usize, Leaf)> =
-                batch.par_iter().map(|j| Ok((j.id, self.assemble(j, &fetched, opts)?))).collect::<Result<Vec<_>>>()?;
+            // Deduplicated content (the same chunk referenced by many leaves, e.g. identical
+            // images in 10k records) is hashed once per batch rather than once per leaf.
+            let verified = if opts.verify { self.verify_shared(batch, &fetched)? } else { HashSet::new() };
+            let built: Vec<(usize, Leaf)> = batch
+                .par_iter()
+                .map(|j| {
+                    let pre =
+                        matches!(j.entry.chunks(), [c] if verified.contains(&(c.pack, c.offset, c.length, c.hash)));
+                    Ok((j.id, self.assemble(j, &fetched, opts, opts.verify && !pre)?))
+                })
+                .collect::<Result<Vec<_>>>()?;
             results.extend(built);
             start = end;
         }
@@ -279,6 +288,34 @@ impl Reader {
             inline_leaf_ref(e, &self.manifest_file, &|| join_path(&prefix, &keypath::steps_text(p)))
         });
         r
+    }
+
+    /// Verify, once each, the single chunks that more than one leaf of `batch` points at (same
+    /// range, same expected hash); returns those that passed. A mismatch is reported for the
+    /// first leaf that uses the chunk.
+    fn verify_shared(
+        &self,
+        batch: &[Job<'_>],
+        fetched: &HashMap<ChunkKey, Bytes>,
+    ) -> Result<HashSet<(u32, u64, u64, Hash32)>> {
+        let mut uses: HashMap<(u32, u64, u64, Hash32), (usize, usize)> = HashMap::new();
+        for (n, j) in batch.iter().enumerate() {
+            if let [c] = j.entry.chunks() {
+                uses.entry((c.pack, c.offset, c.length, c.hash)).or_insert((n, 0)).1 += 1;
+            }
+        }
+        let mut out = HashSet::new();
+        for (k, (first, count)) in uses {
+            if count < 2 {
+                continue;
+            }
+            let job = &batch[first];
+            if let [c] = job.entry.chunks() {
+                self.chunk_bytes(&job.path, 0, c, fetched, true)?;
+                out.insert(k);
+            }
+        }
+        Ok(out)
     }
 
     /// Fetch the stored bytes of chunks, grouped by pack (mmap views when asked and local).
@@ -390,18 +427,24 @@ impl Reader {
         })
     }
 
-    fn assemble(&self, job: &Job<'_>, fetched: &HashMap<ChunkKey, Bytes>, opts: &LoadOptions) -> Result<Leaf> {
+    fn assemble(
+        &self,
+        job: &Job<'_>,
+        fetched: &HashMap<ChunkKey, Bytes>,
+        opts: &LoadOptions,
+        verify: bool,
+    ) -> Result<Leaf> {
         match job.entry {
             Entry::Str(Stored::Blob { chunk, .. }) => {
-                let b = self.chunk_bytes(&job.path, 0, chunk, fetched, opts.verify)?;
+                let b = self.chunk_bytes(&job.path, 0, chunk, fetched, verify)?;
                 String::from_utf8(b.to_vec()).map(Leaf::Str).map_err(|_| {
                     Error::manifest(&self.pack_file(chunk.pack), job.path.clone(), "string blob is not valid UTF-8")
                 })
             }
             Entry::Bytes(Stored::Blob { chunk, .. }) => {
-                Ok(Leaf::Bytes(self.chunk_bytes(&job.path, 0, chunk, fetched, opts.verify)?))
+                Ok(Leaf::Bytes(self.chunk_bytes(&job.path, 0, chunk, fetched, verify)?))
             }
-            Entry::Array(a) => self.assemble_array(&job.path, a, fetched, opts).map(Leaf::Array),
+            Entry::Array(a) => self.assemble_array(&job.path, a, fetched, opts, verify).map(Leaf::Array),
             other => inline_leaf_ref(other, &self.manifest_file, &|| job.path.clone()),
         }
     }
@@ -412,6 +455,7 @@ impl Reader {
         a: &ArrayEntry,
         fetched: &HashMap<ChunkKey, Bytes>,
         opts: &LoadOptions,
+        verify: bool,
     ) -> Result<ArrayData> {
         let ArrayStorage::Chunked { chunks, .. } = &a.storage else {
             return inline_array(a, &self.manifest_file, path);
@@ -422,7 +466,7 @@ impl Reader {
             e => e,
         };
         if chunks.len() == 1 {
-            let b = self.chunk_bytes(path, 0, &chunks[0], fetched, opts.verify)?;
+            let b = self.chunk_bytes(path, 0, &chunks[0], fetched, verify)?;
             return ArrayData::new(a.dtype.clone(), a.shape.clone(), b).map_err(fix);
         }
         if let Some(span) = span_of_array(a).and_then(|k| fetched.get(&k).cloned()) {
@@ -431,14 +475,14 @@ impl Reader {
             let base = chunks[0].offset;
             chunks.par_iter().enumerate().try_for_each(|(i, r)| {
                 let s = (r.offset - base) as usize;
-                self.check_chunk(path, i, r, span.slice(s..s + r.length as usize), opts.verify).map(drop)
+                self.check_chunk(path, i, r, span.slice(s..s + r.length as usize), verify).map(drop)
             })?;
             return ArrayData::new(a.dtype.clone(), a.shape.clone(), span).map_err(fix);
         }
         if opts.mmap && contiguous_in_pack(&grid, chunks) {
             // One view over all chunks; verify each chunk's slice.
             for (i, r) in chunks.iter().enumerate() {
-                self.chunk_bytes(path, i, r, fetched, opts.verify)?;
+                self.chunk_bytes(path, i, r, fetched, verify)?;
             }
             if let Some(map) = self.mmaps.lock().ok().and_then(|m| m.get(&chunks[0].pack).cloned()) {
                 let start = chunks[0].offset as usize;
@@ -451,7 +495,7 @@ impl Reader {
         let itemsize = a.dtype.itemsize();
         let full = grid::full(&a.shape);
         for (i, r) in chunks.iter().enumerate() {
-            let b = self.chunk_bytes(path, i, r, fetched, opts.verify)?;
+            let b = self.chunk_bytes(path, i, r, fetched, verify)?;
             let (origin, extent) = grid.chunk_region(i as u64);
             if grid::chunk_is_contiguous(&grid, &extent) {
                 let off = grid::c_offset(&a.shape, &origin, itemsize) as usize;

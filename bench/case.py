@@ -321,6 +321,10 @@ def main():
             result["wall"] = inner if inner is not None else time.perf_counter() - t
         else:
             info = json.load(open(info_path)) if os.path.exists(info_path) else {}
+            if wl == "W1":
+                # bfloat16 arrays need ml_dtypes whoever reads them: import it before timing,
+                # like every peer's own modules (it alone takes 10-30 ms to import here).
+                import ml_dtypes  # noqa: F401
             if peer.startswith("treepack"):
                 import treepack  # noqa: F401
             elif peer in ("orbax", "flax-msgpack"):

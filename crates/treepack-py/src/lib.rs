@@ -151,6 +151,40 @@ struct Encoder<'py> {
     /// Encode naive and UTC `datetime`s here rather than through `encode_other` (off when the
     /// user registered a custom codec for `datetime`).
     fast_datetime: bool,
+    /// Large `bytes` objects already met, by identity (they stay alive: the tree holds them).
+    seen_bytes: HashMap<usize, Bytes>,
+}
+
+/// Keeps a Python `bytes` object alive while its (immutable) buffer is borrowed as `Bytes`.
+struct PyBytesOwner(#[allow(dead_code)] Py<PyBytes>, *const u8, usize);
+// SAFETY: `bytes` objects never change after creation and `.0` keeps this one alive; the
+// reference is released through pyo3 (deferred until the GIL is next held when dropped without it).
+unsafe impl Send for PyBytesOwner {}
+unsafe impl Sync for PyBytesOwner {}
+impl AsRef<[u8]> for PyBytesOwner {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: pointer and length of the live object's buffer, read once under the GIL.
+        unsafe { std::slice::from_raw_parts(self.1, self.2) }
+    }
+}
+
+impl<'py> Encoder<'py> {
+    /// The bytes of a `bytes` object: small ones copied, large ones borrowed (immutable, so no
+    /// snapshot is needed), and the same object met again (one image shared by 10k records)
+    /// reuses the first `Bytes`, which also lets the writer hash it once.
+    fn bytes(&mut self, b: &Bound<'py, PyBytes>) -> Bytes {
+        let data = b.as_bytes();
+        if data.len() < 1024 {
+            return Bytes::copy_from_slice(data);
+        }
+        let id = b.as_ptr() as usize;
+        if let Some(x) = self.seen_bytes.get(&id) {
+            return x.clone();
+        }
+        let x = Bytes::from_owner(PyBytesOwner(b.clone().unbind(), data.as_ptr(), data.len()));
+        self.seen_bytes.insert(id, x.clone());
+        x
+    }
 }
 
 fn simple_dtype(kind: u8, size: usize) -> Option<DType> {
@@ -251,7 +285,7 @@ impl<'py> Encoder<'py> {
             return Ok(Node::from(s));
         }
         if let Ok(b) = obj.cast_exact::<PyBytes>() {
-            return Ok(Tree::Leaf(Leaf::Bytes(Bytes::copy_from_slice(b.as_bytes()))));
+            return Ok(Tree::Leaf(Leaf::Bytes(self.bytes(b))));
         }
         if let Ok(l) = obj.cast_exact::<PyList>() {
             let mut out = Vec::with_capacity(l.len());
@@ -416,6 +450,7 @@ fn prepare(
         path: vec![],
         snapshot,
         fast_datetime,
+        seen_bytes: HashMap::new(),
     };
     let node = enc.node(tree, 0)?;
     Ok(Prepared { node: std::sync::Mutex::new(Some(node)) })

@@ -63,6 +63,11 @@ pub fn steps_text(steps: &[Step<'_>]) -> String {
     out
 }
 
+/// The escaped text of each step (see [`steps_text`]).
+pub fn steps_texts(steps: &[Step<'_>]) -> Vec<String> {
+    steps.iter().map(|s| steps_text(std::slice::from_ref(s))).collect()
+}
+
 /// The escaped path segment of a dict key (without cloning the key into a [`Segment`]).
 pub(crate) fn key_segment_text(k: &Key) -> String {
     key_text(k, false)

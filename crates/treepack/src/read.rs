@@ -89,6 +89,9 @@ struct Job<'m> {
 
 const TAIL_READ: u64 = 64 << 10;
 
+/// Batches with less chunk data than this are assembled on the calling thread.
+const PARALLEL_MIN_BYTES: u64 = 4 << 20;
+
 impl Reader {
     /// Open the tree at a location (one request for a directory's manifest; one ranged read of
     /// the tail for a single file, plus one more if its manifest is larger than 64 KiB).
@@ -250,14 +253,18 @@ impl Reader {
             // Deduplicated content (the same chunk referenced by many leaves, e.g. identical
             // images in 10k records) is hashed once per batch rather than once per leaf.
             let verified = if opts.verify { self.verify_shared(batch, &fetched)? } else { HashSet::new() };
-            let built: Vec<(usize, Leaf)> = batch
-                .par_iter()
-                .map(|j| {
-                    let pre =
-                        matches!(j.entry.chunks(), [c] if verified.contains(&(c.pack, c.offset, c.length, c.hash)));
-                    Ok((j.id, self.assemble(j, &fetched, opts, opts.verify && !pre)?))
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let build = |j: &Job<'_>| {
+                let pre = matches!(j.entry.chunks(), [c] if verified.contains(&(c.pack, c.offset, c.length, c.hash)));
+                Ok((j.id, self.assemble(j, &fetched, opts, opts.verify && !pre)?))
+            };
+            // Hashing and copying go to the thread pool; views and small batches (an mmap load
+            // of a checkpoint) stay on this thread, which also spares starting the pool.
+            let parallel = (opts.verify || !opts.mmap) && bytes >= PARALLEL_MIN_BYTES;
+            let built: Vec<(usize, Leaf)> = if parallel {
+                batch.par_iter().map(build).collect::<Result<Vec<_>>>()?
+            } else {
+                batch.iter().map(build).collect::<Result<Vec<_>>>()?
+            };
             results.extend(built);
             start = end;
         }

@@ -12,11 +12,11 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::grid::{self, ChunkGrid, DimSel};
 use crate::hash::Hash32;
-use crate::keypath::{Glob, KeyPath};
+use crate::keypath::{self, Glob, KeyPath};
 use crate::manifest::{
     self, ArrayEntry, ArrayStorage, ChunkRef, Entry, Manifest, PackInfo, Stored, MAX_DEPTH, MAX_NDIM,
 };
-use crate::model::{ArrayData, Leaf, Node, Tree};
+use crate::model::{ArrayData, Leaf, Node, Step, Tree};
 use crate::preview;
 use crate::progress::Tracker;
 use crate::store::{Layout, Location, MANIFEST_NAME, PACKS_DIR};
@@ -164,6 +164,9 @@ struct Planner<'o> {
     /// Per chunked array: (index range in `pending`, head preview).
     arrays: usize,
     array_bytes: u64,
+    /// (address, length, dtype) of buffers already pending → their index. `Bytes` are
+    /// immutable and all kept alive by `pending`, so equal addresses mean equal contents.
+    same_buffer: HashMap<(usize, usize, Option<DType>), usize>,
 }
 
 fn placeholder(i: usize) -> ChunkRef {
@@ -172,11 +175,21 @@ fn placeholder(i: usize) -> ChunkRef {
 
 impl Planner<'_> {
     fn push(&mut self, data: Bytes, dtype: Option<DType>) -> ChunkRef {
+        // The same buffer reached twice (one object shared by many leaves) is planned once:
+        // hashed once, then deduplicated like any repeated content.
+        let id = (data.as_ptr() as usize, data.len(), dtype.clone());
+        if !data.is_empty() {
+            if let Some(&i) = self.same_buffer.get(&id) {
+                return placeholder(i);
+            }
+        }
         self.pending.push(Pending { data, dtype });
-        placeholder(self.pending.len() - 1)
+        let i = self.pending.len() - 1;
+        self.same_buffer.insert(id, i);
+        placeholder(i)
     }
 
-    fn leaf(&mut self, path: &KeyPath, leaf: &Leaf) -> Result<Entry> {
+    fn leaf(&mut self, path: &[Step<'_>], leaf: &Leaf) -> Result<Entry> {
         Ok(match leaf {
             Leaf::None => Entry::None,
             Leaf::Bool(b) => Entry::Bool(*b),
@@ -197,14 +210,12 @@ impl Planner<'_> {
         })
     }
 
-    fn array(&mut self, path: &KeyPath, a: &ArrayData) -> Result<Entry> {
+    fn array(&mut self, path: &[Step<'_>], a: &ArrayData) -> Result<Entry> {
+        let path_text = || keypath::steps_text(path);
         let dtype = a.dtype().clone();
         let shape = a.shape().to_vec();
         if shape.len() > MAX_NDIM {
-            return Err(Error::invalid_tree(
-                path.to_string(),
-                format!("{} dimensions (limit {MAX_NDIM})", shape.len()),
-            ));
+            return Err(Error::invalid_tree(path_text(), format!("{} dimensions (limit {MAX_NDIM})", shape.len())));
         }
         self.arrays += 1;
         self.array_bytes += a.nbytes();
@@ -216,12 +227,13 @@ impl Planner<'_> {
                 preview: None,
             }));
         }
-        let texts = path.texts();
+        // Key-path texts are only needed to match `chunk_shapes` patterns.
+        let texts = if self.globs.is_empty() { vec![] } else { keypath::steps_texts(path) };
         let chunk_shape = match self.globs.iter().find(|(g, _)| g.matches(&texts)) {
             Some((g, cs)) => {
                 if cs.len() != shape.len() || cs.contains(&0) {
                     return Err(Error::invalid_tree(
-                        path.to_string(),
+                        path_text(),
                         format!("chunk shape {cs:?} (from pattern `{}`) does not fit shape {shape:?}", g.source()),
                     ));
                 }
@@ -230,7 +242,7 @@ impl Planner<'_> {
             None => grid::default_chunk_shape(&shape, dtype.itemsize(), self.opts.chunk_bytes),
         };
         let grid =
-            ChunkGrid::new(shape.clone(), chunk_shape.clone()).map_err(|r| Error::invalid_tree(path.to_string(), r))?;
+            ChunkGrid::new(shape.clone(), chunk_shape.clone()).map_err(|r| Error::invalid_tree(path_text(), r))?;
         let mm_dtype = if self.opts.preview { Some(dtype.clone()) } else { None };
         let chunks: Vec<ChunkRef> =
             array_chunks(a, &grid).into_iter().map(|c| self.push(c, mm_dtype.clone())).collect();
@@ -345,9 +357,9 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     let previous = if exists && !single { old_packs(loc).await } else { None };
 
     let globs = opts.chunk_shapes.iter().map(|(p, cs)| Ok((Glob::new(p)?, cs.clone()))).collect::<Result<Vec<_>>>()?;
-    let mut planner = Planner { opts, globs, pending: vec![], arrays: 0, array_bytes: 0 };
+    let mut planner = Planner { opts, globs, pending: vec![], arrays: 0, array_bytes: 0, same_buffer: HashMap::new() };
     let entries: Tree<Entry> = {
-        let r: Result<Tree<Entry>> = tree.map_ref(&mut |p, l| planner.leaf(p, l));
+        let r: Result<Tree<Entry>> = tree.map_ref_steps(&mut |p, l| planner.leaf(p, l));
         r?
     };
 

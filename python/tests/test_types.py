@@ -296,3 +296,20 @@ def test_naive_and_utc_datetimes_are_stored_as_one_string(tmp_path):
     treepack.save(vals, tmp_path / "t")
     text = (tmp_path / "t" / "treepack.json").read_text()
     assert '"data":"2026-01-02T03:04:05"' in text and '"data":"2026-01-02T00:00:00Z"' in text
+
+
+def test_deduplicated_str_and_bytes_load_as_one_shared_object(tmp_path):
+    """A bytes/str value stored once (content-deduplicated) comes back as one immutable object,
+    like pickle's memo; arrays, which are mutable, are never shared."""
+    img = bytes(range(256)) * 16
+    text = "x" * 5000
+    arr = np.arange(4096, dtype=np.float32)
+    tree = [{"img": img, "text": text, "a": arr} for _ in range(3)] + [{"img": bytes(img)}]
+    treepack.save(tree, tmp_path / "t")
+    back = treepack.load(tmp_path / "t")
+    assert [r["img"] for r in back] == [img] * 4
+    assert back[0]["img"] is back[1]["img"] is back[3]["img"]
+    assert back[0]["text"] == text and back[0]["text"] is back[2]["text"]
+    assert back[0]["a"] is not back[1]["a"]
+    back[0]["a"][0] = 7.0
+    assert back[1]["a"][0] == 0.0

@@ -489,7 +489,11 @@ impl Prepared {
         let loc = location(path, storage_options)?;
         let info = py.detach(|| {
             let r = treepack::block_on(treepack::save::save_async(&node, &loc, &opts));
-            drop(node);
+            if r.as_ref().is_ok_and(|i| i.leaves >= treepack::save::BACKGROUND_DROP_LEAVES) {
+                treepack::model::drop_in_background(node);
+            } else {
+                drop(node);
+            }
             r
         });
         let info = info.map_err(py_err)?;
@@ -722,6 +726,22 @@ impl<'py> Decoder<'py> {
                 let id = stored.next_id;
                 stored.next_id += 1;
                 if let Some((_, l)) = stored.leaves.next_if(|(j, _)| *j == id) {
+                    // Immutable values stored once (deduplicated) come back as one shared object,
+                    // as pickle's memo does for an object referenced many times.
+                    let shared = match e {
+                        Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => {
+                            Some((matches!(e, Entry::Str(_)), chunk.pack, chunk.offset, chunk.length))
+                        }
+                        _ => None,
+                    };
+                    if let Some(k) = shared {
+                        if let Some(v) = stored.shared.get(&k) {
+                            return Ok(v.bind(py).clone());
+                        }
+                        let v = self.node_inner(Tree::Leaf(l))?;
+                        stored.shared.insert(k, v.clone().unbind());
+                        return Ok(v);
+                    }
                     return self.node_inner(Tree::Leaf(l));
                 }
                 match e {
@@ -786,6 +806,8 @@ impl<'py> Decoder<'py> {
 struct StoredLeaves {
     leaves: std::iter::Peekable<std::vec::IntoIter<(usize, Leaf)>>,
     next_id: usize,
+    /// str/bytes objects already built, by (is str, pack, offset, length) of their blob.
+    shared: HashMap<(bool, u32, u64, u64), Py<PyAny>>,
 }
 
 /// The `py.datetime` node of a naive or UTC datetime, exactly as the Python encoder writes it
@@ -985,7 +1007,8 @@ impl Reader {
             // manifest (no intermediate tree of owned values).
             let leaves =
                 py.detach(|| treepack::block_on(self.inner.fetch_stored_leaves_async(&opts))).map_err(py_err)?;
-            let mut stored = StoredLeaves { leaves: leaves.into_iter().peekable(), next_id: 0 };
+            let mut stored =
+                StoredLeaves { leaves: leaves.into_iter().peekable(), next_id: 0, shared: Default::default() };
             return without_gc(py, || dec.entry_tree(&self.inner.manifest().root, &mut stored));
         }
         let node = py

@@ -475,4 +475,27 @@ mod tests {
         assert!(resolve(&tree, "a~1b/01").is_err());
         assert!(split("a//b").is_err());
     }
+
+    #[test]
+    fn steps_text_matches_the_key_path_text() {
+        use crate::model::{Key, Node};
+        let tree = Node::dict([
+            ("a/b", Node::list([Node::from(1i64), Node::from(2i64)])),
+            ("", Node::from(0i64)),
+            ("~x*", Node::from(3i64)),
+        ]);
+        let mut t = tree;
+        if let crate::model::Tree::Dict(items) = &mut t {
+            items.push((
+                Key::Tuple(vec![Key::Int(crate::model::Int::Small(4)), Key::Str("(,)".into())]),
+                Node::from(5i64),
+            ));
+        }
+        let mut a = vec![];
+        t.for_each_leaf(&mut |p, _| a.push(p.to_string()));
+        let mut b = vec![];
+        t.for_each_leaf_steps(&mut |p, _| b.push(steps_text(p)));
+        assert_eq!(a, b);
+        assert_eq!(b, ["a~1b/0", "a~1b/1", "~e", "~0x~2", "~t(~i4,~4~3~5)"]);
+    }
 }

@@ -627,16 +627,20 @@ struct RawPack {
     size: u64,
 }
 
+/// A chunk reference as written; its strings are borrowed from the input when they can be
+/// (they always can in manifests we write: no escapes), so a blob costs no allocation.
 #[derive(serde::Deserialize)]
-struct RawChunk {
+struct RawChunk<'a> {
     pack: u32,
     offset: u64,
     length: u64,
-    codec: String,
-    blake3: String,
+    #[serde(borrow)]
+    codec: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    blake3: std::borrow::Cow<'a, str>,
 }
 
-impl RawChunk {
+impl RawChunk<'_> {
     fn into_ref<E: de::Error>(self) -> std::result::Result<ChunkRef, E> {
         let codec = Codec::from_name(&self.codec)
             .ok_or_else(|| E::custom(format!("unknown codec {:?} (written by a newer treepack?)", self.codec)))?;
@@ -822,7 +826,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                         }
                         Member::Blob => {
                             dup(&blob, "blob")?;
-                            blob = Some(map.next_value::<RawChunk>()?.into_ref()?);
+                            blob = Some(map.next_value::<RawChunk<'de>>()?.into_ref()?);
                         }
                         Member::B64 if !is_str => {
                             dup(&b64, "b64")?;
@@ -1052,7 +1056,7 @@ fn parse_array<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::Result<Array
             }
             Member::Chunks => {
                 dup(&chunks, "chunks")?;
-                let raw: Vec<RawChunk> = map.next_value()?;
+                let raw: Vec<RawChunk<'de>> = map.next_value()?;
                 chunks = Some(raw.into_iter().map(RawChunk::into_ref).collect::<std::result::Result<Vec<_>, _>>()?);
             }
             Member::Data => {
@@ -1229,6 +1233,7 @@ fn first_duplicate<K: PairKey, V>(pairs: &[(K, V)]) -> Option<usize> {
             .collect();
         return (1..texts.len()).find(|&i| texts[..i].contains(&texts[i]));
     }
+    // SipHash with a random key: keys come from untrusted files, so no hash flooding.
     let mut plain: HashSet<&str> = HashSet::with_capacity(pairs.len());
     let mut typed: HashSet<String> = HashSet::new();
     pairs.iter().position(|(k, _)| match k.plain() {

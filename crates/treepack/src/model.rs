@@ -245,6 +245,13 @@ pub fn grow<R>(f: impl FnOnce() -> R) -> R {
     stacker::maybe_grow(128 * 1024, 4 * 1024 * 1024, f)
 }
 
+/// Free `v` on a short-lived thread: dropping a tree of 100k leaves takes milliseconds that a
+/// caller who is done with it should not wait for. Falls back to dropping here if no thread
+/// can be started.
+pub fn drop_in_background<T: Send + 'static>(v: T) {
+    let _ = std::thread::Builder::new().name("treepack-drop".into()).spawn(move || drop(v));
+}
+
 /// The in-memory tree users build and get back.
 pub type Node = Tree<Leaf>;
 

@@ -75,7 +75,30 @@ pub struct Reader {
     loc: Location,
     manifest: Arc<Manifest>,
     manifest_file: String,
+    /// Size of the manifest text, a cheap measure of how long freeing its tree takes.
+    manifest_len: usize,
     mmaps: Mutex<HashMap<u32, Bytes>>,
+}
+
+/// Manifests at least this large are freed on a background thread when their reader goes.
+const BACKGROUND_DROP_BYTES: usize = 1 << 20;
+
+impl Drop for Reader {
+    /// Freeing a 100k-leaf manifest tree takes milliseconds that a caller who has finished
+    /// loading should not wait for: large ones are dropped on a short-lived thread instead.
+    fn drop(&mut self) {
+        if self.manifest_len < BACKGROUND_DROP_BYTES || Arc::strong_count(&self.manifest) > 1 {
+            return;
+        }
+        let empty = Manifest {
+            version: self.manifest.version,
+            writer: String::new(),
+            metadata: None,
+            packs: vec![],
+            root: Tree::List(vec![]),
+        };
+        crate::model::drop_in_background(std::mem::replace(&mut self.manifest, Arc::new(empty)));
+    }
 }
 
 type ChunkKey = (u32, u64, u64);
@@ -111,6 +134,7 @@ impl Reader {
             Layout::SingleFile => (read_single_manifest(&loc).await?, loc.display().to_string()),
         };
         let parse_file = file.clone();
+        let manifest_len = bytes.len();
         let m = tokio::task::spawn_blocking(move || manifest::decode(&bytes, &parse_file))
             .await
             .map_err(|e| Error::Serde(format!("manifest parse task failed: {e}")))??;
@@ -124,7 +148,7 @@ impl Reader {
                 ));
             }
         }
-        Ok(Reader { loc, manifest: Arc::new(m), manifest_file: file, mmaps: Mutex::default() })
+        Ok(Reader { loc, manifest: Arc::new(m), manifest_file: file, manifest_len, mmaps: Mutex::default() })
     }
 
     /// Blocking [`Reader::open_async`].

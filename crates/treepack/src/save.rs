@@ -157,6 +157,9 @@ fn array_chunks(a: &ArrayData, grid: &ChunkGrid) -> Vec<Bytes> {
         .collect()
 }
 
+/// Trees with at least this many leaves are freed on a background thread once written.
+pub const BACKGROUND_DROP_LEAVES: usize = 10_000;
+
 struct Planner<'o> {
     opts: &'o SaveOptions,
     globs: Vec<(Glob, Vec<u64>)>,
@@ -419,6 +422,12 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
         "chunks": chunks_total, "unique_chunks": lay.unique, "stored_bytes": stored,
     });
     let mbytes = manifest::encode(&manifest, &stats_json);
+    let pack_count = manifest.packs.len();
+    if leaves >= BACKGROUND_DROP_LEAVES {
+        crate::model::drop_in_background(manifest);
+    } else {
+        drop(manifest);
+    }
     let before = loc.stats().bytes_written();
     let total = if single {
         lay.packs.first().map_or(container::HEADER_LEN, |p| p.2) + mbytes.len() as u64 + container::FOOTER_LEN
@@ -467,7 +476,7 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
         bytes_written: loc.stats().bytes_written() - before,
         chunks: chunks_total,
         unique_chunks: lay.unique,
-        packs: manifest.packs.len(),
+        packs: pack_count,
     })
 }
 

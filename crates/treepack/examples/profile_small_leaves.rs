@@ -36,8 +36,14 @@ fn main() -> Result<()> {
     let p = dir.to_str().unwrap_or("treepack-profile-small");
     if std::env::var_os("DECODE_ONLY").is_some() {
         // `DECODE_ONLY=1 perf record …`: profile manifest decoding alone.
-        save(&tree, p, &SaveOptions { overwrite: true, ..Default::default() })?;
-        let bytes = std::fs::read(dir.join("treepack.json")).unwrap_or_default();
+        let bytes = match std::env::var_os("MANIFEST") {
+            // `MANIFEST=path/treepack.json`: decode that manifest instead.
+            Some(m) => std::fs::read(m).unwrap_or_default(),
+            None => {
+                save(&tree, p, &SaveOptions { overwrite: true, ..Default::default() })?;
+                std::fs::read(dir.join("treepack.json")).unwrap_or_default()
+            }
+        };
         for _ in 0..reps {
             let t = Instant::now();
             let m = treepack::manifest::decode(&bytes, "m")?;

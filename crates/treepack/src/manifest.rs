@@ -106,7 +106,9 @@ pub enum Entry {
     Complex(f64, f64),
     Str(Stored<String>),
     Bytes(Stored<Bytes>),
-    Array(ArrayEntry),
+    /// Boxed: arrays are the largest variant, and keeping `Entry` small keeps 100k-leaf
+    /// manifest trees compact (less memory to fill and move while parsing).
+    Array(Box<ArrayEntry>),
 }
 
 impl Entry {
@@ -129,7 +131,10 @@ impl Entry {
             Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => {
                 std::slice::from_ref(chunk)
             }
-            Entry::Array(ArrayEntry { storage: ArrayStorage::Chunked { chunks, .. }, .. }) => chunks,
+            Entry::Array(a) => match &a.storage {
+                ArrayStorage::Chunked { chunks, .. } => chunks,
+                ArrayStorage::Inline(_) => &[],
+            },
             _ => &[],
         }
     }
@@ -848,7 +853,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                 };
                 Ok(Tree::Leaf(entry))
             }
-            Tag::Array => parse_array(&mut map).map(|a| Tree::Leaf(Entry::Array(a))),
+            Tag::Array => parse_array(&mut map).map(|a| Tree::Leaf(Entry::Array(Box::new(a)))),
             Tag::Unknown(other) => Err(de::Error::custom(format!(
                 "unknown node type {other:?} (written by a newer treepack? see docs/format.md)"
             ))),
@@ -1469,12 +1474,12 @@ mod tests {
                 ),
                 (
                     Key::Str("w".into()),
-                    Tree::Leaf(Entry::Array(ArrayEntry {
+                    Tree::Leaf(Entry::Array(Box::new(ArrayEntry {
                         dtype: DType::F32,
                         shape: vec![2],
                         storage: ArrayStorage::Chunked { chunk_shape: vec![2], chunks: vec![chunk] },
                         preview: None,
-                    })),
+                    }))),
                 ),
             ]),
         }

@@ -223,12 +223,12 @@ impl Planner<'_> {
         self.arrays += 1;
         self.array_bytes += a.nbytes();
         if a.nbytes() as usize <= self.opts.inline_bytes {
-            return Ok(Entry::Array(ArrayEntry {
+            return Ok(Entry::Array(Box::new(ArrayEntry {
                 dtype,
                 shape,
                 storage: ArrayStorage::Inline(a.bytes().clone()),
                 preview: None,
-            }));
+            })));
         }
         // Key-path texts are only needed to match `chunk_shapes` patterns.
         let texts = if self.globs.is_empty() { vec![] } else { keypath::steps_texts(path) };
@@ -250,7 +250,12 @@ impl Planner<'_> {
         let chunks: Vec<ChunkRef> =
             array_chunks(a, &grid).into_iter().map(|c| self.push(c, mm_dtype.clone())).collect();
         let preview = if self.opts.preview { Some(preview::head(&dtype, a.bytes())) } else { None };
-        Ok(Entry::Array(ArrayEntry { dtype, shape, storage: ArrayStorage::Chunked { chunk_shape, chunks }, preview }))
+        Ok(Entry::Array(Box::new(ArrayEntry {
+            dtype,
+            shape,
+            storage: ArrayStorage::Chunked { chunk_shape, chunks },
+            preview,
+        })))
     }
 }
 

@@ -312,7 +312,8 @@ def main():
                 k, a = largest(tree)
                 small = min(flat(tree).items(), key=lambda kv: kv[1].nbytes)[0]
                 with open(info_path, "w") as f:
-                    json.dump({"largest": k, "rows": a.shape[0], "small": small, "bytes": result["bytes"]}, f)
+                    small_bytes = int(flat(tree)[small].nbytes)
+                    json.dump({"largest": k, "rows": a.shape[0], "small": small, "small_bytes": small_bytes, "bytes": result["bytes"]}, f)
             # import the peer's modules before timing
             if peer.startswith("treepack"):
                 import treepack  # noqa: F401
@@ -344,6 +345,7 @@ def main():
             elif op == "mmap":
                 peer_mmap_touch(peer, path, wl, info)
                 result["wall"] = time.perf_counter() - t
+                result["bytes"] = info.get("small_bytes", 0)  # the bytes touched
     except NA as e:
         result["note"] = f"n/a: {e}"
     except Exception as e:  # a peer that fails is reported, not fatal

@@ -556,10 +556,23 @@ fn check_version_prefix(bytes: &[u8], file: &str) -> Result<()> {
 
 /// Parse without checking the trailing hash (used by fuzzing and by `decode`).
 pub fn parse_unchecked(bytes: &[u8], file: &str) -> Result<Manifest> {
+    parse_with(bytes, file, bytes.len() >= SPLIT_MIN_BYTES)
+}
+
+/// Manifests at least this large parse the items of big containers near the root in parallel.
+const SPLIT_MIN_BYTES: usize = 1 << 20;
+/// Containers this deep or deeper are always parsed on one thread.
+const SPLIT_DEPTH: usize = 3;
+/// Containers with fewer items than this are parsed on one thread.
+const SPLIT_MIN_ITEMS: usize = 256;
+
+/// Parse with or without splitting big containers across threads (the result is the same;
+/// tests compare both).
+fn parse_with(bytes: &[u8], file: &str, split: bool) -> Result<Manifest> {
     let path = RefCell::new(Vec::<PathSeg>::new());
     let mut de = serde_json::Deserializer::from_slice(bytes);
     de.disable_recursion_limit();
-    let res = TopSeed { path: &path }.deserialize(&mut de).and_then(|m| de.end().map(|_| m));
+    let res = TopSeed { path: &path, split }.deserialize(&mut de).and_then(|m| de.end().map(|_| m));
     let m = res.map_err(|e| {
         let p = path.borrow().iter().map(PathSeg::text).collect::<Vec<_>>().join("/");
         Error::manifest(file, if p.is_empty() { "<root>".to_string() } else { p }, e.to_string())
@@ -570,6 +583,7 @@ pub fn parse_unchecked(bytes: &[u8], file: &str) -> Result<Manifest> {
 
 struct TopSeed<'a> {
     path: &'a RefCell<Vec<PathSeg>>,
+    split: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for TopSeed<'_> {
@@ -605,7 +619,9 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
                 "writer" => writer = Some(map.next_value::<String>()?),
                 "metadata" => metadata = Some(map.next_value::<Value>()?),
                 "packs" => packs = Some(map.next_value::<Vec<RawPack>>()?),
-                "root" => root = Some(map.next_value_seed(NodeSeed { depth: 0, path: self.path })?),
+                "root" => {
+                    root = Some(map.next_value_seed(NodeSeed { depth: 0, path: self.path, split: self.split })?)
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -659,11 +675,14 @@ impl RawChunk<'_> {
 struct NodeSeed<'a> {
     depth: usize,
     path: &'a RefCell<Vec<PathSeg>>,
+    /// Parse the items of large containers near the root on several threads (see
+    /// [`parse_items_split`]); only set for large manifests.
+    split: bool,
 }
 
 impl NodeSeed<'_> {
     fn child(self) -> Self {
-        NodeSeed { depth: self.depth + 1, path: self.path }
+        NodeSeed { depth: self.depth + 1, path: self.path, split: self.split && self.depth + 1 < SPLIT_DEPTH }
     }
     fn check_depth<E: de::Error>(&self) -> std::result::Result<(), E> {
         if self.depth >= MAX_DEPTH {
@@ -1108,6 +1127,9 @@ fn read_items<'de, A: SeqAccess<'de>>(
     node: NodeSeed<'_>,
     mut seq: A,
 ) -> std::result::Result<Vec<Tree<Entry>>, A::Error> {
+    if node.split {
+        return parse_items_split(node, seq, |n, de| n.child().deserialize(de), true);
+    }
     let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
     loop {
         node.path.borrow_mut().push(PathSeg::Index(out.len()));
@@ -1122,6 +1144,59 @@ fn read_items<'de, A: SeqAccess<'de>>(
             }
         }
     }
+}
+
+/// Parse the items of a container: first only their extent (a fast scan that keeps borrowed
+/// slices of the input), then each item on its own, in parallel when there are many. Big
+/// manifests are mostly one or two huge containers near the root, so this spreads most of the
+/// parse over all cores; the result is identical to the one-thread parse. An item that fails
+/// reports its key path below the container (`indexed`: list items, whose index is their
+/// segment; pairs name their key themselves) and the message without the item-relative line and
+/// column.
+fn parse_items_split<'de, A, T, F>(
+    node: NodeSeed<'_>,
+    mut seq: A,
+    parse: F,
+    indexed: bool,
+) -> std::result::Result<Vec<T>, A::Error>
+where
+    A: SeqAccess<'de>,
+    T: Send,
+    F: for<'r> Fn(NodeSeed<'_>, &mut serde_json::Deserializer<serde_json::de::StrRead<'r>>) -> serde_json::Result<T>
+        + Sync,
+{
+    use rayon::prelude::*;
+    let mut raws: Vec<&'de serde_json::value::RawValue> = Vec::new();
+    while let Some(r) = seq.next_element::<&'de serde_json::value::RawValue>()? {
+        raws.push(r);
+    }
+    let one = |i: usize, raw: &serde_json::value::RawValue| -> std::result::Result<T, (usize, Vec<PathSeg>, String)> {
+        let path = RefCell::new(Vec::new());
+        let mut de = serde_json::Deserializer::from_str(raw.get());
+        de.disable_recursion_limit();
+        let inner = NodeSeed { depth: node.depth, path: &path, split: node.split && raws.len() < SPLIT_MIN_ITEMS };
+        parse(inner, &mut de).and_then(|v| de.end().map(|_| v)).map_err(|e| {
+            let msg = e.to_string();
+            let msg = match msg.rsplit_once(" at line ") {
+                Some((m, _)) => m.to_string(),
+                None => msg,
+            };
+            (i, path.into_inner(), msg)
+        })
+    };
+    let parsed: std::result::Result<Vec<T>, _> = if raws.len() >= SPLIT_MIN_ITEMS {
+        raws.par_iter().enumerate().map(|(i, r)| one(i, r)).collect()
+    } else {
+        raws.iter().enumerate().map(|(i, r)| one(i, r)).collect()
+    };
+    parsed.map_err(|(i, inner, msg)| {
+        let mut p = node.path.borrow_mut();
+        if indexed {
+            p.push(PathSeg::Index(i));
+        }
+        p.extend(inner);
+        de::Error::custom(msg)
+    })
 }
 
 /// One step of the key path being parsed, kept only to name the place of an error (indices are
@@ -1144,7 +1219,7 @@ impl PathSeg {
 }
 
 /// The first item of a `[key, node]` pair: a dict key, or a record field / custom child name.
-trait PairKey: Sized {
+trait PairKey: Sized + Send {
     /// Read the key as the next element of the pair.
     fn read<'de, A: SeqAccess<'de>>(seq: &mut A, node: NodeSeed<'_>) -> std::result::Result<Self, A::Error>;
     /// The escaped key-path segment text (only computed for errors and typed keys).
@@ -1209,12 +1284,23 @@ impl<'de, K: PairKey> Visitor<'de> for PairsSeed<'_, K> {
         f.write_str("an array of [key, node] pairs")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
-        let mut out: Vec<(K, Tree<Entry>)> = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-        while let Some(pair) =
-            seq.next_element_seed(PairSeed::<K> { node: self.node, _key: std::marker::PhantomData })?
-        {
-            out.push(pair);
-        }
+        let out: Vec<(K, Tree<Entry>)> = if self.node.split {
+            parse_items_split(
+                self.node,
+                seq,
+                |n, de| PairSeed::<K> { node: n, _key: std::marker::PhantomData }.deserialize(de),
+                // A pair that fails names its key itself (first segment of its path).
+                false,
+            )?
+        } else {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+            while let Some(pair) =
+                seq.next_element_seed(PairSeed::<K> { node: self.node, _key: std::marker::PhantomData })?
+            {
+                out.push(pair);
+            }
+            out
+        };
         if let Some(i) = first_duplicate(&out) {
             let text = out[i].0.text();
             let msg = format!("duplicate key `{text}`");
@@ -1482,6 +1568,75 @@ mod tests {
                     }))),
                 ),
             ]),
+        }
+    }
+
+    /// A manifest over 1 MiB: a root list of many records whose second level holds a big dict,
+    /// so both list and dict items take the split (parallel) parse.
+    fn big(keyed: bool) -> Manifest {
+        let mut m = sample();
+        let one = m.root.clone();
+        let items: Vec<Tree<Entry>> = (0..3300)
+            .map(|i| match i {
+                7 => Tree::Dict(
+                    (0..2000).map(|j| (Key::Str(format!("k{j}")), Tree::Leaf(Entry::Int(Int::Small(j))))).collect(),
+                ),
+                _ => one.clone(),
+            })
+            .collect();
+        m.root = if keyed {
+            // W2's shape: a root dict with one member holding a big dict.
+            let named = items.into_iter().enumerate().map(|(i, t)| (Key::Str(format!("p{i}")), t)).collect();
+            Tree::Dict(vec![(Key::Str("opt".into()), Tree::Dict(named))])
+        } else {
+            Tree::List(items)
+        };
+        m
+    }
+
+    #[test]
+    fn split_parse_equals_the_one_thread_parse() {
+        for keyed in [false, true] {
+            let bytes = encode(&big(keyed), &serde_json::json!({}));
+            assert!(bytes.len() >= SPLIT_MIN_BYTES, "{}", bytes.len());
+            let a = parse_with(&bytes, "t", true).unwrap();
+            let b = parse_with(&bytes, "t", false).unwrap();
+            assert_eq!(encode(&a, &serde_json::json!({})), bytes);
+            assert_eq!(encode(&b, &serde_json::json!({})), bytes);
+        }
+    }
+
+    #[test]
+    fn split_parse_names_the_same_key_path_on_errors() {
+        for keyed in [false, true] {
+            split_errors_match(String::from_utf8(encode(&big(keyed), &serde_json::json!({}))).unwrap());
+        }
+    }
+
+    fn split_errors_match(text: String) {
+        let damaged = [
+            // a bad dtype deep inside list item 2500
+            (text.rmatch_indices("\"float32\"").nth(100).map(|(i, _)| i), "\"float32\"", "\"float33\""),
+            // a bad int inside the big dict (item 7, key k1500)
+            (text.find("[\"k1500\",1500]"), "[\"k1500\",1500]", "[\"k1500\",{\"t\":\"int\",\"v\":\"x\"}]"),
+            // a duplicate key in the big dict
+            (text.find("[\"k1501\",1501]"), "[\"k1501\",1501]", "[\"k1500\",1501]"),
+            // a bad node in a late item of the root container
+            (text.rfind("{\"t\":\"dict\""), "{\"t\":\"dict\"", "{\"t\":\"dikt\""),
+        ];
+        for (at, from, to) in damaged {
+            let at = at.expect("pattern present");
+            let bad = format!("{}{}{}", &text[..at], to, &text[at + from.len()..]);
+            let errs: Vec<(String, String)> = [true, false]
+                .iter()
+                .map(|&split| match parse_with(bad.as_bytes(), "t", split) {
+                    Err(Error::InvalidManifest { key, reason, .. }) => {
+                        (key, reason.split(" at line ").next().unwrap_or_default().to_string())
+                    }
+                    other => panic!("expected InvalidManifest, got {other:?}"),
+                })
+                .collect();
+            assert_eq!(errs[0], errs[1], "{to}");
         }
     }
 

@@ -349,6 +349,19 @@ def peer_mmap_touch(peer, path, wl, tree_info):
     raise NA("no mmap")
 
 
+def disk_read_bytes():
+    """Bytes this process (all its threads) has caused to be fetched from storage, page faults
+    of mappings and readahead included (Linux /proc/self/io); None where unavailable."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def preimport(peer):
     """Import a peer's modules before the clock starts: every peer is timed on its work alone."""
     import importlib
@@ -370,6 +383,7 @@ def main():
     path = os.path.join(d, f"{wl}-{peer}")
     info_path = os.path.join(d, f"{wl}-info.json")
     result = {"wall": None, "bytes": 0, "note": ""}
+    io0 = None
     try:
         if op == "save":
             tree = WORKLOADS[wl](scale)
@@ -400,6 +414,7 @@ def main():
                 # like every peer's own modules (it alone takes 10-30 ms to import here).
                 import ml_dtypes  # noqa: F401
             preimport(peer)
+            io0 = disk_read_bytes()
             t = time.perf_counter()
             if op == "load":
                 out = peer_load(peer, path, wl)
@@ -422,6 +437,8 @@ def main():
                 result["bytes"] = info.get("small_bytes", 0)  # the bytes touched
                 if peer == "raw":
                     result["note"] = "one pread() of the touched bytes: the physical limit"
+        if op != "save" and io0 is not None and result["wall"] is not None:
+            result["read_bytes"] = disk_read_bytes() - io0
         if (wl, peer) in ADAPTED and result["wall"] is not None:
             result["note"] = ADAPTED[(wl, peer)]
     except NA as e:

@@ -1,4 +1,5 @@
-//! Criterion benchmarks for the hot paths: chunk hashing, manifest encode/decode, pack I/O.
+//! Criterion benchmarks for the hot paths: chunk hashing, array previews (min/max over every
+//! saved byte), manifest encode/decode, pack I/O.
 //! Run: `cargo bench -p treepack --bench hot`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -10,6 +11,19 @@ fn hashing(c: &mut Criterion) {
         let data = vec![7u8; size];
         g.throughput(Throughput::Bytes(size as u64));
         g.bench_with_input(BenchmarkId::from_parameter(size), &data, |b, d| b.iter(|| hash::Hash32::of(d)));
+    }
+    g.finish();
+}
+
+fn previews(c: &mut Criterion) {
+    let mut g = c.benchmark_group("preview_min_max");
+    let size = 4usize << 20;
+    let f32s: Vec<u8> = (0..size / 4).flat_map(|i| (i as f32 * 1e-3).to_le_bytes()).collect();
+    let bf16s: Vec<u8> =
+        (0..size / 2).flat_map(|i| ((((i as f32) * 1e-3).to_bits() >> 16) as u16).to_le_bytes()).collect();
+    g.throughput(Throughput::Bytes(size as u64));
+    for (name, dtype, data) in [("float32", DType::F32, &f32s), ("bfloat16", DType::BF16, &bf16s)] {
+        g.bench_with_input(BenchmarkId::new(name, size), data, |b, d| b.iter(|| preview::min_max(&dtype, d)));
     }
     g.finish();
 }
@@ -57,5 +71,5 @@ fn pack_io(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, hashing, manifest, pack_io);
+criterion_group!(benches, hashing, previews, manifest, pack_io);
 criterion_main!(benches);

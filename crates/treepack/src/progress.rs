@@ -26,12 +26,12 @@ impl std::fmt::Debug for ProgressFn {
 pub struct Tracker {
     cb: Option<ProgressFn>,
     done: AtomicU64,
-    total: u64,
+    total: AtomicU64,
 }
 
 impl Tracker {
     pub fn new(cb: Option<ProgressFn>, total: u64) -> Self {
-        let t = Tracker { cb, done: AtomicU64::new(0), total };
+        let t = Tracker { cb, done: AtomicU64::new(0), total: AtomicU64::new(total) };
         t.advance(0);
         t
     }
@@ -40,7 +40,13 @@ impl Tracker {
     pub fn advance(&self, n: u64) {
         let done = self.done.fetch_add(n, Ordering::Relaxed) + n;
         if let Some(cb) = &self.cb {
-            (cb.0)(done.min(self.total), self.total);
+            let total = self.total.load(Ordering::Relaxed);
+            (cb.0)(done.min(total), total);
         }
+    }
+
+    /// Replace the total once it is known exactly (a pipelined save starts from an estimate).
+    pub fn set_total(&self, total: u64) {
+        self.total.store(total, Ordering::Relaxed);
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Order of work: (1) walk the tree, slicing arrays into chunks (zero-copy where a chunk is a
 //! contiguous run of the array), (2) hash every chunk and compute previews in parallel,
-//! (3) lay unique chunks out in packs at 64-byte alignment, (4) write packs, then (5) commit the
+//! (3) lay unique chunks out in packs at 64-byte alignment, (4) write packs — for big directory
+//! saves, each pack as soon as it is laid out while later chunks are hashed — then (5) commit the
 //! manifest last — with a create-only put unless overwriting — so a reader never sees a partial
 //! tree, and (6) when overwriting, delete the packs only the old tree used.
 
@@ -49,6 +50,10 @@ pub struct SaveOptions {
     pub writer: String,
     /// Packs written at once.
     pub concurrency: usize,
+    /// Chunk bytes hashed per batch. A directory save with more chunk bytes than this hashes on
+    /// a separate thread and writes each pack as soon as it is laid out, so hashing overlaps
+    /// the writes (the layout and the files are the same either way).
+    pub pipeline_batch_bytes: u64,
     /// Called with (bytes written, bytes to write) as packs (or multipart parts) are stored.
     pub progress: Option<crate::progress::ProgressFn>,
 }
@@ -66,6 +71,7 @@ impl Default for SaveOptions {
             preview: true,
             writer: concat!("treepack-rs/", env!("CARGO_PKG_VERSION")).to_string(),
             concurrency: 4,
+            pipeline_batch_bytes: 64 << 20,
             progress: None,
         }
     }
@@ -259,58 +265,185 @@ impl Planner<'_> {
     }
 }
 
-/// Where each unique chunk goes.
-struct Layouted {
-    /// For each pending chunk: its final ref.
+/// A finished pack: (relative path, parts to write, size).
+type PackOut = (String, Vec<Bytes>, u64);
+
+/// Where each unique chunk goes, decided chunk by chunk in layout order so that a pack can be
+/// written as soon as it is complete, while later chunks are still being hashed.
+struct Layouter {
+    single: bool,
+    pack_bytes: u64,
+    /// For each chunk added so far: its final ref.
     refs: Vec<ChunkRef>,
-    /// Per pack: (relative path, parts to write, size).
-    packs: Vec<(String, Vec<Bytes>, u64)>,
-    unique: usize,
+    seen: HashMap<Hash32, ChunkRef>,
+    /// BLAKE3 over (hash, pack index) of every stored chunk so far: names the packs.
+    id: blake3::Hasher,
+    /// The pack being filled: (parts, size).
+    open: Option<(Vec<Bytes>, u64)>,
+    /// Packs finished so far.
+    closed: usize,
 }
 
-fn layout(pending: &[Pending], hashes: &[Hash32], opts: &SaveOptions, single: bool) -> Layouted {
-    let mut refs = Vec::with_capacity(pending.len());
-    let mut seen: HashMap<Hash32, ChunkRef> = HashMap::new();
-    // (parts, size) per pack, before naming
-    let mut packs: Vec<(Vec<Bytes>, u64)> = vec![];
-    let base = if single { container::HEADER_LEN } else { 0 };
-    let mut id = blake3::Hasher::new();
-    for (p, h) in pending.iter().zip(hashes) {
-        if let Some(r) = seen.get(h) {
-            refs.push(r.clone());
-            continue;
+impl Layouter {
+    fn new(single: bool, pack_bytes: u64) -> Self {
+        Layouter {
+            single,
+            pack_bytes,
+            refs: vec![],
+            seen: HashMap::new(),
+            id: blake3::Hasher::new(),
+            open: None,
+            closed: 0,
         }
-        let len = p.data.len() as u64;
-        let start_new =
-            packs.is_empty() || (!single && packs.last().is_some_and(|(_, s)| *s > 0 && *s + len > opts.pack_bytes));
-        if start_new {
-            packs.push((vec![], base));
+    }
+
+    /// Place one chunk; returns the previous pack when this chunk starts a new one.
+    fn add(&mut self, data: &Bytes, h: Hash32) -> Option<PackOut> {
+        if let Some(r) = self.seen.get(&h) {
+            self.refs.push(r.clone());
+            return None;
         }
-        let idx = packs.len() - 1;
-        let (parts, size) = &mut packs[idx];
+        let len = data.len() as u64;
+        let full = !self.single && self.open.as_ref().is_some_and(|(_, s)| *s > 0 && *s + len > self.pack_bytes);
+        let finished = if full { self.close() } else { None };
+        let base = if self.single { container::HEADER_LEN } else { 0 };
+        let idx = self.closed;
+        let (parts, size) = self.open.get_or_insert_with(|| (vec![], base));
         let off = align_up(*size);
         if off > *size {
             parts.push(Bytes::from_static(&ZEROS[..(off - *size) as usize]));
         }
-        parts.push(p.data.clone());
+        parts.push(data.clone());
         *size = off + len;
-        let r = ChunkRef { pack: idx as u32, offset: off, length: len, codec: Codec::Raw, hash: *h };
-        id.update(&h.0);
-        id.update(&[idx as u8]);
-        seen.insert(*h, r.clone());
-        refs.push(r);
+        let r = ChunkRef { pack: idx as u32, offset: off, length: len, codec: Codec::Raw, hash: h };
+        self.id.update(&h.0);
+        self.id.update(&[idx as u8]);
+        self.seen.insert(h, r.clone());
+        self.refs.push(r);
+        finished
     }
-    let id = id.finalize().to_hex();
-    let unique = seen.len();
-    let packs = packs
-        .into_iter()
-        .enumerate()
-        .map(|(i, (parts, size))| {
-            let name = if single { ".".to_string() } else { format!("{PACKS_DIR}/{}-{i}.tpp", &id[..16]) };
-            (name, coalesce(parts), size)
+
+    /// Finish the open pack. Pack `n` is named by the BLAKE3 of the (hash, pack) records of
+    /// every chunk stored in packs 0..=n: known the moment the pack is full, deterministic and
+    /// content-derived (docs/format.md, "Writer rules for layout").
+    fn close(&mut self) -> Option<PackOut> {
+        let (parts, size) = self.open.take()?;
+        let n = self.closed;
+        self.closed += 1;
+        let name = if self.single {
+            ".".to_string()
+        } else {
+            format!("{PACKS_DIR}/{}-{n}.tpp", &self.id.finalize().to_hex()[..16])
+        };
+        Some((name, coalesce(parts), size))
+    }
+}
+
+/// What hashing and layout produced, besides the packs.
+struct Hashed {
+    refs: Vec<ChunkRef>,
+    /// Per pending chunk: its min/max (previews).
+    min_max: Vec<Option<(f64, f64)>>,
+    unique: usize,
+}
+
+/// Hash (and min/max) the pending chunks in batches, lay them out in order, and hand each pack
+/// to `emit` as soon as it is complete. Stops early (returning `None`) when `emit` says so.
+fn hash_and_layout(
+    pending: &[Pending],
+    single: bool,
+    pack_bytes: u64,
+    batch_bytes: u64,
+    mut emit: impl FnMut(PackOut) -> bool,
+) -> Option<Hashed> {
+    let mut lay = Layouter::new(single, pack_bytes);
+    let mut min_max = Vec::with_capacity(pending.len());
+    let mut start = 0;
+    while start < pending.len() {
+        let mut end = start;
+        let mut bytes = 0u64;
+        while end < pending.len() && (end == start || bytes < batch_bytes) {
+            bytes += pending[end].data.len() as u64;
+            end += 1;
+        }
+        let stats: Vec<(Hash32, Option<(f64, f64)>)> = pending[start..end]
+            .par_iter()
+            .map(|p| (Hash32::of(&p.data), p.dtype.as_ref().and_then(|d| preview::min_max(d, &p.data))))
+            .collect();
+        for (p, (h, mm)) in pending[start..end].iter().zip(stats) {
+            min_max.push(mm);
+            if let Some(pack) = lay.add(&p.data, h) {
+                if !emit(pack) {
+                    return None;
+                }
+            }
+        }
+        start = end;
+    }
+    if let Some(pack) = lay.close() {
+        if !emit(pack) {
+            return None;
+        }
+    }
+    Some(Hashed { unique: lay.seen.len(), refs: lay.refs, min_max })
+}
+
+/// Write packs, `concurrency` at a time.
+async fn write_packs(
+    loc: &Location,
+    packs: impl futures::Stream<Item = PackOut>,
+    concurrency: usize,
+    tracker: &Tracker,
+) -> Result<()> {
+    packs
+        .map(|(name, parts, _)| async move { loc.put_tracked(&name, parts, false, Some(tracker)).await })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>()
+        .await
+        .map(|_| ())
+}
+
+/// Hash and lay out on a separate thread while writing each finished pack here. Returns the
+/// layout and the (name, size) of every pack in order.
+async fn hash_and_write_pipelined(
+    loc: &Location,
+    pending: Vec<Pending>,
+    pack_bytes: u64,
+    batch_bytes: u64,
+    concurrency: usize,
+    tracker: &Tracker,
+) -> Result<(Hashed, Vec<(String, u64)>)> {
+    use futures::SinkExt;
+    // One finished pack may wait while the writers are busy: bounded memory is not at stake
+    // (the packs borrow the caller's buffers), but hashing far ahead of the disk gains nothing.
+    let (tx, rx) = futures::channel::mpsc::channel::<PackOut>(1);
+    let (done_tx, done_rx) = futures::channel::oneshot::channel();
+    std::thread::Builder::new()
+        .name("treepack-hash".into())
+        .spawn(move || {
+            let mut tx = tx;
+            let hashed = hash_and_layout(&pending, false, pack_bytes, batch_bytes, |pack| {
+                futures::executor::block_on(tx.send(pack)).is_ok()
+            });
+            drop(tx);
+            // The chunks go back to the caller's thread, which owns (and frees) the buffers.
+            let _ = done_tx.send((hashed, pending));
         })
-        .collect();
-    Layouted { refs, packs, unique }
+        .map_err(|e| Error::Io { path: "treepack-hash thread".into(), source: e })?;
+    let mut list = vec![];
+    let names = rx.map(|pack| {
+        list.push((pack.0.clone(), pack.2));
+        pack
+    });
+    let written = write_packs(loc, names, concurrency, tracker).await;
+    // On a failed write the stream (and the channel) is dropped here, so the hashing thread
+    // stops at its next pack; wait for it either way.
+    let (hashed, pending) =
+        done_rx.await.map_err(|_| Error::Serde("internal: the hashing thread stopped unexpectedly".into()))?;
+    drop(pending);
+    written?;
+    let hashed = hashed.ok_or_else(|| Error::Serde("internal: hashing stopped before the end".into()))?;
+    Ok((hashed, list))
 }
 
 static ZEROS: [u8; 64] = [0; 64];
@@ -371,33 +504,57 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
         r?
     };
 
-    // Hash and min/max every chunk in parallel.
-    let stats: Vec<(Hash32, Option<(f64, f64)>)> = planner
-        .pending
-        .par_iter()
-        .map(|p| (Hash32::of(&p.data), p.dtype.as_ref().and_then(|d| preview::min_max(d, &p.data))))
-        .collect();
-    let hashes: Vec<Hash32> = stats.iter().map(|s| s.0).collect();
-    let lay = layout(&planner.pending, &hashes, opts, single);
+    // Hash (and min/max) every chunk, lay unique chunks out in packs and write the packs. Big
+    // directory saves write each pack as soon as it is laid out, while the next chunks are
+    // hashed on another thread: on few cores, hashing and the kernel's copy into the page
+    // cache then overlap instead of adding up.
+    let chunks_total = planner.pending.len();
+    let pending = std::mem::take(&mut planner.pending);
+    let pending_bytes: u64 = pending.iter().map(|p| p.data.len() as u64).sum();
+    let before = loc.stats().bytes_written();
+    // The exact total (after deduplication, with the manifest) is set once known.
+    let tracker = Tracker::new(opts.progress.clone(), pending_bytes);
+    let tracker = &tracker;
+    let concurrency = opts.concurrency.max(1);
+    let batch = opts.pipeline_batch_bytes.max(1);
+    let (hashed, pack_list, single_parts) = if single || pending_bytes <= batch {
+        let mut packs: Vec<PackOut> = vec![];
+        let hashed = hash_and_layout(&pending, single, opts.pack_bytes, u64::MAX, |p| {
+            packs.push(p);
+            true
+        })
+        .ok_or_else(|| Error::Serde("internal: layout stopped without a reason".into()))?;
+        let list: Vec<(String, u64)> = packs.iter().map(|(n, _, s)| (n.clone(), *s)).collect();
+        if single {
+            (hashed, list, packs.into_iter().next())
+        } else {
+            tracker.set_total(list.iter().map(|p| p.1).sum());
+            write_packs(loc, futures::stream::iter(packs), concurrency, tracker).await?;
+            (hashed, list, None)
+        }
+    } else {
+        let (hashed, list) =
+            hash_and_write_pipelined(loc, pending, opts.pack_bytes, batch, concurrency, tracker).await?;
+        (hashed, list, None)
+    };
 
     // Patch placeholders with final refs, and finish previews with min/max.
-    let chunks_total = planner.pending.len();
     let root: Tree<Entry> = {
         let r: Result<Tree<Entry>, std::convert::Infallible> = entries.try_map(&mut |_, e| {
             Ok(match e {
                 Entry::Str(Stored::Blob { size, chunk }) => {
-                    Entry::Str(Stored::Blob { size, chunk: lay.refs[chunk.offset as usize].clone() })
+                    Entry::Str(Stored::Blob { size, chunk: hashed.refs[chunk.offset as usize].clone() })
                 }
                 Entry::Bytes(Stored::Blob { size, chunk }) => {
-                    Entry::Bytes(Stored::Blob { size, chunk: lay.refs[chunk.offset as usize].clone() })
+                    Entry::Bytes(Stored::Blob { size, chunk: hashed.refs[chunk.offset as usize].clone() })
                 }
                 Entry::Array(mut a) => {
                     if let ArrayStorage::Chunked { chunks, .. } = &mut a.storage {
                         let mut mm = None;
                         for c in chunks.iter_mut() {
                             let i = c.offset as usize;
-                            mm = preview::combine(mm, stats[i].1);
-                            *c = lay.refs[i].clone();
+                            mm = preview::combine(mm, hashed.min_max[i]);
+                            *c = hashed.refs[i].clone();
                         }
                         if let Some(head) = a.preview.take() {
                             a.preview = Some(preview::to_json(&a.dtype, head, mm));
@@ -414,17 +571,17 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
         }
     };
     let leaves = root.leaf_count();
-    let stored: u64 = lay.packs.iter().map(|p| p.2).sum();
+    let stored: u64 = pack_list.iter().map(|p| p.1).sum();
     let manifest = Manifest {
         version: (manifest::VERSION_MAJOR, manifest::VERSION_MINOR),
         writer: opts.writer.clone(),
         metadata: opts.metadata.clone(),
-        packs: lay.packs.iter().map(|(name, _, size)| PackInfo { path: name.clone(), size: *size }).collect(),
+        packs: pack_list.iter().map(|(name, size)| PackInfo { path: name.clone(), size: *size }).collect(),
         root,
     };
     let stats_json = json!({
         "leaves": leaves, "arrays": planner.arrays, "array_bytes": planner.array_bytes,
-        "chunks": chunks_total, "unique_chunks": lay.unique, "stored_bytes": stored,
+        "chunks": chunks_total, "unique_chunks": hashed.unique, "stored_bytes": stored,
     });
     let mbytes = manifest::encode(&manifest, &stats_json);
     let pack_count = manifest.packs.len();
@@ -433,36 +590,22 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     } else {
         drop(manifest);
     }
-    let before = loc.stats().bytes_written();
-    let total = if single {
-        lay.packs.first().map_or(container::HEADER_LEN, |p| p.2) + mbytes.len() as u64 + container::FOOTER_LEN
-    } else {
-        lay.packs.iter().map(|p| p.2).sum::<u64>() + mbytes.len() as u64
-    };
-    let tracker = Tracker::new(opts.progress.clone(), total);
-    let tracker = &tracker;
 
     if single {
+        let mlen = mbytes.len() as u64;
         let mut parts = vec![Bytes::copy_from_slice(&container::header())];
         let mut end = container::HEADER_LEN;
-        if let Some((_, p, size)) = lay.packs.into_iter().next() {
+        if let Some((_, p, size)) = single_parts {
             parts.extend(p);
             end = size;
         }
-        let mlen = mbytes.len() as u64;
+        tracker.set_total(end + mlen + container::FOOTER_LEN);
         parts.push(Bytes::from(mbytes));
         parts.push(Bytes::copy_from_slice(&container::footer(end, mlen)));
         loc.put_tracked(".", parts, !opts.overwrite, Some(tracker)).await?;
     } else {
-        let new_names: HashSet<String> = lay.packs.iter().map(|p| p.0.clone()).collect();
-        futures::stream::iter(
-            lay.packs
-                .into_iter()
-                .map(|(name, parts, _)| async move { loc.put_tracked(&name, parts, false, Some(tracker)).await }),
-        )
-        .buffer_unordered(opts.concurrency.max(1))
-        .try_collect::<Vec<()>>()
-        .await?;
+        tracker.set_total(stored + mbytes.len() as u64);
+        let new_names: HashSet<String> = pack_list.iter().map(|p| p.0.clone()).collect();
         loc.put_tracked(MANIFEST_NAME, vec![Bytes::from(mbytes)], !opts.overwrite, Some(tracker)).await?;
         if let Some(old) = previous {
             for p in old
@@ -480,7 +623,7 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
         array_bytes: planner.array_bytes,
         bytes_written: loc.stats().bytes_written() - before,
         chunks: chunks_total,
-        unique_chunks: lay.unique,
+        unique_chunks: hashed.unique,
         packs: pack_count,
     })
 }

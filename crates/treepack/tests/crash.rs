@@ -40,9 +40,16 @@ fn location_with_version_1(dir: &std::path::Path, layout: &str) -> String {
     loc
 }
 
-/// How the child overwrites: small chunks and packs so a save makes several storage writes.
+/// How the child overwrites: small chunks and packs so a save makes several storage writes, and
+/// small hashing batches so directory saves are pipelined (packs written while hashing goes on).
 fn child_opts() -> SaveOptions {
-    SaveOptions { overwrite: true, chunk_bytes: 1 << 20, pack_bytes: 4 << 20, ..Default::default() }
+    SaveOptions {
+        overwrite: true,
+        chunk_bytes: 1 << 20,
+        pack_bytes: 4 << 20,
+        pipeline_batch_bytes: 2 << 20,
+        ..Default::default()
+    }
 }
 
 /// Runs only as the child of the crash tests.

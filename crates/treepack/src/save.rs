@@ -366,10 +366,11 @@ fn hash_and_layout(
             bytes += pending[end].data.len() as u64;
             end += 1;
         }
-        let stats: Vec<(Hash32, Option<(f64, f64)>)> = pending[start..end]
-            .par_iter()
-            .map(|p| (Hash32::of(&p.data), p.dtype.as_ref().and_then(|d| preview::min_max(d, &p.data))))
-            .collect();
+        // With at least a chunk per thread, each chunk is hashed on one thread, fused with its
+        // min/max block by block; otherwise each chunk's hash is itself spread over threads.
+        let fused = end - start >= rayon::current_num_threads();
+        let stats: Vec<(Hash32, Option<(f64, f64)>)> =
+            pending[start..end].par_iter().map(|p| hash_and_min_max(p, fused)).collect();
         for (p, (h, mm)) in pending[start..end].iter().zip(stats) {
             min_max.push(mm);
             if let Some(pack) = lay.add(&p.data, h) {
@@ -386,6 +387,27 @@ fn hash_and_layout(
         }
     }
     Some(Hashed { unique: lay.seen.len(), refs: lay.refs, min_max })
+}
+
+/// A chunk's hash and, for previews, its min/max. Fused, the data is read from memory once:
+/// each 64 KiB block is hashed and then scanned while it is still in cache (the two passes
+/// over a 4 MiB chunk otherwise each stream it from DRAM; measured on 766 MiB of float32:
+/// save CPU 600 -> 430 ms). Same hash either way: BLAKE3 is incremental.
+fn hash_and_min_max(p: &Pending, fused: bool) -> (Hash32, Option<(f64, f64)>) {
+    const BLOCK: usize = 64 << 10;
+    match &p.dtype {
+        Some(d) if fused && p.data.len() > BLOCK => {
+            let item = d.itemsize().clamp(1, BLOCK as u64) as usize;
+            let mut h = blake3::Hasher::new();
+            let mut mm = None;
+            for block in p.data.chunks(BLOCK - BLOCK % item) {
+                h.update(block);
+                mm = preview::combine(mm, preview::min_max(d, block));
+            }
+            (Hash32(*h.finalize().as_bytes()), mm)
+        }
+        d => (Hash32::of(&p.data), d.as_ref().and_then(|d| preview::min_max(d, &p.data))),
+    }
 }
 
 /// Write packs, `concurrency` at a time.
@@ -702,4 +724,24 @@ pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcRe
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hashing fused with min/max block by block gives exactly the one-pass results, for every
+    /// previewed dtype family and lengths that do not divide into blocks.
+    #[test]
+    fn fused_hash_and_min_max_equal_the_separate_passes() {
+        let n = (300 << 10) + 24;
+        let bytes: Vec<u8> = (0..n as u64).map(|i| (i.wrapping_mul(0x9e37_79b9) >> 7) as u8).collect();
+        for dtype in [DType::F32, DType::BF16, DType::F16, DType::U8, DType::I64, DType::F64, DType::Bool] {
+            let len = n - n % dtype.itemsize() as usize;
+            let p = Pending { data: Bytes::copy_from_slice(&bytes[..len]), dtype: Some(dtype.clone()) };
+            let fused = hash_and_min_max(&p, true);
+            assert_eq!(fused, hash_and_min_max(&p, false), "{dtype:?}");
+            assert_eq!(fused.0, Hash32::of(&p.data));
+        }
+    }
 }

@@ -282,6 +282,36 @@ def peer_partial(peer, path, wl, tree_info):
     raise NA("no partial read")
 
 
+def treepack_chunks_needed(path, info):
+    """W4's unit of reading, computed from the manifest (docs/format.md) outside the clock: the
+    manifest plus every chunk the request touches (a verified read fetches whole chunks, since a
+    chunk's BLAKE3 covers all of it)."""
+    with open(os.path.join(path, "treepack.json"), "rb") as f:
+        raw = f.read()
+    manifest = json.loads(raw)
+
+    def node(key):
+        n = manifest["root"]
+        for part in key.split("/"):
+            n = dict((k, v) for k, v in n["items"])[part]
+        return n
+
+    def chunk_bytes(n, first_rows=None):
+        if "chunks" not in n:
+            return 0  # inline: in the manifest
+        chunks = n["chunks"]
+        if first_rows is not None:
+            cs, shape = n["chunk_shape"], n["shape"]
+            per_row = 1
+            for dim, c in zip(shape[1:], cs[1:]):
+                per_row *= -(-dim // c)
+            chunks = chunks[: -(-first_rows // cs[0]) * per_row]
+        return sum(c["length"] for c in chunks)
+
+    sl = max(1, info["rows"] // 100)
+    return len(raw) + chunk_bytes(node(info["largest"]), sl) + chunk_bytes(node(info["small"]))
+
+
 def peer_structure(peer, path, wl):
     if peer in ("treepack", "treepack-tpk"):
         import treepack
@@ -424,6 +454,8 @@ def main():
                 out = peer_partial(peer, path, wl, info)
                 result["wall"] = time.perf_counter() - t
                 result["bytes"] = nbytes(list(out))
+                if peer == "treepack":
+                    result["needed_bytes"] = treepack_chunks_needed(path, info)
             elif op == "structure":
                 prepare_structure(peer, path)
                 t = time.perf_counter()

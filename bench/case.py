@@ -107,6 +107,7 @@ def largest(tree):
 # ------------------------------------------------------------------ peers
 
 
+
 ADAPTED = {
     ("W3", "flax-msgpack"): "adapted: datetime saved as ISO str, loaded as str",
     ("W3", "orbax"): "adapted: datetime as ISO str, bytes as uint8 array; loaded as such",
@@ -190,11 +191,22 @@ def peer_save(peer, tree, path, wl):
     elif peer == "raw":
         if wl != "W1":
             raise NA("baseline for arrays")
-        arrays = list(flat(tree).values())
-        buf = np.concatenate([as_numpy_plain(a).reshape(-1).view(np.uint8) for a in arrays])
+        # One writev() of every array's bytes: a single large write of the same bytes, without
+        # first copying them into one buffer (that copy doubled this process's memory, and on
+        # this VM touching that much fresh memory made the write itself intermittently 10x slower).
+        views = [memoryview(as_numpy_plain(a).reshape(-1).view(np.uint8)) for a in flat(tree).values()]
         t = time.perf_counter()
-        with open(path + ".raw", "wb") as f:
-            f.write(memoryview(buf))
+        fd = os.open(path + ".raw", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            while views:
+                n = os.writev(fd, views)
+                while views and n >= len(views[0]):
+                    n -= len(views[0])
+                    views.pop(0)
+                if views and n:
+                    views[0] = views[0][n:]
+        finally:
+            os.close(fd)
         return time.perf_counter() - t  # time only the single write (the concatenation is setup)
     else:
         raise NA(f"unknown peer {peer}")

@@ -15,6 +15,7 @@ import os
 import pickle
 import resource
 import sys
+import threading
 import time
 
 import numpy as np
@@ -420,6 +421,42 @@ def preimport(peer):
             pass  # the case itself reports the missing peer
 
 
+def thread_cpu_ticks():
+    """CPU ticks used so far by each thread of this process except the calling one."""
+    me = str(threading.get_native_id())
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        if tid == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[tid] = int(fields[11]) + int(fields[12])  # utime + stime
+        except (OSError, IndexError, ValueError):
+            pass  # the thread ended
+    return out
+
+
+def settle(quiet_s=0.05, limit_s=2.0):
+    """Wait (untimed) until no other thread of this process uses CPU for `quiet_s`.
+
+    Imports leave threads busy for a while: numpy's OpenBLAS workers spin for ~0.2-0.5 s after
+    `import numpy`, which on a 2-core machine takes a whole core from whatever is timed next (a
+    multi-threaded manifest parse measured 47 ms instead of 31). Every peer waits the same way,
+    so each is timed on its own work. Linux only; elsewhere this returns at once.
+    """
+    if not os.path.isdir("/proc/self/task"):
+        return
+    end = time.monotonic() + limit_s
+    before = thread_cpu_ticks()
+    while time.monotonic() < end:
+        time.sleep(quiet_s)
+        now = thread_cpu_ticks()
+        if all(now[t] == before.get(t, now[t]) for t in now):
+            return
+        before = now
+
+
 def main():
     wl, peer, op, d, scale = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
     path = os.path.join(d, f"{wl}-{peer}")
@@ -446,6 +483,7 @@ def main():
             preimport(peer)
             if (wl, peer) in ADAPTED:
                 tree = adapt_records(tree, bytes_as_array=peer == "orbax")
+            settle()
             t = time.perf_counter()
             inner = peer_save(peer, tree, path, wl)
             result["wall"] = inner if inner is not None else time.perf_counter() - t
@@ -456,6 +494,9 @@ def main():
                 # like every peer's own modules (it alone takes 10-30 ms to import here).
                 import ml_dtypes  # noqa: F401
             preimport(peer)
+            if op == "structure":
+                prepare_structure(peer, path)
+            settle()
             io0 = disk_read_bytes()
             t = time.perf_counter()
             if op == "load":
@@ -469,8 +510,6 @@ def main():
                 if peer == "treepack":
                     result["needed_bytes"] = treepack_chunks_needed(path, info)
             elif op == "structure":
-                prepare_structure(peer, path)
-                t = time.perf_counter()
                 peer_structure(peer, path, wl)
                 result["wall"] = time.perf_counter() - t
                 if peer == "pickle":

@@ -13,6 +13,7 @@ use pyo3::exceptions::{
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use treepack::manifest::{ArrayStorage, Entry};
 use treepack::model::shape_len;
@@ -86,7 +87,7 @@ struct LeafInfo {
     #[pyo3(get)]
     path: String,
     #[pyo3(get)]
-    kind: String,
+    kind: Cow<'static, str>,
     #[pyo3(get)]
     dtype: Option<String>,
     shape_v: Option<Vec<u64>>,
@@ -108,7 +109,7 @@ impl LeafInfo {
         nbytes: u64,
         inline: bool,
     ) -> Self {
-        LeafInfo { path, kind, dtype, shape_v: shape, nbytes, inline }
+        LeafInfo { path, kind: Cow::Owned(kind), dtype, shape_v: shape, nbytes, inline }
     }
     /// Array shape as a tuple (None for non-array leaves).
     #[getter]
@@ -513,7 +514,8 @@ struct Decoder<'py> {
     np_dtype: Bound<'py, PyAny>,
     dtypes: HashMap<DType, Bound<'py, PyArrayDescr>>,
     readonly: bool,
-    keys: std::cell::RefCell<HashMap<String, Bound<'py, PyAny>>>,
+    /// Python strings of short dict keys already seen (FxHash: these lookups are per node).
+    keys: std::cell::RefCell<rustc_hash::FxHashMap<String, Bound<'py, PyAny>>>,
 }
 
 impl<'py> Decoder<'py> {
@@ -1163,7 +1165,7 @@ fn structure<'py>(
         if here > 0 {
             path.push('/');
         }
-        path.push_str(&treepack::keypath::steps_text(std::slice::from_ref(&step)));
+        treepack::keypath::push_step_text(path, &step);
         let v = treepack::model::grow(|| structure(dec, c, path, make_node))?;
         path.truncate(here);
         let k = match step {
@@ -1185,7 +1187,7 @@ fn structure<'py>(
             };
             let info = LeafInfo {
                 path: path.clone(),
-                kind: e.kind().to_string(),
+                kind: Cow::Borrowed(e.kind()),
                 dtype,
                 shape_v: shape,
                 nbytes: e.nbytes(),

@@ -54,13 +54,22 @@ pub fn steps_text(steps: &[Step<'_>]) -> String {
         if i > 0 {
             out.push('/');
         }
-        match s {
-            Step::Index(i) => out.push_str(&i.to_string()),
-            Step::Key(k) => out.push_str(&key_text(k, false)),
-            Step::Name(n) => out.push_str(&escape_str(n, false)),
-        }
+        push_step_text(&mut out, s);
     }
     out
+}
+
+/// Append the escaped text of one step to `out` (no separator). Building the paths of 100k
+/// leaves this way allocates nothing per step.
+pub fn push_step_text(out: &mut String, step: &Step<'_>) {
+    match step {
+        Step::Index(i) => {
+            use std::fmt::Write;
+            let _ = write!(out, "{i}");
+        }
+        Step::Key(k) => push_key_text(out, k, false),
+        Step::Name(n) => push_escaped(out, n, false),
+    }
 }
 
 /// The escaped text of each step (see [`steps_text`]).
@@ -79,10 +88,22 @@ pub(crate) fn name_segment_text(n: &str) -> String {
 }
 
 fn escape_str(s: &str, in_tuple: bool) -> String {
-    if s.is_empty() {
-        return "~e".into();
-    }
     let mut out = String::with_capacity(s.len());
+    push_escaped(&mut out, s, in_tuple);
+    out
+}
+
+fn push_escaped(out: &mut String, s: &str, in_tuple: bool) {
+    if s.is_empty() {
+        out.push_str("~e");
+        return;
+    }
+    let special = |b: u8| matches!(b, b'~' | b'/' | b'*') || (in_tuple && matches!(b, b',' | b'(' | b')'));
+    if !s.bytes().any(special) {
+        // The common case: nothing to escape.
+        out.push_str(s);
+        return;
+    }
     for c in s.chars() {
         match c {
             '~' => out.push_str("~0"),
@@ -94,7 +115,6 @@ fn escape_str(s: &str, in_tuple: bool) -> String {
             c => out.push(c),
         }
     }
-    out
 }
 
 fn float_text(f: f64) -> String {
@@ -109,15 +129,35 @@ fn float_text(f: f64) -> String {
 }
 
 fn key_text(k: &Key, in_tuple: bool) -> String {
+    let mut out = String::new();
+    push_key_text(&mut out, k, in_tuple);
+    out
+}
+
+fn push_key_text(out: &mut String, k: &Key, in_tuple: bool) {
+    use std::fmt::Write;
     match k {
-        Key::Str(s) => escape_str(s, in_tuple),
-        Key::Int(i) => format!("~i{i}"),
-        Key::Float(f) => format!("~f{}", float_text(*f)),
-        Key::Bool(b) => format!("~{b}"),
-        Key::None => "~none".into(),
+        Key::Str(s) => push_escaped(out, s, in_tuple),
+        Key::Int(i) => {
+            let _ = write!(out, "~i{i}");
+        }
+        Key::Float(f) => {
+            out.push_str("~f");
+            out.push_str(&float_text(*f));
+        }
+        Key::Bool(b) => {
+            let _ = write!(out, "~{b}");
+        }
+        Key::None => out.push_str("~none"),
         Key::Tuple(items) => {
-            let parts: Vec<String> = items.iter().map(|k| key_text(k, true)).collect();
-            format!("~t({})", parts.join(","))
+            out.push_str("~t(");
+            for (i, k) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_key_text(out, k, true);
+            }
+            out.push(')');
         }
     }
 }

@@ -101,18 +101,22 @@ def main():
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
-    ap.add_argument("--md", default=os.path.join(HERE, "RESULTS.md"), help="where a full run writes its table")
+    ap.add_argument("--workloads", default=None, help="comma-separated subset, e.g. W2,W5 (W5 needs W2's save)")
+    ap.add_argument("--md", default=None, help="where to write the table (default: RESULTS.md for a full run only)")
     args = ap.parse_args()
     scale = {"W1": 1 / 16, "W2": 0.1, "W3": 0.1} if args.quick else {"W1": 1.0, "W2": 1.0, "W3": 1.0}
     runs = args.runs or (2 if args.quick else 5)
     peers = args.peers.split(",")
+    wanted = set(args.workloads.split(",")) if args.workloads else None
+    plan = [(wl, op) for wl, op in PLAN if wanted is None or wl in wanted]
+    full = wanted is None and peers == PEERS and not args.quick
     d = args.dir or tempfile.mkdtemp(prefix="treepack-bench-")
     os.makedirs(d, exist_ok=True)
     dropped = drop_caches()
     results = []
     skipped = {}  # (data workload, peer) -> why its save did not apply
     started = time.time()
-    for wl, op in PLAN:
+    for wl, op in plan:
         data_wl = DATA_OF.get(wl, wl)
         sc = scale[data_wl]
         # Warm-up of every peer first, then the timed runs round-robin across peers (run 1 of
@@ -201,14 +205,15 @@ def main():
     out_dir = os.path.join(HERE, "results")
     os.makedirs(out_dir, exist_ok=True)
     stamp = datetime.date.today().isoformat()
-    subset = "" if peers == PEERS else "subset-"
+    subset = "" if peers == PEERS and wanted is None else "subset-"
     name = f"{'quick-' if args.quick else ''}{subset}{stamp}-{host}.json"
     with open(os.path.join(out_dir, name), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
     table = render(meta, results)
     print(table)
-    if not args.quick:
-        with open(args.md, "w") as f:
+    md = args.md or (os.path.join(HERE, "RESULTS.md") if full else None)
+    if md:
+        with open(md, "w") as f:
             f.write(table)
     if not args.dir:
         shutil.rmtree(d, ignore_errors=True)

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::grid::ChunkGrid;
 use crate::hash::Hash32;
 use crate::keypath::KeyPath;
-use crate::model::{shape_len, Int, Key, Tree};
+use crate::model::{shape_len, Int, Key, Step, Tree};
 use base64::Engine;
 use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -494,6 +494,12 @@ pub fn seal(body: &[u8]) -> Vec<u8> {
 /// [`Error::NotTreepack`], [`Error::UnsupportedVersion`], [`Error::ManifestChecksum`] or
 /// [`Error::InvalidManifest`] (with the key path of the problem).
 pub fn decode(bytes: &[u8], file: &str) -> Result<Manifest> {
+    check(bytes, file)?;
+    parse_unchecked(bytes, file)
+}
+
+/// The checks [`decode`] makes before parsing: size limit, signature, version, trailing hash.
+fn check(bytes: &[u8], file: &str) -> Result<()> {
     if bytes.len() as u64 > MAX_MANIFEST_BYTES {
         return Err(Error::limit("manifest size", MAX_MANIFEST_BYTES, format!("{file} is {} bytes", bytes.len())));
     }
@@ -527,7 +533,7 @@ pub fn decode(bytes: &[u8], file: &str) -> Result<Manifest> {
     if actual != stored {
         return Err(Error::ManifestChecksum { file: file.into(), expected: stored.to_hex(), actual: actual.to_hex() });
     }
-    parse_unchecked(bytes, file)
+    Ok(())
 }
 
 fn check_version_prefix(bytes: &[u8], file: &str) -> Result<()> {
@@ -569,36 +575,168 @@ const SPLIT_MIN_ITEMS: usize = 256;
 /// Parse with or without splitting big containers across threads (the result is the same;
 /// tests compare both).
 fn parse_with(bytes: &[u8], file: &str, split: bool) -> Result<Manifest> {
-    let path = RefCell::new(Vec::<PathSeg>::new());
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    de.disable_recursion_limit();
-    let res = TopSeed { path: &path, split }.deserialize(&mut de).and_then(|m| de.end().map(|_| m));
-    let m = res.map_err(|e| {
-        let p = path.borrow().iter().map(PathSeg::text).collect::<Vec<_>>().join("/");
-        Error::manifest(file, if p.is_empty() { "<root>".to_string() } else { p }, e.to_string())
-    })?;
+    let p = parse_generic(bytes, file, &OwnedTree, split, false)?;
+    let m = Manifest { version: p.version, writer: p.writer, metadata: p.metadata, packs: p.packs, root: p.root };
     validate(&m, file)?;
     Ok(m)
 }
 
-struct TopSeed<'a> {
-    path: &'a RefCell<Vec<PathSeg>>,
-    split: bool,
+/// Check a manifest's size, signature, version and trailing hash, then parse it into whatever
+/// `builder` builds, in one pass with no owned tree in between. Each leaf is validated as it is
+/// read (the checks [`validate`] makes), which needs `packs` before `root` (as every writer puts
+/// them); a manifest in another member order gets an error here and must go through [`decode`].
+///
+/// This is the fast path for callers that turn the tree into something else at once (the Python
+/// bindings build their objects here). Its errors are terse: on any error, call [`decode`] to
+/// get the full, typed one.
+///
+/// # Errors
+/// As [`decode`], with less precise messages.
+pub fn build<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B::Node>> {
+    check(bytes, file)?;
+    let p = parse_generic(bytes, file, builder, false, true)?;
+    for pk in &p.packs {
+        validate_pack_path(&pk.path).map_err(|r| Error::manifest(file, "packs", r))?;
+    }
+    Ok(p)
 }
 
-impl<'de> DeserializeSeed<'de> for TopSeed<'_> {
-    type Value = Manifest;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Manifest, D::Error> {
+/// A manifest's members, with its root built by a [`Build`].
+#[derive(Debug)]
+pub struct Parsed<N> {
+    pub version: (u16, u16),
+    pub writer: String,
+    pub metadata: Option<Value>,
+    pub packs: Vec<PackInfo>,
+    pub root: N,
+}
+
+/// What the manifest parser builds from the nodes it reads, bottom-up: the owned manifest tree
+/// ([`OwnedTree`]), or, in the Python bindings, Python objects with no tree in between (a
+/// 100k-leaf tree costs ~20 MB and 300k allocations as an owned tree). The parser has checked
+/// every node before it is handed over. An `Err` stops the parse with that message.
+pub trait Build {
+    type Node;
+    /// Big containers are parsed on several threads, as owned trees that `owned` then converts.
+    /// Only builders whose conversion is free should say yes.
+    const PARALLEL: bool = false;
+    fn leaf(&self, e: Entry) -> std::result::Result<Self::Node, String>;
+    fn list(&self, items: Vec<Self::Node>, tuple: bool) -> std::result::Result<Self::Node, String>;
+    fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> std::result::Result<Self::Node, String>;
+    fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> std::result::Result<Self::Node, String>;
+    fn custom(
+        &self,
+        type_name: String,
+        data: Value,
+        children: Vec<(String, Self::Node)>,
+    ) -> std::result::Result<Self::Node, String>;
+    /// An owned subtree from the parallel parse (only called when `PARALLEL`).
+    fn owned(&self, _t: Tree<Entry>) -> std::result::Result<Self::Node, String> {
+        Err("this builder does not take owned trees".into())
+    }
+    /// The parser is about to read the child reached by `step` (then calls `exit`); builders
+    /// that need each node's key path keep it from these calls.
+    fn enter(&self, _step: Step<'_>) {}
+    fn exit(&self) {}
+}
+
+/// Builds the owned [`Tree<Entry>`] of a [`Manifest`].
+pub struct OwnedTree;
+
+impl Build for OwnedTree {
+    type Node = Tree<Entry>;
+    const PARALLEL: bool = true;
+    fn leaf(&self, e: Entry) -> std::result::Result<Tree<Entry>, String> {
+        Ok(Tree::Leaf(e))
+    }
+    fn list(&self, items: Vec<Tree<Entry>>, tuple: bool) -> std::result::Result<Tree<Entry>, String> {
+        Ok(if tuple { Tree::Tuple(items) } else { Tree::List(items) })
+    }
+    fn dict(&self, pairs: Vec<(Key, Tree<Entry>)>) -> std::result::Result<Tree<Entry>, String> {
+        Ok(Tree::Dict(pairs))
+    }
+    fn record(
+        &self,
+        type_name: String,
+        fields: Vec<(String, Tree<Entry>)>,
+    ) -> std::result::Result<Tree<Entry>, String> {
+        Ok(Tree::Record { type_name, fields })
+    }
+    fn custom(
+        &self,
+        type_name: String,
+        data: Value,
+        children: Vec<(String, Tree<Entry>)>,
+    ) -> std::result::Result<Tree<Entry>, String> {
+        Ok(Tree::Custom { type_name, data, children })
+    }
+    fn owned(&self, t: Tree<Entry>) -> std::result::Result<Tree<Entry>, String> {
+        Ok(t)
+    }
+}
+
+/// Parse with `builder`; `inline_checks` validates each leaf as it is read (against the packs,
+/// which must come first).
+fn parse_generic<B: Build>(
+    bytes: &[u8],
+    file: &str,
+    builder: &B,
+    split: bool,
+    inline_checks: bool,
+) -> Result<Parsed<B::Node>> {
+    let path = RefCell::new(Vec::<PathSeg>::new());
+    let packs = RefCell::new(None);
+    let ctx = Ctx { path: &path, packs: inline_checks.then_some(&packs), file };
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    de.disable_recursion_limit();
+    let res = TopSeed { ctx: &ctx, split: split && B::PARALLEL, b: builder }
+        .deserialize(&mut de)
+        .and_then(|m| de.end().map(|_| m));
+    res.map_err(|e| {
+        let p = path.borrow().iter().map(PathSeg::text).collect::<Vec<_>>().join("/");
+        Error::manifest(file, if p.is_empty() { "<root>".to_string() } else { p }, e.to_string())
+    })
+}
+
+/// What every node seed of one parse shares.
+struct Ctx<'a> {
+    /// The key path being parsed, to name the place of an error.
+    path: &'a RefCell<Vec<PathSeg>>,
+    /// With inline checks: the packs once read (`None` before `packs`).
+    packs: Option<&'a RefCell<Option<Vec<PackInfo>>>>,
+    file: &'a str,
+}
+
+impl Ctx<'_> {
+    fn check_leaf<E: de::Error>(&self, e: &Entry) -> std::result::Result<(), E> {
+        let Some(packs) = self.packs else { return Ok(()) };
+        let packs = packs.borrow();
+        let Some(packs) = packs.as_deref() else {
+            return Err(E::custom("`packs` must come before `root` for a one-pass parse"));
+        };
+        validate_entry(packs, &KeyPath::root(), e, self.file).map_err(|err| E::custom(err.to_string()))
+    }
+}
+
+struct TopSeed<'a, B> {
+    ctx: &'a Ctx<'a>,
+    split: bool,
+    b: &'a B,
+}
+
+impl<'de, B: Build> DeserializeSeed<'de> for TopSeed<'_, B> {
+    type Value = Parsed<B::Node>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         d.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for TopSeed<'_> {
-    type Value = Manifest;
+impl<'de, B: Build> Visitor<'de> for TopSeed<'_, B> {
+    type Value = Parsed<B::Node>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a treepack manifest object")
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Manifest, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
         let mut seen = HashSet::new();
         let (mut version, mut writer, mut metadata, mut packs, mut root) = (None, None, None, None, None);
         while let Some(k) = map.next_key::<String>()? {
@@ -618,9 +756,20 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
                 }
                 "writer" => writer = Some(map.next_value::<String>()?),
                 "metadata" => metadata = Some(map.next_value::<Value>()?),
-                "packs" => packs = Some(map.next_value::<Vec<RawPack>>()?),
+                "packs" => {
+                    let list: Vec<PackInfo> = map
+                        .next_value::<Vec<RawPack>>()?
+                        .into_iter()
+                        .map(|p| PackInfo { path: p.path, size: p.size })
+                        .collect();
+                    if let Some(slot) = self.ctx.packs {
+                        *slot.borrow_mut() = Some(list.clone());
+                    }
+                    packs = Some(list)
+                }
                 "root" => {
-                    root = Some(map.next_value_seed(NodeSeed { depth: 0, path: self.path, split: self.split })?)
+                    root =
+                        Some(map.next_value_seed(NodeSeed { depth: 0, ctx: self.ctx, split: self.split, b: self.b })?)
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
@@ -632,11 +781,11 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
         if packs.len() > MAX_PACKS {
             return Err(de::Error::custom("too many packs"));
         }
-        Ok(Manifest {
+        Ok(Parsed {
             version,
             writer: writer.unwrap_or_default(),
             metadata,
-            packs: packs.into_iter().map(|p| PackInfo { path: p.path, size: p.size }).collect(),
+            packs,
             root: root.ok_or_else(|| de::Error::custom("missing `root`"))?,
         })
     }
@@ -671,18 +820,29 @@ impl RawChunk<'_> {
     }
 }
 
-#[derive(Clone, Copy)]
-struct NodeSeed<'a> {
+struct NodeSeed<'a, B> {
     depth: usize,
-    path: &'a RefCell<Vec<PathSeg>>,
+    ctx: &'a Ctx<'a>,
     /// Parse the items of large containers near the root on several threads (see
-    /// [`parse_items_split`]); only set for large manifests.
+    /// [`parse_items_split`]); only set for large manifests and parallel builders.
     split: bool,
+    b: &'a B,
 }
 
-impl NodeSeed<'_> {
+impl<B> Clone for NodeSeed<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for NodeSeed<'_, B> {}
+
+impl<'a, B> NodeSeed<'a, B> {
     fn child(self) -> Self {
-        NodeSeed { depth: self.depth + 1, path: self.path, split: self.split && self.depth + 1 < SPLIT_DEPTH }
+        NodeSeed { depth: self.depth + 1, ctx: self.ctx, split: self.split && self.depth + 1 < SPLIT_DEPTH, b: self.b }
+    }
+    /// The seed that parses a dict key (a small node, always built as an owned tree).
+    fn key_seed(self) -> NodeSeed<'a, OwnedTree> {
+        NodeSeed { depth: self.depth + 1, ctx: self.ctx, split: false, b: &OwnedTree }
     }
     fn check_depth<E: de::Error>(&self) -> std::result::Result<(), E> {
         if self.depth >= MAX_DEPTH {
@@ -692,10 +852,17 @@ impl NodeSeed<'_> {
     }
 }
 
-impl<'de> DeserializeSeed<'de> for NodeSeed<'_> {
-    type Value = Tree<Entry>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Tree<Entry>, D::Error> {
+impl<'de, B: Build> DeserializeSeed<'de> for NodeSeed<'_, B> {
+    type Value = B::Node;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<B::Node, D::Error> {
         crate::model::grow(|| d.deserialize_any(self))
+    }
+}
+
+impl<B: Build> NodeSeed<'_, B> {
+    fn leaf<E: de::Error>(&self, e: Entry) -> std::result::Result<B::Node, E> {
+        self.ctx.check_leaf(&e)?;
+        self.b.leaf(e).map_err(E::custom)
     }
 }
 
@@ -726,37 +893,38 @@ fn value_float<E: de::Error>(v: &Value) -> std::result::Result<f64, E> {
     }
 }
 
-impl<'de> Visitor<'de> for NodeSeed<'_> {
-    type Value = Tree<Entry>;
+impl<'de, B: Build> Visitor<'de> for NodeSeed<'_, B> {
+    type Value = B::Node;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a tree node")
     }
-    fn visit_unit<E: de::Error>(self) -> std::result::Result<Tree<Entry>, E> {
-        Ok(Tree::Leaf(Entry::None))
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<B::Node, E> {
+        self.leaf(Entry::None)
     }
-    fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<Tree<Entry>, E> {
-        Ok(Tree::Leaf(Entry::Bool(v)))
+    fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<B::Node, E> {
+        self.leaf(Entry::Bool(v))
     }
-    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Tree<Entry>, E> {
-        Ok(Tree::Leaf(Entry::Int(Int::Small(v))))
+    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<B::Node, E> {
+        self.leaf(Entry::Int(Int::Small(v)))
     }
-    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Tree<Entry>, E> {
-        Ok(Tree::Leaf(Entry::Int(Int::from_big(v.into()))))
+    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<B::Node, E> {
+        self.leaf(Entry::Int(Int::from_big(v.into())))
     }
-    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Tree<Entry>, E> {
-        Ok(Tree::Leaf(Entry::Float(v)))
+    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<B::Node, E> {
+        self.leaf(Entry::Float(v))
     }
-    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Tree<Entry>, E> {
-        Ok(Tree::Leaf(Entry::Str(Stored::Inline(v.to_string()))))
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<B::Node, E> {
+        self.leaf(Entry::Str(Stored::Inline(v.to_string())))
     }
-    fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<Tree<Entry>, E> {
-        Ok(Tree::Leaf(Entry::Str(Stored::Inline(v))))
+    fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<B::Node, E> {
+        self.leaf(Entry::Str(Stored::Inline(v)))
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Tree<Entry>, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<B::Node, A::Error> {
         self.check_depth()?;
-        Ok(Tree::List(read_items(self, seq)?))
+        let items = read_items(self, seq)?;
+        self.b.list(items, false).map_err(de::Error::custom)
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Tree<Entry>, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<B::Node, A::Error> {
         self.check_depth()?;
         if map.next_key_seed(MemberSeed)? != Some(Member::T) {
             return Err(de::Error::custom("a tagged node object must begin with its \"t\" member"));
@@ -774,7 +942,8 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                         _ => skip(&mut map)?,
                     }
                 }
-                Ok(Tree::Tuple(items.ok_or_else(|| de::Error::custom("tuple without `items`"))?))
+                let items = items.ok_or_else(|| de::Error::custom("tuple without `items`"))?;
+                self.b.list(items, true).map_err(de::Error::custom)
             }
             Tag::Dict => {
                 let mut items = None;
@@ -782,12 +951,13 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                     match k {
                         Member::Items => {
                             dup(&items, "items")?;
-                            items = Some(map.next_value_seed(PairsSeed::<Key>::new(self))?);
+                            items = Some(map.next_value_seed(PairsSeed::<Key, B>::new(self))?);
                         }
                         _ => skip(&mut map)?,
                     }
                 }
-                Ok(Tree::Dict(items.ok_or_else(|| de::Error::custom("dict without `items`"))?))
+                let pairs = items.ok_or_else(|| de::Error::custom("dict without `items`"))?;
+                self.b.dict(pairs).map_err(de::Error::custom)
             }
             Tag::Record | Tag::Custom => {
                 let (mut ty, mut fields, mut data) = (None, None, None);
@@ -801,7 +971,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                         ty = Some(map.next_value::<String>()?);
                     } else if k == list_member {
                         dup(&fields, list_name)?;
-                        fields = Some(map.next_value_seed(PairsSeed::<String>::new(self))?);
+                        fields = Some(map.next_value_seed(PairsSeed::<String, B>::new(self))?);
                     } else if k == Member::Data && !is_record {
                         dup(&data, "data")?;
                         data = Some(map.next_value::<Value>()?);
@@ -810,11 +980,11 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                     }
                 }
                 let type_name = ty.ok_or_else(|| de::Error::custom(format!("{name} without `type`")))?;
-                let named: Vec<(String, Tree<Entry>)> = fields.unwrap_or_default();
+                let named: Vec<(String, B::Node)> = fields.unwrap_or_default();
                 if is_record {
-                    Ok(Tree::Record { type_name, fields: named })
+                    self.b.record(type_name, named).map_err(de::Error::custom)
                 } else {
-                    Ok(Tree::Custom { type_name, data: data.unwrap_or(Value::Null), children: named })
+                    self.b.custom(type_name, data.unwrap_or(Value::Null), named).map_err(de::Error::custom)
                 }
             }
             Tag::Int => {
@@ -826,18 +996,18 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                     }
                     _ => None,
                 };
-                Ok(Tree::Leaf(Entry::Int(i.ok_or_else(|| de::Error::custom("int `v` must be a decimal string"))?)))
+                self.leaf(Entry::Int(i.ok_or_else(|| de::Error::custom("int `v` must be a decimal string"))?))
             }
             Tag::Float => {
                 let v: Value = expect_one(&mut map, "v")?;
-                Ok(Tree::Leaf(Entry::Float(value_float(&v)?)))
+                self.leaf(Entry::Float(value_float(&v)?))
             }
             Tag::Complex => {
                 let v: Vec<Value> = expect_one(&mut map, "v")?;
                 if v.len() != 2 {
                     return Err(de::Error::custom("complex `v` must be [real, imag]"));
                 }
-                Ok(Tree::Leaf(Entry::Complex(value_float(&v[0])?, value_float(&v[1])?)))
+                self.leaf(Entry::Complex(value_float(&v[0])?, value_float(&v[1])?))
             }
             Tag::Str | Tag::Bytes => {
                 let is_str = t == Tag::Str;
@@ -870,9 +1040,12 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                         )));
                     }
                 };
-                Ok(Tree::Leaf(entry))
+                self.leaf(entry)
             }
-            Tag::Array => parse_array(&mut map).map(|a| Tree::Leaf(Entry::Array(Box::new(a)))),
+            Tag::Array => {
+                let a = parse_array(&mut map)?;
+                self.leaf(Entry::Array(Box::new(a)))
+            }
             Tag::Unknown(other) => Err(de::Error::custom(format!(
                 "unknown node type {other:?} (written by a newer treepack? see docs/format.md)"
             ))),
@@ -1104,17 +1277,17 @@ fn parse_array<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::Result<Array
     Ok(ArrayEntry { dtype, shape, storage, preview })
 }
 
-struct ItemsSeed<'a>(NodeSeed<'a>);
+struct ItemsSeed<'a, B>(NodeSeed<'a, B>);
 
-impl<'de> DeserializeSeed<'de> for ItemsSeed<'_> {
-    type Value = Vec<Tree<Entry>>;
+impl<'de, B: Build> DeserializeSeed<'de> for ItemsSeed<'_, B> {
+    type Value = Vec<B::Node>;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         d.deserialize_seq(self)
     }
 }
 
-impl<'de> Visitor<'de> for ItemsSeed<'_> {
-    type Value = Vec<Tree<Entry>>;
+impl<'de, B: Build> Visitor<'de> for ItemsSeed<'_, B> {
+    type Value = Vec<B::Node>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an array of nodes")
     }
@@ -1123,23 +1296,27 @@ impl<'de> Visitor<'de> for ItemsSeed<'_> {
     }
 }
 
-fn read_items<'de, A: SeqAccess<'de>>(
-    node: NodeSeed<'_>,
+fn read_items<'de, A: SeqAccess<'de>, B: Build>(
+    node: NodeSeed<'_, B>,
     mut seq: A,
-) -> std::result::Result<Vec<Tree<Entry>>, A::Error> {
+) -> std::result::Result<Vec<B::Node>, A::Error> {
     if node.split {
-        return parse_items_split(node, seq, |n, de| n.child().deserialize(de), true);
+        let owned = parse_items_split(node, seq, |n, de| n.child().deserialize(de), true)?;
+        return owned.into_iter().map(|t| node.b.owned(t).map_err(de::Error::custom)).collect();
     }
     let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
     loop {
-        node.path.borrow_mut().push(PathSeg::Index(out.len()));
-        match seq.next_element_seed(node.child())? {
+        node.ctx.path.borrow_mut().push(PathSeg::Index(out.len()));
+        node.b.enter(Step::Index(out.len()));
+        let next = seq.next_element_seed(node.child());
+        node.b.exit();
+        match next? {
             Some(v) => {
-                node.path.borrow_mut().pop();
+                node.ctx.path.borrow_mut().pop();
                 out.push(v)
             }
             None => {
-                node.path.borrow_mut().pop();
+                node.ctx.path.borrow_mut().pop();
                 return Ok(out);
             }
         }
@@ -1153,8 +1330,8 @@ fn read_items<'de, A: SeqAccess<'de>>(
 /// reports its key path below the container (`indexed`: list items, whose index is their
 /// segment; pairs name their key themselves) and the message without the item-relative line and
 /// column.
-fn parse_items_split<'de, A, T, F>(
-    node: NodeSeed<'_>,
+fn parse_items_split<'de, A, T, F, B>(
+    node: NodeSeed<'_, B>,
     mut seq: A,
     parse: F,
     indexed: bool,
@@ -1162,19 +1339,26 @@ fn parse_items_split<'de, A, T, F>(
 where
     A: SeqAccess<'de>,
     T: Send,
-    F: for<'r> Fn(NodeSeed<'_>, &mut serde_json::Deserializer<serde_json::de::StrRead<'r>>) -> serde_json::Result<T>
+    F: for<'r> Fn(
+            NodeSeed<'_, OwnedTree>,
+            &mut serde_json::Deserializer<serde_json::de::StrRead<'r>>,
+        ) -> serde_json::Result<T>
         + Sync,
 {
     use rayon::prelude::*;
+    // Items parsed apart build owned trees and are not checked inline (see `parse_generic`).
+    debug_assert!(node.ctx.packs.is_none());
+    let (depth, split, file) = (node.depth, node.split, node.ctx.file);
     let mut raws: Vec<&'de serde_json::value::RawValue> = Vec::new();
     while let Some(r) = seq.next_element::<&'de serde_json::value::RawValue>()? {
         raws.push(r);
     }
     let one = |i: usize, raw: &serde_json::value::RawValue| -> std::result::Result<T, (usize, Vec<PathSeg>, String)> {
         let path = RefCell::new(Vec::new());
+        let ctx = Ctx { path: &path, packs: None, file };
         let mut de = serde_json::Deserializer::from_str(raw.get());
         de.disable_recursion_limit();
-        let inner = NodeSeed { depth: node.depth, path: &path, split: node.split && raws.len() < SPLIT_MIN_ITEMS };
+        let inner = NodeSeed { depth, ctx: &ctx, split: split && raws.len() < SPLIT_MIN_ITEMS, b: &OwnedTree };
         parse(inner, &mut de).and_then(|v| de.end().map(|_| v)).map_err(|e| {
             let msg = e.to_string();
             let msg = match msg.rsplit_once(" at line ") {
@@ -1190,7 +1374,7 @@ where
         raws.iter().enumerate().map(|(i, r)| one(i, r)).collect()
     };
     parsed.map_err(|(i, inner, msg)| {
-        let mut p = node.path.borrow_mut();
+        let mut p = node.ctx.path.borrow_mut();
         if indexed {
             p.push(PathSeg::Index(i));
         }
@@ -1221,7 +1405,9 @@ impl PathSeg {
 /// The first item of a `[key, node]` pair: a dict key, or a record field / custom child name.
 trait PairKey: Sized + Send {
     /// Read the key as the next element of the pair.
-    fn read<'de, A: SeqAccess<'de>>(seq: &mut A, node: NodeSeed<'_>) -> std::result::Result<Self, A::Error>;
+    fn read<'de, A: SeqAccess<'de>, B>(seq: &mut A, node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error>;
+    /// The step this key makes in a key path.
+    fn step(&self) -> Step<'_>;
     /// The escaped key-path segment text (only computed for errors and typed keys).
     fn text(&self) -> String;
     /// The key itself when it is a string. Two string keys name the same path exactly when the
@@ -1231,11 +1417,14 @@ trait PairKey: Sized + Send {
 }
 
 impl PairKey for Key {
-    fn read<'de, A: SeqAccess<'de>>(seq: &mut A, node: NodeSeed<'_>) -> std::result::Result<Self, A::Error> {
+    fn read<'de, A: SeqAccess<'de>, B>(seq: &mut A, node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error> {
         let k = seq
-            .next_element_seed(node.child())?
+            .next_element_seed(node.key_seed())?
             .ok_or_else(|| de::Error::custom("empty pair: expected [key, node]"))?;
         entry_to_key(k)
+    }
+    fn step(&self) -> Step<'_> {
+        Step::Key(self)
     }
     fn text(&self) -> String {
         crate::keypath::key_segment_text(self)
@@ -1249,8 +1438,11 @@ impl PairKey for Key {
 }
 
 impl PairKey for String {
-    fn read<'de, A: SeqAccess<'de>>(seq: &mut A, _node: NodeSeed<'_>) -> std::result::Result<Self, A::Error> {
+    fn read<'de, A: SeqAccess<'de>, B>(seq: &mut A, _node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error> {
         seq.next_element::<String>()?.ok_or_else(|| de::Error::custom("empty pair: expected [name, node]"))
+    }
+    fn step(&self) -> Step<'_> {
+        Step::Name(self)
     }
     fn text(&self) -> String {
         crate::keypath::name_segment_text(self)
@@ -1260,42 +1452,48 @@ impl PairKey for String {
     }
 }
 
-struct PairsSeed<'a, K> {
-    node: NodeSeed<'a>,
+struct PairsSeed<'a, K, B> {
+    node: NodeSeed<'a, B>,
     _key: std::marker::PhantomData<K>,
 }
 
-impl<'a, K> PairsSeed<'a, K> {
-    fn new(node: NodeSeed<'a>) -> Self {
+impl<'a, K, B> PairsSeed<'a, K, B> {
+    fn new(node: NodeSeed<'a, B>) -> Self {
         PairsSeed { node, _key: std::marker::PhantomData }
     }
 }
 
-impl<'de, K: PairKey> DeserializeSeed<'de> for PairsSeed<'_, K> {
-    type Value = Vec<(K, Tree<Entry>)>;
+impl<'de, K: PairKey, B: Build> DeserializeSeed<'de> for PairsSeed<'_, K, B> {
+    type Value = Vec<(K, B::Node)>;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         d.deserialize_seq(self)
     }
 }
 
-impl<'de, K: PairKey> Visitor<'de> for PairsSeed<'_, K> {
-    type Value = Vec<(K, Tree<Entry>)>;
+impl<'de, K: PairKey, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
+    type Value = Vec<(K, B::Node)>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an array of [key, node] pairs")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
-        let out: Vec<(K, Tree<Entry>)> = if self.node.split {
-            parse_items_split(
+        let out: Vec<(K, B::Node)> = if self.node.split {
+            let owned = parse_items_split(
                 self.node,
                 seq,
-                |n, de| PairSeed::<K> { node: n, _key: std::marker::PhantomData }.deserialize(de),
+                |n, de| PairSeed::<K, OwnedTree> { node: n, _key: std::marker::PhantomData }.deserialize(de),
                 // A pair that fails names its key itself (first segment of its path).
                 false,
-            )?
+            )?;
+            let b = self.node.b;
+            owned
+                .into_iter()
+                .map(|(k, t)| b.owned(t).map(|v| (k, v)))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(de::Error::custom)?
         } else {
             let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
             while let Some(pair) =
-                seq.next_element_seed(PairSeed::<K> { node: self.node, _key: std::marker::PhantomData })?
+                seq.next_element_seed(PairSeed::<K, B> { node: self.node, _key: std::marker::PhantomData })?
             {
                 out.push(pair);
             }
@@ -1304,7 +1502,7 @@ impl<'de, K: PairKey> Visitor<'de> for PairsSeed<'_, K> {
         if let Some(i) = first_duplicate(&out) {
             let text = out[i].0.text();
             let msg = format!("duplicate key `{text}`");
-            self.node.path.borrow_mut().push(PathSeg::Text(text));
+            self.node.ctx.path.borrow_mut().push(PathSeg::Text(text));
             return Err(de::Error::custom(msg));
         }
         Ok(out)
@@ -1333,20 +1531,20 @@ fn first_duplicate<K: PairKey, V>(pairs: &[(K, V)]) -> Option<usize> {
     })
 }
 
-struct PairSeed<'a, K> {
-    node: NodeSeed<'a>,
+struct PairSeed<'a, K, B> {
+    node: NodeSeed<'a, B>,
     _key: std::marker::PhantomData<K>,
 }
 
-impl<'de, K: PairKey> DeserializeSeed<'de> for PairSeed<'_, K> {
-    type Value = (K, Tree<Entry>);
+impl<'de, K: PairKey, B: Build> DeserializeSeed<'de> for PairSeed<'_, K, B> {
+    type Value = (K, B::Node);
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         d.deserialize_seq(self)
     }
 }
 
-impl<'de, K: PairKey> Visitor<'de> for PairSeed<'_, K> {
-    type Value = (K, Tree<Entry>);
+impl<'de, K: PairKey, B: Build> Visitor<'de> for PairSeed<'_, K, B> {
+    type Value = (K, B::Node);
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a [key, node] pair")
     }
@@ -1354,24 +1552,26 @@ impl<'de, K: PairKey> Visitor<'de> for PairSeed<'_, K> {
         let key = K::read(&mut seq, self.node)?;
         // The key's path text is only formatted if parsing the value fails.
         let at = {
-            let mut p = self.node.path.borrow_mut();
+            let mut p = self.node.ctx.path.borrow_mut();
             p.push(PathSeg::Pending);
             p.len() - 1
         };
         let name_here = |e: A::Error| {
-            if let Some(seg) = self.node.path.borrow_mut().get_mut(at) {
+            if let Some(seg) = self.node.ctx.path.borrow_mut().get_mut(at) {
                 *seg = PathSeg::Text(key.text());
             }
             e
         };
-        let v = seq
-            .next_element_seed(self.node.child())
+        self.node.b.enter(key.step());
+        let v = seq.next_element_seed(self.node.child());
+        self.node.b.exit();
+        let v = v
             .and_then(|v| v.ok_or_else(|| de::Error::custom("pair without a value: expected [key, node]")))
             .map_err(name_here)?;
         if seq.next_element::<IgnoredAny>().map_err(name_here)?.is_some() {
             return Err(name_here(de::Error::custom("a pair must have exactly two items")));
         }
-        self.node.path.borrow_mut().pop();
+        self.node.ctx.path.borrow_mut().pop();
         Ok((key, v))
     }
 }
@@ -1415,7 +1615,7 @@ pub fn validate(m: &Manifest, file: &str) -> Result<()> {
     let root_path = KeyPath::root();
     let mut bad = false;
     m.root.for_each_leaf_unpathed(&mut |e| {
-        if !bad && validate_entry(m, &root_path, e, file).is_err() {
+        if !bad && validate_entry(&m.packs, &root_path, e, file).is_err() {
             bad = true;
         }
     });
@@ -1425,7 +1625,7 @@ pub fn validate(m: &Manifest, file: &str) -> Result<()> {
     let mut err: Option<Error> = None;
     m.root.for_each_leaf(&mut |path, e| {
         if err.is_none() {
-            if let Err(e) = validate_entry(m, path, e, file) {
+            if let Err(e) = validate_entry(&m.packs, path, e, file) {
                 err = Some(e);
             }
         }
@@ -1457,18 +1657,25 @@ pub fn validate_pack_path(p: &str) -> std::result::Result<(), String> {
     }
 }
 
-fn validate_chunk(m: &Manifest, c: &ChunkRef, expect_len: u64, path: &KeyPath, i: usize, file: &str) -> Result<()> {
-    let key = path.to_string();
-    let pack = m.packs.get(c.pack as usize).ok_or_else(|| Error::OutOfBounds {
+fn validate_chunk(
+    packs: &[PackInfo],
+    c: &ChunkRef,
+    expect_len: u64,
+    path: &KeyPath,
+    i: usize,
+    file: &str,
+) -> Result<()> {
+    let key = || path.to_string();
+    let pack = packs.get(c.pack as usize).ok_or_else(|| Error::OutOfBounds {
         file: file.into(),
-        key: key.clone(),
-        reason: format!("chunk {i} names pack {} but the manifest lists {} packs", c.pack, m.packs.len()),
+        key: key(),
+        reason: format!("chunk {i} names pack {} but the manifest lists {} packs", c.pack, packs.len()),
     })?;
     let end = c.offset.checked_add(c.length);
     if end.is_none_or(|e| e > pack.size) {
         return Err(Error::OutOfBounds {
             file: file.into(),
-            key,
+            key: key(),
             reason: format!(
                 "chunk {i} spans bytes {}..+{} but pack `{}` has {} bytes",
                 c.offset, c.length, pack.path, pack.size
@@ -1478,18 +1685,18 @@ fn validate_chunk(m: &Manifest, c: &ChunkRef, expect_len: u64, path: &KeyPath, i
     if c.codec == Codec::Raw && c.length != expect_len {
         return Err(Error::manifest(
             file,
-            key,
+            key(),
             format!("chunk {i} stores {} bytes but its region needs {expect_len} (shape × itemsize)", c.length),
         ));
     }
     Ok(())
 }
 
-fn validate_entry(m: &Manifest, path: &KeyPath, e: &Entry, file: &str) -> Result<()> {
+fn validate_entry(packs: &[PackInfo], path: &KeyPath, e: &Entry, file: &str) -> Result<()> {
     let key = || path.to_string();
     match e {
         Entry::Str(Stored::Blob { size, chunk }) | Entry::Bytes(Stored::Blob { size, chunk }) => {
-            validate_chunk(m, chunk, *size, path, 0, file)
+            validate_chunk(packs, chunk, *size, path, 0, file)
         }
         Entry::Array(a) => {
             if a.shape.len() > MAX_NDIM {
@@ -1527,7 +1734,7 @@ fn validate_entry(m: &Manifest, path: &KeyPath, e: &Entry, file: &str) -> Result
                     for (i, c) in chunks.iter().enumerate() {
                         let (_, extent) = grid.chunk_region(i as u64);
                         let len = shape_len(&extent).unwrap_or(u64::MAX).saturating_mul(a.dtype.itemsize());
-                        validate_chunk(m, c, len, path, i, file)?;
+                        validate_chunk(packs, c, len, path, i, file)?;
                     }
                 }
             }

@@ -271,7 +271,13 @@ def load_structure(path: PathLike, *, storage_options: StorageOptions = None) ->
     Containers come back as dict/list/tuple; records and custom objects as ``StructNode`` (their
     classes are never constructed or imported).
     """
-    return _core.Reader(_path(path), _opts(storage_options)).structure(_struct_node)
+    p, opts = _path(path), _opts(storage_options)
+    # One pass over the manifest, building these objects as it is read; whenever that path does
+    # not apply (or fails), the Reader path below gives the result or the full error.
+    fast = _core.structure_one_pass(p, _struct_node, opts)
+    if fast is not None:
+        return fast
+    return _core.Reader(p, opts).structure(_struct_node)
 
 
 def untrusted_types(

@@ -35,6 +35,10 @@ def prepare(
 
 def gc(path: str, grace_secs: float = 3600.0, storage_options: StorageOptions = None) -> List[str]: ...
 
+def structure_one_pass(path: str, make_node: Callable[..., Any], storage_options: StorageOptions = None) -> Optional[Any]:
+    """``load_structure``'s tree built while the manifest is parsed; None when that path does not
+    apply or fails (the caller then uses ``Reader.structure``, which reports errors in full)."""
+
 class LeafInfo:
     path: str
     kind: str

@@ -1802,6 +1802,26 @@ mod tests {
     }
 
     #[test]
+    fn one_pass_build_equals_decode_and_checks_every_leaf() {
+        for keyed in [false, true] {
+            let bytes = encode(&big(keyed), &serde_json::json!({}));
+            let p = build(&bytes, "t", &OwnedTree).unwrap();
+            let m =
+                Manifest { version: p.version, writer: p.writer, metadata: p.metadata, packs: p.packs, root: p.root };
+            // Compared as encoded bytes: the sample holds a NaN, which `==` never equals.
+            assert!(encode(&m, &serde_json::json!({})) == bytes, "one-pass parse differs");
+        }
+        // A chunk past the end of its pack: `decode` finds it in its validation pass, `build`
+        // while reading the leaf.
+        let mut m = sample();
+        m.packs[0].size = 4;
+        let bytes = encode(&m, &serde_json::json!({}));
+        assert!(matches!(decode(&bytes, "t"), Err(Error::OutOfBounds { .. })));
+        let e = build(&bytes, "t", &OwnedTree).unwrap_err().to_string();
+        assert!(e.contains("spans bytes"), "{e}");
+    }
+
+    #[test]
     fn split_parse_equals_the_one_thread_parse() {
         for keyed in [false, true] {
             let bytes = encode(&big(keyed), &serde_json::json!({}));

@@ -123,16 +123,7 @@ impl Reader {
     /// [`Error::NotFound`] if no tree is there; format errors for damaged manifests.
     pub async fn open_async(loc: Location) -> Result<Reader> {
         let loc = loc.pin()?;
-        let (bytes, file) = match loc.layout() {
-            Layout::Directory => {
-                let file = loc.file_name(MANIFEST_NAME);
-                let b = loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await?.ok_or_else(|| {
-                    Error::NotFound { location: loc.display().to_string(), detail: format!("`{file}` does not exist") }
-                })?;
-                (b, file)
-            }
-            Layout::SingleFile => (read_single_manifest(&loc).await?, loc.display().to_string()),
-        };
+        let (bytes, file) = manifest_bytes(&loc).await?;
         let parse_file = file.clone();
         let manifest_len = bytes.len();
         let m = tokio::task::spawn_blocking(move || manifest::decode(&bytes, &parse_file))
@@ -774,6 +765,25 @@ fn inline_leaf_ref(e: &Entry, file: &str, path: &dyn Fn() -> String) -> Result<L
 }
 
 /// Read a single file's manifest: one ranged read of the tail (and one more for big manifests).
+/// The manifest's bytes (unchecked) and the name of the file they came from: `treepack.json` of
+/// a directory, or the manifest section of a single file (one ranged read of its tail).
+///
+/// # Errors
+/// [`Error::NotFound`], storage errors, [`Error::NotTreepack`] for a damaged single file.
+pub async fn manifest_bytes(loc: &Location) -> Result<(Bytes, String)> {
+    Ok(match loc.layout() {
+        Layout::Directory => {
+            let file = loc.file_name(MANIFEST_NAME);
+            let b = loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await?.ok_or_else(|| Error::NotFound {
+                location: loc.display().to_string(),
+                detail: format!("`{file}` does not exist"),
+            })?;
+            (b, file)
+        }
+        Layout::SingleFile => (read_single_manifest(loc).await?, loc.display().to_string()),
+    })
+}
+
 async fn read_single_manifest(loc: &Location) -> Result<Bytes> {
     let file = loc.display().to_string();
     let (tail, size) = loc.read_suffix(".", TAIL_READ).await?;

@@ -140,3 +140,54 @@ def test_one_pass_structure_falls_back_to_the_full_error(loc):
     assert _core.structure_one_pass(loc, treepack._struct_node, None) is None
     with pytest.raises(treepack.TreepackError, match="checksum|hash"):
         treepack.load_structure(loc)
+
+
+def test_one_pass_load_equals_the_audited_reader_load(tmp_path):
+    """A whole-tree load of an all-inline tree builds its objects while parsing the manifest; it
+    must equal the audited Reader load for every inline kind and built-in type, and step aside
+    (None) for records, custom types that need the audit, and stored leaves."""
+    import datetime as dt
+    import decimal
+    import enum
+    import pathlib
+    import pickle
+    import uuid
+
+    from treepack import _codec
+
+    tree = {
+        "nums": [None, True, False, 0, -(1 << 70), 1.5, float("-inf"), 3 - 4j],
+        "text": ("", "é/~*", b"\x00\xff"),
+        "keys": {7: 1, (1, "x"): 2, None: 3, 0.5: 4, True: 5},
+        "arrays": [np.arange(6, dtype=np.int16).reshape(2, 3), np.float64([1.5]), np.zeros((0, 3), np.uint8)],
+        "builtins": [
+            dt.datetime(2026, 5, 6, 7, 8, 9, 10, tzinfo=dt.timezone.utc), dt.date(2026, 1, 2), dt.time(3, 4),
+            dt.timedelta(days=2, seconds=3), decimal.Decimal("1.25"), uuid.UUID(int=7), pathlib.PurePosixPath("a/b"),
+            {1, 2}, frozenset({"a"}), bytearray(b"ab"), range(1, 9, 2), slice(1, None, 2), Ellipsis, np.float32(2.5),
+        ],
+        "empty": [{}, [], ()],
+    }
+    for p in (str(tmp_path / "d"), str(tmp_path / "f.tpk")):
+        treepack.save(tree, p)
+        dec = _codec.Decoder((), False, False)
+        fast = _core.load_one_pass(p, dec, _codec.np_dtype, _codec.AUDIT_FREE)
+        assert fast is not None
+        r = _core.Reader(p, None)
+        slow = r.load(_codec.Decoder((), False, False), _codec.np_dtype)
+        assert pickle.dumps(fast) == pickle.dumps(slow)
+        assert fast["keys"][(1, "x")] == 2 and fast["builtins"][0] == tree["builtins"][0]
+        assert treepack.load(p)["arrays"][0].tolist() == [[0, 1, 2], [3, 4, 5]]
+
+    class Color(enum.Enum):
+        RED = 1
+
+    needs_reader = {
+        "stored": {"a": np.zeros(100_000, np.float32)},
+        "enum": {"c": Color.RED},  # py.enum names a class: the audit decides
+        "record": {"p": __import__("collections").namedtuple("P", "x")(1)},
+    }
+    for name, t in needs_reader.items():
+        p = str(tmp_path / name)
+        treepack.save(t, p)
+        assert _core.load_one_pass(p, _codec.Decoder((), False, False), _codec.np_dtype, _codec.AUDIT_FREE) is None, name
+    assert treepack.load(str(tmp_path / "stored"))["a"].shape == (100_000,)

@@ -246,6 +246,17 @@ def load(
     """
     p = _path(path)
     trust_t = tuple(trust)
+    if on_missing not in ("error", "placeholder"):
+        raise ValueError("on_missing must be 'error' or 'placeholder'")
+    if select is None and like is None and not mmap:
+        # Whole tree: one pass over the manifest builds the objects as it is read. It takes only
+        # trees that are all inline and need no audit (no records, only built-in custom types);
+        # anything else, or any failure, goes the audited Reader path below, which fetches stored
+        # leaves in parallel batches and reports errors in full.
+        dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder")
+        out = _core.load_one_pass(p, dec, _codec.np_dtype, _codec.AUDIT_FREE, _opts(storage_options))
+        if out is not None:
+            return out
     r = _core.Reader(p, _opts(storage_options))
     _check(r, p, trust_t, allow_pickle, on_missing)
     keep = _keep_paths(like) if like is not None else None

@@ -35,6 +35,12 @@ def prepare(
 
 def gc(path: str, grace_secs: float = 3600.0, storage_options: StorageOptions = None) -> List[str]: ...
 
+def load_one_pass(
+    path: str, decode_other: Any, np_dtype: Any, free_types: Set[str], storage_options: StorageOptions = None
+) -> Optional[Any]:
+    """A whole-tree load built while the manifest is parsed, for trees whose leaves are all inline;
+    None when it needs the type audit or a pack read, or anything fails (then ``Reader.load``)."""
+
 def structure_one_pass(path: str, make_node: Callable[..., Any], storage_options: StorageOptions = None) -> Optional[Any]:
     """``load_structure``'s tree built while the manifest is parsed; None when that path does not
     apply or fails (the caller then uses ``Reader.structure``, which reports errors in full)."""

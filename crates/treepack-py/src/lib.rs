@@ -743,48 +743,9 @@ impl<'py> Decoder<'py> {
     }
 
     fn entry_tree_inner(&mut self, t: &Tree<Entry>, stored: &mut StoredLeaves) -> PyResult<Bound<'py, PyAny>> {
-        use treepack::manifest::Stored;
         let py = self.py;
         Ok(match t {
-            Tree::Leaf(e) => {
-                let id = stored.next_id;
-                stored.next_id += 1;
-                if let Some((_, l)) = stored.leaves.next_if(|(j, _)| *j == id) {
-                    // Immutable values stored once (deduplicated) come back as one shared object,
-                    // as pickle's memo does for an object referenced many times.
-                    let shared = match e {
-                        Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => {
-                            Some((matches!(e, Entry::Str(_)), chunk.pack, chunk.offset, chunk.length))
-                        }
-                        _ => None,
-                    };
-                    if let Some(k) = shared {
-                        if let Some(v) = stored.shared.get(&k) {
-                            return Ok(v.bind(py).clone());
-                        }
-                        let v = self.node_inner(Tree::Leaf(l))?;
-                        stored.shared.insert(k, v.clone().unbind());
-                        return Ok(v);
-                    }
-                    return self.node_inner(Tree::Leaf(l));
-                }
-                match e {
-                    Entry::None => py.None().into_bound(py),
-                    Entry::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-                    Entry::Int(i) => int_py(py, i)?,
-                    Entry::Float(f) => PyFloat::new(py, *f).into_any(),
-                    Entry::Complex(a, b) => PyComplex::from_doubles(py, *a, *b).into_any(),
-                    Entry::Str(Stored::Inline(s)) => PyString::new(py, s).into_any(),
-                    Entry::Bytes(Stored::Inline(b)) => PyBytes::new(py, b).into_any(),
-                    Entry::Array(a) => match &a.storage {
-                        ArrayStorage::Inline(d) => self.small_array(&a.dtype, &a.shape, d)?,
-                        ArrayStorage::Chunked { .. } => return Err(PyValueError::new_err("array data was not read")),
-                    },
-                    Entry::Str(Stored::Blob { .. }) | Entry::Bytes(Stored::Blob { .. }) => {
-                        return Err(PyValueError::new_err("blob was not read"))
-                    }
-                }
-            }
+            Tree::Leaf(e) => self.entry_leaf(e, stored)?,
             Tree::List(v) => {
                 let items = v.iter().map(|c| self.entry_tree(c, stored)).collect::<PyResult<Vec<_>>>()?;
                 PyList::new(py, items)?.into_any()
@@ -808,6 +769,50 @@ impl<'py> Decoder<'py> {
             Tree::Custom { type_name, data, children } => {
                 let pairs = self.entry_pairs(children, stored)?;
                 self.other_built("custom", type_name, data, pairs)?
+            }
+        })
+    }
+
+    /// One manifest leaf: inline values straight from the manifest (borrowed, nothing cloned),
+    /// stored ones taken in order from `stored`.
+    fn entry_leaf(&mut self, e: &Entry, stored: &mut StoredLeaves) -> PyResult<Bound<'py, PyAny>> {
+        use treepack::manifest::Stored;
+        let py = self.py;
+        let id = stored.next_id;
+        stored.next_id += 1;
+        if let Some((_, l)) = stored.leaves.next_if(|(j, _)| *j == id) {
+            // Immutable values stored once (deduplicated) come back as one shared object,
+            // as pickle's memo does for an object referenced many times.
+            let shared = match e {
+                Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => {
+                    Some((matches!(e, Entry::Str(_)), chunk.pack, chunk.offset, chunk.length))
+                }
+                _ => None,
+            };
+            if let Some(k) = shared {
+                if let Some(v) = stored.shared.get(&k) {
+                    return Ok(v.bind(py).clone());
+                }
+                let v = self.node_inner(Tree::Leaf(l))?;
+                stored.shared.insert(k, v.clone().unbind());
+                return Ok(v);
+            }
+            return self.node_inner(Tree::Leaf(l));
+        }
+        Ok(match e {
+            Entry::None => py.None().into_bound(py),
+            Entry::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+            Entry::Int(i) => int_py(py, i)?,
+            Entry::Float(f) => PyFloat::new(py, *f).into_any(),
+            Entry::Complex(a, b) => PyComplex::from_doubles(py, *a, *b).into_any(),
+            Entry::Str(Stored::Inline(s)) => PyString::new(py, s).into_any(),
+            Entry::Bytes(Stored::Inline(b)) => PyBytes::new(py, b).into_any(),
+            Entry::Array(a) => match &a.storage {
+                ArrayStorage::Inline(d) => self.small_array(&a.dtype, &a.shape, d)?,
+                ArrayStorage::Chunked { .. } => return Err(PyValueError::new_err("array data was not read")),
+            },
+            Entry::Str(Stored::Blob { .. }) | Entry::Bytes(Stored::Blob { .. }) => {
+                return Err(PyValueError::new_err("blob was not read"))
             }
         })
     }
@@ -1352,20 +1357,128 @@ fn structure_one_pass<'py>(
     Ok(Some(parsed.root))
 }
 
+/// Builds a whole-tree `load`'s Python objects while the manifest is parsed (see
+/// [`StructBuilder`]). It takes only what needs no audit and no pack read: containers, inline
+/// leaves, and custom nodes of the built-in types in `free` (datetime and the like). A record,
+/// any other custom type or a stored leaf stops it, and the caller falls back to
+/// audit-then-load.
+struct LoadBuilder<'py, 'a> {
+    dec: std::cell::RefCell<Decoder<'py>>,
+    /// Always empty here; `entry_leaf` takes it for the stored leaves this builder refuses.
+    stored: std::cell::RefCell<StoredLeaves>,
+    free: &'a HashSet<String>,
+}
+
+impl<'py> treepack::manifest::Build for LoadBuilder<'py, '_> {
+    type Node = Bound<'py, PyAny>;
+    fn leaf(&self, e: Entry) -> Result<Self::Node, String> {
+        if !e.chunks().is_empty() {
+            return Err("a stored leaf: load through the Reader".into());
+        }
+        let mut dec = self.dec.borrow_mut();
+        dec.entry_leaf(&e, &mut self.stored.borrow_mut()).map_err(|e| e.to_string())
+    }
+    fn list(&self, items: Vec<Self::Node>, tuple: bool) -> Result<Self::Node, String> {
+        let py = self.dec.borrow().py;
+        let r = if tuple {
+            PyTuple::new(py, items).map(Bound::into_any)
+        } else {
+            PyList::new(py, items).map(Bound::into_any)
+        };
+        r.map_err(|e| e.to_string())
+    }
+    fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> Result<Self::Node, String> {
+        let dec = self.dec.borrow();
+        let d = PyDict::new(dec.py);
+        for (k, v) in pairs {
+            let key = dec.key(&k).map_err(|e| e.to_string())?;
+            d.set_item(key, v).map_err(|e| e.to_string())?;
+        }
+        Ok(d.into_any())
+    }
+    fn record(&self, _type_name: String, _fields: Vec<(String, Self::Node)>) -> Result<Self::Node, String> {
+        Err("a record: audit first".into())
+    }
+    fn custom(
+        &self,
+        type_name: String,
+        data: serde_json::Value,
+        children: Vec<(String, Self::Node)>,
+    ) -> Result<Self::Node, String> {
+        if !self.free.contains(&type_name) {
+            return Err("a custom type that needs the audit".into());
+        }
+        let mut dec = self.dec.borrow_mut();
+        let py = dec.py;
+        let pairs = children
+            .into_iter()
+            .map(|(k, v)| PyTuple::new(py, [PyString::new(py, &k).into_any(), v]))
+            .collect::<PyResult<Vec<_>>>()
+            .map_err(|e| e.to_string())?;
+        dec.other_built("custom", &type_name, &data, pairs).map_err(|e| e.to_string())
+    }
+}
+
+/// A whole-tree `load` in one pass over the manifest, with no manifest tree, for trees whose
+/// leaves are all inline (many small values: the case where the manifest is most of the work).
+/// Returns `None` whenever that path does not apply (a stored leaf, a record or custom type
+/// that needs the audit) or anything fails; the caller then audits and loads through the
+/// `Reader`, which fetches stored leaves in parallel batches and reports errors in full.
+#[pyfunction]
+#[pyo3(signature = (path, decode_other, np_dtype, free_types, storage_options=None))]
+fn load_one_pass<'py>(
+    py: Python<'py>,
+    path: &str,
+    decode_other: Bound<'py, PyAny>,
+    np_dtype: Bound<'py, PyAny>,
+    free_types: HashSet<String>,
+    storage_options: Options,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let loc = location(path, storage_options)?;
+    let fetched = py.detach(|| {
+        treepack::block_on(async {
+            let loc = loc.pin()?;
+            let (bytes, file) = treepack::read::manifest_bytes(&loc).await?;
+            Ok::<_, treepack::Error>((loc.layout(), bytes, file))
+        })
+    });
+    let Ok((layout, bytes, file)) = fetched else { return Ok(None) };
+    let builder = LoadBuilder {
+        dec: std::cell::RefCell::new(Decoder {
+            py,
+            decode_other: Some(decode_other),
+            np_dtype,
+            dtypes: HashMap::new(),
+            readonly: false,
+            keys: Default::default(),
+        }),
+        stored: std::cell::RefCell::new(StoredLeaves {
+            leaves: Vec::new().into_iter().peekable(),
+            next_id: 0,
+            shared: Default::default(),
+        }),
+        free: &free_types,
+    };
+    let single = layout == treepack::Layout::SingleFile;
+    match without_gc(py, || Ok(treepack::manifest::build(&bytes, &file, &builder)))? {
+        Ok(p) if p.packs.iter().all(|pk| (pk.path == ".") == single) => Ok(Some(p.root)),
+        _ => Ok(None),
+    }
+}
+
 /// Run `f` with Python's cyclic garbage collector paused. Building a tree allocates one
 /// container per node and none of them can form a cycle yet, so the collections that the
 /// allocation count would trigger (a full pass over all young objects every 700 containers)
 /// are pure overhead; pickle and json loads pay them, we do not. The previous state is restored
 /// even if `f` fails.
-fn without_gc<'py, T>(py: Python<'py>, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
-    let gc = py.import("gc")?;
-    let was_enabled = gc.call_method0("isenabled")?.is_truthy()?;
-    if was_enabled {
-        gc.call_method0("disable")?;
-    }
+/// (Through the C API, not the `gc` module: a refused load must leave `sys.modules` as it was.)
+fn without_gc<'py, T>(_py: Python<'py>, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    // SAFETY: called with the GIL held (the `Python` token proves it).
+    let was_enabled = unsafe { pyo3::ffi::PyGC_Disable() } == 1;
     let out = f();
     if was_enabled {
-        gc.call_method0("enable")?;
+        // SAFETY: as above.
+        unsafe { pyo3::ffi::PyGC_Enable() };
     }
     out
 }
@@ -1385,6 +1498,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Prepared>()?;
     m.add_function(wrap_pyfunction!(gc, m)?)?;
     m.add_function(wrap_pyfunction!(structure_one_pass, m)?)?;
+    m.add_function(wrap_pyfunction!(load_one_pass, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<BytesOwner>()?;
     m.add_class::<LeafInfo>()?;

@@ -254,7 +254,8 @@ def load(
         # anything else, or any failure, goes the audited Reader path below, which fetches stored
         # leaves in parallel batches and reports errors in full.
         dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder")
-        out = _core.load_one_pass(p, dec, _codec.np_dtype, _codec.AUDIT_FREE, _opts(storage_options))
+        ver = True if verify is None else verify
+        out = _core.load_one_pass(p, dec, _codec.np_dtype, _codec.AUDIT_FREE, ver, _opts(storage_options))
         if out is not None:
             return out
     r = _core.Reader(p, _opts(storage_options))

@@ -36,7 +36,12 @@ def prepare(
 def gc(path: str, grace_secs: float = 3600.0, storage_options: StorageOptions = None) -> List[str]: ...
 
 def load_one_pass(
-    path: str, decode_other: Any, np_dtype: Any, free_types: Set[str], storage_options: StorageOptions = None
+    path: str,
+    decode_other: Any,
+    np_dtype: Any,
+    free_types: Set[str],
+    verify: bool = True,
+    storage_options: StorageOptions = None,
 ) -> Optional[Any]:
     """A whole-tree load built while the manifest is parsed, for trees whose leaves are all inline;
     None when it needs the type audit or a pack read, or anything fails (then ``Reader.load``)."""

@@ -1364,19 +1364,77 @@ fn structure_one_pass<'py>(
 /// audit-then-load.
 struct LoadBuilder<'py, 'a> {
     dec: std::cell::RefCell<Decoder<'py>>,
-    /// Always empty here; `entry_leaf` takes it for the stored leaves this builder refuses.
+    /// Objects of the stored str/bytes already read, shared as the Reader path shares them.
     stored: std::cell::RefCell<StoredLeaves>,
     free: &'a HashSet<String>,
+    /// Where stored leaves are read from (local trees only), the packs, and how many distinct
+    /// stored leaves are still allowed: a few (a blob shared by 10k records, one big array next
+    /// to many small values) are read on the spot; more go the Reader's batched path.
+    loc: Option<treepack::Location>,
+    file: &'a str,
+    /// The packs, once read and found to fit the layout (a single file's only pack is itself).
+    packs: std::cell::RefCell<Option<Vec<treepack::manifest::PackInfo>>>,
+    single: bool,
+    fetches_left: std::cell::Cell<usize>,
+    verify: bool,
+}
+
+/// Distinct stored leaves a one-pass load reads on the spot before it hands over to the Reader.
+const ONE_PASS_FETCHES: usize = 16;
+
+impl LoadBuilder<'_, '_> {
+    /// Read one stored leaf (verified) through a one-leaf manifest.
+    fn fetch(&self, e: Entry) -> Result<Leaf, String> {
+        let Some(loc) = &self.loc else { return Err("a stored leaf of a remote tree".into()) };
+        let left = self.fetches_left.get();
+        if left == 0 {
+            return Err("many stored leaves: load through the Reader".into());
+        }
+        self.fetches_left.set(left - 1);
+        let Some(packs) = self.packs.borrow().clone() else { return Err("packs not read or not valid here".into()) };
+        let m = treepack::Manifest {
+            version: (treepack::manifest::VERSION_MAJOR, treepack::manifest::VERSION_MINOR),
+            writer: String::new(),
+            metadata: None,
+            packs,
+            root: Tree::Leaf(e),
+        };
+        let reader = treepack::Reader::from_parts(loc.clone(), m, self.file.to_string());
+        let opts = LoadOptions { verify: self.verify, ..Default::default() };
+        let mut got = treepack::block_on(reader.fetch_stored_leaves_async(&opts)).map_err(|e| e.to_string())?;
+        got.pop().map(|(_, l)| l).ok_or_else(|| "stored leaf not read".to_string())
+    }
 }
 
 impl<'py> treepack::manifest::Build for LoadBuilder<'py, '_> {
     type Node = Bound<'py, PyAny>;
     fn leaf(&self, e: Entry) -> Result<Self::Node, String> {
-        if !e.chunks().is_empty() {
-            return Err("a stored leaf: load through the Reader".into());
-        }
+        use treepack::manifest::Stored;
         let mut dec = self.dec.borrow_mut();
-        dec.entry_leaf(&e, &mut self.stored.borrow_mut()).map_err(|e| e.to_string())
+        if e.chunks().is_empty() {
+            return dec.entry_leaf(&e, &mut self.stored.borrow_mut()).map_err(|e| e.to_string());
+        }
+        // A stored str/bytes read before is the same object again (as in the Reader path).
+        let shared = match &e {
+            Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => {
+                Some((matches!(e, Entry::Str(_)), chunk.pack, chunk.offset, chunk.length))
+            }
+            _ => None,
+        };
+        if let Some(v) = shared.and_then(|k| self.stored.borrow().shared.get(&k).map(|v| v.bind(dec.py).clone())) {
+            return Ok(v);
+        }
+        let leaf = self.fetch(e)?;
+        let v = dec.node_inner(Tree::Leaf(leaf)).map_err(|e| e.to_string())?;
+        if let Some(k) = shared {
+            self.stored.borrow_mut().shared.insert(k, v.clone().unbind());
+        }
+        Ok(v)
+    }
+    fn packs(&self, packs: &[treepack::manifest::PackInfo]) {
+        if packs.iter().all(|p| (p.path == ".") == self.single) {
+            *self.packs.borrow_mut() = Some(packs.to_vec());
+        }
     }
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> Result<Self::Node, String> {
         let py = self.dec.borrow().py;
@@ -1425,13 +1483,15 @@ impl<'py> treepack::manifest::Build for LoadBuilder<'py, '_> {
 /// that needs the audit) or anything fails; the caller then audits and loads through the
 /// `Reader`, which fetches stored leaves in parallel batches and reports errors in full.
 #[pyfunction]
-#[pyo3(signature = (path, decode_other, np_dtype, free_types, storage_options=None))]
+#[pyo3(signature = (path, decode_other, np_dtype, free_types, verify=true, storage_options=None))]
+#[allow(clippy::too_many_arguments)]
 fn load_one_pass<'py>(
     py: Python<'py>,
     path: &str,
     decode_other: Bound<'py, PyAny>,
     np_dtype: Bound<'py, PyAny>,
     free_types: HashSet<String>,
+    verify: bool,
     storage_options: Options,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let loc = location(path, storage_options)?;
@@ -1439,10 +1499,11 @@ fn load_one_pass<'py>(
         treepack::block_on(async {
             let loc = loc.pin()?;
             let (bytes, file) = treepack::read::manifest_bytes(&loc).await?;
-            Ok::<_, treepack::Error>((loc.layout(), bytes, file))
+            Ok::<_, treepack::Error>((loc, bytes, file))
         })
     });
-    let Ok((layout, bytes, file)) = fetched else { return Ok(None) };
+    let Ok((loc, bytes, file)) = fetched else { return Ok(None) };
+    let layout = loc.layout();
     let builder = LoadBuilder {
         dec: std::cell::RefCell::new(Decoder {
             py,
@@ -1458,6 +1519,12 @@ fn load_one_pass<'py>(
             shared: Default::default(),
         }),
         free: &free_types,
+        loc: loc.local_path().is_some().then(|| loc.clone()),
+        file: &file,
+        packs: Default::default(),
+        single: layout == treepack::Layout::SingleFile,
+        fetches_left: std::cell::Cell::new(ONE_PASS_FETCHES),
+        verify,
     };
     let single = layout == treepack::Layout::SingleFile;
     match without_gc(py, || Ok(treepack::manifest::build(&bytes, &file, &builder)))? {

@@ -634,6 +634,9 @@ pub trait Build {
     fn owned(&self, _t: Tree<Entry>) -> std::result::Result<Self::Node, String> {
         Err("this builder does not take owned trees".into())
     }
+    /// The manifest's packs, as soon as they are read (before `root` in every manifest a writer
+    /// makes), for builders that read stored leaves while they build.
+    fn packs(&self, _packs: &[PackInfo]) {}
     /// The parser is about to read the child reached by `step` (then calls `exit`); builders
     /// that need each node's key path keep it from these calls.
     fn enter(&self, _step: Step<'_>) {}
@@ -762,9 +765,18 @@ impl<'de, B: Build> Visitor<'de> for TopSeed<'_, B> {
                         .into_iter()
                         .map(|p| PackInfo { path: p.path, size: p.size })
                         .collect();
+                    // Checked before any builder sees them: a builder may read from packs while
+                    // it builds, so a path escaping the tree must never reach it.
+                    for p in &list {
+                        validate_pack_path(&p.path).map_err(|r| {
+                            self.ctx.path.borrow_mut().push(PathSeg::Text("packs".into()));
+                            de::Error::custom(r)
+                        })?;
+                    }
                     if let Some(slot) = self.ctx.packs {
                         *slot.borrow_mut() = Some(list.clone());
                     }
+                    self.b.packs(&list);
                     packs = Some(list)
                 }
                 "root" => {
@@ -1819,6 +1831,44 @@ mod tests {
         assert!(matches!(decode(&bytes, "t"), Err(Error::OutOfBounds { .. })));
         let e = build(&bytes, "t", &OwnedTree).unwrap_err().to_string();
         assert!(e.contains("spans bytes"), "{e}");
+    }
+
+    /// A builder that must never be shown the packs it is given.
+    struct NoPacks;
+    impl Build for NoPacks {
+        type Node = ();
+        fn leaf(&self, _e: Entry) -> std::result::Result<(), String> {
+            Ok(())
+        }
+        fn list(&self, _i: Vec<()>, _t: bool) -> std::result::Result<(), String> {
+            Ok(())
+        }
+        fn dict(&self, _p: Vec<(Key, ())>) -> std::result::Result<(), String> {
+            Ok(())
+        }
+        fn record(&self, _n: String, _f: Vec<(String, ())>) -> std::result::Result<(), String> {
+            Ok(())
+        }
+        fn custom(&self, _n: String, _d: Value, _c: Vec<(String, ())>) -> std::result::Result<(), String> {
+            Ok(())
+        }
+        fn packs(&self, packs: &[PackInfo]) {
+            panic!("a builder was shown unchecked packs: {packs:?}");
+        }
+    }
+
+    #[test]
+    fn builders_never_see_a_pack_path_that_escapes_the_tree() {
+        let mut m = sample();
+        m.packs[0].path = "../../etc/passwd".into();
+        let bytes = encode(&m, &serde_json::json!({}));
+        match build(&bytes, "t", &NoPacks) {
+            Err(Error::InvalidManifest { key, reason, .. }) => {
+                assert_eq!(key, "packs");
+                assert!(reason.contains("not a safe relative path"), "{reason}");
+            }
+            other => panic!("expected InvalidManifest, got {other:?}"),
+        }
     }
 
     #[test]

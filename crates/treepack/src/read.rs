@@ -142,6 +142,13 @@ impl Reader {
         Ok(Reader { loc, manifest: Arc::new(m), manifest_file: file, manifest_len, mmaps: Mutex::default() })
     }
 
+    /// A reader over a manifest the caller parsed and checked itself (with
+    /// [`manifest::build`], which validates each leaf as it is read). The Python bindings use it
+    /// to fetch the few stored leaves a one-pass load meets, one small manifest each.
+    pub fn from_parts(loc: Location, manifest: Manifest, manifest_file: String) -> Reader {
+        Reader { loc, manifest: Arc::new(manifest), manifest_file, manifest_len: 0, mmaps: Mutex::default() }
+    }
+
     /// Blocking [`Reader::open_async`].
     ///
     /// # Errors

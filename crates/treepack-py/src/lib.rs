@@ -541,6 +541,47 @@ struct Decoder<'py> {
 }
 
 impl<'py> Decoder<'py> {
+    /// `decode_other` rebuilds records/custom objects (None: structure only, none met);
+    /// `np_dtype` maps dtype names to numpy dtypes (None: no arrays are built).
+    fn new(
+        py: Python<'py>,
+        decode_other: Option<Bound<'py, PyAny>>,
+        np_dtype: Option<Bound<'py, PyAny>>,
+        readonly: bool,
+    ) -> Self {
+        Decoder {
+            py,
+            decode_other,
+            np_dtype: np_dtype.unwrap_or_else(|| py.None().into_bound(py)),
+            dtypes: HashMap::new(),
+            readonly,
+            keys: Default::default(),
+        }
+    }
+
+    /// A list or tuple of built items (what the one-pass builders make of a sequence).
+    fn sequence(&self, items: Vec<Bound<'py, PyAny>>, tuple: bool) -> PyResult<Bound<'py, PyAny>> {
+        if tuple {
+            PyTuple::new(self.py, items).map(Bound::into_any)
+        } else {
+            PyList::new(self.py, items).map(Bound::into_any)
+        }
+    }
+
+    /// A dict of built values, keys through the key cache.
+    fn dict_of(&self, pairs: Vec<(Key, Bound<'py, PyAny>)>) -> PyResult<Bound<'py, PyAny>> {
+        let d = PyDict::new(self.py);
+        for (k, v) in pairs {
+            d.set_item(self.key(&k)?, v)?;
+        }
+        Ok(d.into_any())
+    }
+
+    /// `(name, value)` tuples of a record's fields or a custom node's children.
+    fn named(&self, kids: Vec<(String, Bound<'py, PyAny>)>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        kids.into_iter().map(|(k, v)| PyTuple::new(self.py, [PyString::new(self.py, &k).into_any(), v])).collect()
+    }
+
     fn dtype(&mut self, d: &DType) -> PyResult<Bound<'py, PyArrayDescr>> {
         if let Some(x) = self.dtypes.get(d) {
             return Ok(x.clone());
@@ -1023,14 +1064,7 @@ impl Reader {
             progress: progress_fn(progress),
             ..Default::default()
         };
-        let mut dec = Decoder {
-            py,
-            decode_other: Some(decode_other),
-            np_dtype,
-            dtypes: HashMap::new(),
-            readonly: mmap,
-            keys: Default::default(),
-        };
+        let mut dec = Decoder::new(py, Some(decode_other), Some(np_dtype), mmap);
         if subpath.is_none() && opts.select.is_empty() && opts.keep.is_none() {
             // Whole tree: fetch the stored leaves, then build Python objects straight from the
             // manifest (no intermediate tree of owned values).
@@ -1052,14 +1086,7 @@ impl Reader {
     /// The structure: containers as dict/list/tuple, records/custom nodes via `make_node`,
     /// leaves as `LeafInfo`.
     fn structure<'py>(&self, py: Python<'py>, make_node: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let dec = Decoder {
-            py,
-            decode_other: None,
-            np_dtype: py.None().into_bound(py),
-            dtypes: HashMap::new(),
-            readonly: false,
-            keys: Default::default(),
-        };
+        let dec = Decoder::new(py, None, None, false);
         without_gc(py, || structure(&dec, &self.inner.manifest().root, &mut String::new(), &make_node))
     }
 
@@ -1075,14 +1102,7 @@ impl Reader {
     /// Children of the container at `path`: (segment text, key as a Python object).
     fn children<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Vec<(String, Bound<'py, PyAny>)>> {
         let t = self.inner.entry(path).map_err(py_err)?;
-        let dec = Decoder {
-            py,
-            decode_other: None,
-            np_dtype: py.None().into_bound(py),
-            dtypes: HashMap::new(),
-            readonly: false,
-            keys: Default::default(),
-        };
+        let dec = Decoder::new(py, None, None, false);
         let mut out = vec![];
         for (step, _) in t.children() {
             let seg = treepack::keypath::Segment::from_step_pub(&step);
@@ -1113,14 +1133,7 @@ impl Reader {
         np_dtype: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let a = py.detach(|| treepack::block_on(self.inner.read_array_async(path, slice, true))).map_err(py_err)?;
-        let mut dec = Decoder {
-            py,
-            decode_other: None,
-            np_dtype,
-            dtypes: HashMap::new(),
-            readonly: false,
-            keys: Default::default(),
-        };
+        let mut dec = Decoder::new(py, None, Some(np_dtype), false);
         dec.array(a)
     }
 
@@ -1254,10 +1267,7 @@ impl<'py> StructBuilder<'py, '_> {
         kids: Vec<(String, Bound<'py, PyAny>)>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = self.dec.py;
-        let pairs = kids
-            .into_iter()
-            .map(|(k, v)| PyTuple::new(py, [PyString::new(py, &k).into_any(), v]))
-            .collect::<PyResult<Vec<_>>>()?;
+        let pairs = self.dec.named(kids)?;
         let path = self.path.borrow();
         self.make_node.call1((kind, type_name, data, PyList::new(py, pairs)?, path.0.as_str()))
     }
@@ -1270,20 +1280,10 @@ impl<'py> treepack::manifest::Build for StructBuilder<'py, '_> {
         self.py_ok(Bound::new(self.dec.py, info).map(Bound::into_any))
     }
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> Result<Self::Node, String> {
-        let py = self.dec.py;
-        self.py_ok(if tuple {
-            PyTuple::new(py, items).map(Bound::into_any)
-        } else {
-            PyList::new(py, items).map(Bound::into_any)
-        })
+        self.py_ok(self.dec.sequence(items, tuple))
     }
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> Result<Self::Node, String> {
-        let d = PyDict::new(self.dec.py);
-        for (k, v) in pairs {
-            let key = self.py_ok(self.dec.key(&k))?;
-            self.py_ok(d.set_item(key, v))?;
-        }
-        Ok(d.into_any())
+        self.py_ok(self.dec.dict_of(pairs))
     }
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> Result<Self::Node, String> {
         self.py_ok(self.other("record", type_name, None, fields))
@@ -1315,6 +1315,24 @@ impl<'py> treepack::manifest::Build for StructBuilder<'py, '_> {
     }
 }
 
+/// The (pinned) location and its manifest's unchecked bytes for a one-pass read; `None` if they
+/// cannot be read (the Reader path then reports why).
+fn manifest_of(
+    py: Python<'_>,
+    path: &str,
+    storage_options: Options,
+) -> PyResult<Option<(treepack::Location, Bytes, String)>> {
+    let loc = location(path, storage_options)?;
+    let fetched = py.detach(|| {
+        treepack::block_on(async {
+            let loc = loc.pin()?;
+            let (bytes, file) = treepack::read::manifest_bytes(&loc).await?;
+            Ok::<_, treepack::Error>((loc, bytes, file))
+        })
+    });
+    Ok(fetched.ok())
+}
+
 /// `load_structure` in one pass over the manifest (no `Reader`, no manifest tree). Returns
 /// `None` whenever that path does not apply or anything fails, and the caller then takes the
 /// `Reader` path, which reports the error in full.
@@ -1326,27 +1344,10 @@ fn structure_one_pass<'py>(
     make_node: Bound<'py, PyAny>,
     storage_options: Options,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let loc = location(path, storage_options)?;
-    let fetched = py.detach(|| {
-        treepack::block_on(async {
-            let loc = loc.pin()?;
-            let (bytes, file) = treepack::read::manifest_bytes(&loc).await?;
-            Ok::<_, treepack::Error>((loc.layout(), bytes, file))
-        })
-    });
-    let Ok((layout, bytes, file)) = fetched else { return Ok(None) };
-    let builder = StructBuilder {
-        dec: Decoder {
-            py,
-            decode_other: None,
-            np_dtype: py.None().into_bound(py),
-            dtypes: HashMap::new(),
-            readonly: false,
-            keys: Default::default(),
-        },
-        make_node: &make_node,
-        path: Default::default(),
-    };
+    let Some((loc, bytes, file)) = manifest_of(py, path, storage_options)? else { return Ok(None) };
+    let layout = loc.layout();
+    let builder =
+        StructBuilder { dec: Decoder::new(py, None, None, false), make_node: &make_node, path: Default::default() };
     let parsed = without_gc(py, || Ok(treepack::manifest::build(&bytes, &file, &builder)))?;
     let Ok(parsed) = parsed else { return Ok(None) };
     // The same layout rule `Reader::open` enforces: a single file's packs are itself.
@@ -1437,22 +1438,10 @@ impl<'py> treepack::manifest::Build for LoadBuilder<'py, '_> {
         }
     }
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> Result<Self::Node, String> {
-        let py = self.dec.borrow().py;
-        let r = if tuple {
-            PyTuple::new(py, items).map(Bound::into_any)
-        } else {
-            PyList::new(py, items).map(Bound::into_any)
-        };
-        r.map_err(|e| e.to_string())
+        self.dec.borrow().sequence(items, tuple).map_err(|e| e.to_string())
     }
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> Result<Self::Node, String> {
-        let dec = self.dec.borrow();
-        let d = PyDict::new(dec.py);
-        for (k, v) in pairs {
-            let key = dec.key(&k).map_err(|e| e.to_string())?;
-            d.set_item(key, v).map_err(|e| e.to_string())?;
-        }
-        Ok(d.into_any())
+        self.dec.borrow().dict_of(pairs).map_err(|e| e.to_string())
     }
     fn record(&self, _type_name: String, _fields: Vec<(String, Self::Node)>) -> Result<Self::Node, String> {
         Err("a record: audit first".into())
@@ -1467,12 +1456,7 @@ impl<'py> treepack::manifest::Build for LoadBuilder<'py, '_> {
             return Err("a custom type that needs the audit".into());
         }
         let mut dec = self.dec.borrow_mut();
-        let py = dec.py;
-        let pairs = children
-            .into_iter()
-            .map(|(k, v)| PyTuple::new(py, [PyString::new(py, &k).into_any(), v]))
-            .collect::<PyResult<Vec<_>>>()
-            .map_err(|e| e.to_string())?;
+        let pairs = dec.named(children).map_err(|e| e.to_string())?;
         dec.other_built("custom", &type_name, &data, pairs).map_err(|e| e.to_string())
     }
 }
@@ -1494,25 +1478,10 @@ fn load_one_pass<'py>(
     verify: bool,
     storage_options: Options,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let loc = location(path, storage_options)?;
-    let fetched = py.detach(|| {
-        treepack::block_on(async {
-            let loc = loc.pin()?;
-            let (bytes, file) = treepack::read::manifest_bytes(&loc).await?;
-            Ok::<_, treepack::Error>((loc, bytes, file))
-        })
-    });
-    let Ok((loc, bytes, file)) = fetched else { return Ok(None) };
+    let Some((loc, bytes, file)) = manifest_of(py, path, storage_options)? else { return Ok(None) };
     let layout = loc.layout();
     let builder = LoadBuilder {
-        dec: std::cell::RefCell::new(Decoder {
-            py,
-            decode_other: Some(decode_other),
-            np_dtype,
-            dtypes: HashMap::new(),
-            readonly: false,
-            keys: Default::default(),
-        }),
+        dec: std::cell::RefCell::new(Decoder::new(py, Some(decode_other), Some(np_dtype), false)),
         stored: std::cell::RefCell::new(StoredLeaves {
             leaves: Vec::new().into_iter().peekable(),
             next_id: 0,

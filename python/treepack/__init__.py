@@ -241,8 +241,10 @@ def load(
     - ``verify``: check chunk hashes (default: True; False with ``mmap`` since it would read everything).
     - ``storage_options``: credentials/endpoint/tuning for remote locations; ``progress(done, total)``.
 
-    The whole manifest is audited before anything is constructed: untrusted types raise
-    ``UntrustedTypeError`` listing every type and key path, and nothing is imported.
+    The whole manifest is audited before any record or custom object is built: untrusted types
+    raise ``UntrustedTypeError`` listing every type and key path, and nothing is imported. (A
+    tree of plain containers, values and built-in types such as datetime is built in one pass
+    while its manifest is read; the audit has nothing to refuse there.)
     """
     p = _path(path)
     trust_t = tuple(trust)

@@ -194,3 +194,20 @@ def test_missing_and_existing_locations(tmp_path):
         treepack.save([2], loc)
     treepack.save([2], loc, overwrite=True)
     assert treepack.load(loc) == [2]
+
+
+def test_hostile_corpus_never_loads():
+    """Every crafted file in tests/hostile/ must be refused by `load`, whichever path it takes
+    (one-pass or audited Reader): a case the one pass accepted but the Reader refuses would be a
+    hole. Also checks each is refused quickly and with a treepack error or an OS error."""
+    import pathlib
+    import time
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "tests" / "hostile"
+    cases = [ln.split("\t")[0] for ln in (root / "EXPECTED.tsv").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert len(cases) >= 60
+    for case in cases:
+        t = time.perf_counter()
+        with pytest.raises((treepack.TreepackError, OSError, ValueError)):
+            treepack.load(str(root / case))
+        assert time.perf_counter() - t < 5, case

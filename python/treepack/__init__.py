@@ -210,8 +210,6 @@ def _keep_paths(like: Any) -> set:
 
 
 def _check(reader: Any, p: str, trust: Tuple[str, ...], allow_pickle: bool, on_missing: str) -> None:
-    if on_missing not in ("error", "placeholder"):
-        raise ValueError("on_missing must be 'error' or 'placeholder'")
     bad = _codec.audit(reader.types(_codec.AUDIT_FREE), trust, allow_pickle)
     if bad and on_missing == "error":
         raise UntrustedTypeError(p, bad)
@@ -250,27 +248,28 @@ def load(
     trust_t = tuple(trust)
     if on_missing not in ("error", "placeholder"):
         raise ValueError("on_missing must be 'error' or 'placeholder'")
-    if select is None and like is None and not mmap:
-        # Whole tree: one pass over the manifest builds the objects as it is read. It takes only
-        # trees that are all inline and need no audit (no records, only built-in custom types);
+    opts = _opts(storage_options)
+    dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder")
+    verify = (not mmap) if verify is None else verify
+    if select is None and like is None and not mmap and progress is None:
+        # Whole tree: one pass over the manifest builds the objects as it is read (its few reads
+        # of stored leaves report no progress, hence not with a callback). It takes only trees
+        # that need no audit (no records, only built-in custom types) and few stored leaves;
         # anything else, or any failure, goes the audited Reader path below, which fetches stored
         # leaves in parallel batches and reports errors in full.
-        dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder")
-        ver = True if verify is None else verify
-        out = _core.load_one_pass(p, dec, _codec.np_dtype, _codec.AUDIT_FREE, ver, _opts(storage_options))
+        out = _core.load_one_pass(p, dec, _codec.np_dtype, _codec.AUDIT_FREE, verify, opts)
         if out is not None:
             return out
-    r = _core.Reader(p, _opts(storage_options))
+    r = _core.Reader(p, opts)
     _check(r, p, trust_t, allow_pickle, on_missing)
     keep = _keep_paths(like) if like is not None else None
-    dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder")
     return r.load(
         dec,
         _codec.np_dtype,
         select=list(select) if select is not None else None,
         keep=keep,
         mmap=mmap,
-        verify=(not mmap) if verify is None else verify,
+        verify=verify,
         progress=progress,
     )
 

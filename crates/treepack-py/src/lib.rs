@@ -1350,9 +1350,8 @@ fn structure_one_pass<'py>(
         StructBuilder { dec: Decoder::new(py, None, None, false), make_node: &make_node, path: Default::default() };
     let parsed = without_gc(py, || Ok(treepack::manifest::build(&bytes, &file, &builder)))?;
     let Ok(parsed) = parsed else { return Ok(None) };
-    // The same layout rule `Reader::open` enforces: a single file's packs are itself.
-    let single = layout == treepack::Layout::SingleFile;
-    if parsed.packs.iter().any(|p| (p.path == ".") != single) {
+    // The layout rule `Reader::open` enforces.
+    if !parsed.packs.iter().all(|p| layout.allows_pack(&p.path)) {
         return Ok(None);
     }
     Ok(Some(parsed.root))
@@ -1375,7 +1374,7 @@ struct LoadBuilder<'py, 'a> {
     file: &'a str,
     /// The packs, once read and found to fit the layout (a single file's only pack is itself).
     packs: std::cell::RefCell<Option<Vec<treepack::manifest::PackInfo>>>,
-    single: bool,
+    layout: treepack::Layout,
     fetches_left: std::cell::Cell<usize>,
     verify: bool,
 }
@@ -1433,7 +1432,7 @@ impl<'py> treepack::manifest::Build for LoadBuilder<'py, '_> {
         Ok(v)
     }
     fn packs(&self, packs: &[treepack::manifest::PackInfo]) {
-        if packs.iter().all(|p| (p.path == ".") == self.single) {
+        if packs.iter().all(|p| self.layout.allows_pack(&p.path)) {
             *self.packs.borrow_mut() = Some(packs.to_vec());
         }
     }
@@ -1491,13 +1490,12 @@ fn load_one_pass<'py>(
         loc: loc.local_path().is_some().then(|| loc.clone()),
         file: &file,
         packs: Default::default(),
-        single: layout == treepack::Layout::SingleFile,
+        layout,
         fetches_left: std::cell::Cell::new(ONE_PASS_FETCHES),
         verify,
     };
-    let single = layout == treepack::Layout::SingleFile;
     match without_gc(py, || Ok(treepack::manifest::build(&bytes, &file, &builder)))? {
-        Ok(p) if p.packs.iter().all(|pk| (pk.path == ".") == single) => Ok(Some(p.root)),
+        Ok(p) if p.packs.iter().all(|pk| layout.allows_pack(&pk.path)) => Ok(Some(p.root)),
         _ => Ok(None),
     }
 }

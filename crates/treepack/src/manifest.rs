@@ -594,11 +594,9 @@ fn parse_with(bytes: &[u8], file: &str, split: bool) -> Result<Manifest> {
 /// As [`decode`], with less precise messages.
 pub fn build<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B::Node>> {
     check(bytes, file)?;
-    let p = parse_generic(bytes, file, builder, false, true)?;
-    for pk in &p.packs {
-        validate_pack_path(&pk.path).map_err(|r| Error::manifest(file, "packs", r))?;
-    }
-    Ok(p)
+    // Pack paths are checked as they are read (before any builder sees them), leaves as each
+    // is read: nothing is left for a `validate` pass.
+    parse_generic(bytes, file, builder, false, true)
 }
 
 /// A manifest's members, with its root built by a [`Build`].

@@ -129,9 +129,8 @@ impl Reader {
         let m = tokio::task::spawn_blocking(move || manifest::decode(&bytes, &parse_file))
             .await
             .map_err(|e| Error::Serde(format!("manifest parse task failed: {e}")))??;
-        let single = loc.layout() == Layout::SingleFile;
         for p in &m.packs {
-            if (p.path == ".") != single {
+            if !loc.layout().allows_pack(&p.path) {
                 return Err(Error::manifest(
                     &file,
                     "packs",

@@ -39,6 +39,14 @@ pub enum Layout {
     SingleFile,
 }
 
+impl Layout {
+    /// Whether a manifest in this layout may name this pack: a single file's only pack is
+    /// itself (`.`), and a directory's packs are files inside it.
+    pub fn allows_pack(self, pack_path: &str) -> bool {
+        (pack_path == ".") == (self == Layout::SingleFile)
+    }
+}
+
 /// Counters of storage traffic, shared by clones of a [`Location`].
 #[derive(Debug, Default)]
 pub struct IoStats {

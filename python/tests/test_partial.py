@@ -1,5 +1,7 @@
 """Partial and lazy reads: select, like, open() slicing, mmap."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -200,3 +202,54 @@ def test_one_pass_load_equals_the_audited_reader_load(tmp_path):
         treepack.save(t, p)
         assert _core.load_one_pass(p, _codec.Decoder((), False, False), _codec.np_dtype, _codec.AUDIT_FREE) is None, name
     assert treepack.load(str(tmp_path / "stored"))["a19"][0] == 19
+
+
+def test_one_pass_of_a_big_manifest_equals_the_reader(tmp_path):
+    """Manifests over 1 MiB are parsed by two threads (the big container's items are split
+    between this thread and a helper whose owned trees are replayed here); structure and load
+    must still equal the Reader's, key paths included, with the big container at the root (a
+    list of records) or one level down (W2's shape), in both layouts."""
+    import collections
+    import datetime as dt
+    import pickle
+
+    from treepack import _codec
+
+    Point = collections.namedtuple("Point", "x y")
+
+    def item(i):
+        return {
+            "id": f"call-{i}", "n": i, "score": i / 7, "ok": i % 2 == 0, "none": None,
+            "ts": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=i),
+            "emb": np.full(4, i, np.float32), "pair": (i, "x/y~"), "keys": {i: "int", (1, "a/b"): "t"},
+            "raw": b"\x00\x01" * 3, "nested": [[{"k": [()]}]],
+        }
+
+    shapes = {
+        "list": [item(i) for i in range(3000)],
+        "wrapped": {"opt": {f"p{i}": item(i) for i in range(3000)}},
+    }
+    for name, tree in shapes.items():
+        for p in (str(tmp_path / name), str(tmp_path / f"{name}.tpk")):
+            treepack.save(tree, p)
+            if not p.endswith(".tpk"):  # big enough to be split (the .tpk holds the same manifest)
+                assert os.path.getsize(os.path.join(p, "treepack.json")) >= 1 << 20
+            fast = _core.load_one_pass(p, _codec.Decoder((), False, False), _codec.np_dtype, _codec.AUDIT_FREE)
+            assert fast is not None, p
+            slow = _core.Reader(p, None).load(_codec.Decoder((), False, False), _codec.np_dtype)
+            assert pickle.dumps(fast) == pickle.dumps(slow), p
+            s_fast = _core.structure_one_pass(p, treepack._struct_node, None)
+            s_slow = _core.Reader(p, None).structure(treepack._struct_node)
+            assert repr(s_fast) == repr(s_slow), p
+        one = fast[2999] if name == "list" else fast["opt"]["p2999"]
+        assert one["id"] == "call-2999" and one["keys"][(1, "a/b")] == "t" and one["emb"].tolist() == [2999.0] * 4
+        leaf = s_fast[2999]["keys"][(1, "a/b")] if name == "list" else s_fast["opt"]["p2999"]["keys"][(1, "a/b")]
+        assert leaf.path == ("2999" if name == "list" else "opt/p2999") + "/keys/~t(~i1,a~1b)"
+    # Records in a big manifest: the structure takes the helped path too.
+    recs = [Point(i, str(i) * 20) for i in range(12000)]
+    p = str(tmp_path / "recs")
+    treepack.save(recs, p)
+    assert os.path.getsize(os.path.join(p, "treepack.json")) >= 1 << 20
+    s_fast = _core.structure_one_pass(p, treepack._struct_node, None)
+    assert repr(s_fast) == repr(_core.Reader(p, None).structure(treepack._struct_node))
+    assert s_fast[11999].path == "11999"

@@ -1275,8 +1275,12 @@ impl<'py> StructBuilder<'py, '_> {
 
 impl<'py> treepack::manifest::Build for StructBuilder<'py, '_> {
     type Node = Bound<'py, PyAny>;
+    const HELPER: bool = true;
     fn leaf(&self, e: Entry) -> Result<Self::Node, String> {
-        let info = LeafInfo::of(&self.path.borrow().0, &e);
+        self.leaf_ref(&e)
+    }
+    fn leaf_ref(&self, e: &Entry) -> Result<Self::Node, String> {
+        let info = LeafInfo::of(&self.path.borrow().0, e);
         self.py_ok(Bound::new(self.dec.py, info).map(Bound::into_any))
     }
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> Result<Self::Node, String> {
@@ -1408,14 +1412,18 @@ impl LoadBuilder<'_, '_> {
 
 impl<'py> treepack::manifest::Build for LoadBuilder<'py, '_> {
     type Node = Bound<'py, PyAny>;
+    const HELPER: bool = true;
     fn leaf(&self, e: Entry) -> Result<Self::Node, String> {
+        self.leaf_ref(&e)
+    }
+    fn leaf_ref(&self, e: &Entry) -> Result<Self::Node, String> {
         use treepack::manifest::Stored;
         let mut dec = self.dec.borrow_mut();
         if e.chunks().is_empty() {
-            return dec.entry_leaf(&e, &mut self.stored.borrow_mut()).map_err(|e| e.to_string());
+            return dec.entry_leaf(e, &mut self.stored.borrow_mut()).map_err(|e| e.to_string());
         }
         // A stored str/bytes read before is the same object again (as in the Reader path).
-        let shared = match &e {
+        let shared = match e {
             Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => {
                 Some((matches!(e, Entry::Str(_)), chunk.pack, chunk.offset, chunk.length))
             }
@@ -1424,7 +1432,7 @@ impl<'py> treepack::manifest::Build for LoadBuilder<'py, '_> {
         if let Some(v) = shared.and_then(|k| self.stored.borrow().shared.get(&k).map(|v| v.bind(dec.py).clone())) {
             return Ok(v);
         }
-        let leaf = self.fetch(e)?;
+        let leaf = self.fetch(e.clone())?;
         let v = dec.node_inner(Tree::Leaf(leaf)).map_err(|e| e.to_string())?;
         if let Some(k) = shared {
             self.stored.borrow_mut().shared.insert(k, v.clone().unbind());

@@ -596,6 +596,16 @@ pub fn build<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B
     check(bytes, file)?;
     // Pack paths are checked as they are read (before any builder sees them), leaves as each
     // is read: nothing is left for a `validate` pass.
+    // Only the helped split: it checks every leaf inline, where the parallel split of owned
+    // trees leaves the checks to `validate` (which `decode` runs and this does not).
+    let split = B::HELPER && !B::PARALLEL && bytes.len() >= SPLIT_MIN_BYTES;
+    parse_generic(bytes, file, builder, split, true)
+}
+
+/// [`build`] on this thread alone (tests compare it with the helped parse).
+#[doc(hidden)]
+pub fn build_one_thread<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B::Node>> {
+    check(bytes, file)?;
     parse_generic(bytes, file, builder, false, true)
 }
 
@@ -618,7 +628,15 @@ pub trait Build {
     /// Big containers are parsed on several threads, as owned trees that `owned` then converts.
     /// Only builders whose conversion is free should say yes.
     const PARALLEL: bool = false;
+    /// Builders that must stay on the calling thread (Python objects) but take owned subtrees
+    /// through [`replay`]: the items of a big container near the root of a large manifest are
+    /// then parsed by this thread and one helper thread together (see `parse_items_helped`).
+    const HELPER: bool = false;
     fn leaf(&self, e: Entry) -> std::result::Result<Self::Node, String>;
+    /// A leaf of a tree being [`replay`]ed; builders that only read the entry avoid the copy.
+    fn leaf_ref(&self, e: &Entry) -> std::result::Result<Self::Node, String> {
+        self.leaf(e.clone())
+    }
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> std::result::Result<Self::Node, String>;
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> std::result::Result<Self::Node, String>;
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> std::result::Result<Self::Node, String>;
@@ -639,6 +657,63 @@ pub trait Build {
     /// that need each node's key path keep it from these calls.
     fn enter(&self, _step: Step<'_>) {}
     fn exit(&self) {}
+}
+
+/// Hand an owned subtree to `b` node by node, bottom-up, with the same `enter`/`exit` calls the
+/// parser makes: what `b` builds is what it would have built from the text. The tree is only
+/// borrowed (leaves go through [`Build::leaf_ref`]), so whichever thread built it frees it.
+///
+/// # Errors
+/// The first error `b` returns.
+pub fn replay<B: Build>(b: &B, t: &Tree<Entry>) -> std::result::Result<B::Node, String> {
+    crate::model::grow(|| match t {
+        Tree::Leaf(e) => {
+            #[cfg(test)]
+            tests::REPLAYED.with(|n| n.set(n.get() + 1));
+            b.leaf_ref(e)
+        }
+        Tree::List(items) => replay_items(b, items).and_then(|v| b.list(v, false)),
+        Tree::Tuple(items) => replay_items(b, items).and_then(|v| b.list(v, true)),
+        Tree::Dict(pairs) => {
+            let mut out = Vec::with_capacity(pairs.len());
+            for (k, v) in pairs {
+                b.enter(Step::Key(k));
+                let v = replay(b, v);
+                b.exit();
+                out.push((k.clone(), v?));
+            }
+            b.dict(out)
+        }
+        Tree::Record { type_name, fields } => replay_named(b, fields).and_then(|f| b.record(type_name.clone(), f)),
+        Tree::Custom { type_name, data, children } => {
+            replay_named(b, children).and_then(|c| b.custom(type_name.clone(), data.clone(), c))
+        }
+    })
+}
+
+fn replay_items<B: Build>(b: &B, items: &[Tree<Entry>]) -> std::result::Result<Vec<B::Node>, String> {
+    let mut out = Vec::with_capacity(items.len());
+    for (i, t) in items.iter().enumerate() {
+        b.enter(Step::Index(i));
+        let v = replay(b, t);
+        b.exit();
+        out.push(v?);
+    }
+    Ok(out)
+}
+
+fn replay_named<B: Build>(
+    b: &B,
+    named: &[(String, Tree<Entry>)],
+) -> std::result::Result<Vec<(String, B::Node)>, String> {
+    let mut out = Vec::with_capacity(named.len());
+    for (n, t) in named {
+        b.enter(Step::Name(n));
+        let v = replay(b, t);
+        b.exit();
+        out.push((n.clone(), v?));
+    }
+    Ok(out)
 }
 
 /// Builds the owned [`Tree<Entry>`] of a [`Manifest`].
@@ -690,7 +765,7 @@ fn parse_generic<B: Build>(
     let ctx = Ctx { path: &path, packs: inline_checks.then_some(&packs), file };
     let mut de = serde_json::Deserializer::from_slice(bytes);
     de.disable_recursion_limit();
-    let res = TopSeed { ctx: &ctx, split: split && B::PARALLEL, b: builder }
+    let res = TopSeed { ctx: &ctx, split: split && (B::PARALLEL || B::HELPER), b: builder }
         .deserialize(&mut de)
         .and_then(|m| de.end().map(|_| m));
     res.map_err(|e| {
@@ -1310,9 +1385,33 @@ fn read_items<'de, A: SeqAccess<'de>, B: Build>(
     node: NodeSeed<'_, B>,
     mut seq: A,
 ) -> std::result::Result<Vec<B::Node>, A::Error> {
-    if node.split {
+    if node.split && B::PARALLEL {
         let owned = parse_items_split(node, seq, |n, de| n.child().deserialize(de), true)?;
         return owned.into_iter().map(|t| node.b.owned(t).map_err(de::Error::custom)).collect();
+    }
+    if node.split {
+        return parse_items_helped(
+            node,
+            seq,
+            |i, n, de| {
+                n.ctx.path.borrow_mut().push(PathSeg::Index(i));
+                n.b.enter(Step::Index(i));
+                let v = n.child().deserialize(de);
+                n.b.exit();
+                if v.is_ok() {
+                    n.ctx.path.borrow_mut().pop();
+                }
+                v
+            },
+            |n, de| n.child().deserialize(de),
+            |i, t: &Tree<Entry>| {
+                node.b.enter(Step::Index(i));
+                let v = replay(node.b, t);
+                node.b.exit();
+                v
+            },
+            true,
+        );
     }
     let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
     loop {
@@ -1369,14 +1468,7 @@ where
         let mut de = serde_json::Deserializer::from_str(raw.get());
         de.disable_recursion_limit();
         let inner = NodeSeed { depth, ctx: &ctx, split: split && raws.len() < SPLIT_MIN_ITEMS, b: &OwnedTree };
-        parse(inner, &mut de).and_then(|v| de.end().map(|_| v)).map_err(|e| {
-            let msg = e.to_string();
-            let msg = match msg.rsplit_once(" at line ") {
-                Some((m, _)) => m.to_string(),
-                None => msg,
-            };
-            (i, path.into_inner(), msg)
-        })
+        parse(inner, &mut de).and_then(|v| de.end().map(|_| v)).map_err(|e| (i, path.into_inner(), item_message(&e)))
     };
     let parsed: std::result::Result<Vec<T>, _> = if raws.len() >= SPLIT_MIN_ITEMS {
         raws.par_iter().enumerate().map(|(i, r)| one(i, r)).collect()
@@ -1391,6 +1483,173 @@ where
         p.extend(inner);
         de::Error::custom(msg)
     })
+}
+
+/// The message of an error in an item parsed on its own, without the item-relative line and
+/// column (which would mislead: they count from the item's start).
+fn item_message(e: &serde_json::Error) -> String {
+    let msg = e.to_string();
+    match msg.rsplit_once(" at line ") {
+        Some((m, _)) => m.to_string(),
+        None => msg,
+    }
+}
+
+/// Items claimed at a time by either thread of a helped parse.
+const HELP_BLOCK: usize = 32;
+
+/// A block of items the helper thread parsed: its first index, and the owned items or the
+/// failing item's index, key path below the container and message.
+type HelpedBlock<T> = (usize, std::result::Result<Vec<T>, (usize, Vec<PathSeg>, String)>);
+
+/// Parse the items of a container for a builder that must stay on this thread
+/// ([`Build::HELPER`]: Python objects), on two cores. After one scan for the items' extent, this
+/// thread and a helper thread claim blocks of items in order: the helper parses its blocks into
+/// owned trees, this thread builds its own blocks directly and [`replay`]s the helper's as they
+/// arrive. The builder's work (the Python objects) stays on one thread, most of the parsing
+/// moves off it, and the split adapts to how slow the builder is. Every item is checked exactly
+/// as in the one-thread parse (leaves inline, against the packs); small containers are parsed
+/// here item by item, with splitting allowed further down.
+///
+/// `direct` parses item `i` with the builder, `owned` parses an item into an owned tree,
+/// `replay_one` builds item `i` from that tree; `indexed`: list items, whose index is their key
+/// path segment (pairs name their key themselves).
+fn parse_items_helped<'de, A, B, T, U, FD, FO, FR>(
+    node: NodeSeed<'_, B>,
+    mut seq: A,
+    direct: FD,
+    owned: FO,
+    replay_one: FR,
+    indexed: bool,
+) -> std::result::Result<Vec<U>, A::Error>
+where
+    A: SeqAccess<'de>,
+    B: Build,
+    T: Send,
+    FD: for<'r> Fn(
+        usize,
+        NodeSeed<'_, B>,
+        &mut serde_json::Deserializer<serde_json::de::StrRead<'r>>,
+    ) -> serde_json::Result<U>,
+    FO: for<'r> Fn(
+            NodeSeed<'_, OwnedTree>,
+            &mut serde_json::Deserializer<serde_json::de::StrRead<'r>>,
+        ) -> serde_json::Result<T>
+        + Sync,
+    FR: Fn(usize, &T) -> std::result::Result<U, String>,
+{
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut raws: Vec<&'de serde_json::value::RawValue> = Vec::new();
+    while let Some(r) = seq.next_element::<&'de serde_json::value::RawValue>()? {
+        raws.push(r);
+    }
+    let n = raws.len();
+    let big = n >= SPLIT_MIN_ITEMS;
+    // The items of a big container are not split again (one helper per parse).
+    let here = NodeSeed { depth: node.depth, ctx: node.ctx, split: node.split && !big, b: node.b };
+    let parse_here = |i: usize| -> std::result::Result<U, A::Error> {
+        let mut de = serde_json::Deserializer::from_str(raws[i].get());
+        de.disable_recursion_limit();
+        direct(i, here, &mut de).and_then(|v| de.end().map(|_| v)).map_err(|e| de::Error::custom(item_message(&e)))
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |p| p.get());
+    if !big || cores < 2 {
+        return (0..n).map(parse_here).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let mut out: Vec<Option<U>> = Vec::with_capacity(n);
+    out.resize_with(n, || None);
+    let (depth, file) = (node.depth, node.ctx.file);
+    // The helper checks leaves against its own copy of the packs.
+    let packs: Option<Option<Vec<PackInfo>>> = node.ctx.packs.map(|p| p.borrow().clone());
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel::<HelpedBlock<T>>();
+        // Replayed blocks go back to be freed by the thread that allocated them (a free from
+        // another thread is several times slower, and this thread is the busy one).
+        let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<T>>();
+        let (raws, next_ref, owned) = (&raws, &next, &owned);
+        // If no thread can be started, this thread claims every block itself.
+        let _ = std::thread::Builder::new().name("treepack-parse".into()).spawn_scoped(s, move || {
+            let packs = packs.map(RefCell::new);
+            loop {
+                while let Ok(done) = back_rx.try_recv() {
+                    drop(done);
+                }
+                let start = next_ref.fetch_add(HELP_BLOCK, Ordering::Relaxed);
+                if start >= n {
+                    drop(tx);
+                    for done in back_rx.iter() {
+                        drop(done);
+                    }
+                    return;
+                }
+                let mut block = Vec::with_capacity(HELP_BLOCK);
+                for (i, raw) in raws.iter().enumerate().take((start + HELP_BLOCK).min(n)).skip(start) {
+                    let path = RefCell::new(Vec::new());
+                    let ctx = Ctx { path: &path, packs: packs.as_ref(), file };
+                    let mut de = serde_json::Deserializer::from_str(raw.get());
+                    de.disable_recursion_limit();
+                    let seed = NodeSeed { depth, ctx: &ctx, split: false, b: &OwnedTree };
+                    match owned(seed, &mut de).and_then(|v| de.end().map(|_| v)) {
+                        Ok(t) => block.push(t),
+                        Err(e) => {
+                            let _ = tx.send((start, Err((i, path.into_inner(), item_message(&e)))));
+                            return;
+                        }
+                    }
+                }
+                if tx.send((start, Ok(block))).is_err() {
+                    return;
+                }
+            }
+        });
+        let take = |(start, block): HelpedBlock<T>, out: &mut Vec<Option<U>>| -> std::result::Result<(), A::Error> {
+            match block {
+                Ok(items) => {
+                    for (j, t) in items.iter().enumerate() {
+                        out[start + j] = Some(replay_one(start + j, t).map_err(de::Error::custom)?);
+                    }
+                    let _ = back_tx.send(items);
+                    Ok(())
+                }
+                Err((i, inner, msg)) => {
+                    let mut p = node.ctx.path.borrow_mut();
+                    if indexed {
+                        p.push(PathSeg::Index(i));
+                    }
+                    p.extend(inner);
+                    Err(de::Error::custom(msg))
+                }
+            }
+        };
+        let mut run = || -> std::result::Result<(), A::Error> {
+            loop {
+                while let Ok(b) = rx.try_recv() {
+                    take(b, &mut out)?;
+                }
+                let start = next.fetch_add(HELP_BLOCK, Ordering::Relaxed);
+                if start >= n {
+                    break;
+                }
+                for (i, slot) in out.iter_mut().enumerate().take((start + HELP_BLOCK).min(n)).skip(start) {
+                    *slot = Some(parse_here(i)?);
+                }
+            }
+            // The helper's last blocks (the channel closes when it ends).
+            for b in rx.iter() {
+                take(b, &mut out)?;
+            }
+            Ok(())
+        };
+        let res = run();
+        if res.is_err() {
+            // Stop the helper at its next claim.
+            next.store(n, Ordering::Relaxed);
+        }
+        drop(back_tx);
+        res
+    })?;
+    out.into_iter().map(|u| u.ok_or_else(|| de::Error::custom("an item was not parsed"))).collect()
 }
 
 /// One step of the key path being parsed, kept only to name the place of an error (indices are
@@ -1413,7 +1672,7 @@ impl PathSeg {
 }
 
 /// The first item of a `[key, node]` pair: a dict key, or a record field / custom child name.
-trait PairKey: Sized + Send {
+trait PairKey: Sized + Send + Clone {
     /// Read the key as the next element of the pair.
     fn read<'de, A: SeqAccess<'de>, B>(seq: &mut A, node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error>;
     /// The step this key makes in a key path.
@@ -1486,7 +1745,26 @@ impl<'de, K: PairKey, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
         f.write_str("an array of [key, node] pairs")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
-        let out: Vec<(K, B::Node)> = if self.node.split {
+        // A dict at the root is read directly, its members' containers being the ones worth
+        // splitting: roots are mostly a few named parts (`params`, `opt_state`, `step`), and
+        // scanning one first would tokenize the whole manifest twice.
+        let helped = self.node.split && !B::PARALLEL && self.node.depth > 0;
+        let out: Vec<(K, B::Node)> = if helped {
+            let b = self.node.b;
+            parse_items_helped(
+                self.node,
+                seq,
+                |_, n, de| PairSeed::<K, B> { node: n, _key: std::marker::PhantomData }.deserialize(de),
+                |n, de| PairSeed::<K, OwnedTree> { node: n, _key: std::marker::PhantomData }.deserialize(de),
+                |_, (k, t): &(K, Tree<Entry>)| {
+                    b.enter(k.step());
+                    let v = replay(b, t);
+                    b.exit();
+                    v.map(|v| (k.clone(), v))
+                },
+                false,
+            )?
+        } else if self.node.split && B::PARALLEL {
             let owned = parse_items_split(
                 self.node,
                 seq,
@@ -1878,6 +2156,147 @@ mod tests {
             let b = parse_with(&bytes, "t", false).unwrap();
             assert_eq!(encode(&a, &serde_json::json!({})), bytes);
             assert_eq!(encode(&b, &serde_json::json!({})), bytes);
+        }
+    }
+
+    thread_local! {
+        /// Leaves handed over by `replay` on this thread (shows a helped parse really helped).
+        pub(super) static REPLAYED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A builder that must stay on its thread ([`Build::HELPER`]); it builds the owned tree and
+    /// notes each leaf's key path as `enter`/`exit` give it.
+    struct Helped {
+        thread: std::thread::ThreadId,
+        path: RefCell<Vec<String>>,
+        leaves: RefCell<Vec<String>>,
+    }
+    impl Helped {
+        fn new() -> Helped {
+            Helped { thread: std::thread::current().id(), path: RefCell::default(), leaves: RefCell::default() }
+        }
+        fn here(&self) {
+            assert_eq!(std::thread::current().id(), self.thread, "a HELPER builder was called off its thread");
+        }
+    }
+    impl Build for Helped {
+        type Node = Tree<Entry>;
+        const HELPER: bool = true;
+        fn leaf(&self, e: Entry) -> std::result::Result<Tree<Entry>, String> {
+            self.here();
+            self.leaves.borrow_mut().push(self.path.borrow().join("/"));
+            OwnedTree.leaf(e)
+        }
+        fn list(&self, items: Vec<Tree<Entry>>, tuple: bool) -> std::result::Result<Tree<Entry>, String> {
+            self.here();
+            OwnedTree.list(items, tuple)
+        }
+        fn dict(&self, pairs: Vec<(Key, Tree<Entry>)>) -> std::result::Result<Tree<Entry>, String> {
+            self.here();
+            OwnedTree.dict(pairs)
+        }
+        fn record(&self, n: String, f: Vec<(String, Tree<Entry>)>) -> std::result::Result<Tree<Entry>, String> {
+            self.here();
+            OwnedTree.record(n, f)
+        }
+        fn custom(
+            &self,
+            n: String,
+            d: Value,
+            c: Vec<(String, Tree<Entry>)>,
+        ) -> std::result::Result<Tree<Entry>, String> {
+            self.here();
+            OwnedTree.custom(n, d, c)
+        }
+        fn enter(&self, step: Step<'_>) {
+            let mut t = String::new();
+            crate::keypath::push_step_text(&mut t, &step);
+            self.path.borrow_mut().push(t);
+        }
+        fn exit(&self) {
+            self.path.borrow_mut().pop();
+        }
+    }
+
+    /// `text` (an edited manifest) with its trailing hash made right again.
+    fn rehash(text: &[u8]) -> Vec<u8> {
+        let body = &text[..text.len() - HASH_TRAILER_LEN];
+        let mut out = body.to_vec();
+        out.extend_from_slice(format!("{HASH_PREFIX}{}{HASH_SUFFIX}", Hash32::of(body).to_hex()).as_bytes());
+        out
+    }
+
+    #[test]
+    fn helped_build_equals_the_one_thread_build() {
+        for keyed in [false, true] {
+            let bytes = encode(&big(keyed), &serde_json::json!({}));
+            assert!(bytes.len() >= SPLIT_MIN_BYTES, "{}", bytes.len());
+            let (one, helped) = (Helped::new(), Helped::new());
+            let a = build_one_thread(&bytes, "t", &one).unwrap();
+            let before = REPLAYED.with(|n| n.get());
+            let b = build(&bytes, "t", &helped).unwrap();
+            if std::thread::available_parallelism().map_or(1, |p| p.get()) > 1 {
+                assert!(REPLAYED.with(|n| n.get()) > before, "the helper thread parsed nothing");
+            }
+            for p in [a, b] {
+                let m = Manifest {
+                    version: p.version,
+                    writer: p.writer,
+                    metadata: p.metadata,
+                    packs: p.packs,
+                    root: p.root,
+                };
+                assert!(encode(&m, &serde_json::json!({})) == bytes, "helped parse differs");
+            }
+            // The same key paths, each seen once (blocks may be built out of order).
+            let (mut x, mut y) = (one.leaves.into_inner(), helped.leaves.into_inner());
+            assert!(x.len() > 10_000 && x.iter().any(|p| p.contains("/k1999")), "{}", x.len());
+            x.sort();
+            y.sort();
+            assert_eq!(x, y);
+        }
+    }
+
+    #[test]
+    fn helped_build_refuses_what_the_one_thread_build_refuses() {
+        for keyed in [false, true] {
+            let text = String::from_utf8(encode(&big(keyed), &serde_json::json!({}))).unwrap();
+            let damaged = [
+                // a bad dtype deep inside a late item
+                (text.rmatch_indices("\"float32\"").nth(100).map(|(i, _)| i), "\"float32\"", "\"float33\""),
+                // a bad int inside the big dict (item 7, key k1500)
+                (text.find("[\"k1500\",1500]"), "[\"k1500\",1500]", "[\"k1500\",{\"t\":\"int\",\"v\":\"x\"}]"),
+                // a duplicate key in the big dict
+                (text.find("[\"k1501\",1501]"), "[\"k1501\",1501]", "[\"k1500\",1501]"),
+                // a bad node in an early and in a late item of the big container
+                (text.find("{\"t\":\"tuple\""), "{\"t\":\"tuple\"", "{\"t\":\"tupel\""),
+                (text.rfind("{\"t\":\"tuple\""), "{\"t\":\"tuple\"", "{\"t\":\"tupel\""),
+                // a chunk past the end of its pack (a check made only inline by `build`)
+                (text.rfind("\"length\":"), "\"length\":", "\"length\":9"),
+            ];
+            for (at, from, to) in damaged {
+                let at = at.expect("pattern present");
+                let bad = format!("{}{}{}", &text[..at], to, &text[at + from.len()..]);
+                let with_hash = rehash(bad.as_bytes());
+                assert!(decode(&with_hash, "t").is_err(), "{to}: decode accepts it");
+                let errs: Vec<(String, String)> = [true, false]
+                    .iter()
+                    .map(|&helped| {
+                        let r = if helped {
+                            build(&with_hash, "t", &Helped::new())
+                        } else {
+                            build_one_thread(&with_hash, "t", &Helped::new())
+                        };
+                        match r {
+                            Err(Error::InvalidManifest { key, reason, .. }) => {
+                                (key, reason.split(" at line ").next().unwrap_or_default().to_string())
+                            }
+                            other => panic!("{to}: expected InvalidManifest, got {other:?}"),
+                        }
+                    })
+                    .collect();
+                assert_eq!(errs[0], errs[1], "{to}");
+            }
         }
     }
 

@@ -1503,13 +1503,15 @@ const HELP_BLOCK: usize = 32;
 type HelpedBlock<T> = (usize, std::result::Result<Vec<T>, (usize, Vec<PathSeg>, String)>);
 
 /// Parse the items of a container for a builder that must stay on this thread
-/// ([`Build::HELPER`]: Python objects), on two cores. After one scan for the items' extent, this
-/// thread and a helper thread claim blocks of items in order: the helper parses its blocks into
-/// owned trees, this thread builds its own blocks directly and [`replay`]s the helper's as they
-/// arrive. The builder's work (the Python objects) stays on one thread, most of the parsing
-/// moves off it, and the split adapts to how slow the builder is. Every item is checked exactly
-/// as in the one-thread parse (leaves inline, against the packs); small containers are parsed
-/// here item by item, with splitting allowed further down.
+/// ([`Build::HELPER`]: Python objects), on two cores. Once a container shows at least
+/// `SPLIT_MIN_ITEMS` items, a helper thread starts; this thread goes on scanning the items'
+/// extent, queueing them in blocks as it goes, and the helper parses queued blocks into owned
+/// trees from the first one on. After the scan this thread takes blocks too, builds them
+/// directly, and [`replay`]s the helper's blocks as they arrive (sending them back to be freed
+/// where they were allocated). The builder's work (the Python objects) stays on one thread, most
+/// of the parsing moves off it, and the split adapts to how slow the builder is. Every item is
+/// checked exactly as in the one-thread parse (leaves inline, against the packs). Containers
+/// with fewer items are parsed here item by item, with splitting allowed further down.
 ///
 /// `direct` parses item `i` with the builder, `owned` parses an item into an owned tree,
 /// `replay_one` builds item `i` from that tree; `indexed`: list items, whose index is their key
@@ -1538,27 +1540,66 @@ where
         + Sync,
     FR: Fn(usize, &T) -> std::result::Result<U, String>,
 {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let mut raws: Vec<&'de serde_json::value::RawValue> = Vec::new();
-    while let Some(r) = seq.next_element::<&'de serde_json::value::RawValue>()? {
-        raws.push(r);
-    }
-    let n = raws.len();
-    let big = n >= SPLIT_MIN_ITEMS;
-    // The items of a big container are not split again (one helper per parse).
-    let here = NodeSeed { depth: node.depth, ctx: node.ctx, split: node.split && !big, b: node.b };
-    let parse_here = |i: usize| -> std::result::Result<U, A::Error> {
-        let mut de = serde_json::Deserializer::from_str(raws[i].get());
+    use serde_json::value::RawValue;
+    use std::sync::{Condvar, Mutex, MutexGuard};
+    let parse_here = |i: usize, raw: &RawValue, split: bool| -> std::result::Result<U, A::Error> {
+        let mut de = serde_json::Deserializer::from_str(raw.get());
         de.disable_recursion_limit();
+        let here = NodeSeed { depth: node.depth, ctx: node.ctx, split, b: node.b };
         direct(i, here, &mut de).and_then(|v| de.end().map(|_| v)).map_err(|e| de::Error::custom(item_message(&e)))
     };
-    let cores = std::thread::available_parallelism().map_or(1, |p| p.get());
-    if !big || cores < 2 {
-        return (0..n).map(parse_here).collect();
+    let mut first: Vec<&'de RawValue> = Vec::new();
+    while first.len() < SPLIT_MIN_ITEMS {
+        match seq.next_element::<&'de RawValue>()? {
+            Some(r) => first.push(r),
+            None => break,
+        }
     }
-    let next = AtomicUsize::new(0);
-    let mut out: Vec<Option<U>> = Vec::with_capacity(n);
-    out.resize_with(n, || None);
+    if first.len() < SPLIT_MIN_ITEMS {
+        return first.iter().enumerate().map(|(i, r)| parse_here(i, r, node.split)).collect();
+    }
+    // The items of a big container are not split again (one helper per parse).
+    if std::thread::available_parallelism().map_or(1, |p| p.get()) < 2 {
+        let mut out = Vec::with_capacity(first.len());
+        for (i, r) in first.iter().enumerate() {
+            out.push(parse_here(i, r, false)?);
+        }
+        while let Some(r) = seq.next_element::<&'de RawValue>()? {
+            out.push(parse_here(out.len(), r, false)?);
+        }
+        return Ok(out);
+    }
+
+    /// Blocks of scanned items waiting for a thread, by first index.
+    struct Queue<'de> {
+        jobs: std::collections::VecDeque<(usize, Vec<&'de RawValue>)>,
+        /// The scan is over: no more jobs will come.
+        scanned: bool,
+        /// This thread failed: the helper stops at its next job.
+        stop: bool,
+        /// The helper waits for a job (only then is a push worth a wake-up call).
+        waiting: bool,
+    }
+    let queue = Mutex::new(Queue { jobs: Default::default(), scanned: false, stop: false, waiting: false });
+    let ready = Condvar::new();
+    // A panicking helper is re-raised when the scope joins it; the queue stays usable until then.
+    let lock = || -> MutexGuard<'_, Queue<'de>> { queue.lock().unwrap_or_else(|p| p.into_inner()) };
+    let push = |start: usize, block: Vec<&'de RawValue>| {
+        let mut q = lock();
+        q.jobs.push_back((start, block));
+        let wake = q.waiting;
+        drop(q);
+        if wake {
+            ready.notify_one();
+        }
+    };
+    let finish = |stop: bool| {
+        let mut q = lock();
+        q.scanned = true;
+        q.stop |= stop;
+        drop(q);
+        ready.notify_all();
+    };
     let (depth, file) = (node.depth, node.ctx.file);
     // The helper checks leaves against its own copy of the packs.
     let packs: Option<Option<Vec<PackInfo>>> = node.ctx.packs.map(|p| p.borrow().clone());
@@ -1567,24 +1608,39 @@ where
         // Replayed blocks go back to be freed by the thread that allocated them (a free from
         // another thread is several times slower, and this thread is the busy one).
         let (back_tx, back_rx) = std::sync::mpsc::channel::<Vec<T>>();
-        let (raws, next_ref, owned) = (&raws, &next, &owned);
-        // If no thread can be started, this thread claims every block itself.
-        let _ = std::thread::Builder::new().name("treepack-parse".into()).spawn_scoped(s, move || {
+        let (owned, queue, ready) = (&owned, &queue, &ready);
+        let helper = move || {
             let packs = packs.map(RefCell::new);
             loop {
                 while let Ok(done) = back_rx.try_recv() {
                     drop(done);
                 }
-                let start = next_ref.fetch_add(HELP_BLOCK, Ordering::Relaxed);
-                if start >= n {
+                let job = {
+                    let mut q = queue.lock().unwrap_or_else(|p| p.into_inner());
+                    loop {
+                        if q.stop {
+                            break None;
+                        }
+                        if let Some(j) = q.jobs.pop_front() {
+                            break Some(j);
+                        }
+                        if q.scanned {
+                            break None;
+                        }
+                        q.waiting = true;
+                        q = ready.wait(q).unwrap_or_else(|p| p.into_inner());
+                        q.waiting = false;
+                    }
+                };
+                let Some((start, raws)) = job else {
                     drop(tx);
                     for done in back_rx.iter() {
                         drop(done);
                     }
                     return;
-                }
-                let mut block = Vec::with_capacity(HELP_BLOCK);
-                for (i, raw) in raws.iter().enumerate().take((start + HELP_BLOCK).min(n)).skip(start) {
+                };
+                let mut block = Vec::with_capacity(raws.len());
+                for (i, raw) in (start..).zip(raws) {
                     let path = RefCell::new(Vec::new());
                     let ctx = Ctx { path: &path, packs: packs.as_ref(), file };
                     let mut de = serde_json::Deserializer::from_str(raw.get());
@@ -1602,7 +1658,35 @@ where
                     return;
                 }
             }
-        });
+        };
+        // If no thread can be started, this thread takes every block itself.
+        let _ = std::thread::Builder::new().name("treepack-parse".into()).spawn_scoped(s, helper);
+        // Queue what is scanned so far, then the rest as it is scanned.
+        let mut n = 0;
+        for block in first.chunks(HELP_BLOCK) {
+            push(n, block.to_vec());
+            n += block.len();
+        }
+        let mut scan = || -> std::result::Result<(), A::Error> {
+            let mut block = Vec::with_capacity(HELP_BLOCK);
+            while let Some(r) = seq.next_element::<&'de RawValue>()? {
+                block.push(r);
+                if block.len() == HELP_BLOCK {
+                    push(n, std::mem::replace(&mut block, Vec::with_capacity(HELP_BLOCK)));
+                    n += HELP_BLOCK;
+                }
+            }
+            if !block.is_empty() {
+                n += block.len();
+                push(n - block.len(), block);
+            }
+            Ok(())
+        };
+        let scanned = scan();
+        finish(scanned.is_err());
+        scanned?;
+        let mut out: Vec<Option<U>> = Vec::with_capacity(n);
+        out.resize_with(n, || None);
         let take = |(start, block): HelpedBlock<T>, out: &mut Vec<Option<U>>| -> std::result::Result<(), A::Error> {
             match block {
                 Ok(items) => {
@@ -1627,12 +1711,9 @@ where
                 while let Ok(b) = rx.try_recv() {
                     take(b, &mut out)?;
                 }
-                let start = next.fetch_add(HELP_BLOCK, Ordering::Relaxed);
-                if start >= n {
-                    break;
-                }
-                for (i, slot) in out.iter_mut().enumerate().take((start + HELP_BLOCK).min(n)).skip(start) {
-                    *slot = Some(parse_here(i)?);
+                let Some((start, raws)) = lock().jobs.pop_front() else { break };
+                for (i, raw) in (start..).zip(raws) {
+                    out[i] = Some(parse_here(i, raw, false)?);
                 }
             }
             // The helper's last blocks (the channel closes when it ends).
@@ -1643,13 +1724,12 @@ where
         };
         let res = run();
         if res.is_err() {
-            // Stop the helper at its next claim.
-            next.store(n, Ordering::Relaxed);
+            finish(true);
         }
         drop(back_tx);
-        res
-    })?;
-    out.into_iter().map(|u| u.ok_or_else(|| de::Error::custom("an item was not parsed"))).collect()
+        res?;
+        out.into_iter().map(|u| u.ok_or_else(|| de::Error::custom("an item was not parsed"))).collect()
+    })
 }
 
 /// One step of the key path being parsed, kept only to name the place of an error (indices are

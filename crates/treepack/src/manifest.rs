@@ -1877,6 +1877,17 @@ impl<'de, K: PairKey, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
     }
 }
 
+/// Index of the first dict item whose key names the same path as an earlier one (writers check
+/// with this what readers refuse).
+pub(crate) fn first_duplicate_key<V>(pairs: &[(Key, V)]) -> Option<usize> {
+    first_duplicate(pairs)
+}
+
+/// Index of the first record field or custom child whose name repeats an earlier one.
+pub(crate) fn first_duplicate_name<V>(named: &[(String, V)]) -> Option<usize> {
+    first_duplicate(named)
+}
+
 /// Index of the first pair whose key names the same path as an earlier one. Small containers
 /// (the common case) are compared pairwise; large ones through a hash set of borrowed keys.
 fn first_duplicate<K: PairKey, V>(pairs: &[(K, V)]) -> Option<usize> {

@@ -506,19 +506,35 @@ impl<L> Tree<L> {
         }
     }
 
+    /// Call `f` on every leaf in order, mutably (patching leaves in place costs no new tree).
+    pub fn for_each_leaf_mut(&mut self, f: &mut impl FnMut(&mut L)) {
+        match self {
+            Tree::Leaf(l) => f(l),
+            Tree::List(v) | Tree::Tuple(v) => grow(|| v.iter_mut().for_each(|c| c.for_each_leaf_mut(f))),
+            Tree::Dict(v) => grow(|| v.iter_mut().for_each(|(_, c)| c.for_each_leaf_mut(f))),
+            Tree::Record { fields, .. } => grow(|| fields.iter_mut().for_each(|(_, c)| c.for_each_leaf_mut(f))),
+            Tree::Custom { children, .. } => grow(|| children.iter_mut().for_each(|(_, c)| c.for_each_leaf_mut(f))),
+        }
+    }
+
     /// Number of leaves.
     pub fn leaf_count(&self) -> usize {
-        match self {
-            Tree::Leaf(_) => 1,
-            _ => grow(|| self.children().iter().map(|(_, c)| c.leaf_count()).sum()),
-        }
+        let mut n = 0;
+        self.for_each_leaf_unpathed(&mut |_| n += 1);
+        n
     }
 
     /// Maximum container depth (a lone leaf has depth 0).
     pub fn depth(&self) -> usize {
+        fn deepest<'a, L: 'a>(kids: impl Iterator<Item = &'a Tree<L>>) -> usize {
+            grow(|| kids.map(Tree::depth).max().unwrap_or(0))
+        }
         match self {
             Tree::Leaf(_) => 0,
-            _ => 1 + grow(|| self.children().iter().map(|(_, c)| c.depth()).max().unwrap_or(0)),
+            Tree::List(v) | Tree::Tuple(v) => 1 + deepest(v.iter()),
+            Tree::Dict(v) => 1 + deepest(v.iter().map(|(_, c)| c)),
+            Tree::Record { fields, .. } => 1 + deepest(fields.iter().map(|(_, c)| c)),
+            Tree::Custom { children, .. } => 1 + deepest(children.iter().map(|(_, c)| c)),
         }
     }
 

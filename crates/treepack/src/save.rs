@@ -13,7 +13,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::grid::{self, ChunkGrid, DimSel};
 use crate::hash::Hash32;
-use crate::keypath::{self, Glob, KeyPath};
+use crate::keypath::{self, Glob};
 use crate::manifest::{
     self, ArrayEntry, ArrayStorage, ChunkRef, Entry, Manifest, PackInfo, Stored, MAX_DEPTH, MAX_NDIM,
 };
@@ -104,36 +104,48 @@ struct Pending {
 const UNPLACED: u32 = u32::MAX;
 
 fn check_tree(tree: &Node) -> Result<()> {
-    if tree.depth() > MAX_DEPTH {
-        return Err(Error::limit("tree depth", MAX_DEPTH as u64, "nest containers less deeply"));
-    }
-    let mut err = None;
-    check_unique(tree, &mut KeyPath::root(), &mut err);
-    err.map_or(Ok(()), Err)
+    let mut path = Vec::new();
+    check_node(tree, 0, &mut path)
 }
 
-fn check_unique(t: &Node, path: &mut KeyPath, err: &mut Option<Error>) {
-    if err.is_some() {
-        return;
+/// Depth and key uniqueness in one walk, with no allocation per node: string keys are compared
+/// as they are (two string keys name the same path exactly when they are equal); the key path is
+/// only formatted for an error.
+fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>) -> Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(Error::limit("tree depth", MAX_DEPTH as u64, "nest containers less deeply"));
     }
-    let kids = t.children();
-    if matches!(t, Tree::Dict(_) | Tree::Record { .. } | Tree::Custom { .. }) {
-        let mut seen = HashSet::with_capacity(kids.len());
-        for (s, _) in &kids {
-            let txt = crate::keypath::Segment::from_step(s).text();
-            if !seen.insert(txt.clone()) {
-                *err = Some(Error::invalid_tree(path.to_string(), format!("duplicate key `{txt}`")));
-                return;
-            }
+    let dup = match t {
+        Tree::Leaf(_) => return Ok(()),
+        Tree::List(_) | Tree::Tuple(_) => None,
+        Tree::Dict(pairs) => {
+            manifest::first_duplicate_key(pairs).map(|i| crate::keypath::key_segment_text(&pairs[i].0))
         }
+        Tree::Record { fields: named, .. } | Tree::Custom { children: named, .. } => {
+            manifest::first_duplicate_name(named).map(|i| crate::keypath::name_segment_text(&named[i].0))
+        }
+    };
+    if let Some(txt) = dup {
+        return Err(Error::invalid_tree(keypath::steps_text(path), format!("duplicate key `{txt}`")));
     }
     crate::model::grow(|| {
-        for (s, c) in kids {
-            path.push(crate::keypath::Segment::from_step(&s));
-            check_unique(c, path, err);
+        let visit = |step: Step<'a>, c: &'a Node, path: &mut Vec<Step<'a>>| {
+            path.push(step);
+            let r = check_node(c, depth + 1, path);
             path.pop();
+            r
+        };
+        match t {
+            Tree::Leaf(_) => Ok(()),
+            Tree::List(v) | Tree::Tuple(v) => {
+                v.iter().enumerate().try_for_each(|(i, c)| visit(Step::Index(i), c, path))
+            }
+            Tree::Dict(v) => v.iter().try_for_each(|(k, c)| visit(Step::Key(k), c, path)),
+            Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => {
+                v.iter().try_for_each(|(n, c)| visit(Step::Name(n), c, path))
+            }
         }
-    });
+    })
 }
 
 /// Slice an array into its chunks (zero-copy for contiguous chunks).
@@ -561,38 +573,30 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     };
 
     // Patch placeholders with final refs, and finish previews with min/max.
-    let root: Tree<Entry> = {
-        let r: Result<Tree<Entry>, std::convert::Infallible> = entries.try_map(&mut |_, e| {
-            Ok(match e {
-                Entry::Str(Stored::Blob { size, chunk }) => {
-                    Entry::Str(Stored::Blob { size, chunk: hashed.refs[chunk.offset as usize].clone() })
-                }
-                Entry::Bytes(Stored::Blob { size, chunk }) => {
-                    Entry::Bytes(Stored::Blob { size, chunk: hashed.refs[chunk.offset as usize].clone() })
-                }
-                Entry::Array(mut a) => {
-                    if let ArrayStorage::Chunked { chunks, .. } = &mut a.storage {
-                        let mut mm = None;
-                        for c in chunks.iter_mut() {
-                            let i = c.offset as usize;
-                            mm = preview::combine(mm, hashed.min_max[i]);
-                            *c = hashed.refs[i].clone();
-                        }
-                        if let Some(head) = a.preview.take() {
-                            a.preview = Some(preview::to_json(&a.dtype, head, mm));
-                        }
+    let mut root = entries;
+    let mut leaves = 0usize;
+    root.for_each_leaf_mut(&mut |e| {
+        leaves += 1;
+        match e {
+            Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => {
+                *chunk = hashed.refs[chunk.offset as usize].clone();
+            }
+            Entry::Array(a) => {
+                if let ArrayStorage::Chunked { chunks, .. } = &mut a.storage {
+                    let mut mm = None;
+                    for c in chunks.iter_mut() {
+                        let i = c.offset as usize;
+                        mm = preview::combine(mm, hashed.min_max[i]);
+                        *c = hashed.refs[i].clone();
                     }
-                    Entry::Array(a)
+                    if let Some(head) = a.preview.take() {
+                        a.preview = Some(preview::to_json(&a.dtype, head, mm));
+                    }
                 }
-                e => e,
-            })
-        });
-        match r {
-            Ok(t) => t,
-            Err(e) => match e {},
+            }
+            _ => {}
         }
-    };
-    let leaves = root.leaf_count();
+    });
     let stored: u64 = pack_list.iter().map(|p| p.1).sum();
     let manifest = Manifest {
         version: (manifest::VERSION_MAJOR, manifest::VERSION_MINOR),
@@ -729,6 +733,43 @@ pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcRe
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Int, Key};
+
+    /// The writer refuses what every reader refuses: keys that name one path twice (at any depth,
+    /// string, typed or field names) and trees nested past `MAX_DEPTH`, naming where.
+    #[test]
+    fn check_tree_refuses_duplicate_keys_and_deep_trees() {
+        let leaf = || Node::Leaf(Leaf::None);
+        let refused = |t: &Node| match check_tree(t) {
+            Err(Error::InvalidTree { key, reason }) => format!("{key}: {reason}"),
+            other => panic!("expected InvalidTree, got {other:?}"),
+        };
+        let dup = Tree::Dict(vec![(Key::Str("a".into()), leaf()), (Key::Str("a".into()), leaf())]);
+        assert_eq!(refused(&Node::dict([("x", Node::list([leaf(), dup]))])), "x/1: duplicate key `a`");
+        let ints = Tree::Dict(vec![(Key::Int(Int::Small(1)), leaf()), (Key::Int(Int::Small(1)), leaf())]);
+        assert_eq!(refused(&ints), ": duplicate key `~i1`");
+        let fields = Tree::Record { type_name: "P".into(), fields: vec![("f".into(), leaf()), ("f".into(), leaf())] };
+        assert_eq!(refused(&Node::dict([("r~", fields)])), "r~0: duplicate key `f`");
+        // The same text as a string and as a typed key are different paths; many keys go
+        // through the hash-set comparison.
+        let mixed: Vec<(Key, Node)> = (0..40)
+            .map(|i| (Key::Str(format!("k{i}")), leaf()))
+            .chain([(Key::Str("~i1".into()), leaf()), (Key::Int(Int::Small(1)), leaf())])
+            .collect();
+        assert!(check_tree(&Tree::Dict(mixed.clone())).is_ok());
+        let mut many = mixed;
+        many.push((Key::Str("k39".into()), leaf()));
+        assert_eq!(refused(&Tree::Dict(many)), ": duplicate key `k39`");
+        let mut deep = leaf();
+        for _ in 0..MAX_DEPTH {
+            deep = Node::list([deep]);
+        }
+        assert!(check_tree(&deep).is_ok());
+        match check_tree(&Node::list([deep])) {
+            Err(Error::LimitExceeded { .. }) => {}
+            other => panic!("expected a depth limit error, got {other:?}"),
+        }
+    }
 
     /// Hashing fused with min/max block by block gives exactly the one-pass results, for every
     /// previewed dtype family and lengths that do not divide into blocks.

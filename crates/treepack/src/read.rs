@@ -267,6 +267,10 @@ impl Reader {
                 keys.push(header_key);
             }
             let fetched = self.fetch_keys(keys, opts.mmap, tracker.as_ref()).await?;
+            // While this batch is verified and assembled, let the kernel read the next one.
+            if !opts.mmap && !self.loc.is_remote() {
+                self.advise_next(&jobs[end..], opts.batch_bytes);
+            }
             if check_header {
                 let h = fetched.get(&header_key).map(|b| b.as_ref()).unwrap_or_default();
                 container::check_header(h, &self.manifest_file)?;
@@ -290,6 +294,35 @@ impl Reader {
             start = end;
         }
         Ok(results)
+    }
+
+    /// Ask the kernel to read ahead the chunks of the batch that starts at `next[0]`.
+    fn advise_next(&self, next: &[Job<'_>], batch_bytes: u64) {
+        let mut by_pack: HashMap<u32, Vec<Range<u64>>> = HashMap::new();
+        let mut bytes = 0u64;
+        for j in next {
+            if bytes > 0 && bytes + j.entry.nbytes() > batch_bytes {
+                break;
+            }
+            bytes += j.entry.nbytes();
+            for c in j.entry.chunks() {
+                by_pack.entry(c.pack).or_default().push(c.offset..c.offset + c.length);
+            }
+        }
+        for (pack, mut ranges) in by_pack {
+            // One call per contiguous run of chunks.
+            ranges.sort_unstable_by_key(|r| r.start);
+            let mut runs: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+            for r in ranges {
+                match runs.last_mut() {
+                    Some(last) if r.start <= last.end + 4096 => last.end = last.end.max(r.end),
+                    _ => runs.push(r),
+                }
+            }
+            if let Some(p) = self.manifest.packs.get(pack as usize) {
+                self.loc.will_need(&p.path, &runs);
+            }
+        }
     }
 
     async fn materialize(&self, subtree: &Tree<Entry>, prefix: String, opts: &LoadOptions) -> Result<Node> {

@@ -236,6 +236,11 @@ impl Reader {
             let total = jobs.iter().flat_map(|j| j.entry.chunks()).map(|c| c.length).sum();
             Tracker::new(Some(cb.clone()), total)
         });
+        // A whole local load reads every byte of its packs: let the kernel stream them from the
+        // start, ahead of the batches (the disk then never waits for hashing).
+        if !opts.mmap && !self.loc.is_remote() {
+            self.advise_next(&jobs, u64::MAX);
+        }
         let mut start = 0;
         while start < jobs.len() {
             let mut end = start;
@@ -247,22 +252,36 @@ impl Reader {
             let batch = &jobs[start..end];
             let mut keys: Vec<ChunkKey> = Vec::new();
             for j in batch {
-                match span_of(j.entry) {
-                    // Remote reads of big arrays go chunk by chunk so they can be fetched by
-                    // several requests in parallel (re-coalesced up to `max_request_bytes`).
-                    Some(span)
-                        if !opts.mmap && self.loc.remote_tuning().is_none_or(|t| span.2 <= t.max_request_bytes) =>
-                    {
-                        keys.push(span)
-                    }
-                    _ => keys.extend(j.entry.chunks().iter().map(|c| (c.pack, c.offset, c.length))),
-                }
+                keys.extend(self.job_keys(j, opts.mmap));
             }
             // A single file's header sits right before its first chunk: check it with the first
             // batch of a full load (the range coalesces with that chunk's read, so it costs no extra
             // request; selective loads skip it and read only the selected chunks).
             let header_key = (0u32, 0u64, container::HEADER_LEN);
             let check_header = start == 0 && everything && prefix.is_empty() && self.loc.layout() == Layout::SingleFile;
+            // Local reads of big batches: each leaf is read and verified by one task of the pool,
+            // so one leaf is hashed while the next is read and the disk never waits for a hashing
+            // phase. Batches with a header to check or chunks shared by several leaves (hashed
+            // once for all of them below) take the general path.
+            let fused =
+                !opts.mmap && !check_header && bytes >= PARALLEL_MIN_BYTES && self.loc.local_path().is_some() && {
+                    let mut k = keys.clone();
+                    k.sort_unstable();
+                    k.dedup();
+                    k.len() == keys.len()
+                };
+            if fused {
+                let built = batch
+                    .par_iter()
+                    .map(|j| {
+                        let fetched = self.fetch_keys_blocking(self.job_keys(j, false), tracker.as_ref())?;
+                        Ok((j.id, self.assemble(j, &fetched, opts, opts.verify)?))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                results.extend(built);
+                start = end;
+                continue;
+            }
             if check_header {
                 keys.push(header_key);
             }
@@ -294,6 +313,40 @@ impl Reader {
             start = end;
         }
         Ok(results)
+    }
+
+    /// The byte ranges to read for one leaf: its whole span when its chunks are contiguous
+    /// (remote reads of big arrays go chunk by chunk instead, so several requests can fetch
+    /// them in parallel, re-coalesced up to `max_request_bytes`), else each chunk.
+    fn job_keys(&self, j: &Job<'_>, mmap: bool) -> Vec<ChunkKey> {
+        match span_of(j.entry) {
+            Some(span) if !mmap && self.loc.remote_tuning().is_none_or(|t| span.2 <= t.max_request_bytes) => vec![span],
+            _ => j.entry.chunks().iter().map(|c| (c.pack, c.offset, c.length)).collect(),
+        }
+    }
+
+    /// [`fetch_keys`](Self::fetch_keys) of a local tree, on the calling thread.
+    fn fetch_keys_blocking(&self, keys: Vec<ChunkKey>, progress: Option<&Tracker>) -> Result<HashMap<ChunkKey, Bytes>> {
+        let mut by_pack: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+        for (pack, off, len) in keys {
+            by_pack.entry(pack).or_default().push((off, len));
+        }
+        let mut out = HashMap::new();
+        for (pack, mut ranges) in by_pack {
+            ranges.sort_unstable();
+            ranges.dedup();
+            let rel = &self.manifest.packs[pack as usize].path;
+            let want: Vec<Range<u64>> = ranges.iter().map(|&(o, l)| o..o + l).collect();
+            let got = self
+                .loc
+                .read_ranges_blocking(rel, &want)
+                .unwrap_or_else(|| Err(Error::Serde("internal: a blocking read of a remote pack".into())))?;
+            if let Some(t) = progress {
+                t.advance(got.iter().map(|b| b.len() as u64).sum());
+            }
+            out.extend(ranges.into_iter().zip(got).map(|((o, l), b)| ((pack, o, l), b)));
+        }
+        Ok(out)
     }
 
     /// Ask the kernel to read ahead the chunks of the batch that starts at `next[0]`.

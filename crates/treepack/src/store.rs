@@ -465,6 +465,17 @@ impl Location {
         self.read_remote_ranges(rel, ranges, None).await
     }
 
+    /// [`read_ranges`](Self::read_ranges) on the calling thread, for local files only (`None`
+    /// elsewhere): lets a pool task read a leaf and verify it in one go.
+    pub fn read_ranges_blocking(&self, rel: &str, ranges: &[Range<u64>]) -> Option<Result<Vec<Bytes>>> {
+        if let Some(f) = self.pinned_file(rel) {
+            let p = self.local.clone().unwrap_or_default();
+            return Some(read_file_ranges(f, &p, ranges, &self.stats, &self.file_name(rel)));
+        }
+        let p = self.local_file(rel)?;
+        Some(self.check_no_symlink(rel).and_then(|_| read_local_ranges(&p, ranges, &self.stats, &self.file_name(rel))))
+    }
+
     /// Hint that these ranges of a local file will be read next, so the kernel reads them ahead
     /// while the caller is busy (hashing the batch before). Only a hint: elsewhere, or if
     /// anything fails, nothing happens.

@@ -20,11 +20,17 @@ impl Hash32 {
 
     pub fn to_hex(&self) -> String {
         let mut s = String::with_capacity(64);
-        for b in self.0 {
-            s.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
-            s.push(char::from_digit(u32::from(b & 15), 16).unwrap_or('0'));
-        }
+        self.push_hex(&mut s);
         s
+    }
+
+    /// Append the 64 lowercase hex digits to `s` (no allocation: one per chunk reference).
+    pub fn push_hex(&self, s: &mut String) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for b in self.0 {
+            s.push(char::from(DIGITS[usize::from(b >> 4)]));
+            s.push(char::from(DIGITS[usize::from(b & 15)]));
+        }
     }
 
     /// Parse 64 lowercase hex digits.

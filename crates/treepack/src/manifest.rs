@@ -278,9 +278,7 @@ fn float_text(f: f64) -> String {
 
 fn write_int(s: &mut String, i: &Int) {
     match i {
-        Int::Small(v) => {
-            let _ = write!(s, "{v}");
-        }
+        Int::Small(v) => push_int(s, *v),
         Int::Big(b) => {
             let _ = write!(s, "{{\"t\":\"int\",\"v\":\"{b}\"}}");
         }
@@ -317,16 +315,23 @@ fn write_float_node(s: &mut String, f: f64) {
     }
 }
 
+/// Append a decimal integer (without `fmt`'s machinery: a manifest has one per leaf or more).
+fn push_int(s: &mut String, v: impl itoa::Integer) {
+    s.push_str(itoa::Buffer::new().format(v));
+}
+
 fn write_chunk(s: &mut String, c: &ChunkRef) {
-    let _ = write!(
-        s,
-        "{{\"pack\":{},\"offset\":{},\"length\":{},\"codec\":\"{}\",\"blake3\":\"{}\"}}",
-        c.pack,
-        c.offset,
-        c.length,
-        c.codec.name(),
-        c.hash.to_hex()
-    );
+    s.push_str("{\"pack\":");
+    push_int(s, c.pack);
+    s.push_str(",\"offset\":");
+    push_int(s, c.offset);
+    s.push_str(",\"length\":");
+    push_int(s, c.length);
+    s.push_str(",\"codec\":\"");
+    s.push_str(c.codec.name());
+    s.push_str("\",\"blake3\":\"");
+    c.hash.push_hex(s);
+    s.push_str("\"}");
 }
 
 fn write_u64s(s: &mut String, v: &[u64]) {
@@ -335,7 +340,7 @@ fn write_u64s(s: &mut String, v: &[u64]) {
         if i > 0 {
             s.push(',');
         }
-        let _ = write!(s, "{x}");
+        push_int(s, *x);
     }
     s.push(']');
 }
@@ -435,7 +440,9 @@ fn write_entry(s: &mut String, e: &Entry) {
         }
         Entry::Str(Stored::Inline(v)) => write_str(s, v),
         Entry::Str(Stored::Blob { size, chunk }) => {
-            let _ = write!(s, "{{\"t\":\"str\",\"size\":{size},\"blob\":");
+            s.push_str("{\"t\":\"str\",\"size\":");
+            push_int(s, *size);
+            s.push_str(",\"blob\":");
             write_chunk(s, chunk);
             s.push('}');
         }
@@ -445,7 +452,9 @@ fn write_entry(s: &mut String, e: &Entry) {
             s.push_str("\"}");
         }
         Entry::Bytes(Stored::Blob { size, chunk }) => {
-            let _ = write!(s, "{{\"t\":\"bytes\",\"size\":{size},\"blob\":");
+            s.push_str("{\"t\":\"bytes\",\"size\":");
+            push_int(s, *size);
+            s.push_str(",\"blob\":");
             write_chunk(s, chunk);
             s.push('}');
         }

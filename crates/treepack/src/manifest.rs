@@ -1620,7 +1620,16 @@ where
     let (depth, file) = (node.depth, node.ctx.file);
     // The helper checks leaves against its own copy of the packs.
     let packs: Option<Option<Vec<PackInfo>>> = node.ctx.packs.map(|p| p.borrow().clone());
+    /// Ends the queue when dropped: whichever way this thread leaves the scope (an error, even
+    /// a panic), the helper stops waiting for jobs, so the scope can join it.
+    struct EndQueue<F: Fn(bool)>(F);
+    impl<F: Fn(bool)> Drop for EndQueue<F> {
+        fn drop(&mut self) {
+            (self.0)(true);
+        }
+    }
     std::thread::scope(|s| {
+        let _end = EndQueue(&finish);
         let (tx, rx) = std::sync::mpsc::channel::<HelpedBlock<T>>();
         // Replayed blocks go back to be freed by the thread that allocated them (a free from
         // another thread is several times slower, and this thread is the busy one).
@@ -1741,7 +1750,7 @@ where
         };
         let res = run();
         if res.is_err() {
-            finish(true);
+            finish(true); // the helper stops at its next block
         }
         drop(back_tx);
         res?;

@@ -1359,8 +1359,12 @@ fn manifest_of(
 ) -> PyResult<Option<(treepack::Location, Bytes, String)>> {
     let loc = location(path, storage_options)?;
     let fetched = py.detach(|| {
+        let loc = loc.pin()?;
+        // Local trees are read on this thread (no async runtime to start for them).
+        if let Some(r) = treepack::read::manifest_bytes_local(&loc) {
+            return r.map(|(bytes, file)| (loc, bytes, file));
+        }
         treepack::block_on(async {
-            let loc = loc.pin()?;
             let (bytes, file) = treepack::read::manifest_bytes(&loc).await?;
             Ok::<_, treepack::Error>((loc, bytes, file))
         })
@@ -1436,7 +1440,11 @@ impl LoadBuilder<'_, '_> {
         };
         let reader = treepack::Reader::from_parts(loc.clone(), m, self.file.to_string());
         let opts = LoadOptions { verify: self.verify, ..Default::default() };
-        let mut got = treepack::block_on(reader.fetch_stored_leaves_async(&opts)).map_err(|e| e.to_string())?;
+        let got = match reader.fetch_stored_leaves_local(&opts) {
+            Some(r) => r,
+            None => treepack::block_on(reader.fetch_stored_leaves_async(&opts)),
+        };
+        let mut got = got.map_err(|e| e.to_string())?;
         got.pop().map(|(_, l)| l).ok_or_else(|| "stored leaf not read".to_string())
     }
 }

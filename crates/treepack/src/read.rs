@@ -210,6 +210,35 @@ impl Reader {
         self.fetch_stored(&self.manifest.root, "", &Selection::new::<String>(&[])?, &all).await
     }
 
+    /// [`Reader::fetch_stored_leaves_async`] of a local tree on the calling thread, with no
+    /// async runtime: for the few leaves a one-pass load reads on the spot. `None` when the
+    /// tree is not local.
+    pub fn fetch_stored_leaves_local(&self, opts: &LoadOptions) -> Option<Result<Vec<(usize, Leaf)>>> {
+        self.loc.local_path()?;
+        let mut jobs: Vec<Job<'_>> = Vec::new();
+        let mut id = 0usize;
+        self.manifest.root.for_each_leaf_steps(&mut |p, e| {
+            if !e.chunks().is_empty() {
+                jobs.push(Job { id, path: keypath::steps_text(p), entry: e });
+            }
+            id += 1;
+        });
+        let run = || -> Result<Vec<(usize, Leaf)>> {
+            if self.loc.layout() == Layout::SingleFile {
+                let key = (0u32, 0u64, container::HEADER_LEN);
+                let h = self.fetch_keys_blocking(vec![key], None)?;
+                container::check_header(h.get(&key).map(|b| b.as_ref()).unwrap_or_default(), &self.manifest_file)?;
+            }
+            let mut out = Vec::with_capacity(jobs.len());
+            for j in &jobs {
+                let fetched = self.fetch_keys_blocking(self.job_keys(j, false), None)?;
+                out.push((j.id, self.assemble(j, &fetched, opts, opts.verify)?));
+            }
+            Ok(out)
+        };
+        Some(run())
+    }
+
     /// The selected leaves of `subtree` that live in packs, in tree order (see
     /// [`Reader::fetch_stored_leaves_async`]).
     async fn fetch_stored(
@@ -877,21 +906,37 @@ pub async fn manifest_bytes(loc: &Location) -> Result<(Bytes, String)> {
 }
 
 async fn read_single_manifest(loc: &Location) -> Result<Bytes> {
-    let file = loc.display().to_string();
     let (tail, size) = loc.read_suffix(".", TAIL_READ).await?;
+    match locate_manifest(tail, size, loc.display())? {
+        Tail::Manifest(b) => Ok(b),
+        Tail::Need(r) => loc.read_range(".", r).await,
+    }
+}
+
+/// Where a single file's manifest is, from the file's last bytes.
+enum Tail {
+    /// The tail read holds all of it.
+    Manifest(Bytes),
+    /// It starts before the tail read: this range must be read.
+    Need(Range<u64>),
+}
+
+/// Check a single file's footer (and header, if the tail read covers the whole file) and find
+/// its manifest.
+fn locate_manifest(tail: Bytes, size: u64, file: &str) -> Result<Tail> {
     let min = container::HEADER_LEN + container::FOOTER_LEN;
     if size < min || (tail.len() as u64) < size.min(TAIL_READ) {
         return Err(Error::NotTreepack {
-            file,
+            file: file.to_string(),
             reason: format!("file has {size} bytes, fewer than a header and footer"),
         });
     }
     let tail_len = tail.len() as u64;
     if tail_len == size {
-        container::check_header(&tail[..container::HEADER_LEN as usize], &file)?;
+        container::check_header(&tail[..container::HEADER_LEN as usize], file)?;
     }
     let footer = &tail[tail.len() - container::FOOTER_LEN as usize..];
-    let (off, len) = container::parse_footer(footer, size, &file)?;
+    let (off, len) = container::parse_footer(footer, size, file)?;
     if len > manifest::MAX_MANIFEST_BYTES {
         return Err(Error::limit(
             "manifest size",
@@ -902,10 +947,53 @@ async fn read_single_manifest(loc: &Location) -> Result<Bytes> {
     let tail_start = size - tail_len;
     if off >= tail_start {
         let s = (off - tail_start) as usize;
-        Ok(tail.slice(s..s + len as usize))
+        Ok(Tail::Manifest(tail.slice(s..s + len as usize)))
     } else {
-        loc.read_range(".", off..off + len).await
+        Ok(Tail::Need(off..off + len))
     }
+}
+
+/// [`manifest_bytes`] of a local tree on the calling thread, with no async runtime (a one-shot
+/// local read need not start one: that cost ~1 ms on a process's first load). `None` for
+/// locations that are not local files.
+pub fn manifest_bytes_local(loc: &Location) -> Option<Result<(Bytes, String)>> {
+    loc.local_path()?;
+    let read = |rel: &str, r: Range<u64>| -> Result<Bytes> {
+        let got = loc
+            .read_ranges_blocking(rel, std::slice::from_ref(&r))
+            .unwrap_or_else(|| Err(Error::Serde("internal: not a local file".into())));
+        got.and_then(|mut v| v.pop().ok_or_else(|| Error::Serde("internal: no bytes read".into())))
+    };
+    Some(match loc.layout() {
+        Layout::Directory => {
+            let file = loc.file_name(MANIFEST_NAME);
+            loc.local_size(MANIFEST_NAME).and_then(|size| match size {
+                None => Err(Error::NotFound {
+                    location: loc.display().to_string(),
+                    detail: format!("`{file}` does not exist"),
+                }),
+                Some(n) if n > manifest::MAX_MANIFEST_BYTES => {
+                    Err(Error::limit("file size", manifest::MAX_MANIFEST_BYTES, format!("{file} is {n} bytes")))
+                }
+                Some(n) => read(MANIFEST_NAME, 0..n).map(|b| (b, file)),
+            })
+        }
+        Layout::SingleFile => {
+            let file = loc.display().to_string();
+            (|| {
+                let size = loc.local_size(".")?.ok_or_else(|| Error::NotFound {
+                    location: file.clone(),
+                    detail: "the file does not exist".into(),
+                })?;
+                let tail = read(".", size.saturating_sub(TAIL_READ)..size)?;
+                let b = match locate_manifest(tail, size, &file)? {
+                    Tail::Manifest(b) => b,
+                    Tail::Need(r) => read(".", r)?,
+                };
+                Ok((b, file.clone()))
+            })()
+        }
+    })
 }
 
 /// Open a location and read only its manifest.

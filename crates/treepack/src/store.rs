@@ -465,6 +465,22 @@ impl Location {
         self.read_remote_ranges(rel, ranges, None).await
     }
 
+    /// The size of a local file (`Ok(None)` if it does not exist; `Err` for a symlink or other
+    /// failure). For non-local locations: `Ok(None)`.
+    pub fn local_size(&self, rel: &str) -> Result<Option<u64>> {
+        if let Some(f) = self.pinned_file(rel) {
+            let p = self.local.clone().unwrap_or_default();
+            return f.metadata().map(|m| Some(m.len())).map_err(|e| Error::Io { path: p, source: e });
+        }
+        self.check_no_symlink(rel)?;
+        let Some(p) = self.local_file(rel) else { return Ok(None) };
+        match std::fs::metadata(&p) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::Io { path: p, source: e }),
+        }
+    }
+
     /// [`read_ranges`](Self::read_ranges) on the calling thread, for local files only (`None`
     /// elsewhere): lets a pool task read a leaf and verify it in one go.
     pub fn read_ranges_blocking(&self, rel: &str, ranges: &[Range<u64>]) -> Option<Result<Vec<Bytes>>> {
@@ -810,27 +826,29 @@ fn read_file_ranges(
     file: &str,
 ) -> Result<Vec<Bytes>> {
     use rayon::prelude::*;
-    ranges
-        .par_iter()
-        .map(|r| {
-            let len = usize::try_from(r.end - r.start).map_err(|_| Error::limit("range", u64::MAX, "too large"))?;
-            let mut buf = Vec::new();
-            buf.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { key: file.to_string(), bytes: len as u64 })?;
-            read_exact_at_into(f, &mut buf, len, r.start).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    Error::OutOfBounds {
-                        file: file.to_string(),
-                        key: String::new(),
-                        reason: format!("bytes {}..{} lie past the end of the file (truncated?)", r.start, r.end),
-                    }
-                } else {
-                    Error::Io { path: p.to_path_buf(), source: e }
+    let read_one = |r: &Range<u64>| {
+        let len = usize::try_from(r.end - r.start).map_err(|_| Error::limit("range", u64::MAX, "too large"))?;
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { key: file.to_string(), bytes: len as u64 })?;
+        read_exact_at_into(f, &mut buf, len, r.start).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Error::OutOfBounds {
+                    file: file.to_string(),
+                    key: String::new(),
+                    reason: format!("bytes {}..{} lie past the end of the file (truncated?)", r.start, r.end),
                 }
-            })?;
-            stats.read(len as u64);
-            Ok(Bytes::from(buf))
-        })
-        .collect()
+            } else {
+                Error::Io { path: p.to_path_buf(), source: e }
+            }
+        })?;
+        stats.read(len as u64);
+        Ok(Bytes::from(buf))
+    };
+    // One range (a manifest, a small leaf) is read right here: no pool to wake.
+    if ranges.len() == 1 {
+        return ranges.iter().map(read_one).collect();
+    }
+    ranges.par_iter().map(read_one).collect()
 }
 
 /// Read exactly `len` bytes at `offset` into the empty `buf` (capacity at least `len`). On Unix

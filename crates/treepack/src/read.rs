@@ -114,6 +114,8 @@ const TAIL_READ: u64 = 64 << 10;
 
 /// Batches with less chunk data than this are assembled on the calling thread.
 const PARALLEL_MIN_BYTES: u64 = 4 << 20;
+/// Batches a local load asks the kernel to read ahead (with `batch_bytes` of 64 MiB: 256 MiB).
+const READ_AHEAD_BATCHES: u64 = 4;
 
 impl Reader {
     /// Open the tree at a location (one request for a directory's manifest; one ranged read of
@@ -265,13 +267,14 @@ impl Reader {
             let total = jobs.iter().flat_map(|j| j.entry.chunks()).map(|c| c.length).sum();
             Tracker::new(Some(cb.clone()), total)
         });
-        // A whole local load reads every byte of its packs: let the kernel stream them from the
-        // start, ahead of the batches (the disk then never waits for hashing).
-        if !opts.mmap && !self.loc.is_remote() {
-            self.advise_next(&jobs, u64::MAX);
-        }
         let mut start = 0;
         while start < jobs.len() {
+            // The kernel reads the chunks of this batch and the next few while this one is read
+            // and verified: the disk never waits for a hashing phase, and a window (not the whole
+            // tree) keeps a load larger than memory from evicting what it is about to read.
+            if !opts.mmap && !self.loc.is_remote() {
+                self.advise_ahead(&jobs[start..], opts.batch_bytes.saturating_mul(READ_AHEAD_BATCHES));
+            }
             let mut end = start;
             let mut bytes = 0u64;
             while end < jobs.len() && (end == start || bytes + jobs[end].entry.nbytes() <= opts.batch_bytes) {
@@ -315,10 +318,6 @@ impl Reader {
                 keys.push(header_key);
             }
             let fetched = self.fetch_keys(keys, opts.mmap, tracker.as_ref()).await?;
-            // While this batch is verified and assembled, let the kernel read the next one.
-            if !opts.mmap && !self.loc.is_remote() {
-                self.advise_next(&jobs[end..], opts.batch_bytes);
-            }
             if check_header {
                 let h = fetched.get(&header_key).map(|b| b.as_ref()).unwrap_or_default();
                 container::check_header(h, &self.manifest_file)?;
@@ -378,12 +377,13 @@ impl Reader {
         Ok(out)
     }
 
-    /// Ask the kernel to read ahead the chunks of the batch that starts at `next[0]`.
-    fn advise_next(&self, next: &[Job<'_>], batch_bytes: u64) {
+    /// Ask the kernel to read ahead the chunks of the leaves from `next[0]` on, up to `limit`
+    /// bytes of them (chunks already cached cost one cheap call per contiguous run).
+    fn advise_ahead(&self, next: &[Job<'_>], limit: u64) {
         let mut by_pack: HashMap<u32, Vec<Range<u64>>> = HashMap::new();
         let mut bytes = 0u64;
         for j in next {
-            if bytes > 0 && bytes + j.entry.nbytes() > batch_bytes {
+            if bytes > 0 && bytes + j.entry.nbytes() > limit {
                 break;
             }
             bytes += j.entry.nbytes();

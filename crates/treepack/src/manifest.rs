@@ -1573,7 +1573,15 @@ where
         }
     }
     if first.len() < SPLIT_MIN_ITEMS {
-        return first.iter().enumerate().map(|(i, r)| parse_here(i, r, node.split)).collect();
+        // A small container: only an item holding most of its bytes (a wrapper's payload) may
+        // be split further down; scanning every mid-size item again would cost a second
+        // tokenization of most of the manifest for nothing.
+        let total: usize = first.iter().map(|r| r.get().len()).sum();
+        return first
+            .iter()
+            .enumerate()
+            .map(|(i, r)| parse_here(i, r, node.split && r.get().len() * 2 > total))
+            .collect();
     }
     // The items of a big container are not split again (one helper per parse).
     if std::thread::available_parallelism().map_or(1, |p| p.get()) < 2 {
@@ -2345,8 +2353,14 @@ mod tests {
 
     #[test]
     fn helped_build_equals_the_one_thread_build() {
-        for keyed in [false, true] {
-            let bytes = encode(&big(keyed), &serde_json::json!({}));
+        // The big container at the root, one level down in a root dict, and as the dominant
+        // item of a small root list (the only item of a small container that is split further).
+        let mut wrapped = big(true);
+        let Tree::Dict(mut opt) = wrapped.root else { unreachable!("big(true) is a dict") };
+        let payload = opt.pop().map(|(_, t)| t).unwrap_or(Tree::Leaf(Entry::None));
+        wrapped.root = Tree::List(vec![Tree::Leaf(Entry::Int(Int::Small(1))), payload]);
+        for m in [big(false), big(true), wrapped] {
+            let bytes = encode(&m, &serde_json::json!({}));
             assert!(bytes.len() >= SPLIT_MIN_BYTES, "{}", bytes.len());
             let (one, helped) = (Helped::new(), Helped::new());
             let a = build_one_thread(&bytes, "t", &one).unwrap();

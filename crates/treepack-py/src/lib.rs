@@ -73,7 +73,9 @@ impl AsRef<[u8]> for NumpyOwner {
 /// arrays, no copy) or shared/mmap'd bytes (read-only views). Only held to keep memory alive.
 #[allow(dead_code)]
 enum Memory {
-    Owned(Box<[u8]>),
+    /// A buffer only this array uses (kept as `BytesMut`: a leaf read around the page cache
+    /// starts inside its allocation, and turning it into a `Vec` would move every byte).
+    Owned(bytes::BytesMut),
     Shared(Bytes),
 }
 
@@ -622,9 +624,9 @@ impl<'py> Decoder<'py> {
             let ptr = bytes.as_ptr() as *mut u8;
             (BytesOwner(Memory::Shared(bytes)), ptr, 0)
         } else {
-            let mut boxed: Box<[u8]> = match bytes.try_into_mut() {
-                Ok(m) => Vec::from(m).into_boxed_slice(),
-                Err(b) => b.to_vec().into_boxed_slice(),
+            let mut boxed = match bytes.try_into_mut() {
+                Ok(m) => m,
+                Err(b) => bytes::BytesMut::from(&b[..]),
             };
             let ptr = boxed.as_mut_ptr();
             (BytesOwner(Memory::Owned(boxed)), ptr, npyffi::NPY_ARRAY_WRITEABLE)
@@ -1421,6 +1423,12 @@ struct LoadBuilder<'py, 'a> {
 /// Distinct stored leaves a one-pass load reads on the spot before it hands over to the Reader.
 const ONE_PASS_FETCHES: usize = 16;
 
+/// A one-pass load reads stored leaves on the spot only from packs holding at most this much
+/// in all. Handing over to the Reader discards what was read, and the Reader reads big trees
+/// in parallel batches with read-ahead: a checkpoint's first 16 arrays read one by one, then
+/// again, cost a cold W1 load a quarter of its time.
+const ONE_PASS_PACK_BYTES: u64 = 16 << 20;
+
 impl LoadBuilder<'_, '_> {
     /// Read one stored leaf (verified) through a one-leaf manifest.
     fn fetch(&self, e: Entry) -> Result<Leaf, String> {
@@ -1479,6 +1487,9 @@ impl<'py> treepack::manifest::Build for LoadBuilder<'py, '_> {
         Ok(v)
     }
     fn packs(&self, packs: &[treepack::manifest::PackInfo]) {
+        if packs.iter().map(|p| p.size).fold(0u64, u64::saturating_add) > ONE_PASS_PACK_BYTES {
+            self.fetches_left.set(0);
+        }
         if packs.iter().all(|p| self.layout.allows_pack(&p.path)) {
             *self.packs.borrow_mut() = Some(packs.to_vec());
         }

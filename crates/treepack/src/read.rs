@@ -14,7 +14,7 @@ use crate::manifest::{self, ArrayEntry, ArrayStorage, ChunkRef, Entry, LeafInfo,
 use crate::model::{ArrayData, Leaf, Node, Tree};
 use crate::progress::Tracker;
 use crate::runtime::block_on;
-use crate::store::{Layout, Location, MANIFEST_NAME};
+use crate::store::{Layout, Location, ReadMode, DIRECT_MIN_BYTES, MANIFEST_NAME};
 use bytes::Bytes;
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
@@ -114,6 +114,8 @@ const TAIL_READ: u64 = 64 << 10;
 
 /// Batches with less chunk data than this are assembled on the calling thread.
 const PARALLEL_MIN_BYTES: u64 = 4 << 20;
+/// Most threads one whole local load reads with (see [`Reader::fetch_local_whole`]).
+const MAX_READ_THREADS: usize = 32;
 /// Batches a local load asks the kernel to read ahead (with `batch_bytes` of 64 MiB: 256 MiB).
 const READ_AHEAD_BATCHES: u64 = 4;
 
@@ -228,12 +230,12 @@ impl Reader {
         let run = || -> Result<Vec<(usize, Leaf)>> {
             if self.loc.layout() == Layout::SingleFile {
                 let key = (0u32, 0u64, container::HEADER_LEN);
-                let h = self.fetch_keys_blocking(vec![key], None)?;
+                let h = self.fetch_keys_blocking(vec![key], None, ReadMode::Buffered)?;
                 container::check_header(h.get(&key).map(|b| b.as_ref()).unwrap_or_default(), &self.manifest_file)?;
             }
             let mut out = Vec::with_capacity(jobs.len());
             for j in &jobs {
-                let fetched = self.fetch_keys_blocking(self.job_keys(j, false), None)?;
+                let fetched = self.fetch_keys_blocking(self.job_keys(j, false), None, ReadMode::Buffered)?;
                 out.push((j.id, self.assemble(j, &fetched, opts, opts.verify)?));
             }
             Ok(out)
@@ -267,11 +269,19 @@ impl Reader {
             let total = jobs.iter().flat_map(|j| j.entry.chunks()).map(|c| c.length).sum();
             Tracker::new(Some(cb.clone()), total)
         });
+        let header_key = (0u32, 0u64, container::HEADER_LEN);
+        // A single file's header sits right before its first chunk: a full load checks it (the
+        // batched path with its first batch, where the range coalesces with that chunk's read
+        // and costs no extra request); selective loads skip it and read only the selected chunks.
+        let check_header = everything && prefix.is_empty() && self.loc.layout() == Layout::SingleFile;
+        if let Some(done) = self.fetch_local_whole(&jobs, opts, tracker.as_ref(), check_header)? {
+            return Ok(done);
+        }
         let mut start = 0;
         while start < jobs.len() {
-            // The kernel reads the chunks of this batch and the next few while this one is read
-            // and verified: the disk never waits for a hashing phase, and a window (not the whole
-            // tree) keeps a load larger than memory from evicting what it is about to read.
+            // The kernel reads the chunks of this batch and the next few while this one is
+            // verified and built, and a window (not the whole tree) keeps a load larger than
+            // memory from evicting what it is about to read.
             if !opts.mmap && !self.loc.is_remote() {
                 self.advise_ahead(&jobs[start..], opts.batch_bytes.saturating_mul(READ_AHEAD_BATCHES));
             }
@@ -286,34 +296,7 @@ impl Reader {
             for j in batch {
                 keys.extend(self.job_keys(j, opts.mmap));
             }
-            // A single file's header sits right before its first chunk: check it with the first
-            // batch of a full load (the range coalesces with that chunk's read, so it costs no extra
-            // request; selective loads skip it and read only the selected chunks).
-            let header_key = (0u32, 0u64, container::HEADER_LEN);
-            let check_header = start == 0 && everything && prefix.is_empty() && self.loc.layout() == Layout::SingleFile;
-            // Local reads of big batches: each leaf is read and verified by one task of the pool,
-            // so one leaf is hashed while the next is read and the disk never waits for a hashing
-            // phase. Batches with a header to check or chunks shared by several leaves (hashed
-            // once for all of them below) take the general path.
-            let fused =
-                !opts.mmap && !check_header && bytes >= PARALLEL_MIN_BYTES && self.loc.local_path().is_some() && {
-                    let mut k = keys.clone();
-                    k.sort_unstable();
-                    k.dedup();
-                    k.len() == keys.len()
-                };
-            if fused {
-                let built = batch
-                    .par_iter()
-                    .map(|j| {
-                        let fetched = self.fetch_keys_blocking(self.job_keys(j, false), tracker.as_ref())?;
-                        Ok((j.id, self.assemble(j, &fetched, opts, opts.verify)?))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                results.extend(built);
-                start = end;
-                continue;
-            }
+            let check_header = check_header && start == 0;
             if check_header {
                 keys.push(header_key);
             }
@@ -343,6 +326,85 @@ impl Reader {
         Ok(results)
     }
 
+    /// A whole local load of big leaves (90 % of the bytes in leaves of 1 MiB or more) that
+    /// share no chunk: each leaf is read and verified by
+    /// one thread, several leaves at a time, uncached bytes straight from the device
+    /// ([`ReadMode::CachedOrDirect`]). Twice as many threads as cores, because a thread waiting
+    /// for the device needs no core: while some wait, the others hash (hashing of big leaves
+    /// goes to the pool), so the device never waits for a hashing phase and there is no kernel
+    /// read-ahead to pay for twice. `Ok(None)` when this does not apply (mmap, remote, little
+    /// data, shared chunks): the batched path then reads.
+    fn fetch_local_whole(
+        &self,
+        jobs: &[Job<'_>],
+        opts: &LoadOptions,
+        tracker: Option<&Tracker>,
+        check_header: bool,
+    ) -> Result<Option<Vec<(usize, Leaf)>>> {
+        if opts.mmap || self.loc.local_path().is_none() {
+            return Ok(None);
+        }
+        // Mostly big leaves (a checkpoint's matrices next to its biases and norms): the small
+        // ones, read through the cache, are hinted to the kernel up front.
+        let total: u64 = jobs.iter().map(|j| j.entry.nbytes()).fold(0, u64::saturating_add);
+        let is_small = |j: &&Job<'_>| j.entry.nbytes() < DIRECT_MIN_BYTES as u64;
+        let small: u64 = jobs.iter().filter(is_small).map(|j| j.entry.nbytes()).sum();
+        if total < PARALLEL_MIN_BYTES || small > total / 10 {
+            return Ok(None);
+        }
+        let mut keys: Vec<ChunkKey> = jobs.iter().flat_map(|j| self.job_keys(j, false)).collect();
+        let n = keys.len();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.len() != n {
+            return Ok(None);
+        }
+        if check_header {
+            let key = (0u32, 0u64, container::HEADER_LEN);
+            let h = self.fetch_keys_blocking(vec![key], None, ReadMode::Buffered)?;
+            container::check_header(h.get(&key).map(|b| b.as_ref()).unwrap_or_default(), &self.manifest_file)?;
+        }
+        if small > 0 {
+            let small_jobs: Vec<Job<'_>> =
+                jobs.iter().filter(is_small).map(|j| Job { id: j.id, path: String::new(), entry: j.entry }).collect();
+            self.advise_ahead(&small_jobs, opts.batch_bytes.saturating_mul(READ_AHEAD_BATCHES));
+        }
+        let threads = (rayon::current_num_threads() * 2).clamp(2, MAX_READ_THREADS).min(jobs.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let slots: Vec<std::sync::OnceLock<Result<Leaf>>> = jobs.iter().map(|_| std::sync::OnceLock::new()).collect();
+        let work = || {
+            use std::sync::atomic::Ordering::Relaxed;
+            while !failed.load(Relaxed) {
+                let i = next.fetch_add(1, Relaxed);
+                let Some(j) = jobs.get(i) else { break };
+                let got = self
+                    .fetch_keys_blocking(self.job_keys(j, false), tracker, ReadMode::CachedOrDirect)
+                    .and_then(|fetched| self.assemble(j, &fetched, opts, opts.verify));
+                failed.fetch_or(got.is_err(), Relaxed);
+                let _ = slots[i].set(got);
+            }
+        };
+        std::thread::scope(|s| {
+            for _ in 1..threads {
+                s.spawn(work);
+            }
+            work();
+        });
+        let mut out = Vec::with_capacity(jobs.len());
+        for (j, slot) in jobs.iter().zip(slots) {
+            match slot.into_inner() {
+                Some(got) => out.push((j.id, got?)),
+                // Not reached: a leaf failed (its error is returned) and the threads stopped.
+                None => continue,
+            }
+        }
+        if out.len() != jobs.len() {
+            return Err(Error::Serde("internal: a whole load stopped without an error".into()));
+        }
+        Ok(Some(out))
+    }
+
     /// The byte ranges to read for one leaf: its whole span when its chunks are contiguous
     /// (remote reads of big arrays go chunk by chunk instead, so several requests can fetch
     /// them in parallel, re-coalesced up to `max_request_bytes`), else each chunk.
@@ -354,7 +416,12 @@ impl Reader {
     }
 
     /// [`fetch_keys`](Self::fetch_keys) of a local tree, on the calling thread.
-    fn fetch_keys_blocking(&self, keys: Vec<ChunkKey>, progress: Option<&Tracker>) -> Result<HashMap<ChunkKey, Bytes>> {
+    fn fetch_keys_blocking(
+        &self,
+        keys: Vec<ChunkKey>,
+        progress: Option<&Tracker>,
+        mode: ReadMode,
+    ) -> Result<HashMap<ChunkKey, Bytes>> {
         let mut by_pack: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
         for (pack, off, len) in keys {
             by_pack.entry(pack).or_default().push((off, len));
@@ -367,7 +434,7 @@ impl Reader {
             let want: Vec<Range<u64>> = ranges.iter().map(|&(o, l)| o..o + l).collect();
             let got = self
                 .loc
-                .read_ranges_blocking(rel, &want)
+                .read_ranges_blocking(rel, &want, mode)
                 .unwrap_or_else(|| Err(Error::Serde("internal: a blocking read of a remote pack".into())))?;
             if let Some(t) = progress {
                 t.advance(got.iter().map(|b| b.len() as u64).sum());
@@ -960,7 +1027,7 @@ pub fn manifest_bytes_local(loc: &Location) -> Option<Result<(Bytes, String)>> {
     loc.local_path()?;
     let read = |rel: &str, r: Range<u64>| -> Result<Bytes> {
         let got = loc
-            .read_ranges_blocking(rel, std::slice::from_ref(&r))
+            .read_ranges_blocking(rel, std::slice::from_ref(&r), ReadMode::Buffered)
             .unwrap_or_else(|| Err(Error::Serde("internal: not a local file".into())));
         got.and_then(|mut v| v.pop().ok_or_else(|| Error::Serde("internal: no bytes read".into())))
     };

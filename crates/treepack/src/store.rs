@@ -10,6 +10,9 @@
 //! Every read and write is counted in [`IoStats`], which tests use to prove partial loads touch
 //! only the bytes they need.
 
+#[cfg(target_os = "linux")]
+mod direct;
+
 use crate::error::{Error, Result};
 use crate::progress::Tracker;
 use bytes::Bytes;
@@ -450,17 +453,21 @@ impl Location {
         }
         if let Some(f) = self.pinned_file(rel).cloned() {
             let (stats, file, p) = (self.stats.clone(), self.file_name(rel), self.local.clone().unwrap_or_default());
-            return tokio::task::spawn_blocking(move || read_file_ranges(&f, &p, &ranges, &stats, &file))
-                .await
-                .map_err(|e| Error::Serde(format!("read task failed: {e}")))?;
+            return tokio::task::spawn_blocking(move || {
+                read_file_ranges(&f, &p, &ranges, &stats, &file, ReadMode::Buffered)
+            })
+            .await
+            .map_err(|e| Error::Serde(format!("read task failed: {e}")))?;
         }
         self.check_no_symlink(rel)?;
         if let Some(p) = self.local_file(rel) {
             let stats = self.stats.clone();
             let file = self.file_name(rel);
-            return tokio::task::spawn_blocking(move || read_local_ranges(&p, &ranges, &stats, &file))
-                .await
-                .map_err(|e| Error::Serde(format!("read task failed: {e}")))?;
+            return tokio::task::spawn_blocking(move || {
+                read_local_ranges(&p, &ranges, &stats, &file, ReadMode::Buffered)
+            })
+            .await
+            .map_err(|e| Error::Serde(format!("read task failed: {e}")))?;
         }
         self.read_remote_ranges(rel, ranges, None).await
     }
@@ -482,14 +489,17 @@ impl Location {
     }
 
     /// [`read_ranges`](Self::read_ranges) on the calling thread, for local files only (`None`
-    /// elsewhere): lets a pool task read a leaf and verify it in one go.
-    pub fn read_ranges_blocking(&self, rel: &str, ranges: &[Range<u64>]) -> Option<Result<Vec<Bytes>>> {
+    /// elsewhere): lets a thread read a leaf and verify it in one go.
+    pub fn read_ranges_blocking(&self, rel: &str, ranges: &[Range<u64>], mode: ReadMode) -> Option<Result<Vec<Bytes>>> {
         if let Some(f) = self.pinned_file(rel) {
             let p = self.local.clone().unwrap_or_default();
-            return Some(read_file_ranges(f, &p, ranges, &self.stats, &self.file_name(rel)));
+            return Some(read_file_ranges(f, &p, ranges, &self.stats, &self.file_name(rel), mode));
         }
         let p = self.local_file(rel)?;
-        Some(self.check_no_symlink(rel).and_then(|_| read_local_ranges(&p, ranges, &self.stats, &self.file_name(rel))))
+        Some(
+            self.check_no_symlink(rel)
+                .and_then(|_| read_local_ranges(&p, ranges, &self.stats, &self.file_name(rel), mode)),
+        )
     }
 
     /// Hint that these ranges of a local file will be read next, so the kernel reads them ahead
@@ -802,7 +812,13 @@ fn normalize_local(p: &Path) -> PathBuf {
     out
 }
 
-fn read_local_ranges(p: &Path, ranges: &[Range<u64>], stats: &IoStats, file: &str) -> Result<Vec<Bytes>> {
+fn read_local_ranges(
+    p: &Path,
+    ranges: &[Range<u64>],
+    stats: &IoStats,
+    file: &str,
+    mode: ReadMode,
+) -> Result<Vec<Bytes>> {
     let f = std::fs::File::open(p).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             Error::NotFound {
@@ -815,7 +831,7 @@ fn read_local_ranges(p: &Path, ranges: &[Range<u64>], stats: &IoStats, file: &st
             Error::Io { path: p.to_path_buf(), source: e }
         }
     })?;
-    read_file_ranges(&f, p, ranges, stats, file)
+    read_file_ranges(&f, p, ranges, stats, file, mode)
 }
 
 fn read_file_ranges(
@@ -824,23 +840,31 @@ fn read_file_ranges(
     ranges: &[Range<u64>],
     stats: &IoStats,
     file: &str,
+    mode: ReadMode,
 ) -> Result<Vec<Bytes>> {
     use rayon::prelude::*;
     let read_one = |r: &Range<u64>| {
         let len = usize::try_from(r.end - r.start).map_err(|_| Error::limit("range", u64::MAX, "too large"))?;
+        let io_err = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::OutOfBounds {
+                file: file.to_string(),
+                key: String::new(),
+                reason: format!("bytes {}..{} lie past the end of the file (truncated?)", r.start, r.end),
+            },
+            std::io::ErrorKind::OutOfMemory => Error::OutOfMemory { key: file.to_string(), bytes: len as u64 },
+            _ => Error::Io { path: p.to_path_buf(), source: e },
+        };
+        #[cfg(target_os = "linux")]
+        if mode == ReadMode::CachedOrDirect && len >= DIRECT_MIN_BYTES {
+            let b = direct::read_at(f, len, r.start).map_err(io_err)?;
+            stats.read(len as u64);
+            return Ok(b);
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = mode;
         let mut buf = Vec::new();
         buf.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { key: file.to_string(), bytes: len as u64 })?;
-        read_exact_at_into(f, &mut buf, len, r.start).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                Error::OutOfBounds {
-                    file: file.to_string(),
-                    key: String::new(),
-                    reason: format!("bytes {}..{} lie past the end of the file (truncated?)", r.start, r.end),
-                }
-            } else {
-                Error::Io { path: p.to_path_buf(), source: e }
-            }
-        })?;
+        read_exact_at_into(f, &mut buf, len, r.start).map_err(io_err)?;
         stats.read(len as u64);
         Ok(Bytes::from(buf))
     };
@@ -849,6 +873,22 @@ fn read_file_ranges(
         return ranges.iter().map(read_one).collect();
     }
     ranges.par_iter().map(read_one).collect()
+}
+
+/// Ranges shorter than this are read through the page cache even in
+/// [`ReadMode::CachedOrDirect`]: the kernel's read-ahead serves small reads better, and the
+/// alignment slack of a direct read would be a large share of them.
+pub(crate) const DIRECT_MIN_BYTES: usize = 1 << 20;
+
+/// How a blocking local read treats the page cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadMode {
+    /// Through the page cache (small reads, and reads the kernel was told to read ahead).
+    Buffered,
+    /// Big ranges (1 MiB and more): what is cached from the cache, the rest straight from the
+    /// device into the buffer (`O_DIRECT` on Linux; elsewhere the same as `Buffered`). For
+    /// whole loads, where each byte is read once and a second copy in the cache only costs.
+    CachedOrDirect,
 }
 
 /// Read exactly `len` bytes at `offset` into the empty `buf` (capacity at least `len`). On Unix

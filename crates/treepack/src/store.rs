@@ -57,6 +57,9 @@ pub struct IoStats {
     pub bytes_read: AtomicU64,
     pub write_requests: AtomicU64,
     pub bytes_written: AtomicU64,
+    /// Of `bytes_read`, those read straight from the device around the page cache
+    /// ([`ReadMode::CachedOrDirect`]).
+    pub bytes_read_direct: AtomicU64,
 }
 
 impl IoStats {
@@ -72,8 +75,13 @@ impl IoStats {
     pub fn write_requests(&self) -> u64 {
         self.write_requests.load(Ordering::Relaxed)
     }
+    pub fn bytes_read_direct(&self) -> u64 {
+        self.bytes_read_direct.load(Ordering::Relaxed)
+    }
     pub fn reset(&self) {
-        for c in [&self.read_requests, &self.bytes_read, &self.write_requests, &self.bytes_written] {
+        for c in
+            [&self.read_requests, &self.bytes_read, &self.write_requests, &self.bytes_written, &self.bytes_read_direct]
+        {
             c.store(0, Ordering::Relaxed);
         }
     }
@@ -856,8 +864,11 @@ fn read_file_ranges(
         };
         #[cfg(target_os = "linux")]
         if mode == ReadMode::CachedOrDirect && len >= DIRECT_MIN_BYTES {
-            let b = direct::read_at(f, len, r.start).map_err(io_err)?;
+            let (b, direct) = direct::read_at(f, len, r.start).map_err(io_err)?;
             stats.read(len as u64);
+            if direct {
+                stats.bytes_read_direct.fetch_add(len as u64, Ordering::Relaxed);
+            }
             return Ok(b);
         }
         #[cfg(not(target_os = "linux"))]

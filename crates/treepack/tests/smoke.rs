@@ -66,3 +66,88 @@ fn local_reads_without_the_runtime_equal_the_async_reads() {
     let loc = cut.to_str().unwrap().into_location().unwrap().pin().unwrap();
     assert!(matches!(read::manifest_bytes_local(&loc), Some(Err(_))));
 }
+
+/// Drop a saved tree's pages from the page cache (the files are synced by `save`).
+#[cfg(target_os = "linux")]
+fn evict(p: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    let files: Vec<std::path::PathBuf> = if p.is_dir() { walk(p) } else { vec![p.to_path_buf()] };
+    for f in files {
+        let f = std::fs::File::open(f).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: an advisory call on an open descriptor.
+        assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn walk(d: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(d).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A whole load of big leaves that are not in the page cache reads them straight from the disk
+/// (where the kernel can tell what is cached: `cachestat`, Linux 6.5) and gets exactly what a
+/// cached load gets, in buffers aligned as in the file; a cached load never goes around the
+/// cache; a damaged byte in an uncached leaf is still caught.
+#[cfg(target_os = "linux")]
+#[test]
+fn cold_whole_loads_read_around_the_cache_and_equal_cached_loads() {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = release.split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u32>().ok());
+    let can_tell = (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (6, 5);
+    // On the disk the tests build on, not a tmpfs /tmp (nothing there is ever uncached).
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut pairs: Vec<(String, Node)> = (0..6)
+        .map(|i| {
+            let v: Vec<f32> = (0..384 * 1024).map(|j| (i * 1_000_000 + j) as f32).collect();
+            (format!("w{i}"), Node::from(f32s(&v, vec![384, 1024])))
+        })
+        .collect();
+    pairs.push(("bias".into(), Node::from(f32s(&[1.0, 2.0, 3.0], vec![3]))));
+    pairs.push(("step".into(), Node::from(7i64)));
+    let tree = Node::dict(pairs);
+    for name in ["d", "f.tpk"] {
+        let path = dir.path().join(name);
+        let p = path.to_str().unwrap();
+        save(&tree, p, &SaveOptions::default()).unwrap();
+        let r = open(p).unwrap();
+        let warm = r.load(&LoadOptions::default()).unwrap();
+        assert!(warm.exact_eq(&tree), "{name}");
+        assert_eq!(r.location().stats().bytes_read_direct(), 0, "{name}: a cached load stays in the cache");
+
+        evict(&path);
+        let r = open(p).unwrap();
+        let cold = r.load(&LoadOptions::default()).unwrap();
+        assert!(cold.exact_eq(&tree), "{name}");
+        if can_tell {
+            assert!(r.location().stats().bytes_read_direct() >= 6 * 384 * 1024 * 4, "{name}");
+        }
+        let Tree::Dict(items) = &cold else { panic!("a dict") };
+        for (_, n) in items {
+            match n {
+                Tree::Leaf(Leaf::Array(a)) if a.bytes().len() >= 1 << 20 => {
+                    assert_eq!(a.bytes().as_ptr() as usize % 64, 0, "{name}: array data aligned as in the file")
+                }
+                _ => {}
+            }
+        }
+    }
+    // One flipped byte in the middle of an uncached array is a corrupt chunk, not wrong data.
+    let path = dir.path().join("f.tpk");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() / 3;
+    bytes[at] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    evict(&path);
+    let e = load(path.to_str().unwrap(), &LoadOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::ChunkCorrupt { .. }), "{e}");
+}

@@ -24,12 +24,12 @@ const ALIGN: usize = 4096;
 /// Read exactly `len` bytes of `f` at `offset` into a fresh buffer (see the module docs). The
 /// bytes start at a 4096-aligned boundary plus `offset % 4096` inside their allocation, so the
 /// returned `Bytes` is a slice of a uniquely owned `Vec` (convertible to `BytesMut` without a
-/// copy).
+/// copy), and whether any of them came straight from the device.
 ///
 /// # Errors
 /// `UnexpectedEof` when the file ends before `offset + len`, `OutOfMemory` when the buffer
 /// cannot be allocated, other I/O errors as the kernel reports them.
-pub(crate) fn read_at(f: &File, len: usize, offset: u64) -> io::Result<Bytes> {
+pub(crate) fn read_at(f: &File, len: usize, offset: u64) -> io::Result<(Bytes, bool)> {
     let lead = (offset % ALIGN as u64) as usize;
     let span = (lead + len).div_ceil(ALIGN) * ALIGN;
     let mut buf: Vec<u8> = Vec::new();
@@ -38,12 +38,12 @@ pub(crate) fn read_at(f: &File, len: usize, offset: u64) -> io::Result<Bytes> {
     let base = buf.as_ptr().align_offset(ALIGN);
     if base + span > buf.capacity() {
         // align_offset may decline to compute: no direct read then.
-        return finish(f, buf, 0, 0, len, offset);
+        return finish(f, buf, 0, 0, len, offset).map(|b| (b, false));
     }
     let start = base + lead;
     // Mostly cached (or unknown): the page cache serves it.
     if cached_share(f, offset, len).is_none_or(|c| c >= 0.5) {
-        return finish(f, buf, start, 0, len, offset);
+        return finish(f, buf, start, 0, len, offset).map(|b| (b, false));
     }
     let ptr = buf.as_mut_ptr();
     let mut done = 0usize;
@@ -72,7 +72,7 @@ pub(crate) fn read_at(f: &File, len: usize, offset: u64) -> io::Result<Bytes> {
         }
         done = pos.saturating_sub(lead).min(len);
     }
-    finish(f, buf, start, done, len, offset)
+    finish(f, buf, start, done, len, offset).map(|b| (b, done > 0))
 }
 
 /// Read bytes `done..len` of the range the plain way into `buf` (whose data starts at index
@@ -192,7 +192,7 @@ pub(super) mod tests {
             (4095, 2 * DIRECT_MIN_BYTES),
             (100, 3 * DIRECT_MIN_BYTES + 1134),
         ] {
-            let b = read_at(&f, len, off as u64).unwrap();
+            let (b, _) = read_at(&f, len, off as u64).unwrap();
             assert_eq!(&b[..], &data[off..off + len], "offset {off}, length {len}");
             assert_eq!(b.as_ptr() as usize % ALIGN, off % ALIGN, "data starts at the file offset's alignment");
         }
@@ -207,15 +207,16 @@ pub(super) mod tests {
         unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         let before = DIRECT_READS.with(Cell::get);
         let known = cached_share(&f, 77, 2 * DIRECT_MIN_BYTES);
-        let b = read_at(&f, 2 * DIRECT_MIN_BYTES, 77).unwrap();
+        let (b, direct) = read_at(&f, 2 * DIRECT_MIN_BYTES, 77).unwrap();
         assert_eq!(&b[..], &data[77..77 + 2 * DIRECT_MIN_BYTES]);
         // (Where the kernel can tell what is cached and the filesystem takes O_DIRECT.)
         if known.is_some() && open_direct(&f).is_some() {
             assert!(known.is_some_and(|c| c < 0.5), "evicted, yet {known:?} cached");
             assert!(DIRECT_READS.with(Cell::get) > before, "uncached bytes were read around the cache");
+            assert!(direct);
         }
         // Up to the very end of the file (the direct read comes back short there).
-        let b = read_at(&f, DIRECT_MIN_BYTES + 77, DIRECT_MIN_BYTES as u64).unwrap();
+        let (b, _) = read_at(&f, DIRECT_MIN_BYTES + 77, DIRECT_MIN_BYTES as u64).unwrap();
         assert_eq!(&b[..], &data[DIRECT_MIN_BYTES..]);
     }
 
@@ -225,10 +226,11 @@ pub(super) mod tests {
         let mut all = Vec::new();
         std::io::Read::read_to_end(&mut &f, &mut all).unwrap();
         let before = DIRECT_READS.with(Cell::get);
-        let b = read_at(&f, DIRECT_MIN_BYTES, 4096).unwrap();
+        let (b, direct) = read_at(&f, DIRECT_MIN_BYTES, 4096).unwrap();
         assert_eq!(&b[..], &data[4096..4096 + DIRECT_MIN_BYTES]);
         if cached_share(&f, 4096, DIRECT_MIN_BYTES).is_some() {
             assert_eq!(DIRECT_READS.with(Cell::get), before, "a cached range never goes to the device");
+            assert!(!direct);
         }
     }
 
@@ -246,7 +248,7 @@ pub(super) mod tests {
     #[test]
     fn the_buffer_converts_to_a_mutable_one_without_a_copy() {
         let (_d, f, _) = file_of(DIRECT_MIN_BYTES + 200);
-        let b = read_at(&f, DIRECT_MIN_BYTES, 192).unwrap();
+        let (b, _) = read_at(&f, DIRECT_MIN_BYTES, 192).unwrap();
         let p = b.as_ptr();
         let m = b.try_into_mut().expect("uniquely owned");
         assert_eq!(m.as_ptr(), p);

@@ -868,6 +868,7 @@ fn read_file_ranges(
             stats.read(len as u64);
             if direct {
                 stats.bytes_read_direct.fetch_add(len as u64, Ordering::Relaxed);
+                DIRECT_HERE.with(|c| c.set(c.get() + len as u64));
             }
             return Ok(b);
         }
@@ -890,6 +891,17 @@ fn read_file_ranges(
 /// [`ReadMode::CachedOrDirect`]: the kernel's read-ahead serves small reads better, and the
 /// alignment slack of a direct read would be a large share of them.
 pub(crate) const DIRECT_MIN_BYTES: usize = 1 << 20;
+
+thread_local! {
+    static DIRECT_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Bytes this thread has read around the page cache so far: tells a reader whether the range
+/// it just read came from the device (its bytes are in no CPU cache) or from the page cache
+/// (they were just copied, so hashing them at once finds them in the CPU cache).
+pub(crate) fn direct_bytes_on_this_thread() -> u64 {
+    DIRECT_HERE.with(|c| c.get())
+}
 
 /// How a blocking local read treats the page cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

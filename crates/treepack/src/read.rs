@@ -115,10 +115,11 @@ const TAIL_READ: u64 = 64 << 10;
 /// Batches with less chunk data than this are assembled on the calling thread.
 const PARALLEL_MIN_BYTES: u64 = 4 << 20;
 /// Threads one whole local load reads with (see [`Reader::fetch_local_whole`]): twice the
-/// cores, at least 8 (a device serves more requests in flight faster: on the 2-core benchmark
-/// VM, a cold W1 load took 737 ms with 4 threads, 617 ms with 8, 652 ms with 16; medians of 9
-/// and 7), at most 32.
-const MIN_READ_THREADS: usize = 8;
+/// cores, at least 16 (a device serves more requests in flight faster; on the 2-core benchmark
+/// VM, cold W1 load medians, 4 threads 737 ms, 8 threads 617-748 ms, 16 threads 506-690 ms,
+/// 16 faster than 8 in three of four alternating rounds; 32 no better), at most 32. Readers
+/// mostly wait on the device, and each holds only the leaf it reads.
+const MIN_READ_THREADS: usize = 16;
 const MAX_READ_THREADS: usize = 32;
 /// Batches a local load asks the kernel to read ahead (with `batch_bytes` of 64 MiB: 256 MiB).
 const READ_AHEAD_BATCHES: u64 = 4;

@@ -908,8 +908,9 @@ pub(crate) fn direct_bytes_on_this_thread() -> u64 {
 pub enum ReadMode {
     /// Through the page cache (small reads, and reads the kernel was told to read ahead).
     Buffered,
-    /// Big ranges (1 MiB and more): what is cached from the cache, the rest straight from the
-    /// device into the buffer (`O_DIRECT` on Linux; elsewhere the same as `Buffered`). For
+    /// Big ranges (1 MiB and more) straight from the device into the buffer when less than
+    /// half of the range is cached (`O_DIRECT` and `cachestat` on Linux; elsewhere, or where
+    /// either is missing, the same as `Buffered`). For
     /// whole loads, where each byte is read once and a second copy in the cache only costs.
     CachedOrDirect,
 }
@@ -921,28 +922,8 @@ fn read_exact_at_into(f: &std::fs::File, buf: &mut Vec<u8>, len: usize, offset: 
     debug_assert!(buf.is_empty() && buf.capacity() >= len);
     #[cfg(unix)]
     {
-        use std::os::fd::AsRawFd;
-        let mut done = 0usize;
-        while done < len {
-            let spare = &mut buf.spare_capacity_mut()[done..len];
-            let at = libc::off_t::try_from(offset + done as u64)
-                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "offset too large"))?;
-            // SAFETY: `spare` is allocated, writable memory owned by `buf`; pread writes at most
-            // `spare.len()` bytes into it and returns how many it wrote.
-            let n = unsafe { libc::pread(f.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len(), at) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            done += n as usize;
-        }
-        // SAFETY: pread initialized the first `len` bytes (done == len).
+        pread_into_spare(f, buf, 0, len, offset)?;
+        // SAFETY: the first `len` bytes were written.
         unsafe { buf.set_len(len) };
         Ok(())
     }
@@ -959,6 +940,36 @@ fn read_exact_at_into(f: &std::fs::File, buf: &mut Vec<u8>, len: usize, offset: 
         }
         Ok(())
     }
+}
+
+/// Write exactly `len` bytes of `f` at `offset` into `buf`'s memory at index `at`, which may lie
+/// beyond `buf.len()` (spare capacity; the caller sets the length). `UnexpectedEof` if the file
+/// ends first.
+#[cfg(unix)]
+fn pread_into_spare(f: &std::fs::File, buf: &mut Vec<u8>, at: usize, len: usize, offset: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    assert!(at + len <= buf.capacity(), "a read past the buffer's capacity");
+    let ptr = buf.as_mut_ptr();
+    let mut done = 0usize;
+    while done < len {
+        let pos = libc::off_t::try_from(offset + done as u64)
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "offset too large"))?;
+        // SAFETY: [at + done, at + len) lies inside buf's allocation (asserted above); pread
+        // writes at most `len - done` bytes there and returns how many it wrote.
+        let n = unsafe { libc::pread(f.as_raw_fd(), ptr.add(at + done).cast(), len - done, pos) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        done += n as usize;
+    }
+    Ok(())
 }
 
 /// Build the object_store client for a remote URL: `(store, prefix, read_only, tuning)`.

@@ -5,6 +5,9 @@
 use std::path::{Path, PathBuf};
 use treepack::*;
 
+#[path = "support/files.rs"]
+mod files;
+
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden")
 }
@@ -25,25 +28,12 @@ fn files(root: &Path) -> Vec<(String, Vec<u8>)> {
         out.push((String::new(), std::fs::read(root).unwrap()));
         return out;
     }
-    for e in walk(root) {
+    for e in files::walk(root) {
         let rel = e.strip_prefix(root).unwrap().to_string_lossy().into_owned();
         out.push((rel, std::fs::read(&e).unwrap()));
     }
     out.sort();
     out
-}
-
-fn walk(p: &Path) -> Vec<PathBuf> {
-    let mut v = vec![];
-    for e in std::fs::read_dir(p).unwrap() {
-        let e = e.unwrap().path();
-        if e.is_dir() {
-            v.extend(walk(&e));
-        } else {
-            v.push(e);
-        }
-    }
-    v
 }
 
 fn hashes_text() -> String {

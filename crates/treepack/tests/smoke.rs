@@ -1,3 +1,5 @@
+#[path = "support/files.rs"]
+mod files;
 use treepack::*;
 
 fn f32s(v: &[f32], shape: Vec<u64>) -> ArrayData {
@@ -71,27 +73,13 @@ fn local_reads_without_the_runtime_equal_the_async_reads() {
 #[cfg(target_os = "linux")]
 fn evict(p: &std::path::Path) {
     use std::os::fd::AsRawFd;
-    let files: Vec<std::path::PathBuf> = if p.is_dir() { walk(p) } else { vec![p.to_path_buf()] };
-    for f in files {
+    let paths: Vec<std::path::PathBuf> = if p.is_dir() { files::walk(p) } else { vec![p.to_path_buf()] };
+    for f in paths {
         let f = std::fs::File::open(f).unwrap();
         f.sync_all().unwrap();
         // SAFETY: an advisory call on an open descriptor.
         assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
     }
-}
-
-#[cfg(target_os = "linux")]
-fn walk(d: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(d).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 /// A whole load of big leaves that are not in the page cache reads them straight from the disk

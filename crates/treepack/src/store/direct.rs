@@ -77,21 +77,11 @@ pub(crate) fn read_at(f: &File, len: usize, offset: u64) -> io::Result<(Bytes, b
 
 /// Read bytes `done..len` of the range the plain way into `buf` (whose data starts at index
 /// `start`; the first `done` bytes are there already), and hand the buffer over.
-fn finish(f: &File, mut buf: Vec<u8>, start: usize, mut done: usize, len: usize, offset: u64) -> io::Result<Bytes> {
-    debug_assert!(start + len <= buf.capacity());
-    let ptr = buf.as_mut_ptr();
-    while done < len {
-        // SAFETY: [start + done, start + len) lies inside buf's capacity.
-        match unsafe { pread(f, ptr.add(start + done), len - done, offset + done as u64) } {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+fn finish(f: &File, mut buf: Vec<u8>, start: usize, done: usize, len: usize, offset: u64) -> io::Result<Bytes> {
+    super::pread_into_spare(f, &mut buf, start + done, len - done, offset + done as u64)?;
     // SAFETY: the bytes before `start` are zeroed here; [start, start + len) was written.
     unsafe {
-        std::ptr::write_bytes(ptr, 0, start);
+        std::ptr::write_bytes(buf.as_mut_ptr(), 0, start);
         buf.set_len(start + len);
     }
     let b = Bytes::from(buf);

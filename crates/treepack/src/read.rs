@@ -122,7 +122,7 @@ const PARALLEL_MIN_BYTES: u64 = 4 << 20;
 const MIN_READ_THREADS: usize = 16;
 const MAX_READ_THREADS: usize = 32;
 /// The threads that verify the leaves a whole load read from the device: half the cores, at
-/// least one. One core hashes BLAKE3 at 3.6 GiB/s (faster than the devices it waits on), and
+/// least one. One core hashes BLAKE3 at 3.6-6.6 GiB/s here (faster than the devices it waits on), and
 /// hashing on every core starves the reads themselves: on the 2-core benchmark VM, cold W1 load
 /// medians over 9 alternating rounds, 1111 ms verifying with the whole pool against 764 ms with
 /// one thread (reading alone: ~700 ms). `None` if no thread could be started (the calling

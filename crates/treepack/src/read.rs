@@ -122,8 +122,8 @@ const PARALLEL_MIN_BYTES: u64 = 4 << 20;
 const MIN_READ_THREADS: usize = 16;
 const MAX_READ_THREADS: usize = 32;
 /// The threads that verify the leaves a whole load read from the device: half the cores, at
-/// least one. One core hashes BLAKE3 at 3.6-6.6 GiB/s here (faster than the devices it waits on), and
-/// hashing on every core starves the reads themselves: on the 2-core benchmark VM, cold W1 load
+/// least one. One core hashes BLAKE3 at 3.6-6.6 GiB/s here (faster than the devices it waits
+/// on), and hashing on every core starves the reads themselves: on the 2-core VM, cold W1 load
 /// medians over 9 alternating rounds, 1111 ms verifying with the whole pool against 764 ms with
 /// one thread (reading alone: ~700 ms). `None` if no thread could be started (the calling
 /// thread and the global pool then verify).
@@ -396,10 +396,10 @@ impl Reader {
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed = std::sync::atomic::AtomicBool::new(false);
         let mut slots: Vec<Option<Result<Leaf>>> = jobs.iter().map(|_| None).collect();
-        // A leaf that came from the device is verified and built by this thread as it arrives
-        // (hashing a big leaf uses the verification pool, half the cores: see `verify_pool`): a
-        // reader that hashed it would have no read in flight meanwhile. A leaf copied from the page cache is verified by its reader at
-        // once, while its bytes are in that core's cache. (Design decision 32.)
+        // A leaf that came from the device is verified and built by this thread as it arrives,
+        // hashed by `verify_pool` (half the cores): a reader that hashed it would have no read in
+        // flight meanwhile. A leaf copied from the page cache is verified by its reader at once,
+        // while its bytes are in that core's cache. (Design decisions 32 and 33.)
         enum Read {
             Fetched(HashMap<ChunkKey, Bytes>),
             Built(Leaf),

@@ -92,6 +92,47 @@ def test_mmap_is_read_only_and_backed_by_the_file(tmp_path):
     assert normal["params"]["w"].flags.writeable
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread names are read from /proc")
+@pytest.mark.parametrize("name", ["ckpt", "ckpt.tpk"])
+def test_local_opens_and_mmap_loads_start_no_io_runtime(tmp_path, name):
+    # Starting the async runtime's threads was most of a fresh process's mmap load (W6): a local
+    # open, structure read and mmap load (verified or not) run on the calling thread.
+    import subprocess
+    import sys
+
+    loc = str(tmp_path / name)
+    tree = big_tree()
+    treepack.save(tree, loc)
+    child = f"""
+import os, numpy as np, treepack
+loc = {loc!r}
+a = treepack.load(loc, mmap=True)
+b = treepack.load(loc, mmap=True, verify=True)
+treepack.load_structure(loc)
+v = treepack.open(loc)
+names = [open(f"/proc/self/task/{{t}}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+assert not [n for n in names if n.startswith("treepack-io")], names
+assert v["params"]["w"][1, :3].tolist() == [1024.0, 1025.0, 1026.0]
+w = np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024)
+assert np.array_equal(a["params"]["w"], w) and np.array_equal(b["params"]["w"], w)
+assert a["step"] == 10 and not a["params"]["w"].flags.writeable
+treepack.load(loc)  # a whole (copying) load of a local tree still works after them
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_an_mmap_load_of_a_truncated_pack_is_a_corrupt_error(tmp_path):
+    loc = tmp_path / "ckpt"
+    treepack.save(big_tree(), str(loc))
+    (pack,) = (loc / "packs").iterdir()
+    with open(pack, "r+b") as f:
+        f.truncate(os.path.getsize(pack) // 2)
+    with pytest.raises(treepack.CorruptError, match="past the end of the file"):
+        treepack.load(str(loc), mmap=True)
+
+
 def test_metadata_and_info(loc):
     info = treepack.save({"a": np.zeros(10)}, loc, metadata={"step": 5, "tags": ["x"]})
     assert info.leaves == 1 and info.bytes_written > 80 and info.location == loc

@@ -1101,8 +1101,12 @@ impl Reader {
         if subpath.is_none() && opts.select.is_empty() && opts.keep.is_none() {
             // Whole tree: fetch the stored leaves, then build Python objects straight from the
             // manifest (no intermediate tree of owned values).
-            let leaves =
-                py.detach(|| treepack::block_on(self.inner.fetch_stored_leaves_async(&opts))).map_err(py_err)?;
+            let leaves = py
+                .detach(|| match self.inner.fetch_stored_leaves_mapped(&opts) {
+                    Some(done) => done,
+                    None => treepack::block_on(self.inner.fetch_stored_leaves_async(&opts)),
+                })
+                .map_err(py_err)?;
             let mut stored =
                 StoredLeaves { leaves: leaves.into_iter().peekable(), next_id: 0, shared: Default::default() };
             return without_gc(py, || dec.entry_tree(&self.inner.manifest().root, &mut stored));

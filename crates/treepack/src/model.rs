@@ -241,9 +241,37 @@ pub enum Tree<L> {
 /// Run `f` with at least 128 KiB of stack left, switching to a fresh 4 MiB segment when needed:
 /// every recursive walk over a tree (up to `MAX_DEPTH` deep, possibly from a hostile file) goes
 /// through this, so no input can overflow the stack whatever the build profile.
+///
+/// The first [`UNCHECKED_LEVELS`] nested calls on a thread skip the check: a thread's first
+/// check asks the OS where its stack ends, and on a process's main thread glibc answers by
+/// parsing `/proc/self/maps` (~0.5 ms in a Python process with numpy loaded, paid by the first
+/// load of every process). Trees are rarely deeper; the levels skipped use a few KiB each.
 pub fn grow<R>(f: impl FnOnce() -> R) -> R {
-    stacker::maybe_grow(128 * 1024, 4 * 1024 * 1024, f)
+    thread_local! {
+        static LEVEL: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+    /// Restores the level however `f` returns (a panic unwinding through included).
+    struct Exit;
+    impl Drop for Exit {
+        fn drop(&mut self) {
+            LEVEL.with(|l| l.set(l.get().saturating_sub(1)));
+        }
+    }
+    let level = LEVEL.with(|l| {
+        let v = l.get();
+        l.set(v + 1);
+        v
+    });
+    let _exit = Exit;
+    if level < UNCHECKED_LEVELS {
+        f()
+    } else {
+        stacker::maybe_grow(128 * 1024, 4 * 1024 * 1024, f)
+    }
 }
+
+/// See [`grow`].
+pub const UNCHECKED_LEVELS: usize = 16;
 
 /// Free `v` on a short-lived thread: dropping a tree of 100k leaves takes milliseconds that a
 /// caller who is done with it should not wait for. Falls back to dropping here if no thread

@@ -157,6 +157,11 @@ impl Reader {
         let m = tokio::task::spawn_blocking(move || manifest::decode(&bytes, &parse_file))
             .await
             .map_err(|e| Error::Serde(format!("manifest parse task failed: {e}")))??;
+        Self::checked(loc, m, file, manifest_len)
+    }
+
+    /// The reader over a decoded manifest, once its packs are found to fit the layout.
+    fn checked(loc: Location, m: Manifest, file: String, manifest_len: usize) -> Result<Reader> {
         for p in &m.packs {
             if !loc.layout().allows_pack(&p.path) {
                 return Err(Error::manifest(
@@ -181,6 +186,16 @@ impl Reader {
     /// # Errors
     /// As [`Reader::open_async`].
     pub fn open(loc: Location) -> Result<Reader> {
+        // A local tree is opened on this thread: starting the async runtime (threads, an I/O
+        // driver) would cost a process's first open more than reading a small manifest.
+        if loc.local_path().is_some() {
+            let loc = loc.pin()?;
+            if let Some(read) = manifest_bytes_local(&loc) {
+                let (bytes, file) = read?;
+                let m = manifest::decode(&bytes, &file)?;
+                return Self::checked(loc, m, file, bytes.len());
+            }
+        }
         block_on(Self::open_async(loc))
     }
 
@@ -329,25 +344,94 @@ impl Reader {
                 let h = fetched.get(&header_key).map(|b| b.as_ref()).unwrap_or_default();
                 container::check_header(h, &self.manifest_file)?;
             }
-            // Deduplicated content (the same chunk referenced by many leaves, e.g. identical
-            // images in 10k records) is hashed once per batch rather than once per leaf.
-            let verified = if opts.verify { self.verify_shared(batch, &fetched)? } else { HashSet::new() };
-            let build = |j: &Job<'_>| {
-                let pre = matches!(j.entry.chunks(), [c] if verified.contains(&(c.pack, c.offset, c.length, c.hash)));
-                Ok((j.id, self.assemble(j, &fetched, opts, opts.verify && !pre)?))
-            };
-            // Hashing and copying go to the thread pool; views and small batches (an mmap load
-            // of a checkpoint) stay on this thread, which also spares starting the pool.
-            let parallel = (opts.verify || !opts.mmap) && bytes >= PARALLEL_MIN_BYTES;
-            let built: Vec<(usize, Leaf)> = if parallel {
-                batch.par_iter().map(build).collect::<Result<Vec<_>>>()?
-            } else {
-                batch.iter().map(build).collect::<Result<Vec<_>>>()?
-            };
-            results.extend(built);
+            results.extend(self.build_batch(batch, &fetched, opts, bytes)?);
             start = end;
         }
         Ok(results)
+    }
+
+    /// Verify (if asked) and build the leaves of one batch from their fetched chunks.
+    fn build_batch(
+        &self,
+        batch: &[Job<'_>],
+        fetched: &HashMap<ChunkKey, Bytes>,
+        opts: &LoadOptions,
+        bytes: u64,
+    ) -> Result<Vec<(usize, Leaf)>> {
+        // Deduplicated content (the same chunk referenced by many leaves, e.g. identical
+        // images in 10k records) is hashed once per batch rather than once per leaf.
+        let verified = if opts.verify { self.verify_shared(batch, fetched)? } else { HashSet::new() };
+        let build = |j: &Job<'_>| {
+            let pre = matches!(j.entry.chunks(), [c] if verified.contains(&(c.pack, c.offset, c.length, c.hash)));
+            Ok((j.id, self.assemble(j, fetched, opts, opts.verify && !pre)?))
+        };
+        // Hashing and copying go to the thread pool; views and small batches (an mmap load
+        // of a checkpoint) stay on this thread, which also spares starting the pool.
+        let parallel = (opts.verify || !opts.mmap) && bytes >= PARALLEL_MIN_BYTES;
+        if parallel {
+            batch.par_iter().map(build).collect()
+        } else {
+            batch.iter().map(build).collect()
+        }
+    }
+
+    /// [`Reader::fetch_stored_leaves_async`] of an mmap load of a local tree, on the calling
+    /// thread with no async runtime: views need no reads, and starting the runtime's threads
+    /// would be most of a small mmap load's time in a fresh process. `None` when this does not
+    /// apply (not an mmap load, not local, a progress callback, a pack that cannot be mapped).
+    pub fn fetch_stored_leaves_mapped(&self, opts: &LoadOptions) -> Option<Result<Vec<(usize, Leaf)>>> {
+        if !opts.mmap || opts.progress.is_some() || self.loc.local_path().is_none() {
+            return None;
+        }
+        let mut jobs: Vec<Job<'_>> = Vec::new();
+        let mut id = 0usize;
+        self.manifest.root.for_each_leaf_steps(&mut |p, e| {
+            if !e.chunks().is_empty() {
+                jobs.push(Job { id, path: keypath::steps_text(p), entry: e });
+            }
+            id += 1;
+        });
+        let mut keys: Vec<ChunkKey> = jobs.iter().flat_map(|j| self.job_keys(j, true)).collect();
+        // A whole load of a single file checks its header, as the batched path does.
+        let check_header = !jobs.is_empty() && self.loc.layout() == Layout::SingleFile;
+        if check_header {
+            keys.push((0, 0, container::HEADER_LEN));
+        }
+        let mut fetched = HashMap::with_capacity(keys.len());
+        for (pack, off, len) in keys {
+            let rel = self.manifest.packs.get(pack as usize).map(|p| p.path.as_str())?;
+            let map = match self.mmap_pack(pack, rel) {
+                Ok(Some(m)) => m,
+                Ok(None) => return None,
+                Err(e) => return Some(Err(e)),
+            };
+            match self.map_range(pack, &map, off, len) {
+                Ok(b) => fetched.insert((pack, off, len), b),
+                Err(e) => return Some(Err(e)),
+            };
+        }
+        let run = || {
+            if check_header {
+                let h = fetched.get(&(0, 0, container::HEADER_LEN)).map(|b| b.as_ref()).unwrap_or_default();
+                container::check_header(h, &self.manifest_file)?;
+            }
+            let bytes = jobs.iter().map(|j| j.entry.nbytes()).fold(0, u64::saturating_add);
+            self.build_batch(&jobs, &fetched, opts, bytes)
+        };
+        Some(run())
+    }
+
+    /// Bytes `off..off + len` of a mapped pack, or the error of a range past its end.
+    fn map_range(&self, pack: u32, map: &Bytes, off: u64, len: u64) -> Result<Bytes> {
+        let end = off.saturating_add(len);
+        if end > map.len() as u64 {
+            return Err(Error::OutOfBounds {
+                file: self.pack_file(pack),
+                key: String::new(),
+                reason: format!("bytes {off}..{end} lie past the end of the file (truncated?)"),
+            });
+        }
+        Ok(map.slice(off as usize..end as usize))
     }
 
     /// A whole local load of big leaves (90 % of the bytes in leaves of 1 MiB or more) that
@@ -612,15 +696,7 @@ impl Reader {
             if mmap {
                 if let Some(map) = self.mmap_pack(pack, &rel)? {
                     for (off, len) in ranges {
-                        let end = off + len;
-                        if end as usize > map.len() {
-                            return Err(Error::OutOfBounds {
-                                file: self.pack_file(pack),
-                                key: String::new(),
-                                reason: format!("bytes {off}..{end} lie past the end of the file (truncated?)"),
-                            });
-                        }
-                        out.insert((pack, off, len), map.slice(off as usize..end as usize));
+                        out.insert((pack, off, len), self.map_range(pack, &map, off, len)?);
                     }
                     continue;
                 }

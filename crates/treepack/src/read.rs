@@ -253,12 +253,10 @@ impl Reader {
         self.fetch_stored(&self.manifest.root, "", &Selection::new::<String>(&[])?, &all).await
     }
 
-    /// [`Reader::fetch_stored_leaves_async`] of a local tree on the calling thread, with no
-    /// async runtime: for the few leaves a one-pass load reads on the spot. `None` when the
-    /// tree is not local.
-    pub fn fetch_stored_leaves_local(&self, opts: &LoadOptions) -> Option<Result<Vec<(usize, Leaf)>>> {
-        self.loc.local_path()?;
-        let mut jobs: Vec<Job<'_>> = Vec::new();
+    /// One job per leaf of the whole tree whose bytes live in packs, with its ordinal among all
+    /// leaves (as [`Tree::for_each_leaf_steps`] visits them).
+    fn whole_tree_jobs(&self) -> Vec<Job<'_>> {
+        let mut jobs = Vec::new();
         let mut id = 0usize;
         self.manifest.root.for_each_leaf_steps(&mut |p, e| {
             if !e.chunks().is_empty() {
@@ -266,6 +264,15 @@ impl Reader {
             }
             id += 1;
         });
+        jobs
+    }
+
+    /// [`Reader::fetch_stored_leaves_async`] of a local tree on the calling thread, with no
+    /// async runtime: for the few leaves a one-pass load reads on the spot. `None` when the
+    /// tree is not local.
+    pub fn fetch_stored_leaves_local(&self, opts: &LoadOptions) -> Option<Result<Vec<(usize, Leaf)>>> {
+        self.loc.local_path()?;
+        let jobs = self.whole_tree_jobs();
         let run = || -> Result<Vec<(usize, Leaf)>> {
             if self.loc.layout() == Layout::SingleFile {
                 let key = (0u32, 0u64, container::HEADER_LEN);
@@ -383,14 +390,7 @@ impl Reader {
         if !opts.mmap || opts.progress.is_some() || self.loc.local_path().is_none() {
             return None;
         }
-        let mut jobs: Vec<Job<'_>> = Vec::new();
-        let mut id = 0usize;
-        self.manifest.root.for_each_leaf_steps(&mut |p, e| {
-            if !e.chunks().is_empty() {
-                jobs.push(Job { id, path: keypath::steps_text(p), entry: e });
-            }
-            id += 1;
-        });
+        let jobs = self.whole_tree_jobs();
         let mut keys: Vec<ChunkKey> = jobs.iter().flat_map(|j| self.job_keys(j, true)).collect();
         // A whole load of a single file checks its header, as the batched path does.
         let check_header = !jobs.is_empty() && self.loc.layout() == Layout::SingleFile;

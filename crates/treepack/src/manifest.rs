@@ -1802,9 +1802,9 @@ trait PairKey: Sized + Send + Clone {
 impl PairKey for Key {
     fn read<'de, A: SeqAccess<'de>, B>(seq: &mut A, node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error> {
         let k = seq
-            .next_element_seed(node.key_seed())?
+            .next_element_seed(KeySeed(node.key_seed()))?
             .ok_or_else(|| de::Error::custom("empty pair: expected [key, node]"))?;
-        entry_to_key(k)
+        Ok(k)
     }
     fn step(&self) -> Step<'_> {
         Step::Key(self)
@@ -1929,6 +1929,12 @@ fn first_duplicate<K: PairKey, V>(pairs: &[(K, V)]) -> Option<usize> {
         return None;
     }
     if pairs.len() <= 16 {
+        // All string keys (the usual case): compare them in place, allocating nothing.
+        let mut plain = [""; 16];
+        if pairs.iter().zip(plain.iter_mut()).all(|((k, _), slot)| k.plain().map(|p| *slot = p).is_some()) {
+            let plain = &plain[..pairs.len()];
+            return (1..plain.len()).find(|&i| plain[..i].contains(&plain[i]));
+        }
         let texts: Vec<std::borrow::Cow<'_, str>> = pairs
             .iter()
             .map(|(k, _)| k.plain().map_or_else(|| std::borrow::Cow::Owned(k.text()), std::borrow::Cow::Borrowed))
@@ -1986,6 +1992,51 @@ impl<'de, K: PairKey, B: Build> Visitor<'de> for PairSeed<'_, K, B> {
         }
         self.node.ctx.path.borrow_mut().pop();
         Ok((key, v))
+    }
+}
+
+/// A dict key. String keys (nearly all of them) become `Key::Str` straight from the text; the
+/// others are read as the nodes they are written as, then converted (`entry_to_key`).
+struct KeySeed<'a>(NodeSeed<'a, OwnedTree>);
+
+impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
+    type Value = Key;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Key, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed<'_> {
+    type Value = Key;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a dict key")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Key, E> {
+        Ok(Key::Str(v.to_string()))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<Key, E> {
+        Ok(Key::Str(v))
+    }
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<Key, E> {
+        self.0.visit_unit().and_then(entry_to_key)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<Key, E> {
+        self.0.visit_bool(v).and_then(entry_to_key)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Key, E> {
+        self.0.visit_i64(v).and_then(entry_to_key)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Key, E> {
+        self.0.visit_u64(v).and_then(entry_to_key)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Key, E> {
+        self.0.visit_f64(v).and_then(entry_to_key)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Key, A::Error> {
+        crate::model::grow(|| self.0.visit_seq(seq)).and_then(entry_to_key)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Key, A::Error> {
+        crate::model::grow(|| self.0.visit_map(map)).and_then(entry_to_key)
     }
 }
 

@@ -2566,6 +2566,37 @@ mod tests {
     }
 
     #[test]
+    fn dict_keys_of_every_kind_parse_and_escaped_duplicates_are_found() {
+        // String keys take `KeySeed`'s direct path (borrowed and unescaped); the others are
+        // read as nodes and converted. Both must give the keys the writer meant.
+        let root = r#"{"t":"dict","items":[["plain",1],["esc\"aped\n",2],[7,3],[1.5,4],[true,5],[null,6],
+            [{"t":"tuple","items":[1,"x"]},7],[{"t":"int","v":"123456789012345678901234567890"},8]]}"#;
+        let m = decode(&with_root(root), "t").unwrap();
+        let Tree::Dict(pairs) = &m.root else { panic!("not a dict") };
+        let keys: Vec<&Key> = pairs.iter().map(|(k, _)| k).collect();
+        let big = Int::parse("123456789012345678901234567890").unwrap();
+        let want = [
+            Key::Str("plain".into()),
+            Key::Str("esc\"aped\n".into()),
+            Key::Int(Int::Small(7)),
+            Key::Float(1.5),
+            Key::Bool(true),
+            Key::None,
+            Key::Tuple(vec![Key::Int(Int::Small(1)), Key::Str("x".into())]),
+            Key::Int(big),
+        ];
+        assert_eq!(keys, want.iter().collect::<Vec<_>>());
+        // "a" written escaped is still "a": a duplicate, in small dicts and big ones.
+        let small = r#"{"t":"dict","items":[["a",1],["\u0061",2]]}"#;
+        let big_items: Vec<String> = (0..40).map(|i| format!("[\"k{i}\",{i}]")).collect();
+        let big = format!(r#"{{"t":"dict","items":[{},["\u006b7",0]]}}"#, big_items.join(","));
+        for root in [small.to_string(), big] {
+            let err = decode(&with_root(&root), "t").unwrap_err().to_string();
+            assert!(err.contains("duplicate key"), "{err}");
+        }
+    }
+
+    #[test]
     fn error_names_the_key_path() {
         let err = decode(&with_root("{\"t\":\"dict\",\"items\":[[\"params\",[1,{\"t\":\"zzz\"}]]]}"), "f").unwrap_err();
         match err {

@@ -9,6 +9,20 @@ import treepack
 from treepack import _core
 
 
+def test_leaf_info_repr_is_python_and_evaluates_back(tmp_path):
+    # Keys with quotes, a backslash and non-ASCII text: the repr must be Python's, not Rust's.
+    tree = {"it's \\ \u00e9": np.zeros((2, 3), np.float32), "n": 5}
+    treepack.save(tree, tmp_path / "t")
+    s = treepack.load_structure(tmp_path / "t")
+    arr, n = s["it's \\ \u00e9"], s["n"]
+    assert repr(arr) == (
+        "LeafInfo(path=\"it's \\\\ \u00e9\", kind='array', dtype='float32', shape=(2, 3), nbytes=24, inline=True)"
+    )
+    assert repr(n) == "LeafInfo(path='n', kind='int', dtype=None, shape=None, nbytes=0, inline=True)"
+    for x in (arr, n):
+        assert eval(repr(x), {"LeafInfo": treepack.LeafInfo}) == x
+
+
 def test_proposal_example(loc):
     data = ["hello", {"world": ["!", (1, 2)]}]
     treepack.save(data, loc)

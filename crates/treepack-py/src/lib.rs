@@ -140,20 +140,25 @@ impl LeafInfo {
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         self.shape_v.as_ref().map(|s| PyTuple::new(py, s.iter().copied())).transpose()
     }
-    fn __repr__(&self) -> String {
+    /// Python's own reprs for the strings, so the text evaluates back to an equal `LeafInfo`.
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let text = |s: &str| -> PyResult<String> { Ok(PyString::new(py, s).repr()?.to_string()) };
         let shape = match &self.shape_v {
             None => "None".to_string(),
             Some(s) if s.len() == 1 => format!("({},)", s[0]),
             Some(s) => format!("({})", s.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
         };
-        let dtype = self.dtype.as_ref().map_or("None".to_string(), |d| format!("{d:?}"));
-        format!(
-            "LeafInfo(path={:?}, kind={:?}, dtype={dtype}, shape={shape}, nbytes={}, inline={})",
-            self.path,
-            self.kind,
+        let dtype = match &self.dtype {
+            Some(d) => text(d)?,
+            None => "None".to_string(),
+        };
+        Ok(format!(
+            "LeafInfo(path={}, kind={}, dtype={dtype}, shape={shape}, nbytes={}, inline={})",
+            text(&self.path)?,
+            text(&self.kind)?,
             self.nbytes,
             if self.inline { "True" } else { "False" }
-        )
+        ))
     }
 }
 

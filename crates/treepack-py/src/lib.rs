@@ -140,22 +140,21 @@ impl LeafInfo {
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         self.shape_v.as_ref().map(|s| PyTuple::new(py, s.iter().copied())).transpose()
     }
-    /// Python's own reprs for the strings, so the text evaluates back to an equal `LeafInfo`.
+    /// Python's own reprs of the fields, so the text evaluates back to an equal `LeafInfo`.
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let text = |s: &str| -> PyResult<String> { Ok(PyString::new(py, s).repr()?.to_string()) };
-        let shape = match &self.shape_v {
-            None => "None".to_string(),
-            Some(s) if s.len() == 1 => format!("({},)", s[0]),
-            Some(s) => format!("({})", s.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
+        let repr = |o: Option<Bound<'_, PyAny>>| -> PyResult<String> {
+            Ok(match o {
+                Some(o) => o.repr()?.to_string(),
+                None => "None".to_string(),
+            })
         };
-        let dtype = match &self.dtype {
-            Some(d) => text(d)?,
-            None => "None".to_string(),
-        };
+        let text = |s: &str| Some(PyString::new(py, s).into_any());
         Ok(format!(
-            "LeafInfo(path={}, kind={}, dtype={dtype}, shape={shape}, nbytes={}, inline={})",
-            text(&self.path)?,
-            text(&self.kind)?,
+            "LeafInfo(path={}, kind={}, dtype={}, shape={}, nbytes={}, inline={})",
+            repr(text(&self.path))?,
+            repr(text(&self.kind))?,
+            repr(self.dtype.as_deref().and_then(text))?,
+            repr(self.shape(py)?.map(Bound::into_any))?,
             self.nbytes,
             if self.inline { "True" } else { "False" }
         ))

@@ -12,11 +12,9 @@ use treepack::{LoadOptions, Location, ProgressFn, Reader, SaveOptions, StorageOp
 
 /// mimalloc: trees of many small leaves are allocation-bound; measured on the 100k-leaf
 /// workload (crates/treepack/examples/profile_small_leaves.rs) it cut building the structure
-/// view from ~47 ms to ~28 ms against glibc malloc. Wrapped so that big read buffers come
-/// with their pages mapped in (see `treepack::prefault`).
+/// view from ~47 ms to ~28 ms against glibc malloc.
 #[global_allocator]
-static GLOBAL: treepack::prefault::Prefaulting<mimalloc::MiMalloc> =
-    treepack::prefault::Prefaulting(mimalloc::MiMalloc);
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(name = "treepack", version, about = "Save, inspect and load trees of arrays, scalars and strings")]

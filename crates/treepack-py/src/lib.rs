@@ -21,11 +21,9 @@ use treepack::{ArrayData, DType, Int, Key, Leaf, LoadOptions, Node, SaveOptions,
 
 /// mimalloc: trees of many small leaves are allocation-bound; measured on the 100k-leaf
 /// workload (crates/treepack/examples/profile_small_leaves.rs) it cut building the structure
-/// view from ~47 ms to ~28 ms against glibc malloc. Wrapped so that big read buffers come
-/// with their pages mapped in (see `treepack::prefault`).
+/// view from ~47 ms to ~28 ms against glibc malloc.
 #[global_allocator]
-static GLOBAL: treepack::prefault::Prefaulting<mimalloc::MiMalloc> =
-    treepack::prefault::Prefaulting(mimalloc::MiMalloc);
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pyo3::create_exception!(_core, TreepackError, pyo3::exceptions::PyException, "Base class of treepack errors.");
 pyo3::create_exception!(_core, CorruptError, TreepackError, "Stored bytes do not match their recorded hash or layout.");

@@ -30,7 +30,6 @@ pub mod hash;
 pub mod keypath;
 pub mod manifest;
 pub mod model;
-pub mod prefault;
 pub mod preview;
 pub mod progress;
 pub mod read;

@@ -875,9 +875,7 @@ fn read_file_ranges(
         #[cfg(not(target_os = "linux"))]
         let _ = mode;
         let mut buf = Vec::new();
-        // Every byte is read into next: see `prefault`.
-        crate::prefault::prefaulted(|| buf.try_reserve_exact(len))
-            .map_err(|_| Error::OutOfMemory { key: file.to_string(), bytes: len as u64 })?;
+        buf.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { key: file.to_string(), bytes: len as u64 })?;
         read_exact_at_into(f, &mut buf, len, r.start).map_err(io_err)?;
         stats.read(len as u64);
         Ok(Bytes::from(buf))

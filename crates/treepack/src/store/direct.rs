@@ -33,8 +33,7 @@ pub(crate) fn read_at(f: &File, len: usize, offset: u64) -> io::Result<(Bytes, b
     let lead = (offset % ALIGN as u64) as usize;
     let span = (lead + len).div_ceil(ALIGN) * ALIGN;
     let mut buf: Vec<u8> = Vec::new();
-    // Every byte is written next (read into, or zeroed before the data): see `prefault`.
-    crate::prefault::prefaulted(|| buf.try_reserve_exact(span + ALIGN))
+    buf.try_reserve_exact(span + ALIGN)
         .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, format!("cannot allocate {len} bytes")))?;
     let base = buf.as_ptr().align_offset(ALIGN);
     if base + span > buf.capacity() {

@@ -41,8 +41,10 @@ SLOW_CASE_S = 10  # a case whose first run takes this long is reported from that
 # A peer's read (load, structure, ...) still running after this long is stopped and reported as
 # taking at least this long: a lower bound is conclusive against treepack's tens of ms, and
 # orbax's reads of 10k-100k leaves (50-90 s each) would otherwise push the run past 15 minutes.
-# Saves always finish (the reads need their files).
-STOP_AFTER_S = 30
+# Saves always finish (the reads need their files); orbax's W2 and W3 saves alone took 70-120 s
+# each in a slow spell (session 11), which is why 15 s and not 30 s: it keeps a slow machine's
+# full run inside 15 minutes, and `> 15000 ms` is still > 100x treepack's time for each read.
+STOP_AFTER_S = 15
 
 
 def drop_caches() -> bool:

@@ -1257,22 +1257,18 @@ fn structure<'py>(
         kids.push((k, v));
     }
     let leaves_only = kids.iter().all(|(_, v)| v.is_exact_instance_of::<LeafInfo>());
-    let untracked = |c: Bound<'py, PyAny>| {
-        if leaves_only {
-            untrack_leaf_container(&c);
-        }
-        c
-    };
     Ok(match t {
         Tree::Leaf(e) => leaf_info(py, LeafInfo::of(path, e))?,
         Tree::List(_) => PyList::new(py, kids.into_iter().map(|(_, v)| v))?.into_any(),
-        Tree::Tuple(_) => untracked(PyTuple::new(py, kids.into_iter().map(|(_, v)| v))?.into_any()),
+        Tree::Tuple(_) => {
+            untrack_if_leaves(leaves_only, PyTuple::new(py, kids.into_iter().map(|(_, v)| v))?.into_any())
+        }
         Tree::Dict(_) => {
             let d = PyDict::new(py);
             for (k, v) in kids {
                 d.set_item(k, v)?;
             }
-            untracked(d.into_any())
+            untrack_if_leaves(leaves_only, d.into_any())
         }
         Tree::Record { type_name, .. } => {
             let pairs = PyList::new(
@@ -1333,19 +1329,11 @@ impl<'py> treepack::manifest::Build for StructBuilder<'py, '_> {
     }
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> Result<Self::Node, String> {
         let leaves_only = items.iter().all(|v| v.is_exact_instance_of::<LeafInfo>());
-        let out = self.py_ok(self.dec.sequence(items, tuple))?;
-        if leaves_only {
-            untrack_leaf_container(&out);
-        }
-        Ok(out)
+        self.py_ok(self.dec.sequence(items, tuple)).map(|c| untrack_if_leaves(leaves_only, c))
     }
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> Result<Self::Node, String> {
         let leaves_only = pairs.iter().all(|(_, v)| v.is_exact_instance_of::<LeafInfo>());
-        let out = self.py_ok(self.dec.dict_of(pairs))?;
-        if leaves_only {
-            untrack_leaf_container(&out);
-        }
-        Ok(out)
+        self.py_ok(self.dec.dict_of(pairs)).map(|c| untrack_if_leaves(leaves_only, c))
     }
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> Result<Self::Node, String> {
         self.py_ok(self.other("record", type_name, None, fields))
@@ -1611,16 +1599,17 @@ fn leaf_info<'py>(py: Python<'py>, info: LeafInfo) -> PyResult<Bound<'py, PyAny>
     Ok(obj)
 }
 
-/// Untrack a dict or tuple just built whose values are all `LeafInfo`s (keys atomic or tuples
-/// of atomics), as CPython itself untracks containers of atomic values: nothing reachable from
-/// it can lead back to it. A dict tracks itself again when a value that could is stored in
-/// it; a tuple cannot change. Lists are left alone (CPython never untracks them: they do not
-/// track themselves again).
-fn untrack_leaf_container(container: &Bound<'_, PyAny>) {
-    if container.is_exact_instance_of::<PyDict>() || container.is_exact_instance_of::<PyTuple>() {
-        // SAFETY: a live, tracked container of a GC type, untracked once (see above).
+/// A dict or tuple just built, untracked if `leaves_only` (its values are all `LeafInfo`s; its
+/// keys are atomic or tuples of atomics), as CPython itself untracks containers of atomic
+/// values: nothing reachable from it can lead back to it. A dict tracks itself again when a
+/// value that could is stored in it; a tuple cannot change. Lists are left alone (CPython never
+/// untracks them: they do not track themselves again).
+fn untrack_if_leaves<'py>(leaves_only: bool, container: Bound<'py, PyAny>) -> Bound<'py, PyAny> {
+    if leaves_only && (container.is_exact_instance_of::<PyDict>() || container.is_exact_instance_of::<PyTuple>()) {
+        // SAFETY: a live container of a GC type, untracked once (see above).
         unsafe { pyo3::ffi::PyObject_GC_UnTrack(container.as_ptr().cast()) };
     }
+    container
 }
 
 /// Remove leftovers of interrupted saves; returns removed paths.

@@ -376,3 +376,84 @@ def test_a_cold_checkpoint_loads_as_writable_arrays_equal_to_the_saved_ones(tmp_
             assert got["w"].ctypes.data % 64 == 0, "big arrays are aligned as in the file"
         back["layers"]["00"]["w"][0, 0] = 5.0
         assert back["layers"]["00"]["w"][0, 0] == 5.0
+
+
+def _reseal(manifest):
+    """Rewrite a manifest file's trailing hash after an edit (to craft hostile manifests)."""
+    import blake3
+
+    data = manifest.read_bytes()
+    body = data[: len(data) - 86]
+    manifest.write_bytes(body + b',\n"manifest_hash":"' + blake3.blake3(body).hexdigest().encode() + b'"}\n')
+
+
+def test_structure_of_a_big_manifest_is_read_by_the_outline_and_equals_the_reader(tmp_path):
+    """Manifests of 256 KiB or more are read for load_structure by a helper thread's
+    structure-only parse while this thread builds (leaf infos point into shared tables): the
+    result must equal the Reader's for every kind of node, key and escape, in both layouts."""
+    import collections
+    import dataclasses
+    import datetime as dt
+
+    Point = collections.namedtuple("Point", "x y")
+
+    @dataclasses.dataclass
+    class Cfg:
+        name: str
+        sizes: tuple
+
+    tree = {
+        "arrays": {"big": np.arange(300_000, dtype=np.float32).reshape(300, 1000), "tiny": np.int8([1, 2, 3])},
+        "scalars": [None, True, 1 << 80, -3, 2.5, float("nan"), 1 + 2j, "s", "é\\\"", b"b" * 10, np.float16(1)],
+        "blobs": ("x" * 5000, b"\x00" * 5000),
+        "keys": {1: "int", (1, "a/b"): "tuple", None: "none", 2.5: "float", False: "bool", "": "empty", "a/b~c*": "escaped"},
+        "records": [Point(1, 2), Cfg("c", (1, 2))],
+        "when": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
+        "deep": [[[{"k": [()]}]]],
+        "many": {f"p{i}": {"step": i, "m": np.full(2, i, np.float32), "name": f"n{i}"} for i in range(6000)},
+    }
+    for p in (str(tmp_path / "d"), str(tmp_path / "f.tpk")):
+        treepack.save(tree, p, chunk_bytes=256 << 10)
+        before = _core._outline_builds()
+        fast = treepack.load_structure(p)
+        assert _core._outline_builds() == before + 1, "the structure-only read did not answer"
+        slow = _core.Reader(p, None).structure(treepack._struct_node)
+        assert repr(fast) == repr(slow)  # repr: the NaN leaf's info compares equal, its value would not
+        assert fast["many"] == slow["many"] and fast["keys"] == slow["keys"]
+        assert fast["keys"][(1, "a/b")].path == "keys/~t(~i1,a~1b)"
+        assert fast["keys"]["a/b~c*"].path == "keys/a~1b~0c~2"
+        assert fast["scalars"][8].nbytes == len("é\\\"".encode())
+        big, m = fast["arrays"]["big"], fast["many"]["p5999"]["m"]
+        assert (big.inline, big.shape, big.dtype, big.nbytes) == (False, (300, 1000), "float32", 1_200_000)
+        assert (m.path, m.kind, m.dtype, m.shape, m.nbytes, m.inline) == ("many/p5999/m", "array", "float32", (2,), 8, True)
+        assert m == treepack.LeafInfo("many/p5999/m", "array", "float32", (2,), 8, True) and m != fast["many"]["p0"]["m"]
+        assert eval(repr(m), {"LeafInfo": treepack.LeafInfo}) == m
+        assert isinstance(fast["records"][1], treepack.StructNode) and fast["records"][1].path == "records/1"
+
+
+def test_a_big_manifest_the_outline_refuses_gets_the_full_answer(tmp_path):
+    """What the structure-only read cannot give (a repeated key, keys Python merges, a broken
+    seal) falls back to the one-pass parse: its error, or its result."""
+    tree = {"many": {f"p{i}": {"step": i, "name": f"n{i}"} for i in range(12000)}}
+    p = tmp_path / "d"
+    manifest = p / "treepack.json"
+    treepack.save(tree, str(p))
+    assert manifest.stat().st_size >= 256 << 10
+    text = manifest.read_bytes()
+    # A repeated key: refused by the full parse with the key named.
+    manifest.write_bytes(text.replace(b'["p1",', b'["p0",', 1))
+    _reseal(manifest)
+    before = _core._outline_builds()
+    with pytest.raises(treepack.TreepackError, match="duplicate key `p0`"):
+        treepack.load_structure(str(p))
+    # Keys Python takes for one (1 and 1.0) but the format does not: the one-pass result.
+    manifest.write_bytes(text.replace(b'["p0",', b"[1,", 1).replace(b'["p1",', b"[1.0,", 1))
+    _reseal(manifest)
+    s = treepack.load_structure(str(p))
+    assert s == _core.Reader(str(p), None).structure(treepack._struct_node)
+    assert len(s["many"]) == 11999 and s["many"][1]["step"].path in ("many/~i1/step", "many/~f1.0/step")
+    # A broken seal: the checksum error.
+    manifest.write_bytes(text.replace(b'"n5"', b'"n6"', 1))
+    with pytest.raises(treepack.TreepackError, match="checksum|hash"):
+        treepack.load_structure(str(p))
+    assert _core._outline_builds() == before

@@ -47,6 +47,7 @@ def load_one_pass(
     None when it needs the type audit or a pack read, or anything fails (then ``Reader.load``)."""
 
 def structure_one_pass(path: str, make_node: Callable[..., Any], storage_options: StorageOptions = None) -> Optional[Any]:
+def _outline_builds() -> int: ...
     """``load_structure``'s tree built while the manifest is parsed; None when that path does not
     apply or fails (the caller then uses ``Reader.structure``, which reports errors in full)."""
 

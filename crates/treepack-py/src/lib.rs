@@ -15,6 +15,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use treepack::manifest::outline::{Block, Event, LeafTable};
 use treepack::manifest::{ArrayStorage, Entry};
 use treepack::model::shape_len;
 use treepack::{ArrayData, DType, Int, Key, Leaf, LoadOptions, Node, SaveOptions, Tree};
@@ -82,21 +84,42 @@ enum Memory {
 #[pyclass(frozen)]
 struct BytesOwner(#[allow(dead_code)] Memory);
 
-/// What `load_structure` puts at each leaf.
+/// What `load_structure` puts at each leaf: its own fields, or (from the structure-only read
+/// of a big manifest) a row of a table shared by a block of leaves, which keeps each object
+/// small and builds nothing but the object itself on the thread that holds the interpreter.
 #[pyclass(frozen, eq, module = "treepack")]
-#[derive(PartialEq, Clone)]
-struct LeafInfo {
-    #[pyo3(get)]
+struct LeafInfo(LeafRepr);
+
+enum LeafRepr {
+    Own(Box<OwnLeaf>),
+    /// A row that exists (checked when the object is made).
+    Row(Arc<LeafTable>, u32),
+}
+
+struct OwnLeaf {
     path: String,
-    #[pyo3(get)]
     kind: Cow<'static, str>,
-    #[pyo3(get)]
     dtype: Option<String>,
-    shape_v: Option<Vec<u64>>,
-    #[pyo3(get)]
+    shape: Option<Vec<u64>>,
     nbytes: u64,
-    #[pyo3(get)]
     inline: bool,
+}
+
+/// The fields of a `LeafInfo`, whichever way it holds them.
+#[derive(PartialEq)]
+struct LeafFields<'a> {
+    path: &'a str,
+    kind: &'a str,
+    dtype: Option<Cow<'a, str>>,
+    shape: Option<&'a [u64]>,
+    nbytes: u64,
+    inline: bool,
+}
+
+impl PartialEq for LeafInfo {
+    fn eq(&self, other: &Self) -> bool {
+        self.fields() == other.fields()
+    }
 }
 
 impl LeafInfo {
@@ -110,13 +133,46 @@ impl LeafInfo {
             Entry::Array(a) => matches!(a.storage, ArrayStorage::Inline(_)),
             _ => e.chunks().is_empty(),
         };
-        LeafInfo {
+        LeafInfo(LeafRepr::Own(Box::new(OwnLeaf {
             path: path.to_string(),
             kind: Cow::Borrowed(e.kind()),
             dtype,
-            shape_v: shape,
+            shape,
             nbytes: e.nbytes(),
             inline,
+        })))
+    }
+
+    /// Row `i` of `table`, if there is one.
+    fn row(table: &Arc<LeafTable>, i: u32) -> Option<LeafInfo> {
+        if i as usize >= table.len() {
+            return None;
+        }
+        Some(LeafInfo(LeafRepr::Row(table.clone(), i)))
+    }
+
+    fn fields(&self) -> LeafFields<'_> {
+        match &self.0 {
+            LeafRepr::Own(o) => LeafFields {
+                path: &o.path,
+                kind: &o.kind,
+                dtype: o.dtype.as_deref().map(Cow::Borrowed),
+                shape: o.shape.as_deref(),
+                nbytes: o.nbytes,
+                inline: o.inline,
+            },
+            LeafRepr::Row(t, i) => match t.get(*i as usize) {
+                Some(v) => LeafFields {
+                    path: v.path,
+                    kind: v.kind,
+                    dtype: v.dtype.map(|d| Cow::Owned(dtype_text(d))),
+                    shape: v.shape,
+                    nbytes: v.nbytes,
+                    inline: v.inline,
+                },
+                // Never: rows are checked when the object is made.
+                None => LeafFields { path: "", kind: "none", dtype: None, shape: None, nbytes: 0, inline: true },
+            },
         }
     }
 }
@@ -133,12 +189,37 @@ impl LeafInfo {
         nbytes: u64,
         inline: bool,
     ) -> Self {
-        LeafInfo { path, kind: Cow::Owned(kind), dtype, shape_v: shape, nbytes, inline }
+        LeafInfo(LeafRepr::Own(Box::new(OwnLeaf { path, kind: Cow::Owned(kind), dtype, shape, nbytes, inline })))
+    }
+    /// The leaf's key path.
+    #[getter]
+    fn path(&self) -> &str {
+        self.fields().path
+    }
+    /// none, bool, int, float, complex, str, bytes or array.
+    #[getter]
+    fn kind(&self) -> &str {
+        self.fields().kind
+    }
+    /// The array's dtype name (None for non-array leaves).
+    #[getter]
+    fn dtype(&self) -> Option<String> {
+        self.fields().dtype.map(Cow::into_owned)
     }
     /// Array shape as a tuple (None for non-array leaves).
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        self.shape_v.as_ref().map(|s| PyTuple::new(py, s.iter().copied())).transpose()
+        self.fields().shape.map(|s| PyTuple::new(py, s.iter().copied())).transpose()
+    }
+    /// Bytes of the value (UTF-8 bytes for strings).
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.fields().nbytes
+    }
+    /// Held in the manifest itself (no pack read needed).
+    #[getter]
+    fn inline(&self) -> bool {
+        self.fields().inline
     }
     /// Python's own reprs of the fields, so the text evaluates back to an equal `LeafInfo`.
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
@@ -149,14 +230,15 @@ impl LeafInfo {
             })
         };
         let text = |s: &str| Some(PyString::new(py, s).into_any());
+        let f = self.fields();
         Ok(format!(
             "LeafInfo(path={}, kind={}, dtype={}, shape={}, nbytes={}, inline={})",
-            repr(text(&self.path))?,
-            repr(text(&self.kind))?,
-            repr(self.dtype.as_deref().and_then(text))?,
+            repr(text(f.path))?,
+            repr(text(f.kind))?,
+            repr(f.dtype.as_deref().and_then(text))?,
             repr(self.shape(py)?.map(Bound::into_any))?,
-            self.nbytes,
-            if self.inline { "True" } else { "False" }
+            f.nbytes,
+            if f.inline { "True" } else { "False" }
         ))
     }
 }
@@ -1365,6 +1447,229 @@ impl<'py> treepack::manifest::Build for StructBuilder<'py, '_> {
     }
 }
 
+/// Manifests at least this large are read for `load_structure` by a helper thread's
+/// structure-only parse while this thread builds (below that, a thread costs more than it saves).
+const OUTLINE_MIN_BYTES: usize = 256 << 10;
+
+/// `load_structure` from a structure-only read of the manifest (`treepack::manifest::outline`)
+/// on a helper thread, streamed in blocks while this thread builds the Python objects: the
+/// parse, the leaves' facts and their key paths all cost this thread nothing, and each leaf
+/// object is a small handle into its block's table. `None` whenever anything is off (a bad
+/// seal or parse, a repeated dict key, a Python error, a pack the layout forbids): the caller
+/// then takes the one-pass parse, which gives the result or the full error.
+fn structure_outline<'py>(
+    py: Python<'py>,
+    bytes: &[u8],
+    file: &str,
+    layout: treepack::Layout,
+    make_node: &Bound<'py, PyAny>,
+) -> Option<Bound<'py, PyAny>> {
+    let (tx, mut rx) = std::sync::mpsc::channel::<Block>();
+    // Blocks built go back to be filled again.
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<Block>();
+    std::thread::scope(|s| {
+        let helper = std::thread::Builder::new()
+            .name("treepack-outline".into())
+            .spawn_scoped(s, move || {
+                treepack::manifest::outline::outline_reusing(bytes, file, &mut |b| tx.send(b).is_ok(), &mut || {
+                    back_rx.try_recv().ok()
+                })
+            })
+            .ok()?;
+        // The seal is checked here while the helper parses.
+        let mut built = treepack::manifest::check(bytes, file).ok().map(|_| OutlineBuilder::new(py, make_node));
+        if let Some(b) = &mut built {
+            loop {
+                let block = match rx.try_recv() {
+                    Ok(block) => block,
+                    Err(std::sync::mpsc::TryRecvError::Empty) => {
+                        // Wait without the interpreter (the receiver goes with the wait and back).
+                        let (got, back) = py.detach(move || (rx.recv(), rx));
+                        rx = back;
+                        match got {
+                            Ok(block) => block,
+                            Err(_) => break,
+                        }
+                    }
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+                };
+                if b.feed(&block).is_none() {
+                    built = None;
+                    break;
+                }
+                let _ = back_tx.send(block.reuse());
+            }
+        }
+        // A helper still reading stops at its next block.
+        drop(rx);
+        let packs = helper.join().ok()?.ok()?;
+        if !packs.iter().all(|p| layout.allows_pack(&p.path)) {
+            return None;
+        }
+        let tree = built?.finish()?;
+        OUTLINE_BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(tree)
+    })
+}
+
+/// Structures built by [`structure_outline`] in this process (tests check which path ran).
+static OUTLINE_BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many `load_structure` calls were answered by the structure-only read (for tests).
+#[pyfunction]
+fn _outline_builds() -> u64 {
+    OUTLINE_BUILDS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Builds `load_structure`'s objects from outline events (pre-order), one container frame per
+/// open node.
+struct OutlineBuilder<'py, 'm> {
+    dec: Decoder<'py>,
+    make_node: &'m Bound<'py, PyAny>,
+    stack: Vec<Frame<'py>>,
+    root: Option<Bound<'py, PyAny>>,
+    keys: Vec<Option<Bound<'py, PyString>>>,
+}
+
+/// Slots of `OutlineBuilder`'s key cache.
+const KEY_SLOTS: usize = 512;
+
+enum Frame<'py> {
+    /// `n` items set so far: a dict with fewer entries repeated a key.
+    Dict {
+        d: Bound<'py, PyDict>,
+        key: Option<Bound<'py, PyAny>>,
+        n: usize,
+        leaves_only: bool,
+    },
+    Seq {
+        items: Vec<Bound<'py, PyAny>>,
+        tuple: bool,
+        leaves_only: bool,
+    },
+    Named {
+        name: Option<Bound<'py, PyAny>>,
+        kids: Vec<Bound<'py, PyAny>>,
+    },
+}
+
+impl<'py, 'm> OutlineBuilder<'py, 'm> {
+    fn new(py: Python<'py>, make_node: &'m Bound<'py, PyAny>) -> Self {
+        OutlineBuilder {
+            dec: Decoder::new(py, None, None, false),
+            make_node,
+            stack: Vec::new(),
+            root: None,
+            keys: vec![None; KEY_SLOTS],
+        }
+    }
+
+    /// Build what `block` describes; `None` on anything unexpected or any Python error.
+    fn feed(&mut self, block: &Block) -> Option<()> {
+        let py = self.dec.py;
+        for e in &block.events {
+            match *e {
+                Event::Dict => self.stack.push(Frame::Dict { d: PyDict::new(py), key: None, n: 0, leaves_only: true }),
+                Event::List | Event::Tuple => {
+                    self.stack.push(Frame::Seq { items: Vec::new(), tuple: *e == Event::Tuple, leaves_only: true })
+                }
+                Event::Named => self.stack.push(Frame::Named { name: None, kids: Vec::new() }),
+                Event::Key(a, b) => {
+                    let k = self.key_str(block.text(a, b)?);
+                    self.key(k)?;
+                }
+                Event::TypedKey(i) => {
+                    let k = self.dec.key(block.keys.get(i as usize)?).ok()?;
+                    self.key(k)?;
+                }
+                Event::Leaf(i) => {
+                    let info = LeafInfo::row(&block.leaves, i)?;
+                    let obj = leaf_info(py, info).ok()?;
+                    self.add(obj, true)?;
+                }
+                Event::End => {
+                    let v = match self.stack.pop()? {
+                        Frame::Dict { d, n, leaves_only, .. } => {
+                            if d.len() != n {
+                                return None;
+                            }
+                            untrack_if_leaves(leaves_only, d.into_any())
+                        }
+                        Frame::Seq { items, tuple, leaves_only } => {
+                            untrack_if_leaves(leaves_only, self.dec.sequence(items, tuple).ok()?)
+                        }
+                        Frame::Named { .. } => return None,
+                    };
+                    self.add(v, false)?;
+                }
+                Event::EndNamed(i) => {
+                    let Frame::Named { kids, .. } = self.stack.pop()? else { return None };
+                    let n = block.named.get(i as usize)?;
+                    let kind = if n.custom { "custom" } else { "record" };
+                    let kids = PyList::new(py, kids).ok()?;
+                    let v = self.make_node.call1((kind, &n.type_name, n.data.as_deref(), kids, &n.path)).ok()?;
+                    self.add(v, false)?;
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// A str key through a small direct-mapped cache: the same few keys repeat in every dict
+    /// of a big tree, and a miss costs only the string the cache did not have.
+    fn key_str(&mut self, s: &str) -> Bound<'py, PyAny> {
+        // FNV-1a over the key's bytes picks the slot.
+        let h = s.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+        let slot = &mut self.keys[h as usize % KEY_SLOTS];
+        if let Some(k) = slot {
+            if k.to_str().is_ok_and(|t| t == s) {
+                return k.clone().into_any();
+            }
+        }
+        let k = PyString::new(self.dec.py, s);
+        *slot = Some(k.clone());
+        k.into_any()
+    }
+
+    fn key(&mut self, k: Bound<'py, PyAny>) -> Option<()> {
+        match self.stack.last_mut()? {
+            Frame::Dict { key, .. } | Frame::Named { name: key, .. } => *key = Some(k),
+            Frame::Seq { .. } => return None,
+        }
+        Some(())
+    }
+
+    fn add(&mut self, v: Bound<'py, PyAny>, leaf: bool) -> Option<()> {
+        match self.stack.last_mut() {
+            None => {
+                if self.root.replace(v).is_some() {
+                    return None;
+                }
+            }
+            Some(Frame::Dict { d, key, n, leaves_only }) => {
+                d.set_item(key.take()?, v).ok()?;
+                *n += 1;
+                *leaves_only &= leaf;
+            }
+            Some(Frame::Seq { items, leaves_only, .. }) => {
+                items.push(v);
+                *leaves_only &= leaf;
+            }
+            Some(Frame::Named { name, kids }) => {
+                kids.push(PyTuple::new(self.dec.py, [name.take()?, v]).ok()?.into_any());
+            }
+        }
+        Some(())
+    }
+
+    fn finish(self) -> Option<Bound<'py, PyAny>> {
+        if !self.stack.is_empty() {
+            return None;
+        }
+        self.root
+    }
+}
+
 /// The (pinned) location and its manifest's unchecked bytes for a one-pass read; `None` if they
 /// cannot be read (the Reader path then reports why).
 fn manifest_of(
@@ -1400,6 +1705,11 @@ fn structure_one_pass<'py>(
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let Some((loc, bytes, file)) = manifest_of(py, path, storage_options)? else { return Ok(None) };
     let layout = loc.layout();
+    if bytes.len() >= OUTLINE_MIN_BYTES {
+        if let Some(tree) = without_gc(py, || Ok(structure_outline(py, &bytes, &file, layout, &make_node)))? {
+            return Ok(Some(tree));
+        }
+    }
     let builder =
         StructBuilder { dec: Decoder::new(py, None, None, false), make_node: &make_node, path: Default::default() };
     let parsed = without_gc(py, || Ok(treepack::manifest::build(&bytes, &file, &builder)))?;
@@ -1631,6 +1941,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Reader>()?;
     m.add_class::<BytesOwner>()?;
     m.add_class::<LeafInfo>()?;
+    m.add_function(wrap_pyfunction!(_outline_builds, m)?)?;
     m.add("TreepackError", m.py().get_type::<TreepackError>())?;
     m.add("CorruptError", m.py().get_type::<CorruptError>())?;
     m.add("FormatError", m.py().get_type::<FormatError>())?;

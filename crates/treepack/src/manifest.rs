@@ -19,6 +19,8 @@ use std::cell::RefCell;
 use std::collections::HashSet;
 use std::fmt::{self, Write as _};
 
+pub mod outline;
+
 /// The format's signature value (`"format": "treepack"`).
 pub const FORMAT_NAME: &str = "treepack";
 /// Major version this build writes and reads.
@@ -516,7 +518,10 @@ pub fn decode(bytes: &[u8], file: &str) -> Result<Manifest> {
 }
 
 /// The checks [`decode`] makes before parsing: size limit, signature, version, trailing hash.
-fn check(bytes: &[u8], file: &str) -> Result<()> {
+///
+/// # Errors
+/// As [`decode`], for everything but the parse.
+pub fn check(bytes: &[u8], file: &str) -> Result<()> {
     if bytes.len() as u64 > MAX_MANIFEST_BYTES {
         return Err(Error::limit("manifest size", MAX_MANIFEST_BYTES, format!("{file} is {} bytes", bytes.len())));
     }
@@ -1089,69 +1094,78 @@ impl<'de, B: Build> Visitor<'de> for NodeSeed<'_, B> {
                     self.b.custom(type_name, data.unwrap_or(Value::Null), named).map_err(de::Error::custom)
                 }
             }
-            Tag::Int => {
-                let v: Value = expect_one(&mut map, "v")?;
-                let i = match &v {
-                    Value::String(s) => Int::parse(s),
-                    Value::Number(n) => {
-                        n.as_i64().map(Int::Small).or_else(|| n.as_u64().map(|u| Int::from_big(u.into())))
-                    }
-                    _ => None,
-                };
-                self.leaf(Entry::Int(i.ok_or_else(|| de::Error::custom("int `v` must be a decimal string"))?))
-            }
-            Tag::Float => {
-                let v: Value = expect_one(&mut map, "v")?;
-                self.leaf(Entry::Float(value_float(&v)?))
-            }
-            Tag::Complex => {
-                let v: Vec<Value> = expect_one(&mut map, "v")?;
-                if v.len() != 2 {
-                    return Err(de::Error::custom("complex `v` must be [real, imag]"));
-                }
-                self.leaf(Entry::Complex(value_float(&v[0])?, value_float(&v[1])?))
-            }
-            Tag::Str | Tag::Bytes => {
-                let is_str = t == Tag::Str;
-                let (mut size, mut blob, mut b64) = (None, None, None);
-                while let Some(k) = map.next_key_seed(MemberSeed)? {
-                    match k {
-                        Member::Size => {
-                            dup(&size, "size")?;
-                            size = Some(map.next_value::<u64>()?);
-                        }
-                        Member::Blob => {
-                            dup(&blob, "blob")?;
-                            blob = Some(map.next_value::<RawChunk<'de>>()?.into_ref()?);
-                        }
-                        Member::B64 if !is_str => {
-                            dup(&b64, "b64")?;
-                            b64 = Some(map.next_value_seed(Base64Seed("b64"))?);
-                        }
-                        _ => skip(&mut map)?,
-                    }
-                }
-                let entry = match (b64, size, blob) {
-                    (Some(b), None, None) => Entry::Bytes(Stored::Inline(b)),
-                    (None, Some(size), Some(chunk)) if is_str => Entry::Str(Stored::Blob { size, chunk }),
-                    (None, Some(size), Some(chunk)) => Entry::Bytes(Stored::Blob { size, chunk }),
-                    _ => {
-                        let name = if is_str { "str" } else { "bytes" };
-                        return Err(de::Error::custom(format!(
-                            "{name} node needs `size` and `blob` (or `b64` for bytes)"
-                        )));
-                    }
-                };
-                self.leaf(entry)
-            }
-            Tag::Array => {
-                let a = parse_array(&mut map)?;
-                self.leaf(Entry::Array(Box::new(a)))
-            }
             Tag::Unknown(other) => Err(de::Error::custom(format!(
                 "unknown node type {other:?} (written by a newer treepack? see docs/format.md)"
             ))),
+            leaf => {
+                let e = tagged_leaf(leaf, &mut map)?;
+                self.leaf(e)
+            }
         }
+    }
+}
+
+/// The entry of a tagged leaf node (`int`, `float`, `complex`, `str`, `bytes`, `array`) whose
+/// `t` member has been read; the rest of its members are read from `map`. Containers' tags are
+/// not leaves and get an error.
+fn tagged_leaf<'de, A: MapAccess<'de>>(t: Tag, map: &mut A) -> std::result::Result<Entry, A::Error> {
+    match t {
+        Tag::Int => {
+            let v: Value = expect_one(map, "v")?;
+            let i = match &v {
+                Value::String(s) => Int::parse(s),
+                Value::Number(n) => n.as_i64().map(Int::Small).or_else(|| n.as_u64().map(|u| Int::from_big(u.into()))),
+                _ => None,
+            };
+            Ok(Entry::Int(i.ok_or_else(|| de::Error::custom("int `v` must be a decimal string"))?))
+        }
+        Tag::Float => {
+            let v: Value = expect_one(map, "v")?;
+            Ok(Entry::Float(value_float(&v)?))
+        }
+        Tag::Complex => {
+            let v: Vec<Value> = expect_one(map, "v")?;
+            if v.len() != 2 {
+                return Err(de::Error::custom("complex `v` must be [real, imag]"));
+            }
+            Ok(Entry::Complex(value_float(&v[0])?, value_float(&v[1])?))
+        }
+        Tag::Str | Tag::Bytes => {
+            let is_str = t == Tag::Str;
+            let (mut size, mut blob, mut b64) = (None, None, None);
+            while let Some(k) = map.next_key_seed(MemberSeed)? {
+                match k {
+                    Member::Size => {
+                        dup(&size, "size")?;
+                        size = Some(map.next_value::<u64>()?);
+                    }
+                    Member::Blob => {
+                        dup(&blob, "blob")?;
+                        blob = Some(map.next_value::<RawChunk<'de>>()?.into_ref()?);
+                    }
+                    Member::B64 if !is_str => {
+                        dup(&b64, "b64")?;
+                        b64 = Some(map.next_value_seed(Base64Seed("b64"))?);
+                    }
+                    _ => skip(map)?,
+                }
+            }
+            let entry = match (b64, size, blob) {
+                (Some(b), None, None) => Entry::Bytes(Stored::Inline(b)),
+                (None, Some(size), Some(chunk)) if is_str => Entry::Str(Stored::Blob { size, chunk }),
+                (None, Some(size), Some(chunk)) => Entry::Bytes(Stored::Blob { size, chunk }),
+                _ => {
+                    let name = if is_str { "str" } else { "bytes" };
+                    return Err(de::Error::custom(format!("{name} node needs `size` and `blob` (or `b64` for bytes)")));
+                }
+            };
+            Ok(entry)
+        }
+        Tag::Array => {
+            let a = parse_array(map)?;
+            Ok(Entry::Array(Box::new(a)))
+        }
+        other => Err(de::Error::custom(format!("{other:?} is not a leaf node type"))),
     }
 }
 
@@ -2212,7 +2226,7 @@ fn validate_entry(packs: &[PackInfo], path: &KeyPath, e: &Entry, file: &str) -> 
 mod tests {
     use super::*;
 
-    fn sample() -> Manifest {
+    pub(super) fn sample() -> Manifest {
         let chunk = ChunkRef { pack: 0, offset: 0, length: 8, codec: Codec::Raw, hash: Hash32::of(&[0u8; 8]) };
         Manifest {
             version: (1, 0),
@@ -2244,7 +2258,7 @@ mod tests {
 
     /// A manifest over 1 MiB: a root list of many records whose second level holds a big dict,
     /// so both list and dict items take the split (parallel) parse.
-    fn big(keyed: bool) -> Manifest {
+    pub(super) fn big(keyed: bool) -> Manifest {
         let mut m = sample();
         let one = m.root.clone();
         let items: Vec<Tree<Entry>> = (0..3300)
@@ -2263,6 +2277,16 @@ mod tests {
             Tree::List(items)
         };
         m
+    }
+
+    /// The spec gives the trailer's length; it said 88 bytes until session 12 (it is 86).
+    #[test]
+    fn the_spec_states_the_hash_trailer_length() {
+        assert_eq!(HASH_TRAILER_LEN, 86);
+        let spec = include_str!("../../../docs/format.md");
+        assert!(spec.contains("(86 bytes in all)") && spec.contains("last 86 bytes"));
+        let sealed = seal(b"{}");
+        assert_eq!(sealed.len() - 2, HASH_TRAILER_LEN);
     }
 
     #[test]

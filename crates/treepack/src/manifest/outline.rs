@@ -1,0 +1,1012 @@
+//! A structure-only read of a manifest: the tree's shape as a flat stream of events, and what
+//! each leaf is (kind, dtype, shape, size, key path) in compact tables, with no per-node
+//! allocation and nothing built that a structure listing does not show.
+//!
+//! Why: `load_structure` of a 100k-leaf tree must build ~125k Python objects, and those can
+//! only be built on the thread that holds the interpreter. The full parse (a manifest tree or
+//! a [`Build`](super::Build)er's nodes) costs about as much again on that same thread. Here
+//! another thread parses and streams [`Block`]s of events while the calling thread builds, and
+//! the leaves' facts stay in shared tables that the Python objects point into.
+//!
+//! What is accepted is exactly what the strict parser accepts: the same grammar, the same
+//! depth limit, pack paths and leaves checked by the same code (tagged leaves go through the
+//! strict parser's own leaf reader and `validate_entry`). The one check left to the consumer
+//! is key uniqueness within a dict (a consumer building a hash map sees a repeat as a shorter
+//! map and must then refuse it); record field and custom child names are checked here.
+
+use super::*;
+use std::sync::Arc;
+
+/// Events a [`Block`] holds at most before it is handed over.
+pub const BLOCK_EVENTS: usize = 4096;
+
+/// One step of a pre-order walk of the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    Dict,
+    List,
+    Tuple,
+    /// A record or custom node opens; its type, data and path come with its [`Event::EndNamed`]
+    /// (a reader may meet `fields` before `type`).
+    Named,
+    /// Closes the innermost open dict, list or tuple.
+    End,
+    /// Closes the innermost open record or custom node: [`Block::named`]`[i]`.
+    EndNamed(u32),
+    /// The next key of a dict, a string, or the next field/child name of a record or custom
+    /// node: `Block::text[start..end]` (see [`Block::text`]).
+    Key(u32, u32),
+    /// The next key of a dict, of another type: [`Block::keys`]`[i]`.
+    TypedKey(u32),
+    /// A leaf: row `i` of [`Block::leaves`].
+    Leaf(u32),
+}
+
+/// A record or custom node, complete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedNode {
+    pub custom: bool,
+    pub type_name: String,
+    /// A custom node's `data` as compact JSON text (`None` when absent or null).
+    pub data: Option<String>,
+    /// The node's key path.
+    pub path: String,
+}
+
+/// A run of consecutive events with what they refer to.
+#[derive(Debug, Default)]
+pub struct Block {
+    pub events: Vec<Event>,
+    text: String,
+    pub keys: Vec<Key>,
+    pub named: Vec<NamedNode>,
+    /// Shared, so that objects describing leaves can keep it rather than copies of each row.
+    pub leaves: Arc<LeafTable>,
+}
+
+impl Block {
+    /// This block emptied, to be filled again (its leaf table stays with whoever holds it).
+    pub fn reuse(mut self) -> Block {
+        self.events.clear();
+        self.text.clear();
+        self.keys.clear();
+        self.named.clear();
+        self.leaves = Arc::default();
+        self
+    }
+
+    /// The text of an [`Event::Key`].
+    pub fn text(&self, start: u32, end: u32) -> Option<&str> {
+        self.text.get(start as usize..end as usize)
+    }
+}
+
+/// What a listing shows of a leaf, row by row.
+#[derive(Debug, Default)]
+pub struct LeafTable {
+    rows: Vec<Row>,
+    paths: String,
+    dims: Vec<u64>,
+    dtypes: Vec<DType>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    path_start: u32,
+    path_end: u32,
+    dims_start: u32,
+    /// `NO_SHAPE` for leaves that are not arrays.
+    ndim: u8,
+    kind: u8,
+    /// 0: none; else 1 + index into `dtypes`.
+    dtype: u16,
+    inline: bool,
+    nbytes: u64,
+}
+
+const NO_SHAPE: u8 = u8::MAX;
+
+/// `Entry::kind` names, indexed by `Row::kind`.
+const KINDS: [&str; 8] = ["none", "bool", "int", "float", "complex", "str", "bytes", "array"];
+
+fn kind_code(kind: &str) -> u8 {
+    KINDS.iter().position(|k| *k == kind).unwrap_or(0) as u8
+}
+
+/// One leaf of a [`LeafTable`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeafView<'a> {
+    pub path: &'a str,
+    pub kind: &'static str,
+    pub dtype: Option<&'a DType>,
+    pub shape: Option<&'a [u64]>,
+    pub nbytes: u64,
+    /// Stored in the manifest itself (no pack read needed).
+    pub inline: bool,
+}
+
+impl LeafTable {
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+    /// Row `i`, if there is one.
+    pub fn get(&self, i: usize) -> Option<LeafView<'_>> {
+        let r = self.rows.get(i)?;
+        let shape = match r.ndim {
+            NO_SHAPE => None,
+            n => Some(self.dims.get(r.dims_start as usize..r.dims_start as usize + n as usize)?),
+        };
+        Some(LeafView {
+            path: self.paths.get(r.path_start as usize..r.path_end as usize)?,
+            kind: KINDS.get(r.kind as usize).copied().unwrap_or("none"),
+            dtype: if r.dtype == 0 { None } else { Some(self.dtypes.get(r.dtype as usize - 1)?) },
+            shape,
+            nbytes: r.nbytes,
+            inline: r.inline,
+        })
+    }
+}
+
+/// Read `bytes` (a manifest; its trailing hash is not checked here, see [`check`]) as blocks
+/// of events handed to `sink` in order. `sink` returns `false` to stop the read (which then
+/// fails). Returns the packs.
+///
+/// # Errors
+/// Whatever the strict parser refuses, with terse messages: call [`decode`] for the full one.
+pub fn outline(bytes: &[u8], file: &str, sink: &mut dyn FnMut(Block) -> bool) -> Result<Vec<PackInfo>> {
+    outline_reusing(bytes, file, sink, &mut || None)
+}
+
+/// [`outline`], filling blocks that `spare` hands back (see [`Block::reuse`]) before new ones:
+/// their memory is already mapped, where fresh buffers cost a page fault per 4 KiB.
+///
+/// # Errors
+/// As [`outline`].
+pub fn outline_reusing(
+    bytes: &[u8],
+    file: &str,
+    sink: &mut dyn FnMut(Block) -> bool,
+    spare: &mut dyn FnMut() -> Option<Block>,
+) -> Result<Vec<PackInfo>> {
+    let key_path = RefCell::new(Vec::new());
+    let st = RefCell::new(State {
+        block: Block::default(),
+        table: LeafTable::default(),
+        path: String::new(),
+        starts: Vec::new(),
+        names: Vec::new(),
+        packs: None,
+        file,
+        sink,
+        spare,
+        stopped: false,
+    });
+    let key_ctx = Ctx { path: &key_path, packs: None, file };
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    de.disable_recursion_limit();
+    let res = OTop { st: &st, key_ctx: &key_ctx }.deserialize(&mut de).and_then(|p| de.end().map(|_| p));
+    let mut st = st.into_inner();
+    let packs = res.map_err(|e| Error::manifest(file, st.path.clone(), e.to_string()))?;
+    if !st.flush() {
+        return Err(Error::manifest(file, "<root>", "the reader stopped"));
+    }
+    Ok(packs)
+}
+
+struct State<'s> {
+    block: Block,
+    /// The current block's leaves (moved into its `Arc` when the block is handed over).
+    table: LeafTable,
+    /// Key path of the node being read, and where each open step began in it.
+    path: String,
+    starts: Vec<usize>,
+    /// Field/child names of each open record or custom node, to refuse repeats.
+    names: Vec<Vec<String>>,
+    packs: Option<Vec<PackInfo>>,
+    file: &'s str,
+    sink: &'s mut dyn FnMut(Block) -> bool,
+    spare: &'s mut dyn FnMut() -> Option<Block>,
+    stopped: bool,
+}
+
+impl State<'_> {
+    /// Hand the current block over (if it has anything); false once the reader stopped.
+    fn flush(&mut self) -> bool {
+        if self.stopped {
+            return false;
+        }
+        if self.block.events.is_empty() {
+            return true;
+        }
+        let next = (self.spare)().unwrap_or_default();
+        let mut block = std::mem::replace(&mut self.block, next);
+        block.leaves = Arc::new(std::mem::take(&mut self.table));
+        self.block.events.reserve(BLOCK_EVENTS);
+        self.table.rows.reserve(BLOCK_EVENTS);
+        if !(self.sink)(block) {
+            self.stopped = true;
+        }
+        !self.stopped
+    }
+
+    /// Room for one more event (handing the full block over first).
+    fn room<E: de::Error>(&mut self) -> std::result::Result<(), E> {
+        if self.block.events.len() >= BLOCK_EVENTS && !self.flush() {
+            return Err(E::custom("the reader stopped"));
+        }
+        if self.stopped {
+            return Err(E::custom("the reader stopped"));
+        }
+        Ok(())
+    }
+
+    fn event<E: de::Error>(&mut self, e: Event) -> std::result::Result<(), E> {
+        self.room()?;
+        self.block.events.push(e);
+        Ok(())
+    }
+
+    fn enter(&mut self, step: Step<'_>) {
+        self.starts.push(self.path.len());
+        if !self.path.is_empty() {
+            self.path.push('/');
+        }
+        crate::keypath::push_step_text(&mut self.path, &step);
+    }
+
+    fn exit(&mut self) {
+        if let Some(at) = self.starts.pop() {
+            self.path.truncate(at);
+        }
+    }
+
+    fn key_text<E: de::Error>(&mut self, k: &str) -> std::result::Result<(), E> {
+        self.room()?;
+        let start = self.block.text.len();
+        self.block.text.push_str(k);
+        let (start, end) = (u32_of(start)?, u32_of(self.block.text.len())?);
+        self.block.events.push(Event::Key(start, end));
+        Ok(())
+    }
+
+    fn leaf<E: de::Error>(
+        &mut self,
+        kind: &'static str,
+        dtype: Option<&DType>,
+        shape: Option<&[u64]>,
+        nbytes: u64,
+        inline: bool,
+    ) -> std::result::Result<(), E> {
+        self.room()?;
+        let t = &mut self.table;
+        let path_start = u32_of(t.paths.len())?;
+        t.paths.push_str(&self.path);
+        let dims_start = u32_of(t.dims.len())?;
+        let ndim = match shape {
+            Some(s) => {
+                t.dims.extend_from_slice(s);
+                // At most MAX_NDIM (64), checked before any leaf gets here.
+                u8::try_from(s.len()).map_err(|_| E::custom("too many dimensions"))?
+            }
+            None => NO_SHAPE,
+        };
+        let dtype = match dtype {
+            None => 0,
+            Some(d) => match t.dtypes.iter().position(|x| x == d) {
+                Some(i) => i + 1,
+                None => {
+                    t.dtypes.push(d.clone());
+                    t.dtypes.len()
+                }
+            },
+        };
+        let row = Row {
+            path_start,
+            path_end: u32_of(t.paths.len())?,
+            dims_start,
+            ndim,
+            kind: kind_code(kind),
+            dtype: u16::try_from(dtype).map_err(|_| E::custom("too many dtypes in one block"))?,
+            inline,
+            nbytes,
+        };
+        let i = u32_of(t.rows.len())?;
+        t.rows.push(row);
+        self.block.events.push(Event::Leaf(i));
+        Ok(())
+    }
+
+    /// A leaf read through the strict parser: validated as it validates, then recorded.
+    fn entry<E: de::Error>(&mut self, e: &Entry) -> std::result::Result<(), E> {
+        let Some(packs) = self.packs.as_deref() else {
+            return Err(E::custom("`packs` must come before `root` for a one-pass parse"));
+        };
+        validate_entry(packs, &KeyPath::root(), e, self.file).map_err(|err| E::custom(err.to_string()))?;
+        let (dtype, shape, inline) = match e {
+            Entry::Array(a) => (Some(&a.dtype), Some(a.shape.as_slice()), matches!(a.storage, ArrayStorage::Inline(_))),
+            _ => (None, None, e.chunks().is_empty()),
+        };
+        self.leaf(e.kind(), dtype, shape, e.nbytes(), inline)
+    }
+}
+
+fn u32_of<E: de::Error>(n: usize) -> std::result::Result<u32, E> {
+    u32::try_from(n).map_err(|_| E::custom("block too large"))
+}
+
+struct OTop<'a, 's> {
+    st: &'a RefCell<State<'s>>,
+    key_ctx: &'a Ctx<'a>,
+}
+
+impl<'de> DeserializeSeed<'de> for OTop<'_, '_> {
+    type Value = Vec<PackInfo>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OTop<'_, '_> {
+    type Value = Vec<PackInfo>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a treepack manifest object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+        let mut seen: Vec<String> = Vec::new();
+        let (mut version, mut root) = (false, false);
+        while let Some(k) = map.next_key::<String>()? {
+            if seen.contains(&k) {
+                return Err(de::Error::custom(format!("duplicate member `{k}`")));
+            }
+            match k.as_str() {
+                "format" => {
+                    let f: String = map.next_value()?;
+                    if f != FORMAT_NAME {
+                        return Err(de::Error::custom(format!("format is {f:?}, expected \"treepack\"")));
+                    }
+                }
+                "version" => {
+                    let _: (u16, u16) = map.next_value()?;
+                    version = true;
+                }
+                "writer" => {
+                    let _: String = map.next_value()?;
+                }
+                "packs" => {
+                    let list: Vec<PackInfo> = map
+                        .next_value::<Vec<RawPack>>()?
+                        .into_iter()
+                        .map(|p| PackInfo { path: p.path, size: p.size })
+                        .collect();
+                    for p in &list {
+                        validate_pack_path(&p.path).map_err(de::Error::custom)?;
+                    }
+                    if list.len() > MAX_PACKS {
+                        return Err(de::Error::custom("too many packs"));
+                    }
+                    self.st.borrow_mut().packs = Some(list);
+                }
+                "root" => {
+                    map.next_value_seed(ONode { depth: 0, st: self.st, key_ctx: self.key_ctx })?;
+                    root = true;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            seen.push(k);
+        }
+        if !version {
+            return Err(de::Error::custom("missing `version`"));
+        }
+        let packs = self.st.borrow_mut().packs.take().ok_or_else(|| de::Error::custom("missing `packs`"))?;
+        if !root {
+            return Err(de::Error::custom("missing `root`"));
+        }
+        Ok(packs)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct ONode<'a, 's> {
+    depth: usize,
+    st: &'a RefCell<State<'s>>,
+    key_ctx: &'a Ctx<'a>,
+}
+
+impl<'a, 's> ONode<'a, 's> {
+    fn child(self) -> Self {
+        ONode { depth: self.depth + 1, ..self }
+    }
+    fn check_depth<E: de::Error>(&self) -> std::result::Result<(), E> {
+        if self.depth >= MAX_DEPTH {
+            return Err(E::custom(format!("tree nested deeper than {MAX_DEPTH} levels")));
+        }
+        Ok(())
+    }
+    fn scalar<E: de::Error>(&self, kind: &'static str, nbytes: u64) -> std::result::Result<(), E> {
+        self.st.borrow_mut().leaf(kind, None, None, nbytes, true)
+    }
+    /// Items of a list or tuple, each under its index.
+    fn items<'de, A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        let mut i = 0usize;
+        loop {
+            self.st.borrow_mut().enter(Step::Index(i));
+            let more = seq.next_element_seed(self.child())?;
+            self.st.borrow_mut().exit();
+            if more.is_none() {
+                return Ok(());
+            }
+            i += 1;
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for ONode<'_, '_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        crate::model::grow(|| d.deserialize_any(self))
+    }
+}
+
+impl<'de> Visitor<'de> for ONode<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a tree node")
+    }
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<(), E> {
+        self.scalar("none", 0)
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<(), E> {
+        self.scalar("bool", 0)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> std::result::Result<(), E> {
+        self.scalar("int", 0)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<(), E> {
+        self.scalar("int", 0)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> std::result::Result<(), E> {
+        self.scalar("float", 0)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<(), E> {
+        self.scalar("str", v.len() as u64)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<(), A::Error> {
+        self.check_depth()?;
+        self.st.borrow_mut().event(Event::List)?;
+        self.items(seq)?;
+        self.st.borrow_mut().event(Event::End)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
+        self.check_depth()?;
+        if map.next_key_seed(MemberSeed)? != Some(Member::T) {
+            return Err(de::Error::custom("a tagged node object must begin with its \"t\" member"));
+        }
+        let t = map.next_value_seed(TagSeed)?;
+        match t {
+            Tag::Tuple | Tag::Dict => {
+                let dict = t == Tag::Dict;
+                self.st.borrow_mut().event(if dict { Event::Dict } else { Event::Tuple })?;
+                let mut items = false;
+                while let Some(k) = map.next_key_seed(MemberSeed)? {
+                    if k != Member::Items {
+                        skip(&mut map)?;
+                        continue;
+                    }
+                    if items {
+                        return Err(de::Error::custom("duplicate member `items`"));
+                    }
+                    items = true;
+                    if dict {
+                        map.next_value_seed(OPairs { node: self, named: false })?;
+                    } else {
+                        map.next_value_seed(OItems(self))?;
+                    }
+                }
+                if !items {
+                    return Err(de::Error::custom(if dict { "dict without `items`" } else { "tuple without `items`" }));
+                }
+                self.st.borrow_mut().event(Event::End)
+            }
+            Tag::Record | Tag::Custom => {
+                let custom = t == Tag::Custom;
+                let (list_member, list_name) =
+                    if custom { (Member::Children, "children") } else { (Member::Fields, "fields") };
+                {
+                    let mut st = self.st.borrow_mut();
+                    st.event(Event::Named)?;
+                    st.names.push(Vec::new());
+                }
+                let (mut ty, mut listed, mut data) = (None::<String>, false, None::<Value>);
+                while let Some(k) = map.next_key_seed(MemberSeed)? {
+                    if k == Member::Type {
+                        dup(&ty, "type")?;
+                        ty = Some(map.next_value::<String>()?);
+                    } else if k == list_member {
+                        if listed {
+                            return Err(de::Error::custom(format!("duplicate member `{list_name}`")));
+                        }
+                        listed = true;
+                        map.next_value_seed(OPairs { node: self, named: true })?;
+                    } else if k == Member::Data && custom {
+                        dup(&data, "data")?;
+                        data = Some(map.next_value::<Value>()?);
+                    } else {
+                        skip(&mut map)?;
+                    }
+                }
+                let name = if custom { "custom" } else { "record" };
+                let type_name = ty.ok_or_else(|| de::Error::custom(format!("{name} without `type`")))?;
+                let mut st = self.st.borrow_mut();
+                st.names.pop();
+                let data = data.filter(|d| !d.is_null()).map(|d| d.to_string());
+                let node = NamedNode { custom, type_name, data, path: st.path.clone() };
+                st.room()?;
+                let i = u32_of(st.block.named.len())?;
+                st.block.named.push(node);
+                st.block.events.push(Event::EndNamed(i));
+                Ok(())
+            }
+            Tag::Unknown(other) => Err(de::Error::custom(format!(
+                "unknown node type {other:?} (written by a newer treepack? see docs/format.md)"
+            ))),
+            leaf => {
+                let e = tagged_leaf(leaf, &mut map)?;
+                self.st.borrow_mut().entry(&e)
+            }
+        }
+    }
+}
+
+struct OItems<'a, 's>(ONode<'a, 's>);
+
+impl<'de> DeserializeSeed<'de> for OItems<'_, '_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OItems<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of nodes")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<(), A::Error> {
+        self.0.items(seq)
+    }
+}
+
+/// The `[key, node]` pairs of a dict (`named: false`) or a record/custom node's names.
+struct OPairs<'a, 's> {
+    node: ONode<'a, 's>,
+    named: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for OPairs<'_, '_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OPairs<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of [key, node] pairs")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        while seq.next_element_seed(OPair { node: self.node, named: self.named })?.is_some() {}
+        Ok(())
+    }
+}
+
+struct OPair<'a, 's> {
+    node: ONode<'a, 's>,
+    named: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for OPair<'_, '_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OPair<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a [key, node] pair")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        let st = self.node.st;
+        if self.named {
+            let name: std::borrow::Cow<'de, str> =
+                seq.next_element()?.ok_or_else(|| de::Error::custom("empty pair: expected [name, node]"))?;
+            let mut s = st.borrow_mut();
+            let repeat = s.names.last().is_some_and(|names| names.iter().any(|n| *n == name));
+            if repeat {
+                let text = crate::keypath::name_segment_text(&name);
+                return Err(de::Error::custom(format!("duplicate key `{text}`")));
+            }
+            if let Some(names) = s.names.last_mut() {
+                names.push(name.to_string());
+            }
+            s.key_text(&name)?;
+            s.enter(Step::Name(&name));
+        } else {
+            let key = seq
+                .next_element_seed(OKey(self.node))?
+                .ok_or_else(|| de::Error::custom("empty pair: expected [key, node]"))?;
+            let mut s = st.borrow_mut();
+            // A string key was recorded by `OKey` itself.
+            if let Some(k) = key {
+                s.room()?;
+                let i = u32_of(s.block.keys.len())?;
+                s.enter(Step::Key(&k));
+                s.block.keys.push(k);
+                s.block.events.push(Event::TypedKey(i));
+            }
+        }
+        let v = seq.next_element_seed(self.node.child())?;
+        st.borrow_mut().exit();
+        if v.is_none() {
+            return Err(de::Error::custom("pair without a value: expected [key, node]"));
+        }
+        if seq.next_element::<IgnoredAny>()?.is_some() {
+            return Err(de::Error::custom("a pair must have exactly two items"));
+        }
+        Ok(())
+    }
+}
+
+/// A dict key: a string key is recorded (event and path step) at once, with no allocation;
+/// other keys are read as the strict parser reads them and returned.
+struct OKey<'a, 's>(ONode<'a, 's>);
+
+impl<'de> DeserializeSeed<'de> for OKey<'_, '_> {
+    type Value = Option<Key>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'a> OKey<'a, '_> {
+    fn strict(&self) -> KeySeed<'a> {
+        KeySeed(NodeSeed { depth: self.0.depth + 1, ctx: self.0.key_ctx, split: false, b: &OwnedTree })
+    }
+}
+
+impl<'de> Visitor<'de> for OKey<'_, '_> {
+    type Value = Option<Key>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a dict key")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Self::Value, E> {
+        let mut s = self.0.st.borrow_mut();
+        s.key_text(v)?;
+        s.enter(Step::Name(v));
+        Ok(None)
+    }
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
+        self.strict().visit_unit().map(Some)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<Self::Value, E> {
+        self.strict().visit_bool(v).map(Some)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Self::Value, E> {
+        self.strict().visit_i64(v).map(Some)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Self::Value, E> {
+        self.strict().visit_u64(v).map(Some)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Self::Value, E> {
+        self.strict().visit_f64(v).map(Some)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Self::Value, A::Error> {
+        self.strict().visit_seq(seq).map(Some)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Self::Value, A::Error> {
+        self.strict().visit_map(map).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{big, sample};
+    use super::*;
+
+    /// The blocks of `bytes` as one line per event, leaves with their facts; repeated dict keys
+    /// refused as a consumer would.
+    fn lines(bytes: &[u8]) -> std::result::Result<Vec<String>, String> {
+        let mut blocks = Vec::new();
+        outline(bytes, "t", &mut |b| {
+            blocks.push(b);
+            true
+        })
+        .map_err(|e| e.to_string())?;
+        assert!(blocks.iter().all(|b| b.events.len() <= BLOCK_EVENTS));
+        let mut out = Vec::new();
+        // Keys seen by each open container (dicts only; `None` for others).
+        let mut open: Vec<Option<HashSet<String>>> = Vec::new();
+        let mut pending_key = None;
+        for b in &blocks {
+            for e in &b.events {
+                let key = |k: String, open: &mut Vec<Option<HashSet<String>>>| match open.last_mut() {
+                    Some(Some(seen)) => {
+                        if seen.insert(k.clone()) {
+                            Ok(k)
+                        } else {
+                            Err(format!("duplicate key {k}"))
+                        }
+                    }
+                    _ => Ok(k),
+                };
+                match *e {
+                    Event::Dict | Event::List | Event::Tuple | Event::Named => {
+                        open.push((*e == Event::Dict).then(HashSet::new));
+                        out.push(format!("{e:?}"));
+                    }
+                    Event::End => {
+                        open.pop();
+                        out.push("end".into());
+                    }
+                    Event::EndNamed(i) => {
+                        open.pop();
+                        let n = &b.named[i as usize];
+                        out.push(format!("end {} {} {:?} {}", n.custom, n.type_name, n.data, n.path));
+                    }
+                    Event::Key(s, t) => {
+                        let text = b.text(s, t).ok_or("bad key range")?.to_string();
+                        pending_key = Some(key(crate::keypath::name_segment_text(&text), &mut open)?);
+                        out.push(format!("key {text}"));
+                    }
+                    Event::TypedKey(i) => {
+                        let k = &b.keys[i as usize];
+                        pending_key = Some(key(crate::keypath::key_segment_text(k), &mut open)?);
+                        out.push(format!("key {k:?}"));
+                    }
+                    Event::Leaf(i) => {
+                        let l = b.leaves.get(i as usize).ok_or("bad leaf row")?;
+                        out.push(format!(
+                            "leaf {} {} {:?} {:?} {} {}",
+                            l.path,
+                            l.kind,
+                            l.dtype.map(|d| d.to_json().to_string()),
+                            l.shape,
+                            l.nbytes,
+                            l.inline
+                        ));
+                    }
+                }
+            }
+        }
+        let _ = pending_key;
+        Ok(out)
+    }
+
+    /// The same lines, from the strict parser's tree.
+    fn expected(t: &Tree<Entry>, path: &str, out: &mut Vec<String>) {
+        let join = |seg: String| if path.is_empty() { seg } else { format!("{path}/{seg}") };
+        match t {
+            Tree::Leaf(e) => {
+                let (dtype, shape, inline) = match e {
+                    Entry::Array(a) => (
+                        Some(a.dtype.to_json().to_string()),
+                        Some(a.shape.as_slice()),
+                        matches!(a.storage, ArrayStorage::Inline(_)),
+                    ),
+                    _ => (None, None, e.chunks().is_empty()),
+                };
+                out.push(format!("leaf {path} {} {dtype:?} {shape:?} {} {inline}", e.kind(), e.nbytes()));
+            }
+            Tree::List(items) | Tree::Tuple(items) => {
+                out.push(if matches!(t, Tree::List(_)) { "List" } else { "Tuple" }.into());
+                for (i, v) in items.iter().enumerate() {
+                    expected(v, &join(i.to_string()), out);
+                }
+                out.push("end".into());
+            }
+            Tree::Dict(pairs) => {
+                out.push("Dict".into());
+                for (k, v) in pairs {
+                    out.push(match k {
+                        Key::Str(s) => format!("key {s}"),
+                        k => format!("key {k:?}"),
+                    });
+                    expected(v, &join(crate::keypath::key_segment_text(k)), out);
+                }
+                out.push("end".into());
+            }
+            Tree::Record { type_name, fields } | Tree::Custom { type_name, children: fields, .. } => {
+                out.push("Named".into());
+                for (n, v) in fields {
+                    out.push(format!("key {n}"));
+                    expected(v, &join(crate::keypath::name_segment_text(n)), out);
+                }
+                let (custom, data) = match t {
+                    Tree::Custom { data, .. } => (true, (!data.is_null()).then(|| data.to_string())),
+                    _ => (false, None),
+                };
+                out.push(format!("end {custom} {type_name} {data:?} {path}"));
+            }
+        }
+    }
+
+    fn rich() -> Manifest {
+        let mut m = sample();
+        let Tree::Dict(pairs) = &mut m.root else { unreachable!() };
+        pairs.push((
+            Key::Str("rec/~*".into()),
+            Tree::Record {
+                type_name: "my.Point".into(),
+                fields: vec![
+                    ("x".into(), Tree::Leaf(Entry::Float(1.5))),
+                    ("".into(), Tree::Leaf(Entry::Str(Stored::Inline("é\\".into())))),
+                ],
+            },
+        ));
+        pairs.push((
+            Key::Float(2.5),
+            Tree::Custom {
+                type_name: "datetime".into(),
+                data: serde_json::json!({"iso": "2026-01-01"}),
+                children: vec![("b".into(), Tree::Leaf(Entry::Bytes(Stored::Inline(Bytes::from_static(b"xyz")))))],
+            },
+        ));
+        pairs.push((
+            Key::Str("small".into()),
+            Tree::Leaf(Entry::Array(Box::new(ArrayEntry {
+                dtype: DType::I16,
+                shape: vec![2, 1],
+                storage: ArrayStorage::Inline(Bytes::from_static(&[1, 0, 2, 0])),
+                preview: None,
+            }))),
+        ));
+        pairs.push((Key::Str("empty".into()), Tree::Dict(vec![])));
+        m
+    }
+
+    fn strict_lines(bytes: &[u8]) -> std::result::Result<Vec<String>, String> {
+        let p = build_one_thread(bytes, "t", &OwnedTree).map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        expected(&p.root, "", &mut out);
+        Ok(out)
+    }
+
+    #[test]
+    fn outline_lists_what_the_strict_parser_reads() {
+        for m in [rich(), big(false), big(true)] {
+            let bytes = encode(&m, &serde_json::json!({}));
+            let want = strict_lines(&bytes).unwrap();
+            assert_eq!(lines(&bytes).unwrap(), want);
+        }
+    }
+
+    #[test]
+    fn outline_refuses_what_the_strict_parser_refuses() {
+        let bytes = encode(&rich(), &serde_json::json!({}));
+        let body = &bytes[..bytes.len() - HASH_TRAILER_LEN];
+        let root = body.windows(7).position(|w| w == b"\"root\":").unwrap();
+        let mut accepted = 0;
+        // Every byte of the root deleted, or replaced by a few telling characters, resealed.
+        for i in root..body.len() {
+            let variants: Vec<Vec<u8>> = std::iter::once(None)
+                .chain(b"\"0]}[,a-".iter().map(Some))
+                .map(|c| {
+                    let mut v = body.to_vec();
+                    match c {
+                        None => {
+                            v.remove(i);
+                        }
+                        Some(&c) => v[i] = c,
+                    }
+                    seal(&v)
+                })
+                .collect();
+            for v in variants {
+                let strict = strict_lines(&v);
+                let fast = check(&v, "t").map_err(|e| e.to_string()).and_then(|_| lines(&v));
+                match (&strict, &fast) {
+                    (Ok(a), Ok(b)) => {
+                        assert_eq!(a, b, "{}", String::from_utf8_lossy(&v));
+                        accepted += 1;
+                    }
+                    (Err(_), Err(_)) => {}
+                    _ => panic!(
+                        "strict {:?} but outline {:?} for {}",
+                        strict.err(),
+                        fast.err(),
+                        String::from_utf8_lossy(&v)
+                    ),
+                }
+            }
+        }
+        assert!(accepted > 50, "only {accepted} variants parsed: the mutations test little");
+    }
+
+    #[test]
+    fn outline_checks_leaves_packs_and_depth() {
+        // A chunk past the end of its pack.
+        let mut m = sample();
+        m.packs[0].size = 4;
+        let e = lines(&encode(&m, &serde_json::json!({}))).unwrap_err();
+        assert!(e.contains("spans bytes"), "{e}");
+        // A pack path outside the tree.
+        let mut m = sample();
+        m.packs[0].path = "../x".into();
+        assert!(lines(&encode(&m, &serde_json::json!({}))).is_err());
+        // Depth.
+        let deep = |n: usize| {
+            let body = format!(
+                "{{\"format\":\"treepack\",\"version\":[1,0],\"packs\":[],\"root\":{}{}",
+                "[".repeat(n),
+                "]".repeat(n)
+            );
+            seal(body.as_bytes())
+        };
+        assert_eq!(lines(&deep(MAX_DEPTH)).err(), None);
+        assert!(strict_lines(&deep(MAX_DEPTH)).is_ok());
+        assert!(lines(&deep(MAX_DEPTH + 1)).unwrap_err().contains("deeper"));
+        // Repeated record fields.
+        let mut m = rich();
+        let Tree::Dict(pairs) = &mut m.root else { unreachable!() };
+        pairs.push((
+            Key::Str("r2".into()),
+            Tree::Record {
+                type_name: "T".into(),
+                fields: vec![("a".into(), Tree::Leaf(Entry::None)), ("a".into(), Tree::Leaf(Entry::None))],
+            },
+        ));
+        let e = lines(&encode(&m, &serde_json::json!({}))).unwrap_err();
+        assert!(e.contains("duplicate"), "{e}");
+    }
+
+    #[test]
+    fn reused_blocks_read_the_same() {
+        let bytes = encode(&big(true), &serde_json::json!({}));
+        let want = lines(&bytes).unwrap();
+        let (mut got, spares, mut reused) = (Vec::new(), RefCell::new(Vec::new()), 0);
+        let describe = |b: &Block| b.events.iter().map(|e| format!("{e:?}")).collect::<Vec<_>>();
+        let mut first = Vec::new();
+        outline(&bytes, "t", &mut |b| {
+            first.extend(describe(&b));
+            true
+        })
+        .unwrap();
+        outline_reusing(
+            &bytes,
+            "t",
+            &mut |b| {
+                got.extend(describe(&b));
+                spares.borrow_mut().push(b.reuse());
+                true
+            },
+            &mut || {
+                let s = spares.borrow_mut().pop();
+                reused += usize::from(s.is_some());
+                s
+            },
+        )
+        .unwrap();
+        assert_eq!(got, first);
+        assert!(reused > 10, "{reused}");
+        assert!(!want.is_empty());
+    }
+
+    #[test]
+    fn outline_stops_when_the_reader_does() {
+        let bytes = encode(&big(true), &serde_json::json!({}));
+        let mut n = 0;
+        let r = outline(&bytes, "t", &mut |_| {
+            n += 1;
+            n < 2
+        });
+        assert!(r.is_err());
+        assert_eq!(n, 2);
+    }
+}

@@ -109,8 +109,25 @@ const NO_SHAPE: u8 = u8::MAX;
 /// `Entry::kind` names, indexed by `Row::kind`.
 const KINDS: [&str; 8] = ["none", "bool", "int", "float", "complex", "str", "bytes", "array"];
 
-fn kind_code(kind: &str) -> u8 {
-    KINDS.iter().position(|k| *k == kind).unwrap_or(0) as u8
+const NONE: u8 = 0;
+const BOOL: u8 = 1;
+const INT: u8 = 2;
+const FLOAT: u8 = 3;
+const STR: u8 = 5;
+const ARRAY: u8 = 7;
+
+/// `Row::kind` of an entry (its index in `KINDS`).
+fn kind_code(e: &Entry) -> u8 {
+    match e {
+        Entry::None => NONE,
+        Entry::Bool(_) => BOOL,
+        Entry::Int(_) => INT,
+        Entry::Float(_) => FLOAT,
+        Entry::Complex(..) => 4,
+        Entry::Str(_) => STR,
+        Entry::Bytes(_) => 6,
+        Entry::Array(_) => ARRAY,
+    }
 }
 
 /// One leaf of a [`LeafTable`].
@@ -179,6 +196,7 @@ pub fn outline_reusing(
         starts: Vec::new(),
         names: Vec::new(),
         packs: None,
+        scratch: Scratch::default(),
         file,
         sink,
         spare,
@@ -206,6 +224,8 @@ struct State<'s> {
     /// Field/child names of each open record or custom node, to refuse repeats.
     names: Vec<Vec<String>>,
     packs: Option<Vec<PackInfo>>,
+    /// Buffers an inline array is read into, kept from one array to the next.
+    scratch: Scratch,
     file: &'s str,
     sink: &'s mut dyn FnMut(Block) -> bool,
     spare: &'s mut dyn FnMut() -> Option<Block>,
@@ -274,7 +294,7 @@ impl State<'_> {
 
     fn leaf<E: de::Error>(
         &mut self,
-        kind: &'static str,
+        kind: u8,
         dtype: Option<&DType>,
         shape: Option<&[u64]>,
         nbytes: u64,
@@ -308,7 +328,7 @@ impl State<'_> {
             path_end: u32_of(t.paths.len())?,
             dims_start,
             ndim,
-            kind: kind_code(kind),
+            kind,
             dtype: u16::try_from(dtype).map_err(|_| E::custom("too many dtypes in one block"))?,
             inline,
             nbytes,
@@ -329,7 +349,7 @@ impl State<'_> {
             Entry::Array(a) => (Some(&a.dtype), Some(a.shape.as_slice()), matches!(a.storage, ArrayStorage::Inline(_))),
             _ => (None, None, e.chunks().is_empty()),
         };
-        self.leaf(e.kind(), dtype, shape, e.nbytes(), inline)
+        self.leaf(kind_code(e), dtype, shape, e.nbytes(), inline)
     }
 }
 
@@ -427,9 +447,90 @@ impl<'a, 's> ONode<'a, 's> {
         }
         Ok(())
     }
-    fn scalar<E: de::Error>(&self, kind: &'static str, nbytes: u64) -> std::result::Result<(), E> {
+    fn scalar<E: de::Error>(&self, kind: u8, nbytes: u64) -> std::result::Result<(), E> {
         self.st.borrow_mut().leaf(kind, None, None, nbytes, true)
     }
+    /// An array's members (after `t`), as `parse_array` reads them and with the checks
+    /// `validate_entry` makes, but an inline array (most arrays of a big manifest) allocates
+    /// nothing: its shape goes to a scratch vector and its data is decoded into a scratch
+    /// buffer only to be checked. Chunked arrays go through `validate_entry` itself.
+    fn array<'de, A: MapAccess<'de>>(self, map: &mut A) -> std::result::Result<(), A::Error> {
+        let (mut dtype, mut shape, mut chunk_shape, mut chunks, mut data, mut preview) =
+            (None, false, None, None, None, None::<IgnoredAny>);
+        let mut scratch = std::mem::take(&mut self.st.borrow_mut().scratch);
+        let r = (|| {
+            while let Some(k) = map.next_key_seed(MemberSeed)? {
+                match k {
+                    Member::Dtype => {
+                        dup(&dtype, "dtype")?;
+                        dtype = Some(map.next_value_seed(DtypeSeed)?);
+                    }
+                    Member::Shape => {
+                        if shape {
+                            return Err(de::Error::custom("duplicate member `shape`"));
+                        }
+                        shape = true;
+                        scratch.dims.clear();
+                        map.next_value_seed(DimsSeed(&mut scratch.dims))?;
+                    }
+                    Member::ChunkShape => {
+                        dup(&chunk_shape, "chunk_shape")?;
+                        chunk_shape = Some(map.next_value::<Vec<u64>>()?);
+                    }
+                    Member::Chunks => {
+                        dup(&chunks, "chunks")?;
+                        let raw: Vec<RawChunk<'de>> = map.next_value()?;
+                        chunks =
+                            Some(raw.into_iter().map(RawChunk::into_ref).collect::<std::result::Result<Vec<_>, _>>()?);
+                    }
+                    Member::Data => {
+                        dup(&data, "data")?;
+                        data = Some(map.next_value_seed(Base64LenSeed(&mut scratch.bytes))?);
+                    }
+                    Member::Preview => {
+                        dup(&preview, "preview")?;
+                        preview = Some(map.next_value::<IgnoredAny>()?);
+                    }
+                    _ => skip(map)?,
+                }
+            }
+            let dtype = dtype.ok_or_else(|| de::Error::custom("array without `dtype`"))?;
+            if !shape {
+                return Err(de::Error::custom("array without `shape`"));
+            }
+            let dims = &scratch.dims;
+            match (data, chunk_shape, chunks) {
+                (Some(len), None, None) => {
+                    if dims.len() > MAX_NDIM {
+                        return Err(de::Error::custom(format!("{} dimensions (limit {MAX_NDIM})", dims.len())));
+                    }
+                    let nbytes = shape_len(dims).and_then(|n| n.checked_mul(dtype.itemsize()));
+                    let Some(nbytes) = nbytes else {
+                        return Err(de::Error::custom(format!("shape {dims:?} overflows 64-bit byte counts")));
+                    };
+                    if len != nbytes {
+                        return Err(de::Error::custom(format!(
+                            "inline data has {len} bytes but dtype × shape needs {nbytes}"
+                        )));
+                    }
+                    self.st.borrow_mut().leaf(ARRAY, Some(&dtype), Some(dims), nbytes, true)
+                }
+                (None, Some(cs), Some(c)) => {
+                    let a = ArrayEntry {
+                        dtype,
+                        shape: dims.clone(),
+                        storage: ArrayStorage::Chunked { chunk_shape: cs, chunks: c },
+                        preview: None,
+                    };
+                    self.st.borrow_mut().entry(&Entry::Array(Box::new(a)))
+                }
+                _ => Err(de::Error::custom("array needs either `data` or both `chunk_shape` and `chunks`")),
+            }
+        })();
+        self.st.borrow_mut().scratch = scratch;
+        r
+    }
+
     /// Items of a list or tuple, each under its index.
     fn items<'de, A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
         let mut i = 0usize;
@@ -458,22 +559,22 @@ impl<'de> Visitor<'de> for ONode<'_, '_> {
         f.write_str("a tree node")
     }
     fn visit_unit<E: de::Error>(self) -> std::result::Result<(), E> {
-        self.scalar("none", 0)
+        self.scalar(NONE, 0)
     }
     fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<(), E> {
-        self.scalar("bool", 0)
+        self.scalar(BOOL, 0)
     }
     fn visit_i64<E: de::Error>(self, _: i64) -> std::result::Result<(), E> {
-        self.scalar("int", 0)
+        self.scalar(INT, 0)
     }
     fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<(), E> {
-        self.scalar("int", 0)
+        self.scalar(INT, 0)
     }
     fn visit_f64<E: de::Error>(self, _: f64) -> std::result::Result<(), E> {
-        self.scalar("float", 0)
+        self.scalar(FLOAT, 0)
     }
     fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<(), E> {
-        self.scalar("str", v.len() as u64)
+        self.scalar(STR, v.len() as u64)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<(), A::Error> {
         self.check_depth()?;
@@ -554,11 +655,67 @@ impl<'de> Visitor<'de> for ONode<'_, '_> {
             Tag::Unknown(other) => Err(de::Error::custom(format!(
                 "unknown node type {other:?} (written by a newer treepack? see docs/format.md)"
             ))),
+            Tag::Array => self.array(&mut map),
             leaf => {
                 let e = tagged_leaf(leaf, &mut map)?;
                 self.st.borrow_mut().entry(&e)
             }
         }
+    }
+}
+
+#[derive(Default)]
+struct Scratch {
+    dims: Vec<u64>,
+    bytes: Vec<u8>,
+}
+
+/// An array of dimensions, appended to a reused vector.
+struct DimsSeed<'v>(&'v mut Vec<u64>);
+
+impl<'de> DeserializeSeed<'de> for DimsSeed<'_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DimsSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of non-negative integers")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        while let Some(d) = seq.next_element::<u64>()? {
+            self.0.push(d);
+        }
+        Ok(())
+    }
+}
+
+/// Base64 text decoded into a reused buffer (as `Base64Seed` decodes it, with the same
+/// errors); only its decoded length is kept.
+struct Base64LenSeed<'v>(&'v mut Vec<u8>);
+
+impl<'de> DeserializeSeed<'de> for Base64LenSeed<'_> {
+    type Value = u64;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<u64, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Base64LenSeed<'_> {
+    type Value = u64;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("base64 text")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<u64, E> {
+        let engine = &base64::engine::general_purpose::STANDARD;
+        self.0.clear();
+        self.0.resize(base64::decoded_len_estimate(v.len()), 0);
+        let n =
+            engine.decode_slice(v.as_bytes(), self.0).map_err(|e| E::custom(format!("bad base64 in `data`: {e}")))?;
+        Ok(n as u64)
     }
 }
 
@@ -952,6 +1109,29 @@ mod tests {
         assert_eq!(lines(&deep(MAX_DEPTH)).err(), None);
         assert!(strict_lines(&deep(MAX_DEPTH)).is_ok());
         assert!(lines(&deep(MAX_DEPTH + 1)).unwrap_err().contains("deeper"));
+        // Inline arrays, read without the strict parser: each damage refused by both.
+        let good = encode(&rich(), &serde_json::json!({}));
+        let body = String::from_utf8(good[..good.len() - HASH_TRAILER_LEN].to_vec()).unwrap();
+        let small = r#"{"t":"array","dtype":"int16","shape":[2,1],"data":"AQACAA=="}"#;
+        assert!(body.contains(small));
+        for bad in [
+            r#"{"t":"array","dtype":"int16","shape":[2,2],"data":"AQACAA=="}"#,
+            r#"{"t":"array","dtype":"int16","shape":[2,1],"data":"AQACAA="}"#,
+            r#"{"t":"array","dtype":"int16","shape":[2,1],"data":"AQAC*A=="}"#,
+            r#"{"t":"array","dtype":"int16","shape":[2,1],"shape":[2,1],"data":"AQACAA=="}"#,
+            r#"{"t":"array","dtype":"int17","shape":[2,1],"data":"AQACAA=="}"#,
+            r#"{"t":"array","dtype":"int16","shape":[2,-1],"data":"AQACAA=="}"#,
+            r#"{"t":"array","dtype":"int16","data":"AQACAA=="}"#,
+            r#"{"t":"array","dtype":"int16","shape":[4294967296,4294967296,4294967296],"data":""}"#,
+            r#"{"t":"array","dtype":"int16","shape":[2,1],"data":"AQACAA==","chunks":[]}"#,
+        ] {
+            let v = seal(body.replace(small, bad).as_bytes());
+            assert!(strict_lines(&v).is_err(), "{bad}");
+            assert!(lines(&v).is_err(), "{bad}");
+        }
+        let ok = r#"{"t":"array","dtype":"int16","shape":[2,1],"preview":{"head":[1,2]},"data":"AQACAA==","x":[]}"#;
+        let v = seal(body.replace(small, ok).as_bytes());
+        assert_eq!(lines(&v).unwrap(), strict_lines(&v).unwrap());
         // Repeated record fields.
         let mut m = rich();
         let Tree::Dict(pairs) = &mut m.root else { unreachable!() };

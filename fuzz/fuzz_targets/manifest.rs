@@ -7,6 +7,16 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let _ = treepack::manifest::decode(data, "fuzz");
     let sealed = treepack::manifest::seal(data);
+    // The structure-only read accepts exactly what the one-pass parse accepts, but for a dict
+    // key repeated (which its consumer refuses).
+    let strict = treepack::manifest::build_one_thread(&sealed, "fuzz", &treepack::manifest::OwnedTree);
+    let outline = treepack::manifest::check(&sealed, "fuzz")
+        .and_then(|_| treepack::manifest::outline::outline(&sealed, "fuzz", &mut |_| true));
+    match (&strict, &outline) {
+        (Ok(_), Err(e)) => panic!("the outline refused what the one-pass parse accepts: {e}"),
+        (Err(e), Ok(_)) => assert!(e.to_string().contains("duplicate key"), "the outline accepted: {e}"),
+        _ => {}
+    }
     if let Ok(m) = treepack::manifest::decode(&sealed, "fuzz") {
         let _ = m.structure();
         let stats = serde_json::Value::Null;

@@ -1528,11 +1528,14 @@ struct OutlineBuilder<'py, 'm> {
     make_node: &'m Bound<'py, PyAny>,
     stack: Vec<Frame<'py>>,
     root: Option<Bound<'py, PyAny>>,
-    keys: Vec<Option<Bound<'py, PyString>>>,
+    /// Slots of (length, text, string): the text kept inline, so a hit costs one compare.
+    keys: Vec<Option<(u8, [u8; KEY_INLINE], Bound<'py, PyString>)>>,
 }
 
 /// Slots of `OutlineBuilder`'s key cache.
 const KEY_SLOTS: usize = 512;
+/// Longest key `OutlineBuilder`'s cache keeps.
+const KEY_INLINE: usize = 22;
 
 enum Frame<'py> {
     /// `n` items set so far: a dict with fewer entries repeated a key.
@@ -1618,16 +1621,22 @@ impl<'py, 'm> OutlineBuilder<'py, 'm> {
     /// A str key through a small direct-mapped cache: the same few keys repeat in every dict
     /// of a big tree, and a miss costs only the string the cache did not have.
     fn key_str(&mut self, s: &str) -> Bound<'py, PyAny> {
+        let bytes = s.as_bytes();
+        if bytes.len() > KEY_INLINE {
+            return PyString::new(self.dec.py, s).into_any();
+        }
         // FNV-1a over the key's bytes picks the slot.
-        let h = s.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+        let h = bytes.iter().fold(0x811c_9dc5u32, |h, &b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
         let slot = &mut self.keys[h as usize % KEY_SLOTS];
-        if let Some(k) = slot {
-            if k.to_str().is_ok_and(|t| t == s) {
+        if let Some((len, text, k)) = slot {
+            if text.get(..*len as usize) == Some(bytes) {
                 return k.clone().into_any();
             }
         }
         let k = PyString::new(self.dec.py, s);
-        *slot = Some(k.clone());
+        let mut text = [0u8; KEY_INLINE];
+        text[..bytes.len()].copy_from_slice(bytes);
+        *slot = Some((bytes.len() as u8, text, k.clone()));
         k.into_any()
     }
 

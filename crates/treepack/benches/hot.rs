@@ -49,6 +49,8 @@ fn manifest(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(bytes.len() as u64));
     g.bench_function("decode", |b| b.iter(|| manifest::decode(&bytes, "bench").unwrap()));
     g.bench_function("encode", |b| b.iter(|| manifest::encode(&m, &serde_json::json!({}))));
+    // The structure-only read `load_structure` uses for big manifests (one thread, blocks dropped).
+    g.bench_function("outline", |b| b.iter(|| manifest::outline::outline(&bytes, "bench", &mut |_| true).unwrap()));
     g.finish();
 }
 

@@ -1529,8 +1529,11 @@ struct OutlineBuilder<'py, 'm> {
     stack: Vec<Frame<'py>>,
     root: Option<Bound<'py, PyAny>>,
     /// Slots of (length, text, string): the text kept inline, so a hit costs one compare.
-    keys: Vec<Option<(u8, [u8; KEY_INLINE], Bound<'py, PyString>)>>,
+    keys: Vec<Option<KeySlot<'py>>>,
 }
+
+/// (length, text, the string) of a key `OutlineBuilder` met.
+type KeySlot<'py> = (u8, [u8; KEY_INLINE], Bound<'py, PyString>);
 
 /// Slots of `OutlineBuilder`'s key cache.
 const KEY_SLOTS: usize = 512;

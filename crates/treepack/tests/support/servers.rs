@@ -88,9 +88,27 @@ impl Server {
     }
 }
 
-/// One raw HTTP/1.1 request; returns (status, body). Used to create buckets and check readiness.
+/// One raw HTTP/1.1 request; returns (status, body). Used to create buckets.
 pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<u8>) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    try_http(port, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path} on port {port}: {e}"))
+}
+
+/// Whether a server answers `GET path` with 200. A refused or broken connection is "not yet":
+/// a server can accept the first connection of `Server::start` and refuse the next while it
+/// starts (a CI run failed on that in session 12).
+fn answers(port: u16, path: &str) -> bool {
+    try_http(port, "GET", path, &[], b"").is_ok_and(|(status, _)| status == 200)
+}
+
+/// [`http`], with connection errors returned.
+fn try_http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(30))).ok();
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: {}\r\n",
@@ -100,14 +118,14 @@ pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body:
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
-    s.write_all(req.as_bytes()).expect("write");
-    s.write_all(body).expect("write body");
+    s.write_all(req.as_bytes())?;
+    s.write_all(body)?;
     let mut resp = vec![];
     let _ = s.read_to_end(&mut resp);
     let text = String::from_utf8_lossy(&resp);
     let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body_at = resp.windows(4).position(|w| w == b"\r\n\r\n").map_or(resp.len(), |i| i + 4);
-    (status, resp[body_at..].to_vec())
+    Ok((status, resp[body_at..].to_vec()))
 }
 
 /// moto's S3 server with `bucket` created.
@@ -116,7 +134,7 @@ pub fn moto(bucket: &str) -> Server {
         "moto_server",
         tool(".venv/bin/moto_server"),
         &["-H".into(), "127.0.0.1".into(), "-p".into(), "{port}".into()],
-        |port| http(port, "GET", "/", &[], b"").0 == 200,
+        |port| answers(port, "/"),
     );
     let (status, body) = http(s.port, "PUT", &format!("/{bucket}"), &[], b"");
     assert_eq!(status, 200, "create bucket: {}", String::from_utf8_lossy(&body));
@@ -175,7 +193,7 @@ pub fn gcs(bucket: &str) -> Server {
             bucket.into(),
             "-q".into(),
         ],
-        |port| http(port, "GET", "/storage/v1/b", &[], b"").0 == 200,
+        |port| answers(port, "/storage/v1/b"),
     )
 }
 
@@ -210,7 +228,7 @@ pub fn fake_gcs(bucket: &str) -> Server {
             "-log-level".into(),
             "error".into(),
         ],
-        |port| http(port, "GET", "/storage/v1/b", &[], b"").0 == 200,
+        |port| answers(port, "/storage/v1/b"),
     );
     let body = format!(r#"{{"name":"{bucket}"}}"#);
     let (status, resp) =

@@ -903,18 +903,16 @@ mod tests {
         let mut out = Vec::new();
         // Keys seen by each open container (dicts only; `None` for others).
         let mut open: Vec<Option<HashSet<String>>> = Vec::new();
-        let mut pending_key = None;
         for b in &blocks {
             for e in &b.events {
+                // A key repeated in the innermost dict is refused, as a consumer would.
                 let key = |k: String, open: &mut Vec<Option<HashSet<String>>>| match open.last_mut() {
+                    Some(Some(seen)) if seen.contains(&k) => Err(format!("duplicate key {k}")),
                     Some(Some(seen)) => {
-                        if seen.insert(k.clone()) {
-                            Ok(k)
-                        } else {
-                            Err(format!("duplicate key {k}"))
-                        }
+                        seen.insert(k);
+                        Ok(())
                     }
-                    _ => Ok(k),
+                    _ => Ok(()),
                 };
                 match *e {
                     Event::Dict | Event::List | Event::Tuple | Event::Named => {
@@ -932,12 +930,12 @@ mod tests {
                     }
                     Event::Key(s, t) => {
                         let text = b.text(s, t).ok_or("bad key range")?.to_string();
-                        pending_key = Some(key(crate::keypath::name_segment_text(&text), &mut open)?);
+                        key(crate::keypath::name_segment_text(&text), &mut open)?;
                         out.push(format!("key {text}"));
                     }
                     Event::TypedKey(i) => {
                         let k = &b.keys[i as usize];
-                        pending_key = Some(key(crate::keypath::key_segment_text(k), &mut open)?);
+                        key(crate::keypath::key_segment_text(k), &mut open)?;
                         out.push(format!("key {k:?}"));
                     }
                     Event::Leaf(i) => {
@@ -955,7 +953,6 @@ mod tests {
                 }
             }
         }
-        let _ = pending_key;
         Ok(out)
     }
 

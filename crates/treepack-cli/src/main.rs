@@ -12,9 +12,10 @@ use treepack::{LoadOptions, Location, ProgressFn, Reader, SaveOptions, StorageOp
 
 /// mimalloc: trees of many small leaves are allocation-bound; measured on the 100k-leaf
 /// workload (crates/treepack/examples/profile_small_leaves.rs) it cut building the structure
-/// view from ~47 ms to ~28 ms against glibc malloc.
+/// view from ~47 ms to ~28 ms against glibc malloc. Big buffers (2 MiB and more) get huge-page
+/// mappings of their own (`treepack::alloc`).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: treepack::alloc::BigMapped<mimalloc::MiMalloc> = treepack::alloc::BigMapped(mimalloc::MiMalloc);
 
 #[derive(Parser)]
 #[command(name = "treepack", version, about = "Save, inspect and load trees of arrays, scalars and strings")]

@@ -24,16 +24,9 @@ use treepack::{ArrayData, DType, Int, Key, Leaf, LoadOptions, Node, SaveOptions,
 /// mimalloc: trees of many small leaves are allocation-bound; measured on the 100k-leaf
 /// workload (crates/treepack/examples/profile_small_leaves.rs) it cut building the structure
 /// view from ~47 ms to ~28 ms against glibc malloc.
-/// Big buffers get mappings of their own (see `alloc`).
-#[cfg(target_os = "linux")]
+/// Big buffers (2 MiB and more) get huge-page mappings of their own (`treepack::alloc`).
 #[global_allocator]
-static GLOBAL: alloc::Alloc = alloc::Alloc;
-#[cfg(not(target_os = "linux"))]
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[cfg(target_os = "linux")]
-mod alloc;
+static GLOBAL: treepack::alloc::BigMapped<mimalloc::MiMalloc> = treepack::alloc::BigMapped(mimalloc::MiMalloc);
 
 pyo3::create_exception!(_core, TreepackError, pyo3::exceptions::PyException, "Base class of treepack errors.");
 pyo3::create_exception!(_core, CorruptError, TreepackError, "Stored bytes do not match their recorded hash or layout.");

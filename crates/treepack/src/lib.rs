@@ -20,6 +20,7 @@
 //! (single-file layout), [`store`] (locations), [`save`], [`read`], [`serde_tree`].
 //! The format is specified in `docs/format.md`.
 
+pub mod alloc;
 pub mod codec;
 pub mod container;
 pub mod demo;

@@ -7,8 +7,9 @@ Every case runs in a fresh subprocess: one warm-up per peer, then N timed runs t
 across the peers of that workload and operation (so drift in disk speed hits all peers alike);
 the median is reported. Each run
 reports wall time, peak RSS of its process, bytes moved; saves also report bytes on disk.
-Results go to bench/results/<date>-<host>.json and a readable bench/RESULTS.md (quick runs write
-bench/results/quick-*.json and do not overwrite RESULTS.md). Numbers are printed, never asserted.
+Results go to bench/results/<date>-<host>.json (<date>T<HHMM>-<host>.json when a run that day
+already wrote one) and a readable bench/RESULTS.md (quick runs write bench/results/quick-*.json and
+do not overwrite RESULTS.md). Numbers are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -233,6 +234,10 @@ def main():
     stamp = datetime.date.today().isoformat()
     subset = "" if peers == PEERS and wanted is None else "subset-"
     name = f"{'quick-' if args.quick else ''}{subset}{stamp}-{host}.json"
+    if os.path.exists(os.path.join(out_dir, name)):
+        # A second run on the same day keeps the first: the time joins the date.
+        stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H%M")
+        name = f"{'quick-' if args.quick else ''}{subset}{stamp}-{host}.json"
     with open(os.path.join(out_dir, name), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
     table = render(meta, results)

@@ -170,6 +170,10 @@ impl KeyPath {
     pub fn root() -> KeyPath {
         KeyPath(Vec::new())
     }
+    /// The owned path of the borrowed steps of a tree walk (see [`Tree::for_each_leaf_steps`]).
+    pub fn from_steps(steps: &[Step<'_>]) -> KeyPath {
+        KeyPath(steps.iter().map(Segment::from_step).collect())
+    }
     pub fn push(&mut self, s: Segment) {
         self.0.push(s);
     }
@@ -537,5 +541,33 @@ mod tests {
         t.for_each_leaf_steps(&mut |p, _| b.push(steps_text(p)));
         assert_eq!(a, b);
         assert_eq!(b, ["a~1b/0", "a~1b/1", "~e", "~0x~2", "~t(~i4,~4~3~5)"]);
+    }
+
+    #[test]
+    fn map_ref_gives_each_leaf_its_key_path_and_keeps_the_structure() {
+        use crate::model::Node;
+        let tree = Node::dict([
+            ("a/b", Node::list([Node::from(1i64), Node::from(2i64)])),
+            (
+                "rec",
+                Tree::Record { type_name: "m.P".into(), fields: vec![("x".into(), Node::tuple([Node::from(3i64)]))] },
+            ),
+        ]);
+        let mut walked = vec![];
+        tree.for_each_leaf(&mut |p, _| walked.push(p.clone()));
+        let mut mapped = vec![];
+        let paths: Tree<String> = tree
+            .map_ref(&mut |p, _| {
+                mapped.push(p.clone());
+                Ok::<_, ()>(p.to_string())
+            })
+            .unwrap();
+        assert_eq!(mapped, walked);
+        assert_eq!(mapped.iter().map(|p| p.to_string()).collect::<Vec<_>>(), ["a~1b/0", "a~1b/1", "rec/x/0"]);
+        let Tree::Dict(items) = &paths else { panic!("not a dict: {paths:?}") };
+        assert!(matches!(&items[1].1, Tree::Record { type_name, fields } if type_name == "m.P" && fields.len() == 1));
+        assert!(matches!(resolve(&paths, "rec/x/0"), Ok(Tree::Leaf(s)) if s == "rec/x/0"));
+        let err = tree.map_ref(&mut |p, _| if p.to_string() == "a~1b/1" { Err("stop") } else { Ok(()) });
+        assert_eq!(err.unwrap_err(), "stop");
     }
 }

@@ -12,13 +12,14 @@ import datetime as _dt
 import concurrent.futures
 import functools
 import json
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generator, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _codec, _core, _registry
+from . import _codec, _core, _like, _registry, integrations
 from ._codec import Unloadable
 from ._core import CorruptError, FormatError, TreepackError
 from ._registry import register, registered
@@ -56,9 +57,30 @@ class UntrustedTypeError(TreepackError):
         super().__init__(
             f"{path}: refusing to load types that are not trusted (nothing was imported or constructed):\n"
             + "\n".join(lines)
-            + "\nTrust them with load(..., trust=['module.*']), register them with treepack.register(...), "
-            "pass allow_pickle=True for pickled objects, or use on_missing='placeholder'."
+            + "\nTo load them:\n"
+            + "\n".join(_untrusted_hints(types))
+            + "\nor pass on_missing='placeholder' to get treepack.Unloadable objects in their place."
         )
+
+
+def _untrusted_hints(types: Dict[str, List[str]]) -> List[str]:
+    # Each kind of name is allowed a different way: say the one that works for each.
+    classes = sorted(n for n in types if ":" in n and not n.startswith("pickle ("))
+    registered = sorted(n for n in types if ":" not in n and not n.startswith(("pickle (", "py.")))
+    out = []
+    if classes:
+        modules = sorted({n.split(":", 1)[0] for n in classes})
+        out.append(f"  - dataclasses, namedtuples and enums: load(..., trust={[m + '.*' for m in modules]!r}) (imports those modules)")
+    if registered:
+        out.append(
+            f"  - registered types ({', '.join(registered)}): call treepack.register(cls, name=..., to_data=..., "
+            "from_data=...) for each in this process before loading (trust= does not apply to them)"
+        )
+    if any(n.startswith("pickle (") for n in types):
+        out.append("  - pickled objects: allow_pickle=True (unpickling runs code from the file: only for files you trust)")
+    if any(n.startswith("py.") for n in types):
+        out.append("  - built-in types this treepack does not know (written by a newer version?): upgrade treepack")
+    return out
 
 
 LeafInfo = _core.LeafInfo
@@ -87,8 +109,6 @@ class SaveInfo:
 
 
 def _path(p: PathLike) -> str:
-    import os
-
     return os.fspath(p)
 
 
@@ -122,7 +142,7 @@ def save(
     def enc(obj: Any, where: str) -> Any:
         return _codec.encode_other(obj, where, allow_pickle)
 
-    md = json.dumps(metadata) if metadata is not None else None
+    md = _metadata_json(metadata) if metadata is not None else None
     prepared = _core.prepare(
         tree, enc, _codec.encode_array, snapshot=not blocking, fast_datetime=_registry.lookup_class(_dt.datetime) is None
     )
@@ -133,6 +153,32 @@ def save(
     if blocking:
         return SaveInfo(*write())
     return SaveHandle(_executor().submit(lambda: SaveInfo(*write())), p)
+
+
+def _metadata_json(metadata: Any) -> str:
+    try:
+        return json.dumps(metadata, allow_nan=True)
+    except (TypeError, ValueError):
+        pass
+    # Name the first value JSON cannot hold, and where it is.
+    stack: List[Tuple[str, Any]] = [("", metadata)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if not isinstance(k, (str, int, float, bool)) and k is not None:
+                    raise TypeError(f"metadata=: the key {k!r} at `{where or '<root>'}` is a {type(k).__name__}; JSON object keys must be strings")
+                stack.append((f"{where}/{k}" if where else str(k), v))
+        elif isinstance(x, (list, tuple)):
+            stack.extend((f"{where}/{i}" if where else str(i), v) for i, v in enumerate(x))
+        elif not (x is None or isinstance(x, (str, int, float, bool))):
+            hint = " (convert numpy scalars with .item(), arrays with .tolist())" if isinstance(x, (np.generic, np.ndarray)) else ""
+            raise TypeError(
+                f"metadata=: the value at `{where or '<root>'}` is a {type(x).__module__}.{type(x).__qualname__}, which JSON "
+                f"cannot hold; metadata must be JSON: dicts, lists, str, int, float, bool, None{hint}. "
+                "Put arrays and other objects in the tree itself"
+            )
+    raise TypeError("metadata=: not JSON-serialisable (a reference cycle?)")
 
 
 _EXECUTOR: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -147,6 +193,18 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
         if _EXECUTOR is None:
             _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="treepack-save")
         return _EXECUTOR
+
+
+def _after_fork_in_child() -> None:
+    # The parent's save threads do not exist in a forked child: a pool inherited from it would
+    # queue work nobody runs. The child starts its own on first use (the Rust pools do the same).
+    global _EXECUTOR, _EXECUTOR_LOCK
+    _EXECUTOR = None
+    _EXECUTOR_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class SaveHandle:
@@ -193,24 +251,10 @@ async def aload(path: PathLike, **kwargs: Any) -> Any:
     return await loop.run_in_executor(None, functools.partial(load, path, **kwargs))
 
 
-def _keep_paths(like: Any) -> set:
-    keep: set = set()
-    stack = [like]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, LeafInfo):
-            keep.add(x.path)
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, StructNode):
-            stack.extend(x.children.values())
-    return keep
-
-
-def _check(reader: Any, p: str, trust: Tuple[str, ...], allow_pickle: bool, on_missing: str) -> None:
-    bad = _codec.audit(reader.types(_codec.AUDIT_FREE), trust, allow_pickle)
+def _check(reader: Any, p: str, trust: Tuple[str, ...], allow_pickle: bool, on_missing: str, select: Any = None, keep: Any = None) -> None:
+    # Only what this load will construct is audited: records and custom objects with nothing
+    # selected below them come back as None (never built), so they need no trust.
+    bad = _codec.audit(reader.types(_codec.AUDIT_FREE, select, keep), trust, allow_pickle)
     if bad and on_missing == "error":
         raise UntrustedTypeError(p, bad)
 
@@ -230,8 +274,14 @@ def load(
 ) -> Any:
     """Load a tree from a local path, ``.tpk`` file, ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` location.
 
-    - ``select``: key-path globs (``"params/**"``); other leaves come back as ``None``.
-    - ``like``: a tree from ``load_structure`` in which leaves replaced by ``None`` are not read.
+    - ``select``: key-path globs (``"params/**"``); other leaves come back as ``None``, and so do
+      records and custom objects with nothing selected below them (they are not constructed, so
+      they need no trust).
+    - ``like``: a tree shaped like the stored one (``load_structure``'s, or an abstract tree of
+      arrays / ``jax.ShapeDtypeStruct``s): ``None``/``False`` skips a leaf or subtree, ``True``,
+      a ``LeafInfo`` or an array-like loads it (shape and dtype checked). A ``like`` that differs
+      from the stored structure raises, naming the key path. Skipped places come back as with
+      ``select``.
     - ``trust``: globs of ``module:qualname`` / ``module.qualname`` names whose dataclasses,
       namedtuples and enums may be rebuilt (their modules may then be imported).
     - ``on_missing="placeholder"``: unknown or untrusted objects become ``Unloadable``.
@@ -261,12 +311,13 @@ def load(
         if out is not None:
             return out
     r = _core.Reader(p, opts)
-    _check(r, p, trust_t, allow_pickle, on_missing)
-    keep = _keep_paths(like) if like is not None else None
+    sel = [select] if isinstance(select, str) else (list(select) if select is not None else None)
+    keep = _like.keep_paths(like, r.structure(_struct_node)) if like is not None else None
+    _check(r, p, trust_t, allow_pickle, on_missing, sel, keep)
     return r.load(
         dec,
         _codec.np_dtype,
-        select=list(select) if select is not None else None,
+        select=sel,
         keep=keep,
         mmap=mmap,
         verify=verify,
@@ -282,9 +333,11 @@ def load_structure(path: PathLike, *, storage_options: StorageOptions = None) ->
     """The tree with a ``LeafInfo`` at every leaf, reading only the manifest.
 
     Containers come back as dict/list/tuple; records and custom objects as ``StructNode`` (their
-    classes are never constructed or imported).
+    classes are never constructed or imported). When JAX is imported, ``StructNode`` is a pytree
+    node, so ``jax.tree.map`` over the structure reaches the fields of records.
     """
     p, opts = _path(path), _opts(storage_options)
+    integrations.register_loaded()  # StructNode as a JAX pytree node, when JAX is in use
     # One pass over the manifest, building these objects as it is read; whenever that path does
     # not apply (or fails), the Reader path below gives the result or the full error.
     fast = _core.structure_one_pass(p, _struct_node, opts)
@@ -415,18 +468,27 @@ class View:
 
     def __getitem__(self, key: Any) -> Any:
         kind = self.kind
-        for seg, k in self._children():
-            if (kind in ("list", "tuple") and isinstance(key, (int, np.integer)) and not isinstance(key, bool) and int(key) % max(len(self), 1) == k) or (
-                kind not in ("list", "tuple") and _same_key(k, key)
-            ):
-                child = f"{self.path}/{seg}" if self.path else seg
-                ck = self._r.kind(child)
-                if ck == "array":
-                    return LazyArray(self._r, child)
-                if ck in ("dict", "list", "tuple", "record", "custom"):
-                    return View(self._r, child, trust=self._opts[0], allow_pickle=self._opts[1], on_missing=self._opts[2])
-                return self._read(child)
-        raise KeyError(f"{key!r} not found in `{self.path or '<root>'}` ({kind})")
+        children = self._children()
+        if kind in ("list", "tuple"):
+            # Python's rules: negative indexes count from the end; out of range is an IndexError.
+            if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+                raise TypeError(f"`{self.path or '<root>'}` is a {kind}: index it with an integer, not {type(key).__name__}")
+            i = int(key) + len(children) if key < 0 else int(key)
+            if not 0 <= i < len(children):
+                raise IndexError(f"index {int(key)} is out of range for `{self.path or '<root>'}` ({kind} of {len(children)})")
+            seg = children[i][0]
+        else:
+            found = [seg for seg, k in children if _same_key(k, key)]
+            if not found:
+                raise KeyError(f"{key!r} not found in `{self.path or '<root>'}` ({kind})")
+            seg = found[0]
+        child = f"{self.path}/{seg}" if self.path else seg
+        ck = self._r.kind(child)
+        if ck == "array":
+            return LazyArray(self._r, child)
+        if ck in ("dict", "list", "tuple", "record", "custom"):
+            return View(self._r, child, trust=self._opts[0], allow_pickle=self._opts[1], on_missing=self._opts[2])
+        return self._read(child)
 
     def _read(self, path: str) -> Any:
         trust, allow_pickle, on_missing = self._opts
@@ -441,6 +503,7 @@ class View:
         return self._read(self.path)
 
     def structure(self) -> Any:
+        integrations.register_loaded()
         return self._r.structure(_struct_node)
 
     @property

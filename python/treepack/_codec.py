@@ -125,7 +125,14 @@ def encode_other(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Op
     t = type(obj)
     r = reg.lookup_class(t)
     if r is not None:
-        return ("custom", r.name, None, [("data", r.to_data(obj))])
+        try:
+            data = r.to_data(obj)
+        except Exception as e:
+            raise TypeError(
+                f"cannot save `{where}`: to_data of the type registered as {r.name!r} ({reg.type_name(t)}) "
+                f"raised {type(e).__name__}: {e}"
+            ) from e
+        return ("custom", r.name, None, [("data", data)])
     if t is bytearray:
         return ("custom", "py.bytearray", None, [("data", bytes(obj))])
     if t is set or t is frozenset:
@@ -160,6 +167,10 @@ def encode_other(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Op
         return ("custom", "py.path", json.dumps({"class": t.__name__, "path": str(obj)}), [])
     if isinstance(obj, enum.Enum):
         _seen_classes[reg.type_name(t)] = t
+        if isinstance(obj, enum.Flag):
+            # A combination (`F.A | F.B`, `F(0)`) is no member by name: rebuilt by value; the name
+            # (None for a combination on some Pythons) is kept for readers of the manifest.
+            return ("custom", "py.enum", json.dumps({"class": reg.type_name(t), "member": obj.name, "value": int(obj.value)}), [])
         return ("custom", "py.enum", json.dumps({"class": reg.type_name(t), "member": obj.name}), [])
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         _seen_classes[reg.type_name(t)] = t
@@ -170,6 +181,12 @@ def encode_other(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Op
     if allow_pickle:
         data = pickle.dumps(obj, protocol=5)
         return ("custom", "py.pickle", json.dumps({"class": reg.type_name(t)}), [("data", data)])
+    if isinstance(obj, np.ndarray):  # dtype=object (other arrays never get here)
+        raise TypeError(
+            f"cannot save `{where}`: numpy arrays of dtype {obj.dtype} hold Python objects, not array data; "
+            "convert it to a list (obj.tolist()) or an array of a numeric, bytes or str dtype, "
+            "or pass allow_pickle=True to store it pickled"
+        )
     raise TypeError(
         f"cannot save `{where}`: objects of type {reg.type_name(t)} are not supported; "
         "register the type with treepack.register(...), make it a dataclass, or pass allow_pickle=True"
@@ -216,7 +233,7 @@ def _dtype_desc(dt: np.dtype) -> Tuple[Any, np.dtype]:
     key = (dt.kind, dt.itemsize)
     if key in _SIMPLE:
         return _SIMPLE[key], dt.newbyteorder("<") if dt.itemsize > 1 else dt
-    raise TypeError(f"numpy dtype {dt} (kind {dt.kind!r}) is not supported; object arrays need allow_pickle=True and a list instead")
+    raise TypeError(f"numpy dtype {dt} (kind {dt.kind!r}) is not supported inside arrays; use a numeric, bool, bytes or str dtype")
 
 
 def encode_array(a: np.ndarray) -> Tuple[np.ndarray, str]:
@@ -363,8 +380,11 @@ class Decoder:
             if not (reg.is_trusted(name, self.trust) or reg.lookup_name(name)):
                 return self._missing(name, data, "enum type is not trusted (pass trust=[...])")
             try:
-                return resolve_class(name)[data["member"]]
-            except (LookupError, KeyError) as e:
+                cls = resolve_class(name)
+                if "value" in data:
+                    return cls(data["value"])
+                return cls[data["member"]]
+            except (LookupError, KeyError, ValueError) as e:
                 return self._missing(name, data, f"enum member cannot be found: {e}")
         if t == "py.pickle":
             if not self.allow_pickle:

@@ -178,13 +178,47 @@ pub fn format_node(n: &Node, indent: usize) -> String {
                 b.iter().take(64).flat_map(|&c| std::ascii::escape_default(c)).map(char::from).collect();
             format!("b\"{shown}{}\" ({} bytes)", if b.len() > 64 { "…" } else { "" }, b.len())
         }
+        Tree::Custom { type_name, data, children } if children.is_empty() => {
+            // A value stored in its data alone (a datetime, a uuid, an enum member): show it.
+            if data.is_null() {
+                format!("custom {type_name}")
+            } else {
+                format!("custom {type_name} {}", json_val(data))
+            }
+        }
         t => {
-            let mut s = format!("{}:\n", t.container_kind());
+            let mut s = match t {
+                Tree::Record { type_name, .. } => format!("record {type_name}:\n"),
+                Tree::Custom { type_name, data, .. } if !data.is_null() => {
+                    format!("custom {type_name} {}:\n", json_val(data))
+                }
+                Tree::Custom { type_name, .. } => format!("custom {type_name}:\n"),
+                t => format!("{}:\n", t.container_kind()),
+            };
             for (step, child) in t.children() {
                 let name = treepack::keypath::Segment::from_step_pub(&step).text();
                 s.push_str(&format!("{pad}  {name}: {}\n", format_node(child, indent + 2)));
             }
             s.trim_end().to_string()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 23: a value held in a custom node's data alone (a datetime) is printed, not an
+    /// empty `custom:`.
+    #[test]
+    fn custom_values_are_printed() {
+        let when: Node = Tree::Custom {
+            type_name: "py.datetime".into(),
+            data: serde_json::json!("2026-11-22T00:00:00Z"),
+            children: vec![],
+        };
+        assert_eq!(format_node(&when, 0), "custom py.datetime 2026-11-22T00:00:00Z");
+        let tree = Node::dict([("when", when)]);
+        assert_eq!(format_node(&tree, 0), "dict:\n  when: custom py.datetime 2026-11-22T00:00:00Z");
     }
 }

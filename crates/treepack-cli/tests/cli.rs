@@ -137,3 +137,27 @@ fn cp_to_s3_and_back_with_storage_options() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("KEY=VALUE"));
 }
+
+/// Issue 23: `cat` names a record's type, shows a custom node's value, and list indexes never
+/// wrap around (negative ones count from the end, as in Python).
+#[test]
+fn cat_shows_types_values_and_exact_indexes() {
+    let d = tempfile::tempdir().unwrap();
+    let ckpt = d.path().join("ckpt");
+    let c = ckpt.to_str().unwrap();
+    run_ok(&["demo", c]);
+    let out = run_ok(&["cat", c, "config"]);
+    assert!(out.starts_with("record demo.Config:\n"), "{out}");
+    assert!(out.contains("layers: 2"), "{out}");
+    let out = run_ok(&["cat", c, "custom"]);
+    assert!(out.starts_with("custom demo.Image {\"mode\":\"L\",\"size\":[4,4]}:\n"), "{out}");
+
+    assert_eq!(run_ok(&["cat", c, "history/-1/0"]).trim(), "2");
+    assert_eq!(run_ok(&["cat", c, "history/1/-2"]).trim(), "2");
+    for bad in ["history/2", "history/5", "history/-3", "history/0/2"] {
+        let out = tp().args(["cat", c, bad]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", String::from_utf8_lossy(&out.stdout));
+        let e = String::from_utf8(out.stderr).unwrap();
+        assert!(e.contains("out of range"), "{bad}: {e}");
+    }
+}

@@ -267,6 +267,8 @@ struct Encoder<'py> {
     fast_datetime: bool,
     /// Large `bytes` objects already met, by identity (they stay alive: the tree holds them).
     seen_bytes: HashMap<usize, Bytes>,
+    /// The tree being encoded (to name a reference cycle's place once the depth limit is hit).
+    root: Bound<'py, PyAny>,
 }
 
 /// One step of the key path [`Encoder`] is at.
@@ -331,12 +333,36 @@ fn simple_dtype(kind: u8, size: usize) -> Option<DType> {
 
 impl<'py> Encoder<'py> {
     fn here(&self) -> String {
+        self.text_of(&self.path)
+    }
+
+    /// The first object on the current path that is reached again further down: `(i, j)` such
+    /// that the steps `path[..i]` and `path[..j]` lead to the same object. Found by walking the
+    /// path again from the root (only after the depth limit was hit); `None` when a step cannot
+    /// be followed (a registered type's `to_data` result).
+    fn cycle(&self) -> Option<(usize, usize)> {
+        let mut obj = self.root.clone();
+        let mut seen: HashMap<usize, usize> = HashMap::from([(obj.as_ptr() as usize, 0)]);
+        for (n, step) in self.path.iter().enumerate() {
+            obj = match step {
+                PathStep::Index(i) => obj.get_item(*i).ok()?,
+                PathStep::Key(k) => obj.get_item(k).ok()?,
+                PathStep::Name(name) => obj.getattr(name.as_str()).ok()?,
+            };
+            if let Some(&first) = seen.get(&(obj.as_ptr() as usize)) {
+                return Some((first, n + 1));
+            }
+            seen.insert(obj.as_ptr() as usize, n + 1);
+        }
+        None
+    }
+
+    fn text_of(&self, path: &[PathStep<'py>]) -> String {
         use treepack::keypath::Segment;
-        if self.path.is_empty() {
+        if path.is_empty() {
             return "<root>".into();
         }
-        let texts: Vec<String> = self
-            .path
+        let texts: Vec<String> = path
             .iter()
             .map(|step| match step {
                 PathStep::Index(i) => i.to_string(),
@@ -392,8 +418,16 @@ impl<'py> Encoder<'py> {
 
     fn node(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
         if depth > treepack::manifest::MAX_DEPTH {
+            if let Some((outer, inner)) = self.cycle() {
+                return Err(PyValueError::new_err(format!(
+                    "cannot save: reference cycle at `{}`: it contains itself at `{}`. treepack saves trees; \
+                     break the cycle (store an index or a key instead of the object)",
+                    self.text_of(&self.path[..outer]),
+                    self.text_of(&self.path[..inner]),
+                )));
+            }
             return Err(PyValueError::new_err(format!(
-                "cannot save `{}`: nested deeper than {} levels (or the tree contains a reference cycle)",
+                "cannot save `{}`: nested deeper than {} levels",
                 self.here(),
                 treepack::manifest::MAX_DEPTH
             )));
@@ -444,6 +478,10 @@ impl<'py> Encoder<'py> {
             return Ok(Tree::Dict(out));
         }
         if obj.get_type().is(&self.ndarray) {
+            if obj.cast::<PyUntypedArray>()?.dtype().kind() == b'O' {
+                // Python objects, not array data: pickled with `allow_pickle`, else refused.
+                return self.other(obj, depth);
+            }
             return self.array(obj).map(Node::from);
         }
         if self.fast_datetime {
@@ -584,6 +622,7 @@ fn prepare(
         snapshot,
         fast_datetime,
         seen_bytes: HashMap::new(),
+        root: tree.clone(),
     };
     let node = enc.node(tree, 0)?;
     Ok(Prepared { node: std::sync::Mutex::new(Some(node)) })
@@ -1151,14 +1190,25 @@ impl Reader {
         Ok(Reader { inner })
     }
 
-    /// Every record/custom node: (kind, type, data JSON or None, key path), leaving out custom
-    /// nodes whose type is in `skip` (types the caller accepts whatever their data, so 10k
-    /// datetimes cost no rows). Constructs nothing.
-    #[pyo3(signature = (skip=None))]
-    fn types(&self, skip: Option<HashSet<String>>) -> Vec<TypeRow> {
+    /// Every record/custom node a load with `select`/`keep` would build: (kind, type, data JSON
+    /// or None, key path), leaving out custom nodes whose type is in `skip` (types the caller
+    /// accepts whatever their data, so 10k datetimes cost no rows). Constructs nothing.
+    #[pyo3(signature = (skip=None, select=None, keep=None))]
+    fn types(
+        &self,
+        skip: Option<HashSet<String>>,
+        select: Option<Vec<String>>,
+        keep: Option<HashSet<String>>,
+    ) -> PyResult<Vec<TypeRow>> {
+        let root = &self.inner.manifest().root;
+        let opts = LoadOptions { select: select.unwrap_or_default(), keep, ..Default::default() };
+        let unbuilt = treepack::read::unbuilt_objects(root, "", &opts).map_err(py_err)?;
         let mut out = vec![];
-        walk_types(&self.inner.manifest().root, &mut vec![], &skip.unwrap_or_default(), &mut out);
-        out
+        walk_types(root, &mut vec![], &skip.unwrap_or_default(), &mut out);
+        if !unbuilt.is_empty() {
+            out.retain(|row| !unbuilt.contains(&row.3));
+        }
+        Ok(out)
     }
 
     /// Load the tree (or the subtree at `subpath`).

@@ -11,7 +11,7 @@ impl Hash32 {
     pub fn of(data: &[u8]) -> Hash32 {
         if data.len() >= 1 << 20 {
             let mut h = blake3::Hasher::new();
-            h.update_rayon(data);
+            crate::runtime::parallel(|| h.update_rayon(data));
             Hash32(*h.finalize().as_bytes())
         } else {
             Hash32(*blake3::hash(data).as_bytes())

@@ -313,17 +313,28 @@ pub fn unescape(seg: &str) -> String {
 pub fn child<'t, L>(tree: &'t Tree<L>, seg: &str) -> Option<&'t Tree<L>> {
     match tree {
         Tree::Leaf(_) => None,
-        Tree::List(v) | Tree::Tuple(v) => {
-            if seg.len() > 1 && seg.starts_with('0') {
-                return None;
-            }
-            seg.parse::<usize>().ok().and_then(|i| v.get(i))
-        }
+        Tree::List(v) | Tree::Tuple(v) => list_index(seg, v.len()).and_then(|i| v.get(i)),
         Tree::Dict(items) => items.iter().find(|(k, _)| key_text(k, false) == seg).map(|(_, c)| c),
         Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => {
             v.iter().find(|(n, _)| escape_str(n, false) == seg).map(|(_, c)| c)
         }
     }
+}
+
+/// The position a list segment names: `i` (no leading zeros), or `-k` counting from the end as
+/// Python does; `None` when it is not an index or out of range (never wrapped around).
+fn list_index(seg: &str, len: usize) -> Option<usize> {
+    let (neg, digits) = match seg.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, seg),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || (digits.len() > 1 && digits.starts_with('0'))
+    {
+        return None;
+    }
+    let n: usize = digits.parse().ok()?;
+    let i = if neg { len.checked_sub(n).filter(|_| n > 0)? } else { n };
+    (i < len).then_some(i)
 }
 
 /// Resolve a key path in a tree.
@@ -342,6 +353,14 @@ pub fn resolve<'t, L>(tree: &'t Tree<L>, path: &str) -> Result<&'t Tree<L>> {
                     node.children().iter().take(12).map(|(s, _)| Segment::from_step(s).text()).collect();
                 let reason = if matches!(node, Tree::Leaf(_)) {
                     format!("`{here}` is a leaf and has no child `{seg}`")
+                } else if let Tree::List(v) | Tree::Tuple(v) = node {
+                    let n = v.len();
+                    let kind = node.container_kind();
+                    if n == 0 {
+                        format!("`{here}` is an empty {kind}: it has no index `{seg}`")
+                    } else {
+                        format!("index `{seg}` is out of range for `{here}` ({kind} of {n}: 0..{} or -{n}..-1)", n - 1)
+                    }
                 } else {
                     format!("`{here}` ({}) has no child `{seg}`; it has: {}", node.container_kind(), avail.join(", "))
                 };
@@ -477,7 +496,7 @@ impl Selection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Node;
+    use crate::model::{Leaf, Node};
 
     fn t(s: &[&str]) -> Vec<String> {
         s.iter().map(|x| x.to_string()).collect()
@@ -518,6 +537,25 @@ mod tests {
         assert!(matches!(err, Error::KeyNotFound { .. }), "{err}");
         assert!(resolve(&tree, "a~1b/01").is_err());
         assert!(split("a//b").is_err());
+    }
+
+    /// Issue 23: an index past the end is an error (never wrapped around); negative indexes
+    /// count from the end as in Python.
+    #[test]
+    fn list_indexes_never_wrap() {
+        let tree = Node::dict([("l", Node::list([Node::from(10i64), Node::from(20i64), Node::from(30i64)]))]);
+        let at = |p: &str| match resolve(&tree, p) {
+            Ok(Tree::Leaf(Leaf::Int(i))) => i.as_i64(),
+            _ => None,
+        };
+        assert_eq!(at("l/2"), Some(30));
+        assert_eq!(at("l/-1"), Some(30));
+        assert_eq!(at("l/-3"), Some(10));
+        for bad in ["l/3", "l/5", "l/-4", "l/-0", "l/+1", "l/-", "l/1x"] {
+            assert_eq!(at(bad), None, "{bad}");
+        }
+        let err = resolve(&tree, "l/5").unwrap_err().to_string();
+        assert!(err.contains("out of range") && err.contains("list of 3"), "{err}");
     }
 
     #[test]

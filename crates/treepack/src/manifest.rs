@@ -1502,7 +1502,7 @@ where
         parse(inner, &mut de).and_then(|v| de.end().map(|_| v)).map_err(|e| (i, path.into_inner(), item_message(&e)))
     };
     let parsed: std::result::Result<Vec<T>, _> = if raws.len() >= SPLIT_MIN_ITEMS {
-        raws.par_iter().enumerate().map(|(i, r)| one(i, r)).collect()
+        crate::runtime::parallel(|| raws.par_iter().enumerate().map(|(i, r)| one(i, r)).collect())
     } else {
         raws.iter().enumerate().map(|(i, r)| one(i, r)).collect()
     };

@@ -11,7 +11,7 @@ use crate::grid::{self, ChunkGrid};
 use crate::hash::Hash32;
 use crate::keypath::{self, Selection};
 use crate::manifest::{self, ArrayEntry, ArrayStorage, ChunkRef, Entry, LeafInfo, Manifest, Stored};
-use crate::model::{ArrayData, Leaf, Node, Tree};
+use crate::model::{ArrayData, Leaf, Node, Step, Tree};
 use crate::progress::Tracker;
 use crate::runtime::block_on;
 use crate::store::{Layout, Location, ReadMode, DIRECT_MIN_BYTES, MANIFEST_NAME};
@@ -121,25 +121,6 @@ const PARALLEL_MIN_BYTES: u64 = 4 << 20;
 /// mostly wait on the device, and each holds only the leaf it reads.
 const MIN_READ_THREADS: usize = 16;
 const MAX_READ_THREADS: usize = 32;
-/// The threads that verify the leaves a whole load read from the device: half the cores, at
-/// least one. One core hashes BLAKE3 at 3.6-6.6 GiB/s here (faster than the devices it waits
-/// on), and hashing on every core starves the reads themselves: on the 2-core VM, cold W1 load
-/// medians over 9 alternating rounds, 1111 ms verifying with the whole pool against 764 ms with
-/// one thread (reading alone: ~700 ms). `None` if no thread could be started (the calling
-/// thread and the global pool then verify).
-fn verify_pool() -> Option<&'static rayon::ThreadPool> {
-    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        rayon::ThreadPoolBuilder::new()
-            .num_threads((cores / 2).max(1))
-            .thread_name(|i| format!("treepack-verify-{i}"))
-            .build()
-            .ok()
-    })
-    .as_ref()
-}
-
 /// Batches a local load asks the kernel to read ahead (with `batch_bytes` of 64 MiB: 256 MiB).
 const READ_AHEAD_BATCHES: u64 = 4;
 
@@ -376,7 +357,7 @@ impl Reader {
         // of a checkpoint) stay on this thread, which also spares starting the pool.
         let parallel = (opts.verify || !opts.mmap) && bytes >= PARALLEL_MIN_BYTES;
         if parallel {
-            batch.par_iter().map(build).collect()
+            crate::runtime::parallel(|| batch.par_iter().map(build).collect())
         } else {
             batch.iter().map(build).collect()
         }
@@ -476,7 +457,7 @@ impl Reader {
                 jobs.iter().filter(is_small).map(|j| Job { id: j.id, path: String::new(), entry: j.entry }).collect();
             self.advise_ahead(&small_jobs, opts.batch_bytes.saturating_mul(READ_AHEAD_BATCHES));
         }
-        let threads = (rayon::current_num_threads() * 2).clamp(MIN_READ_THREADS, MAX_READ_THREADS).min(jobs.len());
+        let threads = (crate::runtime::threads() * 2).clamp(MIN_READ_THREADS, MAX_READ_THREADS).min(jobs.len());
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed = std::sync::atomic::AtomicBool::new(false);
         let mut slots: Vec<Option<Result<Leaf>>> = jobs.iter().map(|_| None).collect();
@@ -515,7 +496,7 @@ impl Reader {
                 });
             }
             drop(tx);
-            let verifiers = verify_pool();
+            let verifiers = crate::runtime::verify_pool();
             for (i, read) in rx.iter() {
                 let got = read.and_then(|r| match r {
                     Read::Fetched(f) => match verifiers {
@@ -622,6 +603,7 @@ impl Reader {
         let everything = sel.is_all() && opts.keep.is_none();
         let mut stored = self.fetch_stored(subtree, &prefix, &sel, opts).await?.into_iter().peekable();
         let mut counter = 0usize;
+        let unbuilt = unbuilt_objects(subtree, &prefix, opts)?;
         let r: Result<Node> = subtree.map_ref_steps(&mut |p, e| {
             let i = counter;
             counter += 1;
@@ -640,7 +622,10 @@ impl Reader {
             }
             inline_leaf_ref(e, &self.manifest_file, &|| join_path(&prefix, &keypath::steps_text(p)))
         });
-        r
+        if unbuilt.is_empty() {
+            return r;
+        }
+        Ok(prune(r?, &mut prefix.clone(), &unbuilt))
     }
 
     /// Verify, once each, the single chunks that more than one leaf of `batch` points at (same
@@ -818,9 +803,11 @@ impl Reader {
             // The chunks were read as one contiguous span: it is the array's buffer. Check each
             // chunk as a slice of it (in parallel), then drop the slices so the buffer stays unique.
             let base = chunks[0].offset;
-            chunks.par_iter().enumerate().try_for_each(|(i, r)| {
-                let s = (r.offset - base) as usize;
-                self.check_chunk(path, i, r, span.slice(s..s + r.length as usize), verify).map(drop)
+            crate::runtime::parallel(|| {
+                chunks.par_iter().enumerate().try_for_each(|(i, r)| {
+                    let s = (r.offset - base) as usize;
+                    self.check_chunk(path, i, r, span.slice(s..s + r.length as usize), verify).map(drop)
+                })
             })?;
             return ArrayData::new(a.dtype.clone(), a.shape.clone(), span).map_err(fix);
         }
@@ -948,18 +935,16 @@ impl Reader {
             if bytes >= (64 << 20) || k + 1 == n {
                 let refs: Vec<ChunkRef> = batch.iter().map(|b| b.2.clone()).collect();
                 let fetched = self.fetch(&refs, false).await?;
-                let problems: Vec<Problem> = batch
-                    .par_iter()
-                    .filter_map(|(p, i, r)| match self.chunk_bytes(p, *i, r, &fetched, true) {
-                        Ok(_) => None,
-                        Err(e) => Some(Problem {
-                            file: self.pack_file(r.pack),
-                            key: p.clone(),
-                            chunk: Some(*i),
-                            reason: e.to_string(),
-                        }),
-                    })
-                    .collect();
+                let check = |(p, i, r): &(String, usize, ChunkRef)| match self.chunk_bytes(p, *i, r, &fetched, true) {
+                    Ok(_) => None,
+                    Err(e) => Some(Problem {
+                        file: self.pack_file(r.pack),
+                        key: p.clone(),
+                        chunk: Some(*i),
+                        reason: e.to_string(),
+                    }),
+                };
+                let problems: Vec<Problem> = crate::runtime::parallel(|| batch.par_iter().filter_map(check).collect());
                 report.chunks_checked += batch.len();
                 report.bytes_checked += bytes;
                 report.problems.extend(problems);
@@ -1007,6 +992,97 @@ fn join_path(prefix: &str, p: &str) -> String {
         (true, _) => p.to_string(),
         (false, true) => prefix.to_string(),
         (false, false) => format!("{prefix}/{p}"),
+    }
+}
+
+/// The key paths (from the root: `prefix` is `subtree`'s own path) of the records and custom
+/// nodes that a load with `opts` does not build, because the selection takes neither their own
+/// path nor any leaf below them. They come back as `None`: a partial load constructs, and so
+/// needs trust for, only what it returns (issue 23). Empty when everything is loaded.
+///
+/// # Errors
+/// [`Error::BadKeyPath`] for a malformed selection glob.
+pub fn unbuilt_objects<L>(subtree: &Tree<L>, prefix: &str, opts: &LoadOptions) -> Result<HashSet<String>> {
+    let sel = Selection::new(&opts.select)?;
+    let mut out = HashSet::new();
+    if !(sel.is_all() && opts.keep.is_none()) {
+        mark_unbuilt(subtree, &mut prefix.to_string(), &sel, opts, &mut out);
+    }
+    Ok(out)
+}
+
+/// Whether anything below `t` (at `path`) is selected; records and custom nodes with nothing
+/// selected go into `out`.
+fn mark_unbuilt<L>(
+    t: &Tree<L>,
+    path: &mut String,
+    sel: &Selection,
+    opts: &LoadOptions,
+    out: &mut HashSet<String>,
+) -> bool {
+    let object = matches!(t, Tree::Record { .. } | Tree::Custom { .. });
+    if matches!(t, Tree::Leaf(_)) || (object && t.children().is_empty()) {
+        let taken = is_selected(sel, opts, path);
+        if object && !taken {
+            out.insert(path.clone());
+        }
+        return taken;
+    }
+    let mut any = false;
+    for (step, c) in t.children() {
+        let len = path.len();
+        if len > 0 {
+            path.push('/');
+        }
+        keypath::push_step_text(path, &step);
+        any |= crate::model::grow(|| mark_unbuilt(c, path, sel, opts, out));
+        path.truncate(len);
+    }
+    if object && !any {
+        out.insert(path.clone());
+    }
+    any
+}
+
+/// `n` with the records and custom nodes at the paths in `unbuilt` replaced by `None`.
+fn prune(n: Node, path: &mut String, unbuilt: &HashSet<String>) -> Node {
+    fn below(path: &mut String, step: Step<'_>, c: Node, unbuilt: &HashSet<String>) -> Node {
+        let len = path.len();
+        if len > 0 {
+            path.push('/');
+        }
+        keypath::push_step_text(path, &step);
+        let out = crate::model::grow(|| prune(c, path, unbuilt));
+        path.truncate(len);
+        out
+    }
+    let named = |v: Vec<(String, Node)>, path: &mut String| -> Vec<(String, Node)> {
+        v.into_iter()
+            .map(|(k, c)| {
+                let c = below(path, Step::Name(&k), c, unbuilt);
+                (k, c)
+            })
+            .collect()
+    };
+    match n {
+        Tree::Record { .. } | Tree::Custom { .. } if unbuilt.contains(path.as_str()) => Tree::Leaf(Leaf::None),
+        Tree::Leaf(l) => Tree::Leaf(l),
+        Tree::List(v) => {
+            Tree::List(v.into_iter().enumerate().map(|(i, c)| below(path, Step::Index(i), c, unbuilt)).collect())
+        }
+        Tree::Tuple(v) => {
+            Tree::Tuple(v.into_iter().enumerate().map(|(i, c)| below(path, Step::Index(i), c, unbuilt)).collect())
+        }
+        Tree::Dict(v) => Tree::Dict(
+            v.into_iter()
+                .map(|(k, c)| {
+                    let c = below(path, Step::Key(&k), c, unbuilt);
+                    (k, c)
+                })
+                .collect(),
+        ),
+        Tree::Record { type_name, fields } => Tree::Record { type_name, fields: named(fields, path) },
+        Tree::Custom { type_name, data, children } => Tree::Custom { type_name, data, children: named(children, path) },
     }
 }
 

@@ -380,9 +380,9 @@ fn hash_and_layout(
         }
         // With at least a chunk per thread, each chunk is hashed on one thread, fused with its
         // min/max block by block; otherwise each chunk's hash is itself spread over threads.
-        let fused = end - start >= rayon::current_num_threads();
+        let fused = end - start >= crate::runtime::threads();
         let stats: Vec<(Hash32, Option<(f64, f64)>)> =
-            pending[start..end].par_iter().map(|p| hash_and_min_max(p, fused)).collect();
+            crate::runtime::parallel(|| pending[start..end].par_iter().map(|p| hash_and_min_max(p, fused)).collect());
         for (p, (h, mm)) in pending[start..end].iter().zip(stats) {
             min_max.push(mm);
             if let Some(pack) = lay.add(&p.data, h) {

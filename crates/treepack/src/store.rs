@@ -884,7 +884,7 @@ fn read_file_ranges(
     if ranges.len() == 1 {
         return ranges.iter().map(read_one).collect();
     }
-    ranges.par_iter().map(read_one).collect()
+    crate::runtime::parallel(|| ranges.par_iter().map(read_one).collect())
 }
 
 /// Ranges shorter than this are read through the page cache even in

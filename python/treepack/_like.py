@@ -1,0 +1,228 @@
+"""``load(..., like=...)``: the stored leaves a mask or an abstract tree asks for.
+
+``like`` mirrors the stored tree (as ``load_structure`` returns it). At each place:
+
+- ``None`` or ``False``: skip this leaf or subtree;
+- ``True``: load this leaf or the whole subtree;
+- a ``LeafInfo``, or anything with ``shape`` and ``dtype`` (a numpy array, a
+  ``jax.ShapeDtypeStruct``, a ``jax.Array``, a torch tensor): load this leaf, which must be an array
+  of that shape and dtype (a ``LeafInfo`` must describe the stored leaf exactly);
+- an ``int``, ``float``, ``complex``, ``str`` or ``bytes`` (an example tree used as a template):
+  load this leaf, which must be a stored scalar of that kind;
+- a container (dict or other mapping, list, tuple, a ``StructNode``, a dataclass or namedtuple):
+  the stored node must be the same kind with the same keys or fields, and each child follows
+  these rules; an object of a registered or built-in custom type (a datetime, say) loads the
+  stored object.
+
+Anything else is a ``TypeError`` and any difference in structure a ``ValueError``, each naming the
+key path: a wrong ``like`` never silently loads nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, List, Mapping, Set, Tuple
+
+import numpy as np
+
+from . import _codec, _core
+from ._registry import lookup_class, type_name
+
+LeafInfo = _core.LeafInfo
+
+
+def keep_paths(like: Any, structure: Any) -> Set[str]:
+    """The key paths to read: stored leaves, and custom objects that have no children."""
+    keep: Set[str] = set()
+    _walk(like, structure, "", keep)
+    return keep
+
+
+def _where(path: str) -> str:
+    return f"`{path}`" if path else "the root"
+
+
+def _child(path: str, key: Any) -> str:
+    seg = str(key).replace("~", "~0").replace("/", "~1")
+    return f"{path}/{seg}" if path else seg
+
+
+def _kind(stored: Any) -> str:
+    if isinstance(stored, LeafInfo):
+        return f"a {stored.kind} leaf"
+    if hasattr(stored, "type_name") and hasattr(stored, "children"):
+        return f"a {stored.kind} of type {stored.type_name}"
+    return f"a {type(stored).__name__}"
+
+
+def _take_all(stored: Any, keep: Set[str]) -> None:
+    stack = [stored]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, LeafInfo):
+            keep.add(s.path)
+        elif isinstance(s, dict):
+            stack.extend(s.values())
+        elif isinstance(s, (list, tuple)):
+            stack.extend(s)
+        elif not s.children:
+            keep.add(s.path)
+        else:
+            stack.extend(s.children.values())
+
+
+def _stored_dtype(info: Any) -> np.dtype:
+    d = info.dtype
+    return _codec.np_dtype(d if d.startswith(("{", "[")) else json.dumps(d))
+
+
+def _check_leaf(like: Any, info: Any, path: str) -> None:
+    if isinstance(like, LeafInfo):
+        if (like.kind, like.dtype, like.shape) != (info.kind, info.dtype, info.shape):
+            raise ValueError(f"like=: at {_where(path)} the LeafInfo describes {like!r}, but the file holds {info!r}")
+        return
+    try:
+        want_dtype = np.dtype(like.dtype)
+        want_shape = tuple(int(n) for n in like.shape)
+    except TypeError as e:
+        raise TypeError(f"like=: at {_where(path)}, {type(like).__name__} has a shape and dtype numpy cannot read: {e}") from None
+    if info.kind != "array":
+        raise ValueError(
+            f"like=: at {_where(path)} like= has an array ({want_dtype}, shape {want_shape}) but the file holds "
+            f"{_kind(info)}; use True (or a LeafInfo) to load it as it is"
+        )
+    have_shape, have_dtype = tuple(info.shape), _stored_dtype(info)
+    if have_shape != want_shape or have_dtype != want_dtype:
+        raise ValueError(
+            f"like=: at {_where(path)} the file holds {have_dtype} with shape {have_shape}, but like= asks for "
+            f"{want_dtype} with shape {want_shape}; use True to load it as stored"
+        )
+
+
+#: Python scalars a like tree may hold in place of a stored scalar of the same kind (an example
+#: tree used as the template): they load it.
+_SCALAR_KINDS = {int: "int", float: "float", complex: "complex", str: "str", bytes: "bytes"}
+
+
+def _is_array_like(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
+
+
+def _walk(like: Any, stored: Any, path: str, keep: Set[str]) -> None:
+    if like is None or like is False:
+        return
+    if like is True:
+        _take_all(stored, keep)
+        return
+    if isinstance(stored, LeafInfo):
+        if isinstance(like, LeafInfo) or _is_array_like(like):
+            _check_leaf(like, stored, path)
+            keep.add(stored.path)
+            return
+        scalar = _SCALAR_KINDS.get(type(like))
+        if scalar is not None:
+            if scalar != stored.kind:
+                raise ValueError(
+                    f"like=: at {_where(path)} like= has a {type(like).__name__} but the file holds {_kind(stored)}; "
+                    "use True to load it as stored"
+                )
+            keep.add(stored.path)
+            return
+        if isinstance(like, (Mapping, list, tuple)) or _fields_of(like) is not None:
+            raise ValueError(f"like=: at {_where(path)} like= has a {type(like).__name__} but the file holds {_kind(stored)}")
+        raise TypeError(
+            f"like=: at {_where(path)} got {type(like).__name__} {_short(like)}; a like leaf must be None or False (skip), "
+            "True (load), a LeafInfo, an array-like with shape and dtype (numpy array, jax.ShapeDtypeStruct), "
+            "or a value of the stored scalar's type (int, float, complex, str, bytes)"
+        )
+    if isinstance(stored, dict):
+        if not isinstance(like, Mapping):
+            raise ValueError(f"like=: at {_where(path)} the file holds a dict but like= has {_short_type(like)}")
+        _same_keys(list(stored), list(like.keys()), path)
+        for k, v in stored.items():
+            _walk(like[k], v, _child(path, k), keep)
+        return
+    if isinstance(stored, (list, tuple)):
+        if not isinstance(like, type(stored)):
+            raise ValueError(
+                f"like=: at {_where(path)} the file holds a {type(stored).__name__} of {len(stored)} but like= has {_short_type(like)}"
+            )
+        if len(like) != len(stored):
+            raise ValueError(
+                f"like=: at {_where(path)} the file holds a {type(stored).__name__} of {len(stored)} items but like= has {len(like)}"
+            )
+        for i, (l, s) in enumerate(zip(like, stored)):
+            _walk(l, s, _child(path, i), keep)
+        return
+    # A record or custom object (StructNode).
+    if _is_struct_node(like):
+        if (like.kind, like.type_name) != (stored.kind, stored.type_name):
+            raise ValueError(f"like=: at {_where(path)} the file holds {_kind(stored)} but like= has {_kind(like)}")
+        like_children = like.children
+    else:
+        like_children = _fields_of(like) if stored.kind == "record" else None
+        if like_children is None:
+            if stored.kind == "custom" and _custom_name(like) == stored.type_name:
+                _take_all(stored, keep)  # an object of the stored type: load it
+                return
+            raise ValueError(f"like=: at {_where(path)} the file holds {_kind(stored)} but like= has {_short_type(like)}")
+        if type_name(type(like)) != stored.type_name:
+            raise ValueError(f"like=: at {_where(path)} the file holds {_kind(stored)} but like= has a {type_name(type(like))}")
+    if not stored.children:
+        keep.add(stored.path)
+        return
+    _same_keys(list(stored.children), list(like_children), path)
+    for k, v in stored.children.items():
+        _walk(like_children[k], v, _child(path, k), keep)
+
+
+def _is_struct_node(x: Any) -> bool:
+    return type(x).__name__ == "StructNode" and hasattr(x, "type_name") and hasattr(x, "children")
+
+
+def _fields_of(x: Any) -> Any:
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+    if isinstance(x, tuple) and hasattr(type(x), "_fields"):
+        return dict(zip(type(x)._fields, x))
+    return None
+
+
+def _custom_name(x: Any) -> Any:
+    r = lookup_class(type(x))
+    if r is not None:
+        return r.name
+    try:
+        return _codec.encode_other(x, "", False)[1]
+    except TypeError:
+        return None
+
+
+def _same_keys(stored: List[Any], like: List[Any], path: str) -> None:
+    like_set, stored_set = set(like), set(stored)
+    missing = [k for k in stored if k not in like_set]
+    extra = [k for k in like if k not in stored_set]
+    if missing:
+        raise ValueError(
+            f"like=: at {_where(path)} like= has no key {missing[0]!r}, which the file holds"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            + "; set it to None to skip it"
+        )
+    if extra:
+        raise ValueError(
+            f"like=: at {_where(path)} like= has a key {extra[0]!r} that the file does not hold"
+            + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
+        )
+
+
+def _short(x: Any) -> str:
+    r = repr(x)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _short_type(x: Any) -> str:
+    if isinstance(x, (list, tuple)):
+        return f"a {type(x).__name__} of {len(x)}"
+    return f"a {type(x).__name__}"
+

@@ -1,10 +1,6 @@
-"""Python-side encoding of the types the Rust walker does not handle itself, and decoding back.
-
-Built-in Python types are stored as custom nodes named ``py.<type>`` (always allowed: treepack's
-own decoders build them, nothing is imported). Dataclasses and namedtuples are records named
-``module:qualname``; enums are ``py.enum`` nodes naming their class; both are rebuilt only when
-trusted. Registered types are custom nodes named by their registration.
-"""
+"""The built-in Python types stored as ``py.<type>`` custom nodes (sets, ranges, datetimes,
+decimals, UUIDs, paths, enums, pickles…): ``encode_other`` describes them (and records) for the
+Rust walker; ``Decoder`` builds them, and trusted records, back."""
 
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _registry as reg
+from .. import _registry as reg
 
 _PATH_CLASSES = {
     "PosixPath": pathlib.PosixPath,
@@ -193,94 +189,6 @@ def encode_other(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Op
     )
 
 
-# ---------------------------------------------------------------- arrays
-
-_ML_NAMES = {
-    "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
-}
-_SIMPLE = {
-    ("b", 1): "bool", ("i", 1): "int8", ("i", 2): "int16", ("i", 4): "int32", ("i", 8): "int64",
-    ("u", 1): "uint8", ("u", 2): "uint16", ("u", 4): "uint32", ("u", 8): "uint64",
-    ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64", ("c", 8): "complex64", ("c", 16): "complex128",
-}
-
-
-def _dtype_desc(dt: np.dtype) -> Tuple[Any, np.dtype]:
-    """(treepack dtype JSON value, canonical numpy dtype: little-endian and packed)."""
-    if dt.names is not None:
-        fields = []
-        formats = []
-        for name in dt.names:
-            sub = dt.fields[name][0]
-            shape: Tuple[int, ...] = ()
-            if sub.subdtype is not None:
-                sub, shape = sub.subdtype
-            desc, canon = _dtype_desc(sub)
-            f: Dict[str, Any] = {"name": name, "dtype": desc}
-            if shape:
-                f["shape"] = list(shape)
-            fields.append(f)
-            formats.append((name, canon, shape) if shape else (name, canon))
-        return {"struct": fields}, np.dtype(formats)
-    if dt.subdtype is not None:
-        raise TypeError(f"sub-array dtype {dt} is only supported inside a structured dtype")
-    if dt.name in _ML_NAMES:
-        return dt.name, dt
-    if dt.kind == "S":
-        return f"bytes:{dt.itemsize}", dt
-    if dt.kind == "U":
-        return f"unicode:{dt.itemsize // 4}", dt.newbyteorder("<")
-    key = (dt.kind, dt.itemsize)
-    if key in _SIMPLE:
-        return _SIMPLE[key], dt.newbyteorder("<") if dt.itemsize > 1 else dt
-    raise TypeError(f"numpy dtype {dt} (kind {dt.kind!r}) is not supported inside arrays; use a numeric, bool, bytes or str dtype")
-
-
-def encode_array(a: np.ndarray) -> Tuple[np.ndarray, str]:
-    """A canonical (C-contiguous, little-endian, packed) copy of ``a`` and its dtype JSON."""
-    desc, canon = _dtype_desc(a.dtype)
-    if a.dtype.kind == "S" and a.size and a.dtype.itemsize == 0:
-        raise TypeError("zero-width byte strings are not supported")
-    # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
-    out = a.astype(canon, copy=False)
-    if not out.flags.c_contiguous:
-        out = out.copy(order="C")
-    return out, json.dumps(desc, separators=(",", ":"))
-
-
-_dtype_cache: Dict[str, np.dtype] = {}
-
-
-def np_dtype(desc_json: str) -> np.dtype:
-    """The numpy dtype for a treepack dtype JSON value (ml_dtypes for bfloat16/float8)."""
-    dt = _dtype_cache.get(desc_json)
-    if dt is None:
-        dt = _np_dtype(json.loads(desc_json))
-        _dtype_cache[desc_json] = dt
-    return dt
-
-
-def _np_dtype(d: Any) -> np.dtype:
-    if isinstance(d, dict):
-        fields = []
-        for f in d["struct"]:
-            sub = _np_dtype(f["dtype"])
-            shape = tuple(f.get("shape", ()))
-            fields.append((f["name"], sub, shape) if shape else (f["name"], sub))
-        return np.dtype(fields)
-    if d in _ML_NAMES:
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise ImportError(f"loading {d} arrays needs the ml_dtypes package (pip install ml_dtypes)") from None
-        return np.dtype(getattr(ml_dtypes, d))
-    if d.startswith("bytes:"):
-        return np.dtype(f"S{int(d[6:])}")
-    if d.startswith("unicode:"):
-        return np.dtype(f"<U{int(d[8:])}")
-    return np.dtype(d).newbyteorder("<") if np.dtype(d).itemsize > 1 else np.dtype(d)
-
-
 # ---------------------------------------------------------------- decoding
 
 
@@ -391,30 +299,3 @@ class Decoder:
                 return self._missing(data.get("class", t), None, "pickled object (pass allow_pickle=True)")
             return pickle.loads(kids["data"])
         return self._missing(t, data, "unknown built-in type (written by a newer treepack?)")
-
-
-def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ...], allow_pickle: bool) -> Dict[str, List[str]]:
-    """Every type a load would need that is not allowed: {type name: [key paths]}. Imports nothing."""
-    bad: Dict[str, List[str]] = {}
-
-    def flag(name: str, path: str) -> None:
-        bad.setdefault(name, []).append(path or "<root>")
-
-    for kind, name, data_json, path in types:
-        if kind == "record":
-            if not (reg.is_trusted(name, trust) or reg.lookup_name(name)):
-                flag(name, path)
-        elif name == "py.pickle":
-            if not allow_pickle:
-                cls = json.loads(data_json).get("class", "?") if data_json else "?"
-                flag(f"pickle ({cls})", path)
-        elif name == "py.enum":
-            cls = json.loads(data_json).get("class", "?") if data_json else "?"
-            if not (reg.is_trusted(cls, trust) or reg.lookup_name(cls)):
-                flag(cls, path)
-        elif name.startswith("py."):
-            if name not in BUILTIN_TYPES:
-                flag(name, path)
-        elif reg.lookup_name(name) is None:
-            flag(name, path)
-    return bad

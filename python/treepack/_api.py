@@ -1,0 +1,288 @@
+"""The public API: save, load, load_structure, untrusted_types, verify and gc, with the types they
+return (LeafInfo, StructNode, SaveInfo, VerifyReport) or raise (UntrustedTypeError)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _codec, _core, _like, _registry, integrations
+from ._async import SaveHandle, _executor
+from ._core import TreepackError
+
+PathLike = Union[str, "os.PathLike[str]"]
+StorageOptions = Optional[Mapping[str, Any]]
+"""Cloud settings for remote locations (``s3://``, ``gs://``, ``az://``, ``http(s)://``): object_store's
+keys (``aws_access_key_id``, ``region``, ``endpoint``, ``google_service_account_key``, ``azure_storage_account_name``…)
+and treepack's tuning keys (``max_concurrency``, ``multipart_threshold``, ``multipart_part_size``,
+``max_request_bytes``, ``max_retries``, ``retry_timeout_secs``). Values override environment variables."""
+Progress = Optional[Callable[[int, int], Any]]
+"""Called as ``progress(bytes_done, bytes_total)`` from a background thread while data moves."""
+
+
+def _opts(storage_options: StorageOptions) -> Optional[Dict[str, str]]:
+    if storage_options is None:
+        return None
+    return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in storage_options.items()}
+
+
+class UntrustedTypeError(TreepackError):
+    """A file names types that are not allowed. ``.types`` maps each type name to its key paths."""
+
+    def __init__(self, path: str, types: Dict[str, List[str]]) -> None:
+        self.types = types
+        lines = [f"  {name}: at {', '.join(paths[:5])}{' …' if len(paths) > 5 else ''}" for name, paths in sorted(types.items())]
+        super().__init__(
+            f"{path}: refusing to load types that are not trusted (nothing was imported or constructed):\n"
+            + "\n".join(lines)
+            + "\nTo load them:\n"
+            + "\n".join(_untrusted_hints(types))
+            + "\nor pass on_missing='placeholder' to get treepack.Unloadable objects in their place."
+        )
+
+
+def _untrusted_hints(types: Dict[str, List[str]]) -> List[str]:
+    # Each kind of name is allowed a different way: say the one that works for each.
+    classes = sorted(n for n in types if ":" in n and not n.startswith("pickle ("))
+    registered = sorted(n for n in types if ":" not in n and not n.startswith(("pickle (", "py.")))
+    out = []
+    if classes:
+        modules = sorted({n.split(":", 1)[0] for n in classes})
+        out.append(f"  - dataclasses, namedtuples and enums: load(..., trust={[m + '.*' for m in modules]!r}) (imports those modules)")
+    if registered:
+        out.append(
+            f"  - registered types ({', '.join(registered)}): call treepack.register(cls, name=..., to_data=..., "
+            "from_data=...) for each in this process before loading (trust= does not apply to them)"
+        )
+    if any(n.startswith("pickle (") for n in types):
+        out.append("  - pickled objects: allow_pickle=True (unpickling runs code from the file: only for files you trust)")
+    if any(n.startswith("py.") for n in types):
+        out.append("  - built-in types this treepack does not know (written by a newer version?): upgrade treepack")
+    return out
+
+
+LeafInfo = _core.LeafInfo
+"""What ``load_structure`` puts at each leaf: ``path``, ``kind``, ``dtype``, ``shape``, ``nbytes``,
+``inline`` (a Rust class: cheap to create for trees with many leaves)."""
+
+
+@dataclass(frozen=True)
+class StructNode:
+    """A record or custom node in a structure tree (its class is not constructed)."""
+
+    kind: str
+    type_name: str
+    data: Any
+    children: Dict[Any, Any]
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class SaveInfo:
+    leaves: int
+    bytes_written: int
+    location: str
+    arrays: int = 0
+    array_bytes: int = 0
+
+
+def _path(p: PathLike) -> str:
+    return os.fspath(p)
+
+
+def save(
+    tree: Any,
+    path: PathLike,
+    *,
+    overwrite: bool = False,
+    metadata: Optional[Any] = None,
+    allow_pickle: bool = False,
+    chunk_bytes: Optional[int] = None,
+    storage_options: StorageOptions = None,
+    progress: Progress = None,
+    blocking: bool = True,
+) -> Any:
+    """Save ``tree`` at ``path``: a directory, a ``.tpk`` file, ``s3://…``, ``gs://…``, ``az://…``,
+    ``file://…`` or ``memory://…``.
+
+    numpy arrays are written without copying when C-contiguous and little-endian. Objects other
+    than the built-in kinds must be dataclasses, namedtuples, enums or registered types; anything
+    else is refused unless ``allow_pickle=True``. Raises ``FileExistsError`` if a tree is already
+    there and ``overwrite`` is false.
+
+    ``blocking=False`` returns a :class:`SaveHandle` at once: the tree is converted and its arrays
+    copied (a consistent snapshot) before returning, so the caller may change them immediately;
+    storage I/O runs on a background thread. With ``blocking=True`` (the default) nothing is
+    copied, so do not mutate the arrays while ``save`` runs.
+    """
+    p = _path(path)
+
+    def enc(obj: Any, where: str) -> Any:
+        return _codec.encode_other(obj, where, allow_pickle)
+
+    md = _metadata_json(metadata) if metadata is not None else None
+    prepared = _core.prepare(
+        tree, enc, _codec.encode_array, snapshot=not blocking, fast_datetime=_registry.lookup_class(_dt.datetime) is None
+    )
+    write = functools.partial(
+        prepared.write, p, overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes,
+        storage_options=_opts(storage_options), progress=progress,
+    )
+    if blocking:
+        return SaveInfo(*write())
+    return SaveHandle(_executor().submit(lambda: SaveInfo(*write())), p)
+
+
+def _metadata_json(metadata: Any) -> str:
+    try:
+        return json.dumps(metadata, allow_nan=True)
+    except (TypeError, ValueError):
+        pass
+    # Name the first value JSON cannot hold, and where it is.
+    stack: List[Tuple[str, Any]] = [("", metadata)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if not isinstance(k, (str, int, float, bool)) and k is not None:
+                    raise TypeError(f"metadata=: the key {k!r} at `{where or '<root>'}` is a {type(k).__name__}; JSON object keys must be strings")
+                stack.append((f"{where}/{k}" if where else str(k), v))
+        elif isinstance(x, (list, tuple)):
+            stack.extend((f"{where}/{i}" if where else str(i), v) for i, v in enumerate(x))
+        elif not (x is None or isinstance(x, (str, int, float, bool))):
+            hint = " (convert numpy scalars with .item(), arrays with .tolist())" if isinstance(x, (np.generic, np.ndarray)) else ""
+            raise TypeError(
+                f"metadata=: the value at `{where or '<root>'}` is a {type(x).__module__}.{type(x).__qualname__}, which JSON "
+                f"cannot hold; metadata must be JSON: dicts, lists, str, int, float, bool, None{hint}. "
+                "Put arrays and other objects in the tree itself"
+            )
+    raise TypeError("metadata=: not JSON-serialisable (a reference cycle?)")
+
+
+def _check(reader: Any, p: str, trust: Tuple[str, ...], allow_pickle: bool, on_missing: str, select: Any = None, keep: Any = None) -> None:
+    # Only what this load will construct is audited: records and custom objects with nothing
+    # selected below them come back as None (never built), so they need no trust.
+    bad = _codec.audit(reader.types(_codec.AUDIT_FREE, select, keep), trust, allow_pickle)
+    if bad and on_missing == "error":
+        raise UntrustedTypeError(p, bad)
+
+
+def load(
+    path: PathLike,
+    *,
+    select: Optional[Sequence[str]] = None,
+    like: Any = None,
+    trust: Iterable[str] = (),
+    allow_pickle: bool = False,
+    on_missing: str = "error",
+    mmap: bool = False,
+    verify: Optional[bool] = None,
+    storage_options: StorageOptions = None,
+    progress: Progress = None,
+) -> Any:
+    """Load a tree from a local path, ``.tpk`` file, ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` location.
+
+    - ``select``: key-path globs (``"params/**"``); other leaves come back as ``None``, and so do
+      records and custom objects with nothing selected below them (they are not constructed, so
+      they need no trust).
+    - ``like``: a tree shaped like the stored one (``load_structure``'s, or an abstract tree of
+      arrays / ``jax.ShapeDtypeStruct``s): ``None``/``False`` skips a leaf or subtree, ``True``,
+      a ``LeafInfo`` or an array-like loads it (shape and dtype checked). A ``like`` that differs
+      from the stored structure raises, naming the key path. Skipped places come back as with
+      ``select``.
+    - ``trust``: globs of ``module:qualname`` / ``module.qualname`` names whose dataclasses,
+      namedtuples and enums may be rebuilt (their modules may then be imported).
+    - ``on_missing="placeholder"``: unknown or untrusted objects become ``Unloadable``.
+    - ``mmap=True``: arrays are read-only views of the (local, uncompressed) file, no copy.
+    - ``verify``: check chunk hashes (default: True; False with ``mmap`` since it would read everything).
+    - ``storage_options``: credentials/endpoint/tuning for remote locations; ``progress(done, total)``.
+
+    The whole manifest is audited before any record or custom object is built: untrusted types
+    raise ``UntrustedTypeError`` listing every type and key path, and nothing is imported. (A
+    tree of plain containers, values and built-in types such as datetime is built in one pass
+    while its manifest is read; the audit has nothing to refuse there.)
+    """
+    p = _path(path)
+    trust_t = tuple(trust)
+    if on_missing not in ("error", "placeholder"):
+        raise ValueError("on_missing must be 'error' or 'placeholder'")
+    opts = _opts(storage_options)
+    dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder")
+    verify = (not mmap) if verify is None else verify
+    if select is None and like is None and not mmap and progress is None:
+        # Whole tree: one pass over the manifest builds the objects as it is read (its few reads
+        # of stored leaves report no progress, hence not with a callback). It takes only trees
+        # that need no audit (no records, only built-in custom types) and few stored leaves;
+        # anything else, or any failure, goes the audited Reader path below, which fetches stored
+        # leaves in parallel batches and reports errors in full.
+        out = _core.load_one_pass(p, dec, _codec.np_dtype, _codec.AUDIT_FREE, verify, opts)
+        if out is not None:
+            return out
+    r = _core.Reader(p, opts)
+    sel = [select] if isinstance(select, str) else (list(select) if select is not None else None)
+    keep = _like.keep_paths(like, r.structure(_struct_node)) if like is not None else None
+    _check(r, p, trust_t, allow_pickle, on_missing, sel, keep)
+    return r.load(
+        dec,
+        _codec.np_dtype,
+        select=sel,
+        keep=keep,
+        mmap=mmap,
+        verify=verify,
+        progress=progress,
+    )
+
+
+def _struct_node(kind: str, type_name: str, data: Optional[str], children: List[Tuple[Any, Any]], path: str) -> StructNode:
+    return StructNode(kind, type_name, json.loads(data) if data else None, dict(children), path)
+
+
+def load_structure(path: PathLike, *, storage_options: StorageOptions = None) -> Any:
+    """The tree with a ``LeafInfo`` at every leaf, reading only the manifest.
+
+    Containers come back as dict/list/tuple; records and custom objects as ``StructNode`` (their
+    classes are never constructed or imported). When JAX is imported, ``StructNode`` is a pytree
+    node, so ``jax.tree.map`` over the structure reaches the fields of records.
+    """
+    p, opts = _path(path), _opts(storage_options)
+    integrations.register_loaded()  # StructNode as a JAX pytree node, when JAX is in use
+    # One pass over the manifest, building these objects as it is read; whenever that path does
+    # not apply (or fails), the Reader path below gives the result or the full error.
+    fast = _core.structure_one_pass(p, _struct_node, opts)
+    if fast is not None:
+        return fast
+    return _core.Reader(p, opts).structure(_struct_node)
+
+
+def untrusted_types(
+    path: PathLike, trust: Iterable[str] = (), allow_pickle: bool = False, *, storage_options: StorageOptions = None
+) -> Dict[str, List[str]]:
+    """What loading ``path`` would need trusted: {type name: [key paths]}. Constructs nothing."""
+    return _codec.audit(
+        _core.Reader(_path(path), _opts(storage_options)).types(_codec.AUDIT_FREE), tuple(trust), allow_pickle
+    )
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    ok: bool
+    chunks_checked: int
+    bytes_checked: int
+    problems: List[str]
+
+
+def verify(path: PathLike, *, storage_options: StorageOptions = None) -> VerifyReport:
+    """Re-hash every chunk; the report names corrupt chunks."""
+    return VerifyReport(*_core.Reader(_path(path), _opts(storage_options)).verify())
+
+
+def gc(path: PathLike, grace_secs: float = 3600.0, *, storage_options: StorageOptions = None) -> List[str]:
+    """Remove leftovers of interrupted saves older than ``grace_secs``; returns what was removed."""
+    return _core.gc(_path(path), grace_secs, _opts(storage_options))
+

@@ -1,0 +1,24 @@
+"""Python-side encoding of the types the Rust walker does not handle itself, and decoding back.
+
+Built-in Python types are stored as custom nodes named ``py.<type>`` (always allowed: treepack's
+own decoders build them, nothing is imported). Dataclasses and namedtuples are records named
+``module:qualname``; enums are ``py.enum`` nodes naming their class; both are rebuilt only when
+trusted. Registered types are custom nodes named by their registration.
+"""
+
+from .builtins import (
+    AUDIT_FREE,
+    BUILTIN_TYPES,
+    Decoder,
+    Unloadable,
+    _seen_classes,
+    encode_other,
+    resolve_class,
+)
+from .dtypes import _ML_NAMES, _SIMPLE, _dtype_cache, _dtype_desc, _np_dtype, encode_array, np_dtype
+from .trust import audit
+
+__all__ = [
+    "AUDIT_FREE", "BUILTIN_TYPES", "Decoder", "Unloadable", "audit", "encode_array", "encode_other",
+    "np_dtype", "resolve_class",
+]

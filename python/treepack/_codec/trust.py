@@ -1,0 +1,37 @@
+"""The trust audit: what a load would need that is not allowed, found from the manifest alone
+(nothing is imported or constructed)."""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Optional, Tuple
+
+from .. import _registry as reg
+from .builtins import BUILTIN_TYPES
+
+
+def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ...], allow_pickle: bool) -> Dict[str, List[str]]:
+    """Every type a load would need that is not allowed: {type name: [key paths]}. Imports nothing."""
+    bad: Dict[str, List[str]] = {}
+
+    def flag(name: str, path: str) -> None:
+        bad.setdefault(name, []).append(path or "<root>")
+
+    for kind, name, data_json, path in types:
+        if kind == "record":
+            if not (reg.is_trusted(name, trust) or reg.lookup_name(name)):
+                flag(name, path)
+        elif name == "py.pickle":
+            if not allow_pickle:
+                cls = json.loads(data_json).get("class", "?") if data_json else "?"
+                flag(f"pickle ({cls})", path)
+        elif name == "py.enum":
+            cls = json.loads(data_json).get("class", "?") if data_json else "?"
+            if not (reg.is_trusted(cls, trust) or reg.lookup_name(cls)):
+                flag(cls, path)
+        elif name.startswith("py."):
+            if name not in BUILTIN_TYPES:
+                flag(name, path)
+        elif reg.lookup_name(name) is None:
+            flag(name, path)
+    return bad

@@ -1,0 +1,169 @@
+"""Lazy views of a stored tree: ``open`` returns a View; its arrays are LazyArrays that read only
+the chunks a slice touches."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Iterator, List, Tuple
+
+import numpy as np
+
+from . import _codec, _core, integrations
+from ._api import PathLike, StorageOptions, UntrustedTypeError, _opts, _path, _struct_node
+
+
+def _slice_text(idx: Any, ndim: int) -> str:
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    parts = []
+    for x in idx:
+        if x is Ellipsis:
+            parts.append("...")
+        elif isinstance(x, slice):
+            if x.step is not None and x.step <= 0:
+                raise IndexError("only positive slice steps are supported")
+            parts.append(
+                f"{'' if x.start is None else int(x.start)}:{'' if x.stop is None else int(x.stop)}"
+                + (f":{int(x.step)}" if x.step is not None else "")
+            )
+        elif isinstance(x, (int, np.integer)):
+            parts.append(str(int(x)))
+        else:
+            raise IndexError(f"unsupported index {x!r}: use integers, slices and ...")
+    return ",".join(parts)
+
+
+class LazyArray:
+    """An array in a stored tree; reads only the chunks a slice touches."""
+
+    def __init__(self, reader: Any, path: str) -> None:
+        self._r = reader
+        self.path = path
+        dtype_json, shape = reader.array_info(path)
+        self._dtype_json = dtype_json
+        self.shape: Tuple[int, ...] = tuple(shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return _codec.np_dtype(self._dtype_json)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def __getitem__(self, idx: Any) -> np.ndarray:
+        out = self._r.read_array(self.path, _slice_text(idx, self.ndim), _codec.np_dtype)
+        return out
+
+    def read(self) -> np.ndarray:
+        return self._r.read_array(self.path, "", _codec.np_dtype)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.read()
+        return a.astype(dtype) if dtype is not None else a
+
+    def __repr__(self) -> str:
+        return f"LazyArray({self.path!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+class View:
+    """A lazy view of a stored tree: index it like the tree; arrays come back as ``LazyArray``."""
+
+    def __init__(self, reader: Any, path: str = "", *, trust: Tuple[str, ...] = (), allow_pickle: bool = False, on_missing: str = "error") -> None:
+        self._r = reader
+        self.path = path
+        self._opts = (trust, allow_pickle, on_missing)
+
+    @property
+    def kind(self) -> str:
+        return self._r.kind(self.path)
+
+    def _children(self) -> List[Tuple[str, Any]]:
+        return self._r.children(self.path)
+
+    def keys(self) -> List[Any]:
+        return [k for _, k in self._children()]
+
+    def __len__(self) -> int:
+        return len(self._children())
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.keys())
+
+    def __contains__(self, key: Any) -> bool:
+        return any(_same_key(k, key) for _, k in self._children())
+
+    def __getitem__(self, key: Any) -> Any:
+        kind = self.kind
+        children = self._children()
+        if kind in ("list", "tuple"):
+            # Python's rules: negative indexes count from the end; out of range is an IndexError.
+            if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+                raise TypeError(f"`{self.path or '<root>'}` is a {kind}: index it with an integer, not {type(key).__name__}")
+            i = int(key) + len(children) if key < 0 else int(key)
+            if not 0 <= i < len(children):
+                raise IndexError(f"index {int(key)} is out of range for `{self.path or '<root>'}` ({kind} of {len(children)})")
+            seg = children[i][0]
+        else:
+            found = [seg for seg, k in children if _same_key(k, key)]
+            if not found:
+                raise KeyError(f"{key!r} not found in `{self.path or '<root>'}` ({kind})")
+            seg = found[0]
+        child = f"{self.path}/{seg}" if self.path else seg
+        ck = self._r.kind(child)
+        if ck == "array":
+            return LazyArray(self._r, child)
+        if ck in ("dict", "list", "tuple", "record", "custom"):
+            return View(self._r, child, trust=self._opts[0], allow_pickle=self._opts[1], on_missing=self._opts[2])
+        return self._read(child)
+
+    def _read(self, path: str) -> Any:
+        trust, allow_pickle, on_missing = self._opts
+        bad = _codec.audit([t for t in self._r.types(_codec.AUDIT_FREE) if t[3] == path or t[3].startswith(path + "/") or not path], trust, allow_pickle)
+        if bad and on_missing == "error":
+            raise UntrustedTypeError(path, bad)
+        dec = _codec.Decoder(trust, allow_pickle, on_missing == "placeholder")
+        return self._r.load(dec, _codec.np_dtype, subpath=path)
+
+    def read(self) -> Any:
+        """Load this subtree (trust rules apply)."""
+        return self._read(self.path)
+
+    def structure(self) -> Any:
+        integrations.register_loaded()
+        return self._r.structure(_struct_node)
+
+    @property
+    def metadata(self) -> Any:
+        m = self._r.metadata()
+        return json.loads(m) if m is not None else None
+
+    def __repr__(self) -> str:
+        return f"View({self.path or '<root>'!r}, {self.kind}, {len(self)} children)"
+
+
+def _same_key(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def open(
+    path: PathLike,
+    *,
+    trust: Iterable[str] = (),
+    allow_pickle: bool = False,
+    on_missing: str = "error",
+    storage_options: StorageOptions = None,
+) -> View:
+    """Open a stored tree lazily: ``open(p)["params"]["w"][0:2]`` reads only the chunks it needs
+    (on object stores: one GET for the manifest, then ranged GETs)."""
+    reader = _core.Reader(_path(path), _opts(storage_options))
+    return View(reader, "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing)

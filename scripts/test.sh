@@ -7,11 +7,11 @@ export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy (all crates, all targets)"
-cargo clippy --workspace --all-targets -j2 -- -D warnings
+cargo clippy --workspace --all-targets --features treepack/failpoints -j2 -- -D warnings
 echo "== local object-store servers for the remote tests (moto, azurite, fake-gcs-server, gcp-storage-emulator)"
 bash scripts/servers.sh
-echo "== cargo test (core + CLI; remote tests start their servers on 127.0.0.1)"
-cargo test -j2
+echo "== cargo test (core + CLI; remote tests start their servers on 127.0.0.1; crash tests need the failpoints feature)"
+cargo test -j2 --features treepack/failpoints
 echo "== python package: build into .venv"
 py=$(bash scripts/python-env.sh)
 echo "== pytest"

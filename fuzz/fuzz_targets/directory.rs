@@ -14,15 +14,15 @@ fuzz_target!(|data: &[u8]| {
     let n = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as usize;
     let rest = &data[4..];
     let (body, pack) = rest.split_at(n.min(rest.len()));
-    let sealed = treepack::manifest::seal(body);
+    let sealed = treepack::format::manifest::seal(body);
     let Ok(loc) = treepack::Location::parse("memory://fuzz-dir/t") else { return };
-    let packs: Vec<String> = match treepack::manifest::decode(&sealed, "fuzz") {
+    let packs: Vec<String> = match treepack::format::manifest::decode(&sealed, "fuzz") {
         Ok(m) => m.packs.iter().map(|p| p.path.clone()).collect(),
         Err(_) => vec![],
     };
     let b = bytes::Bytes::copy_from_slice(pack);
     for p in packs.iter().take(4) {
-        if treepack::manifest::validate_pack_path(p).is_ok() {
+        if treepack::format::manifest::validate_pack_path(p).is_ok() {
             let _ = treepack::block_on(loc.put(p, vec![b.clone()], false));
         }
     }

@@ -5,23 +5,23 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = treepack::manifest::decode(data, "fuzz");
-    let sealed = treepack::manifest::seal(data);
+    let _ = treepack::format::manifest::decode(data, "fuzz");
+    let sealed = treepack::format::manifest::seal(data);
     // The structure-only read accepts exactly what the one-pass parse accepts, but for a dict
     // key repeated (which its consumer refuses).
-    let strict = treepack::manifest::build_one_thread(&sealed, "fuzz", &treepack::manifest::OwnedTree);
-    let outline = treepack::manifest::check(&sealed, "fuzz")
-        .and_then(|_| treepack::manifest::outline::outline(&sealed, "fuzz", &mut |_| true));
+    let strict = treepack::format::manifest::build_one_thread(&sealed, "fuzz", &treepack::format::manifest::OwnedTree);
+    let outline = treepack::format::manifest::check(&sealed, "fuzz")
+        .and_then(|_| treepack::format::manifest::outline::outline(&sealed, "fuzz", &mut |_| true));
     match (&strict, &outline) {
         (Ok(_), Err(e)) => panic!("the outline refused what the one-pass parse accepts: {e}"),
         (Err(e), Ok(_)) => assert!(e.to_string().contains("duplicate key"), "the outline accepted: {e}"),
         _ => {}
     }
-    if let Ok(m) = treepack::manifest::decode(&sealed, "fuzz") {
+    if let Ok(m) = treepack::format::manifest::decode(&sealed, "fuzz") {
         let _ = m.structure();
         let stats = serde_json::Value::Null;
-        let again = treepack::manifest::encode(&m, &stats);
+        let again = treepack::format::manifest::encode(&m, &stats);
         // What we write, we must read back.
-        treepack::manifest::decode(&again, "re-encoded").expect("a decoded manifest re-encodes to a valid one");
+        treepack::format::manifest::decode(&again, "re-encoded").expect("a decoded manifest re-encodes to a valid one");
     }
 });

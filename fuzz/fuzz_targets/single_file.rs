@@ -16,11 +16,11 @@ fuzz_target!(|data: &[u8]| {
         let n = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as usize;
         let rest = &data[4..];
         let (body, prefix) = rest.split_at(n.min(rest.len()));
-        let sealed = treepack::manifest::seal(body);
+        let sealed = treepack::format::manifest::seal(body);
         let mut f = prefix.to_vec();
         let off = f.len() as u64;
         f.extend_from_slice(&sealed);
-        f.extend_from_slice(&treepack::container::footer(off, sealed.len() as u64));
+        f.extend_from_slice(&treepack::format::container::footer(off, sealed.len() as u64));
         f
     };
     let Ok(loc) = treepack::Location::parse("memory://fuzz-file/t.tpk") else { return };

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 use show::{entry_summary, human_bytes};
 use std::process::ExitCode;
-use treepack::manifest::Entry;
+use treepack::format::manifest::Entry;
 use treepack::{LoadOptions, Location, ProgressFn, Reader, SaveOptions, StorageOptions, Tree};
 
 /// mimalloc: trees of many small leaves are allocation-bound; measured on the 100k-leaf
@@ -15,7 +15,7 @@ use treepack::{LoadOptions, Location, ProgressFn, Reader, SaveOptions, StorageOp
 /// view from ~47 ms to ~28 ms against glibc malloc. Big buffers (2 MiB and more) get huge-page
 /// mappings of their own (`treepack::alloc`).
 #[global_allocator]
-static GLOBAL: treepack::alloc::BigMapped<mimalloc::MiMalloc> = treepack::alloc::BigMapped(mimalloc::MiMalloc);
+static GLOBAL: treepack_alloc::BigMapped<mimalloc::MiMalloc> = treepack_alloc::BigMapped(mimalloc::MiMalloc);
 
 #[derive(Parser)]
 #[command(name = "treepack", version, about = "Save, inspect and load trees of arrays, scalars and strings")]
@@ -262,14 +262,14 @@ fn render(t: &Tree<Entry>, name: String, prefix: &str, last: bool, root: bool, o
     let kids = t.children();
     let n = kids.len();
     for (i, (step, child)) in kids.into_iter().enumerate() {
-        let seg = treepack::keypath::Segment::from_step_pub(&step).text();
+        let seg = treepack::format::keypath::Segment::from_step_pub(&step).text();
         render(child, seg, &next_prefix, i + 1 == n, false, out);
     }
 }
 
 fn ls(path: &str, so: &StorageOptions, patterns: &[String]) -> Result<ExitCode> {
     let r = open(path, so)?;
-    let sel = treepack::keypath::Selection::new(patterns)?;
+    let sel = treepack::format::keypath::Selection::new(patterns)?;
     let mut n = 0;
     r.manifest().root.for_each_leaf(&mut |p, e| {
         if sel.selects(p) {

@@ -1,7 +1,7 @@
 //! Human-readable rendering: sizes, leaf summaries, numpy-style arrays.
 
 use serde_json::Value;
-use treepack::manifest::{ArrayStorage, Entry, Stored};
+use treepack::format::manifest::{ArrayStorage, Entry, Stored};
 use treepack::{ArrayData, DType, Leaf, Node, Tree};
 
 pub fn human_bytes(n: u64) -> String {
@@ -196,7 +196,7 @@ pub fn format_node(n: &Node, indent: usize) -> String {
                 t => format!("{}:\n", t.container_kind()),
             };
             for (step, child) in t.children() {
-                let name = treepack::keypath::Segment::from_step_pub(&step).text();
+                let name = treepack::format::keypath::Segment::from_step_pub(&step).text();
                 s.push_str(&format!("{pad}  {name}: {}\n", format_node(child, indent + 2)));
             }
             s.trim_end().to_string()

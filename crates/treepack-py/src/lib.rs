@@ -16,9 +16,9 @@ use pyo3::types::{PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyInt, PyList, Py
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use treepack::manifest::outline::{Block, Event, LeafTable};
-use treepack::manifest::{ArrayStorage, Entry};
-use treepack::model::shape_len;
+use treepack::format::manifest::outline::{Block, Event, LeafTable};
+use treepack::format::manifest::{ArrayStorage, Entry};
+use treepack::format::model::shape_len;
 use treepack::{ArrayData, DType, Int, Key, Leaf, LoadOptions, Node, SaveOptions, Tree};
 
 /// mimalloc: trees of many small leaves are allocation-bound; measured on the 100k-leaf
@@ -26,7 +26,7 @@ use treepack::{ArrayData, DType, Int, Key, Leaf, LoadOptions, Node, SaveOptions,
 /// view from ~47 ms to ~28 ms against glibc malloc.
 /// Big buffers (2 MiB and more) get huge-page mappings of their own (`treepack::alloc`).
 #[global_allocator]
-static GLOBAL: treepack::alloc::BigMapped<mimalloc::MiMalloc> = treepack::alloc::BigMapped(mimalloc::MiMalloc);
+static GLOBAL: treepack_alloc::BigMapped<mimalloc::MiMalloc> = treepack_alloc::BigMapped(mimalloc::MiMalloc);
 
 pyo3::create_exception!(_core, TreepackError, pyo3::exceptions::PyException, "Base class of treepack errors.");
 pyo3::create_exception!(_core, CorruptError, TreepackError, "Stored bytes do not match their recorded hash or layout.");
@@ -358,7 +358,7 @@ impl<'py> Encoder<'py> {
     }
 
     fn text_of(&self, path: &[PathStep<'py>]) -> String {
-        use treepack::keypath::Segment;
+        use treepack::format::keypath::Segment;
         if path.is_empty() {
             return "<root>".into();
         }
@@ -409,7 +409,7 @@ impl<'py> Encoder<'py> {
     fn child(&mut self, seg: PathStep<'py>, v: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
         self.path.push(seg);
         // Deep (or cyclic, until the depth limit) trees recurse up to MAX_DEPTH levels.
-        let r = treepack::model::grow(|| self.node(v, depth + 1));
+        let r = treepack::format::model::grow(|| self.node(v, depth + 1));
         if r.is_ok() {
             self.path.pop();
         }
@@ -417,7 +417,7 @@ impl<'py> Encoder<'py> {
     }
 
     fn node(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
-        if depth > treepack::manifest::MAX_DEPTH {
+        if depth > treepack::format::manifest::MAX_DEPTH {
             if let Some((outer, inner)) = self.cycle() {
                 return Err(PyValueError::new_err(format!(
                     "cannot save: reference cycle at `{}`: it contains itself at `{}`. treepack saves trees; \
@@ -429,7 +429,7 @@ impl<'py> Encoder<'py> {
             return Err(PyValueError::new_err(format!(
                 "cannot save `{}`: nested deeper than {} levels",
                 self.here(),
-                treepack::manifest::MAX_DEPTH
+                treepack::format::manifest::MAX_DEPTH
             )));
         }
         if obj.is_none() {
@@ -662,7 +662,7 @@ impl Prepared {
         let info = py.detach(|| {
             let r = treepack::block_on(treepack::save::save_async(&node, &loc, &opts));
             if r.as_ref().is_ok_and(|i| i.leaves >= treepack::save::BACKGROUND_DROP_LEAVES) {
-                treepack::model::drop_in_background(node);
+                treepack::format::model::drop_in_background(node);
             } else {
                 drop(node);
             }
@@ -818,7 +818,7 @@ impl<'py> Decoder<'py> {
     }
 
     fn node(&mut self, n: Node) -> PyResult<Bound<'py, PyAny>> {
-        treepack::model::grow(|| self.node_inner(n))
+        treepack::format::model::grow(|| self.node_inner(n))
     }
 
     fn node_inner(&mut self, n: Node) -> PyResult<Bound<'py, PyAny>> {
@@ -929,7 +929,7 @@ impl<'py> Decoder<'py> {
     /// Build the Python tree straight from the manifest tree: inline leaves are read from the
     /// manifest (borrowed, nothing cloned), stored leaves are taken in order from `stored`.
     fn entry_tree(&mut self, t: &Tree<Entry>, stored: &mut StoredLeaves) -> PyResult<Bound<'py, PyAny>> {
-        treepack::model::grow(|| self.entry_tree_inner(t, stored))
+        treepack::format::model::grow(|| self.entry_tree_inner(t, stored))
     }
 
     fn entry_tree_inner(&mut self, t: &Tree<Entry>, stored: &mut StoredLeaves) -> PyResult<Bound<'py, PyAny>> {
@@ -966,7 +966,7 @@ impl<'py> Decoder<'py> {
     /// One manifest leaf: inline values straight from the manifest (borrowed, nothing cloned),
     /// stored ones taken in order from `stored`.
     fn entry_leaf(&mut self, e: &Entry, stored: &mut StoredLeaves) -> PyResult<Bound<'py, PyAny>> {
-        use treepack::manifest::Stored;
+        use treepack::format::manifest::Stored;
         let py = self.py;
         let id = stored.next_id;
         stored.next_id += 1;
@@ -1279,11 +1279,11 @@ impl Reader {
         let dec = Decoder::new(py, None, None, false);
         let mut out = vec![];
         for (step, _) in t.children() {
-            let seg = treepack::keypath::Segment::from_step_pub(&step);
+            let seg = treepack::format::keypath::Segment::from_step_pub(&step);
             let key = match &seg {
-                treepack::keypath::Segment::Index(i) => i.into_pyobject(py)?.into_any(),
-                treepack::keypath::Segment::Key(k) => dec.key(k)?,
-                treepack::keypath::Segment::Name(n) => PyString::new(py, n).into_any(),
+                treepack::format::keypath::Segment::Index(i) => i.into_pyobject(py)?.into_any(),
+                treepack::format::keypath::Segment::Key(k) => dec.key(k)?,
+                treepack::format::keypath::Segment::Name(n) => PyString::new(py, n).into_any(),
             };
             out.push((seg.text(), key));
         }
@@ -1339,11 +1339,11 @@ impl Reader {
 
 fn walk_types<'a>(
     t: &'a Tree<Entry>,
-    path: &mut Vec<treepack::model::Step<'a>>,
+    path: &mut Vec<treepack::format::model::Step<'a>>,
     skip: &HashSet<String>,
     out: &mut Vec<TypeRow>,
 ) {
-    let text = |path: &[treepack::model::Step<'_>]| treepack::keypath::steps_text(path);
+    let text = |path: &[treepack::format::model::Step<'_>]| treepack::format::keypath::steps_text(path);
     match t {
         Tree::Leaf(_) => return,
         Tree::Record { type_name, .. } => out.push(("record".into(), type_name.clone(), None, text(path))),
@@ -1361,7 +1361,7 @@ fn walk_types<'a>(
             continue;
         }
         path.push(step);
-        treepack::model::grow(|| walk_types(c, path, skip, out));
+        treepack::format::model::grow(|| walk_types(c, path, skip, out));
         path.pop();
     }
 }
@@ -1379,13 +1379,13 @@ fn structure<'py>(
         if here > 0 {
             path.push('/');
         }
-        treepack::keypath::push_step_text(path, &step);
-        let v = treepack::model::grow(|| structure(dec, c, path, make_node))?;
+        treepack::format::keypath::push_step_text(path, &step);
+        let v = treepack::format::model::grow(|| structure(dec, c, path, make_node))?;
         path.truncate(here);
         let k = match step {
-            treepack::model::Step::Index(i) => i.into_pyobject(py)?.into_any(),
-            treepack::model::Step::Key(k) => dec.key(k)?,
-            treepack::model::Step::Name(n) => PyString::new(py, n).into_any(),
+            treepack::format::model::Step::Index(i) => i.into_pyobject(py)?.into_any(),
+            treepack::format::model::Step::Key(k) => dec.key(k)?,
+            treepack::format::model::Step::Name(n) => PyString::new(py, n).into_any(),
         };
         kids.push((k, v));
     }
@@ -1422,7 +1422,7 @@ fn structure<'py>(
 }
 
 /// Builds `load_structure`'s Python objects while the manifest is parsed, with no manifest tree
-/// in between (see `treepack::manifest::Build`): on a 100k-leaf manifest that tree alone is
+/// in between (see `treepack::format::manifest::Build`): on a 100k-leaf manifest that tree alone is
 /// ~20 MB in 300k allocations, more than half of the whole call's time.
 struct StructBuilder<'py, 'm> {
     dec: Decoder<'py>,
@@ -1450,7 +1450,7 @@ impl<'py> StructBuilder<'py, '_> {
     }
 }
 
-impl<'py> treepack::manifest::Build for StructBuilder<'py, '_> {
+impl<'py> treepack::format::manifest::Build for StructBuilder<'py, '_> {
     type Node = Bound<'py, PyAny>;
     const HELPER: bool = true;
     fn leaf(&self, e: Entry) -> Result<Self::Node, String> {
@@ -1480,14 +1480,14 @@ impl<'py> treepack::manifest::Build for StructBuilder<'py, '_> {
         let data = if data.is_null() { None } else { Some(data.to_string()) };
         self.py_ok(self.other("custom", type_name, data, children))
     }
-    fn enter(&self, step: treepack::model::Step<'_>) {
+    fn enter(&self, step: treepack::format::model::Step<'_>) {
         let mut p = self.path.borrow_mut();
         let (text, starts) = &mut *p;
         starts.push(text.len());
         if !text.is_empty() {
             text.push('/');
         }
-        treepack::keypath::push_step_text(text, &step);
+        treepack::format::keypath::push_step_text(text, &step);
     }
     fn exit(&self) {
         let mut p = self.path.borrow_mut();
@@ -1502,7 +1502,7 @@ impl<'py> treepack::manifest::Build for StructBuilder<'py, '_> {
 /// structure-only parse while this thread builds (below that, a thread costs more than it saves).
 const OUTLINE_MIN_BYTES: usize = 256 << 10;
 
-/// `load_structure` from a structure-only read of the manifest (`treepack::manifest::outline`)
+/// `load_structure` from a structure-only read of the manifest (`treepack::format::manifest::outline`)
 /// on a helper thread, streamed in blocks while this thread builds the Python objects: the
 /// parse, the leaves' facts and their key paths all cost this thread nothing, and each leaf
 /// object is a small handle into its block's table. `None` whenever anything is off (a bad
@@ -1522,13 +1522,16 @@ fn structure_outline<'py>(
         let helper = std::thread::Builder::new()
             .name("treepack-outline".into())
             .spawn_scoped(s, move || {
-                treepack::manifest::outline::outline_reusing(bytes, file, &mut |b| tx.send(b).is_ok(), &mut || {
-                    back_rx.try_recv().ok()
-                })
+                treepack::format::manifest::outline::outline_reusing(
+                    bytes,
+                    file,
+                    &mut |b| tx.send(b).is_ok(),
+                    &mut || back_rx.try_recv().ok(),
+                )
             })
             .ok()?;
         // The seal is checked here while the helper parses.
-        let mut built = treepack::manifest::check(bytes, file).ok().map(|_| OutlineBuilder::new(py, make_node));
+        let mut built = treepack::format::manifest::check(bytes, file).ok().map(|_| OutlineBuilder::new(py, make_node));
         if let Some(b) = &mut built {
             loop {
                 let block = match rx.try_recv() {
@@ -1775,7 +1778,7 @@ fn structure_one_pass<'py>(
     }
     let builder =
         StructBuilder { dec: Decoder::new(py, None, None, false), make_node: &make_node, path: Default::default() };
-    let parsed = without_gc(py, || Ok(treepack::manifest::build(&bytes, &file, &builder)))?;
+    let parsed = without_gc(py, || Ok(treepack::format::manifest::build(&bytes, &file, &builder)))?;
     let Ok(parsed) = parsed else { return Ok(None) };
     // The layout rule `Reader::open` enforces.
     if !parsed.packs.iter().all(|p| layout.allows_pack(&p.path)) {
@@ -1800,7 +1803,7 @@ struct LoadBuilder<'py, 'a> {
     loc: Option<treepack::Location>,
     file: &'a str,
     /// The packs, once read and found to fit the layout (a single file's only pack is itself).
-    packs: std::cell::RefCell<Option<Vec<treepack::manifest::PackInfo>>>,
+    packs: std::cell::RefCell<Option<Vec<treepack::format::manifest::PackInfo>>>,
     layout: treepack::Layout,
     fetches_left: std::cell::Cell<usize>,
     verify: bool,
@@ -1826,7 +1829,7 @@ impl LoadBuilder<'_, '_> {
         self.fetches_left.set(left - 1);
         let Some(packs) = self.packs.borrow().clone() else { return Err("packs not read or not valid here".into()) };
         let m = treepack::Manifest {
-            version: (treepack::manifest::VERSION_MAJOR, treepack::manifest::VERSION_MINOR),
+            version: (treepack::format::manifest::VERSION_MAJOR, treepack::format::manifest::VERSION_MINOR),
             writer: String::new(),
             metadata: None,
             packs,
@@ -1843,14 +1846,14 @@ impl LoadBuilder<'_, '_> {
     }
 }
 
-impl<'py> treepack::manifest::Build for LoadBuilder<'py, '_> {
+impl<'py> treepack::format::manifest::Build for LoadBuilder<'py, '_> {
     type Node = Bound<'py, PyAny>;
     const HELPER: bool = true;
     fn leaf(&self, e: Entry) -> Result<Self::Node, String> {
         self.leaf_ref(&e)
     }
     fn leaf_ref(&self, e: &Entry) -> Result<Self::Node, String> {
-        use treepack::manifest::Stored;
+        use treepack::format::manifest::Stored;
         let mut dec = self.dec.borrow_mut();
         if e.chunks().is_empty() {
             return dec.entry_leaf(e, &mut self.stored.borrow_mut()).map_err(|e| e.to_string());
@@ -1872,7 +1875,7 @@ impl<'py> treepack::manifest::Build for LoadBuilder<'py, '_> {
         }
         Ok(v)
     }
-    fn packs(&self, packs: &[treepack::manifest::PackInfo]) {
+    fn packs(&self, packs: &[treepack::format::manifest::PackInfo]) {
         if packs.iter().map(|p| p.size).fold(0u64, u64::saturating_add) > ONE_PASS_PACK_BYTES {
             self.fetches_left.set(0);
         }
@@ -1938,7 +1941,7 @@ fn load_one_pass<'py>(
         fetches_left: std::cell::Cell::new(ONE_PASS_FETCHES),
         verify,
     };
-    match without_gc(py, || Ok(treepack::manifest::build(&bytes, &file, &builder)))? {
+    match without_gc(py, || Ok(treepack::format::manifest::build(&bytes, &file, &builder)))? {
         Ok(p) if p.packs.iter().all(|pk| layout.allows_pack(&pk.path)) => Ok(Some(p.root)),
         _ => Ok(None),
     }

@@ -3,6 +3,7 @@
 //! Run: `cargo bench -p treepack --bench hot`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use treepack::format::*;
 use treepack::*;
 
 fn hashing(c: &mut Criterion) {

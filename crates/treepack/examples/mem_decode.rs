@@ -36,7 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bytes = std::fs::read(&path)?;
     let (l0, c0) = (LIVE.load(Relaxed), COUNT.load(Relaxed));
     PEAK.store(l0, Relaxed);
-    let m = treepack::manifest::decode(&bytes, &path)?;
+    let m = treepack::format::manifest::decode(&bytes, &path)?;
     println!(
         "manifest {} bytes: live +{} bytes, peak +{}, {} allocations",
         bytes.len(),

@@ -26,10 +26,10 @@ fn main() -> Result<()> {
     let tree = Node::dict([("opt", Node::dict(groups))]);
     eprintln!(
         "sizes: Tree<Entry> {} Entry {} Key {} ArrayEntry {} Tree<Leaf> {}",
-        std::mem::size_of::<Tree<manifest::Entry>>(),
-        std::mem::size_of::<manifest::Entry>(),
+        std::mem::size_of::<Tree<treepack::format::manifest::Entry>>(),
+        std::mem::size_of::<treepack::format::manifest::Entry>(),
         std::mem::size_of::<Key>(),
-        std::mem::size_of::<manifest::ArrayEntry>(),
+        std::mem::size_of::<treepack::format::manifest::ArrayEntry>(),
         std::mem::size_of::<Node>()
     );
     let dir = std::env::temp_dir().join("treepack-profile-small");
@@ -46,7 +46,7 @@ fn main() -> Result<()> {
         };
         for _ in 0..reps {
             let t = Instant::now();
-            let m = treepack::manifest::decode(&bytes, "m")?;
+            let m = treepack::format::manifest::decode(&bytes, "m")?;
             let t_decode = t.elapsed();
             let t = Instant::now();
             drop(m);
@@ -63,7 +63,7 @@ fn main() -> Result<()> {
         let _ = serde_json::from_slice::<serde_json::Value>(&bytes);
         let t_value = t.elapsed();
         let t = Instant::now();
-        let _ = treepack::manifest::decode(&bytes, "m")?;
+        let _ = treepack::format::manifest::decode(&bytes, "m")?;
         let t_decode = t.elapsed();
         println!("manifest {} bytes: serde_json::Value {t_value:?}, decode {t_decode:?}", bytes.len());
         let t = Instant::now();

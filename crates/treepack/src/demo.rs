@@ -1,7 +1,7 @@
 //! An example tree with every leaf kind and dtype, used by `treepack demo`, tests and docs.
 
-use crate::dtype::{DType, Field};
-use crate::model::{ArrayData, Int, Key, Leaf, Node, Tree};
+use crate::format::dtype::{DType, Field};
+use crate::format::model::{ArrayData, Int, Key, Leaf, Node, Tree};
 use bytes::Bytes;
 use num_bigint::BigInt;
 

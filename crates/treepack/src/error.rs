@@ -98,6 +98,10 @@ pub enum Error {
     /// Conversion between a Rust value and a tree failed (serde support).
     #[error("serde conversion: {0}")]
     Serde(String),
+
+    /// A bug in treepack, not in the input: a worker task died or an invariant did not hold.
+    #[error("internal error in treepack: {0}; please report it with the command or code that caused it")]
+    Internal(String),
 }
 
 impl Error {
@@ -107,6 +111,10 @@ impl Error {
 
     pub(crate) fn invalid_tree(key: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::InvalidTree { key: key.into(), reason: reason.into() }
+    }
+
+    pub(crate) fn internal(what: impl Into<String>) -> Self {
+        Error::Internal(what.into())
     }
 
     pub(crate) fn limit(what: impl Into<String>, limit: u64, detail: impl Into<String>) -> Self {
@@ -136,6 +144,7 @@ impl Error {
             Error::Store { .. } => "store",
             Error::Io { .. } => "io",
             Error::Serde(_) => "serde",
+            Error::Internal(_) => "internal",
         }
     }
 }

@@ -15,38 +15,31 @@
 //! # Ok::<(), treepack::Error>(())
 //! ```
 //!
-//! Module map (one concern each): [`model`] (the tree), [`dtype`], [`keypath`], [`grid`]
-//! (chunking and slicing), [`hash`], [`codec`], [`manifest`] (the format), [`container`]
-//! (single-file layout), [`store`] (locations), [`save`], [`read`], [`serde_tree`].
-//! The format is specified in `docs/format.md`.
+//! The crate's layers (docs/architecture.md): [`format`] — the tree model, dtypes, key paths,
+//! chunk grids, hashes, the manifest and the single-file container, with no I/O; the engine —
+//! [`store`] (locations), [`save`], [`read`], [`gc`]; and [`serde_tree`] for Rust values. The format is
+//! specified in `docs/format.md`.
 
-pub mod alloc;
-pub mod codec;
-pub mod container;
 pub mod demo;
-pub mod dtype;
 pub mod error;
-pub mod grid;
-pub mod hash;
-pub mod keypath;
-pub mod manifest;
-pub mod model;
-pub mod preview;
+pub mod format;
+pub mod gc;
 pub mod progress;
 pub mod read;
-pub mod runtime;
+mod runtime;
 pub mod save;
 pub mod serde_tree;
 pub mod store;
 
-pub use dtype::{DType, Field};
 pub use error::{Error, Result};
-pub use manifest::{Entry, LeafInfo, Manifest};
-pub use model::{ArrayData, Int, Key, Leaf, Node, Tree};
+pub use format::dtype::{DType, Field};
+pub use format::manifest::{Entry, LeafInfo, Manifest};
+pub use format::model::{ArrayData, Int, Key, Leaf, Node, Tree};
+pub use gc::GcReport;
 pub use progress::ProgressFn;
 pub use read::{LoadOptions, Problem, Reader, VerifyReport};
 pub use runtime::block_on;
-pub use save::{GcReport, SaveInfo, SaveOptions};
+pub use save::{SaveInfo, SaveOptions};
 pub use serde_tree::{from_tree, to_tree};
 pub use store::{IoStats, Layout, Location, StorageOptions};
 
@@ -145,13 +138,13 @@ pub async fn open_async(location: impl IntoLocation) -> Result<Reader> {
     Reader::open_async(location.into_location()?).await
 }
 
-/// Remove leftovers of interrupted saves older than `grace` (see [`save::gc_async`]).
+/// Remove leftovers of interrupted saves older than `grace` (see [`gc::gc_async`]).
 ///
 /// # Errors
-/// As [`save::gc_async`].
+/// As [`gc::gc_async`].
 pub fn gc(location: impl IntoLocation, grace: std::time::Duration) -> Result<GcReport> {
     let loc = location.into_location()?;
-    block_on(save::gc_async(&loc, grace))
+    block_on(gc::gc_async(&loc, grace))
 }
 
 /// The README's examples, compiled and run as doctests.

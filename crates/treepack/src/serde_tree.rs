@@ -20,9 +20,9 @@
 //! # Ok::<(), treepack::Error>(())
 //! ```
 
-use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::model::{ArrayData, Int, Key, Leaf, Node, Tree};
+use crate::format::dtype::DType;
+use crate::format::model::{ArrayData, Int, Key, Leaf, Node, Tree};
 use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, IntoDeserializer, Visitor};
 use serde::ser::{self, Serialize};
@@ -140,7 +140,7 @@ impl ArrayData {
 /// `#[serde(with = "treepack::serde_tree::array")]` for `ndarray::Array<T, D>` fields.
 pub mod array {
     use super::{Element, ARRAY_TOKEN};
-    use crate::model::ArrayData;
+    use crate::format::model::ArrayData;
     use serde::de::Error as _;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 

@@ -3,8 +3,9 @@
 
 use std::path::Path;
 use std::time::{Duration, Instant};
-use treepack::hash::Hash32;
-use treepack::manifest::seal;
+use treepack::format::hash::Hash32;
+use treepack::format::manifest::seal;
+use treepack::format::*;
 use treepack::*;
 
 /// Write a directory location with a sealed manifest (given packs/root JSON) and pack files.

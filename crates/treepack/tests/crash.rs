@@ -10,6 +10,7 @@
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use treepack::format::*;
 use treepack::*;
 
 fn version(v: u8) -> Node {

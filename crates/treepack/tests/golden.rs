@@ -3,6 +3,7 @@
 //! failing test; regenerate deliberately with `TREEPACK_BLESS=1 cargo test --test golden`.
 
 use std::path::{Path, PathBuf};
+use treepack::format::*;
 use treepack::*;
 
 #[path = "support/files.rs"]

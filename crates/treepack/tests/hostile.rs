@@ -9,8 +9,9 @@
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use treepack::hash::Hash32;
-use treepack::manifest::seal;
+use treepack::format::hash::Hash32;
+use treepack::format::manifest::seal;
+use treepack::format::*;
 use treepack::*;
 
 fn corpus_dir() -> PathBuf {

@@ -1,7 +1,8 @@
 //! Partial and lazy reads touch only the bytes they need, counted through the location's
 //! instrumented I/O statistics.
 
-use treepack::manifest::{ArrayStorage, Entry};
+use treepack::format::manifest::{ArrayStorage, Entry};
+use treepack::format::*;
 use treepack::*;
 
 fn f32_array(rows: u64, cols: u64, seed: f32) -> ArrayData {
@@ -65,8 +66,12 @@ fn check_layout(path: &str) {
     let e = r.entry("b").unwrap();
     let Tree::Leaf(Entry::Array(ae)) = e else { panic!() };
     let grid = ae.grid();
-    let sel =
-        treepack::grid::normalize(&treepack::grid::parse_slice("10:12, 100:110").unwrap(), &ae.shape, "").unwrap();
+    let sel = treepack::format::grid::normalize(
+        &treepack::format::grid::parse_slice("10:12, 100:110").unwrap(),
+        &ae.shape,
+        "",
+    )
+    .unwrap();
     let ids = grid.chunks_for(&sel);
     assert_eq!(ids.len(), 1);
     assert_eq!(loc.stats().bytes_read(), chunk_bytes_of(&r, "b", Some(&ids)));

@@ -4,8 +4,9 @@
 use bytes::Bytes;
 use num_bigint::BigInt;
 use proptest::prelude::*;
-use treepack::dtype::Field;
-use treepack::grid::{normalize, SliceItem};
+use treepack::format::dtype::Field;
+use treepack::format::grid::{normalize, SliceItem};
+use treepack::format::*;
 use treepack::*;
 
 fn dtype_strategy() -> impl Strategy<Value = DType> {
@@ -124,7 +125,7 @@ proptest! {
             }
         }).collect();
         let spec = items.join(",");
-        let parsed = treepack::grid::parse_slice(&spec).unwrap();
+        let parsed = treepack::format::grid::parse_slice(&spec).unwrap();
         let expected = naive_slice(&a, &parsed, &spec);
         let got = open(&loc).unwrap().read_array("a", &spec);
         match (expected, got) {
@@ -159,7 +160,7 @@ fn naive_slice(a: &ArrayData, items: &[SliceItem], spec: &str) -> Option<ArrayDa
         assert!(flat < n.max(1));
         out.extend_from_slice(&a.bytes()[flat as usize * isz..(flat as usize + 1) * isz]);
     }
-    Some(ArrayData::new(a.dtype().clone(), treepack::grid::result_shape(&sel), out).unwrap())
+    Some(ArrayData::new(a.dtype().clone(), treepack::format::grid::result_shape(&sel), out).unwrap())
 }
 
 fn rand_name() -> String {

@@ -287,7 +287,7 @@ impl State<'_> {
         if !self.path.is_empty() {
             self.path.push('/');
         }
-        crate::keypath::push_step_text(&mut self.path, &step);
+        crate::format::keypath::push_step_text(&mut self.path, &step);
     }
 
     fn exit(&mut self) {
@@ -562,7 +562,7 @@ impl<'a, 's> ONode<'a, 's> {
 impl<'de> DeserializeSeed<'de> for ONode<'_, '_> {
     type Value = ();
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
-        crate::model::grow(|| d.deserialize_any(self))
+        crate::format::model::grow(|| d.deserialize_any(self))
     }
 }
 
@@ -800,7 +800,7 @@ impl<'de> Visitor<'de> for OPair<'_, '_> {
             let mut s = st.borrow_mut();
             let repeat = s.names.last().is_some_and(|names| names.iter().any(|n| *n == name));
             if repeat {
-                let text = crate::keypath::name_segment_text(&name);
+                let text = crate::format::keypath::name_segment_text(&name);
                 return Err(de::Error::custom(format!("duplicate key `{text}`")));
             }
             if let Some(names) = s.names.last_mut() {
@@ -930,12 +930,12 @@ mod tests {
                     }
                     Event::Key(s, t) => {
                         let text = b.text(s, t).ok_or("bad key range")?.to_string();
-                        key(crate::keypath::name_segment_text(&text), &mut open)?;
+                        key(crate::format::keypath::name_segment_text(&text), &mut open)?;
                         out.push(format!("key {text}"));
                     }
                     Event::TypedKey(i) => {
                         let k = &b.keys[i as usize];
-                        key(crate::keypath::key_segment_text(k), &mut open)?;
+                        key(crate::format::keypath::key_segment_text(k), &mut open)?;
                         out.push(format!("key {k:?}"));
                     }
                     Event::Leaf(i) => {
@@ -985,7 +985,7 @@ mod tests {
                         Key::Str(s) => format!("key {s}"),
                         k => format!("key {k:?}"),
                     });
-                    expected(v, &join(crate::keypath::key_segment_text(k)), out);
+                    expected(v, &join(crate::format::keypath::key_segment_text(k)), out);
                 }
                 out.push("end".into());
             }
@@ -993,7 +993,7 @@ mod tests {
                 out.push("Named".into());
                 for (n, v) in fields {
                     out.push(format!("key {n}"));
-                    expected(v, &join(crate::keypath::name_segment_text(n)), out);
+                    expected(v, &join(crate::format::keypath::name_segment_text(n)), out);
                 }
                 let (custom, data) = match t {
                     Tree::Custom { data, .. } => (true, (!data.is_null()).then(|| data.to_string())),

@@ -143,7 +143,7 @@ mod tests {
 
     const A: BigMapped<System> = BigMapped(System);
 
-    /// The core's own unit tests run on the wrapper too (the binaries use it over mimalloc).
+    /// This crate's unit tests run on the wrapper too (the binaries use it over mimalloc).
     #[global_allocator]
     static TEST_ALLOC: BigMapped<System> = BigMapped(System);
 

@@ -7,18 +7,18 @@
 //! manifest last — with a create-only put unless overwriting — so a reader never sees a partial
 //! tree, and (6) when overwriting, delete the packs only the old tree used.
 
-use crate::codec::Codec;
-use crate::container::{self, align_up};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::grid::{self, ChunkGrid, DimSel};
-use crate::hash::Hash32;
-use crate::keypath::{self, Glob};
-use crate::manifest::{
+use crate::format::codec::Codec;
+use crate::format::container::{self, align_up};
+use crate::format::dtype::DType;
+use crate::format::grid::{self, ChunkGrid, DimSel};
+use crate::format::hash::Hash32;
+use crate::format::keypath::{self, Glob};
+use crate::format::manifest::{
     self, ArrayEntry, ArrayStorage, ChunkRef, Entry, Manifest, PackInfo, Stored, MAX_DEPTH, MAX_NDIM,
 };
-use crate::model::{ArrayData, Leaf, Node, Step, Tree};
-use crate::preview;
+use crate::format::model::{ArrayData, Leaf, Node, Step, Tree};
+use crate::format::preview;
 use crate::progress::Tracker;
 use crate::store::{Layout, Location, MANIFEST_NAME, PACKS_DIR};
 use bytes::{Bytes, BytesMut};
@@ -119,16 +119,16 @@ fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>) -> Result
         Tree::Leaf(_) => return Ok(()),
         Tree::List(_) | Tree::Tuple(_) => None,
         Tree::Dict(pairs) => {
-            manifest::first_duplicate_key(pairs).map(|i| crate::keypath::key_segment_text(&pairs[i].0))
+            manifest::first_duplicate_key(pairs).map(|i| crate::format::keypath::key_segment_text(&pairs[i].0))
         }
         Tree::Record { fields: named, .. } | Tree::Custom { children: named, .. } => {
-            manifest::first_duplicate_name(named).map(|i| crate::keypath::name_segment_text(&named[i].0))
+            manifest::first_duplicate_name(named).map(|i| crate::format::keypath::name_segment_text(&named[i].0))
         }
     };
     if let Some(txt) = dup {
         return Err(Error::invalid_tree(keypath::steps_text(path), format!("duplicate key `{txt}`")));
     }
-    crate::model::grow(|| {
+    crate::format::model::grow(|| {
         let visit = |step: Step<'a>, c: &'a Node, path: &mut Vec<Step<'a>>| {
             path.push(step);
             let r = check_node(c, depth + 1, path);
@@ -472,11 +472,10 @@ async fn hash_and_write_pipelined(
     let written = write_packs(loc, names, concurrency, tracker).await;
     // On a failed write the stream (and the channel) is dropped here, so the hashing thread
     // stops at its next pack; wait for it either way.
-    let (hashed, pending) =
-        done_rx.await.map_err(|_| Error::Serde("internal: the hashing thread stopped unexpectedly".into()))?;
+    let (hashed, pending) = done_rx.await.map_err(|_| Error::internal("the hashing thread stopped unexpectedly"))?;
     drop(pending);
     written?;
-    let hashed = hashed.ok_or_else(|| Error::Serde("internal: hashing stopped before the end".into()))?;
+    let hashed = hashed.ok_or_else(|| Error::internal("hashing stopped before the end"))?;
     Ok((hashed, list))
 }
 
@@ -557,7 +556,7 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
             packs.push(p);
             true
         })
-        .ok_or_else(|| Error::Serde("internal: layout stopped without a reason".into()))?;
+        .ok_or_else(|| Error::internal("layout stopped without a reason"))?;
         let list: Vec<(String, u64)> = packs.iter().map(|(n, _, s)| (n.clone(), *s)).collect();
         if single {
             (hashed, list, packs.into_iter().next())
@@ -612,7 +611,7 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     let mbytes = manifest::encode(&manifest, &stats_json);
     let pack_count = manifest.packs.len();
     if leaves >= BACKGROUND_DROP_LEAVES {
-        crate::model::drop_in_background(manifest);
+        crate::format::model::drop_in_background(manifest);
     } else {
         drop(manifest);
     }
@@ -654,86 +653,10 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     })
 }
 
-/// What [`gc_async`] removed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GcReport {
-    /// Relative paths removed.
-    pub removed: Vec<String>,
-    pub bytes_freed: u64,
-    /// Leftovers younger than the grace period (possibly a save still running), kept.
-    pub kept_recent: Vec<String>,
-}
-
-/// Remove what interrupted saves left behind: pack files no committed manifest references and
-/// half-written staging files (`name#N`). Files younger than `grace` are kept because they may
-/// belong to a save that is still running.
-///
-/// # Errors
-/// Refuses (with [`Error::InvalidManifest`] etc.) when a manifest exists but cannot be read, so
-/// a damaged tree's data is never deleted.
-pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcReport> {
-    let now = std::time::SystemTime::now();
-    let mut report = GcReport::default();
-    let old_enough = |t: std::time::SystemTime| now.duration_since(t).map(|d| d >= grace).unwrap_or(false);
-    match loc.layout() {
-        Layout::Directory => {
-            let referenced: HashSet<String> = match loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await? {
-                Some(b) => {
-                    manifest::decode(&b, &loc.file_name(MANIFEST_NAME))?.packs.into_iter().map(|p| p.path).collect()
-                }
-                None => HashSet::new(),
-            };
-            let mut candidates = loc.list(PACKS_DIR).await?;
-            candidates.extend(loc.list("").await?.into_iter().filter(|(p, _, _)| p.contains('#')));
-            for (rel, size, modified) in candidates {
-                let rel = rel.trim_start_matches('/').to_string();
-                if referenced.contains(&rel) || rel == MANIFEST_NAME {
-                    continue;
-                }
-                if !old_enough(modified) {
-                    report.kept_recent.push(rel);
-                    continue;
-                }
-                if rel.contains('#') {
-                    loc.remove_local(&rel)?;
-                } else {
-                    loc.delete(&rel).await?;
-                }
-                report.bytes_freed += size;
-                report.removed.push(rel);
-            }
-        }
-        Layout::SingleFile => {
-            if let Some(file) = loc.local_path() {
-                let (Some(dir), Some(name)) = (file.parent(), file.file_name().and_then(|n| n.to_str())) else {
-                    return Ok(report);
-                };
-                let prefix = format!("{name}#");
-                let rd = std::fs::read_dir(dir).map_err(|e| Error::Io { path: dir.to_path_buf(), source: e })?;
-                for ent in rd.flatten() {
-                    let fname = ent.file_name().to_string_lossy().into_owned();
-                    if !fname.starts_with(&prefix) {
-                        continue;
-                    }
-                    let Ok(meta) = ent.metadata() else { continue };
-                    if !old_enough(meta.modified().unwrap_or(now)) {
-                        report.kept_recent.push(fname);
-                        continue;
-                    }
-                    std::fs::remove_file(ent.path()).map_err(|e| Error::Io { path: ent.path(), source: e })?;
-                    report.bytes_freed += meta.len();
-                    report.removed.push(fname);
-                }
-            }
-        }
-    }
-    Ok(report)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Int, Key};
+    use crate::format::model::{Int, Key};
 
     /// The writer refuses what every reader refuses: keys that name one path twice (at any depth,
     /// string, typed or field names) and trees nested past `MAX_DEPTH`, naming where.

@@ -1,7 +1,7 @@
 //! Informational previews stored next to each chunked array: the first values, min and max.
 //! Readers never use them to reconstruct data; `treepack inspect` shows them.
 
-use crate::dtype::{float32_json, float_json, DType};
+use crate::format::dtype::{float32_json, float_json, DType};
 use serde_json::{json, Value};
 
 /// How many leading values a preview keeps.

@@ -4,13 +4,13 @@
 //!
 //! The normative description is docs/format.md; this module is its reference implementation.
 
-use crate::codec::Codec;
-use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::grid::ChunkGrid;
-use crate::hash::Hash32;
-use crate::keypath::KeyPath;
-use crate::model::{shape_len, Int, Key, Step, Tree};
+use crate::format::codec::Codec;
+use crate::format::dtype::DType;
+use crate::format::grid::ChunkGrid;
+use crate::format::hash::Hash32;
+use crate::format::keypath::KeyPath;
+use crate::format::model::{shape_len, Int, Key, Step, Tree};
 use base64::Engine;
 use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -186,7 +186,7 @@ impl Manifest {
     pub fn structure(&self) -> Tree<LeafInfo> {
         let r: std::result::Result<_, std::convert::Infallible> = self.root.map_ref_steps(&mut |p, e| {
             Ok(LeafInfo {
-                path: crate::keypath::steps_text(p),
+                path: crate::format::keypath::steps_text(p),
                 kind: e.kind(),
                 dtype: if let Entry::Array(a) = e { Some(a.dtype.clone()) } else { None },
                 shape: if let Entry::Array(a) = e { Some(a.shape.clone()) } else { None },
@@ -363,7 +363,7 @@ fn write_named(s: &mut String, items: &[(String, Tree<Entry>)]) {
 }
 
 fn write_node(s: &mut String, t: &Tree<Entry>) {
-    crate::model::grow(|| write_node_inner(s, t))
+    crate::format::model::grow(|| write_node_inner(s, t))
 }
 
 fn write_node_inner(s: &mut String, t: &Tree<Entry>) {
@@ -688,7 +688,7 @@ pub trait Build {
 /// # Errors
 /// The first error `b` returns.
 pub fn replay<B: Build>(b: &B, t: &Tree<Entry>) -> std::result::Result<B::Node, String> {
-    crate::model::grow(|| match t {
+    crate::format::model::grow(|| match t {
         Tree::Leaf(e) => {
             #[cfg(test)]
             tests::REPLAYED.with(|n| n.set(n.get() + 1));
@@ -962,7 +962,7 @@ impl<'a, B> NodeSeed<'a, B> {
 impl<'de, B: Build> DeserializeSeed<'de> for NodeSeed<'_, B> {
     type Value = B::Node;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<B::Node, D::Error> {
-        crate::model::grow(|| d.deserialize_any(self))
+        crate::format::model::grow(|| d.deserialize_any(self))
     }
 }
 
@@ -1824,7 +1824,7 @@ impl PairKey for Key {
         Step::Key(self)
     }
     fn text(&self) -> String {
-        crate::keypath::key_segment_text(self)
+        crate::format::keypath::key_segment_text(self)
     }
     fn plain(&self) -> Option<&str> {
         match self {
@@ -1842,7 +1842,7 @@ impl PairKey for String {
         Step::Name(self)
     }
     fn text(&self) -> String {
-        crate::keypath::name_segment_text(self)
+        crate::format::keypath::name_segment_text(self)
     }
     fn plain(&self) -> Option<&str> {
         Some(self)
@@ -2047,10 +2047,10 @@ impl<'de> Visitor<'de> for KeySeed<'_> {
         self.0.visit_f64(v).and_then(entry_to_key)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Key, A::Error> {
-        crate::model::grow(|| self.0.visit_seq(seq)).and_then(entry_to_key)
+        crate::format::model::grow(|| self.0.visit_seq(seq)).and_then(entry_to_key)
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Key, A::Error> {
-        crate::model::grow(|| self.0.visit_map(map)).and_then(entry_to_key)
+        crate::format::model::grow(|| self.0.visit_map(map)).and_then(entry_to_key)
     }
 }
 
@@ -2283,7 +2283,7 @@ mod tests {
     #[test]
     fn the_spec_states_the_hash_trailer_length() {
         assert_eq!(HASH_TRAILER_LEN, 86);
-        let spec = include_str!("../../../docs/format.md");
+        let spec = include_str!("../../../../../docs/format.md");
         assert!(spec.contains("(86 bytes in all)") && spec.contains("last 86 bytes"));
         let sealed = seal(b"{}");
         assert_eq!(sealed.len() - 2, HASH_TRAILER_LEN);
@@ -2410,7 +2410,7 @@ mod tests {
         }
         fn enter(&self, step: Step<'_>) {
             let mut t = String::new();
-            crate::keypath::push_step_text(&mut t, &step);
+            crate::format::keypath::push_step_text(&mut t, &step);
             self.path.borrow_mut().push(t);
         }
         fn exit(&self) {

@@ -11,7 +11,7 @@
 //!   A selection pattern also selects everything below the node it matches.
 
 use crate::error::{Error, Result};
-use crate::model::{Int, Key, Step, Tree};
+use crate::format::model::{Int, Key, Step, Tree};
 use std::fmt;
 
 /// One step of a key path, as stored in a tree walk.
@@ -31,7 +31,7 @@ impl Segment {
         }
     }
 
-    /// The segment for one step of a tree walk (see [`crate::model::Tree::children`]).
+    /// The segment for one step of a tree walk (see [`crate::format::model::Tree::children`]).
     pub fn from_step_pub(s: &Step<'_>) -> Segment {
         Segment::from_step(s)
     }
@@ -496,7 +496,7 @@ impl Selection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Leaf, Node};
+    use crate::format::model::{Leaf, Node};
 
     fn t(s: &[&str]) -> Vec<String> {
         s.iter().map(|x| x.to_string()).collect()
@@ -560,16 +560,16 @@ mod tests {
 
     #[test]
     fn steps_text_matches_the_key_path_text() {
-        use crate::model::{Key, Node};
+        use crate::format::model::{Key, Node};
         let tree = Node::dict([
             ("a/b", Node::list([Node::from(1i64), Node::from(2i64)])),
             ("", Node::from(0i64)),
             ("~x*", Node::from(3i64)),
         ]);
         let mut t = tree;
-        if let crate::model::Tree::Dict(items) = &mut t {
+        if let crate::format::model::Tree::Dict(items) = &mut t {
             items.push((
-                Key::Tuple(vec![Key::Int(crate::model::Int::Small(4)), Key::Str("(,)".into())]),
+                Key::Tuple(vec![Key::Int(crate::format::model::Int::Small(4)), Key::Str("(,)".into())]),
                 Node::from(5i64),
             ));
         }
@@ -583,7 +583,7 @@ mod tests {
 
     #[test]
     fn map_ref_gives_each_leaf_its_key_path_and_keeps_the_structure() {
-        use crate::model::Node;
+        use crate::format::model::Node;
         let tree = Node::dict([
             ("a/b", Node::list([Node::from(1i64), Node::from(2i64)])),
             (

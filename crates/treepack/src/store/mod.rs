@@ -10,8 +10,20 @@
 //! Every read and write is counted in [`IoStats`], which tests use to prove partial loads touch
 //! only the bytes they need.
 
+mod cloud;
 #[cfg(target_os = "linux")]
 mod direct;
+#[cfg(feature = "failpoints")]
+mod failpoint;
+mod local;
+mod plan;
+
+use cloud::remote_store;
+pub use cloud::{RemoteTuning, TUNING_KEYS};
+pub use local::ReadMode;
+pub(crate) use local::{direct_bytes_on_this_thread, DIRECT_MIN_BYTES};
+use local::{normalize_local, read_file_ranges, read_local_ranges};
+use plan::plan_requests;
 
 use crate::error::{Error, Result};
 use crate::progress::Tracker;
@@ -19,7 +31,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjPath;
-use object_store::{ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutMode, PutOptions, PutPayload, WriteMultipart};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -100,44 +112,6 @@ impl IoStats {
 /// `azure_storage_account_name`, `allow_http`, …) plus treepack's own [`TUNING_KEYS`].
 /// Values given here override the environment.
 pub type StorageOptions = BTreeMap<String, String>;
-
-/// treepack's own storage-option keys (the rest go to the cloud client):
-/// `max_concurrency` (requests in flight per operation, default 16), `multipart_threshold`
-/// (objects at least this large are uploaded in parts, default 64 MiB), `multipart_part_size`
-/// (default 16 MiB), `max_request_bytes` (largest coalesced ranged read, default 32 MiB),
-/// `max_retries` (per request, default 10) and `retry_timeout_secs` (give up retrying a request
-/// after this long, default 180). Retries back off exponentially from 100 ms up to 15 s.
-pub const TUNING_KEYS: [&str; 6] = [
-    "max_concurrency",
-    "multipart_threshold",
-    "multipart_part_size",
-    "max_request_bytes",
-    "max_retries",
-    "retry_timeout_secs",
-];
-
-/// How requests to a remote store are shaped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RemoteTuning {
-    pub max_concurrency: usize,
-    pub multipart_threshold: u64,
-    pub multipart_part_size: usize,
-    pub max_request_bytes: u64,
-}
-
-impl Default for RemoteTuning {
-    fn default() -> Self {
-        RemoteTuning {
-            max_concurrency: 16,
-            multipart_threshold: 64 << 20,
-            multipart_part_size: 16 << 20,
-            max_request_bytes: 32 << 20,
-        }
-    }
-}
-
-/// Ranges closer than this are fetched in one request (the bytes between are read and dropped).
-const COALESCE_GAP: u64 = 1 << 20;
 
 /// A place a tree is (or will be) stored.
 #[derive(Debug, Clone)]
@@ -382,7 +356,7 @@ impl Location {
             let data =
                 tokio::task::spawn_blocking(move || std::fs::read(&p).map_err(|e| Error::Io { path: p, source: e }))
                     .await
-                    .map_err(|e| Error::Serde(format!("read task failed: {e}")))??;
+                    .map_err(|e| Error::internal(format!("read task failed: {e}")))??;
             self.stats.read(data.len() as u64);
             return Ok(Some(Bytes::from(data)));
         }
@@ -465,7 +439,7 @@ impl Location {
                 read_file_ranges(&f, &p, &ranges, &stats, &file, ReadMode::Buffered)
             })
             .await
-            .map_err(|e| Error::Serde(format!("read task failed: {e}")))?;
+            .map_err(|e| Error::internal(format!("read task failed: {e}")))?;
         }
         self.check_no_symlink(rel)?;
         if let Some(p) = self.local_file(rel) {
@@ -475,7 +449,7 @@ impl Location {
                 read_local_ranges(&p, &ranges, &stats, &file, ReadMode::Buffered)
             })
             .await
-            .map_err(|e| Error::Serde(format!("read task failed: {e}")))?;
+            .map_err(|e| Error::internal(format!("read task failed: {e}")))?;
         }
         self.read_remote_ranges(rel, ranges, None).await
     }
@@ -665,7 +639,8 @@ impl Location {
         progress: Option<&Tracker>,
     ) -> Result<()> {
         self.refuse_write()?;
-        failpoint_before_put();
+        #[cfg(feature = "failpoints")]
+        failpoint::before_put();
         let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
         // Conditional create needs a single PUT; manifests are always far below the threshold, and
         // a large single-file object was checked for existence when the save began.
@@ -789,316 +764,9 @@ impl Location {
     }
 }
 
-/// Crash-test failpoint: when `TREEPACK_FAILPOINT_ABORT_BEFORE_PUT=N` is set, the process aborts
-/// (like a SIGKILL: no cleanup, no unwinding) just before its N-th storage write (1-based). The
-/// crash tests sweep N over every write of a save to prove each intermediate state is safe.
-fn failpoint_before_put() {
-    static LIMIT: OnceLock<Option<u64>> = OnceLock::new();
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    let limit =
-        LIMIT.get_or_init(|| std::env::var("TREEPACK_FAILPOINT_ABORT_BEFORE_PUT").ok().and_then(|v| v.parse().ok()));
-    if let Some(n) = *limit {
-        if COUNT.fetch_add(1, Ordering::SeqCst) + 1 >= n {
-            std::process::abort();
-        }
-    }
-}
-
-/// Resolve `.` and `..` lexically (the path may not exist yet, so no canonicalisation).
-fn normalize_local(p: &Path) -> PathBuf {
-    use std::path::Component;
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::CurDir => {}
-            c => out.push(c.as_os_str()),
-        }
-    }
-    out
-}
-
-fn read_local_ranges(
-    p: &Path,
-    ranges: &[Range<u64>],
-    stats: &IoStats,
-    file: &str,
-    mode: ReadMode,
-) -> Result<Vec<Bytes>> {
-    let f = std::fs::File::open(p).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            Error::NotFound {
-                location: file.to_string(),
-                detail:
-                    "a pack file the manifest lists is missing: the tree is incomplete (deleted, or not fully copied)"
-                        .into(),
-            }
-        } else {
-            Error::Io { path: p.to_path_buf(), source: e }
-        }
-    })?;
-    read_file_ranges(&f, p, ranges, stats, file, mode)
-}
-
-fn read_file_ranges(
-    f: &std::fs::File,
-    p: &Path,
-    ranges: &[Range<u64>],
-    stats: &IoStats,
-    file: &str,
-    mode: ReadMode,
-) -> Result<Vec<Bytes>> {
-    use rayon::prelude::*;
-    let read_one = |r: &Range<u64>| {
-        let len = usize::try_from(r.end - r.start).map_err(|_| Error::limit("range", u64::MAX, "too large"))?;
-        let io_err = |e: std::io::Error| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => Error::OutOfBounds {
-                file: file.to_string(),
-                key: String::new(),
-                reason: format!("bytes {}..{} lie past the end of the file (truncated?)", r.start, r.end),
-            },
-            std::io::ErrorKind::OutOfMemory => Error::OutOfMemory { key: file.to_string(), bytes: len as u64 },
-            _ => Error::Io { path: p.to_path_buf(), source: e },
-        };
-        #[cfg(target_os = "linux")]
-        if mode == ReadMode::CachedOrDirect && len >= DIRECT_MIN_BYTES {
-            let (b, direct) = direct::read_at(f, len, r.start).map_err(io_err)?;
-            stats.read(len as u64);
-            if direct {
-                stats.bytes_read_direct.fetch_add(len as u64, Ordering::Relaxed);
-                DIRECT_HERE.with(|c| c.set(c.get() + len as u64));
-            }
-            return Ok(b);
-        }
-        #[cfg(not(target_os = "linux"))]
-        let _ = mode;
-        let mut buf = Vec::new();
-        buf.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { key: file.to_string(), bytes: len as u64 })?;
-        read_exact_at_into(f, &mut buf, len, r.start).map_err(io_err)?;
-        stats.read(len as u64);
-        Ok(Bytes::from(buf))
-    };
-    // One range (a manifest, a small leaf) is read right here: no pool to wake.
-    if ranges.len() == 1 {
-        return ranges.iter().map(read_one).collect();
-    }
-    crate::runtime::parallel(|| ranges.par_iter().map(read_one).collect())
-}
-
-/// Ranges shorter than this are read through the page cache even in
-/// [`ReadMode::CachedOrDirect`]: the kernel's read-ahead serves small reads better, and the
-/// alignment slack of a direct read would be a large share of them.
-pub(crate) const DIRECT_MIN_BYTES: usize = 1 << 20;
-
-thread_local! {
-    static DIRECT_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// Bytes this thread has read around the page cache so far: tells a reader whether the range
-/// it just read came from the device (its bytes are in no CPU cache) or from the page cache
-/// (they were just copied, so hashing them at once finds them in the CPU cache).
-pub(crate) fn direct_bytes_on_this_thread() -> u64 {
-    DIRECT_HERE.with(|c| c.get())
-}
-
-/// How a blocking local read treats the page cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadMode {
-    /// Through the page cache (small reads, and reads the kernel was told to read ahead).
-    Buffered,
-    /// Big ranges (1 MiB and more) straight from the device into the buffer when less than
-    /// half of the range is cached (`O_DIRECT` and `cachestat` on Linux; elsewhere, or where
-    /// either is missing, the same as `Buffered`). For
-    /// whole loads, where each byte is read once and a second copy in the cache only costs.
-    CachedOrDirect,
-}
-
-/// Read exactly `len` bytes at `offset` into the empty `buf` (capacity at least `len`). On Unix
-/// the bytes land in the spare capacity directly: zero-filling first was a third pass over
-/// every byte of a big load (after the kernel's page clearing, before its copy).
-fn read_exact_at_into(f: &std::fs::File, buf: &mut Vec<u8>, len: usize, offset: u64) -> std::io::Result<()> {
-    debug_assert!(buf.is_empty() && buf.capacity() >= len);
-    #[cfg(unix)]
-    {
-        pread_into_spare(f, buf, 0, len, offset)?;
-        // SAFETY: the first `len` bytes were written.
-        unsafe { buf.set_len(len) };
-        Ok(())
-    }
-    #[cfg(not(unix))]
-    {
-        use std::os::windows::fs::FileExt;
-        buf.resize(len, 0);
-        let mut done = 0;
-        while done < len {
-            match f.seek_read(&mut buf[done..], offset + done as u64)? {
-                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-                n => done += n,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Write exactly `len` bytes of `f` at `offset` into `buf`'s memory at index `at`, which may lie
-/// beyond `buf.len()` (spare capacity; the caller sets the length). `UnexpectedEof` if the file
-/// ends first.
-#[cfg(unix)]
-fn pread_into_spare(f: &std::fs::File, buf: &mut Vec<u8>, at: usize, len: usize, offset: u64) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    assert!(at + len <= buf.capacity(), "a read past the buffer's capacity");
-    let ptr = buf.as_mut_ptr();
-    let mut done = 0usize;
-    while done < len {
-        let pos = libc::off_t::try_from(offset + done as u64)
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "offset too large"))?;
-        // SAFETY: [at + done, at + len) lies inside buf's allocation (asserted above); pread
-        // writes at most `len - done` bytes there and returns how many it wrote.
-        let n = unsafe { libc::pread(f.as_raw_fd(), ptr.add(at + done).cast(), len - done, pos) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        done += n as usize;
-    }
-    Ok(())
-}
-
-/// Build the object_store client for a remote URL: `(store, prefix, read_only, tuning)`.
-/// Errors are plain reasons; the caller wraps them in [`Error::BadLocation`].
-fn remote_store(
-    s: &str,
-    options: &StorageOptions,
-) -> std::result::Result<(Arc<dyn ObjectStore>, ObjPath, bool, RemoteTuning), String> {
-    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-    use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
-    use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
-    use object_store::http::HttpBuilder;
-    use object_store::{ClientConfigKey, ClientOptions, RetryConfig};
-
-    let url = url::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
-    let (scheme, prefix) = ObjectStoreScheme::parse(&url).map_err(|_| {
-        format!(
-            "scheme `{}://` is not supported (supported: local paths, file://, memory://, s3://, gs://, az://, abfs://, http(s)://)",
-            url.scheme()
-        )
-    })?;
-    let mut tuning = RemoteTuning::default();
-    let mut retry = RetryConfig::default();
-    let mut client = BTreeMap::new();
-    for (k, v) in options {
-        let num =
-            || v.trim().parse::<u64>().map_err(|_| format!("storage option `{k}` must be a whole number, got `{v}`"));
-        match k.as_str() {
-            "max_concurrency" => tuning.max_concurrency = num()?.clamp(1, 1024) as usize,
-            "multipart_threshold" => tuning.multipart_threshold = num()?,
-            "multipart_part_size" => tuning.multipart_part_size = num()?.clamp(5 << 20, 5 << 30) as usize,
-            "max_request_bytes" => tuning.max_request_bytes = num()?.max(1),
-            "max_retries" => retry.max_retries = num()?.min(1000) as usize,
-            "retry_timeout_secs" => retry.retry_timeout = std::time::Duration::from_secs(num()?),
-            _ => {
-                client.insert(k.to_ascii_lowercase(), v.clone());
-            }
-        }
-    }
-    // Plain-HTTP endpoints are how people reach MinIO, moto or azurite; asking for one is consent.
-    let http_endpoint = client.iter().any(|(k, v)| k.contains("endpoint") && v.starts_with("http://"))
-        || std::env::var("AWS_ENDPOINT_URL").is_ok_and(|v| v.starts_with("http://"))
-        || std::env::var("AWS_ENDPOINT").is_ok_and(|v| v.starts_with("http://"));
-    let client_options = ClientOptions::new().with_allow_http(http_endpoint || url.scheme() == "http");
-    let unknown = |k: &str, cloud: &str| {
-        format!(
-            "unknown storage option `{k}` for {cloud} (see object_store's {cloud} config keys, or treepack's: {})",
-            TUNING_KEYS.join(", ")
-        )
-    };
-    let (store, read_only): (Arc<dyn ObjectStore>, bool) = match scheme {
-        ObjectStoreScheme::AmazonS3 => {
-            let mut b = AmazonS3Builder::from_env().with_url(s).with_client_options(client_options).with_retry(retry);
-            for (k, v) in &client {
-                let key: AmazonS3ConfigKey = k.parse().map_err(|_| unknown(k, "S3"))?;
-                b = b.with_config(key, v);
-            }
-            (Arc::new(b.build().map_err(|e| format!("S3 client: {e}"))?), false)
-        }
-        ObjectStoreScheme::GoogleCloudStorage => {
-            let mut b =
-                GoogleCloudStorageBuilder::from_env().with_url(s).with_client_options(client_options).with_retry(retry);
-            for (k, v) in &client {
-                let key: GoogleConfigKey = k.parse().map_err(|_| unknown(k, "GCS"))?;
-                b = b.with_config(key, v);
-            }
-            (Arc::new(b.build().map_err(|e| format!("GCS client: {e}"))?), false)
-        }
-        ObjectStoreScheme::MicrosoftAzure => {
-            let mut b =
-                MicrosoftAzureBuilder::from_env().with_url(s).with_client_options(client_options).with_retry(retry);
-            for (k, v) in &client {
-                let key: AzureConfigKey = k.parse().map_err(|_| unknown(k, "Azure"))?;
-                b = b.with_config(key, v);
-            }
-            (Arc::new(b.build().map_err(|e| format!("Azure client: {e}"))?), false)
-        }
-        ObjectStoreScheme::Http => {
-            let origin = &url[..url::Position::BeforePath];
-            let mut b = HttpBuilder::new().with_url(origin).with_client_options(client_options).with_retry(retry);
-            for (k, v) in &client {
-                let key: ClientConfigKey = k.parse().map_err(|_| unknown(k, "HTTP"))?;
-                b = b.with_config(key, v);
-            }
-            (Arc::new(b.build().map_err(|e| format!("HTTP client: {e}"))?), true)
-        }
-        other => return Err(format!("{other:?} locations are not remote; use a plain path or memory://")),
-    };
-    Ok((store, prefix, read_only, tuning))
-}
-
-/// Group ranges into requests: neighbours closer than [`COALESCE_GAP`] share a request unless it
-/// would grow past `max_bytes`. Every input range lies wholly inside one request, so results are
-/// zero-copy slices. Returns `(request, indices of the ranges in it)`.
-fn plan_requests(ranges: &[Range<u64>], max_bytes: u64) -> Vec<(Range<u64>, Vec<usize>)> {
-    let mut order: Vec<usize> = (0..ranges.len()).collect();
-    order.sort_by_key(|&i| (ranges[i].start, ranges[i].end));
-    let mut out: Vec<(Range<u64>, Vec<usize>)> = vec![];
-    for i in order {
-        let r = &ranges[i];
-        if let Some((req, members)) = out.last_mut() {
-            let end = req.end.max(r.end);
-            if r.start <= req.end.saturating_add(COALESCE_GAP) && end - req.start <= max_bytes {
-                req.end = end;
-                members.push(i);
-                continue;
-            }
-        }
-        out.push((r.clone(), vec![i]));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn plan_requests_coalesces_neighbours_and_caps_size() {
-        let rs = vec![0..10, 10..20, (3 << 20)..(3 << 20) + 5, 20..30];
-        let plan = plan_requests(&rs, 1 << 30);
-        assert_eq!(plan.len(), 2);
-        assert_eq!(plan[0].0, 0..30);
-        assert_eq!(plan[0].1, vec![0, 1, 3]);
-        assert_eq!(plan[1].0, (3 << 20)..(3 << 20) + 5);
-        // A cap of 15 bytes splits at range boundaries, never inside a range.
-        let plan = plan_requests(&rs[..2], 15);
-        assert_eq!(plan.iter().map(|p| p.0.clone()).collect::<Vec<_>>(), vec![0..10, 10..20]);
-    }
 
     #[test]
     fn remote_schemes_parse_and_bad_ones_are_refused() {

@@ -5,7 +5,7 @@
 //! `itemsize × prod(extent)`.
 
 use crate::error::{Error, Result};
-use crate::model::shape_len;
+use crate::format::model::shape_len;
 
 /// Default target size of one chunk.
 pub const DEFAULT_CHUNK_BYTES: u64 = 4 << 20;

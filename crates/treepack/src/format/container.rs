@@ -10,7 +10,7 @@
 //! manifest in it.
 
 use crate::error::{Error, Result};
-use crate::manifest::{VERSION_MAJOR, VERSION_MINOR};
+use crate::format::manifest::{VERSION_MAJOR, VERSION_MINOR};
 
 pub const HEADER_LEN: u64 = 64;
 pub const FOOTER_LEN: u64 = 64;

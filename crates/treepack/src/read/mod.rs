@@ -5,13 +5,13 @@
 //! and a chunk buffer is dropped as soon as its leaf is assembled. Single-chunk arrays use the
 //! read buffer itself (no second copy); with `mmap`, contiguous arrays are views of the file.
 
-use crate::container;
 use crate::error::{Error, Result};
-use crate::grid::{self, ChunkGrid};
-use crate::hash::Hash32;
-use crate::keypath::{self, Selection};
-use crate::manifest::{self, ArrayEntry, ArrayStorage, ChunkRef, Entry, LeafInfo, Manifest, Stored};
-use crate::model::{ArrayData, Leaf, Node, Step, Tree};
+use crate::format::container;
+use crate::format::grid::{self, ChunkGrid};
+use crate::format::hash::Hash32;
+use crate::format::keypath::{self, Selection};
+use crate::format::manifest::{self, ArrayEntry, ArrayStorage, ChunkRef, Entry, LeafInfo, Manifest, Stored};
+use crate::format::model::{ArrayData, Leaf, Node, Step, Tree};
 use crate::progress::Tracker;
 use crate::runtime::block_on;
 use crate::store::{Layout, Location, ReadMode, DIRECT_MIN_BYTES, MANIFEST_NAME};
@@ -97,7 +97,7 @@ impl Drop for Reader {
             packs: vec![],
             root: Tree::List(vec![]),
         };
-        crate::model::drop_in_background(std::mem::replace(&mut self.manifest, Arc::new(empty)));
+        crate::format::model::drop_in_background(std::mem::replace(&mut self.manifest, Arc::new(empty)));
     }
 }
 
@@ -137,7 +137,7 @@ impl Reader {
         let manifest_len = bytes.len();
         let m = tokio::task::spawn_blocking(move || manifest::decode(&bytes, &parse_file))
             .await
-            .map_err(|e| Error::Serde(format!("manifest parse task failed: {e}")))??;
+            .map_err(|e| Error::internal(format!("manifest parse task failed: {e}")))??;
         Self::checked(loc, m, file, manifest_len)
     }
 
@@ -524,7 +524,7 @@ impl Reader {
             }
         }
         if out.len() != jobs.len() {
-            return Err(Error::Serde("internal: a whole load stopped without an error".into()));
+            return Err(Error::internal("a whole load stopped without an error"));
         }
         Ok(Some(out))
     }
@@ -559,7 +559,7 @@ impl Reader {
             let got = self
                 .loc
                 .read_ranges_blocking(rel, &want, mode)
-                .unwrap_or_else(|| Err(Error::Serde("internal: a blocking read of a remote pack".into())))?;
+                .unwrap_or_else(|| Err(Error::internal("a blocking read of a remote pack")))?;
             if let Some(t) = progress {
                 t.advance(got.iter().map(|b| b.len() as u64).sum());
             }
@@ -709,7 +709,7 @@ impl Reader {
     }
 
     fn mmap_pack(&self, pack: u32, rel: &str) -> Result<Option<Bytes>> {
-        let mut cache = self.mmaps.lock().map_err(|_| Error::Serde("mmap cache poisoned".into()))?;
+        let mut cache = self.mmaps.lock().map_err(|_| Error::internal("mmap cache poisoned"))?;
         if let Some(m) = cache.get(&pack) {
             return Ok(Some(m.clone()));
         }
@@ -1035,7 +1035,7 @@ fn mark_unbuilt<L>(
             path.push('/');
         }
         keypath::push_step_text(path, &step);
-        any |= crate::model::grow(|| mark_unbuilt(c, path, sel, opts, out));
+        any |= crate::format::model::grow(|| mark_unbuilt(c, path, sel, opts, out));
         path.truncate(len);
     }
     if object && !any {
@@ -1052,7 +1052,7 @@ fn prune(n: Node, path: &mut String, unbuilt: &HashSet<String>) -> Node {
             path.push('/');
         }
         keypath::push_step_text(path, &step);
-        let out = crate::model::grow(|| prune(c, path, unbuilt));
+        let out = crate::format::model::grow(|| prune(c, path, unbuilt));
         path.truncate(len);
         out
     }
@@ -1115,7 +1115,7 @@ fn alloc(n: u64, key: &str) -> Result<Vec<u8>> {
 fn span_of_array(a: &ArrayEntry) -> Option<ChunkKey> {
     let ArrayStorage::Chunked { chunks, .. } = &a.storage else { return None };
     if chunks.len() < 2
-        || chunks.iter().any(|c| c.codec != crate::codec::Codec::Raw)
+        || chunks.iter().any(|c| c.codec != crate::format::codec::Codec::Raw)
         || !contiguous_in_pack(&a.grid(), chunks)
     {
         return None;
@@ -1239,8 +1239,8 @@ pub fn manifest_bytes_local(loc: &Location) -> Option<Result<(Bytes, String)>> {
     let read = |rel: &str, r: Range<u64>| -> Result<Bytes> {
         let got = loc
             .read_ranges_blocking(rel, std::slice::from_ref(&r), ReadMode::Buffered)
-            .unwrap_or_else(|| Err(Error::Serde("internal: not a local file".into())));
-        got.and_then(|mut v| v.pop().ok_or_else(|| Error::Serde("internal: no bytes read".into())))
+            .unwrap_or_else(|| Err(Error::internal("not a local file")));
+        got.and_then(|mut v| v.pop().ok_or_else(|| Error::internal("no bytes read")))
     };
     Some(match loc.layout() {
         Layout::Directory => {

@@ -4,8 +4,8 @@
 //! ([`Node`] = `Tree<Leaf>`), the stored manifest tree (`Tree<Entry>`) and the structure-only
 //! view (`Tree<LeafInfo>`) share the same walking, key-path and mapping code.
 
-use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::format::dtype::DType;
 use bytes::Bytes;
 use num_bigint::BigInt;
 use std::fmt;
@@ -308,25 +308,28 @@ impl<L> Tree<L> {
     ///
     /// # Errors
     /// Whatever `f` returns.
-    pub fn try_map<M, E>(self, f: &mut impl FnMut(&crate::keypath::KeyPath, L) -> Result<M, E>) -> Result<Tree<M>, E> {
-        let mut path = crate::keypath::KeyPath::root();
+    pub fn try_map<M, E>(
+        self,
+        f: &mut impl FnMut(&crate::format::keypath::KeyPath, L) -> Result<M, E>,
+    ) -> Result<Tree<M>, E> {
+        let mut path = crate::format::keypath::KeyPath::root();
         self.try_map_at(&mut path, f)
     }
 
     fn try_map_at<M, E>(
         self,
-        path: &mut crate::keypath::KeyPath,
-        f: &mut impl FnMut(&crate::keypath::KeyPath, L) -> Result<M, E>,
+        path: &mut crate::format::keypath::KeyPath,
+        f: &mut impl FnMut(&crate::format::keypath::KeyPath, L) -> Result<M, E>,
     ) -> Result<Tree<M>, E> {
         grow(move || self.try_map_inner(path, f))
     }
 
     fn try_map_inner<M, E>(
         self,
-        path: &mut crate::keypath::KeyPath,
-        f: &mut impl FnMut(&crate::keypath::KeyPath, L) -> Result<M, E>,
+        path: &mut crate::format::keypath::KeyPath,
+        f: &mut impl FnMut(&crate::format::keypath::KeyPath, L) -> Result<M, E>,
     ) -> Result<Tree<M>, E> {
-        use crate::keypath::Segment;
+        use crate::format::keypath::Segment;
         Ok(match self {
             Tree::Leaf(l) => Tree::Leaf(f(path, l)?),
             Tree::List(v) => Tree::List(map_seq(v, path, f)?),
@@ -359,13 +362,13 @@ impl<L> Tree<L> {
     /// Whatever `f` returns.
     pub fn map_ref<M, E>(
         &self,
-        f: &mut impl FnMut(&crate::keypath::KeyPath, &L) -> Result<M, E>,
+        f: &mut impl FnMut(&crate::format::keypath::KeyPath, &L) -> Result<M, E>,
     ) -> Result<Tree<M>, E> {
-        self.map_ref_steps(&mut |steps, l| f(&crate::keypath::KeyPath::from_steps(steps), l))
+        self.map_ref_steps(&mut |steps, l| f(&crate::format::keypath::KeyPath::from_steps(steps), l))
     }
 
     /// Visit every leaf in tree order with the borrowed steps that reach it. Nothing is cloned or
-    /// formatted per leaf (render a path with [`crate::keypath::steps_text`] only when needed),
+    /// formatted per leaf (render a path with [`crate::format::keypath::steps_text`] only when needed),
     /// which is what makes walks over 100k-leaf trees cheap.
     pub fn for_each_leaf_steps<'a>(&'a self, f: &mut impl FnMut(&[Step<'a>], &'a L)) {
         let mut path = Vec::new();
@@ -460,19 +463,23 @@ impl<L> Tree<L> {
     }
 
     /// Visit every leaf with its key path, in tree order.
-    pub fn for_each_leaf<'a>(&'a self, f: &mut impl FnMut(&crate::keypath::KeyPath, &'a L)) {
-        let mut path = crate::keypath::KeyPath::root();
+    pub fn for_each_leaf<'a>(&'a self, f: &mut impl FnMut(&crate::format::keypath::KeyPath, &'a L)) {
+        let mut path = crate::format::keypath::KeyPath::root();
         self.visit(&mut path, f);
     }
 
-    fn visit<'a>(&'a self, path: &mut crate::keypath::KeyPath, f: &mut impl FnMut(&crate::keypath::KeyPath, &'a L)) {
+    fn visit<'a>(
+        &'a self,
+        path: &mut crate::format::keypath::KeyPath,
+        f: &mut impl FnMut(&crate::format::keypath::KeyPath, &'a L),
+    ) {
         if let Tree::Leaf(l) = self {
             f(path, l);
             return;
         }
         grow(|| {
             for (step, child) in self.children() {
-                path.push(crate::keypath::Segment::from_step(&step));
+                path.push(crate::format::keypath::Segment::from_step(&step));
                 child.visit(path, f);
                 path.pop();
             }
@@ -538,12 +545,12 @@ impl<L> Tree<L> {
 
 fn map_seq<L, M, E>(
     v: Vec<Tree<L>>,
-    path: &mut crate::keypath::KeyPath,
-    f: &mut impl FnMut(&crate::keypath::KeyPath, L) -> Result<M, E>,
+    path: &mut crate::format::keypath::KeyPath,
+    f: &mut impl FnMut(&crate::format::keypath::KeyPath, L) -> Result<M, E>,
 ) -> Result<Vec<Tree<M>>, E> {
     let mut out = Vec::with_capacity(v.len());
     for (i, c) in v.into_iter().enumerate() {
-        path.push(crate::keypath::Segment::Index(i));
+        path.push(crate::format::keypath::Segment::Index(i));
         let m = c.try_map_at(path, f);
         path.pop();
         out.push(m?);
@@ -553,15 +560,15 @@ fn map_seq<L, M, E>(
 
 fn map_named<L, M, E>(
     v: Vec<(String, Tree<L>)>,
-    path: &mut crate::keypath::KeyPath,
-    f: &mut impl FnMut(&crate::keypath::KeyPath, L) -> Result<M, E>,
+    path: &mut crate::format::keypath::KeyPath,
+    f: &mut impl FnMut(&crate::format::keypath::KeyPath, L) -> Result<M, E>,
 ) -> Result<Vec<(String, Tree<M>)>, E> {
     let mut out = Vec::with_capacity(v.len());
     for (k, c) in v {
-        path.push(crate::keypath::Segment::Name(k));
+        path.push(crate::format::keypath::Segment::Name(k));
         let m = c.try_map_at(path, f);
         let k = match path.pop() {
-            Some(crate::keypath::Segment::Name(k)) => k,
+            Some(crate::format::keypath::Segment::Name(k)) => k,
             _ => unreachable!("pushed a name segment"),
         };
         out.push((k, m?));

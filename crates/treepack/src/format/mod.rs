@@ -1,0 +1,17 @@
+//! The format, with no I/O: what a second implementation must match (docs/format.md).
+//!
+//! [`model`] is the in-memory tree; [`dtype`], [`keypath`], [`grid`] (chunking and slicing),
+//! [`hash`] (BLAKE3 of canonical bytes), [`codec`] and [`preview`] describe its leaves;
+//! [`manifest`] writes and parses `treepack.json`; [`container`] is the single-file (`.tpk`)
+//! layout around it. Reading and writing bytes somewhere is the engine's job (`store`, `save`,
+//! `read`).
+
+pub mod codec;
+pub mod container;
+pub mod dtype;
+pub mod grid;
+pub mod hash;
+pub mod keypath;
+pub mod manifest;
+pub mod model;
+pub mod preview;

@@ -1,0 +1,143 @@
+//! The fast path for naive and UTC `datetime`s (the `py.datetime` compact form).
+
+use super::*;
+
+/// The `py.datetime` node of a naive or UTC datetime, exactly as the Python encoder writes it
+/// (`{"iso": naive isoformat, "tz": null | {"offset": [0,0,0], "name": "UTC"}, "fold": 0|1}`);
+/// `None` for other time zones, which the Python encoder handles.
+pub(crate) fn datetime_node(py: Python<'_>, d: &Bound<'_, pyo3::types::PyDateTime>) -> PyResult<Option<Node>> {
+    use pyo3::types::{PyDateAccess, PyTimeAccess, PyTzInfo, PyTzInfoAccess};
+    let utc = match d.get_tzinfo() {
+        None => false,
+        Some(t) if t.is(&*PyTzInfo::utc(py)?) => true,
+        Some(_) => return Ok(None),
+    };
+    let year = d.get_year();
+    if !(0..=9999).contains(&year) {
+        return Ok(None);
+    }
+    // `YYYY-MM-DDTHH:MM:SS[.ffffff]`, digit by digit (this runs once per record).
+    fn digits(out: &mut String, sep: Option<char>, v: u32, n: u32) {
+        out.extend(sep);
+        for i in (0..n).rev() {
+            out.push(char::from(b'0' + ((v / 10u32.pow(i)) % 10) as u8));
+        }
+    }
+    let mut iso = String::with_capacity(28);
+    digits(&mut iso, None, year as u32, 4);
+    digits(&mut iso, Some('-'), u32::from(d.get_month()), 2);
+    digits(&mut iso, Some('-'), u32::from(d.get_day()), 2);
+    digits(&mut iso, Some('T'), u32::from(d.get_hour()), 2);
+    digits(&mut iso, Some(':'), u32::from(d.get_minute()), 2);
+    digits(&mut iso, Some(':'), u32::from(d.get_second()), 2);
+    if d.get_microsecond() != 0 {
+        digits(&mut iso, Some('.'), d.get_microsecond(), 6);
+    }
+    let data = if d.get_fold() {
+        let tz = if utc { serde_json::json!({"offset": [0, 0, 0], "name": "UTC"}) } else { serde_json::Value::Null };
+        serde_json::json!({"iso": iso, "tz": tz, "fold": 1})
+    } else {
+        // The compact form (see `datetime_fast`): one JSON string instead of a nested object.
+        if utc {
+            iso.push('Z');
+        }
+        serde_json::Value::String(iso)
+    };
+    Ok(Some(Tree::Custom { type_name: "py.datetime".into(), data, children: vec![] }))
+}
+
+/// Fast path for `py.datetime` nodes (one per record in traced data): build the datetime in Rust
+/// instead of sending JSON text through the Python decoder (~10 µs -> ~1 µs each). Handles naive,
+/// UTC and unnamed fixed-offset datetimes; anything else (zoneinfo zones, named offsets, odd
+/// text) returns `None` and takes the general Python path, which defines the semantics.
+pub(crate) fn datetime_fast<'py>(py: Python<'py>, data: &serde_json::Value) -> PyResult<Option<Bound<'py, PyAny>>> {
+    use pyo3::types::{PyDateTime, PyDelta, PyTzInfo};
+    if let Some(text) = data.as_str() {
+        // Compact form: naive isoformat, or with a trailing `Z` for `timezone.utc` (fold 0).
+        let (iso, utc) = match text.strip_suffix('Z') {
+            Some(t) => (t, true),
+            None => (text, false),
+        };
+        let Some((y, mo, d, h, mi, sec, us)) = parse_iso_datetime(iso) else { return Ok(None) };
+        let tz = if utc { Some(PyTzInfo::utc(py)?.to_owned()) } else { None };
+        return Ok(Some(PyDateTime::new_with_fold(py, y, mo, d, h, mi, sec, us, tz.as_ref(), false)?.into_any()));
+    }
+    let Some(obj) = data.as_object() else { return Ok(None) };
+    if obj.len() > 3 {
+        return Ok(None);
+    }
+    let Some(iso) = obj.get("iso").and_then(|v| v.as_str()) else { return Ok(None) };
+    let fold = match obj.get("fold").map(|v| v.as_u64()) {
+        None | Some(Some(0)) => false,
+        Some(Some(1)) => true,
+        _ => return Ok(None),
+    };
+    let Some((y, mo, d, h, mi, sec, us)) = parse_iso_datetime(iso) else { return Ok(None) };
+    let tz: Option<Bound<'py, PyTzInfo>> = match obj.get("tz") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(t) => {
+            let Some(t) = t.as_object() else { return Ok(None) };
+            let Some(off) = t.get("offset").and_then(|o| o.as_array()) else { return Ok(None) };
+            let off: Vec<i64> = off.iter().filter_map(serde_json::Value::as_i64).collect();
+            if off.len() != 3 || t.len() > 2 {
+                return Ok(None);
+            }
+            let name = t.get("name");
+            let (days, secs, micros) = (off[0], off[1], off[2]);
+            if days == 0 && secs == 0 && micros == 0 && matches!(name.and_then(|n| n.as_str()), None | Some("UTC")) {
+                Some(PyTzInfo::utc(py)?.to_owned())
+            } else if name.is_none_or(serde_json::Value::is_null) {
+                let (Ok(days), Ok(secs), Ok(micros)) =
+                    (i32::try_from(days), i32::try_from(secs), i32::try_from(micros))
+                else {
+                    return Ok(None);
+                };
+                let delta = PyDelta::new(py, days, secs, micros, true)?;
+                Some(PyTzInfo::fixed_offset(py, delta)?)
+            } else {
+                return Ok(None);
+            }
+        }
+    };
+    let dt = PyDateTime::new_with_fold(py, y, mo, d, h, mi, sec, us, tz.as_ref(), fold)?;
+    Ok(Some(dt.into_any()))
+}
+
+/// Parse `YYYY-MM-DDTHH:MM:SS[.ffffff]` (what `datetime.isoformat()` writes for naive values).
+pub(crate) fn parse_iso_datetime(s: &str) -> Option<(i32, u8, u8, u8, u8, u8, u32)> {
+    let b = s.as_bytes();
+    if !(b.len() == 19 || b.len() == 26)
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<u32> {
+        let t = &s[r];
+        if t.bytes().all(|c| c.is_ascii_digit()) {
+            t.parse().ok()
+        } else {
+            None
+        }
+    };
+    let us = if b.len() == 26 {
+        if b[19] != b'.' {
+            return None;
+        }
+        num(20..26)?
+    } else {
+        0
+    };
+    Some((
+        i32::try_from(num(0..4)?).ok()?,
+        u8::try_from(num(5..7)?).ok()?,
+        u8::try_from(num(8..10)?).ok()?,
+        u8::try_from(num(11..13)?).ok()?,
+        u8::try_from(num(14..16)?).ok()?,
+        u8::try_from(num(17..19)?).ok()?,
+        us,
+    ))
+}

@@ -1,0 +1,368 @@
+//! `Node` / manifest entries -> Python objects: numpy arrays straight from the read buffers.
+
+use super::*;
+
+pub(crate) struct Decoder<'py> {
+    pub(crate) py: Python<'py>,
+    pub(crate) decode_other: Option<Bound<'py, PyAny>>,
+    pub(crate) np_dtype: Bound<'py, PyAny>,
+    pub(crate) dtypes: HashMap<DType, Bound<'py, PyArrayDescr>>,
+    pub(crate) readonly: bool,
+    /// Python strings of short dict keys already seen (FxHash: these lookups are per node).
+    pub(crate) keys: std::cell::RefCell<rustc_hash::FxHashMap<String, Bound<'py, PyAny>>>,
+}
+
+impl<'py> Decoder<'py> {
+    /// `decode_other` rebuilds records/custom objects (None: structure only, none met);
+    /// `np_dtype` maps dtype names to numpy dtypes (None: no arrays are built).
+    pub(crate) fn new(
+        py: Python<'py>,
+        decode_other: Option<Bound<'py, PyAny>>,
+        np_dtype: Option<Bound<'py, PyAny>>,
+        readonly: bool,
+    ) -> Self {
+        Decoder {
+            py,
+            decode_other,
+            np_dtype: np_dtype.unwrap_or_else(|| py.None().into_bound(py)),
+            dtypes: HashMap::new(),
+            readonly,
+            keys: Default::default(),
+        }
+    }
+
+    /// A list or tuple of built items (what the one-pass builders make of a sequence).
+    pub(crate) fn sequence(&self, items: Vec<Bound<'py, PyAny>>, tuple: bool) -> PyResult<Bound<'py, PyAny>> {
+        if tuple {
+            PyTuple::new(self.py, items).map(Bound::into_any)
+        } else {
+            PyList::new(self.py, items).map(Bound::into_any)
+        }
+    }
+
+    /// A dict of built values, keys through the key cache.
+    pub(crate) fn dict_of(&self, pairs: Vec<(Key, Bound<'py, PyAny>)>) -> PyResult<Bound<'py, PyAny>> {
+        let d = PyDict::new(self.py);
+        for (k, v) in pairs {
+            d.set_item(self.key(&k)?, v)?;
+        }
+        Ok(d.into_any())
+    }
+
+    /// `(name, value)` tuples of a record's fields or a custom node's children.
+    pub(crate) fn named(&self, kids: Vec<(String, Bound<'py, PyAny>)>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        kids.into_iter().map(|(k, v)| PyTuple::new(self.py, [PyString::new(self.py, &k).into_any(), v])).collect()
+    }
+
+    pub(crate) fn dtype(&mut self, d: &DType) -> PyResult<Bound<'py, PyArrayDescr>> {
+        if let Some(x) = self.dtypes.get(d) {
+            return Ok(x.clone());
+        }
+        let x = self.np_dtype.call1((d.to_json().to_string(),))?.cast_into::<PyArrayDescr>()?;
+        self.dtypes.insert(d.clone(), x.clone());
+        Ok(x)
+    }
+
+    /// One numpy array per leaf, made with a single C-API call: writable over the loaded buffer
+    /// (no copy when the buffer is uniquely owned), or a read-only view for mmap loads.
+    pub(crate) fn array(&mut self, a: ArrayData) -> PyResult<Bound<'py, PyAny>> {
+        use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+        let (dtype, shape, bytes) = a.into_parts();
+        let descr = self.dtype(&dtype)?;
+        let (owner, data, flags) = if self.readonly {
+            let ptr = bytes.as_ptr() as *mut u8;
+            (BytesOwner(Memory::Shared(bytes)), ptr, 0)
+        } else {
+            let mut boxed = match bytes.try_into_mut() {
+                Ok(m) => m,
+                Err(b) => bytes::BytesMut::from(&b[..]),
+            };
+            let ptr = boxed.as_mut_ptr();
+            (BytesOwner(Memory::Owned(boxed)), ptr, npyffi::NPY_ARRAY_WRITEABLE)
+        };
+        let owner = Bound::new(self.py, owner)?;
+        let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+        // SAFETY: `data` points to itemsize × prod(shape) bytes owned by `owner` (checked by
+        // ArrayData::new); NewFromDescr steals the descr reference we pass, SetBaseObject steals
+        // the owner reference, so the memory lives exactly as long as the array.
+        unsafe {
+            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+                self.py,
+                npyffi::get_type_object(self.py, npyffi::NpyTypes::PyArray_Type),
+                descr.into_ptr() as *mut npyffi::PyArray_Descr,
+                dims.len() as std::os::raw::c_int,
+                dims.as_mut_ptr(),
+                std::ptr::null_mut(),
+                data as *mut std::os::raw::c_void,
+                flags,
+                std::ptr::null_mut(),
+            );
+            if arr.is_null() {
+                return Err(PyErr::fetch(self.py));
+            }
+            if PY_ARRAY_API.PyArray_SetBaseObject(self.py, arr as *mut npyffi::PyArrayObject, owner.into_ptr()) != 0 {
+                pyo3::ffi::Py_DECREF(arr);
+                return Err(PyErr::fetch(self.py));
+            }
+            Ok(Bound::from_owned_ptr(self.py, arr))
+        }
+    }
+
+    /// A dict key string, shared between dicts: trees of records repeat the same few keys
+    /// thousands of times, and a shared string is created and hashed once (pickle's memo does
+    /// the same). Only short keys are cached, and at most `KEY_CACHE` of them.
+    pub(crate) fn key_str(&self, s: &str) -> Bound<'py, PyAny> {
+        const KEY_CACHE: usize = 4096;
+        if s.len() > 64 {
+            return PyString::new(self.py, s).into_any();
+        }
+        let mut cache = self.keys.borrow_mut();
+        if let Some(k) = cache.get(s) {
+            return k.clone();
+        }
+        let k = PyString::new(self.py, s).into_any();
+        if cache.len() < KEY_CACHE {
+            cache.insert(s.to_string(), k.clone());
+        }
+        k
+    }
+
+    pub(crate) fn key(&self, k: &Key) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match k {
+            Key::None => self.py.None().into_bound(self.py),
+            Key::Bool(b) => PyBool::new(self.py, *b).to_owned().into_any(),
+            Key::Int(i) => int_py(self.py, i)?,
+            Key::Float(f) => PyFloat::new(self.py, *f).into_any(),
+            Key::Str(s) => self.key_str(s),
+            Key::Tuple(v) => {
+                PyTuple::new(self.py, v.iter().map(|k| self.key(k)).collect::<PyResult<Vec<_>>>()?)?.into_any()
+            }
+        })
+    }
+
+    pub(crate) fn node(&mut self, n: Node) -> PyResult<Bound<'py, PyAny>> {
+        treepack::format::model::grow(|| self.node_inner(n))
+    }
+
+    pub(crate) fn node_inner(&mut self, n: Node) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        Ok(match n {
+            Tree::Leaf(l) => match l {
+                Leaf::None => py.None().into_bound(py),
+                Leaf::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
+                Leaf::Int(i) => int_py(py, &i)?,
+                Leaf::Float(f) => PyFloat::new(py, f).into_any(),
+                Leaf::Complex(a, b) => PyComplex::from_doubles(py, a, b).into_any(),
+                Leaf::Str(s) => PyString::new(py, &s).into_any(),
+                Leaf::Bytes(b) => PyBytes::new(py, &b).into_any(),
+                Leaf::Array(a) => self.array(a)?,
+            },
+            Tree::List(v) => {
+                let items = v.into_iter().map(|c| self.node(c)).collect::<PyResult<Vec<_>>>()?;
+                PyList::new(py, items)?.into_any()
+            }
+            Tree::Tuple(v) => {
+                let items = v.into_iter().map(|c| self.node(c)).collect::<PyResult<Vec<_>>>()?;
+                PyTuple::new(py, items)?.into_any()
+            }
+            Tree::Dict(v) => {
+                let d = PyDict::new(py);
+                for (k, c) in v {
+                    let key = self.key(&k)?;
+                    d.set_item(key, self.node(c)?)?;
+                }
+                d.into_any()
+            }
+            Tree::Record { type_name, fields } => self.other("record", type_name, serde_json::Value::Null, fields)?,
+            Tree::Custom { type_name, data, children } => self.other("custom", type_name, data, children)?,
+        })
+    }
+
+    pub(crate) fn other(
+        &mut self,
+        kind: &str,
+        type_name: String,
+        data: serde_json::Value,
+        kids: Vec<(String, Node)>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut pairs = Vec::with_capacity(kids.len());
+        for (k, c) in kids {
+            pairs.push(PyTuple::new(self.py, [PyString::new(self.py, &k).into_any(), self.node(c)?])?);
+        }
+        self.other_built(kind, &type_name, &data, pairs)
+    }
+
+    /// A record or custom node from its already-built children (`(name, value)` tuples).
+    pub(crate) fn other_built(
+        &mut self,
+        kind: &str,
+        type_name: &str,
+        data: &serde_json::Value,
+        pairs: Vec<Bound<'py, PyTuple>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if kind == "custom" && type_name == "py.datetime" && pairs.is_empty() {
+            if let Some(dt) = datetime_fast(self.py, data)? {
+                return Ok(dt);
+            }
+        }
+        let data_s = if data.is_null() { None } else { Some(data.to_string()) };
+        let f = self.decode_other.as_ref().ok_or_else(|| PyValueError::new_err("no decoder for records"))?;
+        f.call1((kind, type_name, data_s, PyList::new(self.py, pairs)?))
+    }
+
+    /// A numpy array that owns a copy of `data` (for arrays stored inline in the manifest: they
+    /// are small, and one allocation inside numpy is cheaper than a separate owner object).
+    pub(crate) fn small_array(&mut self, dtype: &DType, shape: &[u64], data: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+        use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+        let descr = self.dtype(dtype)?;
+        let n = shape.iter().try_fold(descr.itemsize(), |acc, &d| acc.checked_mul(usize::try_from(d).ok()?));
+        if n != Some(data.len()) {
+            return Err(PyValueError::new_err(format!(
+                "inline array has {} bytes, but its dtype and shape {shape:?} need {n:?}",
+                data.len()
+            )));
+        }
+        let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+        // SAFETY: NewFromDescr steals the descr reference and allocates a C-contiguous buffer of
+        // itemsize × prod(shape) bytes, which the manifest validation guarantees `data` has.
+        unsafe {
+            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+                self.py,
+                npyffi::get_type_object(self.py, npyffi::NpyTypes::PyArray_Type),
+                descr.into_ptr() as *mut npyffi::PyArray_Descr,
+                dims.len() as std::os::raw::c_int,
+                dims.as_mut_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+            );
+            if arr.is_null() {
+                return Err(PyErr::fetch(self.py));
+            }
+            let obj = arr as *mut npyffi::PyArrayObject;
+            std::ptr::copy_nonoverlapping(data.as_ptr(), (*obj).fields.data as *mut u8, data.len());
+            if self.readonly {
+                (*obj).fields.flags &= !npyffi::NPY_ARRAY_WRITEABLE;
+            }
+            Ok(Bound::from_owned_ptr(self.py, arr))
+        }
+    }
+
+    /// Build the Python tree straight from the manifest tree: inline leaves are read from the
+    /// manifest (borrowed, nothing cloned), stored leaves are taken in order from `stored`.
+    pub(crate) fn entry_tree(&mut self, t: &Tree<Entry>, stored: &mut StoredLeaves) -> PyResult<Bound<'py, PyAny>> {
+        treepack::format::model::grow(|| self.entry_tree_inner(t, stored))
+    }
+
+    pub(crate) fn entry_tree_inner(
+        &mut self,
+        t: &Tree<Entry>,
+        stored: &mut StoredLeaves,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        Ok(match t {
+            Tree::Leaf(e) => self.entry_leaf(e, stored)?,
+            Tree::List(v) => {
+                let items = v.iter().map(|c| self.entry_tree(c, stored)).collect::<PyResult<Vec<_>>>()?;
+                PyList::new(py, items)?.into_any()
+            }
+            Tree::Tuple(v) => {
+                let items = v.iter().map(|c| self.entry_tree(c, stored)).collect::<PyResult<Vec<_>>>()?;
+                PyTuple::new(py, items)?.into_any()
+            }
+            Tree::Dict(v) => {
+                let d = PyDict::new(py);
+                for (k, c) in v {
+                    let key = self.key(k)?;
+                    d.set_item(key, self.entry_tree(c, stored)?)?;
+                }
+                d.into_any()
+            }
+            Tree::Record { type_name, fields } => {
+                let pairs = self.entry_pairs(fields, stored)?;
+                self.other_built("record", type_name, &serde_json::Value::Null, pairs)?
+            }
+            Tree::Custom { type_name, data, children } => {
+                let pairs = self.entry_pairs(children, stored)?;
+                self.other_built("custom", type_name, data, pairs)?
+            }
+        })
+    }
+
+    /// One manifest leaf: inline values straight from the manifest (borrowed, nothing cloned),
+    /// stored ones taken in order from `stored`.
+    pub(crate) fn entry_leaf(&mut self, e: &Entry, stored: &mut StoredLeaves) -> PyResult<Bound<'py, PyAny>> {
+        use treepack::format::manifest::Stored;
+        let py = self.py;
+        let id = stored.next_id;
+        stored.next_id += 1;
+        if let Some((_, l)) = stored.leaves.next_if(|(j, _)| *j == id) {
+            // Immutable values stored once (deduplicated) come back as one shared object,
+            // as pickle's memo does for an object referenced many times.
+            let shared = match e {
+                Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => {
+                    Some((matches!(e, Entry::Str(_)), chunk.pack, chunk.offset, chunk.length))
+                }
+                _ => None,
+            };
+            if let Some(k) = shared {
+                if let Some(v) = stored.shared.get(&k) {
+                    return Ok(v.bind(py).clone());
+                }
+                let v = self.node_inner(Tree::Leaf(l))?;
+                stored.shared.insert(k, v.clone().unbind());
+                return Ok(v);
+            }
+            return self.node_inner(Tree::Leaf(l));
+        }
+        Ok(match e {
+            Entry::None => py.None().into_bound(py),
+            Entry::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+            Entry::Int(i) => int_py(py, i)?,
+            Entry::Float(f) => PyFloat::new(py, *f).into_any(),
+            Entry::Complex(a, b) => PyComplex::from_doubles(py, *a, *b).into_any(),
+            Entry::Str(Stored::Inline(s)) => PyString::new(py, s).into_any(),
+            Entry::Bytes(Stored::Inline(b)) => PyBytes::new(py, b).into_any(),
+            Entry::Array(a) => match &a.storage {
+                ArrayStorage::Inline(d) => self.small_array(&a.dtype, &a.shape, d)?,
+                ArrayStorage::Chunked { .. } => return Err(PyValueError::new_err("array data was not read")),
+            },
+            Entry::Str(Stored::Blob { .. }) | Entry::Bytes(Stored::Blob { .. }) => {
+                return Err(PyValueError::new_err("blob was not read"))
+            }
+        })
+    }
+
+    pub(crate) fn entry_pairs(
+        &mut self,
+        kids: &[(String, Tree<Entry>)],
+        stored: &mut StoredLeaves,
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let mut pairs = Vec::with_capacity(kids.len());
+        for (k, c) in kids {
+            pairs.push(PyTuple::new(self.py, [PyString::new(self.py, k).into_any(), self.entry_tree(c, stored)?])?);
+        }
+        Ok(pairs)
+    }
+}
+
+/// The leaves a whole-tree load read from packs, consumed in tree order while the Python tree
+/// is built from the manifest.
+pub(crate) struct StoredLeaves {
+    pub(crate) leaves: std::iter::Peekable<std::vec::IntoIter<(usize, Leaf)>>,
+    pub(crate) next_id: usize,
+    /// str/bytes objects already built, by (is str, pack, offset, length) of their blob.
+    pub(crate) shared: HashMap<(bool, u32, u64, u64), Py<PyAny>>,
+}
+
+pub(crate) fn int_py<'py>(py: Python<'py>, i: &Int) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match i {
+        Int::Small(v) => v.into_pyobject(py)?.into_any(),
+        Int::Big(b) => b.into_pyobject(py)?.into_any(),
+    })
+}
+
+pub(crate) fn dtype_text(d: &DType) -> String {
+    d.name().unwrap_or_else(|| d.to_json().to_string())
+}

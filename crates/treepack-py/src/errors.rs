@@ -1,0 +1,27 @@
+//! Python exception classes and the mapping of treepack's errors onto them.
+
+use super::*;
+
+pyo3::create_exception!(_core, TreepackError, pyo3::exceptions::PyException, "Base class of treepack errors.");
+pyo3::create_exception!(_core, CorruptError, TreepackError, "Stored bytes do not match their recorded hash or layout.");
+pyo3::create_exception!(_core, FormatError, TreepackError, "The location is not a valid treepack tree.");
+
+/// Map a core error to the most fitting Python exception (message keeps file and key path).
+pub(crate) fn py_err(e: treepack::Error) -> PyErr {
+    use treepack::Error as E;
+    let msg = e.to_string();
+    match e {
+        E::NotFound { .. } => PyFileNotFoundError::new_err(msg),
+        E::AlreadyExists { .. } => PyFileExistsError::new_err(msg),
+        E::KeyNotFound { .. } => PyKeyError::new_err(msg),
+        E::BadKeyPath { .. }
+        | E::BadSlice { .. }
+        | E::InvalidTree { .. }
+        | E::BadDType { .. }
+        | E::BadLocation { .. } => PyValueError::new_err(msg),
+        E::ChunkCorrupt { .. } | E::ManifestChecksum { .. } | E::OutOfBounds { .. } => CorruptError::new_err(msg),
+        E::Io { .. } | E::Store { .. } => PyIOError::new_err(msg),
+        E::ReadOnly { .. } => PyPermissionError::new_err(msg),
+        _ => FormatError::new_err(msg),
+    }
+}

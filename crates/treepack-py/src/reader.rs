@@ -1,0 +1,198 @@
+//! `Reader`: a stored tree opened for audits, whole and selective loads, slices, verify.
+
+use super::*;
+
+/// (kind, type name, data JSON, key path) of a record or custom node.
+pub(crate) type TypeRow = (String, String, Option<String>, String);
+
+/// A stored tree opened for reading (the manifest is parsed once).
+#[pyclass(frozen)]
+pub(crate) struct Reader {
+    pub(crate) inner: treepack::Reader,
+}
+
+#[pymethods]
+impl Reader {
+    #[new]
+    #[pyo3(signature = (path, storage_options=None))]
+    pub(crate) fn new(py: Python<'_>, path: &str, storage_options: Options) -> PyResult<Self> {
+        let loc = location(path, storage_options)?;
+        let inner = py.detach(|| treepack::Reader::open(loc)).map_err(py_err)?;
+        Ok(Reader { inner })
+    }
+
+    /// Every record/custom node a load with `select`/`keep` would build: (kind, type, data JSON
+    /// or None, key path), leaving out custom nodes whose type is in `skip` (types the caller
+    /// accepts whatever their data, so 10k datetimes cost no rows). Constructs nothing.
+    #[pyo3(signature = (skip=None, select=None, keep=None))]
+    pub(crate) fn types(
+        &self,
+        skip: Option<HashSet<String>>,
+        select: Option<Vec<String>>,
+        keep: Option<HashSet<String>>,
+    ) -> PyResult<Vec<TypeRow>> {
+        let root = &self.inner.manifest().root;
+        let opts = LoadOptions { select: select.unwrap_or_default(), keep, ..Default::default() };
+        let unbuilt = treepack::read::unbuilt_objects(root, "", &opts).map_err(py_err)?;
+        let mut out = vec![];
+        walk_types(root, &mut vec![], &skip.unwrap_or_default(), &mut out);
+        if !unbuilt.is_empty() {
+            out.retain(|row| !unbuilt.contains(&row.3));
+        }
+        Ok(out)
+    }
+
+    /// Load the tree (or the subtree at `subpath`).
+    #[pyo3(signature = (decode_other, np_dtype, select=None, keep=None, mmap=false, verify=true, subpath=None, progress=None))]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn load<'py>(
+        &self,
+        py: Python<'py>,
+        decode_other: Bound<'py, PyAny>,
+        np_dtype: Bound<'py, PyAny>,
+        select: Option<Vec<String>>,
+        keep: Option<HashSet<String>>,
+        mmap: bool,
+        verify: bool,
+        subpath: Option<String>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let opts = LoadOptions {
+            select: select.unwrap_or_default(),
+            keep,
+            mmap,
+            verify,
+            progress: progress_fn(progress),
+            ..Default::default()
+        };
+        let mut dec = Decoder::new(py, Some(decode_other), Some(np_dtype), mmap);
+        if subpath.is_none() && opts.select.is_empty() && opts.keep.is_none() {
+            // Whole tree: fetch the stored leaves, then build Python objects straight from the
+            // manifest (no intermediate tree of owned values).
+            let leaves = py
+                .detach(|| match self.inner.fetch_stored_leaves_mapped(&opts) {
+                    Some(done) => done,
+                    None => treepack::block_on(self.inner.fetch_stored_leaves_async(&opts)),
+                })
+                .map_err(py_err)?;
+            let mut stored =
+                StoredLeaves { leaves: leaves.into_iter().peekable(), next_id: 0, shared: Default::default() };
+            return without_gc(py, || dec.entry_tree(&self.inner.manifest().root, &mut stored));
+        }
+        let node = py
+            .detach(|| match &subpath {
+                Some(p) => treepack::block_on(self.inner.get_async(p, &opts)),
+                None => treepack::block_on(self.inner.load_async(&opts)),
+            })
+            .map_err(py_err)?;
+        without_gc(py, || dec.node(node))
+    }
+
+    /// The structure: containers as dict/list/tuple, records/custom nodes via `make_node`,
+    /// leaves as `LeafInfo`.
+    pub(crate) fn structure<'py>(&self, py: Python<'py>, make_node: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let dec = Decoder::new(py, None, None, false);
+        without_gc(py, || structure(&dec, &self.inner.manifest().root, &mut String::new(), &make_node))
+    }
+
+    /// Kind of the node at a key path: a container kind or a leaf kind.
+    pub(crate) fn kind(&self, path: &str) -> PyResult<String> {
+        let t = self.inner.entry(path).map_err(py_err)?;
+        Ok(match t {
+            Tree::Leaf(e) => e.kind().to_string(),
+            t => t.container_kind().to_string(),
+        })
+    }
+
+    /// Children of the container at `path`: (segment text, key as a Python object).
+    pub(crate) fn children<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Vec<(String, Bound<'py, PyAny>)>> {
+        let t = self.inner.entry(path).map_err(py_err)?;
+        let dec = Decoder::new(py, None, None, false);
+        let mut out = vec![];
+        for (step, _) in t.children() {
+            let seg = treepack::format::keypath::Segment::from_step_pub(&step);
+            let key = match &seg {
+                treepack::format::keypath::Segment::Index(i) => i.into_pyobject(py)?.into_any(),
+                treepack::format::keypath::Segment::Key(k) => dec.key(k)?,
+                treepack::format::keypath::Segment::Name(n) => PyString::new(py, n).into_any(),
+            };
+            out.push((seg.text(), key));
+        }
+        Ok(out)
+    }
+
+    /// (dtype JSON, shape) of the array at `path`.
+    pub(crate) fn array_info(&self, path: &str) -> PyResult<(String, Vec<u64>)> {
+        match self.inner.entry(path).map_err(py_err)? {
+            Tree::Leaf(Entry::Array(a)) => Ok((a.dtype.to_json().to_string(), a.shape.clone())),
+            _ => Err(PyKeyError::new_err(format!("`{path}` is not an array"))),
+        }
+    }
+
+    /// Read a numpy-style slice of the array at `path` (only the chunks it touches).
+    pub(crate) fn read_array<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+        slice: &str,
+        np_dtype: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let a = py.detach(|| treepack::block_on(self.inner.read_array_async(path, slice, true))).map_err(py_err)?;
+        let mut dec = Decoder::new(py, None, Some(np_dtype), false);
+        dec.array(a)
+    }
+
+    /// Re-hash every chunk: (ok, chunks checked, bytes checked, problems as strings).
+    pub(crate) fn verify(&self, py: Python<'_>) -> PyResult<(bool, usize, u64, Vec<String>)> {
+        let r = py.detach(|| self.inner.verify()).map_err(py_err)?;
+        let probs = r
+            .problems
+            .iter()
+            .map(|p| match p.chunk {
+                Some(c) => format!("{} chunk {c} in {}: {}", p.key, p.file, p.reason),
+                None => format!("{}: {}", p.file, p.reason),
+            })
+            .collect();
+        Ok((r.ok(), r.chunks_checked, r.bytes_checked, probs))
+    }
+
+    /// The user metadata as JSON text (None if absent).
+    pub(crate) fn metadata(&self) -> Option<String> {
+        self.inner.manifest().metadata.as_ref().map(|m| m.to_string())
+    }
+
+    /// Bytes and requests this reader has read so far.
+    pub(crate) fn io_stats(&self) -> (u64, u64) {
+        let s = self.inner.location().stats();
+        (s.bytes_read(), s.read_requests())
+    }
+}
+
+pub(crate) fn walk_types<'a>(
+    t: &'a Tree<Entry>,
+    path: &mut Vec<treepack::format::model::Step<'a>>,
+    skip: &HashSet<String>,
+    out: &mut Vec<TypeRow>,
+) {
+    let text = |path: &[treepack::format::model::Step<'_>]| treepack::format::keypath::steps_text(path);
+    match t {
+        Tree::Leaf(_) => return,
+        Tree::Record { type_name, .. } => out.push(("record".into(), type_name.clone(), None, text(path))),
+        Tree::Custom { type_name, .. } if skip.contains(type_name) => {}
+        Tree::Custom { type_name, data, .. } => out.push((
+            "custom".into(),
+            type_name.clone(),
+            if data.is_null() { None } else { Some(data.to_string()) },
+            text(path),
+        )),
+        _ => {}
+    }
+    for (step, c) in t.children() {
+        if matches!(c, Tree::Leaf(_)) {
+            continue;
+        }
+        path.push(step);
+        treepack::format::model::grow(|| walk_types(c, path, skip, out));
+        path.pop();
+    }
+}

@@ -1,0 +1,402 @@
+//! `load_structure`: the one-pass structure build and the outline-driven build for big manifests.
+
+use super::*;
+
+pub(crate) fn structure<'py>(
+    dec: &Decoder<'py>,
+    t: &Tree<Entry>,
+    path: &mut String,
+    make_node: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = dec.py;
+    let mut kids = vec![];
+    for (step, c) in t.children() {
+        let here = path.len();
+        if here > 0 {
+            path.push('/');
+        }
+        treepack::format::keypath::push_step_text(path, &step);
+        let v = treepack::format::model::grow(|| structure(dec, c, path, make_node))?;
+        path.truncate(here);
+        let k = match step {
+            treepack::format::model::Step::Index(i) => i.into_pyobject(py)?.into_any(),
+            treepack::format::model::Step::Key(k) => dec.key(k)?,
+            treepack::format::model::Step::Name(n) => PyString::new(py, n).into_any(),
+        };
+        kids.push((k, v));
+    }
+    let leaves_only = kids.iter().all(|(_, v)| v.is_exact_instance_of::<LeafInfo>());
+    Ok(match t {
+        Tree::Leaf(e) => leaf_info(py, LeafInfo::of(path, e))?,
+        Tree::List(_) => PyList::new(py, kids.into_iter().map(|(_, v)| v))?.into_any(),
+        Tree::Tuple(_) => {
+            untrack_if_leaves(leaves_only, PyTuple::new(py, kids.into_iter().map(|(_, v)| v))?.into_any())
+        }
+        Tree::Dict(_) => {
+            let d = PyDict::new(py);
+            for (k, v) in kids {
+                d.set_item(k, v)?;
+            }
+            untrack_if_leaves(leaves_only, d.into_any())
+        }
+        Tree::Record { type_name, .. } => {
+            let pairs = PyList::new(
+                py,
+                kids.into_iter().map(|(k, v)| PyTuple::new(py, [k, v])).collect::<PyResult<Vec<_>>>()?,
+            )?;
+            make_node.call1(("record", type_name, py.None(), pairs, path.as_str()))?
+        }
+        Tree::Custom { type_name, data, .. } => {
+            let pairs = PyList::new(
+                py,
+                kids.into_iter().map(|(k, v)| PyTuple::new(py, [k, v])).collect::<PyResult<Vec<_>>>()?,
+            )?;
+            let d = if data.is_null() { None } else { Some(data.to_string()) };
+            make_node.call1(("custom", type_name, d, pairs, path.as_str()))?
+        }
+    })
+}
+
+/// Builds `load_structure`'s Python objects while the manifest is parsed, with no manifest tree
+/// in between (see `treepack::format::manifest::Build`): on a 100k-leaf manifest that tree alone is
+/// ~20 MB in 300k allocations, more than half of the whole call's time.
+pub(crate) struct StructBuilder<'py, 'm> {
+    pub(crate) dec: Decoder<'py>,
+    pub(crate) make_node: &'m Bound<'py, PyAny>,
+    /// Key path of the node being read, and where each open step began in it.
+    pub(crate) path: std::cell::RefCell<(String, Vec<usize>)>,
+}
+
+impl<'py> StructBuilder<'py, '_> {
+    /// A Python error stops the parse; the caller's fallback raises it again, in context.
+    pub(crate) fn py_ok<T>(&self, r: PyResult<T>) -> Result<T, String> {
+        r.map_err(|e| e.to_string())
+    }
+    pub(crate) fn other(
+        &self,
+        kind: &str,
+        type_name: String,
+        data: Option<String>,
+        kids: Vec<(String, Bound<'py, PyAny>)>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.dec.py;
+        let pairs = self.dec.named(kids)?;
+        let path = self.path.borrow();
+        self.make_node.call1((kind, type_name, data, PyList::new(py, pairs)?, path.0.as_str()))
+    }
+}
+
+impl<'py> treepack::format::manifest::Build for StructBuilder<'py, '_> {
+    type Node = Bound<'py, PyAny>;
+    const HELPER: bool = true;
+    fn leaf(&self, e: Entry) -> Result<Self::Node, String> {
+        self.leaf_ref(&e)
+    }
+    fn leaf_ref(&self, e: &Entry) -> Result<Self::Node, String> {
+        let info = LeafInfo::of(&self.path.borrow().0, e);
+        self.py_ok(leaf_info(self.dec.py, info))
+    }
+    fn list(&self, items: Vec<Self::Node>, tuple: bool) -> Result<Self::Node, String> {
+        let leaves_only = items.iter().all(|v| v.is_exact_instance_of::<LeafInfo>());
+        self.py_ok(self.dec.sequence(items, tuple)).map(|c| untrack_if_leaves(leaves_only, c))
+    }
+    fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> Result<Self::Node, String> {
+        let leaves_only = pairs.iter().all(|(_, v)| v.is_exact_instance_of::<LeafInfo>());
+        self.py_ok(self.dec.dict_of(pairs)).map(|c| untrack_if_leaves(leaves_only, c))
+    }
+    fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> Result<Self::Node, String> {
+        self.py_ok(self.other("record", type_name, None, fields))
+    }
+    fn custom(
+        &self,
+        type_name: String,
+        data: serde_json::Value,
+        children: Vec<(String, Self::Node)>,
+    ) -> Result<Self::Node, String> {
+        let data = if data.is_null() { None } else { Some(data.to_string()) };
+        self.py_ok(self.other("custom", type_name, data, children))
+    }
+    fn enter(&self, step: treepack::format::model::Step<'_>) {
+        let mut p = self.path.borrow_mut();
+        let (text, starts) = &mut *p;
+        starts.push(text.len());
+        if !text.is_empty() {
+            text.push('/');
+        }
+        treepack::format::keypath::push_step_text(text, &step);
+    }
+    fn exit(&self) {
+        let mut p = self.path.borrow_mut();
+        let (text, starts) = &mut *p;
+        if let Some(at) = starts.pop() {
+            text.truncate(at);
+        }
+    }
+}
+
+/// Manifests at least this large are read for `load_structure` by a helper thread's
+/// structure-only parse while this thread builds (below that, a thread costs more than it saves).
+pub(crate) const OUTLINE_MIN_BYTES: usize = 256 << 10;
+
+/// `load_structure` from a structure-only read of the manifest (`treepack::format::manifest::outline`)
+/// on a helper thread, streamed in blocks while this thread builds the Python objects: the
+/// parse, the leaves' facts and their key paths all cost this thread nothing, and each leaf
+/// object is a small handle into its block's table. `None` whenever anything is off (a bad
+/// seal or parse, a repeated dict key, a Python error, a pack the layout forbids): the caller
+/// then takes the one-pass parse, which gives the result or the full error.
+pub(crate) fn structure_outline<'py>(
+    py: Python<'py>,
+    bytes: &[u8],
+    file: &str,
+    layout: treepack::Layout,
+    make_node: &Bound<'py, PyAny>,
+) -> Option<Bound<'py, PyAny>> {
+    let (tx, mut rx) = std::sync::mpsc::channel::<Block>();
+    // Blocks built go back to be filled again.
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<Block>();
+    std::thread::scope(|s| {
+        let helper = std::thread::Builder::new()
+            .name("treepack-outline".into())
+            .spawn_scoped(s, move || {
+                treepack::format::manifest::outline::outline_reusing(
+                    bytes,
+                    file,
+                    &mut |b| tx.send(b).is_ok(),
+                    &mut || back_rx.try_recv().ok(),
+                )
+            })
+            .ok()?;
+        // The seal is checked here while the helper parses.
+        let mut built = treepack::format::manifest::check(bytes, file).ok().map(|_| OutlineBuilder::new(py, make_node));
+        if let Some(b) = &mut built {
+            loop {
+                let block = match rx.try_recv() {
+                    Ok(block) => block,
+                    Err(std::sync::mpsc::TryRecvError::Empty) => {
+                        // Wait without the interpreter (the receiver goes with the wait and back).
+                        let (got, back) = py.detach(move || (rx.recv(), rx));
+                        rx = back;
+                        match got {
+                            Ok(block) => block,
+                            Err(_) => break,
+                        }
+                    }
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+                };
+                if b.feed(&block).is_none() {
+                    built = None;
+                    break;
+                }
+                let _ = back_tx.send(block.reuse());
+            }
+        }
+        // A helper still reading stops at its next block.
+        drop(rx);
+        let packs = helper.join().ok()?.ok()?;
+        if !packs.iter().all(|p| layout.allows_pack(&p.path)) {
+            return None;
+        }
+        let tree = built?.finish()?;
+        OUTLINE_BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(tree)
+    })
+}
+
+/// Structures built by [`structure_outline`] in this process (tests check which path ran).
+pub(crate) static OUTLINE_BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many `load_structure` calls were answered by the structure-only read (for tests).
+#[pyfunction]
+pub(crate) fn _outline_builds() -> u64 {
+    OUTLINE_BUILDS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Builds `load_structure`'s objects from outline events (pre-order), one container frame per
+/// open node.
+pub(crate) struct OutlineBuilder<'py, 'm> {
+    pub(crate) dec: Decoder<'py>,
+    pub(crate) make_node: &'m Bound<'py, PyAny>,
+    pub(crate) stack: Vec<Frame<'py>>,
+    pub(crate) root: Option<Bound<'py, PyAny>>,
+    /// Slots of (length, text, string): the text kept inline, so a hit costs one compare.
+    pub(crate) keys: Vec<Option<KeySlot<'py>>>,
+}
+
+/// (length, text, the string) of a key `OutlineBuilder` met.
+pub(crate) type KeySlot<'py> = (u8, [u8; KEY_INLINE], Bound<'py, PyString>);
+
+/// Slots of `OutlineBuilder`'s key cache.
+pub(crate) const KEY_SLOTS: usize = 512;
+/// Longest key `OutlineBuilder`'s cache keeps.
+pub(crate) const KEY_INLINE: usize = 22;
+
+pub(crate) enum Frame<'py> {
+    /// `n` items set so far: a dict with fewer entries repeated a key.
+    Dict {
+        d: Bound<'py, PyDict>,
+        key: Option<Bound<'py, PyAny>>,
+        n: usize,
+        leaves_only: bool,
+    },
+    Seq {
+        items: Vec<Bound<'py, PyAny>>,
+        tuple: bool,
+        leaves_only: bool,
+    },
+    Named {
+        name: Option<Bound<'py, PyAny>>,
+        kids: Vec<Bound<'py, PyAny>>,
+    },
+}
+
+impl<'py, 'm> OutlineBuilder<'py, 'm> {
+    pub(crate) fn new(py: Python<'py>, make_node: &'m Bound<'py, PyAny>) -> Self {
+        OutlineBuilder {
+            dec: Decoder::new(py, None, None, false),
+            make_node,
+            stack: Vec::new(),
+            root: None,
+            keys: vec![None; KEY_SLOTS],
+        }
+    }
+
+    /// Build what `block` describes; `None` on anything unexpected or any Python error.
+    pub(crate) fn feed(&mut self, block: &Block) -> Option<()> {
+        let py = self.dec.py;
+        for e in &block.events {
+            match *e {
+                Event::Dict => self.stack.push(Frame::Dict { d: PyDict::new(py), key: None, n: 0, leaves_only: true }),
+                Event::List | Event::Tuple => {
+                    self.stack.push(Frame::Seq { items: Vec::new(), tuple: *e == Event::Tuple, leaves_only: true })
+                }
+                Event::Named => self.stack.push(Frame::Named { name: None, kids: Vec::new() }),
+                Event::Key(a, b) => {
+                    let k = self.key_str(block.text(a, b)?);
+                    self.key(k)?;
+                }
+                Event::TypedKey(i) => {
+                    let k = self.dec.key(block.keys.get(i as usize)?).ok()?;
+                    self.key(k)?;
+                }
+                Event::Leaf(i) => {
+                    let info = LeafInfo::row(&block.leaves, i)?;
+                    let obj = leaf_info(py, info).ok()?;
+                    self.add(obj, true)?;
+                }
+                Event::End => {
+                    let v = match self.stack.pop()? {
+                        Frame::Dict { d, n, leaves_only, .. } => {
+                            if d.len() != n {
+                                return None;
+                            }
+                            untrack_if_leaves(leaves_only, d.into_any())
+                        }
+                        Frame::Seq { items, tuple, leaves_only } => {
+                            untrack_if_leaves(leaves_only, self.dec.sequence(items, tuple).ok()?)
+                        }
+                        Frame::Named { .. } => return None,
+                    };
+                    self.add(v, false)?;
+                }
+                Event::EndNamed(i) => {
+                    let Frame::Named { kids, .. } = self.stack.pop()? else { return None };
+                    let n = block.named.get(i as usize)?;
+                    let kind = if n.custom { "custom" } else { "record" };
+                    let kids = PyList::new(py, kids).ok()?;
+                    let v = self.make_node.call1((kind, &n.type_name, n.data.as_deref(), kids, &n.path)).ok()?;
+                    self.add(v, false)?;
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// A str key through a small direct-mapped cache: the same few keys repeat in every dict
+    /// of a big tree, and a miss costs only the string the cache did not have.
+    pub(crate) fn key_str(&mut self, s: &str) -> Bound<'py, PyAny> {
+        let bytes = s.as_bytes();
+        if bytes.len() > KEY_INLINE {
+            return PyString::new(self.dec.py, s).into_any();
+        }
+        // FNV-1a over the key's bytes picks the slot.
+        let h = bytes.iter().fold(0x811c_9dc5u32, |h, &b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+        let slot = &mut self.keys[h as usize % KEY_SLOTS];
+        if let Some((len, text, k)) = slot {
+            if text.get(..*len as usize) == Some(bytes) {
+                return k.clone().into_any();
+            }
+        }
+        let k = PyString::new(self.dec.py, s);
+        let mut text = [0u8; KEY_INLINE];
+        text[..bytes.len()].copy_from_slice(bytes);
+        *slot = Some((bytes.len() as u8, text, k.clone()));
+        k.into_any()
+    }
+
+    pub(crate) fn key(&mut self, k: Bound<'py, PyAny>) -> Option<()> {
+        match self.stack.last_mut()? {
+            Frame::Dict { key, .. } | Frame::Named { name: key, .. } => *key = Some(k),
+            Frame::Seq { .. } => return None,
+        }
+        Some(())
+    }
+
+    pub(crate) fn add(&mut self, v: Bound<'py, PyAny>, leaf: bool) -> Option<()> {
+        match self.stack.last_mut() {
+            None => {
+                if self.root.replace(v).is_some() {
+                    return None;
+                }
+            }
+            Some(Frame::Dict { d, key, n, leaves_only }) => {
+                d.set_item(key.take()?, v).ok()?;
+                *n += 1;
+                *leaves_only &= leaf;
+            }
+            Some(Frame::Seq { items, leaves_only, .. }) => {
+                items.push(v);
+                *leaves_only &= leaf;
+            }
+            Some(Frame::Named { name, kids }) => {
+                kids.push(PyTuple::new(self.dec.py, [name.take()?, v]).ok()?.into_any());
+            }
+        }
+        Some(())
+    }
+
+    pub(crate) fn finish(self) -> Option<Bound<'py, PyAny>> {
+        if !self.stack.is_empty() {
+            return None;
+        }
+        self.root
+    }
+}
+
+/// `load_structure` in one pass over the manifest (no `Reader`, no manifest tree). Returns
+/// `None` whenever that path does not apply or anything fails, and the caller then takes the
+/// `Reader` path, which reports the error in full.
+#[pyfunction]
+#[pyo3(signature = (path, make_node, storage_options=None))]
+pub(crate) fn structure_one_pass<'py>(
+    py: Python<'py>,
+    path: &str,
+    make_node: Bound<'py, PyAny>,
+    storage_options: Options,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Some((loc, bytes, file)) = manifest_of(py, path, storage_options)? else { return Ok(None) };
+    let layout = loc.layout();
+    if bytes.len() >= OUTLINE_MIN_BYTES {
+        if let Some(tree) = without_gc(py, || Ok(structure_outline(py, &bytes, &file, layout, &make_node)))? {
+            return Ok(Some(tree));
+        }
+    }
+    let builder =
+        StructBuilder { dec: Decoder::new(py, None, None, false), make_node: &make_node, path: Default::default() };
+    let parsed = without_gc(py, || Ok(treepack::format::manifest::build(&bytes, &file, &builder)))?;
+    let Ok(parsed) = parsed else { return Ok(None) };
+    // The layout rule `Reader::open` enforces.
+    if !parsed.packs.iter().all(|p| layout.allows_pack(&p.path)) {
+        return Ok(None);
+    }
+    Ok(Some(parsed.root))
+}

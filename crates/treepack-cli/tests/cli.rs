@@ -6,6 +6,15 @@ fn tp() -> Command {
     Command::cargo_bin("treepack").unwrap()
 }
 
+/// A temporary folder holding the demo tree at `name`; returns the folder (keep it alive) and the
+/// tree's path.
+fn demo(name: &str) -> (tempfile::TempDir, String) {
+    let d = tempfile::tempdir().unwrap();
+    let ckpt = d.path().join(name).to_str().unwrap().to_string();
+    run_ok(&["demo", &ckpt]);
+    (d, ckpt)
+}
+
 fn run_ok(args: &[&str]) -> String {
     let out = tp().args(args).output().unwrap();
     assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -54,10 +63,8 @@ fn demo_inspect_ls_cat_verify() {
 
 #[test]
 fn verify_names_the_corrupt_chunk_and_fails() {
-    let d = tempfile::tempdir().unwrap();
-    let ckpt = d.path().join("ckpt.tpk");
-    let c = ckpt.to_str().unwrap();
-    run_ok(&["demo", c]);
+    let (_d, c) = demo("ckpt.tpk");
+    let (ckpt, c) = (std::path::PathBuf::from(&c), c.as_str());
     let mut bytes = std::fs::read(&ckpt).unwrap();
     bytes[200] ^= 0xff; // inside the first chunk (params/dense/kernel)
     std::fs::write(&ckpt, &bytes).unwrap();
@@ -142,10 +149,8 @@ fn cp_to_s3_and_back_with_storage_options() {
 /// wrap around (negative ones count from the end, as in Python).
 #[test]
 fn cat_shows_types_values_and_exact_indexes() {
-    let d = tempfile::tempdir().unwrap();
-    let ckpt = d.path().join("ckpt");
-    let c = ckpt.to_str().unwrap();
-    run_ok(&["demo", c]);
+    let (_d, c) = demo("ckpt");
+    let c = c.as_str();
     let out = run_ok(&["cat", c, "config"]);
     assert!(out.starts_with("record demo.Config:\n"), "{out}");
     assert!(out.contains("layers: 2"), "{out}");

@@ -66,7 +66,7 @@ impl<'py> Decoder<'py> {
     /// One numpy array per leaf, made with a single C-API call: writable over the loaded buffer
     /// (no copy when the buffer is uniquely owned), or a read-only view for mmap loads.
     pub(crate) fn array(&mut self, a: ArrayData) -> PyResult<Bound<'py, PyAny>> {
-        use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+        use numpy::npyffi::{self, PY_ARRAY_API};
         let (dtype, shape, bytes) = a.into_parts();
         let descr = self.dtype(&dtype)?;
         let (owner, data, flags) = if self.readonly {
@@ -81,25 +81,11 @@ impl<'py> Decoder<'py> {
             (BytesOwner(Memory::Owned(boxed)), ptr, npyffi::NPY_ARRAY_WRITEABLE)
         };
         let owner = Bound::new(self.py, owner)?;
-        let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
         // SAFETY: `data` points to itemsize × prod(shape) bytes owned by `owner` (checked by
-        // ArrayData::new); NewFromDescr steals the descr reference we pass, SetBaseObject steals
-        // the owner reference, so the memory lives exactly as long as the array.
+        // ArrayData::new); SetBaseObject steals the owner reference, so the memory lives exactly
+        // as long as the array.
         unsafe {
-            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
-                self.py,
-                npyffi::get_type_object(self.py, npyffi::NpyTypes::PyArray_Type),
-                descr.into_ptr() as *mut npyffi::PyArray_Descr,
-                dims.len() as std::os::raw::c_int,
-                dims.as_mut_ptr(),
-                std::ptr::null_mut(),
-                data as *mut std::os::raw::c_void,
-                flags,
-                std::ptr::null_mut(),
-            );
-            if arr.is_null() {
-                return Err(PyErr::fetch(self.py));
-            }
+            let arr = new_array(self.py, descr, &shape, data, flags)?;
             if PY_ARRAY_API.PyArray_SetBaseObject(self.py, arr as *mut npyffi::PyArrayObject, owner.into_ptr()) != 0 {
                 pyo3::ffi::Py_DECREF(arr);
                 return Err(PyErr::fetch(self.py));
@@ -213,7 +199,7 @@ impl<'py> Decoder<'py> {
     /// A numpy array that owns a copy of `data` (for arrays stored inline in the manifest: they
     /// are small, and one allocation inside numpy is cheaper than a separate owner object).
     pub(crate) fn small_array(&mut self, dtype: &DType, shape: &[u64], data: &[u8]) -> PyResult<Bound<'py, PyAny>> {
-        use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+        use numpy::npyffi;
         let descr = self.dtype(dtype)?;
         let n = shape.iter().try_fold(descr.itemsize(), |acc, &d| acc.checked_mul(usize::try_from(d).ok()?));
         if n != Some(data.len()) {
@@ -222,24 +208,10 @@ impl<'py> Decoder<'py> {
                 data.len()
             )));
         }
-        let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
-        // SAFETY: NewFromDescr steals the descr reference and allocates a C-contiguous buffer of
-        // itemsize × prod(shape) bytes, which the manifest validation guarantees `data` has.
+        // SAFETY: with no data pointer numpy allocates a C-contiguous buffer of itemsize ×
+        // prod(shape) bytes, which is `data.len()` (checked above).
         unsafe {
-            let arr = PY_ARRAY_API.PyArray_NewFromDescr(
-                self.py,
-                npyffi::get_type_object(self.py, npyffi::NpyTypes::PyArray_Type),
-                descr.into_ptr() as *mut npyffi::PyArray_Descr,
-                dims.len() as std::os::raw::c_int,
-                dims.as_mut_ptr(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-                std::ptr::null_mut(),
-            );
-            if arr.is_null() {
-                return Err(PyErr::fetch(self.py));
-            }
+            let arr = new_array(self.py, descr, shape, std::ptr::null_mut(), 0)?;
             let obj = arr as *mut npyffi::PyArrayObject;
             std::ptr::copy_nonoverlapping(data.as_ptr(), (*obj).fields.data as *mut u8, data.len());
             if self.readonly {
@@ -365,4 +337,38 @@ pub(crate) fn int_py<'py>(py: Python<'py>, i: &Int) -> PyResult<Bound<'py, PyAny
 
 pub(crate) fn dtype_text(d: &DType) -> String {
     d.name().unwrap_or_else(|| d.to_json().to_string())
+}
+
+/// A new numpy array of `descr` and `shape` over `data` (null: numpy allocates the buffer), as
+/// an owned pointer. Steals the `descr` reference.
+///
+/// # Safety
+/// A non-null `data` must point to itemsize × prod(shape) bytes that outlive the array.
+unsafe fn new_array(
+    py: Python<'_>,
+    descr: Bound<'_, PyArrayDescr>,
+    shape: &[u64],
+    data: *mut u8,
+    flags: std::os::raw::c_int,
+) -> PyResult<*mut pyo3::ffi::PyObject> {
+    use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+    // SAFETY: the caller's contract; NewFromDescr steals the descr reference passed.
+    let arr = unsafe {
+        PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+            descr.into_ptr() as *mut npyffi::PyArray_Descr,
+            dims.len() as std::os::raw::c_int,
+            dims.as_mut_ptr(),
+            std::ptr::null_mut(),
+            data as *mut std::os::raw::c_void,
+            flags,
+            std::ptr::null_mut(),
+        )
+    };
+    if arr.is_null() {
+        return Err(PyErr::fetch(py));
+    }
+    Ok(arr)
 }

@@ -27,14 +27,9 @@ pub(super) fn normalize_local(p: &Path) -> PathBuf {
     out
 }
 
-pub(super) fn read_local_ranges(
-    p: &Path,
-    ranges: &[Range<u64>],
-    stats: &IoStats,
-    file: &str,
-    mode: ReadMode,
-) -> Result<Vec<Bytes>> {
-    let f = std::fs::File::open(p).map_err(|e| {
+/// Open a pack file of a local tree; a missing one means the tree is incomplete.
+pub(super) fn open_pack(p: &Path, file: &str) -> Result<std::fs::File> {
+    std::fs::File::open(p).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             Error::NotFound {
                 location: file.to_string(),
@@ -45,8 +40,7 @@ pub(super) fn read_local_ranges(
         } else {
             Error::Io { path: p.to_path_buf(), source: e }
         }
-    })?;
-    read_file_ranges(&f, p, ranges, stats, file, mode)
+    })
 }
 
 pub(super) fn read_file_ranges(

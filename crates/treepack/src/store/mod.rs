@@ -22,7 +22,7 @@ use cloud::remote_store;
 pub use cloud::{RemoteTuning, TUNING_KEYS};
 pub use local::ReadMode;
 pub(crate) use local::{direct_bytes_on_this_thread, DIRECT_MIN_BYTES};
-use local::{normalize_local, read_file_ranges, read_local_ranges};
+use local::{normalize_local, open_pack, read_file_ranges};
 use plan::plan_requests;
 
 use crate::error::{Error, Result};
@@ -446,7 +446,7 @@ impl Location {
             let stats = self.stats.clone();
             let file = self.file_name(rel);
             return tokio::task::spawn_blocking(move || {
-                read_local_ranges(&p, &ranges, &stats, &file, ReadMode::Buffered)
+                read_file_ranges(&open_pack(&p, &file)?, &p, &ranges, &stats, &file, ReadMode::Buffered)
             })
             .await
             .map_err(|e| Error::internal(format!("read task failed: {e}")))?;
@@ -478,9 +478,10 @@ impl Location {
             return Some(read_file_ranges(f, &p, ranges, &self.stats, &self.file_name(rel), mode));
         }
         let p = self.local_file(rel)?;
+        let file = self.file_name(rel);
         Some(
             self.check_no_symlink(rel)
-                .and_then(|_| read_local_ranges(&p, ranges, &self.stats, &self.file_name(rel), mode)),
+                .and_then(|_| read_file_ranges(&open_pack(&p, &file)?, &p, ranges, &self.stats, &file, mode)),
         )
     }
 

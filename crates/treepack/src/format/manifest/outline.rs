@@ -235,7 +235,7 @@ struct State<'s> {
     path: String,
     starts: Vec<usize>,
     /// Field/child names of each open record or custom node, to refuse repeats.
-    names: Vec<Vec<String>>,
+    names: Vec<Names>,
     packs: Option<Vec<PackInfo>>,
     /// Buffers an inline array is read into, kept from one array to the next.
     scratch: Scratch,
@@ -305,6 +305,11 @@ impl State<'_> {
         Ok(())
     }
 
+    /// The packs, which every leaf and typed key needs read first, as in the strict parser.
+    fn packs_read<E: de::Error>(&self) -> std::result::Result<&[PackInfo], E> {
+        self.packs.as_deref().ok_or_else(|| E::custom("`packs` must come before `root` for a one-pass parse"))
+    }
+
     fn leaf<E: de::Error>(
         &mut self,
         kind: u8,
@@ -313,6 +318,7 @@ impl State<'_> {
         nbytes: u64,
         inline: bool,
     ) -> std::result::Result<(), E> {
+        self.packs_read::<E>()?;
         self.room()?;
         let t = &mut self.table;
         let path_start = u32_of(t.paths.len())?;
@@ -354,15 +360,38 @@ impl State<'_> {
 
     /// A leaf read through the strict parser: validated as it validates, then recorded.
     fn entry<E: de::Error>(&mut self, e: &Entry) -> std::result::Result<(), E> {
-        let Some(packs) = self.packs.as_deref() else {
-            return Err(E::custom("`packs` must come before `root` for a one-pass parse"));
-        };
+        let packs = self.packs_read()?;
         validate_entry(packs, &KeyPath::root(), e, self.file).map_err(|err| E::custom(err.to_string()))?;
         let (dtype, shape, inline) = match e {
             Entry::Array(a) => (Some(&a.dtype), Some(a.shape.as_slice()), matches!(a.storage, ArrayStorage::Inline(_))),
             _ => (None, None, e.chunks().is_empty()),
         };
         self.leaf(kind_code(e), dtype, shape, e.nbytes(), inline)
+    }
+}
+
+/// The field or child names of one record or custom node read so far: a list while short,
+/// hashed beyond that, so a hostile record with a million fields costs no quadratic time.
+#[derive(Default)]
+struct Names {
+    list: Vec<String>,
+    set: Option<HashSet<String>>,
+}
+
+impl Names {
+    /// Add `name`; false if it was already there.
+    fn insert(&mut self, name: &str) -> bool {
+        if let Some(set) = &mut self.set {
+            return set.insert(name.to_string());
+        }
+        if self.list.iter().any(|n| n == name) {
+            return false;
+        }
+        self.list.push(name.to_string());
+        if self.list.len() > 16 {
+            self.set = Some(self.list.drain(..).collect());
+        }
+        true
     }
 }
 
@@ -407,6 +436,10 @@ impl<'de> Visitor<'de> for OTop<'_, '_> {
                 }
                 "writer" => {
                     let _: String = map.next_value()?;
+                }
+                // Read (and dropped) as the strict parser reads it, so both refuse the same files.
+                "metadata" => {
+                    map.next_value::<Value>()?;
                 }
                 "packs" => {
                     let list: Vec<PackInfo> = map
@@ -469,7 +502,7 @@ impl<'a, 's> ONode<'a, 's> {
     /// buffer only to be checked. Chunked arrays go through `validate_entry` itself.
     fn array<'de, A: MapAccess<'de>>(self, map: &mut A) -> std::result::Result<(), A::Error> {
         let (mut dtype, mut shape, mut chunk_shape, mut chunks, mut data, mut preview) =
-            (None, false, None, None, None, None::<IgnoredAny>);
+            (None, false, None, None, None, None::<()>);
         let mut scratch = std::mem::take(&mut self.st.borrow_mut().scratch);
         let r = (|| {
             while let Some(k) = map.next_key_seed(MemberSeed)? {
@@ -502,7 +535,9 @@ impl<'a, 's> ONode<'a, 's> {
                     }
                     Member::Preview => {
                         dup(&preview, "preview")?;
-                        preview = Some(map.next_value::<IgnoredAny>()?);
+                        // Read as the strict parser reads it (numbers in range, valid UTF-8).
+                        map.next_value::<Value>()?;
+                        preview = Some(());
                     }
                     _ => skip(map)?,
                 }
@@ -633,7 +668,7 @@ impl<'de> Visitor<'de> for ONode<'_, '_> {
                 {
                     let mut st = self.st.borrow_mut();
                     st.event(Event::Named)?;
-                    st.names.push(Vec::new());
+                    st.names.push(Names::default());
                 }
                 let (mut ty, mut listed, mut data) = (None::<String>, false, None::<Value>);
                 while let Some(k) = map.next_key_seed(MemberSeed)? {
@@ -798,13 +833,9 @@ impl<'de> Visitor<'de> for OPair<'_, '_> {
             let name: std::borrow::Cow<'de, str> =
                 seq.next_element()?.ok_or_else(|| de::Error::custom("empty pair: expected [name, node]"))?;
             let mut s = st.borrow_mut();
-            let repeat = s.names.last().is_some_and(|names| names.iter().any(|n| *n == name));
-            if repeat {
+            if s.names.last_mut().is_some_and(|names| !names.insert(&name)) {
                 let text = crate::format::keypath::name_segment_text(&name);
                 return Err(de::Error::custom(format!("duplicate key `{text}`")));
-            }
-            if let Some(names) = s.names.last_mut() {
-                names.push(name.to_string());
             }
             s.key_text(&name)?;
             s.enter(Step::Name(&name));
@@ -815,6 +846,7 @@ impl<'de> Visitor<'de> for OPair<'_, '_> {
             let mut s = st.borrow_mut();
             // A string key was recorded by `OKey` itself.
             if let Some(k) = key {
+                s.packs_read()?;
                 s.room()?;
                 let i = u32_of(s.block.keys.len())?;
                 s.enter(Step::Key(&k));
@@ -1162,6 +1194,56 @@ mod tests {
         ));
         let e = lines(&encode(&m, &serde_json::json!({}))).unwrap_err();
         assert!(e.contains("duplicate"), "{e}");
+    }
+
+    /// Found in review (issue 24): the outline skipped `metadata` and `preview` unread and took
+    /// leaves and typed keys met before `packs`, so it accepted files the strict parser refuses.
+    #[test]
+    fn outline_and_strict_parser_agree_outside_the_root() {
+        let head = r#"{"format":"treepack","version":[1,0]"#;
+        let arr = |preview: &str| {
+            format!(r#"{{"t":"array","dtype":"int16","shape":[2,1],"preview":{preview},"data":"AQACAA=="}}"#)
+        };
+        let refused: Vec<Vec<u8>> = vec![
+            format!(r#"{head},"metadata":1e400,"packs":[],"root":1"#).into_bytes(),
+            [format!(r#"{head},"metadata":""#).as_bytes(), b"\xff", br#"","packs":[],"root":1"#].concat(),
+            format!(r#"{head},"packs":[],"root":{}"#, arr(r#"{"min":1e400}"#)).into_bytes(),
+            format!(r#"{head},"root":1,"packs":[]"#).into_bytes(),
+            format!(r#"{head},"root":{},"packs":[]"#, arr("null")).into_bytes(),
+            format!(r#"{head},"root":{{"t":"dict","items":[[1,[]]]}},"packs":[]"#).into_bytes(),
+        ];
+        for body in refused {
+            let v = seal(&body);
+            let text = String::from_utf8_lossy(&body).into_owned();
+            assert!(strict_lines(&v).is_err(), "strict accepted {text}");
+            assert!(lines(&v).is_err(), "outline accepted {text}");
+        }
+        let accepted = [
+            format!(r#"{head},"metadata":{{"run":[1,2.5,"x",null]}},"packs":[],"root":1"#),
+            format!(r#"{head},"packs":[],"root":{}"#, arr(r#"{"min":1,"max":2}"#)),
+            format!(r#"{head},"packs":[],"root":{{"t":"dict","items":[[1,[]]]}}"#),
+        ];
+        for body in accepted {
+            let v = seal(body.as_bytes());
+            assert_eq!(lines(&v).unwrap(), strict_lines(&v).unwrap(), "{body}");
+        }
+    }
+
+    /// A record with many fields is read in linear time, and a repeat far in is still found.
+    #[test]
+    fn many_record_fields_and_a_late_repeat() {
+        let fields: Vec<String> = (0..20_000).map(|i| format!(r#"["f{i}",null]"#)).collect();
+        let record = |extra: &str| {
+            format!(
+                r#"{{"format":"treepack","version":[1,0],"packs":[],"root":{{"t":"record","type":"T","fields":[{}{extra}]}}"#,
+                fields.join(",")
+            )
+        };
+        let v = seal(record("").as_bytes());
+        assert_eq!(lines(&v).unwrap().len(), 2 + 2 * fields.len());
+        let v = seal(record(r#",["f19999",null]"#).as_bytes());
+        assert!(lines(&v).unwrap_err().contains("duplicate key `f19999`"));
+        assert!(strict_lines(&v).is_err());
     }
 
     #[test]

@@ -1,0 +1,145 @@
+//! `Build`: what a parse produces (owned trees, or Python objects in the bindings), and `replay` of owned subtrees.
+
+use super::*;
+
+/// A manifest's members, with its root built by a [`Build`].
+#[derive(Debug)]
+pub struct Parsed<N> {
+    pub version: (u16, u16),
+    pub writer: String,
+    pub metadata: Option<Value>,
+    pub packs: Vec<PackInfo>,
+    pub root: N,
+}
+
+/// What the manifest parser builds from the nodes it reads, bottom-up: the owned manifest tree
+/// ([`OwnedTree`]), or, in the Python bindings, Python objects with no tree in between (a
+/// 100k-leaf tree costs ~20 MB and 300k allocations as an owned tree). The parser has checked
+/// every node before it is handed over. An `Err` stops the parse with that message.
+pub trait Build {
+    type Node;
+    /// Big containers are parsed on several threads, as owned trees that `owned` then converts.
+    /// Only builders whose conversion is free should say yes.
+    const PARALLEL: bool = false;
+    /// Builders that must stay on the calling thread (Python objects) but take owned subtrees
+    /// through [`replay`]: the items of a big container near the root of a large manifest are
+    /// then parsed by this thread and one helper thread together (see `parse_items_helped`).
+    const HELPER: bool = false;
+    fn leaf(&self, e: Entry) -> std::result::Result<Self::Node, String>;
+    /// A leaf of a tree being [`replay`]ed; builders that only read the entry avoid the copy.
+    fn leaf_ref(&self, e: &Entry) -> std::result::Result<Self::Node, String> {
+        self.leaf(e.clone())
+    }
+    fn list(&self, items: Vec<Self::Node>, tuple: bool) -> std::result::Result<Self::Node, String>;
+    fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> std::result::Result<Self::Node, String>;
+    fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> std::result::Result<Self::Node, String>;
+    fn custom(
+        &self,
+        type_name: String,
+        data: Value,
+        children: Vec<(String, Self::Node)>,
+    ) -> std::result::Result<Self::Node, String>;
+    /// An owned subtree from the parallel parse (only called when `PARALLEL`).
+    fn owned(&self, _t: Tree<Entry>) -> std::result::Result<Self::Node, String> {
+        Err("this builder does not take owned trees".into())
+    }
+    /// The manifest's packs, as soon as they are read (before `root` in every manifest a writer
+    /// makes), for builders that read stored leaves while they build.
+    fn packs(&self, _packs: &[PackInfo]) {}
+    /// The parser is about to read the child reached by `step` (then calls `exit`); builders
+    /// that need each node's key path keep it from these calls.
+    fn enter(&self, _step: Step<'_>) {}
+    fn exit(&self) {}
+}
+
+/// Hand an owned subtree to `b` node by node, bottom-up, with the same `enter`/`exit` calls the
+/// parser makes: what `b` builds is what it would have built from the text. The tree is only
+/// borrowed (leaves go through [`Build::leaf_ref`]), so whichever thread built it frees it.
+///
+/// # Errors
+/// The first error `b` returns.
+pub fn replay<B: Build>(b: &B, t: &Tree<Entry>) -> std::result::Result<B::Node, String> {
+    crate::format::model::grow(|| match t {
+        Tree::Leaf(e) => {
+            #[cfg(test)]
+            tests::REPLAYED.with(|n| n.set(n.get() + 1));
+            b.leaf_ref(e)
+        }
+        Tree::List(items) => replay_items(b, items).and_then(|v| b.list(v, false)),
+        Tree::Tuple(items) => replay_items(b, items).and_then(|v| b.list(v, true)),
+        Tree::Dict(pairs) => {
+            let mut out = Vec::with_capacity(pairs.len());
+            for (k, v) in pairs {
+                b.enter(Step::Key(k));
+                let v = replay(b, v);
+                b.exit();
+                out.push((k.clone(), v?));
+            }
+            b.dict(out)
+        }
+        Tree::Record { type_name, fields } => replay_named(b, fields).and_then(|f| b.record(type_name.clone(), f)),
+        Tree::Custom { type_name, data, children } => {
+            replay_named(b, children).and_then(|c| b.custom(type_name.clone(), data.clone(), c))
+        }
+    })
+}
+
+pub(super) fn replay_items<B: Build>(b: &B, items: &[Tree<Entry>]) -> std::result::Result<Vec<B::Node>, String> {
+    let mut out = Vec::with_capacity(items.len());
+    for (i, t) in items.iter().enumerate() {
+        b.enter(Step::Index(i));
+        let v = replay(b, t);
+        b.exit();
+        out.push(v?);
+    }
+    Ok(out)
+}
+
+pub(super) fn replay_named<B: Build>(
+    b: &B,
+    named: &[(String, Tree<Entry>)],
+) -> std::result::Result<Vec<(String, B::Node)>, String> {
+    let mut out = Vec::with_capacity(named.len());
+    for (n, t) in named {
+        b.enter(Step::Name(n));
+        let v = replay(b, t);
+        b.exit();
+        out.push((n.clone(), v?));
+    }
+    Ok(out)
+}
+
+/// Builds the owned [`Tree<Entry>`] of a [`Manifest`].
+pub struct OwnedTree;
+
+impl Build for OwnedTree {
+    type Node = Tree<Entry>;
+    const PARALLEL: bool = true;
+    fn leaf(&self, e: Entry) -> std::result::Result<Tree<Entry>, String> {
+        Ok(Tree::Leaf(e))
+    }
+    fn list(&self, items: Vec<Tree<Entry>>, tuple: bool) -> std::result::Result<Tree<Entry>, String> {
+        Ok(if tuple { Tree::Tuple(items) } else { Tree::List(items) })
+    }
+    fn dict(&self, pairs: Vec<(Key, Tree<Entry>)>) -> std::result::Result<Tree<Entry>, String> {
+        Ok(Tree::Dict(pairs))
+    }
+    fn record(
+        &self,
+        type_name: String,
+        fields: Vec<(String, Tree<Entry>)>,
+    ) -> std::result::Result<Tree<Entry>, String> {
+        Ok(Tree::Record { type_name, fields })
+    }
+    fn custom(
+        &self,
+        type_name: String,
+        data: Value,
+        children: Vec<(String, Tree<Entry>)>,
+    ) -> std::result::Result<Tree<Entry>, String> {
+        Ok(Tree::Custom { type_name, data, children })
+    }
+    fn owned(&self, t: Tree<Entry>) -> std::result::Result<Tree<Entry>, String> {
+        Ok(t)
+    }
+}

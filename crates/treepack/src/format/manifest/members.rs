@@ -1,0 +1,347 @@
+//! Readers of the grammar's members shared by the parsers: tags, leaves, arrays, chunks, dtypes, base64.
+
+use super::*;
+
+#[derive(serde::Deserialize)]
+pub(super) struct RawPack {
+    pub(super) path: String,
+    pub(super) size: u64,
+}
+
+/// A chunk reference as written; its strings are borrowed from the input when they can be
+/// (they always can in manifests we write: no escapes), so a blob costs no allocation.
+#[derive(serde::Deserialize)]
+pub(super) struct RawChunk<'a> {
+    pub(super) pack: u32,
+    pub(super) offset: u64,
+    pub(super) length: u64,
+    #[serde(borrow)]
+    pub(super) codec: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    pub(super) blake3: std::borrow::Cow<'a, str>,
+}
+
+impl RawChunk<'_> {
+    pub(super) fn into_ref<E: de::Error>(self) -> std::result::Result<ChunkRef, E> {
+        let codec = Codec::from_name(&self.codec)
+            .ok_or_else(|| E::custom(format!("unknown codec {:?} (written by a newer treepack?)", self.codec)))?;
+        let hash =
+            Hash32::from_hex(&self.blake3).ok_or_else(|| E::custom("`blake3` must be 64 lowercase hex digits"))?;
+        Ok(ChunkRef { pack: self.pack, offset: self.offset, length: self.length, codec, hash })
+    }
+}
+
+pub(super) fn parse_float_text<E: de::Error>(s: &str) -> std::result::Result<f64, E> {
+    match s {
+        "nan" => Ok(f64::NAN),
+        "inf" => Ok(f64::INFINITY),
+        "-inf" => Ok(f64::NEG_INFINITY),
+        _ => {
+            if let Some(hex) = s.strip_prefix("nan:") {
+                if let Ok(bits) = u64::from_str_radix(hex, 16) {
+                    let f = f64::from_bits(bits);
+                    if hex.len() == 16 && f.is_nan() {
+                        return Ok(f);
+                    }
+                }
+            }
+            Err(E::custom(format!("float string must be nan, inf, -inf or nan:<16 hex bits>, found {s:?}")))
+        }
+    }
+}
+
+pub(super) fn value_float<E: de::Error>(v: &Value) -> std::result::Result<f64, E> {
+    match v {
+        Value::Number(n) => n.as_f64().ok_or_else(|| E::custom("bad float")),
+        Value::String(s) => parse_float_text(s),
+        _ => Err(E::custom("a float is a number or a string such as \"nan\"")),
+    }
+}
+
+/// The entry of a tagged leaf node (`int`, `float`, `complex`, `str`, `bytes`, `array`) whose
+/// `t` member has been read; the rest of its members are read from `map`. Containers' tags are
+/// not leaves and get an error.
+pub(super) fn tagged_leaf<'de, A: MapAccess<'de>>(t: Tag, map: &mut A) -> std::result::Result<Entry, A::Error> {
+    match t {
+        Tag::Int => {
+            let v: Value = expect_one(map, "v")?;
+            let i = match &v {
+                Value::String(s) => Int::parse(s),
+                Value::Number(n) => n.as_i64().map(Int::Small).or_else(|| n.as_u64().map(|u| Int::from_big(u.into()))),
+                _ => None,
+            };
+            Ok(Entry::Int(i.ok_or_else(|| de::Error::custom("int `v` must be a decimal string"))?))
+        }
+        Tag::Float => {
+            let v: Value = expect_one(map, "v")?;
+            Ok(Entry::Float(value_float(&v)?))
+        }
+        Tag::Complex => {
+            let v: Vec<Value> = expect_one(map, "v")?;
+            if v.len() != 2 {
+                return Err(de::Error::custom("complex `v` must be [real, imag]"));
+            }
+            Ok(Entry::Complex(value_float(&v[0])?, value_float(&v[1])?))
+        }
+        Tag::Str | Tag::Bytes => {
+            let is_str = t == Tag::Str;
+            let (mut size, mut blob, mut b64) = (None, None, None);
+            while let Some(k) = map.next_key_seed(MemberSeed)? {
+                match k {
+                    Member::Size => {
+                        dup(&size, "size")?;
+                        size = Some(map.next_value::<u64>()?);
+                    }
+                    Member::Blob => {
+                        dup(&blob, "blob")?;
+                        blob = Some(map.next_value::<RawChunk<'de>>()?.into_ref()?);
+                    }
+                    Member::B64 if !is_str => {
+                        dup(&b64, "b64")?;
+                        b64 = Some(map.next_value_seed(Base64Seed("b64"))?);
+                    }
+                    _ => skip(map)?,
+                }
+            }
+            let entry = match (b64, size, blob) {
+                (Some(b), None, None) => Entry::Bytes(Stored::Inline(b)),
+                (None, Some(size), Some(chunk)) if is_str => Entry::Str(Stored::Blob { size, chunk }),
+                (None, Some(size), Some(chunk)) => Entry::Bytes(Stored::Blob { size, chunk }),
+                _ => {
+                    let name = if is_str { "str" } else { "bytes" };
+                    return Err(de::Error::custom(format!("{name} node needs `size` and `blob` (or `b64` for bytes)")));
+                }
+            };
+            Ok(entry)
+        }
+        Tag::Array => {
+            let a = parse_array(map)?;
+            Ok(Entry::Array(Box::new(a)))
+        }
+        other => Err(de::Error::custom(format!("{other:?} is not a leaf node type"))),
+    }
+}
+
+pub(super) fn dup<T, E: de::Error>(slot: &Option<T>, name: &str) -> std::result::Result<(), E> {
+    if slot.is_some() {
+        return Err(E::custom(format!("duplicate member `{name}`")));
+    }
+    Ok(())
+}
+
+pub(super) fn skip<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::Result<(), A::Error> {
+    map.next_value::<IgnoredAny>()?;
+    Ok(())
+}
+
+/// The value of the single member `v` of a tagged node (other members are ignored).
+pub(super) fn expect_one<'de, A: MapAccess<'de>, T: serde::Deserialize<'de>>(
+    map: &mut A,
+    name: &str,
+) -> std::result::Result<T, A::Error> {
+    let mut out: Option<T> = None;
+    while let Some(k) = map.next_key_seed(MemberSeed)? {
+        if k == Member::V {
+            dup(&out, name)?;
+            out = Some(map.next_value()?);
+        } else {
+            skip(map)?;
+        }
+    }
+    out.ok_or_else(|| de::Error::custom(format!("missing `{name}`")))
+}
+
+/// The member names of tagged node objects, matched without allocating (a 100k-leaf manifest
+/// has several hundred thousand of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Member {
+    T,
+    Items,
+    Type,
+    Fields,
+    Children,
+    Data,
+    V,
+    Size,
+    Blob,
+    B64,
+    Dtype,
+    Shape,
+    ChunkShape,
+    Chunks,
+    Preview,
+    Other,
+}
+
+pub(super) struct MemberSeed;
+
+impl<'de> DeserializeSeed<'de> for MemberSeed {
+    type Value = Member;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Member, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MemberSeed {
+    type Value = Member;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a member name")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Member, E> {
+        Ok(match v {
+            "t" => Member::T,
+            "items" => Member::Items,
+            "type" => Member::Type,
+            "fields" => Member::Fields,
+            "children" => Member::Children,
+            "data" => Member::Data,
+            "v" => Member::V,
+            "size" => Member::Size,
+            "blob" => Member::Blob,
+            "b64" => Member::B64,
+            "dtype" => Member::Dtype,
+            "shape" => Member::Shape,
+            "chunk_shape" => Member::ChunkShape,
+            "chunks" => Member::Chunks,
+            "preview" => Member::Preview,
+            _ => Member::Other,
+        })
+    }
+}
+
+/// The value of a node's `t` member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Tag {
+    Tuple,
+    Dict,
+    Record,
+    Custom,
+    Int,
+    Float,
+    Complex,
+    Str,
+    Bytes,
+    Array,
+    Unknown(String),
+}
+
+pub(super) struct TagSeed;
+
+impl<'de> DeserializeSeed<'de> for TagSeed {
+    type Value = Tag;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Tag, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TagSeed {
+    type Value = Tag;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a node type name")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Tag, E> {
+        Ok(match v {
+            "tuple" => Tag::Tuple,
+            "dict" => Tag::Dict,
+            "record" => Tag::Record,
+            "custom" => Tag::Custom,
+            "int" => Tag::Int,
+            "float" => Tag::Float,
+            "complex" => Tag::Complex,
+            "str" => Tag::Str,
+            "bytes" => Tag::Bytes,
+            "array" => Tag::Array,
+            other => Tag::Unknown(other.to_string()),
+        })
+    }
+}
+
+/// Base64 text decoded straight from the input (no intermediate `String`).
+pub(super) struct Base64Seed(&'static str);
+
+impl<'de> DeserializeSeed<'de> for Base64Seed {
+    type Value = Bytes;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Bytes, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Base64Seed {
+    type Value = Bytes;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("base64 text")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Bytes, E> {
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(v.as_bytes())
+            .map_err(|e| E::custom(format!("bad base64 in `{}`: {e}", self.0)))?;
+        Ok(Bytes::from(raw))
+    }
+}
+
+/// A dtype: a name parsed straight from the input, or a structured dtype object.
+pub(super) struct DtypeSeed;
+
+impl<'de> DeserializeSeed<'de> for DtypeSeed {
+    type Value = DType;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<DType, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DtypeSeed {
+    type Value = DType;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a dtype name or {\"struct\": [fields]}")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<DType, E> {
+        DType::from_name(v).map_err(|e| E::custom(e.to_string()))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<DType, A::Error> {
+        let v = <Value as serde::Deserialize>::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        DType::from_json(&v).map_err(|e| de::Error::custom(e.to_string()))
+    }
+}
+
+pub(super) fn parse_array<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::Result<ArrayEntry, A::Error> {
+    let (mut dtype, mut shape, mut chunk_shape, mut chunks, mut data, mut preview) =
+        (None, None, None, None, None, None);
+    while let Some(k) = map.next_key_seed(MemberSeed)? {
+        match k {
+            Member::Dtype => {
+                dup(&dtype, "dtype")?;
+                dtype = Some(map.next_value_seed(DtypeSeed)?);
+            }
+            Member::Shape => {
+                dup(&shape, "shape")?;
+                shape = Some(map.next_value::<Vec<u64>>()?);
+            }
+            Member::ChunkShape => {
+                dup(&chunk_shape, "chunk_shape")?;
+                chunk_shape = Some(map.next_value::<Vec<u64>>()?);
+            }
+            Member::Chunks => {
+                dup(&chunks, "chunks")?;
+                let raw: Vec<RawChunk<'de>> = map.next_value()?;
+                chunks = Some(raw.into_iter().map(RawChunk::into_ref).collect::<std::result::Result<Vec<_>, _>>()?);
+            }
+            Member::Data => {
+                dup(&data, "data")?;
+                data = Some(map.next_value_seed(Base64Seed("data"))?);
+            }
+            Member::Preview => {
+                dup(&preview, "preview")?;
+                preview = Some(map.next_value::<Value>()?);
+            }
+            _ => skip(map)?,
+        }
+    }
+    let dtype = dtype.ok_or_else(|| de::Error::custom("array without `dtype`"))?;
+    let shape = shape.ok_or_else(|| de::Error::custom("array without `shape`"))?;
+    let storage = match (data, chunk_shape, chunks) {
+        (Some(d), None, None) => ArrayStorage::Inline(d),
+        (None, Some(cs), Some(c)) => ArrayStorage::Chunked { chunk_shape: cs, chunks: c },
+        _ => return Err(de::Error::custom("array needs either `data` or both `chunk_shape` and `chunks`")),
+    };
+    Ok(ArrayEntry { dtype, shape, storage, preview })
+}

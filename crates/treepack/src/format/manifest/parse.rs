@@ -1,0 +1,124 @@
+//! Parsing entry points: `decode` (checked, owned tree), `build` (any `Build`er), and the parse context.
+
+use super::*;
+
+/// Verify the trailing hash member and parse a manifest. `file` names the source in errors.
+///
+/// # Errors
+/// [`Error::NotTreepack`], [`Error::UnsupportedVersion`], [`Error::ManifestChecksum`] or
+/// [`Error::InvalidManifest`] (with the key path of the problem).
+pub fn decode(bytes: &[u8], file: &str) -> Result<Manifest> {
+    check(bytes, file)?;
+    parse_unchecked(bytes, file)
+}
+
+/// Parse without checking the trailing hash (used by fuzzing and by `decode`).
+pub fn parse_unchecked(bytes: &[u8], file: &str) -> Result<Manifest> {
+    parse_with(bytes, file, bytes.len() >= SPLIT_MIN_BYTES)
+}
+
+/// Manifests at least this large parse the items of big containers near the root in parallel.
+pub(super) const SPLIT_MIN_BYTES: usize = 1 << 20;
+/// Containers this deep or deeper are always parsed on one thread.
+pub(super) const SPLIT_DEPTH: usize = 3;
+/// Containers with fewer items than this are parsed on one thread.
+pub(super) const SPLIT_MIN_ITEMS: usize = 256;
+
+/// Parse with or without splitting big containers across threads (the result is the same;
+/// tests compare both).
+pub(super) fn parse_with(bytes: &[u8], file: &str, split: bool) -> Result<Manifest> {
+    let p = parse_generic(bytes, file, &OwnedTree, split, false)?;
+    let m = Manifest { version: p.version, writer: p.writer, metadata: p.metadata, packs: p.packs, root: p.root };
+    validate(&m, file)?;
+    Ok(m)
+}
+
+/// Check a manifest's size, signature, version and trailing hash, then parse it into whatever
+/// `builder` builds, in one pass with no owned tree in between. Each leaf is validated as it is
+/// read (the checks [`validate`] makes), which needs `packs` before `root` (as every writer puts
+/// them); a manifest in another member order gets an error here and must go through [`decode`].
+///
+/// This is the fast path for callers that turn the tree into something else at once (the Python
+/// bindings build their objects here). Its errors are terse: on any error, call [`decode`] to
+/// get the full, typed one.
+///
+/// # Errors
+/// As [`decode`], with less precise messages.
+pub fn build<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B::Node>> {
+    check(bytes, file)?;
+    // Pack paths are checked as they are read (before any builder sees them), leaves as each
+    // is read: nothing is left for a `validate` pass.
+    // Only the helped split: it checks every leaf inline, where the parallel split of owned
+    // trees leaves the checks to `validate` (which `decode` runs and this does not).
+    let split = B::HELPER && !B::PARALLEL && bytes.len() >= SPLIT_MIN_BYTES;
+    parse_generic(bytes, file, builder, split, true)
+}
+
+/// [`build`] on this thread alone (tests compare it with the helped parse).
+#[doc(hidden)]
+pub fn build_one_thread<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B::Node>> {
+    check(bytes, file)?;
+    parse_generic(bytes, file, builder, false, true)
+}
+
+/// Parse with `builder`; `inline_checks` validates each leaf as it is read (against the packs,
+/// which must come first).
+pub(super) fn parse_generic<B: Build>(
+    bytes: &[u8],
+    file: &str,
+    builder: &B,
+    split: bool,
+    inline_checks: bool,
+) -> Result<Parsed<B::Node>> {
+    let path = RefCell::new(Vec::<PathSeg>::new());
+    let packs = RefCell::new(None);
+    let ctx = Ctx { path: &path, packs: inline_checks.then_some(&packs), file };
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    de.disable_recursion_limit();
+    let res = TopSeed { ctx: &ctx, split: split && (B::PARALLEL || B::HELPER), b: builder }
+        .deserialize(&mut de)
+        .and_then(|m| de.end().map(|_| m));
+    res.map_err(|e| {
+        let p = path.borrow().iter().map(PathSeg::text).collect::<Vec<_>>().join("/");
+        Error::manifest(file, if p.is_empty() { "<root>".to_string() } else { p }, e.to_string())
+    })
+}
+
+/// What every node seed of one parse shares.
+pub(super) struct Ctx<'a> {
+    /// The key path being parsed, to name the place of an error.
+    pub(super) path: &'a RefCell<Vec<PathSeg>>,
+    /// With inline checks: the packs once read (`None` before `packs`).
+    pub(super) packs: Option<&'a RefCell<Option<Vec<PackInfo>>>>,
+    pub(super) file: &'a str,
+}
+
+impl Ctx<'_> {
+    pub(super) fn check_leaf<E: de::Error>(&self, e: &Entry) -> std::result::Result<(), E> {
+        let Some(packs) = self.packs else { return Ok(()) };
+        let packs = packs.borrow();
+        let Some(packs) = packs.as_deref() else {
+            return Err(E::custom("`packs` must come before `root` for a one-pass parse"));
+        };
+        validate_entry(packs, &KeyPath::root(), e, self.file).map_err(|err| E::custom(err.to_string()))
+    }
+}
+
+/// One step of the key path being parsed, kept only to name the place of an error (indices are
+/// not formatted unless an error happens).
+pub(super) enum PathSeg {
+    Index(usize),
+    Text(String),
+    /// A pair's key whose text is filled in only if an error happens below it.
+    Pending,
+}
+
+impl PathSeg {
+    pub(super) fn text(&self) -> String {
+        match self {
+            PathSeg::Index(i) => i.to_string(),
+            PathSeg::Text(t) => t.clone(),
+            PathSeg::Pending => "?".into(),
+        }
+    }
+}

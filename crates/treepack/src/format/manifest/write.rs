@@ -1,0 +1,308 @@
+//! Writing a manifest: `encode` (deterministic JSON, fast paths for the common nodes) and `seal` (the hash trailer).
+
+use super::*;
+
+/// Serialise a manifest to its exact on-storage bytes (including the trailing hash member).
+pub fn encode(m: &Manifest, stats: &Value) -> Vec<u8> {
+    // Room for ~256 bytes a leaf up front: the buffer never moves while it grows (a 4.7 MB
+    // manifest grown by doubling touched ~3x its size in fresh pages), and reserved pages that
+    // are never written cost nothing.
+    let leaves = stats.get("leaves").and_then(Value::as_u64).unwrap_or(0).min(1 << 22) as usize;
+    let mut s = String::with_capacity(4096 + leaves * 256);
+    let _ = write!(s, "{{\"format\":\"{FORMAT_NAME}\",\"version\":[{},{}],\n\"writer\":", m.version.0, m.version.1);
+    write_str(&mut s, &m.writer);
+    if let Some(md) = &m.metadata {
+        s.push_str(",\n\"metadata\":");
+        s.push_str(&md.to_string());
+    }
+    s.push_str(",\n\"stats\":");
+    s.push_str(&stats.to_string());
+    s.push_str(",\n\"packs\":[");
+    for (i, p) in m.packs.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str("{\"path\":");
+        write_str(&mut s, &p.path);
+        let _ = write!(s, ",\"size\":{}}}", p.size);
+    }
+    s.push_str("],\n\"root\":");
+    write_node(&mut s, &m.root);
+    let hash = Hash32::of(s.as_bytes()).to_hex();
+    s.push_str(HASH_PREFIX);
+    s.push_str(&hash);
+    s.push_str(HASH_SUFFIX);
+    s.into_bytes()
+}
+
+pub(super) fn write_str(s: &mut String, v: &str) {
+    s.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            '\n' => s.push_str("\\n"),
+            '\r' => s.push_str("\\r"),
+            '\t' => s.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(s, "\\u{:04x}", c as u32);
+            }
+            c => s.push(c),
+        }
+    }
+    s.push('"');
+}
+
+pub(super) fn write_float(s: &mut String, f: f64) {
+    if f.is_finite() {
+        let mut b = ryu::Buffer::new();
+        s.push_str(b.format_finite(f));
+    } else {
+        write_str(s, &float_text(f));
+    }
+}
+
+/// Text for a non-finite float: `nan`, `inf`, `-inf`, or `nan:<16 hex bits>` for a NaN whose bits
+/// are not the canonical quiet NaN 0x7ff8000000000000.
+pub(super) fn float_text(f: f64) -> String {
+    if f.is_nan() {
+        if f.to_bits() == 0x7ff8_0000_0000_0000 {
+            "nan".into()
+        } else {
+            format!("nan:{:016x}", f.to_bits())
+        }
+    } else if f > 0.0 {
+        "inf".into()
+    } else {
+        "-inf".into()
+    }
+}
+
+pub(super) fn write_int(s: &mut String, i: &Int) {
+    match i {
+        Int::Small(v) => push_int(s, *v),
+        Int::Big(b) => {
+            let _ = write!(s, "{{\"t\":\"int\",\"v\":\"{b}\"}}");
+        }
+    }
+}
+
+pub(super) fn write_key(s: &mut String, k: &Key) {
+    match k {
+        Key::None => s.push_str("null"),
+        Key::Bool(b) => s.push_str(if *b { "true" } else { "false" }),
+        Key::Int(i) => write_int(s, i),
+        Key::Float(f) => write_float_node(s, *f),
+        Key::Str(v) => write_str(s, v),
+        Key::Tuple(items) => {
+            s.push_str("{\"t\":\"tuple\",\"items\":[");
+            for (i, k) in items.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                write_key(s, k);
+            }
+            s.push_str("]}");
+        }
+    }
+}
+
+pub(super) fn write_float_node(s: &mut String, f: f64) {
+    if f.is_finite() {
+        write_float(s, f);
+    } else {
+        s.push_str("{\"t\":\"float\",\"v\":");
+        write_float(s, f);
+        s.push('}');
+    }
+}
+
+/// Append a decimal integer (without `fmt`'s machinery: a manifest has one per leaf or more).
+pub(super) fn push_int(s: &mut String, v: impl itoa::Integer) {
+    s.push_str(itoa::Buffer::new().format(v));
+}
+
+pub(super) fn write_chunk(s: &mut String, c: &ChunkRef) {
+    s.push_str("{\"pack\":");
+    push_int(s, c.pack);
+    s.push_str(",\"offset\":");
+    push_int(s, c.offset);
+    s.push_str(",\"length\":");
+    push_int(s, c.length);
+    s.push_str(",\"codec\":\"");
+    s.push_str(c.codec.name());
+    s.push_str("\",\"blake3\":\"");
+    c.hash.push_hex(s);
+    s.push_str("\"}");
+}
+
+pub(super) fn write_u64s(s: &mut String, v: &[u64]) {
+    s.push('[');
+    for (i, x) in v.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        push_int(s, *x);
+    }
+    s.push(']');
+}
+
+pub(super) fn write_named(s: &mut String, items: &[(String, Tree<Entry>)]) {
+    s.push('[');
+    for (i, (k, v)) in items.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push('[');
+        write_str(s, k);
+        s.push(',');
+        write_node(s, v);
+        s.push(']');
+    }
+    s.push(']');
+}
+
+pub(super) fn write_node(s: &mut String, t: &Tree<Entry>) {
+    crate::format::model::grow(|| write_node_inner(s, t))
+}
+
+pub(super) fn write_node_inner(s: &mut String, t: &Tree<Entry>) {
+    match t {
+        Tree::Leaf(e) => write_entry(s, e),
+        Tree::List(v) => {
+            s.push('[');
+            for (i, c) in v.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                write_node(s, c);
+            }
+            s.push(']');
+        }
+        Tree::Tuple(v) => {
+            s.push_str("{\"t\":\"tuple\",\"items\":[");
+            for (i, c) in v.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                write_node(s, c);
+            }
+            s.push_str("]}");
+        }
+        Tree::Dict(v) => {
+            s.push_str("{\"t\":\"dict\",\"items\":[");
+            for (i, (k, c)) in v.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                s.push('[');
+                write_key(s, k);
+                s.push(',');
+                write_node(s, c);
+                s.push(']');
+            }
+            s.push_str("]}");
+        }
+        Tree::Record { type_name, fields } => {
+            s.push_str("{\"t\":\"record\",\"type\":");
+            write_str(s, type_name);
+            s.push_str(",\"fields\":");
+            write_named(s, fields);
+            s.push('}');
+        }
+        Tree::Custom { type_name, data, children } => {
+            s.push_str("{\"t\":\"custom\",\"type\":");
+            write_str(s, type_name);
+            if !data.is_null() {
+                s.push_str(",\"data\":");
+                s.push_str(&data.to_string());
+            }
+            if !children.is_empty() {
+                s.push_str(",\"children\":");
+                write_named(s, children);
+            }
+            s.push('}');
+        }
+    }
+}
+
+pub(super) fn write_entry(s: &mut String, e: &Entry) {
+    let b64 = &base64::engine::general_purpose::STANDARD;
+    match e {
+        Entry::None => s.push_str("null"),
+        Entry::Bool(b) => s.push_str(if *b { "true" } else { "false" }),
+        Entry::Int(i) => write_int(s, i),
+        Entry::Float(f) => write_float_node(s, *f),
+        Entry::Complex(re, im) => {
+            s.push_str("{\"t\":\"complex\",\"v\":[");
+            write_float(s, *re);
+            s.push(',');
+            write_float(s, *im);
+            s.push_str("]}");
+        }
+        Entry::Str(Stored::Inline(v)) => write_str(s, v),
+        Entry::Str(Stored::Blob { size, chunk }) => {
+            s.push_str("{\"t\":\"str\",\"size\":");
+            push_int(s, *size);
+            s.push_str(",\"blob\":");
+            write_chunk(s, chunk);
+            s.push('}');
+        }
+        Entry::Bytes(Stored::Inline(v)) => {
+            s.push_str("{\"t\":\"bytes\",\"b64\":\"");
+            s.push_str(&b64.encode(v));
+            s.push_str("\"}");
+        }
+        Entry::Bytes(Stored::Blob { size, chunk }) => {
+            s.push_str("{\"t\":\"bytes\",\"size\":");
+            push_int(s, *size);
+            s.push_str(",\"blob\":");
+            write_chunk(s, chunk);
+            s.push('}');
+        }
+        Entry::Array(a) => {
+            s.push_str("{\"t\":\"array\",\"dtype\":");
+            s.push_str(&a.dtype.to_json().to_string());
+            s.push_str(",\"shape\":");
+            write_u64s(s, &a.shape);
+            match &a.storage {
+                ArrayStorage::Inline(data) => {
+                    s.push_str(",\"data\":\"");
+                    s.push_str(&b64.encode(data));
+                    s.push('"');
+                }
+                ArrayStorage::Chunked { chunk_shape, chunks } => {
+                    s.push_str(",\"chunk_shape\":");
+                    write_u64s(s, chunk_shape);
+                    s.push_str(",\"chunks\":[");
+                    for (i, c) in chunks.iter().enumerate() {
+                        if i > 0 {
+                            s.push(',');
+                        }
+                        write_chunk(s, c);
+                    }
+                    s.push(']');
+                }
+            }
+            if let Some(p) = &a.preview {
+                s.push_str(",\"preview\":");
+                s.push_str(&p.to_string());
+            }
+            s.push('}');
+        }
+    }
+}
+
+/// Append the `manifest_hash` trailer to a manifest body (everything up to, not including, the
+/// final `,\n"manifest_hash":…` member). Used by the writer, by tests that craft manifests, and
+/// by other implementations as the reference for the checksum rule.
+pub fn seal(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + HASH_TRAILER_LEN);
+    out.extend_from_slice(body);
+    out.extend_from_slice(HASH_PREFIX.as_bytes());
+    out.extend_from_slice(Hash32::of(body).to_hex().as_bytes());
+    out.extend_from_slice(HASH_SUFFIX.as_bytes());
+    out
+}
+
+// ---------------------------------------------------------------- reading

@@ -303,9 +303,32 @@ impl<'de> Visitor<'de> for DtypeSeed {
     }
 }
 
-pub(super) fn parse_array<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::Result<ArrayEntry, A::Error> {
+/// Buffers an array's shape and inline data are read into: fresh for the one-pass parser (the
+/// vectors become the entry's), reused by the outline (nothing allocated per array).
+#[derive(Default)]
+pub(super) struct ArrayBufs {
+    pub(super) dims: Vec<u64>,
+    pub(super) data: Vec<u8>,
+}
+
+/// An array's members as read by [`read_array`]; its shape and inline data are in the buffers.
+pub(super) struct ArrayRead {
+    pub(super) dtype: DType,
+    /// `Some((chunk_shape, chunks))` for a chunked array, `None` for inline data.
+    pub(super) chunked: Option<(Vec<u64>, Vec<ChunkRef>)>,
+    pub(super) preview: Option<Value>,
+}
+
+/// An array's members (after `t`), for both readers: each member at most once, `dtype` and
+/// `shape` required, and either `data` or both `chunk_shape` and `chunks`. The preview is read
+/// whole (so both readers refuse the same bytes) and kept only when asked.
+pub(super) fn read_array<'de, A: MapAccess<'de>>(
+    map: &mut A,
+    bufs: &mut ArrayBufs,
+    keep_preview: bool,
+) -> std::result::Result<ArrayRead, A::Error> {
     let (mut dtype, mut shape, mut chunk_shape, mut chunks, mut data, mut preview) =
-        (None, None, None, None, None, None);
+        (None, false, None, None, false, None);
     while let Some(k) = map.next_key_seed(MemberSeed)? {
         match k {
             Member::Dtype => {
@@ -313,8 +336,12 @@ pub(super) fn parse_array<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::R
                 dtype = Some(map.next_value_seed(DtypeSeed)?);
             }
             Member::Shape => {
-                dup(&shape, "shape")?;
-                shape = Some(map.next_value::<Vec<u64>>()?);
+                if shape {
+                    return Err(de::Error::custom("duplicate member `shape`"));
+                }
+                shape = true;
+                bufs.dims.clear();
+                map.next_value_seed(DimsSeed(&mut bufs.dims))?;
             }
             Member::ChunkShape => {
                 dup(&chunk_shape, "chunk_shape")?;
@@ -326,22 +353,88 @@ pub(super) fn parse_array<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::R
                 chunks = Some(raw.into_iter().map(RawChunk::into_ref).collect::<std::result::Result<Vec<_>, _>>()?);
             }
             Member::Data => {
-                dup(&data, "data")?;
-                data = Some(map.next_value_seed(Base64Seed("data"))?);
+                if data {
+                    return Err(de::Error::custom("duplicate member `data`"));
+                }
+                data = true;
+                map.next_value_seed(Base64LenSeed(&mut bufs.data))?;
             }
             Member::Preview => {
                 dup(&preview, "preview")?;
-                preview = Some(map.next_value::<Value>()?);
+                let v = map.next_value::<Value>()?;
+                preview = Some(keep_preview.then_some(v));
             }
             _ => skip(map)?,
         }
     }
     let dtype = dtype.ok_or_else(|| de::Error::custom("array without `dtype`"))?;
-    let shape = shape.ok_or_else(|| de::Error::custom("array without `shape`"))?;
-    let storage = match (data, chunk_shape, chunks) {
-        (Some(d), None, None) => ArrayStorage::Inline(d),
-        (None, Some(cs), Some(c)) => ArrayStorage::Chunked { chunk_shape: cs, chunks: c },
+    if !shape {
+        return Err(de::Error::custom("array without `shape`"));
+    }
+    let chunked = match (data, chunk_shape, chunks) {
+        (true, None, None) => None,
+        (false, Some(cs), Some(c)) => Some((cs, c)),
         _ => return Err(de::Error::custom("array needs either `data` or both `chunk_shape` and `chunks`")),
     };
-    Ok(ArrayEntry { dtype, shape, storage, preview })
+    Ok(ArrayRead { dtype, chunked, preview: preview.flatten() })
+}
+
+/// An array entry, read by the one-pass parser (the buffers become the entry's shape and data).
+pub(super) fn parse_array<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::Result<ArrayEntry, A::Error> {
+    let mut bufs = ArrayBufs::default();
+    let r = read_array(map, &mut bufs, true)?;
+    let storage = match r.chunked {
+        None => ArrayStorage::Inline(Bytes::from(bufs.data)),
+        Some((chunk_shape, chunks)) => ArrayStorage::Chunked { chunk_shape, chunks },
+    };
+    Ok(ArrayEntry { dtype: r.dtype, shape: bufs.dims, storage, preview: r.preview })
+}
+
+/// An array of dimensions, appended to a reused vector.
+pub(super) struct DimsSeed<'v>(pub(super) &'v mut Vec<u64>);
+
+impl<'de> DeserializeSeed<'de> for DimsSeed<'_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DimsSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of non-negative integers")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        while let Some(d) = seq.next_element::<u64>()? {
+            self.0.push(d);
+        }
+        Ok(())
+    }
+}
+
+/// Base64 text decoded into a reused buffer, cut to the decoded length (the value).
+pub(super) struct Base64LenSeed<'v>(pub(super) &'v mut Vec<u8>);
+
+impl<'de> DeserializeSeed<'de> for Base64LenSeed<'_> {
+    type Value = u64;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<u64, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Base64LenSeed<'_> {
+    type Value = u64;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("base64 text")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<u64, E> {
+        let engine = &base64::engine::general_purpose::STANDARD;
+        self.0.clear();
+        self.0.resize(base64::decoded_len_estimate(v.len()), 0);
+        let n =
+            engine.decode_slice(v.as_bytes(), self.0).map_err(|e| E::custom(format!("bad base64 in `data`: {e}")))?;
+        self.0.truncate(n);
+        Ok(n as u64)
+    }
 }

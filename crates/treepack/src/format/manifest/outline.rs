@@ -196,7 +196,7 @@ pub fn outline_reusing(
         starts: Vec::new(),
         names: Vec::new(),
         packs: None,
-        scratch: Scratch::default(),
+        scratch: ArrayBufs::default(),
         file,
         sink,
         spare,
@@ -238,7 +238,7 @@ struct State<'s> {
     names: Vec<Names>,
     packs: Option<Vec<PackInfo>>,
     /// Buffers an inline array is read into, kept from one array to the next.
-    scratch: Scratch,
+    scratch: ArrayBufs,
     file: &'s str,
     sink: &'s mut dyn FnMut(Block) -> bool,
     spare: &'s mut dyn FnMut() -> Option<Block>,
@@ -496,86 +496,29 @@ impl<'a, 's> ONode<'a, 's> {
     fn scalar<E: de::Error>(&self, kind: u8, nbytes: u64) -> std::result::Result<(), E> {
         self.st.borrow_mut().leaf(kind, None, None, nbytes, true)
     }
-    /// An array's members (after `t`), as `parse_array` reads them and with the checks
-    /// `validate_entry` makes, but an inline array (most arrays of a big manifest) allocates
-    /// nothing: its shape goes to a scratch vector and its data is decoded into a scratch
-    /// buffer only to be checked. Chunked arrays go through `validate_entry` itself.
+    /// An array's members (after `t`), read by the one-pass parser's own [`read_array`] into
+    /// reused buffers: an inline array (most arrays of a big manifest) allocates nothing, its
+    /// data decoded only to be checked. Chunked arrays go through `validate_entry` itself.
     fn array<'de, A: MapAccess<'de>>(self, map: &mut A) -> std::result::Result<(), A::Error> {
-        let (mut dtype, mut shape, mut chunk_shape, mut chunks, mut data, mut preview) =
-            (None, false, None, None, None, None::<()>);
-        let mut scratch = std::mem::take(&mut self.st.borrow_mut().scratch);
-        let r = (|| {
-            while let Some(k) = map.next_key_seed(MemberSeed)? {
-                match k {
-                    Member::Dtype => {
-                        dup(&dtype, "dtype")?;
-                        dtype = Some(map.next_value_seed(DtypeSeed)?);
-                    }
-                    Member::Shape => {
-                        if shape {
-                            return Err(de::Error::custom("duplicate member `shape`"));
-                        }
-                        shape = true;
-                        scratch.dims.clear();
-                        map.next_value_seed(DimsSeed(&mut scratch.dims))?;
-                    }
-                    Member::ChunkShape => {
-                        dup(&chunk_shape, "chunk_shape")?;
-                        chunk_shape = Some(map.next_value::<Vec<u64>>()?);
-                    }
-                    Member::Chunks => {
-                        dup(&chunks, "chunks")?;
-                        let raw: Vec<RawChunk<'de>> = map.next_value()?;
-                        chunks =
-                            Some(raw.into_iter().map(RawChunk::into_ref).collect::<std::result::Result<Vec<_>, _>>()?);
-                    }
-                    Member::Data => {
-                        dup(&data, "data")?;
-                        data = Some(map.next_value_seed(Base64LenSeed(&mut scratch.bytes))?);
-                    }
-                    Member::Preview => {
-                        dup(&preview, "preview")?;
-                        // Read as the strict parser reads it (numbers in range, valid UTF-8).
-                        map.next_value::<Value>()?;
-                        preview = Some(());
-                    }
-                    _ => skip(map)?,
-                }
+        let mut bufs = std::mem::take(&mut self.st.borrow_mut().scratch);
+        let r = read_array(map, &mut bufs, false).and_then(|a| match a.chunked {
+            None => {
+                let nbytes = array_nbytes(&a.dtype, &bufs.dims)
+                    .and_then(|n| check_inline_len(bufs.data.len() as u64, n).map(|()| n))
+                    .map_err(de::Error::custom)?;
+                self.st.borrow_mut().leaf(ARRAY, Some(&a.dtype), Some(&bufs.dims), nbytes, true)
             }
-            let dtype = dtype.ok_or_else(|| de::Error::custom("array without `dtype`"))?;
-            if !shape {
-                return Err(de::Error::custom("array without `shape`"));
+            Some((chunk_shape, chunks)) => {
+                let e = ArrayEntry {
+                    dtype: a.dtype,
+                    shape: bufs.dims.clone(),
+                    storage: ArrayStorage::Chunked { chunk_shape, chunks },
+                    preview: None,
+                };
+                self.st.borrow_mut().entry(&Entry::Array(Box::new(e)))
             }
-            let dims = &scratch.dims;
-            match (data, chunk_shape, chunks) {
-                (Some(len), None, None) => {
-                    if dims.len() > MAX_NDIM {
-                        return Err(de::Error::custom(format!("{} dimensions (limit {MAX_NDIM})", dims.len())));
-                    }
-                    let nbytes = shape_len(dims).and_then(|n| n.checked_mul(dtype.itemsize()));
-                    let Some(nbytes) = nbytes else {
-                        return Err(de::Error::custom(format!("shape {dims:?} overflows 64-bit byte counts")));
-                    };
-                    if len != nbytes {
-                        return Err(de::Error::custom(format!(
-                            "inline data has {len} bytes but dtype × shape needs {nbytes}"
-                        )));
-                    }
-                    self.st.borrow_mut().leaf(ARRAY, Some(&dtype), Some(dims), nbytes, true)
-                }
-                (None, Some(cs), Some(c)) => {
-                    let a = ArrayEntry {
-                        dtype,
-                        shape: dims.clone(),
-                        storage: ArrayStorage::Chunked { chunk_shape: cs, chunks: c },
-                        preview: None,
-                    };
-                    self.st.borrow_mut().entry(&Entry::Array(Box::new(a)))
-                }
-                _ => Err(de::Error::custom("array needs either `data` or both `chunk_shape` and `chunks`")),
-            }
-        })();
-        self.st.borrow_mut().scratch = scratch;
+        });
+        self.st.borrow_mut().scratch = bufs;
         r
     }
 
@@ -709,61 +652,6 @@ impl<'de> Visitor<'de> for ONode<'_, '_> {
                 self.st.borrow_mut().entry(&e)
             }
         }
-    }
-}
-
-#[derive(Default)]
-struct Scratch {
-    dims: Vec<u64>,
-    bytes: Vec<u8>,
-}
-
-/// An array of dimensions, appended to a reused vector.
-struct DimsSeed<'v>(&'v mut Vec<u64>);
-
-impl<'de> DeserializeSeed<'de> for DimsSeed<'_> {
-    type Value = ();
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for DimsSeed<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an array of non-negative integers")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
-        while let Some(d) = seq.next_element::<u64>()? {
-            self.0.push(d);
-        }
-        Ok(())
-    }
-}
-
-/// Base64 text decoded into a reused buffer (as `Base64Seed` decodes it, with the same
-/// errors); only its decoded length is kept.
-struct Base64LenSeed<'v>(&'v mut Vec<u8>);
-
-impl<'de> DeserializeSeed<'de> for Base64LenSeed<'_> {
-    type Value = u64;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<u64, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Base64LenSeed<'_> {
-    type Value = u64;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("base64 text")
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<u64, E> {
-        let engine = &base64::engine::general_purpose::STANDARD;
-        self.0.clear();
-        self.0.resize(base64::decoded_len_estimate(v.len()), 0);
-        let n =
-            engine.decode_slice(v.as_bytes(), self.0).map_err(|e| E::custom(format!("bad base64 in `data`: {e}")))?;
-        Ok(n as u64)
     }
 }
 

@@ -203,6 +203,25 @@ pub(super) fn validate_chunk(
     Ok(())
 }
 
+/// The byte count of an array of `dtype` and `shape`: at most `MAX_NDIM` dimensions, and a
+/// count that fits 64 bits.
+pub(super) fn array_nbytes(dtype: &DType, shape: &[u64]) -> std::result::Result<u64, String> {
+    if shape.len() > MAX_NDIM {
+        return Err(format!("{} dimensions (limit {MAX_NDIM})", shape.len()));
+    }
+    shape_len(shape)
+        .and_then(|n| n.checked_mul(dtype.itemsize()))
+        .ok_or_else(|| format!("shape {shape:?} overflows 64-bit byte counts"))
+}
+
+/// Inline data must hold exactly dtype × shape bytes.
+pub(super) fn check_inline_len(len: u64, nbytes: u64) -> std::result::Result<(), String> {
+    if len != nbytes {
+        return Err(format!("inline data has {len} bytes but dtype × shape needs {nbytes}"));
+    }
+    Ok(())
+}
+
 pub(super) fn validate_entry(packs: &[PackInfo], path: &KeyPath, e: &Entry, file: &str) -> Result<()> {
     let key = || path.to_string();
     match e {
@@ -210,22 +229,10 @@ pub(super) fn validate_entry(packs: &[PackInfo], path: &KeyPath, e: &Entry, file
             validate_chunk(packs, chunk, *size, path, 0, file)
         }
         Entry::Array(a) => {
-            if a.shape.len() > MAX_NDIM {
-                return Err(Error::manifest(file, key(), format!("{} dimensions (limit {MAX_NDIM})", a.shape.len())));
-            }
-            let nbytes = shape_len(&a.shape).and_then(|n| n.checked_mul(a.dtype.itemsize()));
-            let Some(nbytes) = nbytes else {
-                return Err(Error::manifest(file, key(), format!("shape {:?} overflows 64-bit byte counts", a.shape)));
-            };
+            let nbytes = array_nbytes(&a.dtype, &a.shape).map_err(|r| Error::manifest(file, key(), r))?;
             match &a.storage {
                 ArrayStorage::Inline(d) => {
-                    if d.len() as u64 != nbytes {
-                        return Err(Error::manifest(
-                            file,
-                            key(),
-                            format!("inline data has {} bytes but dtype × shape needs {nbytes}", d.len()),
-                        ));
-                    }
+                    check_inline_len(d.len() as u64, nbytes).map_err(|r| Error::manifest(file, key(), r))?;
                 }
                 ArrayStorage::Chunked { chunk_shape, chunks } => {
                     let grid = ChunkGrid::new(a.shape.clone(), chunk_shape.clone())

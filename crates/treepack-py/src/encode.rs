@@ -53,26 +53,6 @@ impl<'py> Encoder<'py> {
     }
 }
 
-pub(crate) fn simple_dtype(kind: u8, size: usize) -> Option<DType> {
-    Some(match (kind, size) {
-        (b'b', 1) => DType::Bool,
-        (b'i', 1) => DType::I8,
-        (b'i', 2) => DType::I16,
-        (b'i', 4) => DType::I32,
-        (b'i', 8) => DType::I64,
-        (b'u', 1) => DType::U8,
-        (b'u', 2) => DType::U16,
-        (b'u', 4) => DType::U32,
-        (b'u', 8) => DType::U64,
-        (b'f', 2) => DType::F16,
-        (b'f', 4) => DType::F32,
-        (b'f', 8) => DType::F64,
-        (b'c', 8) => DType::C64,
-        (b'c', 16) => DType::C128,
-        _ => return None,
-    })
-}
-
 impl<'py> Encoder<'py> {
     pub(crate) fn here(&self) -> String {
         self.text_of(&self.path)
@@ -253,7 +233,7 @@ impl<'py> Encoder<'py> {
         let kind = descr.kind();
         let native_le = matches!(descr.byteorder(), b'=' | b'<' | b'|') && cfg!(target_endian = "little");
         let fast = if arr.is_c_contiguous() && native_le && !descr.has_fields() && !descr.has_subarray() {
-            simple_dtype(kind, descr.itemsize())
+            DType::from_numpy_kind(kind, descr.itemsize())
         } else {
             None
         };
@@ -391,4 +371,20 @@ impl Prepared {
         let info = info.map_err(py_err)?;
         Ok((info.leaves, info.bytes_written, info.location, info.arrays, info.array_bytes))
     }
+}
+
+/// The treepack name of a numpy dtype that is a plain number or an ml_dtypes type, as
+/// `(name, from ml_dtypes)`; `None` for others (strings, structured, unsupported). The name
+/// table lives in the core alone (`DType`); Python asks here.
+#[pyfunction]
+pub(crate) fn numpy_dtype_name(kind: &str, itemsize: usize, name: &str) -> Option<(String, bool)> {
+    let plain = kind.bytes().next().and_then(|k| DType::from_numpy_kind(k, itemsize));
+    let d = plain.or_else(|| DType::from_name(name).ok().filter(DType::is_ml_dtypes))?;
+    Some((d.name()?, d.is_ml_dtypes()))
+}
+
+/// Whether numpy needs the ml_dtypes package for the stored dtype named `name`.
+#[pyfunction]
+pub(crate) fn dtype_needs_ml_dtypes(name: &str) -> bool {
+    DType::from_name(name).is_ok_and(|d| d.is_ml_dtypes())
 }

@@ -127,6 +127,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prepare, m)?)?;
     m.add_class::<Prepared>()?;
     m.add_function(wrap_pyfunction!(gc, m)?)?;
+    m.add_function(wrap_pyfunction!(numpy_dtype_name, m)?)?;
+    m.add_function(wrap_pyfunction!(dtype_needs_ml_dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(structure_one_pass, m)?)?;
     m.add_function(wrap_pyfunction!(load_one_pass, m)?)?;
     m.add_class::<Reader>()?;

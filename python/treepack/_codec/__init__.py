@@ -15,7 +15,7 @@ from .builtins import (
     encode_other,
     resolve_class,
 )
-from .dtypes import _ML_NAMES, _SIMPLE, _dtype_cache, _dtype_desc, _np_dtype, encode_array, np_dtype
+from .dtypes import _dtype_cache, _dtype_desc, _np_dtype, encode_array, np_dtype
 from .trust import audit
 
 __all__ = [

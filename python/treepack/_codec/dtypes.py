@@ -8,15 +8,7 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
-_ML_NAMES = {
-    "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
-}
-_SIMPLE = {
-    ("b", 1): "bool", ("i", 1): "int8", ("i", 2): "int16", ("i", 4): "int32", ("i", 8): "int64",
-    ("u", 1): "uint8", ("u", 2): "uint16", ("u", 4): "uint32", ("u", 8): "uint64",
-    ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64", ("c", 8): "complex64", ("c", 16): "complex128",
-}
-
+from .. import _core
 
 def _dtype_desc(dt: np.dtype) -> Tuple[Any, np.dtype]:
     """(treepack dtype JSON value, canonical numpy dtype: little-endian and packed)."""
@@ -37,15 +29,15 @@ def _dtype_desc(dt: np.dtype) -> Tuple[Any, np.dtype]:
         return {"struct": fields}, np.dtype(formats)
     if dt.subdtype is not None:
         raise TypeError(f"sub-array dtype {dt} is only supported inside a structured dtype")
-    if dt.name in _ML_NAMES:
-        return dt.name, dt
     if dt.kind == "S":
         return f"bytes:{dt.itemsize}", dt
     if dt.kind == "U":
         return f"unicode:{dt.itemsize // 4}", dt.newbyteorder("<")
-    key = (dt.kind, dt.itemsize)
-    if key in _SIMPLE:
-        return _SIMPLE[key], dt.newbyteorder("<") if dt.itemsize > 1 else dt
+    # Numbers and ml_dtypes types: the name table is the Rust core's.
+    known = _core.numpy_dtype_name(dt.kind, dt.itemsize, dt.name)
+    if known is not None:
+        name, ml = known
+        return name, dt if ml or dt.itemsize == 1 else dt.newbyteorder("<")
     raise TypeError(f"numpy dtype {dt} (kind {dt.kind!r}) is not supported inside arrays; use a numeric, bool, bytes or str dtype")
 
 
@@ -81,7 +73,7 @@ def _np_dtype(d: Any) -> np.dtype:
             shape = tuple(f.get("shape", ()))
             fields.append((f["name"], sub, shape) if shape else (f["name"], sub))
         return np.dtype(fields)
-    if d in _ML_NAMES:
+    if _core.dtype_needs_ml_dtypes(d):
         try:
             import ml_dtypes
         except ImportError:

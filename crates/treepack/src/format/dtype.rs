@@ -109,6 +109,42 @@ impl DType {
         }
     }
 
+    /// The dtype of a plain numeric numpy array from numpy's kind character and item size
+    /// (`b'f'`, 4 -> `F32`); `None` for anything else.
+    pub fn from_numpy_kind(kind: u8, itemsize: usize) -> Option<DType> {
+        Some(match (kind, itemsize) {
+            (b'b', 1) => DType::Bool,
+            (b'i', 1) => DType::I8,
+            (b'i', 2) => DType::I16,
+            (b'i', 4) => DType::I32,
+            (b'i', 8) => DType::I64,
+            (b'u', 1) => DType::U8,
+            (b'u', 2) => DType::U16,
+            (b'u', 4) => DType::U32,
+            (b'u', 8) => DType::U64,
+            (b'f', 2) => DType::F16,
+            (b'f', 4) => DType::F32,
+            (b'f', 8) => DType::F64,
+            (b'c', 8) => DType::C64,
+            (b'c', 16) => DType::C128,
+            _ => return None,
+        })
+    }
+
+    /// Whether numpy knows this dtype only through the `ml_dtypes` package (bfloat16, float8),
+    /// whose dtype names are treepack's names.
+    pub fn is_ml_dtypes(&self) -> bool {
+        matches!(
+            self,
+            DType::BF16
+                | DType::F8E4M3FN
+                | DType::F8E5M2
+                | DType::F8E4M3FNUZ
+                | DType::F8E5M2FNUZ
+                | DType::F8E4M3B11FNUZ
+        )
+    }
+
     /// True for dtypes whose values are numbers (min/max previews make sense).
     pub fn is_real_number(&self) -> bool {
         !matches!(self, DType::C64 | DType::C128 | DType::Bytes(_) | DType::Unicode(_) | DType::Struct(_))

@@ -83,13 +83,8 @@ class StructNode:
     path: str = ""
 
 
-@dataclass(frozen=True)
-class SaveInfo:
-    leaves: int
-    bytes_written: int
-    location: str
-    arrays: int = 0
-    array_bytes: int = 0
+SaveInfo = _core.SaveInfo
+"""What a save wrote: ``leaves``, ``bytes_written``, ``location``, ``arrays``, ``array_bytes``."""
 
 
 def _path(p: PathLike) -> str:
@@ -135,8 +130,8 @@ def save(
         storage_options=_opts(storage_options), progress=progress,
     )
     if blocking:
-        return SaveInfo(*write())
-    return SaveHandle(_executor().submit(lambda: SaveInfo(*write())), p)
+        return write()
+    return SaveHandle(_executor().submit(write), p)
 
 
 def _metadata_json(metadata: Any) -> str:
@@ -269,17 +264,13 @@ def untrusted_types(
     )
 
 
-@dataclass(frozen=True)
-class VerifyReport:
-    ok: bool
-    chunks_checked: int
-    bytes_checked: int
-    problems: List[str]
+VerifyReport = _core.VerifyReport
+"""What ``verify`` found: ``ok``, ``chunks_checked``, ``bytes_checked``, ``problems`` (one line each)."""
 
 
 def verify(path: PathLike, *, storage_options: StorageOptions = None) -> VerifyReport:
     """Re-hash every chunk; the report names corrupt chunks."""
-    return VerifyReport(*_core.Reader(_path(path), _opts(storage_options)).verify())
+    return _core.Reader(_path(path), _opts(storage_options)).verify()
 
 
 def gc(path: PathLike, grace_secs: float = 3600.0, *, storage_options: StorageOptions = None) -> List[str]:

@@ -15,6 +15,21 @@ DecodeOther = Callable[[str, str, Optional[str], List[Tuple[str, Any]]], Any]
 Progress = Optional[Callable[[int, int], Any]]
 StorageOptions = Optional[Dict[str, str]]
 
+class SaveInfo:
+    """What a save wrote."""
+    leaves: int
+    bytes_written: int
+    location: str
+    arrays: int
+    array_bytes: int
+
+class VerifyReport:
+    """What verify found: one line per problem, naming the leaf, chunk and file."""
+    ok: bool
+    chunks_checked: int
+    bytes_checked: int
+    problems: List[str]
+
 class Prepared:
     """A Python tree converted to treepack's model, ready to be written once (on any thread)."""
     def write(
@@ -25,8 +40,8 @@ class Prepared:
         chunk_bytes: Optional[int] = None,
         storage_options: StorageOptions = None,
         progress: Progress = None,
-    ) -> Tuple[int, int, str, int, int]:
-        """Write with the GIL released; returns (leaves, bytes written, location, arrays, array bytes)."""
+    ) -> SaveInfo:
+        """Write with the GIL released."""
 
 def prepare(
     tree: Any, encode_other: EncodeOther, encode_array: EncodeArray, snapshot: bool = False, fast_datetime: bool = False
@@ -85,6 +100,6 @@ class Reader:
     def children(self, path: str) -> List[Tuple[str, Any]]: ...
     def array_info(self, path: str) -> Tuple[str, List[int]]: ...
     def read_array(self, path: str, slice: str, np_dtype: Callable[[str], Any]) -> Any: ...
-    def verify(self) -> Tuple[bool, int, int, List[str]]: ...
+    def verify(self) -> VerifyReport: ...
     def metadata(self) -> Optional[str]: ...
     def io_stats(self) -> Tuple[int, int]: ...

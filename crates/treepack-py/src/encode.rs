@@ -330,7 +330,7 @@ pub(crate) fn prepare(
 
 #[pymethods]
 impl Prepared {
-    /// Write the tree (GIL released). Returns (leaves, bytes_written, location, arrays, array_bytes).
+    /// Write the tree (GIL released).
     /// A prepared tree is written once; its memory is freed afterwards.
     #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, progress=None))]
     #[allow(clippy::too_many_arguments)]
@@ -343,7 +343,7 @@ impl Prepared {
         chunk_bytes: Option<u64>,
         storage_options: Options,
         progress: Option<Py<PyAny>>,
-    ) -> PyResult<(usize, u64, String, usize, u64)> {
+    ) -> PyResult<SaveInfo> {
         let node = self
             .node
             .lock()
@@ -368,8 +368,7 @@ impl Prepared {
             }
             r
         });
-        let info = info.map_err(py_err)?;
-        Ok((info.leaves, info.bytes_written, info.location, info.arrays, info.array_bytes))
+        Ok(info.map_err(py_err)?.into())
     }
 }
 

@@ -8,7 +8,7 @@
 //!
 //! One concern per module: [`errors`], [`memory`] (owners behind zero-copy buffers),
 //! [`leaf_info`], [`encode`] (Python -> tree), [`decode`] (tree -> Python), [`datetime`],
-//! [`reader`] (the `Reader` class), [`structure`] (`load_structure`'s builders) and [`one_pass`]
+//! [`reader`] (the `Reader` class), [`results`] (typed results), [`structure`] (`load_structure`'s builders) and [`one_pass`]
 //! (whole loads of small trees). They share the imports below through `use super::*`.
 
 mod datetime;
@@ -19,6 +19,7 @@ mod leaf_info;
 mod memory;
 mod one_pass;
 mod reader;
+mod results;
 mod structure;
 
 use bytes::Bytes;
@@ -36,6 +37,7 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use reader::*;
+use results::*;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -134,6 +136,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Reader>()?;
     m.add_class::<BytesOwner>()?;
     m.add_class::<LeafInfo>()?;
+    m.add_class::<SaveInfo>()?;
+    m.add_class::<VerifyReport>()?;
     m.add_function(wrap_pyfunction!(_outline_builds, m)?)?;
     m.add("TreepackError", m.py().get_type::<TreepackError>())?;
     m.add("CorruptError", m.py().get_type::<CorruptError>())?;

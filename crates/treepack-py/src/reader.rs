@@ -142,18 +142,9 @@ impl Reader {
         dec.array(a)
     }
 
-    /// Re-hash every chunk: (ok, chunks checked, bytes checked, problems as strings).
-    pub(crate) fn verify(&self, py: Python<'_>) -> PyResult<(bool, usize, u64, Vec<String>)> {
-        let r = py.detach(|| self.inner.verify()).map_err(py_err)?;
-        let probs = r
-            .problems
-            .iter()
-            .map(|p| match p.chunk {
-                Some(c) => format!("{} chunk {c} in {}: {}", p.key, p.file, p.reason),
-                None => format!("{}: {}", p.file, p.reason),
-            })
-            .collect();
-        Ok((r.ok(), r.chunks_checked, r.bytes_checked, probs))
+    /// Re-hash every chunk.
+    pub(crate) fn verify(&self, py: Python<'_>) -> PyResult<VerifyReport> {
+        Ok(py.detach(|| self.inner.verify()).map_err(py_err)?.into())
     }
 
     /// The user metadata as JSON text (None if absent).

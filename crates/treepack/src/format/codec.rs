@@ -17,6 +17,12 @@ impl Codec {
         }
     }
 
+    /// Whether the stored bytes are the canonical bytes themselves: then a chunk's stored
+    /// length is known from its region, and readers may hand out views (mmap, one span) of it.
+    pub fn is_identity(&self) -> bool {
+        matches!(self, Codec::Raw)
+    }
+
     /// Parse a codec name. Unknown codecs yield `None` (the caller reports which chunk).
     pub fn from_name(s: &str) -> Option<Codec> {
         match s {

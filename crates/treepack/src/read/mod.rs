@@ -1114,10 +1114,7 @@ fn alloc(n: u64, key: &str) -> Result<Vec<u8>> {
 /// in C order, in one pack (the default layout), if it is one.
 fn span_of_array(a: &ArrayEntry) -> Option<ChunkKey> {
     let ArrayStorage::Chunked { chunks, .. } = &a.storage else { return None };
-    if chunks.len() < 2
-        || chunks.iter().any(|c| c.codec != crate::format::codec::Codec::Raw)
-        || !contiguous_in_pack(&a.grid(), chunks)
-    {
+    if chunks.len() < 2 || chunks.iter().any(|c| !c.codec.is_identity()) || !contiguous_in_pack(&a.grid(), chunks) {
         return None;
     }
     let first = &chunks[0];

@@ -193,7 +193,7 @@ pub(super) fn validate_chunk(
             ),
         });
     }
-    if c.codec == Codec::Raw && c.length != expect_len {
+    if c.codec.is_identity() && c.length != expect_len {
         return Err(Error::manifest(
             file,
             key(),

@@ -438,3 +438,77 @@ impl<'de> Visitor<'de> for Base64LenSeed<'_> {
         Ok(n as u64)
     }
 }
+
+/// The top-level members, read the same way by both readers: each at most once, `format` must
+/// be `treepack`, `version` two integers, `writer` a string, `metadata` any JSON (read whole so
+/// both refuse the same bytes), `packs` checked (paths inside the tree, at most `MAX_PACKS`) as
+/// soon as they are read, unknown members skipped; `version`, `packs` and `root` required.
+pub(super) trait TopSink<'de> {
+    type Root;
+    /// The checked packs, before `root` (a builder may read from them while it builds).
+    fn packs(&mut self, packs: &[PackInfo]);
+    /// A pack path was refused (the one-pass reader names `packs` in its error).
+    fn bad_pack(&mut self) {}
+    /// The `root` member's value.
+    fn root<A: MapAccess<'de>>(&mut self, map: &mut A) -> std::result::Result<Self::Root, A::Error>;
+}
+
+/// What [`read_top_members`] read.
+pub(super) struct Top<R> {
+    pub(super) version: (u16, u16),
+    pub(super) writer: String,
+    pub(super) metadata: Option<Value>,
+    pub(super) packs: Vec<PackInfo>,
+    pub(super) root: R,
+}
+
+pub(super) fn read_top_members<'de, A: MapAccess<'de>, S: TopSink<'de>>(
+    mut map: A,
+    sink: &mut S,
+) -> std::result::Result<Top<S::Root>, A::Error> {
+    // Hashed: a hostile manifest may hold a million unknown members.
+    let mut seen: HashSet<String> = HashSet::new();
+    let (mut version, mut writer, mut metadata, mut packs, mut root) = (None, None, None, None, None);
+    while let Some(k) = map.next_key::<String>()? {
+        if !seen.insert(k.clone()) {
+            return Err(de::Error::custom(format!("duplicate member `{k}`")));
+        }
+        match k.as_str() {
+            "format" => {
+                let f: String = map.next_value()?;
+                if f != FORMAT_NAME {
+                    return Err(de::Error::custom(format!("format is {f:?}, expected \"treepack\"")));
+                }
+            }
+            "version" => version = Some(map.next_value::<(u16, u16)>()?),
+            "writer" => writer = Some(map.next_value::<String>()?),
+            "metadata" => metadata = Some(map.next_value::<Value>()?),
+            "packs" => {
+                let list: Vec<PackInfo> = map
+                    .next_value::<Vec<RawPack>>()?
+                    .into_iter()
+                    .map(|p| PackInfo { path: p.path, size: p.size })
+                    .collect();
+                for p in &list {
+                    if let Err(r) = validate_pack_path(&p.path) {
+                        sink.bad_pack();
+                        return Err(de::Error::custom(r));
+                    }
+                }
+                if list.len() > MAX_PACKS {
+                    return Err(de::Error::custom("too many packs"));
+                }
+                sink.packs(&list);
+                packs = Some(list);
+            }
+            "root" => root = Some(sink.root(&mut map)?),
+            _ => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+    }
+    let version = version.ok_or_else(|| de::Error::custom("missing `version`"))?;
+    let packs = packs.ok_or_else(|| de::Error::custom("missing `packs`"))?;
+    let root = root.ok_or_else(|| de::Error::custom("missing `root`"))?;
+    Ok(Top { version, writer: writer.unwrap_or_default(), metadata, packs, root })
+}

@@ -20,67 +20,30 @@ impl<'de, B: Build> Visitor<'de> for TopSeed<'_, B> {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a treepack manifest object")
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
-        let mut seen = HashSet::new();
-        let (mut version, mut writer, mut metadata, mut packs, mut root) = (None, None, None, None, None);
-        while let Some(k) = map.next_key::<String>()? {
-            if !seen.insert(k.clone()) {
-                return Err(de::Error::custom(format!("duplicate member `{k}`")));
-            }
-            match k.as_str() {
-                "format" => {
-                    let f: String = map.next_value()?;
-                    if f != FORMAT_NAME {
-                        return Err(de::Error::custom(format!("format is {f:?}, expected \"treepack\"")));
-                    }
-                }
-                "version" => {
-                    let v: (u16, u16) = map.next_value()?;
-                    version = Some(v);
-                }
-                "writer" => writer = Some(map.next_value::<String>()?),
-                "metadata" => metadata = Some(map.next_value::<Value>()?),
-                "packs" => {
-                    let list: Vec<PackInfo> = map
-                        .next_value::<Vec<RawPack>>()?
-                        .into_iter()
-                        .map(|p| PackInfo { path: p.path, size: p.size })
-                        .collect();
-                    // Checked before any builder sees them: a builder may read from packs while
-                    // it builds, so a path escaping the tree must never reach it.
-                    for p in &list {
-                        validate_pack_path(&p.path).map_err(|r| {
-                            self.ctx.path.borrow_mut().push(PathSeg::Text("packs".into()));
-                            de::Error::custom(r)
-                        })?;
-                    }
-                    if let Some(slot) = self.ctx.packs {
-                        *slot.borrow_mut() = Some(list.clone());
-                    }
-                    self.b.packs(&list);
-                    packs = Some(list)
-                }
-                "root" => {
-                    root =
-                        Some(map.next_value_seed(NodeSeed { depth: 0, ctx: self.ctx, split: self.split, b: self.b })?)
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Self::Value, A::Error> {
+        let t = read_top_members(map, &mut StrictTop(&self))?;
+        Ok(Parsed { version: t.version, writer: t.writer, metadata: t.metadata, packs: t.packs, root: t.root })
+    }
+}
+
+/// The one-pass reader's side of [`read_top_members`]: packs go to the context and the builder, the
+/// root to a [`NodeSeed`].
+struct StrictTop<'s, 'a, B>(&'s TopSeed<'a, B>);
+
+impl<'de, B: Build> TopSink<'de> for StrictTop<'_, '_, B> {
+    type Root = B::Node;
+    fn packs(&mut self, packs: &[PackInfo]) {
+        if let Some(slot) = self.0.ctx.packs {
+            *slot.borrow_mut() = Some(packs.to_vec());
         }
-        let version = version.ok_or_else(|| de::Error::custom("missing `version`"))?;
-        let packs = packs.ok_or_else(|| de::Error::custom("missing `packs`"))?;
-        if packs.len() > MAX_PACKS {
-            return Err(de::Error::custom("too many packs"));
-        }
-        Ok(Parsed {
-            version,
-            writer: writer.unwrap_or_default(),
-            metadata,
-            packs,
-            root: root.ok_or_else(|| de::Error::custom("missing `root`"))?,
-        })
+        self.0.b.packs(packs);
+    }
+    fn bad_pack(&mut self) {
+        self.0.ctx.path.borrow_mut().push(PathSeg::Text("packs".into()));
+    }
+    fn root<A: MapAccess<'de>>(&mut self, map: &mut A) -> std::result::Result<B::Node, A::Error> {
+        let t = self.0;
+        map.next_value_seed(NodeSeed { depth: 0, ctx: t.ctx, split: t.split, b: t.b })
     }
 }
 

@@ -416,63 +416,20 @@ impl<'de> Visitor<'de> for OTop<'_, '_> {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a treepack manifest object")
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
-        let mut seen: Vec<String> = Vec::new();
-        let (mut version, mut root) = (false, false);
-        while let Some(k) = map.next_key::<String>()? {
-            if seen.contains(&k) {
-                return Err(de::Error::custom(format!("duplicate member `{k}`")));
-            }
-            match k.as_str() {
-                "format" => {
-                    let f: String = map.next_value()?;
-                    if f != FORMAT_NAME {
-                        return Err(de::Error::custom(format!("format is {f:?}, expected \"treepack\"")));
-                    }
-                }
-                "version" => {
-                    let _: (u16, u16) = map.next_value()?;
-                    version = true;
-                }
-                "writer" => {
-                    let _: String = map.next_value()?;
-                }
-                // Read (and dropped) as the strict parser reads it, so both refuse the same files.
-                "metadata" => {
-                    map.next_value::<Value>()?;
-                }
-                "packs" => {
-                    let list: Vec<PackInfo> = map
-                        .next_value::<Vec<RawPack>>()?
-                        .into_iter()
-                        .map(|p| PackInfo { path: p.path, size: p.size })
-                        .collect();
-                    for p in &list {
-                        validate_pack_path(&p.path).map_err(de::Error::custom)?;
-                    }
-                    if list.len() > MAX_PACKS {
-                        return Err(de::Error::custom("too many packs"));
-                    }
-                    self.st.borrow_mut().packs = Some(list);
-                }
-                "root" => {
-                    map.next_value_seed(ONode { depth: 0, st: self.st, key_ctx: self.key_ctx })?;
-                    root = true;
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-            seen.push(k);
-        }
-        if !version {
-            return Err(de::Error::custom("missing `version`"));
-        }
-        let packs = self.st.borrow_mut().packs.take().ok_or_else(|| de::Error::custom("missing `packs`"))?;
-        if !root {
-            return Err(de::Error::custom("missing `root`"));
-        }
-        Ok(packs)
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Self::Value, A::Error> {
+        let mut sink = self;
+        read_top_members(map, &mut sink).map(|t| t.packs)
+    }
+}
+
+/// The outline's side of [`read_top_members`]: packs go to the state, the root to an [`ONode`].
+impl<'de> TopSink<'de> for OTop<'_, '_> {
+    type Root = ();
+    fn packs(&mut self, packs: &[PackInfo]) {
+        self.st.borrow_mut().packs = Some(packs.to_vec());
+    }
+    fn root<A: MapAccess<'de>>(&mut self, map: &mut A) -> std::result::Result<(), A::Error> {
+        map.next_value_seed(ONode { depth: 0, st: self.st, key_ctx: self.key_ctx })
     }
 }
 

@@ -212,7 +212,10 @@ def test_a_registered_datetime_codec_wins_over_the_fast_path(tmp_path):
         _registry._by_name.pop(reg.name, None)
 
 
-def test_fast_datetime_encoding_writes_the_same_bytes_as_the_python_encoder(tmp_path):
+def test_fast_and_general_datetime_encodings_load_the_same_values(tmp_path):
+    # The compact form (naive and UTC, fold 0) is the extension's alone (issue 24: one owner per
+    # encoding); without the fast path the Python encoder writes the general form. Both load
+    # back as the same values, time zones and folds.
     from treepack import _codec, _core
 
     vals = [dt.datetime(2026, 1, 2, 3, 4, 5), dt.datetime(2026, 1, 2, 3, 4, 5, 6, fold=1),
@@ -220,10 +223,12 @@ def test_fast_datetime_encoding_writes_the_same_bytes_as_the_python_encoder(tmp_
     enc = lambda o, w: _codec.encode_other(o, w, False)  # noqa: E731
     for fast in (True, False):
         _core.prepare(vals, enc, _codec.encode_array, fast_datetime=fast).write(str(tmp_path / f"t{fast}"))
-    a = (tmp_path / "tTrue" / "treepack.json").read_bytes()
-    b = (tmp_path / "tFalse" / "treepack.json").read_bytes()
-    assert a == b
-    assert treepack.load(tmp_path / "tTrue") == vals
+    assert '"data":"2026-01-02T03:04:05"' in (tmp_path / "tTrue" / "treepack.json").read_text()
+    assert '"data":{"fold":0,"iso":"2026-01-02T03:04:05","tz":null}' in (tmp_path / "tFalse" / "treepack.json").read_text()
+    for fast in (True, False):
+        back = treepack.load(tmp_path / f"t{fast}")
+        assert back == vals
+        assert [(v.tzinfo, v.fold) for v in back] == [(v.tzinfo, v.fold) for v in vals]
 
 
 def test_deep_trees_work_on_threads_with_small_stacks(tmp_path):

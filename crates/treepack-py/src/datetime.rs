@@ -47,9 +47,10 @@ pub(crate) fn datetime_node(py: Python<'_>, d: &Bound<'_, pyo3::types::PyDateTim
 }
 
 /// Fast path for `py.datetime` nodes (one per record in traced data): build the datetime in Rust
-/// instead of sending JSON text through the Python decoder (~10 µs -> ~1 µs each). Handles naive,
-/// UTC and unnamed fixed-offset datetimes; anything else (zoneinfo zones, named offsets, odd
-/// text) returns `None` and takes the general Python path, which defines the semantics.
+/// instead of sending JSON text through the Python decoder (~10 µs -> ~1 µs each). The compact
+/// form (a string, written by [`datetime_node`]) is read here alone; the general form (an object)
+/// is read here for naive, UTC and unnamed fixed-offset datetimes, and anything else (zoneinfo
+/// zones, named offsets) returns `None` for the Python decoder, which defines those.
 pub(crate) fn datetime_fast<'py>(py: Python<'py>, data: &serde_json::Value) -> PyResult<Option<Bound<'py, PyAny>>> {
     use pyo3::types::{PyDateTime, PyDelta, PyTzInfo};
     if let Some(text) = data.as_str() {
@@ -58,7 +59,12 @@ pub(crate) fn datetime_fast<'py>(py: Python<'py>, data: &serde_json::Value) -> P
             Some(t) => (t, true),
             None => (text, false),
         };
-        let Some((y, mo, d, h, mi, sec, us)) = parse_iso_datetime(iso) else { return Ok(None) };
+        // The compact form is this module's alone: text it cannot read is an error here.
+        let Some((y, mo, d, h, mi, sec, us)) = parse_iso_datetime(iso) else {
+            return Err(PyValueError::new_err(format!(
+                "py.datetime {text:?} is not YYYY-MM-DDTHH:MM:SS[.ffffff], with `Z` for UTC"
+            )));
+        };
         let tz = if utc { Some(PyTzInfo::utc(py)?.to_owned()) } else { None };
         return Ok(Some(PyDateTime::new_with_fold(py, y, mo, d, h, mi, sec, us, tz.as_ref(), false)?.into_any()));
     }

@@ -140,10 +140,9 @@ def encode_other(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Op
     if obj is Ellipsis:
         return ("custom", "py.ellipsis", None, [])
     if t is _dt.datetime:
+        # Naive and UTC datetimes never get here: the extension writes them (the compact form is
+        # its alone); this is the general form, for every other time zone.
         naive = obj.replace(tzinfo=None)
-        if obj.fold == 0 and (obj.tzinfo is None or obj.tzinfo is _dt.timezone.utc):
-            # Compact form: naive isoformat, `Z` suffix for timezone.utc (as the Rust fast path).
-            return ("custom", "py.datetime", json.dumps(naive.isoformat() + ("Z" if obj.tzinfo else "")), [])
         data = {"iso": naive.isoformat(), "tz": _tz_data(obj.tzinfo), "fold": obj.fold}
         return ("custom", "py.datetime", json.dumps(data), [])
     if t is _dt.date:
@@ -261,10 +260,7 @@ class Decoder:
         if t == "py.ellipsis":
             return Ellipsis
         if t == "py.datetime":
-            if isinstance(data, str):  # compact form: naive, or `Z` for timezone.utc
-                utc = data.endswith("Z")
-                v = _dt.datetime.fromisoformat(data[:-1] if utc else data)
-                return v.replace(tzinfo=_dt.timezone.utc) if utc else v
+            # The compact form (a string) is read by the extension alone; this is the general form.
             v = _dt.datetime.fromisoformat(data["iso"]).replace(tzinfo=_tz_from(data["tz"]), fold=data.get("fold", 0))
             return v
         if t == "py.date":

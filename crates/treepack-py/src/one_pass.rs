@@ -64,9 +64,6 @@ impl LoadBuilder<'_, '_> {
 impl<'py> treepack::format::manifest::Build for LoadBuilder<'py, '_> {
     type Node = Bound<'py, PyAny>;
     const HELPER: bool = true;
-    fn leaf(&self, e: Entry) -> Result<Self::Node, String> {
-        self.leaf_ref(&e)
-    }
     fn leaf_ref(&self, e: &Entry) -> Result<Self::Node, String> {
         use treepack::format::manifest::Stored;
         let mut dec = self.dec.borrow_mut();

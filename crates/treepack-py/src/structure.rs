@@ -89,9 +89,6 @@ impl<'py> StructBuilder<'py, '_> {
 impl<'py> treepack::format::manifest::Build for StructBuilder<'py, '_> {
     type Node = Bound<'py, PyAny>;
     const HELPER: bool = true;
-    fn leaf(&self, e: Entry) -> Result<Self::Node, String> {
-        self.leaf_ref(&e)
-    }
     fn leaf_ref(&self, e: &Entry) -> Result<Self::Node, String> {
         let info = LeafInfo::of(&self.path.borrow().0, e);
         self.py_ok(leaf_info(self.dec.py, info))

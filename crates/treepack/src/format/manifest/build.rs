@@ -25,10 +25,12 @@ pub trait Build {
     /// through [`replay`]: the items of a big container near the root of a large manifest are
     /// then parsed by this thread and one helper thread together (see `parse_items_helped`).
     const HELPER: bool = false;
-    fn leaf(&self, e: Entry) -> std::result::Result<Self::Node, String>;
-    /// A leaf of a tree being [`replay`]ed; builders that only read the entry avoid the copy.
-    fn leaf_ref(&self, e: &Entry) -> std::result::Result<Self::Node, String> {
-        self.leaf(e.clone())
+    /// A leaf, borrowed: builders that only read the entry (Python objects) need no copy, and
+    /// leaves of a tree being [`replay`]ed are lent.
+    fn leaf_ref(&self, e: &Entry) -> std::result::Result<Self::Node, String>;
+    /// A leaf the parser owns; builders that keep the entry (owned trees) take it without a copy.
+    fn leaf(&self, e: Entry) -> std::result::Result<Self::Node, String> {
+        self.leaf_ref(&e)
     }
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> std::result::Result<Self::Node, String>;
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> std::result::Result<Self::Node, String>;
@@ -117,6 +119,9 @@ impl Build for OwnedTree {
     const PARALLEL: bool = true;
     fn leaf(&self, e: Entry) -> std::result::Result<Tree<Entry>, String> {
         Ok(Tree::Leaf(e))
+    }
+    fn leaf_ref(&self, e: &Entry) -> std::result::Result<Tree<Entry>, String> {
+        Ok(Tree::Leaf(e.clone()))
     }
     fn list(&self, items: Vec<Tree<Entry>>, tuple: bool) -> std::result::Result<Tree<Entry>, String> {
         Ok(if tuple { Tree::Tuple(items) } else { Tree::List(items) })

@@ -88,7 +88,7 @@ fn one_pass_build_equals_decode_and_checks_every_leaf() {
 struct NoPacks;
 impl Build for NoPacks {
     type Node = ();
-    fn leaf(&self, _e: Entry) -> std::result::Result<(), String> {
+    fn leaf_ref(&self, _e: &Entry) -> std::result::Result<(), String> {
         Ok(())
     }
     fn list(&self, _i: Vec<()>, _t: bool) -> std::result::Result<(), String> {
@@ -157,10 +157,10 @@ impl Helped {
 impl Build for Helped {
     type Node = Tree<Entry>;
     const HELPER: bool = true;
-    fn leaf(&self, e: Entry) -> std::result::Result<Tree<Entry>, String> {
+    fn leaf_ref(&self, e: &Entry) -> std::result::Result<Tree<Entry>, String> {
         self.here();
         self.leaves.borrow_mut().push(self.path.borrow().join("/"));
-        OwnedTree.leaf(e)
+        OwnedTree.leaf_ref(e)
     }
     fn list(&self, items: Vec<Tree<Entry>>, tuple: bool) -> std::result::Result<Tree<Entry>, String> {
         self.here();

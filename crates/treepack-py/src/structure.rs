@@ -131,10 +131,6 @@ impl<'py> treepack::format::manifest::Build for StructBuilder<'py, '_> {
     }
 }
 
-/// Manifests at least this large are read for `load_structure` by a helper thread's
-/// structure-only parse while this thread builds (below that, a thread costs more than it saves).
-pub(crate) const OUTLINE_MIN_BYTES: usize = 256 << 10;
-
 /// `load_structure` from a structure-only read of the manifest (`treepack::format::manifest::outline`)
 /// on a helper thread, streamed in blocks while this thread builds the Python objects: the
 /// parse, the leaves' facts and their key paths all cost this thread nothing, and each leaf
@@ -382,7 +378,9 @@ pub(crate) fn structure_one_pass<'py>(
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let Some((loc, bytes, file)) = manifest_of(py, path, storage_options)? else { return Ok(None) };
     let layout = loc.layout();
-    if bytes.len() >= OUTLINE_MIN_BYTES {
+    // The core decides which reader pays (the outline for big manifests); here it also runs on a
+    // helper thread while this thread builds.
+    if treepack::read::structure::outline_pays(bytes.len()) {
         if let Some(tree) = without_gc(py, || Ok(structure_outline(py, &bytes, &file, layout, &make_node)))? {
             return Ok(Some(tree));
         }

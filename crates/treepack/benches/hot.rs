@@ -52,6 +52,12 @@ fn manifest(c: &mut Criterion) {
     g.bench_function("encode", |b| b.iter(|| manifest::encode(&m, &serde_json::json!({}))));
     // The structure-only read `load_structure` uses for big manifests (one thread, blocks dropped).
     g.bench_function("outline", |b| b.iter(|| manifest::outline::outline(&bytes, "bench", &mut |_| true).unwrap()));
+    // Rust's `load_structure` of a big manifest: the outline's events built into a tree, against
+    // the full parse then `Manifest::structure` (what it did before; read::structure's policy).
+    g.bench_function("structure_by_outline", |b| {
+        b.iter(|| read::structure::by_outline(&bytes, "bench", Layout::Directory).unwrap())
+    });
+    g.bench_function("structure_by_decode", |b| b.iter(|| manifest::decode(&bytes, "bench").unwrap().structure()));
     g.finish();
 }
 

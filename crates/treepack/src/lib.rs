@@ -114,12 +114,13 @@ pub async fn load_async(location: impl IntoLocation, opts: &LoadOptions) -> Resu
     Reader::open_async(loc).await?.load_async(opts).await
 }
 
-/// Read only the manifest: the tree with a [`LeafInfo`] at every leaf.
+/// Read only the manifest: the tree with a [`LeafInfo`] at every leaf (big manifests through
+/// the structure-only outline, see [`read::structure`]).
 ///
 /// # Errors
 /// As [`open`].
 pub fn load_structure(location: impl IntoLocation) -> Result<Tree<LeafInfo>> {
-    Ok(open(location)?.structure())
+    read::structure::load_structure(location.into_location()?)
 }
 
 /// Open a lazy reader on a stored tree.

@@ -5,6 +5,8 @@
 //! and a chunk buffer is dropped as soon as its leaf is assembled. Single-chunk arrays use the
 //! read buffer itself (no second copy); with `mmap`, contiguous arrays are views of the file.
 
+pub mod structure;
+
 use crate::error::{Error, Result};
 use crate::format::container;
 use crate::format::grid::{self, ChunkGrid};
@@ -141,6 +143,12 @@ impl Reader {
         Self::checked(loc, m, file, manifest_len)
     }
 
+    /// The reader over manifest bytes already fetched from `loc` (decoded and checked here).
+    pub(crate) fn from_bytes(loc: Location, bytes: &[u8], file: String) -> Result<Reader> {
+        let m = manifest::decode(bytes, &file)?;
+        Self::checked(loc, m, file, bytes.len())
+    }
+
     /// The reader over a decoded manifest, once its packs are found to fit the layout.
     fn checked(loc: Location, m: Manifest, file: String, manifest_len: usize) -> Result<Reader> {
         for p in &m.packs {
@@ -173,8 +181,7 @@ impl Reader {
             let loc = loc.pin()?;
             if let Some(read) = manifest_bytes_local(&loc) {
                 let (bytes, file) = read?;
-                let m = manifest::decode(&bytes, &file)?;
-                return Self::checked(loc, m, file, bytes.len());
+                return Self::from_bytes(loc, &bytes, file);
             }
         }
         block_on(Self::open_async(loc))

@@ -30,7 +30,7 @@ pub mod outline;
 mod parse;
 mod split;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod types;
 mod validate;
 mod write;

@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub(super) fn sample() -> Manifest {
+pub(crate) fn sample() -> Manifest {
     let chunk = ChunkRef { pack: 0, offset: 0, length: 8, codec: Codec::Raw, hash: Hash32::of(&[0u8; 8]) };
     Manifest {
         version: (1, 0),
@@ -34,7 +34,7 @@ pub(super) fn sample() -> Manifest {
 
 /// A manifest over 1 MiB: a root list of many records whose second level holds a big dict,
 /// so both list and dict items take the split (parallel) parse.
-pub(super) fn big(keyed: bool) -> Manifest {
+pub(crate) fn big(keyed: bool) -> Manifest {
     let mut m = sample();
     let one = m.root.clone();
     let items: Vec<Tree<Entry>> = (0..3300)

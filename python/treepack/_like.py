@@ -178,7 +178,9 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str]) -> None:
 
 
 def _is_struct_node(x: Any) -> bool:
-    return type(x).__name__ == "StructNode" and hasattr(x, "type_name") and hasattr(x, "children")
+    from ._api import StructNode  # (_api imports this module)
+
+    return isinstance(x, StructNode)
 
 
 def _fields_of(x: Any) -> Any:

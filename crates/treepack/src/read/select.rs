@@ -1,0 +1,112 @@
+//! Selections: which leaves a load reads (`select` globs, `like` keep sets) and which records
+//! and custom nodes it builds.
+
+use super::*;
+
+pub(super) fn join_path(prefix: &str, p: &str) -> String {
+    match (prefix.is_empty(), p.is_empty()) {
+        (true, _) => p.to_string(),
+        (false, true) => prefix.to_string(),
+        (false, false) => format!("{prefix}/{p}"),
+    }
+}
+
+/// The key paths (from the root: `prefix` is `subtree`'s own path) of the records and custom
+/// nodes that a load with `opts` does not build, because the selection takes neither their own
+/// path nor any leaf below them. They come back as `None`: a partial load constructs, and so
+/// needs trust for, only what it returns (issue 23). Empty when everything is loaded.
+///
+/// # Errors
+/// [`Error::BadKeyPath`] for a malformed selection glob.
+pub fn unbuilt_objects<L>(subtree: &Tree<L>, prefix: &str, opts: &LoadOptions) -> Result<HashSet<String>> {
+    let sel = Selection::new(&opts.select)?;
+    let mut out = HashSet::new();
+    if !(sel.is_all() && opts.keep.is_none()) {
+        mark_unbuilt(subtree, &mut prefix.to_string(), &sel, opts, &mut out);
+    }
+    Ok(out)
+}
+
+/// Whether anything below `t` (at `path`) is selected; records and custom nodes with nothing
+/// selected go into `out`.
+pub(super) fn mark_unbuilt<L>(
+    t: &Tree<L>,
+    path: &mut String,
+    sel: &Selection,
+    opts: &LoadOptions,
+    out: &mut HashSet<String>,
+) -> bool {
+    let object = matches!(t, Tree::Record { .. } | Tree::Custom { .. });
+    if matches!(t, Tree::Leaf(_)) || (object && t.children().is_empty()) {
+        let taken = is_selected(sel, opts, path);
+        if object && !taken {
+            out.insert(path.clone());
+        }
+        return taken;
+    }
+    let mut any = false;
+    for (step, c) in t.children() {
+        let len = path.len();
+        if len > 0 {
+            path.push('/');
+        }
+        keypath::push_step_text(path, &step);
+        any |= crate::format::model::grow(|| mark_unbuilt(c, path, sel, opts, out));
+        path.truncate(len);
+    }
+    if object && !any {
+        out.insert(path.clone());
+    }
+    any
+}
+
+/// `n` with the records and custom nodes at the paths in `unbuilt` replaced by `None`.
+pub(super) fn prune(n: Node, path: &mut String, unbuilt: &HashSet<String>) -> Node {
+    fn below(path: &mut String, step: Step<'_>, c: Node, unbuilt: &HashSet<String>) -> Node {
+        let len = path.len();
+        if len > 0 {
+            path.push('/');
+        }
+        keypath::push_step_text(path, &step);
+        let out = crate::format::model::grow(|| prune(c, path, unbuilt));
+        path.truncate(len);
+        out
+    }
+    let named = |v: Vec<(String, Node)>, path: &mut String| -> Vec<(String, Node)> {
+        v.into_iter()
+            .map(|(k, c)| {
+                let c = below(path, Step::Name(&k), c, unbuilt);
+                (k, c)
+            })
+            .collect()
+    };
+    match n {
+        Tree::Record { .. } | Tree::Custom { .. } if unbuilt.contains(path.as_str()) => Tree::Leaf(Leaf::None),
+        Tree::Leaf(l) => Tree::Leaf(l),
+        Tree::List(v) => {
+            Tree::List(v.into_iter().enumerate().map(|(i, c)| below(path, Step::Index(i), c, unbuilt)).collect())
+        }
+        Tree::Tuple(v) => {
+            Tree::Tuple(v.into_iter().enumerate().map(|(i, c)| below(path, Step::Index(i), c, unbuilt)).collect())
+        }
+        Tree::Dict(v) => Tree::Dict(
+            v.into_iter()
+                .map(|(k, c)| {
+                    let c = below(path, Step::Key(&k), c, unbuilt);
+                    (k, c)
+                })
+                .collect(),
+        ),
+        Tree::Record { type_name, fields } => Tree::Record { type_name, fields: named(fields, path) },
+        Tree::Custom { type_name, data, children } => Tree::Custom { type_name, data, children: named(children, path) },
+    }
+}
+
+pub(super) fn is_selected(sel: &Selection, opts: &LoadOptions, path: &str) -> bool {
+    if let Some(keep) = &opts.keep {
+        if !keep.contains(path) {
+            return false;
+        }
+    }
+    sel.is_all() || sel.selects_texts(&keypath::split(path).unwrap_or_default())
+}

@@ -16,6 +16,7 @@ mod direct;
 #[cfg(feature = "failpoints")]
 mod failpoint;
 mod local;
+mod multipart;
 mod plan;
 
 use cloud::remote_store;
@@ -671,42 +672,6 @@ impl Location {
             t.advance(n);
         }
         Ok(())
-    }
-
-    async fn put_multipart(
-        &self,
-        rel: &str,
-        parts: Vec<Bytes>,
-        t: RemoteTuning,
-        progress: Option<&Tracker>,
-    ) -> Result<()> {
-        let upload = self.store.put_multipart(&self.obj(rel)).await.map_err(|e| self.store_err(rel, e))?;
-        let mut w = WriteMultipart::new_with_chunk_size(upload, t.multipart_part_size);
-        let result: std::result::Result<(), object_store::Error> = async {
-            for p in parts {
-                // Feed in part-sized pieces so progress and back-pressure track real uploads.
-                let mut off = 0;
-                while off < p.len() {
-                    let end = (off + t.multipart_part_size).min(p.len());
-                    w.wait_for_capacity(t.max_concurrency).await?;
-                    w.put(p.slice(off..end));
-                    if let Some(tr) = progress {
-                        tr.advance((end - off) as u64);
-                    }
-                    off = end;
-                }
-            }
-            Ok(())
-        }
-        .await;
-        match result {
-            Ok(()) => w.finish().await.map(|_| ()).map_err(|e| self.store_err(rel, e)),
-            Err(e) => {
-                // Best effort: the upload was never visible; aborting frees the stored parts.
-                let _ = w.abort().await;
-                Err(self.store_err(rel, e))
-            }
-        }
     }
 
     /// Delete an object; a missing object is not an error.

@@ -13,7 +13,7 @@ use treepack::{LoadOptions, Location, ProgressFn, Reader, SaveOptions, StorageOp
 /// mimalloc: trees of many small leaves are allocation-bound; measured on the 100k-leaf
 /// workload (crates/treepack/examples/profile_small_leaves.rs) it cut building the structure
 /// view from ~47 ms to ~28 ms against glibc malloc. Big buffers (2 MiB and more) get huge-page
-/// mappings of their own (`treepack::alloc`).
+/// mappings of their own (`treepack_alloc`).
 #[global_allocator]
 static GLOBAL: treepack_alloc::BigMapped<mimalloc::MiMalloc> = treepack_alloc::BigMapped(mimalloc::MiMalloc);
 

@@ -86,14 +86,8 @@ fn manifest_of(
     let loc = location(path, storage_options)?;
     let fetched = py.detach(|| {
         let loc = loc.pin()?;
-        // Local trees are read on this thread (no async runtime to start for them).
-        if let Some(r) = treepack::read::manifest_bytes_local(&loc) {
-            return r.map(|(bytes, file)| (loc, bytes, file));
-        }
-        treepack::block_on(async {
-            let (bytes, file) = treepack::read::manifest_bytes(&loc).await?;
-            Ok::<_, treepack::Error>((loc, bytes, file))
-        })
+        let (bytes, file) = loc.block_on(treepack::read::manifest_bytes(&loc))?;
+        Ok::<_, treepack::Error>((loc, bytes, file))
     });
     Ok(fetched.ok())
 }

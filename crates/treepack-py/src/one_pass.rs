@@ -52,10 +52,7 @@ impl LoadBuilder<'_, '_> {
         };
         let reader = treepack::Reader::from_parts(loc.clone(), m, self.file.to_string());
         let opts = LoadOptions { verify: self.verify, ..Default::default() };
-        let got = match reader.fetch_stored_leaves_local(&opts) {
-            Some(r) => r,
-            None => treepack::block_on(reader.fetch_stored_leaves_async(&opts)),
-        };
+        let got = loc.block_on(reader.fetch_stored_leaves_async(&opts));
         let mut got = got.map_err(|e| e.to_string())?;
         got.pop().map(|(_, l)| l).ok_or_else(|| "stored leaf not read".to_string())
     }

@@ -70,10 +70,7 @@ impl Reader {
             // Whole tree: fetch the stored leaves, then build Python objects straight from the
             // manifest (no intermediate tree of owned values).
             let leaves = py
-                .detach(|| match self.inner.fetch_stored_leaves_mapped(&opts) {
-                    Some(done) => done,
-                    None => treepack::block_on(self.inner.fetch_stored_leaves_async(&opts)),
-                })
+                .detach(|| self.inner.location().block_on(self.inner.fetch_stored_leaves_async(&opts)))
                 .map_err(py_err)?;
             let mut stored =
                 StoredLeaves { leaves: leaves.into_iter().peekable(), next_id: 0, shared: Default::default() };
@@ -81,8 +78,8 @@ impl Reader {
         }
         let node = py
             .detach(|| match &subpath {
-                Some(p) => treepack::block_on(self.inner.get_async(p, &opts)),
-                None => treepack::block_on(self.inner.load_async(&opts)),
+                Some(p) => self.inner.location().block_on(self.inner.get_async(p, &opts)),
+                None => self.inner.location().block_on(self.inner.load_async(&opts)),
             })
             .map_err(py_err)?;
         without_gc(py, || dec.node(node))
@@ -137,7 +134,7 @@ impl Reader {
         slice: &str,
         np_dtype: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let a = py.detach(|| treepack::block_on(self.inner.read_array_async(path, slice, true))).map_err(py_err)?;
+        let a = py.detach(|| self.inner.read_array(path, slice)).map_err(py_err)?;
         let mut dec = Decoder::new(py, None, Some(np_dtype), false);
         dec.array(a)
     }

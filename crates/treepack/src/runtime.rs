@@ -76,6 +76,28 @@ where
     }
 }
 
+/// Run blocking work (a file read, a parse) from async code: on tokio's blocking pool when the
+/// caller runs on a runtime, right here otherwise. So each read is written once, as async code,
+/// and a local tree's future can be driven on the calling thread with no runtime at all
+/// ([`block_on_here`]); object_store's `maybe_spawn_blocking` does the same.
+pub(crate) async fn maybe_spawn_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> crate::Result<T> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => h.spawn_blocking(f).await.map_err(|e| crate::Error::internal(format!("blocking task failed: {e}")))?,
+        Err(_) => f(),
+    }
+}
+
+/// Drive a future on this thread, with no runtime: for work whose only waits are the blocking
+/// reads of [`maybe_spawn_blocking`] (a local tree). Starting the runtime's threads and I/O
+/// driver would cost a process's first small load more than the load itself.
+///
+/// Not to be called from a future this thread is already driving here.
+pub(crate) fn block_on_here<F: Future>(fut: F) -> F::Output {
+    futures::executor::block_on(fut)
+}
+
 /// The pool for hashing and copying: one thread per core. `None` if no thread could be started
 /// (the work then runs on the calling thread).
 fn compute_pool() -> Option<&'static rayon::ThreadPool> {

@@ -20,42 +20,6 @@ impl Reader {
         self.fetch_stored(&self.manifest.root, "", &Selection::new::<String>(&[])?, &all).await
     }
 
-    /// One job per leaf of the whole tree whose bytes live in packs, with its ordinal among all
-    /// leaves (as [`Tree::for_each_leaf_steps`] visits them).
-    pub(super) fn whole_tree_jobs(&self) -> Vec<Job<'_>> {
-        let mut jobs = Vec::new();
-        let mut id = 0usize;
-        self.manifest.root.for_each_leaf_steps(&mut |p, e| {
-            if !e.chunks().is_empty() {
-                jobs.push(Job { id, path: keypath::steps_text(p), entry: e });
-            }
-            id += 1;
-        });
-        jobs
-    }
-
-    /// [`Reader::fetch_stored_leaves_async`] of a local tree on the calling thread, with no
-    /// async runtime: for the few leaves a one-pass load reads on the spot. `None` when the
-    /// tree is not local.
-    pub fn fetch_stored_leaves_local(&self, opts: &LoadOptions) -> Option<Result<Vec<(usize, Leaf)>>> {
-        self.loc.local_path()?;
-        let jobs = self.whole_tree_jobs();
-        let run = || -> Result<Vec<(usize, Leaf)>> {
-            if self.loc.layout() == Layout::SingleFile {
-                let key = (0u32, 0u64, container::HEADER_LEN);
-                let h = self.fetch_keys_blocking(vec![key], None, ReadMode::Buffered)?;
-                container::check_header(h.get(&key).map(|b| b.as_ref()).unwrap_or_default(), &self.manifest_file)?;
-            }
-            let mut out = Vec::with_capacity(jobs.len());
-            for j in &jobs {
-                let fetched = self.fetch_keys_blocking(self.job_keys(j, false), None, ReadMode::Buffered)?;
-                out.push((j.id, self.assemble(j, &fetched, opts, opts.verify)?));
-            }
-            Ok(out)
-        };
-        Some(run())
-    }
-
     /// The selected leaves of `subtree` that live in packs, in tree order (see
     /// [`Reader::fetch_stored_leaves_async`]).
     pub(super) async fn fetch_stored(
@@ -87,7 +51,7 @@ impl Reader {
         // batched path with its first batch, where the range coalesces with that chunk's read
         // and costs no extra request); selective loads skip it and read only the selected chunks.
         let check_header = everything && prefix.is_empty() && self.loc.layout() == Layout::SingleFile;
-        if let Some(done) = self.fetch_local_whole(&jobs, opts, tracker.as_ref(), check_header)? {
+        if let Some(done) = self.fetch_local_whole(&jobs, opts, tracker.as_ref(), check_header).await? {
             return Ok(done);
         }
         let mut start = 0;
@@ -113,7 +77,7 @@ impl Reader {
             if check_header {
                 keys.push(header_key);
             }
-            let fetched = self.fetch_keys(keys, opts.mmap, tracker.as_ref()).await?;
+            let fetched = self.fetch_keys(keys, opts.mmap, tracker.as_ref(), ReadMode::Buffered).await?;
             if check_header {
                 let h = fetched.get(&header_key).map(|b| b.as_ref()).unwrap_or_default();
                 container::check_header(h, &self.manifest_file)?;
@@ -149,45 +113,6 @@ impl Reader {
         }
     }
 
-    /// [`Reader::fetch_stored_leaves_async`] of an mmap load of a local tree, on the calling
-    /// thread with no async runtime: views need no reads, and starting the runtime's threads
-    /// would be most of a small mmap load's time in a fresh process. `None` when this does not
-    /// apply (not an mmap load, not local, a progress callback, a pack that cannot be mapped).
-    pub fn fetch_stored_leaves_mapped(&self, opts: &LoadOptions) -> Option<Result<Vec<(usize, Leaf)>>> {
-        if !opts.mmap || opts.progress.is_some() || self.loc.local_path().is_none() {
-            return None;
-        }
-        let jobs = self.whole_tree_jobs();
-        let mut keys: Vec<ChunkKey> = jobs.iter().flat_map(|j| self.job_keys(j, true)).collect();
-        // A whole load of a single file checks its header, as the batched path does.
-        let check_header = !jobs.is_empty() && self.loc.layout() == Layout::SingleFile;
-        if check_header {
-            keys.push((0, 0, container::HEADER_LEN));
-        }
-        let mut fetched = HashMap::with_capacity(keys.len());
-        for (pack, off, len) in keys {
-            let rel = self.manifest.packs.get(pack as usize).map(|p| p.path.as_str())?;
-            let map = match self.mmap_pack(pack, rel) {
-                Ok(Some(m)) => m,
-                Ok(None) => return None,
-                Err(e) => return Some(Err(e)),
-            };
-            match self.map_range(pack, &map, off, len) {
-                Ok(b) => fetched.insert((pack, off, len), b),
-                Err(e) => return Some(Err(e)),
-            };
-        }
-        let run = || {
-            if check_header {
-                let h = fetched.get(&(0, 0, container::HEADER_LEN)).map(|b| b.as_ref()).unwrap_or_default();
-                container::check_header(h, &self.manifest_file)?;
-            }
-            let bytes = jobs.iter().map(|j| j.entry.nbytes()).fold(0, u64::saturating_add);
-            self.build_batch(&jobs, &fetched, opts, bytes)
-        };
-        Some(run())
-    }
-
     /// Bytes `off..off + len` of a mapped pack, or the error of a range past its end.
     pub(super) fn map_range(&self, pack: u32, map: &Bytes, off: u64, len: u64) -> Result<Bytes> {
         let end = off.saturating_add(len);
@@ -208,7 +133,7 @@ impl Reader {
     /// they arrive, so the device never waits for a hashing phase and there is no kernel
     /// read-ahead to pay for twice. `Ok(None)` when this does not apply (mmap, remote, little
     /// data, shared chunks): the batched path then reads.
-    pub(super) fn fetch_local_whole(
+    pub(super) async fn fetch_local_whole(
         &self,
         jobs: &[Job<'_>],
         opts: &LoadOptions,
@@ -235,7 +160,7 @@ impl Reader {
         }
         if check_header {
             let key = (0u32, 0u64, container::HEADER_LEN);
-            let h = self.fetch_keys_blocking(vec![key], None, ReadMode::Buffered)?;
+            let h = self.fetch_keys(vec![key], false, None, ReadMode::Buffered).await?;
             container::check_header(h.get(&key).map(|b| b.as_ref()).unwrap_or_default(), &self.manifest_file)?;
         }
         if small > 0 {
@@ -266,15 +191,21 @@ impl Reader {
                         let i = next.fetch_add(1, Relaxed);
                         let Some(j) = jobs.get(i) else { break };
                         let before = crate::store::direct_bytes_on_this_thread();
-                        let got = self
-                            .fetch_keys_blocking(self.job_keys(j, false), tracker, ReadMode::CachedOrDirect)
-                            .and_then(|f| {
-                                if crate::store::direct_bytes_on_this_thread() == before {
-                                    self.assemble(j, &f, opts, opts.verify).map(Read::Built)
-                                } else {
-                                    Ok(Read::Fetched(f))
-                                }
-                            });
+                        // No runtime on this thread: the reads run right here.
+                        let keys = self.job_keys(j, false);
+                        let got = crate::runtime::block_on_here(self.fetch_keys(
+                            keys,
+                            false,
+                            tracker,
+                            ReadMode::CachedOrDirect,
+                        ))
+                        .and_then(|f| {
+                            if crate::store::direct_bytes_on_this_thread() == before {
+                                self.assemble(j, &f, opts, opts.verify).map(Read::Built)
+                            } else {
+                                Ok(Read::Fetched(f))
+                            }
+                        });
                         if tx.send((i, got)).is_err() {
                             break;
                         }
@@ -323,35 +254,6 @@ impl Reader {
             Some(span) if !mmap && self.loc.remote_tuning().is_none_or(|t| span.2 <= t.max_request_bytes) => vec![span],
             _ => j.entry.chunks().iter().map(|c| (c.pack, c.offset, c.length)).collect(),
         }
-    }
-
-    /// [`fetch_keys`](Self::fetch_keys) of a local tree, on the calling thread.
-    pub(super) fn fetch_keys_blocking(
-        &self,
-        keys: Vec<ChunkKey>,
-        progress: Option<&Tracker>,
-        mode: ReadMode,
-    ) -> Result<HashMap<ChunkKey, Bytes>> {
-        let mut by_pack: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
-        for (pack, off, len) in keys {
-            by_pack.entry(pack).or_default().push((off, len));
-        }
-        let mut out = HashMap::new();
-        for (pack, mut ranges) in by_pack {
-            ranges.sort_unstable();
-            ranges.dedup();
-            let rel = &self.manifest.packs[pack as usize].path;
-            let want: Vec<Range<u64>> = ranges.iter().map(|&(o, l)| o..o + l).collect();
-            let got = self
-                .loc
-                .read_ranges_blocking(rel, &want, mode)
-                .unwrap_or_else(|| Err(Error::internal("a blocking read of a remote pack")))?;
-            if let Some(t) = progress {
-                t.advance(got.iter().map(|b| b.len() as u64).sum());
-            }
-            out.extend(ranges.into_iter().zip(got).map(|((o, l), b)| ((pack, o, l), b)));
-        }
-        Ok(out)
     }
 
     /// Ask the kernel to read ahead the chunks of the leaves from `next[0]` on, up to `limit`

@@ -71,49 +71,6 @@ pub(super) fn locate_manifest(tail: Bytes, size: u64, file: &str) -> Result<Tail
     }
 }
 
-/// [`manifest_bytes`] of a local tree on the calling thread, with no async runtime (a one-shot
-/// local read need not start one: that cost ~1 ms on a process's first load). `None` for
-/// locations that are not local files.
-pub fn manifest_bytes_local(loc: &Location) -> Option<Result<(Bytes, String)>> {
-    loc.local_path()?;
-    let read = |rel: &str, r: Range<u64>| -> Result<Bytes> {
-        let got = loc
-            .read_ranges_blocking(rel, std::slice::from_ref(&r), ReadMode::Buffered)
-            .unwrap_or_else(|| Err(Error::internal("not a local file")));
-        got.and_then(|mut v| v.pop().ok_or_else(|| Error::internal("no bytes read")))
-    };
-    Some(match loc.layout() {
-        Layout::Directory => {
-            let file = loc.file_name(MANIFEST_NAME);
-            loc.local_size(MANIFEST_NAME).and_then(|size| match size {
-                None => Err(Error::NotFound {
-                    location: loc.display().to_string(),
-                    detail: format!("`{file}` does not exist"),
-                }),
-                Some(n) if n > manifest::MAX_MANIFEST_BYTES => {
-                    Err(Error::limit("file size", manifest::MAX_MANIFEST_BYTES, format!("{file} is {n} bytes")))
-                }
-                Some(n) => read(MANIFEST_NAME, 0..n).map(|b| (b, file)),
-            })
-        }
-        Layout::SingleFile => {
-            let file = loc.display().to_string();
-            (|| {
-                let size = loc.local_size(".")?.ok_or_else(|| Error::NotFound {
-                    location: file.clone(),
-                    detail: "the file does not exist".into(),
-                })?;
-                let tail = read(".", size.saturating_sub(TAIL_READ)..size)?;
-                let b = match locate_manifest(tail, size, &file)? {
-                    Tail::Manifest(b) => b,
-                    Tail::Need(r) => read(".", r)?,
-                };
-                Ok((b, file.clone()))
-            })()
-        }
-    })
-}
-
 /// Open a location and read only its manifest.
 ///
 /// # Errors

@@ -21,7 +21,6 @@ use crate::format::keypath::{self, Selection};
 use crate::format::manifest::{self, ArrayEntry, ArrayStorage, ChunkRef, Entry, LeafInfo, Manifest, Stored};
 use crate::format::model::{ArrayData, Leaf, Node, Step, Tree};
 use crate::progress::Tracker;
-use crate::runtime::block_on;
 use crate::store::{Layout, Location, ReadMode, DIRECT_MIN_BYTES, MANIFEST_NAME};
 use bytes::Bytes;
 use rayon::prelude::*;
@@ -143,9 +142,7 @@ impl Reader {
         let (bytes, file) = manifest_bytes(&loc).await?;
         let parse_file = file.clone();
         let manifest_len = bytes.len();
-        let m = tokio::task::spawn_blocking(move || manifest::decode(&bytes, &parse_file))
-            .await
-            .map_err(|e| Error::internal(format!("manifest parse task failed: {e}")))??;
+        let m = crate::runtime::maybe_spawn_blocking(move || manifest::decode(&bytes, &parse_file)).await?;
         Self::checked(loc, m, file, manifest_len)
     }
 
@@ -181,16 +178,7 @@ impl Reader {
     /// # Errors
     /// As [`Reader::open_async`].
     pub fn open(loc: Location) -> Result<Reader> {
-        // A local tree is opened on this thread: starting the async runtime (threads, an I/O
-        // driver) would cost a process's first open more than reading a small manifest.
-        if loc.local_path().is_some() {
-            let loc = loc.pin()?;
-            if let Some(read) = manifest_bytes_local(&loc) {
-                let (bytes, file) = read?;
-                return Self::from_bytes(loc, &bytes, file);
-            }
-        }
-        block_on(Self::open_async(loc))
+        loc.clone().block_on(Self::open_async(loc))
     }
 
     pub fn location(&self) -> &Location {
@@ -292,15 +280,18 @@ impl Reader {
 
     /// Fetch the stored bytes of chunks, grouped by pack (mmap views when asked and local).
     async fn fetch(&self, refs: &[ChunkRef], mmap: bool) -> Result<HashMap<ChunkKey, Bytes>> {
-        self.fetch_keys(refs.iter().map(|r| (r.pack, r.offset, r.length)).collect(), mmap, None).await
+        let keys = refs.iter().map(|r| (r.pack, r.offset, r.length)).collect();
+        self.fetch_keys(keys, mmap, None, ReadMode::Buffered).await
     }
 
-    /// Fetch byte ranges `(pack, offset, length)`, grouped by pack.
+    /// Fetch byte ranges `(pack, offset, length)`, grouped by pack: mmap views when asked and
+    /// local, local reads in `mode`.
     async fn fetch_keys(
         &self,
         keys: Vec<ChunkKey>,
         mmap: bool,
         progress: Option<&Tracker>,
+        mode: ReadMode,
     ) -> Result<HashMap<ChunkKey, Bytes>> {
         let mut by_pack: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
         for (pack, off, len) in keys {
@@ -325,7 +316,7 @@ impl Reader {
                 let got = if self.loc.is_remote() {
                     self.loc.read_remote_ranges(&rel, want, progress).await?
                 } else {
-                    let got = self.loc.read_ranges(&rel, want).await?;
+                    let got = self.loc.read_ranges(&rel, want, mode).await?;
                     if let Some(t) = progress {
                         t.advance(got.iter().map(|b| b.len() as u64).sum());
                     }
@@ -596,28 +587,28 @@ impl Reader {
     /// # Errors
     /// As [`Reader::load_async`].
     pub fn load(&self, opts: &LoadOptions) -> Result<Node> {
-        block_on(self.load_async(opts))
+        self.loc.block_on(self.load_async(opts))
     }
     /// Blocking [`Reader::get_async`].
     ///
     /// # Errors
     /// As [`Reader::get_async`].
     pub fn get(&self, path: &str) -> Result<Node> {
-        block_on(self.get_async(path, &LoadOptions::default()))
+        self.loc.block_on(self.get_async(path, &LoadOptions::default()))
     }
     /// Blocking [`Reader::read_array_async`] (hashes verified).
     ///
     /// # Errors
     /// As [`Reader::read_array_async`].
     pub fn read_array(&self, path: &str, slice: &str) -> Result<ArrayData> {
-        block_on(self.read_array_async(path, slice, true))
+        self.loc.block_on(self.read_array_async(path, slice, true))
     }
     /// Blocking [`Reader::verify_async`].
     ///
     /// # Errors
     /// As [`Reader::verify_async`].
     pub fn verify(&self) -> Result<VerifyReport> {
-        block_on(self.verify_async())
+        self.loc.block_on(self.verify_async())
     }
 }
 

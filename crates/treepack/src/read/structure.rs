@@ -27,10 +27,7 @@ pub fn outline_pays(len: usize) -> bool {
 /// As [`super::Reader::open`].
 pub fn load_structure(loc: Location) -> Result<Tree<LeafInfo>> {
     let loc = loc.pin()?;
-    let (bytes, file) = match super::manifest_bytes_local(&loc) {
-        Some(r) => r?,
-        None => crate::runtime::block_on(super::manifest_bytes(&loc))?,
-    };
+    let (bytes, file) = loc.block_on(super::manifest_bytes(&loc))?;
     if outline_pays(bytes.len()) {
         if let Some(t) = by_outline(&bytes, &file, loc.layout()) {
             return Ok(t);

@@ -28,6 +28,7 @@ use plan::plan_requests;
 
 use crate::error::{Error, Result};
 use crate::progress::Tracker;
+use crate::runtime::maybe_spawn_blocking;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::memory::InMemory;
@@ -233,6 +234,21 @@ impl Location {
         self.remote.is_some()
     }
 
+    /// Run a read of this location to completion from synchronous code: a local tree's on the
+    /// calling thread (its file reads run inline), anything else on the I/O runtime. Every
+    /// blocking entry point of the library goes through here, so a local load never starts the
+    /// runtime's threads.
+    pub fn block_on<F: std::future::Future + Send>(&self, fut: F) -> F::Output
+    where
+        F::Output: Send,
+    {
+        if self.local.is_some() && tokio::runtime::Handle::try_current().is_err() {
+            crate::runtime::block_on_here(fut)
+        } else {
+            crate::runtime::block_on(fut)
+        }
+    }
+
     /// For a local single file, open it now and read through that handle from then on (a
     /// no-op elsewhere). Readers pin so that a save replacing the file mid-read cannot make them
     /// mix the old manifest with the new file's bytes.
@@ -355,9 +371,7 @@ impl Location {
                 return Err(Error::limit("file size", limit, format!("{} is {} bytes", p.display(), meta.len())));
             }
             let data =
-                tokio::task::spawn_blocking(move || std::fs::read(&p).map_err(|e| Error::Io { path: p, source: e }))
-                    .await
-                    .map_err(|e| Error::internal(format!("read task failed: {e}")))??;
+                maybe_spawn_blocking(move || std::fs::read(&p).map_err(|e| Error::Io { path: p, source: e })).await?;
             self.stats.read(data.len() as u64);
             return Ok(Some(Bytes::from(data)));
         }
@@ -428,29 +442,24 @@ impl Location {
         Ok(m.size)
     }
 
-    /// Read several byte ranges of one object. Local files use positioned reads in parallel;
+    /// Read several byte ranges of one object. Local files use positioned reads in parallel
+    /// (straight from the device for big uncached ranges with [`ReadMode::CachedOrDirect`]);
     /// object stores coalesce nearby ranges into few requests.
-    pub async fn read_ranges(&self, rel: &str, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>> {
+    pub async fn read_ranges(&self, rel: &str, ranges: Vec<Range<u64>>, mode: ReadMode) -> Result<Vec<Bytes>> {
         if ranges.is_empty() {
             return Ok(vec![]);
         }
+        let (stats, file) = (self.stats.clone(), self.file_name(rel));
         if let Some(f) = self.pinned_file(rel).cloned() {
-            let (stats, file, p) = (self.stats.clone(), self.file_name(rel), self.local.clone().unwrap_or_default());
-            return tokio::task::spawn_blocking(move || {
-                read_file_ranges(&f, &p, &ranges, &stats, &file, ReadMode::Buffered)
-            })
-            .await
-            .map_err(|e| Error::internal(format!("read task failed: {e}")))?;
+            let p = self.local.clone().unwrap_or_default();
+            return maybe_spawn_blocking(move || read_file_ranges(&f, &p, &ranges, &stats, &file, mode)).await;
         }
         self.check_no_symlink(rel)?;
         if let Some(p) = self.local_file(rel) {
-            let stats = self.stats.clone();
-            let file = self.file_name(rel);
-            return tokio::task::spawn_blocking(move || {
-                read_file_ranges(&open_pack(&p, &file)?, &p, &ranges, &stats, &file, ReadMode::Buffered)
+            return maybe_spawn_blocking(move || {
+                read_file_ranges(&open_pack(&p, &file)?, &p, &ranges, &stats, &file, mode)
             })
-            .await
-            .map_err(|e| Error::internal(format!("read task failed: {e}")))?;
+            .await;
         }
         self.read_remote_ranges(rel, ranges, None).await
     }
@@ -469,21 +478,6 @@ impl Location {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::Io { path: p, source: e }),
         }
-    }
-
-    /// [`read_ranges`](Self::read_ranges) on the calling thread, for local files only (`None`
-    /// elsewhere): lets a thread read a leaf and verify it in one go.
-    pub fn read_ranges_blocking(&self, rel: &str, ranges: &[Range<u64>], mode: ReadMode) -> Option<Result<Vec<Bytes>>> {
-        if let Some(f) = self.pinned_file(rel) {
-            let p = self.local.clone().unwrap_or_default();
-            return Some(read_file_ranges(f, &p, ranges, &self.stats, &self.file_name(rel), mode));
-        }
-        let p = self.local_file(rel)?;
-        let file = self.file_name(rel);
-        Some(
-            self.check_no_symlink(rel)
-                .and_then(|_| read_file_ranges(&open_pack(&p, &file)?, &p, ranges, &self.stats, &file, mode)),
-        )
     }
 
     /// Hint that these ranges of a local file will be read next, so the kernel reads them ahead
@@ -590,7 +584,7 @@ impl Location {
 
     /// Read one byte range of an object.
     pub async fn read_range(&self, rel: &str, range: Range<u64>) -> Result<Bytes> {
-        Ok(self.read_ranges(rel, vec![range]).await?.pop().unwrap_or_default())
+        Ok(self.read_ranges(rel, vec![range], ReadMode::Buffered).await?.pop().unwrap_or_default())
     }
 
     /// Memory-map a local file (read-only). `None` for non-local locations.

@@ -1,4 +1,5 @@
-//! `Node` / manifest entries -> Python objects: numpy arrays straight from the read buffers.
+//! Leaves (loaded values, manifest entries) and containers -> Python objects: numpy arrays
+//! straight from the read buffers. The tree around them is walked by `load::LoadBuilder`.
 
 use super::*;
 
@@ -126,56 +127,19 @@ impl<'py> Decoder<'py> {
         })
     }
 
-    pub(crate) fn node(&mut self, n: Node) -> PyResult<Bound<'py, PyAny>> {
-        treepack::format::model::grow(|| self.node_inner(n))
-    }
-
-    pub(crate) fn node_inner(&mut self, n: Node) -> PyResult<Bound<'py, PyAny>> {
+    /// A loaded leaf value (arrays over their read buffers, no copy).
+    pub(crate) fn leaf(&mut self, l: &Leaf) -> PyResult<Bound<'py, PyAny>> {
         let py = self.py;
-        Ok(match n {
-            Tree::Leaf(l) => match l {
-                Leaf::None => py.None().into_bound(py),
-                Leaf::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
-                Leaf::Int(i) => int_py(py, &i)?,
-                Leaf::Float(f) => PyFloat::new(py, f).into_any(),
-                Leaf::Complex(a, b) => PyComplex::from_doubles(py, a, b).into_any(),
-                Leaf::Str(s) => PyString::new(py, &s).into_any(),
-                Leaf::Bytes(b) => PyBytes::new(py, &b).into_any(),
-                Leaf::Array(a) => self.array(a)?,
-            },
-            Tree::List(v) => {
-                let items = v.into_iter().map(|c| self.node(c)).collect::<PyResult<Vec<_>>>()?;
-                PyList::new(py, items)?.into_any()
-            }
-            Tree::Tuple(v) => {
-                let items = v.into_iter().map(|c| self.node(c)).collect::<PyResult<Vec<_>>>()?;
-                PyTuple::new(py, items)?.into_any()
-            }
-            Tree::Dict(v) => {
-                let d = PyDict::new(py);
-                for (k, c) in v {
-                    let key = self.key(&k)?;
-                    d.set_item(key, self.node(c)?)?;
-                }
-                d.into_any()
-            }
-            Tree::Record { type_name, fields } => self.other("record", type_name, serde_json::Value::Null, fields)?,
-            Tree::Custom { type_name, data, children } => self.other("custom", type_name, data, children)?,
+        Ok(match l {
+            Leaf::None => py.None().into_bound(py),
+            Leaf::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+            Leaf::Int(i) => int_py(py, i)?,
+            Leaf::Float(f) => PyFloat::new(py, *f).into_any(),
+            Leaf::Complex(a, b) => PyComplex::from_doubles(py, *a, *b).into_any(),
+            Leaf::Str(s) => PyString::new(py, s).into_any(),
+            Leaf::Bytes(b) => PyBytes::new(py, b).into_any(),
+            Leaf::Array(a) => self.array(a.clone())?,
         })
-    }
-
-    pub(crate) fn other(
-        &mut self,
-        kind: &str,
-        type_name: String,
-        data: serde_json::Value,
-        kids: Vec<(String, Node)>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let mut pairs = Vec::with_capacity(kids.len());
-        for (k, c) in kids {
-            pairs.push(PyTuple::new(self.py, [PyString::new(self.py, &k).into_any(), self.node(c)?])?);
-        }
-        self.other_built(kind, &type_name, &data, pairs)
     }
 
     /// A record or custom node from its already-built children (`(name, value)` tuples).
@@ -221,73 +185,10 @@ impl<'py> Decoder<'py> {
         }
     }
 
-    /// Build the Python tree straight from the manifest tree: inline leaves are read from the
-    /// manifest (borrowed, nothing cloned), stored leaves are taken in order from `stored`.
-    pub(crate) fn entry_tree(&mut self, t: &Tree<Entry>, stored: &mut StoredLeaves) -> PyResult<Bound<'py, PyAny>> {
-        treepack::format::model::grow(|| self.entry_tree_inner(t, stored))
-    }
-
-    pub(crate) fn entry_tree_inner(
-        &mut self,
-        t: &Tree<Entry>,
-        stored: &mut StoredLeaves,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let py = self.py;
-        Ok(match t {
-            Tree::Leaf(e) => self.entry_leaf(e, stored)?,
-            Tree::List(v) => {
-                let items = v.iter().map(|c| self.entry_tree(c, stored)).collect::<PyResult<Vec<_>>>()?;
-                PyList::new(py, items)?.into_any()
-            }
-            Tree::Tuple(v) => {
-                let items = v.iter().map(|c| self.entry_tree(c, stored)).collect::<PyResult<Vec<_>>>()?;
-                PyTuple::new(py, items)?.into_any()
-            }
-            Tree::Dict(v) => {
-                let d = PyDict::new(py);
-                for (k, c) in v {
-                    let key = self.key(k)?;
-                    d.set_item(key, self.entry_tree(c, stored)?)?;
-                }
-                d.into_any()
-            }
-            Tree::Record { type_name, fields } => {
-                let pairs = self.entry_pairs(fields, stored)?;
-                self.other_built("record", type_name, &serde_json::Value::Null, pairs)?
-            }
-            Tree::Custom { type_name, data, children } => {
-                let pairs = self.entry_pairs(children, stored)?;
-                self.other_built("custom", type_name, data, pairs)?
-            }
-        })
-    }
-
-    /// One manifest leaf: inline values straight from the manifest (borrowed, nothing cloned),
-    /// stored ones taken in order from `stored`.
-    pub(crate) fn entry_leaf(&mut self, e: &Entry, stored: &mut StoredLeaves) -> PyResult<Bound<'py, PyAny>> {
+    /// A leaf stored inline in the manifest, straight from it (borrowed, nothing cloned).
+    pub(crate) fn inline_entry(&mut self, e: &Entry) -> PyResult<Bound<'py, PyAny>> {
         use treepack::format::manifest::Stored;
         let py = self.py;
-        let id = stored.next_id;
-        stored.next_id += 1;
-        if let Some((_, l)) = stored.leaves.next_if(|(j, _)| *j == id) {
-            // Immutable values stored once (deduplicated) come back as one shared object,
-            // as pickle's memo does for an object referenced many times.
-            let shared = match e {
-                Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => {
-                    Some((matches!(e, Entry::Str(_)), chunk.pack, chunk.offset, chunk.length))
-                }
-                _ => None,
-            };
-            if let Some(k) = shared {
-                if let Some(v) = stored.shared.get(&k) {
-                    return Ok(v.bind(py).clone());
-                }
-                let v = self.node_inner(Tree::Leaf(l))?;
-                stored.shared.insert(k, v.clone().unbind());
-                return Ok(v);
-            }
-            return self.node_inner(Tree::Leaf(l));
-        }
         Ok(match e {
             Entry::None => py.None().into_bound(py),
             Entry::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
@@ -305,27 +206,6 @@ impl<'py> Decoder<'py> {
             }
         })
     }
-
-    pub(crate) fn entry_pairs(
-        &mut self,
-        kids: &[(String, Tree<Entry>)],
-        stored: &mut StoredLeaves,
-    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        let mut pairs = Vec::with_capacity(kids.len());
-        for (k, c) in kids {
-            pairs.push(PyTuple::new(self.py, [PyString::new(self.py, k).into_any(), self.entry_tree(c, stored)?])?);
-        }
-        Ok(pairs)
-    }
-}
-
-/// The leaves a whole-tree load read from packs, consumed in tree order while the Python tree
-/// is built from the manifest.
-pub(crate) struct StoredLeaves {
-    pub(crate) leaves: std::iter::Peekable<std::vec::IntoIter<(usize, Leaf)>>,
-    pub(crate) next_id: usize,
-    /// str/bytes objects already built, by (is str, pack, offset, length) of their blob.
-    pub(crate) shared: HashMap<(bool, u32, u64, u64), Py<PyAny>>,
 }
 
 pub(crate) fn int_py<'py>(py: Python<'py>, i: &Int) -> PyResult<Bound<'py, PyAny>> {

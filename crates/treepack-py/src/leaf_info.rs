@@ -41,26 +41,6 @@ impl PartialEq for LeafInfo {
 }
 
 impl LeafInfo {
-    /// What `load_structure` shows of a manifest leaf at `path`.
-    pub(crate) fn of(path: &str, e: &Entry) -> LeafInfo {
-        let (dtype, shape) = match e {
-            Entry::Array(a) => (Some(dtype_text(&a.dtype)), Some(a.shape.clone())),
-            _ => (None, None),
-        };
-        let inline = match e {
-            Entry::Array(a) => matches!(a.storage, ArrayStorage::Inline(_)),
-            _ => e.chunks().is_empty(),
-        };
-        LeafInfo(LeafRepr::Own(Box::new(OwnLeaf {
-            path: path.to_string(),
-            kind: Cow::Borrowed(e.kind()),
-            dtype,
-            shape,
-            nbytes: e.nbytes(),
-            inline,
-        })))
-    }
-
     /// Row `i` of `table`, if there is one.
     pub(crate) fn row(table: &Arc<LeafTable>, i: u32) -> Option<LeafInfo> {
         if i as usize >= table.len() {

@@ -16,8 +16,8 @@ mod decode;
 mod encode;
 mod errors;
 mod leaf_info;
+mod load;
 mod memory;
-mod one_pass;
 mod reader;
 mod results;
 mod structure;
@@ -28,9 +28,9 @@ use decode::*;
 use encode::*;
 use errors::*;
 use leaf_info::*;
+use load::*;
 use memory::*;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use one_pass::*;
 use pyo3::exceptions::{
     PyFileExistsError, PyFileNotFoundError, PyIOError, PyKeyError, PyPermissionError, PyTypeError, PyValueError,
 };

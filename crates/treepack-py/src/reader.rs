@@ -65,16 +65,15 @@ impl Reader {
             progress: progress_fn(progress),
             ..Default::default()
         };
-        let mut dec = Decoder::new(py, Some(decode_other), Some(np_dtype), mmap);
+        let b = LoadBuilder::new(Decoder::new(py, Some(decode_other), Some(np_dtype), mmap), None);
         if subpath.is_none() && opts.select.is_empty() && opts.keep.is_none() {
             // Whole tree: fetch the stored leaves, then build Python objects straight from the
             // manifest (no intermediate tree of owned values).
             let leaves = py
                 .detach(|| self.inner.location().block_on(self.inner.fetch_stored_leaves_async(&opts)))
                 .map_err(py_err)?;
-            let mut stored =
-                StoredLeaves { leaves: leaves.into_iter().peekable(), next_id: 0, shared: Default::default() };
-            return without_gc(py, || dec.entry_tree(&self.inner.manifest().root, &mut stored));
+            let built = without_gc(py, || Ok(self.inner.build_whole(&b, leaves)))?;
+            return built.map_err(|m| b.error(m));
         }
         let node = py
             .detach(|| match &subpath {
@@ -82,14 +81,20 @@ impl Reader {
                 None => self.inner.location().block_on(self.inner.load_async(&opts)),
             })
             .map_err(py_err)?;
-        without_gc(py, || dec.node(node))
+        let built = without_gc(py, || Ok(treepack::format::manifest::replay_values(&b, &node)))?;
+        built.map_err(|m| b.error(m))
     }
 
     /// The structure: containers as dict/list/tuple, records/custom nodes via `make_node`,
     /// leaves as `LeafInfo`.
     pub(crate) fn structure<'py>(&self, py: Python<'py>, make_node: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let dec = Decoder::new(py, None, None, false);
-        without_gc(py, || structure(&dec, &self.inner.manifest().root, &mut String::new(), &make_node))
+        let m = self.inner.manifest();
+        let file = self.inner.location().display().to_string();
+        let run = |sink: &mut dyn FnMut(Block) -> bool| {
+            treepack::format::manifest::outline::outline_tree(&m.root, &m.packs, &file, sink).is_ok()
+        };
+        without_gc(py, || Ok(structure_here(py, &make_node, true, run)))?
+            .ok_or_else(|| PyValueError::new_err(format!("{file}: the structure could not be built (a treepack bug)")))
     }
 
     /// Kind of the node at a key path: a container kind or a leaf kind.

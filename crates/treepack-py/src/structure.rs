@@ -1,134 +1,28 @@
-//! `load_structure`: the one-pass structure build and the outline-driven build for big manifests.
+//! `load_structure`: Python objects built from the outline's blocks (one builder), read on a
+//! helper thread for big manifests, on this thread for small ones, or from a reader's tree.
 
 use super::*;
 
-pub(crate) fn structure<'py>(
-    dec: &Decoder<'py>,
-    t: &Tree<Entry>,
-    path: &mut String,
+/// `load_structure`'s objects from outline blocks that `run` hands to its sink on this thread
+/// (the outline of small manifests, or a reader's parsed tree through `outline_tree`): the one
+/// structure builder, [`OutlineBuilder`], whatever the source. `None` when `run` says no or
+/// anything is off.
+pub(crate) fn structure_here<'py>(
+    py: Python<'py>,
     make_node: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let py = dec.py;
-    let mut kids = vec![];
-    for (step, c) in t.children() {
-        let here = path.len();
-        if here > 0 {
-            path.push('/');
-        }
-        treepack::format::keypath::push_step_text(path, &step);
-        let v = treepack::format::model::grow(|| structure(dec, c, path, make_node))?;
-        path.truncate(here);
-        let k = match step {
-            treepack::format::model::Step::Index(i) => i.into_pyobject(py)?.into_any(),
-            treepack::format::model::Step::Key(k) => dec.key(k)?,
-            treepack::format::model::Step::Name(n) => PyString::new(py, n).into_any(),
-        };
-        kids.push((k, v));
+    keys_unique: bool,
+    run: impl FnOnce(&mut dyn FnMut(Block) -> bool) -> bool,
+) -> Option<Bound<'py, PyAny>> {
+    let mut b = OutlineBuilder::new(py, make_node, keys_unique);
+    let mut fed = true;
+    let ok = run(&mut |block| {
+        fed = b.feed(&block).is_some();
+        fed
+    });
+    if !(ok && fed) {
+        return None;
     }
-    let leaves_only = kids.iter().all(|(_, v)| v.is_exact_instance_of::<LeafInfo>());
-    Ok(match t {
-        Tree::Leaf(e) => leaf_info(py, LeafInfo::of(path, e))?,
-        Tree::List(_) => PyList::new(py, kids.into_iter().map(|(_, v)| v))?.into_any(),
-        Tree::Tuple(_) => {
-            untrack_if_leaves(leaves_only, PyTuple::new(py, kids.into_iter().map(|(_, v)| v))?.into_any())
-        }
-        Tree::Dict(_) => {
-            let d = PyDict::new(py);
-            for (k, v) in kids {
-                d.set_item(k, v)?;
-            }
-            untrack_if_leaves(leaves_only, d.into_any())
-        }
-        Tree::Record { type_name, .. } => {
-            let pairs = PyList::new(
-                py,
-                kids.into_iter().map(|(k, v)| PyTuple::new(py, [k, v])).collect::<PyResult<Vec<_>>>()?,
-            )?;
-            make_node.call1(("record", type_name, py.None(), pairs, path.as_str()))?
-        }
-        Tree::Custom { type_name, data, .. } => {
-            let pairs = PyList::new(
-                py,
-                kids.into_iter().map(|(k, v)| PyTuple::new(py, [k, v])).collect::<PyResult<Vec<_>>>()?,
-            )?;
-            let d = if data.is_null() { None } else { Some(data.to_string()) };
-            make_node.call1(("custom", type_name, d, pairs, path.as_str()))?
-        }
-    })
-}
-
-/// Builds `load_structure`'s Python objects while the manifest is parsed, with no manifest tree
-/// in between (see `treepack::format::manifest::Build`): on a 100k-leaf manifest that tree alone is
-/// ~20 MB in 300k allocations, more than half of the whole call's time.
-pub(crate) struct StructBuilder<'py, 'm> {
-    pub(crate) dec: Decoder<'py>,
-    pub(crate) make_node: &'m Bound<'py, PyAny>,
-    /// Key path of the node being read, and where each open step began in it.
-    pub(crate) path: std::cell::RefCell<(String, Vec<usize>)>,
-}
-
-impl<'py> StructBuilder<'py, '_> {
-    /// A Python error stops the parse; the caller's fallback raises it again, in context.
-    pub(crate) fn py_ok<T>(&self, r: PyResult<T>) -> Result<T, String> {
-        r.map_err(|e| e.to_string())
-    }
-    pub(crate) fn other(
-        &self,
-        kind: &str,
-        type_name: String,
-        data: Option<String>,
-        kids: Vec<(String, Bound<'py, PyAny>)>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let py = self.dec.py;
-        let pairs = self.dec.named(kids)?;
-        let path = self.path.borrow();
-        self.make_node.call1((kind, type_name, data, PyList::new(py, pairs)?, path.0.as_str()))
-    }
-}
-
-impl<'py> treepack::format::manifest::Build for StructBuilder<'py, '_> {
-    type Node = Bound<'py, PyAny>;
-    const HELPER: bool = true;
-    fn leaf_ref(&self, e: &Entry) -> Result<Self::Node, String> {
-        let info = LeafInfo::of(&self.path.borrow().0, e);
-        self.py_ok(leaf_info(self.dec.py, info))
-    }
-    fn list(&self, items: Vec<Self::Node>, tuple: bool) -> Result<Self::Node, String> {
-        let leaves_only = items.iter().all(|v| v.is_exact_instance_of::<LeafInfo>());
-        self.py_ok(self.dec.sequence(items, tuple)).map(|c| untrack_if_leaves(leaves_only, c))
-    }
-    fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> Result<Self::Node, String> {
-        let leaves_only = pairs.iter().all(|(_, v)| v.is_exact_instance_of::<LeafInfo>());
-        self.py_ok(self.dec.dict_of(pairs)).map(|c| untrack_if_leaves(leaves_only, c))
-    }
-    fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> Result<Self::Node, String> {
-        self.py_ok(self.other("record", type_name, None, fields))
-    }
-    fn custom(
-        &self,
-        type_name: String,
-        data: serde_json::Value,
-        children: Vec<(String, Self::Node)>,
-    ) -> Result<Self::Node, String> {
-        let data = if data.is_null() { None } else { Some(data.to_string()) };
-        self.py_ok(self.other("custom", type_name, data, children))
-    }
-    fn enter(&self, step: treepack::format::model::Step<'_>) {
-        let mut p = self.path.borrow_mut();
-        let (text, starts) = &mut *p;
-        starts.push(text.len());
-        if !text.is_empty() {
-            text.push('/');
-        }
-        treepack::format::keypath::push_step_text(text, &step);
-    }
-    fn exit(&self) {
-        let mut p = self.path.borrow_mut();
-        let (text, starts) = &mut *p;
-        if let Some(at) = starts.pop() {
-            text.truncate(at);
-        }
-    }
+    b.finish()
 }
 
 /// `load_structure` from a structure-only read of the manifest (`treepack::format::manifest::outline`)
@@ -160,7 +54,8 @@ pub(crate) fn structure_outline<'py>(
             })
             .ok()?;
         // The seal is checked here while the helper parses.
-        let mut built = treepack::format::manifest::check(bytes, file).ok().map(|_| OutlineBuilder::new(py, make_node));
+        let mut built =
+            treepack::format::manifest::check(bytes, file).ok().map(|_| OutlineBuilder::new(py, make_node, false));
         if let Some(b) = &mut built {
             loop {
                 let block = match rx.try_recv() {
@@ -213,6 +108,8 @@ pub(crate) struct OutlineBuilder<'py, 'm> {
     pub(crate) root: Option<Bound<'py, PyAny>>,
     /// Slots of (length, text, string): the text kept inline, so a hit costs one compare.
     pub(crate) keys: Vec<Option<KeySlot<'py>>>,
+    /// The events come from a parsed tree, whose dict keys are known to be unique.
+    pub(crate) keys_unique: bool,
 }
 
 /// (length, text, the string) of a key `OutlineBuilder` met.
@@ -243,13 +140,14 @@ pub(crate) enum Frame<'py> {
 }
 
 impl<'py, 'm> OutlineBuilder<'py, 'm> {
-    pub(crate) fn new(py: Python<'py>, make_node: &'m Bound<'py, PyAny>) -> Self {
+    pub(crate) fn new(py: Python<'py>, make_node: &'m Bound<'py, PyAny>, keys_unique: bool) -> Self {
         OutlineBuilder {
             dec: Decoder::new(py, None, None, false),
             make_node,
             stack: Vec::new(),
             root: None,
             keys: vec![None; KEY_SLOTS],
+            keys_unique,
         }
     }
 
@@ -279,7 +177,10 @@ impl<'py, 'm> OutlineBuilder<'py, 'm> {
                 Event::End => {
                     let v = match self.stack.pop()? {
                         Frame::Dict { d, n, leaves_only, .. } => {
-                            if d.len() != n {
+                            // Keys the format tells apart but Python takes for one (1 and 1.0)
+                            // merge, as in a load; from text, a shorter dict may be a repeated
+                            // key, which only the strict parser can tell.
+                            if d.len() != n && !self.keys_unique {
                                 return None;
                             }
                             untrack_if_leaves(leaves_only, d.into_any())
@@ -365,7 +266,7 @@ impl<'py, 'm> OutlineBuilder<'py, 'm> {
     }
 }
 
-/// `load_structure` in one pass over the manifest (no `Reader`, no manifest tree). Returns
+/// `load_structure` from the outline of the manifest (no `Reader`, no manifest tree). Returns
 /// `None` whenever that path does not apply or anything fails, and the caller then takes the
 /// `Reader` path, which reports the error in full.
 #[pyfunction]
@@ -381,17 +282,13 @@ pub(crate) fn structure_one_pass<'py>(
     // The core decides which reader pays (the outline for big manifests); here it also runs on a
     // helper thread while this thread builds.
     if treepack::read::structure::outline_pays(bytes.len()) {
-        if let Some(tree) = without_gc(py, || Ok(structure_outline(py, &bytes, &file, layout, &make_node)))? {
-            return Ok(Some(tree));
-        }
+        return without_gc(py, || Ok(structure_outline(py, &bytes, &file, layout, &make_node)));
     }
-    let builder =
-        StructBuilder { dec: Decoder::new(py, None, None, false), make_node: &make_node, path: Default::default() };
-    let parsed = without_gc(py, || Ok(treepack::format::manifest::build(&bytes, &file, &builder)))?;
-    let Ok(parsed) = parsed else { return Ok(None) };
-    // The layout rule `Reader::open` enforces.
-    if !parsed.packs.iter().all(|p| layout.allows_pack(&p.path)) {
-        return Ok(None);
-    }
-    Ok(Some(parsed.root))
+    // Small manifests: the outline on this thread (no helper to start).
+    let run = |sink: &mut dyn FnMut(Block) -> bool| {
+        treepack::format::manifest::check(&bytes, &file).is_ok()
+            && treepack::format::manifest::outline::outline(&bytes, &file, sink)
+                .is_ok_and(|packs| packs.iter().all(|p| layout.allows_pack(&p.path)))
+    };
+    without_gc(py, || Ok(structure_here(py, &make_node, false, run)))
 }

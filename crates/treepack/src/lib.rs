@@ -101,8 +101,18 @@ pub async fn save_async(tree: &Node, location: impl IntoLocation, opts: &SaveOpt
 /// # Errors
 /// [`Error::NotFound`], format and integrity errors, storage errors.
 pub fn load(location: impl IntoLocation, opts: &LoadOptions) -> Result<Node> {
-    let loc = location.into_location()?;
-    block_on(async { Reader::open_async(loc).await?.load_async(opts).await })
+    let loc = location.into_location()?.pin()?;
+    let (bytes, file) = loc.block_on(read::manifest_bytes(&loc))?;
+    // The load-path policy (see [`read::one_pass`]): small trees in one pass over the manifest;
+    // the rest, or any failure, through a reader over the bytes already read.
+    if read::one_pass::one_pass_applies(opts) {
+        let b = read::one_pass::NodeBuild { file: &file };
+        if let Some(node) = read::one_pass::load_one_pass(&loc, &bytes, &file, &b, opts.verify) {
+            return Ok(node);
+        }
+    }
+    let r = Reader::from_bytes(loc, &bytes, file)?;
+    r.location().block_on(r.load_async(opts))
 }
 
 /// Async [`load`].

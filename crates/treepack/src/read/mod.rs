@@ -7,6 +7,7 @@
 
 mod fetch;
 mod manifest_io;
+pub mod one_pass;
 mod select;
 pub mod structure;
 
@@ -166,10 +167,10 @@ impl Reader {
         Ok(Reader { loc, manifest: Arc::new(m), manifest_file: file, manifest_len, mmaps: Mutex::default() })
     }
 
-    /// A reader over a manifest the caller parsed and checked itself (with
-    /// [`manifest::build`], which validates each leaf as it is read). The Python bindings use it
-    /// to fetch the few stored leaves a one-pass load meets, one small manifest each.
-    pub fn from_parts(loc: Location, manifest: Manifest, manifest_file: String) -> Reader {
+    /// A reader over a manifest parsed and checked already (with [`manifest::build`], which
+    /// validates each leaf as it is read): a one-pass load reads its few stored leaves through
+    /// a reader over the packs of the manifest it is parsing.
+    pub(crate) fn from_parts(loc: Location, manifest: Manifest, manifest_file: String) -> Reader {
         Reader { loc, manifest: Arc::new(manifest), manifest_file, manifest_len: 0, mmaps: Mutex::default() }
     }
 

@@ -41,6 +41,21 @@ pub trait Build {
         data: Value,
         children: Vec<(String, Self::Node)>,
     ) -> std::result::Result<Self::Node, String>;
+    /// A leaf value loaded from packs (or from a loaded [`Node`](crate::Node), see
+    /// [`replay_values`]), for builders that make loaded trees.
+    fn value(&self, _l: crate::format::model::Leaf) -> std::result::Result<Self::Node, String> {
+        Err("this builder does not take loaded values".into())
+    }
+    /// A leaf whose bytes live in packs, whose value `fetch` reads (verified). Builders that
+    /// share one object between leaves of the same stored bytes (as pickle's memo does) may
+    /// answer without calling it, and a one-pass load then reads those bytes once.
+    fn stored(
+        &self,
+        _e: &Entry,
+        fetch: &mut dyn FnMut() -> std::result::Result<crate::format::model::Leaf, String>,
+    ) -> std::result::Result<Self::Node, String> {
+        self.value(fetch()?)
+    }
     /// An owned subtree from the parallel parse (only called when `PARALLEL`).
     fn owned(&self, _t: Tree<Entry>) -> std::result::Result<Self::Node, String> {
         Err("this builder does not take owned trees".into())
@@ -61,50 +76,82 @@ pub trait Build {
 /// # Errors
 /// The first error `b` returns.
 pub fn replay<B: Build>(b: &B, t: &Tree<Entry>) -> std::result::Result<B::Node, String> {
+    replay_with(b, t, &mut |b, e| {
+        #[cfg(test)]
+        tests::REPLAYED.with(|n| n.set(n.get() + 1));
+        b.leaf_ref(e)
+    })
+}
+
+/// [`replay`] of a tree with leaves of any type, each built by `leaf`: one walk for every tree
+/// already in memory (a manifest a reader holds, a loaded [`Node`](crate::Node)), so a builder's
+/// containers are made by the same code whichever source drives it.
+///
+/// # Errors
+/// The first error `b` or `leaf` returns.
+pub fn replay_with<B: Build, T>(
+    b: &B,
+    t: &Tree<T>,
+    leaf: &mut LeafFn<'_, B, T>,
+) -> std::result::Result<B::Node, String> {
     crate::format::model::grow(|| match t {
-        Tree::Leaf(e) => {
-            #[cfg(test)]
-            tests::REPLAYED.with(|n| n.set(n.get() + 1));
-            b.leaf_ref(e)
-        }
-        Tree::List(items) => replay_items(b, items).and_then(|v| b.list(v, false)),
-        Tree::Tuple(items) => replay_items(b, items).and_then(|v| b.list(v, true)),
+        Tree::Leaf(e) => leaf(b, e),
+        Tree::List(items) => replay_items(b, items, leaf).and_then(|v| b.list(v, false)),
+        Tree::Tuple(items) => replay_items(b, items, leaf).and_then(|v| b.list(v, true)),
         Tree::Dict(pairs) => {
             let mut out = Vec::with_capacity(pairs.len());
             for (k, v) in pairs {
                 b.enter(Step::Key(k));
-                let v = replay(b, v);
+                let v = replay_with(b, v, leaf);
                 b.exit();
                 out.push((k.clone(), v?));
             }
             b.dict(out)
         }
-        Tree::Record { type_name, fields } => replay_named(b, fields).and_then(|f| b.record(type_name.clone(), f)),
+        Tree::Record { type_name, fields } => {
+            replay_named(b, fields, leaf).and_then(|f| b.record(type_name.clone(), f))
+        }
         Tree::Custom { type_name, data, children } => {
-            replay_named(b, children).and_then(|c| b.custom(type_name.clone(), data.clone(), c))
+            replay_named(b, children, leaf).and_then(|c| b.custom(type_name.clone(), data.clone(), c))
         }
     })
 }
 
-pub(super) fn replay_items<B: Build>(b: &B, items: &[Tree<Entry>]) -> std::result::Result<Vec<B::Node>, String> {
+/// [`replay`] of a loaded tree: each leaf value goes through [`Build::value`].
+///
+/// # Errors
+/// The first error `b` returns.
+pub fn replay_values<B: Build>(b: &B, t: &crate::format::model::Node) -> std::result::Result<B::Node, String> {
+    replay_with(b, t, &mut |b, l| b.value(l.clone()))
+}
+
+/// How [`replay_with`] builds one leaf.
+pub type LeafFn<'f, B, T> = dyn FnMut(&B, &T) -> std::result::Result<<B as Build>::Node, String> + 'f;
+
+pub(super) fn replay_items<B: Build, T>(
+    b: &B,
+    items: &[Tree<T>],
+    leaf: &mut LeafFn<'_, B, T>,
+) -> std::result::Result<Vec<B::Node>, String> {
     let mut out = Vec::with_capacity(items.len());
     for (i, t) in items.iter().enumerate() {
         b.enter(Step::Index(i));
-        let v = replay(b, t);
+        let v = replay_with(b, t, leaf);
         b.exit();
         out.push(v?);
     }
     Ok(out)
 }
 
-pub(super) fn replay_named<B: Build>(
+pub(super) fn replay_named<B: Build, T>(
     b: &B,
-    named: &[(String, Tree<Entry>)],
+    named: &[(String, Tree<T>)],
+    leaf: &mut LeafFn<'_, B, T>,
 ) -> std::result::Result<Vec<(String, B::Node)>, String> {
     let mut out = Vec::with_capacity(named.len());
     for (n, t) in named {
         b.enter(Step::Name(n));
-        let v = replay(b, t);
+        let v = replay_with(b, t, leaf);
         b.exit();
         out.push((n.clone(), v?));
     }

@@ -219,6 +219,94 @@ pub fn outline_reusing(
     Ok(packs)
 }
 
+/// The blocks [`outline`] would stream for a manifest already parsed (a reader's tree and
+/// packs): one structure builder serves the text and the tree alike. Leaves are checked again
+/// as [`outline`] checks them.
+///
+/// # Errors
+/// A leaf that does not fit `packs`, or a block grown past its limits.
+pub fn outline_tree(
+    root: &Tree<Entry>,
+    packs: &[PackInfo],
+    file: &str,
+    sink: &mut dyn FnMut(Block) -> bool,
+) -> Result<()> {
+    let mut no_spare = || None;
+    let mut st = State {
+        block: Block::default(),
+        table: LeafTable::default(),
+        path: String::new(),
+        starts: Vec::new(),
+        names: Vec::new(),
+        packs: Some(packs.to_vec()),
+        scratch: ArrayBufs::default(),
+        file,
+        sink,
+        spare: &mut no_spare,
+        stopped: false,
+    };
+    let res: std::result::Result<(), serde_json::Error> = walk_tree(&mut st, root);
+    res.map_err(|e| Error::manifest(file, st.path.clone(), e.to_string()))?;
+    if !st.flush() {
+        return Err(Error::manifest(file, "<root>", "the reader stopped"));
+    }
+    Ok(())
+}
+
+/// [`outline_tree`]'s walk: the events the text parser emits, in the same order.
+fn walk_tree<E: de::Error>(st: &mut State<'_>, t: &Tree<Entry>) -> std::result::Result<(), E> {
+    crate::format::model::grow(|| {
+        match t {
+            Tree::Leaf(e) => return st.entry(e),
+            Tree::List(items) | Tree::Tuple(items) => {
+                st.event(if matches!(t, Tree::List(_)) { Event::List } else { Event::Tuple })?;
+                for (i, c) in items.iter().enumerate() {
+                    st.enter(Step::Index(i));
+                    walk_tree(st, c)?;
+                    st.exit();
+                }
+            }
+            Tree::Dict(pairs) => {
+                st.event(Event::Dict)?;
+                for (k, c) in pairs {
+                    match k {
+                        Key::Str(s) => st.key_text(s)?,
+                        other => {
+                            st.room()?;
+                            let i = u32_of(st.block.keys.len())?;
+                            st.block.keys.push(other.clone());
+                            st.block.events.push(Event::TypedKey(i));
+                        }
+                    }
+                    st.enter(Step::Key(k));
+                    walk_tree(st, c)?;
+                    st.exit();
+                }
+            }
+            Tree::Record { type_name, fields: named } | Tree::Custom { type_name, children: named, .. } => {
+                st.event(Event::Named)?;
+                for (n, c) in named {
+                    st.key_text(n)?;
+                    st.enter(Step::Name(n));
+                    walk_tree(st, c)?;
+                    st.exit();
+                }
+                let (custom, data) = match t {
+                    Tree::Custom { data, .. } => (true, (!data.is_null()).then(|| data.to_string())),
+                    _ => (false, None),
+                };
+                let node = NamedNode { custom, type_name: type_name.clone(), data, path: st.path.clone() };
+                st.room()?;
+                let i = u32_of(st.block.named.len())?;
+                st.block.named.push(node);
+                st.block.events.push(Event::EndNamed(i));
+                return Ok(());
+            }
+        }
+        st.event(Event::End)
+    })
+}
+
 fn read_top<'de, R: serde_json::de::Read<'de>>(
     top: OTop<'_, '_>,
     mut de: serde_json::Deserializer<R>,
@@ -770,17 +858,25 @@ mod tests {
     /// The blocks of `bytes` as one line per event, leaves with their facts; repeated dict keys
     /// refused as a consumer would.
     fn lines(bytes: &[u8]) -> std::result::Result<Vec<String>, String> {
+        block_lines(&blocks_of(bytes)?)
+    }
+
+    fn blocks_of(bytes: &[u8]) -> std::result::Result<Vec<Block>, String> {
         let mut blocks = Vec::new();
         outline(bytes, "t", &mut |b| {
             blocks.push(b);
             true
         })
         .map_err(|e| e.to_string())?;
+        Ok(blocks)
+    }
+
+    fn block_lines(blocks: &[Block]) -> std::result::Result<Vec<String>, String> {
         assert!(blocks.iter().all(|b| b.events.len() <= BLOCK_EVENTS));
         let mut out = Vec::new();
         // Keys seen by each open container (dicts only; `None` for others).
         let mut open: Vec<Option<HashSet<String>>> = Vec::new();
-        for b in &blocks {
+        for b in blocks {
             for e in &b.events {
                 // A key repeated in the innermost dict is refused, as a consumer would.
                 let key = |k: String, open: &mut Vec<Option<HashSet<String>>>| match open.last_mut() {
@@ -920,6 +1016,27 @@ mod tests {
         let mut out = Vec::new();
         expected(&p.root, "", &mut out);
         Ok(out)
+    }
+
+    #[test]
+    fn a_parsed_tree_outlines_as_its_text_does() {
+        for m in [rich(), big(false), big(true)] {
+            let bytes = encode(&m, &serde_json::json!({}));
+            let from_text = blocks_of(&bytes).unwrap();
+            let mut from_tree = Vec::new();
+            outline_tree(&m.root, &m.packs, "t", &mut |b| {
+                from_tree.push(b);
+                true
+            })
+            .unwrap();
+            assert_eq!(block_lines(&from_tree).unwrap(), block_lines(&from_text).unwrap());
+            let parts = |v: &[Block]| {
+                v.iter()
+                    .map(|b| (b.events.clone(), b.text.clone(), b.keys.clone(), b.named.clone()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(parts(&from_tree), parts(&from_text));
+        }
     }
 
     #[test]

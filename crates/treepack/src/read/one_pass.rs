@@ -1,0 +1,213 @@
+//! The load-path policy for whole loads, decided here for Rust, Python and the CLI alike: a
+//! tree whose manifest is most of the work (many small values, a few stored leaves) is built
+//! in **one pass** while its manifest is parsed, with no manifest tree in between; anything
+//! else opens a [`Reader`], which fetches stored leaves in parallel batches with read-ahead.
+//!
+//! The builder ([`Build`]) decides what it makes; [`NodeBuild`] makes the owned [`Node`] of
+//! [`crate::load`], the Python bindings make Python objects.
+
+use super::*;
+use crate::format::manifest::{Build, PackInfo, Parsed};
+use crate::format::model::{Key, Step};
+use serde_json::Value;
+use std::cell::{Cell, RefCell};
+
+/// Distinct stored leaves a one-pass load reads on the spot before it gives up (the caller then
+/// loads through a [`Reader`]).
+pub const ONE_PASS_FETCHES: usize = 16;
+
+/// A one-pass load reads stored leaves on the spot only from packs holding at most this much
+/// in all. Giving up discards what was read, and the Reader reads big trees in parallel
+/// batches with read-ahead: a checkpoint's first 16 arrays read one by one, then again, cost a
+/// cold W1 load a quarter of its time.
+pub const ONE_PASS_PACK_BYTES: u64 = 16 << 20;
+
+/// Whether a load with these options may take the one-pass path: a whole tree, read into
+/// memory (mmap views and progress reports are the Reader's).
+pub fn one_pass_applies(opts: &LoadOptions) -> bool {
+    opts.select.is_empty() && opts.keep.is_none() && !opts.mmap && opts.progress.is_none()
+}
+
+/// Build the whole tree from manifest bytes read from `loc`, in one pass: `b` gets every node
+/// as it is parsed, and the few stored leaves (at most [`ONE_PASS_FETCHES`] distinct ones,
+/// local trees only, packs of at most [`ONE_PASS_PACK_BYTES`]) are read on the spot, verified
+/// when `verify`. `None` whenever this path does not apply or anything fails (a damaged
+/// manifest, a builder that says no): the caller then loads through
+/// [`Reader::from_bytes`], which gives the result or the full error.
+pub fn load_one_pass<B: Build>(loc: &Location, bytes: &[u8], file: &str, b: &B, verify: bool) -> Option<B::Node> {
+    let pass = OnePass {
+        inner: b,
+        loc,
+        file,
+        reader: RefCell::new(None),
+        fetched: RefCell::new(HashSet::new()),
+        fetches_left: Cell::new(if loc.local_path().is_some() { ONE_PASS_FETCHES } else { 0 }),
+        header_checked: Cell::new(false),
+        opts: LoadOptions { verify, ..Default::default() },
+    };
+    let parsed: Parsed<B::Node> = manifest::build(bytes, file, &pass).ok()?;
+    // The layout rule `Reader::open` enforces.
+    parsed.packs.iter().all(|p| loc.layout().allows_pack(&p.path)).then_some(parsed.root)
+}
+
+/// A [`Build`] that reads stored leaves on the spot for the builder it wraps.
+struct OnePass<'a, B> {
+    inner: &'a B,
+    loc: &'a Location,
+    file: &'a str,
+    /// A reader over the manifest's packs (its tree is the one being parsed), once the packs
+    /// are read, found to fit the layout and small enough.
+    reader: RefCell<Option<Reader>>,
+    /// The chunks read so far, to count distinct stored leaves.
+    fetched: RefCell<HashSet<ChunkKey>>,
+    fetches_left: Cell<usize>,
+    header_checked: Cell<bool>,
+    opts: LoadOptions,
+}
+
+impl<B: Build> OnePass<'_, B> {
+    fn fetch(&self, e: &Entry) -> std::result::Result<Leaf, String> {
+        let reader = self.reader.borrow();
+        let Some(r) = reader.as_ref() else { return Err("stored leaves are read by the Reader here".into()) };
+        let key = e.chunks().first().map(|c| (c.pack, c.offset, c.length)).unwrap_or_default();
+        if !self.fetched.borrow().contains(&key) {
+            let left = self.fetches_left.get();
+            if left == 0 {
+                return Err("many stored leaves: load through the Reader".into());
+            }
+            self.fetches_left.set(left - 1);
+            self.fetched.borrow_mut().insert(key);
+        }
+        let check_header = !self.header_checked.replace(true) && self.loc.layout() == Layout::SingleFile;
+        self.loc.block_on(r.fetch_entry(e, &self.opts, check_header)).map_err(|e| e.to_string())
+    }
+}
+
+impl<B: Build> Build for OnePass<'_, B> {
+    type Node = B::Node;
+    const HELPER: bool = B::HELPER;
+    fn leaf_ref(&self, e: &Entry) -> std::result::Result<Self::Node, String> {
+        if e.chunks().is_empty() {
+            return self.inner.leaf_ref(e);
+        }
+        self.inner.stored(e, &mut || self.fetch(e))
+    }
+    fn leaf(&self, e: Entry) -> std::result::Result<Self::Node, String> {
+        if e.chunks().is_empty() {
+            return self.inner.leaf(e);
+        }
+        self.inner.stored(&e, &mut || self.fetch(&e))
+    }
+    fn list(&self, items: Vec<Self::Node>, tuple: bool) -> std::result::Result<Self::Node, String> {
+        self.inner.list(items, tuple)
+    }
+    fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> std::result::Result<Self::Node, String> {
+        self.inner.dict(pairs)
+    }
+    fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> std::result::Result<Self::Node, String> {
+        self.inner.record(type_name, fields)
+    }
+    fn custom(
+        &self,
+        type_name: String,
+        data: Value,
+        children: Vec<(String, Self::Node)>,
+    ) -> std::result::Result<Self::Node, String> {
+        self.inner.custom(type_name, data, children)
+    }
+    fn packs(&self, packs: &[PackInfo]) {
+        let small = packs.iter().map(|p| p.size).fold(0u64, u64::saturating_add) <= ONE_PASS_PACK_BYTES;
+        if small && self.loc.local_path().is_some() && packs.iter().all(|p| self.loc.layout().allows_pack(&p.path)) {
+            let m = Manifest {
+                version: (manifest::VERSION_MAJOR, manifest::VERSION_MINOR),
+                writer: String::new(),
+                metadata: None,
+                packs: packs.to_vec(),
+                root: Tree::List(vec![]),
+            };
+            *self.reader.borrow_mut() = Some(Reader::from_parts(self.loc.clone(), m, self.file.to_string()));
+        }
+        self.inner.packs(packs);
+    }
+    fn enter(&self, step: Step<'_>) {
+        self.inner.enter(step);
+    }
+    fn exit(&self) {
+        self.inner.exit();
+    }
+}
+
+/// Builds the owned [`Node`] of a load: inline leaves from the manifest, stored ones as read.
+pub struct NodeBuild<'a> {
+    /// The manifest's file, named in errors.
+    pub file: &'a str,
+}
+
+impl Build for NodeBuild<'_> {
+    type Node = Node;
+    fn leaf_ref(&self, e: &Entry) -> std::result::Result<Node, String> {
+        inline_leaf_ref(e, self.file, &String::new).map(Tree::Leaf).map_err(|e| e.to_string())
+    }
+    fn value(&self, l: Leaf) -> std::result::Result<Node, String> {
+        Ok(Tree::Leaf(l))
+    }
+    fn list(&self, items: Vec<Node>, tuple: bool) -> std::result::Result<Node, String> {
+        Ok(if tuple { Tree::Tuple(items) } else { Tree::List(items) })
+    }
+    fn dict(&self, pairs: Vec<(Key, Node)>) -> std::result::Result<Node, String> {
+        Ok(Tree::Dict(pairs))
+    }
+    fn record(&self, type_name: String, fields: Vec<(String, Node)>) -> std::result::Result<Node, String> {
+        Ok(Tree::Record { type_name, fields })
+    }
+    fn custom(
+        &self,
+        type_name: String,
+        data: Value,
+        children: Vec<(String, Node)>,
+    ) -> std::result::Result<Node, String> {
+        Ok(Tree::Custom { type_name, data, children })
+    }
+}
+
+impl Reader {
+    /// One stored leaf, read and (if `opts.verify`) verified; `check_header` also checks a
+    /// single file's header.
+    async fn fetch_entry(&self, e: &Entry, opts: &LoadOptions, check_header: bool) -> Result<Leaf> {
+        let job = Job { id: 0, path: String::new(), entry: e };
+        let mut keys = self.job_keys(&job, false);
+        let header = (0u32, 0u64, container::HEADER_LEN);
+        if check_header {
+            keys.push(header);
+        }
+        let fetched = self.fetch_keys(keys, false, None, ReadMode::Buffered).await?;
+        if check_header {
+            container::check_header(fetched.get(&header).map(|b| b.as_ref()).unwrap_or_default(), &self.manifest_file)?;
+        }
+        self.assemble(&job, &fetched, opts, opts.verify)
+    }
+
+    /// Build the whole tree through `b` from this reader's manifest and `leaves`, the stored
+    /// leaves [`Reader::fetch_stored_leaves_async`] read (in tree order, by leaf ordinal): the
+    /// Reader path of a whole load, for builders of anything (Python objects).
+    ///
+    /// # Errors
+    /// The first error `b` returns.
+    pub fn build_whole<B: Build>(&self, b: &B, leaves: Vec<(usize, Leaf)>) -> std::result::Result<B::Node, String> {
+        let mut leaves = leaves.into_iter().peekable();
+        let mut id = 0usize;
+        manifest::replay_with(b, &self.manifest.root, &mut |b, e| {
+            let i = id;
+            id += 1;
+            if e.chunks().is_empty() {
+                return b.leaf_ref(e);
+            }
+            // Leaves before this one that the builder shared without taking are skipped.
+            while leaves.next_if(|(j, _)| *j < i).is_some() {}
+            b.stored(e, &mut || match leaves.next_if(|(j, _)| *j == i) {
+                Some((_, l)) => Ok(l),
+                None => Err(format!("stored leaf {i} was not read")),
+            })
+        })
+    }
+}

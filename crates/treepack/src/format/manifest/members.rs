@@ -512,3 +512,111 @@ pub(super) fn read_top_members<'de, A: MapAccess<'de>, S: TopSink<'de>>(
     let root = root.ok_or_else(|| de::Error::custom("missing `root`"))?;
     Ok(Top { version, writer: writer.unwrap_or_default(), metadata, packs, root })
 }
+
+/// What a reader of nodes does with each part of a tagged node object, met in the order the
+/// text has them: both readers (the one-pass parser and the outline) read the object through
+/// [`read_tagged_node`], so the grammar (which members, each at most once, which are required)
+/// and its error messages exist once.
+pub(super) trait NodeSink<'de> {
+    type Out;
+    /// The node's tag is known (before any of its other members is read).
+    fn begin<E: de::Error>(&mut self, tag: &Tag) -> std::result::Result<(), E>;
+    /// A leaf node (tag `array`, `int`, `str`, ...): read its members after `t`.
+    fn leaf<A: MapAccess<'de>>(&mut self, tag: Tag, map: &mut A) -> std::result::Result<Self::Out, A::Error>;
+    /// A tuple's or dict's `items`, the next value of `map`.
+    fn items<A: MapAccess<'de>>(&mut self, map: &mut A, dict: bool) -> std::result::Result<(), A::Error>;
+    /// A record's `fields` or a custom node's `children`, the next value of `map`.
+    fn named<A: MapAccess<'de>>(&mut self, map: &mut A) -> std::result::Result<(), A::Error>;
+    /// The tuple or dict is complete.
+    fn end_items<E: de::Error>(&mut self, dict: bool) -> std::result::Result<Self::Out, E>;
+    /// The record or custom node is complete (`data` is null when absent).
+    fn end_named<E: de::Error>(
+        &mut self,
+        custom: bool,
+        type_name: String,
+        data: Value,
+    ) -> std::result::Result<Self::Out, E>;
+}
+
+/// A tagged node object (`{"t": ..., ...}`): `t` first, then the members its tag allows, each
+/// at most once, unknown members skipped.
+pub(super) fn read_tagged_node<'de, A: MapAccess<'de>, S: NodeSink<'de>>(
+    mut map: A,
+    sink: &mut S,
+) -> std::result::Result<S::Out, A::Error> {
+    if map.next_key_seed(MemberSeed)? != Some(Member::T) {
+        return Err(de::Error::custom("a tagged node object must begin with its \"t\" member"));
+    }
+    let tag = map.next_value_seed(TagSeed)?;
+    sink.begin(&tag)?;
+    match tag {
+        Tag::Tuple | Tag::Dict => {
+            let dict = tag == Tag::Dict;
+            let mut items = false;
+            while let Some(k) = map.next_key_seed(MemberSeed)? {
+                if k != Member::Items {
+                    skip(&mut map)?;
+                    continue;
+                }
+                if items {
+                    return Err(de::Error::custom("duplicate member `items`"));
+                }
+                items = true;
+                sink.items(&mut map, dict)?;
+            }
+            if !items {
+                return Err(de::Error::custom(if dict { "dict without `items`" } else { "tuple without `items`" }));
+            }
+            sink.end_items(dict)
+        }
+        Tag::Record | Tag::Custom => {
+            let custom = tag == Tag::Custom;
+            let (list_member, list_name) =
+                if custom { (Member::Children, "children") } else { (Member::Fields, "fields") };
+            let (mut ty, mut listed, mut data) = (None::<String>, false, None::<Value>);
+            while let Some(k) = map.next_key_seed(MemberSeed)? {
+                if k == Member::Type {
+                    dup(&ty, "type")?;
+                    ty = Some(map.next_value::<String>()?);
+                } else if k == list_member {
+                    if listed {
+                        return Err(de::Error::custom(format!("duplicate member `{list_name}`")));
+                    }
+                    listed = true;
+                    sink.named(&mut map)?;
+                } else if k == Member::Data && custom {
+                    dup(&data, "data")?;
+                    data = Some(map.next_value::<Value>()?);
+                } else {
+                    skip(&mut map)?;
+                }
+            }
+            let name = if custom { "custom" } else { "record" };
+            let type_name = ty.ok_or_else(|| de::Error::custom(format!("{name} without `type`")))?;
+            sink.end_named(custom, type_name, data.unwrap_or(Value::Null))
+        }
+        Tag::Unknown(other) => Err(de::Error::custom(format!(
+            "unknown node type {other:?} (written by a newer treepack? see docs/format.md)"
+        ))),
+        leaf => sink.leaf(leaf, &mut map),
+    }
+}
+
+/// The shape of a `[key, node]` pair (a dict item, a record field, a custom child), for both
+/// readers: a pair with no key.
+pub(super) fn empty_pair<E: de::Error>(named: bool) -> E {
+    E::custom(if named { "empty pair: expected [name, node]" } else { "empty pair: expected [key, node]" })
+}
+
+/// A pair with a key and nothing after it.
+pub(super) fn pair_without_value<E: de::Error>() -> E {
+    E::custom("pair without a value: expected [key, node]")
+}
+
+/// After a pair's key and value: nothing more.
+pub(super) fn end_of_pair<'de, A: SeqAccess<'de>>(seq: &mut A) -> std::result::Result<(), A::Error> {
+    if seq.next_element::<IgnoredAny>()?.is_some() {
+        return Err(de::Error::custom("a pair must have exactly two items"));
+    }
+    Ok(())
+}

@@ -124,77 +124,61 @@ impl<'de, B: Build> Visitor<'de> for NodeSeed<'_, B> {
         let items = read_items(self, seq)?;
         self.b.list(items, false).map_err(de::Error::custom)
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<B::Node, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<B::Node, A::Error> {
         self.check_depth()?;
-        if map.next_key_seed(MemberSeed)? != Some(Member::T) {
-            return Err(de::Error::custom("a tagged node object must begin with its \"t\" member"));
+        read_tagged_node(map, &mut StrictNode { node: self, items: None, pairs: None, named: None })
+    }
+}
+
+/// The one-pass reader's side of [`read_tagged_node`]: children built by the builder as they
+/// are read, the container built from them at its end.
+struct StrictNode<'a, B: Build> {
+    node: NodeSeed<'a, B>,
+    items: Option<Vec<B::Node>>,
+    pairs: Option<Vec<(Key, B::Node)>>,
+    named: Option<Vec<(String, B::Node)>>,
+}
+
+impl<'de, B: Build> NodeSink<'de> for StrictNode<'_, B> {
+    type Out = B::Node;
+    fn begin<E: de::Error>(&mut self, _tag: &Tag) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn leaf<A: MapAccess<'de>>(&mut self, tag: Tag, map: &mut A) -> std::result::Result<B::Node, A::Error> {
+        let e = tagged_leaf(tag, map)?;
+        self.node.leaf(e)
+    }
+    fn items<A: MapAccess<'de>>(&mut self, map: &mut A, dict: bool) -> std::result::Result<(), A::Error> {
+        if dict {
+            self.pairs = Some(map.next_value_seed(PairsSeed::<Key, B>::new(self.node))?);
+        } else {
+            self.items = Some(map.next_value_seed(ItemsSeed(self.node))?);
         }
-        let t = map.next_value_seed(TagSeed)?;
-        match t {
-            Tag::Tuple => {
-                let mut items = None;
-                while let Some(k) = map.next_key_seed(MemberSeed)? {
-                    match k {
-                        Member::Items => {
-                            dup(&items, "items")?;
-                            items = Some(map.next_value_seed(ItemsSeed(self))?);
-                        }
-                        _ => skip(&mut map)?,
-                    }
-                }
-                let items = items.ok_or_else(|| de::Error::custom("tuple without `items`"))?;
-                self.b.list(items, true).map_err(de::Error::custom)
-            }
-            Tag::Dict => {
-                let mut items = None;
-                while let Some(k) = map.next_key_seed(MemberSeed)? {
-                    match k {
-                        Member::Items => {
-                            dup(&items, "items")?;
-                            items = Some(map.next_value_seed(PairsSeed::<Key, B>::new(self))?);
-                        }
-                        _ => skip(&mut map)?,
-                    }
-                }
-                let pairs = items.ok_or_else(|| de::Error::custom("dict without `items`"))?;
-                self.b.dict(pairs).map_err(de::Error::custom)
-            }
-            Tag::Record | Tag::Custom => {
-                let (mut ty, mut fields, mut data) = (None, None, None);
-                let is_record = t == Tag::Record;
-                let (list_member, list_name) =
-                    if is_record { (Member::Fields, "fields") } else { (Member::Children, "children") };
-                let name = if is_record { "record" } else { "custom" };
-                while let Some(k) = map.next_key_seed(MemberSeed)? {
-                    if k == Member::Type {
-                        dup(&ty, "type")?;
-                        ty = Some(map.next_value::<String>()?);
-                    } else if k == list_member {
-                        dup(&fields, list_name)?;
-                        fields = Some(map.next_value_seed(PairsSeed::<String, B>::new(self))?);
-                    } else if k == Member::Data && !is_record {
-                        dup(&data, "data")?;
-                        data = Some(map.next_value::<Value>()?);
-                    } else {
-                        skip(&mut map)?;
-                    }
-                }
-                let type_name = ty.ok_or_else(|| de::Error::custom(format!("{name} without `type`")))?;
-                let named: Vec<(String, B::Node)> = fields.unwrap_or_default();
-                if is_record {
-                    self.b.record(type_name, named).map_err(de::Error::custom)
-                } else {
-                    self.b.custom(type_name, data.unwrap_or(Value::Null), named).map_err(de::Error::custom)
-                }
-            }
-            Tag::Unknown(other) => Err(de::Error::custom(format!(
-                "unknown node type {other:?} (written by a newer treepack? see docs/format.md)"
-            ))),
-            leaf => {
-                let e = tagged_leaf(leaf, &mut map)?;
-                self.leaf(e)
-            }
-        }
+        Ok(())
+    }
+    fn named<A: MapAccess<'de>>(&mut self, map: &mut A) -> std::result::Result<(), A::Error> {
+        self.named = Some(map.next_value_seed(PairsSeed::<String, B>::new(self.node))?);
+        Ok(())
+    }
+    fn end_items<E: de::Error>(&mut self, dict: bool) -> std::result::Result<B::Node, E> {
+        let b = self.node.b;
+        let built = if dict {
+            b.dict(self.pairs.take().unwrap_or_default())
+        } else {
+            b.list(self.items.take().unwrap_or_default(), true)
+        };
+        built.map_err(E::custom)
+    }
+    fn end_named<E: de::Error>(
+        &mut self,
+        custom: bool,
+        type_name: String,
+        data: Value,
+    ) -> std::result::Result<B::Node, E> {
+        let named = self.named.take().unwrap_or_default();
+        let b = self.node.b;
+        let built = if custom { b.custom(type_name, data, named) } else { b.record(type_name, named) };
+        built.map_err(E::custom)
     }
 }
 
@@ -284,9 +268,7 @@ pub(super) trait PairKey: Sized + Send + Clone {
 
 impl PairKey for Key {
     fn read<'de, A: SeqAccess<'de>, B>(seq: &mut A, node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error> {
-        let k = seq
-            .next_element_seed(KeySeed(node.key_seed()))?
-            .ok_or_else(|| de::Error::custom("empty pair: expected [key, node]"))?;
+        let k = seq.next_element_seed(KeySeed(node.key_seed()))?.ok_or_else(|| empty_pair(false))?;
         Ok(k)
     }
     fn step(&self) -> Step<'_> {
@@ -305,7 +287,7 @@ impl PairKey for Key {
 
 impl PairKey for String {
     fn read<'de, A: SeqAccess<'de>, B>(seq: &mut A, _node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error> {
-        seq.next_element::<String>()?.ok_or_else(|| de::Error::custom("empty pair: expected [name, node]"))
+        seq.next_element::<String>()?.ok_or_else(|| empty_pair(true))
     }
     fn step(&self) -> Step<'_> {
         Step::Name(self)
@@ -428,12 +410,8 @@ impl<'de, K: PairKey, B: Build> Visitor<'de> for PairSeed<'_, K, B> {
         self.node.b.enter(key.step());
         let v = seq.next_element_seed(self.node.child());
         self.node.b.exit();
-        let v = v
-            .and_then(|v| v.ok_or_else(|| de::Error::custom("pair without a value: expected [key, node]")))
-            .map_err(name_here)?;
-        if seq.next_element::<IgnoredAny>().map_err(name_here)?.is_some() {
-            return Err(name_here(de::Error::custom("a pair must have exactly two items")));
-        }
+        let v = v.and_then(|v| v.ok_or_else(pair_without_value)).map_err(name_here)?;
+        end_of_pair(&mut seq).map_err(name_here)?;
         self.node.ctx.path.borrow_mut().pop();
         Ok((key, v))
     }

@@ -96,23 +96,21 @@ pub fn replay_with<B: Build, T>(
 ) -> std::result::Result<B::Node, String> {
     crate::format::model::grow(|| match t {
         Tree::Leaf(e) => leaf(b, e),
-        Tree::List(items) => replay_items(b, items, leaf).and_then(|v| b.list(v, false)),
-        Tree::Tuple(items) => replay_items(b, items, leaf).and_then(|v| b.list(v, true)),
+        Tree::List(items) | Tree::Tuple(items) => {
+            let steps = items.iter().enumerate().map(|(i, c)| (Step::Index(i), c));
+            replay_each(b, steps, leaf).and_then(|v| b.list(v, matches!(t, Tree::Tuple(_))))
+        }
         Tree::Dict(pairs) => {
-            let mut out = Vec::with_capacity(pairs.len());
-            for (k, v) in pairs {
-                b.enter(Step::Key(k));
-                let v = replay_with(b, v, leaf);
-                b.exit();
-                out.push((k.clone(), v?));
+            let built = replay_each(b, pairs.iter().map(|(k, c)| (Step::Key(k), c)), leaf)?;
+            b.dict(pairs.iter().map(|(k, _)| k.clone()).zip(built).collect())
+        }
+        Tree::Record { type_name, fields: named } | Tree::Custom { type_name, children: named, .. } => {
+            let built = replay_each(b, named.iter().map(|(n, c)| (Step::Name(n), c)), leaf)?;
+            let named = named.iter().map(|(n, _)| n.clone()).zip(built).collect();
+            match t {
+                Tree::Custom { data, .. } => b.custom(type_name.clone(), data.clone(), named),
+                _ => b.record(type_name.clone(), named),
             }
-            b.dict(out)
-        }
-        Tree::Record { type_name, fields } => {
-            replay_named(b, fields, leaf).and_then(|f| b.record(type_name.clone(), f))
-        }
-        Tree::Custom { type_name, data, children } => {
-            replay_named(b, children, leaf).and_then(|c| b.custom(type_name.clone(), data.clone(), c))
         }
     })
 }
@@ -128,32 +126,18 @@ pub fn replay_values<B: Build>(b: &B, t: &crate::format::model::Node) -> std::re
 /// How [`replay_with`] builds one leaf.
 pub type LeafFn<'f, B, T> = dyn FnMut(&B, &T) -> std::result::Result<<B as Build>::Node, String> + 'f;
 
-pub(super) fn replay_items<B: Build, T>(
+/// The children of one container, each under its step (the `enter`/`exit` calls of the parser).
+fn replay_each<'t, B: Build, T: 't>(
     b: &B,
-    items: &[Tree<T>],
+    kids: impl ExactSizeIterator<Item = (Step<'t>, &'t Tree<T>)>,
     leaf: &mut LeafFn<'_, B, T>,
 ) -> std::result::Result<Vec<B::Node>, String> {
-    let mut out = Vec::with_capacity(items.len());
-    for (i, t) in items.iter().enumerate() {
-        b.enter(Step::Index(i));
-        let v = replay_with(b, t, leaf);
+    let mut out = Vec::with_capacity(kids.len());
+    for (step, c) in kids {
+        b.enter(step);
+        let v = replay_with(b, c, leaf);
         b.exit();
         out.push(v?);
-    }
-    Ok(out)
-}
-
-pub(super) fn replay_named<B: Build, T>(
-    b: &B,
-    named: &[(String, Tree<T>)],
-    leaf: &mut LeafFn<'_, B, T>,
-) -> std::result::Result<Vec<(String, B::Node)>, String> {
-    let mut out = Vec::with_capacity(named.len());
-    for (n, t) in named {
-        b.enter(Step::Name(n));
-        let v = replay_with(b, t, leaf);
-        b.exit();
-        out.push((n.clone(), v?));
     }
     Ok(out)
 }

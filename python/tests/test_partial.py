@@ -444,3 +444,23 @@ def test_a_big_manifest_the_outline_refuses_gets_the_full_answer(tmp_path):
     with pytest.raises(treepack.TreepackError, match="checksum|hash"):
         treepack.load_structure(str(p))
     assert _core._outline_builds() == before
+
+
+def test_a_small_manifest_with_keys_python_merges_reads_alike_by_every_path(tmp_path):
+    """Small manifests are outlined on the calling thread; a dict whose keys Python takes for one
+    (1 and 1.0: distinct in the format) cannot be told from a repeated key there, so the Reader
+    path answers, with the same merged dict a load gives; a real repeated key is refused."""
+    p = tmp_path / "d"
+    manifest = p / "treepack.json"
+    treepack.save({"m": {"a": 1, "b": 2, "c": 3}}, str(p))
+    text = manifest.read_bytes()
+    manifest.write_bytes(text.replace(b'["a",', b"[1,", 1).replace(b'["b",', b"[1.0,", 1))
+    _reseal(manifest)
+    s = treepack.load_structure(str(p))
+    assert s == _core.Reader(str(p), None).structure(treepack._struct_node)
+    assert len(s["m"]) == 2 and s["m"][1].kind == "int" and s["m"]["c"].path == "m/c"
+    assert treepack.load(str(p)) == {"m": {1: 2, "c": 3}}
+    manifest.write_bytes(text.replace(b'["b",', b'["a",', 1))
+    _reseal(manifest)
+    with pytest.raises(treepack.TreepackError, match="duplicate key `a`"):
+        treepack.load_structure(str(p))

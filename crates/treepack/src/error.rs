@@ -11,78 +11,181 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// Nothing readable exists at the location.
     #[error("{location}: no treepack tree found ({detail}); check the path, or save a tree there first")]
-    NotFound { location: String, detail: String },
+    NotFound {
+        /// The location, or the missing file within it, as shown to the user.
+        location: String,
+        /// What exactly is missing (e.g. the manifest or a pack file).
+        detail: String,
+    },
 
     /// A tree is already stored at the location and overwrite was not requested.
     #[error("{location}: a tree already exists here; pass overwrite (CLI: --overwrite) to replace it")]
-    AlreadyExists { location: String },
+    AlreadyExists {
+        /// The location that already holds a tree.
+        location: String,
+    },
 
     /// The file was written by a format version this build cannot read.
     #[error("{file}: format version {found} is not supported (this treepack reads major version {supported}); upgrade treepack")]
-    UnsupportedVersion { file: String, found: String, supported: u16 },
+    UnsupportedVersion {
+        /// The file (manifest or single-file container) that carries the version.
+        file: String,
+        /// The version as found in the file, e.g. `2.0`.
+        found: String,
+        /// The one major version this build reads.
+        supported: u16,
+    },
 
     /// The bytes are not a treepack file at all (bad magic, truncated header/footer).
     #[error("{file}: not a treepack file: {reason}")]
-    NotTreepack { file: String, reason: String },
+    NotTreepack {
+        /// The file that is not a treepack file.
+        file: String,
+        /// What check failed (magic, truncation, reserved bytes).
+        reason: String,
+    },
 
     /// The manifest is structurally invalid (bad JSON, wrong field types, inconsistent sizes).
     #[error("{file}: invalid manifest at `{key}`: {reason}")]
-    InvalidManifest { file: String, key: String, reason: String },
+    InvalidManifest {
+        /// The manifest file (or single file) the problem was found in.
+        file: String,
+        /// Key path of the offending node, or the name of the top-level manifest field.
+        key: String,
+        /// What is wrong there.
+        reason: String,
+    },
 
     /// The manifest's own checksum does not match its bytes: it was modified or truncated.
     #[error(
         "{file}: manifest checksum mismatch (stored {expected}, computed {actual}); the file was modified or truncated"
     )]
-    ManifestChecksum { file: String, expected: String, actual: String },
+    ManifestChecksum {
+        /// The manifest file (or single file) whose checksum failed.
+        file: String,
+        /// The checksum stored with the manifest, in hex.
+        expected: String,
+        /// The checksum computed over the bytes read, in hex.
+        actual: String,
+    },
 
     /// A chunk's bytes do not hash to the value recorded in the manifest.
     #[error("{file}: chunk {chunk} of `{key}` is corrupt: BLAKE3 {actual} but the manifest records {expected}")]
-    ChunkCorrupt { file: String, key: String, chunk: usize, expected: String, actual: String },
+    ChunkCorrupt {
+        /// The pack file the chunk was read from.
+        file: String,
+        /// Key path of the leaf the chunk belongs to.
+        key: String,
+        /// Index of the chunk within the leaf's chunk list.
+        chunk: usize,
+        /// The BLAKE3 hash the manifest records, in hex.
+        expected: String,
+        /// The BLAKE3 hash of the bytes read, in hex.
+        actual: String,
+    },
 
     /// A chunk points outside its pack, or a pack is shorter than the manifest says.
     #[error("{file}: `{key}`: {reason}")]
-    OutOfBounds { file: String, key: String, reason: String },
+    OutOfBounds {
+        /// The pack file read, or the manifest file when the manifest's references were checked.
+        file: String,
+        /// Key path of the leaf whose chunk is affected (empty when not known).
+        key: String,
+        /// What does not fit (offsets, lengths, a chunk that could not be read or decoded).
+        reason: String,
+    },
 
     /// A key path does not name anything in the tree.
     #[error("key path `{path}` not found: {reason}")]
-    KeyNotFound { path: String, reason: String },
+    KeyNotFound {
+        /// The key path as given.
+        path: String,
+        /// Where the walk stopped, or what the path names instead of what was asked for.
+        reason: String,
+    },
 
     /// A key path or glob could not be parsed.
     #[error("invalid key path `{path}`: {reason}")]
-    BadKeyPath { path: String, reason: String },
+    BadKeyPath {
+        /// The key path or glob as given.
+        path: String,
+        /// What could not be parsed.
+        reason: String,
+    },
 
     /// A slice expression does not fit the array.
     #[error("invalid slice `{spec}` for shape {shape:?}: {reason}")]
-    BadSlice { spec: String, shape: Vec<u64>, reason: String },
+    BadSlice {
+        /// The slice expression as given, e.g. `0, :`.
+        spec: String,
+        /// Shape of the array being sliced (empty when the expression failed to parse).
+        shape: Vec<u64>,
+        /// What is wrong with the expression.
+        reason: String,
+    },
 
     /// An in-memory tree cannot be saved as given (e.g. array bytes don't match dtype × shape).
     #[error("cannot save `{key}`: {reason}")]
-    InvalidTree { key: String, reason: String },
+    InvalidTree {
+        /// Key path of the offending node.
+        key: String,
+        /// Why it cannot be saved.
+        reason: String,
+    },
 
     /// A dtype name or description is not understood.
     #[error("unknown or invalid dtype `{dtype}`: {reason}")]
-    BadDType { dtype: String, reason: String },
+    BadDType {
+        /// The dtype name or description as given.
+        dtype: String,
+        /// Why it was rejected.
+        reason: String,
+    },
 
     /// A safety limit (depth, size, count) was exceeded.
     #[error("{what} exceeds the limit of {limit}: {detail}")]
-    LimitExceeded { what: String, limit: u64, detail: String },
+    LimitExceeded {
+        /// The limited quantity, e.g. `manifest size` or `tree depth`.
+        what: String,
+        /// The limit, in that quantity's unit (bytes, levels, …).
+        limit: u64,
+        /// The offending value or a hint on what to change.
+        detail: String,
+    },
 
     /// A buffer of the requested size could not be allocated.
     #[error("cannot allocate {bytes} bytes for `{key}`: out of memory")]
-    OutOfMemory { key: String, bytes: u64 },
+    OutOfMemory {
+        /// Key path of the leaf, or the file, the buffer was for.
+        key: String,
+        /// Size of the buffer requested, in bytes.
+        bytes: u64,
+    },
 
     /// The location string could not be understood.
     #[error("invalid location `{location}`: {reason}")]
-    BadLocation { location: String, reason: String },
+    BadLocation {
+        /// The location string as given.
+        location: String,
+        /// Why it could not be understood.
+        reason: String,
+    },
 
     /// The location can be read but not written (HTTP).
     #[error("{location}: read-only location: {reason}")]
-    ReadOnly { location: String, reason: String },
+    ReadOnly {
+        /// The location that was to be written.
+        location: String,
+        /// Why it cannot be written and where to save instead.
+        reason: String,
+    },
 
     /// The object store (local disk, memory, S3, GCS, Azure, HTTP) reported an error (after retries).
     #[error("{location}: storage error: {source}")]
     Store {
+        /// The file or location the failed request was for.
         location: String,
+        /// The object store's error.
         #[source]
         source: object_store::Error,
     },
@@ -90,7 +193,9 @@ pub enum Error {
     /// A local file operation failed.
     #[error("{}: {source}", path.display())]
     Io {
+        /// The local path the operation was on.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },

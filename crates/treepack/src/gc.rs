@@ -11,6 +11,7 @@ use std::collections::HashSet;
 pub struct GcReport {
     /// Relative paths removed.
     pub removed: Vec<String>,
+    /// Total size of the removed files, in bytes.
     pub bytes_freed: u64,
     /// Leftovers younger than the grace period (possibly a save still running), kept.
     pub kept_recent: Vec<String>,

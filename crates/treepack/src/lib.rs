@@ -15,10 +15,12 @@
 //! # Ok::<(), treepack::Error>(())
 //! ```
 //!
-//! The crate's layers (docs/architecture.md): [`format`] — the tree model, dtypes, key paths,
+//! The crate's layers (docs/architecture.md): [`format`](mod@format) — the tree model, dtypes, key paths,
 //! chunk grids, hashes, the manifest and the single-file container, with no I/O; the engine —
-//! [`store`] (locations), [`save`], [`read`], [`gc`]; and [`serde_tree`] for Rust values. The format is
+//! [`store`] (locations), [`save`](mod@save), [`read`], [`gc`](mod@gc); and [`serde_tree`] for Rust values. The format is
 //! specified in `docs/format.md`.
+
+#![warn(missing_docs)]
 
 pub mod demo;
 pub mod error;
@@ -87,10 +89,10 @@ pub fn save(tree: &Node, location: impl IntoLocation, opts: &SaveOptions) -> Res
     block_on(save::save_async(tree, &loc, opts))
 }
 
-/// Async [`save`].
+/// Async [`save()`].
 ///
 /// # Errors
-/// As [`save`].
+/// As [`save()`].
 pub async fn save_async(tree: &Node, location: impl IntoLocation, opts: &SaveOptions) -> Result<SaveInfo> {
     let loc = location.into_location()?;
     save::save_async(tree, &loc, opts).await

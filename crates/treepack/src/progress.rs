@@ -10,6 +10,7 @@ use std::sync::Arc;
 pub struct ProgressFn(pub Arc<dyn Fn(u64, u64) + Send + Sync>);
 
 impl ProgressFn {
+    /// Wrap a closure taking `(bytes_done, bytes_total)`.
     pub fn new(f: impl Fn(u64, u64) + Send + Sync + 'static) -> Self {
         ProgressFn(Arc::new(f))
     }
@@ -30,6 +31,7 @@ pub struct Tracker {
 }
 
 impl Tracker {
+    /// A tracker expecting `total` bytes; reports `(0, total)` to `cb` at once.
     pub fn new(cb: Option<ProgressFn>, total: u64) -> Self {
         let t = Tracker { cb, done: AtomicU64::new(0), total: AtomicU64::new(total) };
         t.advance(0);

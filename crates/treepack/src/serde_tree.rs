@@ -59,9 +59,13 @@ pub fn from_tree<T: de::DeserializeOwned>(tree: &Node) -> Result<T> {
 
 /// Element types that map to a treepack dtype (for ndarray conversion).
 pub trait Element: Copy + 'static {
+    /// The dtype arrays of this element type are stored as.
     const DTYPE: DType;
+    /// Size of one element in canonical bytes (the dtype's item size).
     const SIZE: usize;
+    /// Append the element's canonical (little-endian) bytes to `out`.
     fn write_le(&self, out: &mut Vec<u8>);
+    /// Read one element from its canonical bytes; `b` is exactly `SIZE` bytes long.
     fn read_le(b: &[u8]) -> Self;
 }
 
@@ -162,6 +166,8 @@ pub mod array {
         }
     }
 
+    /// Serialize an ndarray as (dtype name, shape, canonical bytes) under [`ARRAY_TOKEN`], which
+    /// [`to_tree`](super::to_tree) turns into an array leaf.
     pub fn serialize<T: Element, St: ndarray::Data<Elem = T>, D: ndarray::Dimension, S: Serializer>(
         a: &ndarray::ArrayBase<St, D>,
         s: S,
@@ -197,6 +203,8 @@ pub mod array {
     #[serde(rename = "$treepack::Array")]
     struct Wrapped(Owned);
 
+    /// Rebuild an ndarray from what `serialize` wrote (an array leaf, under
+    /// [`from_tree`](super::from_tree)); fails if the dtype is not `T`'s or the rank not `D`'s.
     pub fn deserialize<'de, T: Element, D: ndarray::Dimension, De: Deserializer<'de>>(
         d: De,
     ) -> Result<ndarray::Array<T, D>, De::Error> {

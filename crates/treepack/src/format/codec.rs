@@ -11,6 +11,7 @@ pub enum Codec {
 }
 
 impl Codec {
+    /// The codec's name as written in the manifest (`raw`).
     pub fn name(&self) -> &'static str {
         match self {
             Codec::Raw => "raw",

@@ -12,13 +12,18 @@
 use crate::error::{Error, Result};
 use crate::format::manifest::{VERSION_MAJOR, VERSION_MINOR};
 
+/// Size of the header at the start of a single file, in bytes.
 pub const HEADER_LEN: u64 = 64;
+/// Size of the footer at the end of a single file, in bytes.
 pub const FOOTER_LEN: u64 = 64;
+/// Magic bytes at offset 0 of a single file.
 pub const MAGIC: &[u8; 8] = b"TREEPACK";
+/// Magic bytes closing the footer (the file's last 8 bytes).
 pub const FOOTER_MAGIC: &[u8; 8] = b"TPKFOOT1";
 /// Alignment of every chunk (bytes), in packs and single files alike.
 pub const ALIGN: u64 = 64;
 
+/// The header for this build's format version: magic, major and minor version (u16 LE), zero bytes.
 pub fn header() -> [u8; 64] {
     let mut h = [0u8; 64];
     h[..8].copy_from_slice(MAGIC);
@@ -53,6 +58,7 @@ pub fn check_header(h: &[u8], file: &str) -> Result<()> {
     Ok(())
 }
 
+/// The footer that points at the manifest: its byte offset and length in the file (u64 LE), zero bytes, magic.
 pub fn footer(manifest_offset: u64, manifest_len: u64) -> [u8; 64] {
     let mut f = [0u8; 64];
     f[..8].copy_from_slice(&manifest_offset.to_le_bytes());

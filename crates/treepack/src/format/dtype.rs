@@ -14,7 +14,9 @@ pub const MAX_STRUCT_FIELDS: usize = 4096;
 /// One named field of a structured (record) dtype.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Field {
+    /// Field name, unique within its struct.
     pub name: String,
+    /// Element type of the field (may itself be a struct).
     pub dtype: DType,
     /// Sub-array shape of the field (empty for a scalar field).
     pub shape: Vec<u64>,
@@ -23,25 +25,46 @@ pub struct Field {
 /// The element type of an array.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// Boolean, one byte holding 0 or 1 (`bool`).
     Bool,
+    /// Signed 8-bit integer (`int8`).
     I8,
+    /// Signed 16-bit integer, two's complement LE (`int16`).
     I16,
+    /// Signed 32-bit integer, two's complement LE (`int32`).
     I32,
+    /// Signed 64-bit integer, two's complement LE (`int64`).
     I64,
+    /// Unsigned 8-bit integer (`uint8`).
     U8,
+    /// Unsigned 16-bit integer, LE (`uint16`).
     U16,
+    /// Unsigned 32-bit integer, LE (`uint32`).
     U32,
+    /// Unsigned 64-bit integer, LE (`uint64`).
     U64,
+    /// IEEE 754 half precision (binary16), LE (`float16`).
     F16,
+    /// bfloat16: the top 16 bits of a binary32, LE (`bfloat16`).
     BF16,
+    /// IEEE 754 single precision (binary32), LE (`float32`).
     F32,
+    /// IEEE 754 double precision (binary64), LE (`float64`).
     F64,
+    /// Complex of two `float32`, real then imaginary (`complex64`).
     C64,
+    /// Complex of two `float64`, real then imaginary (`complex128`).
     C128,
+    /// 8-bit float, 4 exponent and 3 mantissa bits, finite only (`float8_e4m3fn`, as in ml_dtypes).
     F8E4M3FN,
+    /// 8-bit float, 5 exponent and 2 mantissa bits, with infinities (`float8_e5m2`, as in ml_dtypes).
     F8E5M2,
+    /// 8-bit float, 4 exponent and 3 mantissa bits, finite, no negative zero (`float8_e4m3fnuz`, as in ml_dtypes).
     F8E4M3FNUZ,
+    /// 8-bit float, 5 exponent and 2 mantissa bits, finite, no negative zero (`float8_e5m2fnuz`, as in ml_dtypes).
     F8E5M2FNUZ,
+    /// 8-bit float, 4 exponent and 3 mantissa bits, exponent bias 11, finite, no negative zero
+    /// (`float8_e4m3b11fnuz`, as in ml_dtypes).
     F8E4M3B11FNUZ,
     /// Fixed-width byte strings of `n` bytes (numpy `S<n>`).
     Bytes(u64),

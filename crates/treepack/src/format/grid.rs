@@ -52,7 +52,9 @@ fn gcd(a: u64, b: u64) -> u64 {
 /// An array's shape and chunk shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkGrid {
+    /// Array shape, in elements per axis.
     pub shape: Vec<u64>,
+    /// Shape of one full chunk, same rank as `shape`; edge chunks are cut to fit the array.
     pub chunk_shape: Vec<u64>,
 }
 
@@ -156,8 +158,11 @@ impl ChunkGrid {
 /// One axis of a normalised selection: `count` indices `start, start+step, ...`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DimSel {
+    /// First selected index on the axis (already made non-negative and in range).
     pub start: u64,
+    /// Number of selected indices (0 for an empty range).
     pub count: u64,
+    /// Distance between selected indices (≥ 1).
     pub step: u64,
     /// False for an integer index (the axis is dropped from the result shape).
     pub keep: bool,
@@ -166,8 +171,18 @@ pub struct DimSel {
 /// One item of a slice expression before normalisation.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SliceItem {
+    /// A single index (`3`, `-1`); the axis is dropped from the result.
     Index(i64),
-    Range { start: Option<i64>, stop: Option<i64>, step: Option<i64> },
+    /// A range `start:stop:step`; each part may be left out.
+    Range {
+        /// First index (negative counts from the end); `None` for the start of the axis.
+        start: Option<i64>,
+        /// Index one past the last (negative counts from the end); `None` for the end of the axis.
+        stop: Option<i64>,
+        /// Step; `None` for 1. Only positive steps are accepted by [`normalize`].
+        step: Option<i64>,
+    },
+    /// `...`: as many full ranges as needed to cover the axes not given.
     Ellipsis,
 }
 

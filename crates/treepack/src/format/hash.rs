@@ -18,6 +18,7 @@ impl Hash32 {
         }
     }
 
+    /// The 64 lowercase hex digits, as written in the manifest.
     pub fn to_hex(&self) -> String {
         let mut s = String::with_capacity(64);
         self.push_hex(&mut s);

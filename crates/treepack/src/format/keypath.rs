@@ -17,8 +17,11 @@ use std::fmt;
 /// One step of a key path, as stored in a tree walk.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Segment {
+    /// Position of an item in a list or tuple.
     Index(usize),
+    /// Key of a dict entry (any key type, not only strings).
     Key(Key),
+    /// Name of a record field or a custom node's child.
     Name(String),
 }
 
@@ -167,6 +170,7 @@ fn push_key_text(out: &mut String, k: &Key, in_tuple: bool) {
 pub struct KeyPath(Vec<Segment>);
 
 impl KeyPath {
+    /// The empty path, naming the root.
     pub fn root() -> KeyPath {
         KeyPath(Vec::new())
     }
@@ -174,15 +178,19 @@ impl KeyPath {
     pub fn from_steps(steps: &[Step<'_>]) -> KeyPath {
         KeyPath(steps.iter().map(Segment::from_step).collect())
     }
+    /// Descend one step, to the child named by `s`.
     pub fn push(&mut self, s: Segment) {
         self.0.push(s);
     }
+    /// Go up one step; returns the segment removed, `None` at the root.
     pub fn pop(&mut self) -> Option<Segment> {
         self.0.pop()
     }
+    /// The segments from the root down.
     pub fn segments(&self) -> &[Segment] {
         &self.0
     }
+    /// True for the empty path.
     pub fn is_root(&self) -> bool {
         self.0.is_empty()
     }
@@ -403,6 +411,7 @@ impl Glob {
         Ok(Glob { source: pattern.to_string(), segs })
     }
 
+    /// The pattern text as given to [`Glob::new`].
     pub fn source(&self) -> &str {
         &self.source
     }
@@ -466,6 +475,7 @@ pub struct Selection {
 }
 
 impl Selection {
+    /// The selection of everything (no patterns).
     pub fn all() -> Selection {
         Selection::default()
     }
@@ -476,6 +486,7 @@ impl Selection {
     pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Selection> {
         Ok(Selection { globs: patterns.iter().map(|p| Glob::new(p.as_ref())).collect::<Result<_>>()? })
     }
+    /// True if there are no patterns, so every leaf is selected.
     pub fn is_all(&self) -> bool {
         self.globs.is_empty()
     }

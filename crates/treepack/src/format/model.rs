@@ -13,7 +13,9 @@ use std::fmt;
 /// An exact integer of any size. Values that fit in `i64` are kept unboxed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Int {
+    /// A value that fits in `i64`.
     Small(i64),
+    /// A value outside the `i64` range (constructors normalise smaller values to `Small`).
     Big(BigInt),
 }
 
@@ -38,6 +40,7 @@ impl Int {
         s.parse::<BigInt>().ok().map(Int::from_big)
     }
 
+    /// The value as `i64`, or `None` if it is a `Big` one.
     pub fn as_i64(&self) -> Option<i64> {
         match self {
             Int::Small(v) => Some(*v),
@@ -64,11 +67,17 @@ impl From<i64> for Int {
 /// A dict key. Python dicts allow these hashable kinds; order of entries is kept by the dict.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Key {
+    /// The none key (Python `None`).
     None,
+    /// A boolean key.
     Bool(bool),
+    /// An integer key of any size.
     Int(Int),
+    /// A float key; compared by bits in [`Key::same`].
     Float(f64),
+    /// A string key, the usual kind.
     Str(String),
+    /// A tuple of keys (a Python tuple used as a key).
     Tuple(Vec<Key>),
 }
 
@@ -155,9 +164,11 @@ impl ArrayData {
         Self::new(dtype, vec![], data)
     }
 
+    /// Element type.
     pub fn dtype(&self) -> &DType {
         &self.dtype
     }
+    /// Shape, in elements per axis (empty for a 0-d array).
     pub fn shape(&self) -> &[u64] {
         &self.shape
     }
@@ -165,15 +176,19 @@ impl ArrayData {
     pub fn bytes(&self) -> &Bytes {
         &self.data
     }
+    /// Size of the canonical bytes.
     pub fn nbytes(&self) -> u64 {
         self.data.len() as u64
     }
+    /// Number of elements (1 for a 0-d array).
     pub fn len(&self) -> u64 {
         shape_len(&self.shape).unwrap_or(0)
     }
+    /// True if the array has no elements (some axis is 0).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Take the array apart into dtype, shape and canonical bytes, without copying.
     pub fn into_parts(self) -> (DType, Vec<u64>, Bytes) {
         (self.dtype, self.shape, self.data)
     }
@@ -182,13 +197,21 @@ impl ArrayData {
 /// A leaf value of an in-memory tree.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Leaf {
+    /// The none value (Python `None`, Rust `()` or `None`).
     None,
+    /// A boolean.
     Bool(bool),
+    /// An integer of any size.
     Int(Int),
+    /// A 64-bit float; saved bit for bit (NaN payloads, -0.0).
     Float(f64),
+    /// A complex number: real part, imaginary part.
     Complex(f64, f64),
+    /// A UTF-8 string.
     Str(String),
+    /// A byte string.
     Bytes(Bytes),
+    /// An n-d array (a typed scalar is a 0-d one).
     Array(ArrayData),
 }
 
@@ -220,20 +243,28 @@ impl Leaf {
 /// A tree: containers over leaves of type `L`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Tree<L> {
+    /// A leaf value.
     Leaf(L),
+    /// A list of subtrees.
     List(Vec<Tree<L>>),
+    /// A tuple of subtrees (kept distinct from a list so it round-trips as a tuple).
     Tuple(Vec<Tree<L>>),
     /// Ordered dict; keys are unique.
     Dict(Vec<(Key, Tree<L>)>),
     /// A named type with ordered, named fields (dataclass, namedtuple, Rust struct).
     Record {
+        /// Name of the user type.
         type_name: String,
+        /// Field names and values, in declaration order.
         fields: Vec<(String, Tree<L>)>,
     },
     /// A registered custom type: its name, JSON data, and named children.
     Custom {
+        /// Name under which the type was registered.
         type_name: String,
+        /// The type's own JSON data (null for none).
         data: serde_json::Value,
+        /// Named child subtrees, in order.
         children: Vec<(String, Tree<L>)>,
     },
 }
@@ -286,8 +317,11 @@ pub type Node = Tree<Leaf>;
 /// One step from a container to a child, used by key paths.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step<'a> {
+    /// Position of an item in a list or tuple.
     Index(usize),
+    /// Key of a dict entry.
     Key(&'a Key),
+    /// Name of a record field or a custom node's child.
     Name(&'a str),
 }
 
@@ -579,6 +613,7 @@ fn map_named<L, M, E>(
 // ---- Convenience constructors for in-memory trees ----
 
 impl Node {
+    /// A none leaf.
     pub fn none() -> Node {
         Tree::Leaf(Leaf::None)
     }
@@ -586,12 +621,15 @@ impl Node {
     pub fn dict<K: Into<Key>>(items: impl IntoIterator<Item = (K, Node)>) -> Node {
         Tree::Dict(items.into_iter().map(|(k, v)| (k.into(), v)).collect())
     }
+    /// A list of the items, in order.
     pub fn list(items: impl IntoIterator<Item = Node>) -> Node {
         Tree::List(items.into_iter().collect())
     }
+    /// A tuple of the items, in order.
     pub fn tuple(items: impl IntoIterator<Item = Node>) -> Node {
         Tree::Tuple(items.into_iter().collect())
     }
+    /// A record of the named type with the given fields, in order.
     pub fn record(type_name: &str, fields: impl IntoIterator<Item = (&'static str, Node)>) -> Node {
         Tree::Record { type_name: type_name.into(), fields: fields.into_iter().map(|(k, v)| (k.into(), v)).collect() }
     }

@@ -57,21 +57,29 @@ impl Default for LoadOptions {
 /// One problem found by [`Reader::verify`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
+    /// The file the problem is in: a pack, or the single file.
     pub file: String,
+    /// Key path of the leaf affected (empty for a problem with a whole file).
     pub key: String,
+    /// Index of the chunk within the leaf's chunk list, if the problem is one chunk.
     pub chunk: Option<usize>,
+    /// What is wrong, as an error message.
     pub reason: String,
 }
 
 /// Result of a full verification.
 #[derive(Debug, Clone, Default)]
 pub struct VerifyReport {
+    /// Chunks read and re-hashed (chunks in packs found too short are skipped).
     pub chunks_checked: usize,
+    /// Stored bytes of those chunks.
     pub bytes_checked: u64,
+    /// Everything found wrong; empty if the tree is intact.
     pub problems: Vec<Problem>,
 }
 
 impl VerifyReport {
+    /// True if no problems were found.
     pub fn ok(&self) -> bool {
         self.problems.is_empty()
     }
@@ -182,9 +190,11 @@ impl Reader {
         loc.clone().block_on(Self::open_async(loc))
     }
 
+    /// The location the tree is read from.
     pub fn location(&self) -> &Location {
         &self.loc
     }
+    /// The manifest, as read when the reader was opened.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }

@@ -33,7 +33,7 @@ pub fn one_pass_applies(opts: &LoadOptions) -> bool {
 /// local trees only, packs of at most [`ONE_PASS_PACK_BYTES`]) are read on the spot, verified
 /// when `verify`. `None` whenever this path does not apply or anything fails (a damaged
 /// manifest, a builder that says no): the caller then loads through
-/// [`Reader::from_bytes`], which gives the result or the full error.
+/// a [`Reader`] over the bytes already read, which gives the result or the full error.
 pub fn load_one_pass<B: Build>(loc: &Location, bytes: &[u8], file: &str, b: &B, verify: bool) -> Option<B::Node> {
     let pass = OnePass {
         inner: b,

@@ -27,7 +27,7 @@ use rayon::prelude::*;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 
-/// Options for [`crate::save`].
+/// Options for [`crate::save()`].
 #[derive(Debug, Clone)]
 pub struct SaveOptions {
     /// Replace a tree already at the location (default: fail with `AlreadyExists`).
@@ -80,16 +80,21 @@ impl Default for SaveOptions {
 /// What a save wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SaveInfo {
+    /// The location saved to, as displayed.
     pub location: String,
+    /// Number of leaves in the tree, of every kind.
     pub leaves: usize,
+    /// Number of array leaves (inline ones included).
     pub arrays: usize,
     /// Logical bytes of all arrays.
     pub array_bytes: u64,
     /// Bytes written to storage (packs + manifest, or the whole file).
     pub bytes_written: u64,
+    /// Chunks to store (array chunks and string/bytes blobs), before deduplication.
     pub chunks: usize,
     /// Chunks actually stored after deduplication.
     pub unique_chunks: usize,
+    /// Number of pack files the manifest lists.
     pub packs: usize,
 }
 

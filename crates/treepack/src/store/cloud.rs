@@ -26,9 +26,13 @@ pub const TUNING_KEYS: [&str; 6] = [
 /// How requests to a remote store are shaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteTuning {
+    /// Requests in flight at once per operation (1 to 1024).
     pub max_concurrency: usize,
+    /// Objects of at least this many bytes are uploaded in parts.
     pub multipart_threshold: u64,
+    /// Size of each part of a multipart upload, in bytes (5 MiB to 5 GiB).
     pub multipart_part_size: usize,
+    /// Largest ranged read that nearby chunk reads are coalesced into, in bytes.
     pub max_request_bytes: u64,
 }
 

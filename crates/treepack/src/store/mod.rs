@@ -67,9 +67,13 @@ impl Layout {
 /// Counters of storage traffic, shared by clones of a [`Location`].
 #[derive(Debug, Default)]
 pub struct IoStats {
+    /// Read requests made (ranged GETs and file reads; remote existence and size checks count too).
     pub read_requests: AtomicU64,
+    /// Bytes those reads returned.
     pub bytes_read: AtomicU64,
+    /// Objects written (a multipart upload counts once).
     pub write_requests: AtomicU64,
+    /// Bytes written by those requests.
     pub bytes_written: AtomicU64,
     /// Of `bytes_read`, those read straight from the device around the page cache
     /// ([`ReadMode::CachedOrDirect`]).
@@ -77,21 +81,27 @@ pub struct IoStats {
 }
 
 impl IoStats {
+    /// Current value of [`IoStats::bytes_read`].
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.load(Ordering::Relaxed)
     }
+    /// Current value of [`IoStats::read_requests`].
     pub fn read_requests(&self) -> u64 {
         self.read_requests.load(Ordering::Relaxed)
     }
+    /// Current value of [`IoStats::bytes_written`].
     pub fn bytes_written(&self) -> u64 {
         self.bytes_written.load(Ordering::Relaxed)
     }
+    /// Current value of [`IoStats::write_requests`].
     pub fn write_requests(&self) -> u64 {
         self.write_requests.load(Ordering::Relaxed)
     }
+    /// Current value of [`IoStats::bytes_read_direct`].
     pub fn bytes_read_direct(&self) -> u64 {
         self.bytes_read_direct.load(Ordering::Relaxed)
     }
+    /// Set every counter back to zero.
     pub fn reset(&self) {
         for c in
             [&self.read_requests, &self.bytes_read, &self.write_requests, &self.bytes_written, &self.bytes_read_direct]
@@ -285,6 +295,7 @@ impl Location {
         self.remote
     }
 
+    /// Whether the tree here is a directory or a single file.
     pub fn layout(&self) -> Layout {
         self.layout
     }
@@ -509,7 +520,7 @@ impl Location {
         let _ = (rel, ranges);
     }
 
-    /// Ranged reads against an object store: coalesced into few requests (see [`plan_requests`]),
+    /// Ranged reads against an object store: coalesced into few requests (see `plan_requests`),
     /// at most `max_concurrency` in flight, each retried with backoff by the client.
     pub async fn read_remote_ranges(
         &self,

@@ -5,10 +5,15 @@ use super::*;
 /// A manifest's members, with its root built by a [`Build`].
 #[derive(Debug)]
 pub struct Parsed<N> {
+    /// As [`Manifest::version`].
     pub version: (u16, u16),
+    /// As [`Manifest::writer`].
     pub writer: String,
+    /// As [`Manifest::metadata`].
     pub metadata: Option<Value>,
+    /// As [`Manifest::packs`].
     pub packs: Vec<PackInfo>,
+    /// The tree, as the [`Build`] built it.
     pub root: N,
 }
 
@@ -17,6 +22,7 @@ pub struct Parsed<N> {
 /// 100k-leaf tree costs ~20 MB and 300k allocations as an owned tree). The parser has checked
 /// every node before it is handed over. An `Err` stops the parse with that message.
 pub trait Build {
+    /// What the builder makes of each node (and of the whole tree).
     type Node;
     /// Big containers are parsed on several threads, as owned trees that `owned` then converts.
     /// Only builders whose conversion is free should say yes.
@@ -32,9 +38,14 @@ pub trait Build {
     fn leaf(&self, e: Entry) -> std::result::Result<Self::Node, String> {
         self.leaf_ref(&e)
     }
+    /// A list, or a tuple when `tuple`, of already built items.
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> std::result::Result<Self::Node, String>;
+    /// A dict of built values, pairs in stored (insertion) order.
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> std::result::Result<Self::Node, String>;
+    /// A record of the named type, fields in stored order.
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> std::result::Result<Self::Node, String>;
+    /// A custom node of the named type, with its JSON `data` (null when absent) and named children
+    /// in stored order.
     fn custom(
         &self,
         type_name: String,
@@ -66,6 +77,7 @@ pub trait Build {
     /// The parser is about to read the child reached by `step` (then calls `exit`); builders
     /// that need each node's key path keep it from these calls.
     fn enter(&self, _step: Step<'_>) {}
+    /// The parser has finished the child announced by the matching `enter`.
     fn exit(&self) {}
 }
 

@@ -4,7 +4,7 @@
 //!
 //! Why: `load_structure` of a 100k-leaf tree must build ~125k Python objects, and those can
 //! only be built on the thread that holds the interpreter. The full parse (a manifest tree or
-//! a [`Build`](super::Build)er's nodes) costs about as much again on that same thread. Here
+//! a [`Build`]er's nodes) costs about as much again on that same thread. Here
 //! another thread parses and streams [`Block`]s of events while the calling thread builds, and
 //! the leaves' facts stay in shared tables that the Python objects point into.
 //!
@@ -23,8 +23,11 @@ pub const BLOCK_EVENTS: usize = 4096;
 /// One step of a pre-order walk of the tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
+    /// A dict opens; its items follow, each a key event then the value's events.
     Dict,
+    /// A list opens; its items follow.
     List,
+    /// A tuple opens; its items follow.
     Tuple,
     /// A record or custom node opens; its type, data and path come with its [`Event::EndNamed`]
     /// (a reader may meet `fields` before `type`).
@@ -45,7 +48,9 @@ pub enum Event {
 /// A record or custom node, complete.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NamedNode {
+    /// True for a custom node, false for a record.
     pub custom: bool,
+    /// The user type the node names.
     pub type_name: String,
     /// A custom node's `data` as compact JSON text (`None` when absent or null).
     pub data: Option<String>,
@@ -56,9 +61,12 @@ pub struct NamedNode {
 /// A run of consecutive events with what they refer to.
 #[derive(Debug, Default)]
 pub struct Block {
+    /// The events, in walk order.
     pub events: Vec<Event>,
     text: String,
+    /// Non-string dict keys, indexed by [`Event::TypedKey`].
     pub keys: Vec<Key>,
+    /// Completed record and custom nodes, indexed by [`Event::EndNamed`].
     pub named: Vec<NamedNode>,
     /// Shared, so that objects describing leaves can keep it rather than copies of each row.
     pub leaves: Arc<LeafTable>,
@@ -133,19 +141,26 @@ fn kind_code(e: &Entry) -> u8 {
 /// One leaf of a [`LeafTable`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LeafView<'a> {
+    /// The leaf's key path.
     pub path: &'a str,
+    /// The leaf's kind, as [`Entry::kind`] names it.
     pub kind: &'static str,
+    /// Element type, for arrays only.
     pub dtype: Option<&'a DType>,
+    /// Shape, for arrays only.
     pub shape: Option<&'a [u64]>,
+    /// Byte size of the value, as [`Entry::nbytes`] counts it.
     pub nbytes: u64,
     /// Stored in the manifest itself (no pack read needed).
     pub inline: bool,
 }
 
 impl LeafTable {
+    /// Number of leaves (rows).
     pub fn len(&self) -> usize {
         self.rows.len()
     }
+    /// True if the table has no leaves.
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
@@ -177,11 +192,11 @@ pub fn outline(bytes: &[u8], file: &str, sink: &mut dyn FnMut(Block) -> bool) ->
     outline_reusing(bytes, file, sink, &mut || None)
 }
 
-/// [`outline`], filling blocks that `spare` hands back (see [`Block::reuse`]) before new ones:
+/// [`outline()`], filling blocks that `spare` hands back (see [`Block::reuse`]) before new ones:
 /// their memory is already mapped, where fresh buffers cost a page fault per 4 KiB.
 ///
 /// # Errors
-/// As [`outline`].
+/// As [`outline()`].
 pub fn outline_reusing(
     bytes: &[u8],
     file: &str,
@@ -219,9 +234,9 @@ pub fn outline_reusing(
     Ok(packs)
 }
 
-/// The blocks [`outline`] would stream for a manifest already parsed (a reader's tree and
+/// The blocks [`outline()`] would stream for a manifest already parsed (a reader's tree and
 /// packs): one structure builder serves the text and the tree alike. Leaves are checked again
-/// as [`outline`] checks them.
+/// as [`outline()`] checks them.
 ///
 /// # Errors
 /// A leaf that does not fit `packs`, or a block grown past its limits.

@@ -27,9 +27,11 @@ pub const HASH_TRAILER_LEN: usize = HASH_PREFIX.len() + 64 + HASH_SUFFIX.len();
 pub struct ChunkRef {
     /// Index into [`Manifest::packs`].
     pub pack: u32,
+    /// Byte offset of the stored bytes inside the pack (an absolute file offset in a single file).
     pub offset: u64,
     /// Stored length in bytes.
     pub length: u64,
+    /// How the stored bytes encode the canonical bytes.
     pub codec: Codec,
     /// BLAKE3 of the canonical (decoded) bytes.
     pub hash: Hash32,
@@ -38,8 +40,15 @@ pub struct ChunkRef {
 /// A string or bytes value: inline in the manifest, or a blob in a pack.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Stored<T> {
+    /// Short values, written in the manifest itself.
     Inline(T),
-    Blob { size: u64, chunk: ChunkRef },
+    /// Long values, stored as one chunk in a pack.
+    Blob {
+        /// Canonical size in bytes (UTF-8 bytes for strings).
+        size: u64,
+        /// Where the blob's bytes are.
+        chunk: ChunkRef,
+    },
 }
 
 /// How an array's bytes are stored.
@@ -48,14 +57,22 @@ pub enum ArrayStorage {
     /// Small arrays: canonical bytes base64-encoded in the manifest.
     Inline(Bytes),
     /// On a chunk grid, chunks in C order of grid coordinates.
-    Chunked { chunk_shape: Vec<u64>, chunks: Vec<ChunkRef> },
+    Chunked {
+        /// Shape of one full chunk; edge chunks are cut to fit the array.
+        chunk_shape: Vec<u64>,
+        /// One reference per chunk of the grid.
+        chunks: Vec<ChunkRef>,
+    },
 }
 
 /// An array leaf as recorded in the manifest.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ArrayEntry {
+    /// Element type.
     pub dtype: DType,
+    /// Shape, in elements per axis (empty for a 0-d array).
     pub shape: Vec<u64>,
+    /// Where the canonical bytes are: inline or chunks in packs.
     pub storage: ArrayStorage,
     /// Informational preview (first values, min, max). Never used to reconstruct data.
     pub preview: Option<Value>,
@@ -82,12 +99,19 @@ impl ArrayEntry {
 /// A leaf as recorded in the manifest.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Entry {
+    /// The none value (Python `None`, Rust `()` or `None`).
     None,
+    /// A boolean.
     Bool(bool),
+    /// An integer of any size.
     Int(Int),
+    /// A 64-bit float (NaN payloads and signed zeros kept).
     Float(f64),
+    /// A complex number: real part, imaginary part.
     Complex(f64, f64),
+    /// A UTF-8 string, inline or in a pack.
     Str(Stored<String>),
+    /// A byte string, inline or in a pack.
     Bytes(Stored<Bytes>),
     /// Boxed: arrays are the largest variant, and keeping `Entry` small keeps 100k-leaf
     /// manifest trees compact (less memory to fill and move while parsing).
@@ -95,6 +119,8 @@ pub enum Entry {
 }
 
 impl Entry {
+    /// The leaf's kind as a short stable name: `none`, `bool`, `int`, `float`, `complex`, `str`,
+    /// `bytes` or `array`.
     pub fn kind(&self) -> &'static str {
         match self {
             Entry::None => "none",
@@ -137,10 +163,15 @@ impl Entry {
 /// Description of one leaf, read from the manifest alone.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeafInfo {
+    /// The leaf's key path, escaped as in docs/format.md.
     pub path: String,
+    /// The leaf's kind, as [`Entry::kind`] names it.
     pub kind: &'static str,
+    /// Element type, for arrays only.
     pub dtype: Option<DType>,
+    /// Shape, for arrays only.
     pub shape: Option<Vec<u64>>,
+    /// Byte size of the value, as [`Entry::nbytes`] counts it.
     pub nbytes: u64,
 }
 
@@ -149,16 +180,22 @@ pub struct LeafInfo {
 pub struct PackInfo {
     /// Path relative to the location (`packs/…​.tpp`), or `.` for the single file itself.
     pub path: String,
+    /// Size in bytes: the pack file's length, or for the single file the end of its chunk region.
     pub size: u64,
 }
 
 /// A parsed manifest.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Manifest {
+    /// Format version as (major, minor).
     pub version: (u16, u16),
+    /// Free text naming the program that wrote the tree, e.g. `treepack-rs/0.1.0`.
     pub writer: String,
+    /// Any JSON value the user attached when saving.
     pub metadata: Option<Value>,
+    /// The pack files that chunk references index into.
     pub packs: Vec<PackInfo>,
+    /// The tree, with an [`Entry`] at every leaf.
     pub root: Tree<Entry>,
 }
 

@@ -23,6 +23,8 @@ keys (``aws_access_key_id``, ``region``, ``endpoint``, ``google_service_account_
 and treepack's tuning keys (``max_concurrency``, ``multipart_threshold``, ``multipart_part_size``,
 ``max_request_bytes``, ``max_retries``, ``retry_timeout_secs``). Values override environment variables."""
 Progress = Optional[Callable[[int, int], Any]]
+# A compression policy: "none", "auto", "zstd", "zstd:LEVEL", "lz4", or a list of rule dicts.
+Compression = Union[None, str, Sequence[Mapping[str, Any]]]
 """Called as ``progress(bytes_done, bytes_total)`` from a background thread while data moves."""
 
 
@@ -102,6 +104,7 @@ def save(
     storage_options: StorageOptions = None,
     progress: Progress = None,
     blocking: bool = True,
+    compression: Compression = None,
 ) -> Any:
     """Save ``tree`` at ``path``: a directory, a ``.tpk`` file, ``s3://…``, ``gs://…``, ``az://…``,
     ``file://…`` or ``memory://…``.
@@ -115,8 +118,16 @@ def save(
     copied (a consistent snapshot) before returning, so the caller may change them immediately;
     storage I/O runs on a background thread. With ``blocking=True`` (the default) nothing is
     copied, so do not mutate the arrays while ``save`` runs.
+
+    ``compression`` (docs/compression.md): ``None``/``"none"`` (the default) stores every chunk as
+    is; ``"auto"``, ``"zstd"``, ``"zstd:LEVEL"`` or ``"lz4"`` compress stored leaves of 16 KiB or
+    more (arrays shuffled by element size first); a list of rule dicts (``paths``, ``dtypes``,
+    ``min_size``, ``codec``, ``level``, ``filter``) decides leaf by leaf, the first matching rule
+    winning. A chunk that does not shrink by at least 10 % is stored raw. A bad policy raises
+    ``ValueError`` before anything is written.
     """
     p = _path(path)
+    policy = _compression_text(compression)
 
     def enc(obj: Any, where: str) -> Any:
         return _codec.encode_other(obj, where, allow_pickle)
@@ -127,11 +138,31 @@ def save(
     )
     write = functools.partial(
         prepared.write, p, overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes,
-        storage_options=_opts(storage_options), progress=progress,
+        storage_options=_opts(storage_options), progress=progress, compression=policy,
     )
     if blocking:
         return write()
     return SaveHandle(_executor().submit(write), p)
+
+
+def _compression_text(compression: Compression) -> Optional[str]:
+    """The policy as the extension parses it (checked here, before anything is converted)."""
+    if compression is None:
+        return None
+    if isinstance(compression, str):
+        text = compression
+    elif isinstance(compression, (list, tuple)) and all(isinstance(r, dict) for r in compression):
+        try:
+            text = json.dumps(list(compression))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"compression=: the rules must hold only str, int and lists of str ({e})") from None
+    else:
+        raise TypeError(
+            f"compression= takes a str (\"none\", \"auto\", \"zstd\", \"zstd:3\", \"lz4\") or a list of rule dicts, "
+            f"not {type(compression).__name__}"
+        )
+    _core.check_compression(text)
+    return text
 
 
 def _metadata_json(metadata: Any) -> str:

@@ -40,8 +40,12 @@ class Prepared:
         chunk_bytes: Optional[int] = None,
         storage_options: StorageOptions = None,
         progress: Progress = None,
+        compression: Optional[str] = None,
     ) -> SaveInfo:
-        """Write with the GIL released."""
+        """Write with the GIL released (``compression``: a policy as text, see ``check_compression``)."""
+
+def check_compression(policy: str) -> None:
+    """Raise ``ValueError`` if a compression policy (as text) cannot be used."""
 
 def prepare(
     tree: Any, encode_other: EncodeOther, encode_array: EncodeArray, snapshot: bool = False, fast_datetime: bool = False

@@ -63,12 +63,18 @@ enum Cmd {
         overwrite: bool,
     },
     /// Copy a tree between locations (e.g. a local checkpoint to S3), verifying every chunk on
-    /// the way; shows progress bars on a terminal.
+    /// the way, optionally under a new compression policy (`treepack recompress SRC DST
+    /// --compression auto`); shows progress bars on a terminal.
+    #[command(visible_alias = "recompress")]
     Cp {
         src: String,
         dst: String,
         #[arg(long)]
         overwrite: bool,
+        /// Compression policy of the copy: none, auto, zstd, zstd:LEVEL, lz4, or a JSON list of
+        /// rules (docs/compression.md). Default: none.
+        #[arg(long, default_value = "none")]
+        compression: String,
         /// No progress bars.
         #[arg(long, short)]
         quiet: bool,
@@ -106,7 +112,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Cat { path, key } => cat(&path, so, &key),
         Cmd::Verify { path, json } => verify(&path, so, json),
         Cmd::Demo { dir, overwrite } => demo(&dir, so, overwrite),
-        Cmd::Cp { src, dst, overwrite, quiet } => copy(&src, &dst, so, overwrite, quiet),
+        Cmd::Cp { src, dst, overwrite, compression, quiet } => copy(&src, &dst, so, overwrite, &compression, quiet),
         Cmd::Gc { path, grace_secs } => {
             let r = treepack::gc(location(&path, so)?, std::time::Duration::from_secs(grace_secs))?;
             for p in &r.removed {
@@ -146,24 +152,54 @@ fn progress_bar(label: &str, quiet: bool) -> (indicatif::ProgressBar, ProgressFn
     (bar, f)
 }
 
-fn copy(src: &str, dst: &str, so: &StorageOptions, overwrite: bool, quiet: bool) -> Result<ExitCode> {
+fn copy(
+    src: &str,
+    dst: &str,
+    so: &StorageOptions,
+    overwrite: bool,
+    compression: &str,
+    quiet: bool,
+) -> Result<ExitCode> {
+    // A bad policy is refused before anything is read.
+    let compression = treepack::save::Compression::parse(compression)?;
     let r = open(src, so)?;
     let (bar, f) = progress_bar("read", quiet);
     let tree = r.load(&LoadOptions { progress: Some(f), ..Default::default() })?;
     bar.finish_and_clear();
     let m = r.manifest();
     let (bar, f) = progress_bar("write", quiet);
-    let opts = SaveOptions { overwrite, metadata: m.metadata.clone(), progress: Some(f), ..Default::default() };
+    let opts =
+        SaveOptions { overwrite, metadata: m.metadata.clone(), progress: Some(f), compression, ..Default::default() };
     let info = treepack::save(&tree, location(dst, so)?, &opts).with_context(|| format!("saving to `{dst}`"))?;
     bar.finish_and_clear();
+    let (canonical, stored) = chunk_totals(&treepack::Reader::open(location(dst, so)?)?.manifest().root);
     println!(
-        "copied {} leaves ({} of array data) from {src} to {dst}: {} written in {} pack(s)",
+        "copied {} leaves ({} of array data) from {src} to {dst}: {} written in {} pack(s); chunks {} -> {} ({})",
         info.leaves,
         human_bytes(info.array_bytes),
         human_bytes(info.bytes_written),
-        info.packs
+        info.packs,
+        human_bytes(canonical),
+        human_bytes(stored),
+        show::ratio(canonical, stored)
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// (canonical, stored) bytes of the stored chunks under `node` (a chunk several leaves share
+/// counted once): what compression saved.
+fn chunk_totals(node: &Tree<Entry>) -> (u64, u64) {
+    let mut seen = std::collections::HashSet::new();
+    let (mut canonical, mut stored) = (0, 0);
+    node.for_each_leaf(&mut |_, e| {
+        for (i, c) in e.chunks().iter().enumerate() {
+            if seen.insert((c.pack, c.offset)) {
+                canonical += e.chunk_canonical(i).0;
+                stored += c.length;
+            }
+        }
+    });
+    (canonical, stored)
 }
 
 struct Totals {
@@ -185,10 +221,18 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>) ->
         }
     });
     let stored: u64 = m.packs.iter().map(|p| p.size).sum();
+    let chunks = chunk_totals(node);
     if as_json {
         let mut leaves = vec![];
         node.for_each_leaf(&mut |p, e| {
             let mut o = json!({"path": p.to_string(), "kind": e.kind(), "nbytes": e.nbytes()});
+            if !e.chunks().is_empty() {
+                let mut codecs: Vec<&str> = e.chunks().iter().map(|c| c.codec.name()).collect();
+                codecs.sort_unstable();
+                codecs.dedup();
+                o["codecs"] = json!(codecs);
+                o["stored_bytes"] = json!(e.chunks().iter().map(|c| c.length).sum::<u64>());
+            }
             if let Entry::Array(a) = e {
                 o["dtype"] = a.dtype.to_json();
                 o["shape"] = json!(a.shape);
@@ -203,7 +247,8 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>) ->
             "location": path, "layout": format!("{:?}", r.location().layout()).to_lowercase(),
             "version": [m.version.0, m.version.1], "writer": m.writer, "metadata": m.metadata,
             "leaves": leaves,
-            "totals": {"leaves": t.leaves, "arrays": t.arrays, "array_bytes": t.array_bytes, "stored_bytes": stored, "packs": m.packs.len()},
+            "totals": {"leaves": t.leaves, "arrays": t.arrays, "array_bytes": t.array_bytes, "stored_bytes": stored, "packs": m.packs.len(),
+                       "chunk_bytes": chunks.0, "chunk_stored_bytes": chunks.1},
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
@@ -233,6 +278,14 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>) ->
         human_bytes(t.array_bytes),
         human_bytes(stored)
     );
+    if chunks.0 != chunks.1 {
+        println!(
+            "compression: chunks {} -> {} stored ({})",
+            human_bytes(chunks.0),
+            human_bytes(chunks.1),
+            show::ratio(chunks.0, chunks.1)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -39,6 +39,27 @@ fn json_val(v: &Value) -> String {
 }
 
 /// One-line summary of a stored leaf.
+/// `  zstd 3.10x` for compressed chunks (the codecs used, and canonical / stored bytes);
+/// nothing when every chunk is raw.
+pub fn codec_summary(chunks: &[treepack::format::manifest::ChunkRef], nbytes: u64) -> String {
+    if chunks.iter().all(|c| c.codec.is_identity()) {
+        return String::new();
+    }
+    let mut names: Vec<&str> = chunks.iter().map(|c| c.codec.name()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let stored: u64 = chunks.iter().map(|c| c.length).sum();
+    format!("  {} {}", names.join("/"), ratio(nbytes, stored))
+}
+
+/// Canonical over stored bytes, as `2.41x`.
+pub fn ratio(nbytes: u64, stored: u64) -> String {
+    if stored == 0 {
+        return "-".into();
+    }
+    format!("{:.2}x", nbytes as f64 / stored as f64)
+}
+
 pub fn entry_summary(e: &Entry) -> String {
     match e {
         Entry::None => "None".into(),
@@ -49,15 +70,20 @@ pub fn entry_summary(e: &Entry) -> String {
             format!("complex ({}{}{}j)", fmt_float(*a), if *b < 0.0 { "" } else { "+" }, fmt_float(*b))
         }
         Entry::Str(Stored::Inline(s)) => format!("str {}", clip(&format!("{s:?}"), 60)),
-        Entry::Str(Stored::Blob { size, .. }) => format!("str ({}, in pack)", human_bytes(*size)),
+        Entry::Str(Stored::Blob { size, chunk }) => {
+            format!("str ({}, in pack{})", human_bytes(*size), codec_summary(std::slice::from_ref(chunk), *size))
+        }
         Entry::Bytes(Stored::Inline(b)) => format!("bytes ({} B)", b.len()),
-        Entry::Bytes(Stored::Blob { size, .. }) => format!("bytes ({}, in pack)", human_bytes(*size)),
+        Entry::Bytes(Stored::Blob { size, chunk }) => {
+            format!("bytes ({}, in pack{})", human_bytes(*size), codec_summary(std::slice::from_ref(chunk), *size))
+        }
         Entry::Array(a) => {
             let mut s = format!("{}{}  {}", a.dtype.display(), shape_text(&a.shape), human_bytes(a.nbytes()));
             match &a.storage {
                 ArrayStorage::Inline(_) => s.push_str("  inline"),
                 ArrayStorage::Chunked { chunks, .. } => {
-                    s.push_str(&format!("  {} chunk{}", chunks.len(), if chunks.len() == 1 { "" } else { "s" }))
+                    s.push_str(&format!("  {} chunk{}", chunks.len(), if chunks.len() == 1 { "" } else { "s" }));
+                    s.push_str(&codec_summary(chunks, a.nbytes()));
                 }
             }
             if let Some(p) = &a.preview {

@@ -166,3 +166,34 @@ fn cat_shows_types_values_and_exact_indexes() {
         assert!(e.contains("out of range"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn recompress_inspect_shows_codecs_and_ratios_and_loads_back() {
+    let (d, ckpt) = demo("ckpt");
+    let z = d.path().join("z.tpk");
+    let z = z.to_str().unwrap();
+    let out = run_ok(&["recompress", &ckpt, z, "--compression", "zstd:5"]);
+    assert!(out.contains("copied 41 leaves"), "{out}");
+    assert!(out.contains("chunks ") && out.contains("x)"), "{out}");
+    let out = run_ok(&["inspect", z]);
+    assert!(out.contains("format 1.1"), "{out}");
+    // The demo kernel is a repeating pattern: it compresses.
+    let kernel = out.lines().find(|l| l.contains("kernel: float32[512, 256]")).unwrap();
+    assert!(kernel.contains("shuffle+zstd "), "{kernel}");
+    assert!(out.contains("compression: chunks "), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&["inspect", z, "--json"])).unwrap();
+    let t = &v["totals"];
+    assert!(t["chunk_stored_bytes"].as_u64().unwrap() * 2 < t["chunk_bytes"].as_u64().unwrap(), "{t}");
+    assert!(run_ok(&["verify", z]).starts_with("OK: "));
+    // Back to raw: byte-identical to the original save's chunks (format 1.0 again).
+    let raw = d.path().join("raw");
+    run_ok(&["cp", z, raw.to_str().unwrap()]);
+    assert!(run_ok(&["inspect", raw.to_str().unwrap()]).contains("format 1.0"));
+    // A bad policy is refused before anything is read or written.
+    let bad = d.path().join("bad");
+    let out = tp().args(["cp", &ckpt, bad.to_str().unwrap(), "--compression", "zstd:99"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8(out.stderr).unwrap();
+    assert!(e.contains("bad compression policy") && e.contains("out of range"), "{e}");
+    assert!(!bad.exists());
+}

@@ -128,17 +128,18 @@ impl<'py> Decoder<'py> {
     }
 
     /// A loaded leaf value (arrays over their read buffers, no copy).
-    pub(crate) fn leaf(&mut self, l: &Leaf) -> PyResult<Bound<'py, PyAny>> {
+    /// Taken by value: an array's buffer, when unique, becomes the numpy array's memory.
+    pub(crate) fn leaf(&mut self, l: Leaf) -> PyResult<Bound<'py, PyAny>> {
         let py = self.py;
         Ok(match l {
             Leaf::None => py.None().into_bound(py),
-            Leaf::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-            Leaf::Int(i) => int_py(py, i)?,
-            Leaf::Float(f) => PyFloat::new(py, *f).into_any(),
-            Leaf::Complex(a, b) => PyComplex::from_doubles(py, *a, *b).into_any(),
-            Leaf::Str(s) => PyString::new(py, s).into_any(),
-            Leaf::Bytes(b) => PyBytes::new(py, b).into_any(),
-            Leaf::Array(a) => self.array(a.clone())?,
+            Leaf::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
+            Leaf::Int(i) => int_py(py, &i)?,
+            Leaf::Float(f) => PyFloat::new(py, f).into_any(),
+            Leaf::Complex(a, b) => PyComplex::from_doubles(py, a, b).into_any(),
+            Leaf::Str(s) => PyString::new(py, &s).into_any(),
+            Leaf::Bytes(b) => PyBytes::new(py, &b).into_any(),
+            Leaf::Array(a) => self.array(a)?,
         })
     }
 

@@ -332,7 +332,7 @@ pub(crate) fn prepare(
 impl Prepared {
     /// Write the tree (GIL released).
     /// A prepared tree is written once; its memory is freed afterwards.
-    #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, progress=None))]
+    #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, progress=None, compression=None))]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn write(
         &self,
@@ -343,6 +343,7 @@ impl Prepared {
         chunk_bytes: Option<u64>,
         storage_options: Options,
         progress: Option<Py<PyAny>>,
+        compression: Option<String>,
     ) -> PyResult<SaveInfo> {
         let node = self
             .node
@@ -357,6 +358,9 @@ impl Prepared {
         }
         if let Some(c) = chunk_bytes {
             opts.chunk_bytes = c.max(1);
+        }
+        if let Some(c) = compression {
+            opts.compression = treepack::save::Compression::parse(&c).map_err(py_err)?;
         }
         let loc = location(path, storage_options)?;
         let info = py.detach(|| {
@@ -386,4 +390,11 @@ pub(crate) fn numpy_dtype_name(kind: &str, itemsize: usize, name: &str) -> Optio
 #[pyfunction]
 pub(crate) fn dtype_needs_ml_dtypes(name: &str) -> bool {
     DType::from_name(name).is_ok_and(|d| d.is_ml_dtypes())
+}
+
+/// Check a compression policy (`save(compression=...)`, as text) before anything is converted
+/// or written; raises `ValueError` saying what is wrong.
+#[pyfunction]
+pub(crate) fn check_compression(policy: &str) -> PyResult<()> {
+    treepack::save::Compression::parse(policy).map(drop).map_err(py_err)
 }

@@ -18,8 +18,11 @@ pub(crate) fn py_err(e: treepack::Error) -> PyErr {
         | E::BadSlice { .. }
         | E::InvalidTree { .. }
         | E::BadDType { .. }
-        | E::BadLocation { .. } => PyValueError::new_err(msg),
-        E::ChunkCorrupt { .. } | E::ManifestChecksum { .. } | E::OutOfBounds { .. } => CorruptError::new_err(msg),
+        | E::BadLocation { .. }
+        | E::InvalidCompression { .. } => PyValueError::new_err(msg),
+        E::ChunkCorrupt { .. } | E::BadChunk { .. } | E::ManifestChecksum { .. } | E::OutOfBounds { .. } => {
+            CorruptError::new_err(msg)
+        }
         E::Io { .. } | E::Store { .. } => PyIOError::new_err(msg),
         E::ReadOnly { .. } => PyPermissionError::new_err(msg),
         _ => FormatError::new_err(msg),

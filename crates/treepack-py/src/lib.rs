@@ -127,6 +127,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dtype_needs_ml_dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(structure_one_pass, m)?)?;
     m.add_function(wrap_pyfunction!(load_one_pass, m)?)?;
+    m.add_function(wrap_pyfunction!(check_compression, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<BytesOwner>()?;
     m.add_class::<LeafInfo>()?;

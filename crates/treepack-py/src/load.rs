@@ -50,7 +50,7 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         self.py_ok(r)
     }
     fn value(&self, l: Leaf) -> Result<Self::Node, String> {
-        let r = self.dec.borrow_mut().leaf(&l);
+        let r = self.dec.borrow_mut().leaf(l);
         self.py_ok(r)
     }
     fn stored(&self, e: &Entry, fetch: &mut dyn FnMut() -> Result<Leaf, String>) -> Result<Self::Node, String> {

@@ -81,7 +81,7 @@ impl Reader {
                 None => self.inner.location().block_on(self.inner.load_async(&opts)),
             })
             .map_err(py_err)?;
-        let built = without_gc(py, || Ok(treepack::format::manifest::replay_values(&b, &node)))?;
+        let built = without_gc(py, || Ok(treepack::format::manifest::replay_values(&b, node)))?;
         built.map_err(|m| b.error(m))
     }
 

@@ -84,6 +84,31 @@ pub enum Error {
         actual: String,
     },
 
+    /// A chunk's stored bytes cannot be decoded by its codec into its canonical length (a
+    /// damaged or hostile frame, one that decodes to more or fewer bytes than declared).
+    #[error("{file}: chunk {chunk} of `{key}` cannot be decoded ({codec}): {reason}")]
+    BadChunk {
+        /// The pack file the chunk was read from.
+        file: String,
+        /// Key path of the leaf the chunk belongs to.
+        key: String,
+        /// Index of the chunk within the leaf's chunk list.
+        chunk: usize,
+        /// The chunk's codec name.
+        codec: String,
+        /// What the decoder found.
+        reason: String,
+    },
+
+    /// A compression policy cannot be used as written.
+    #[error("bad compression policy {policy:?}: {reason}")]
+    InvalidCompression {
+        /// The policy as given.
+        policy: String,
+        /// What is wrong, and the accepted forms.
+        reason: String,
+    },
+
     /// A chunk points outside its pack, or a pack is shorter than the manifest says.
     #[error("{file}: `{key}`: {reason}")]
     OutOfBounds {
@@ -237,6 +262,8 @@ impl Error {
             Error::ManifestChecksum { .. } => "manifest_checksum",
             Error::ChunkCorrupt { .. } => "chunk_corrupt",
             Error::OutOfBounds { .. } => "out_of_bounds",
+            Error::BadChunk { .. } => "bad_chunk",
+            Error::InvalidCompression { .. } => "invalid_compression",
             Error::KeyNotFound { .. } => "key_not_found",
             Error::BadKeyPath { .. } => "bad_key_path",
             Error::BadSlice { .. } => "bad_slice",

@@ -29,6 +29,25 @@ fn chunk(pack: u32, offset: u64, data: &[u8]) -> String {
     )
 }
 
+/// A chunk reference with `codec`, storing `stored` for the canonical bytes `canonical`.
+fn coded(codec: &str, stored: &[u8], canonical: &[u8]) -> String {
+    format!(
+        "{{\"pack\":0,\"offset\":0,\"length\":{},\"codec\":\"{codec}\",\"blake3\":\"{}\"}}",
+        stored.len(),
+        Hash32::of(canonical).to_hex()
+    )
+}
+
+/// A format 1.1 directory case: one int32[4] array whose only chunk is `stored` with `codec`.
+fn coded_case(codec: &str, stored: &[u8], canonical: &[u8]) -> Build {
+    let packs = format!("[{{\"path\":\"packs/p.tpp\",\"size\":{}}}]", stored.len());
+    sealed(&packs, array_root("[4]", "[4]", &coded(codec, stored, canonical)), Some(stored))
+}
+
+fn zstd_frame(data: &[u8]) -> Vec<u8> {
+    zstd::bulk::compress(data, 19).unwrap()
+}
+
 fn array_root(shape: &str, chunk_shape: &str, chunks: &str) -> String {
     format!("{{\"t\":\"dict\",\"items\":[[\"w\",{{\"t\":\"array\",\"dtype\":\"int32\",\"shape\":{shape},\"chunk_shape\":{chunk_shape},\"chunks\":[{chunks}]}}]]}}")
 }
@@ -150,6 +169,28 @@ fn cases() -> Vec<Case> {
         case("corrupt-data", "chunk_corrupt", "pack bytes that do not match their hash", sealed(PACKS, array_root("[4]", "[4]", &chunk(0, 0, &[9; 16])), Some(&DATA))),
         case("blob-bad-utf8", "invalid_manifest", "a string blob that is not UTF-8", sealed(PACKS, format!("{{\"t\":\"str\",\"size\":2,\"blob\":{}}}", chunk(0, 0, &[0xff, 0xfe])), Some(&[0xff, 0xfe]))),
         case("blob-size", "invalid_manifest", "a blob whose size disagrees with its chunk", sealed(PACKS, format!("{{\"t\":\"bytes\",\"size\":5,\"blob\":{}}}", chunk(0, 0, &DATA)), Some(&DATA))),
+        // --- codecs (format 1.1): bombs, damaged frames, frames of the wrong length
+        case("zstd-bomb", "bad_chunk", "a 16-byte region whose zstd frame inflates to 64 MiB", coded_case("zstd", &zstd_frame(&vec![0u8; 64 << 20]), &DATA)),
+        case("zstd-declared-giant", "invalid_manifest", "a 1 TiB region claimed by a 16-byte zstd chunk", {
+            let f = zstd_frame(&DATA);
+            let packs = format!("[{{\"path\":\"packs/p.tpp\",\"size\":{}}}]", f.len());
+            sealed(&packs, array_root("[274877906944]", "[274877906944]", &coded("zstd", &f, &DATA)), Some(&f))
+        }),
+        case("zstd-short", "bad_chunk", "a zstd frame of 8 bytes for a 16-byte region", coded_case("zstd", &zstd_frame(&DATA[..8]), &DATA)),
+        case("zstd-garbled", "bad_chunk", "16 random bytes labelled zstd", coded_case("zstd", &[0x28, 0xb5, 0x2f, 0xfd, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2], &DATA)),
+        case("zstd-truncated", "bad_chunk", "a zstd frame with its last bytes cut", {
+            let f = zstd_frame(&[DATA; 64].concat());
+            let f = f[..f.len() - 4].to_vec();
+            coded_case("zstd", &f, &DATA)
+        }),
+        case("zstd-other-content", "chunk_corrupt", "a valid zstd frame of other bytes than the hash records", coded_case("zstd", &zstd_frame(&[9u8; 16]), &DATA)),
+        case("lz4-garbled", "bad_chunk", "bytes labelled lz4 that are no LZ4 block", coded_case("lz4", &[0xff; 24], &DATA)),
+        case("lz4-long", "bad_chunk", "an LZ4 block of 4 KiB for a 16-byte region", coded_case("lz4", &lz4_flex::block::compress(&[1u8; 4096]), &DATA)),
+        case("shuffle-blob", "invalid_manifest", "a bytes blob with the array-only codec shuffle+zstd", {
+            let f = zstd_frame(&DATA);
+            let packs = format!("[{{\"path\":\"packs/p.tpp\",\"size\":{}}}]", f.len());
+            sealed(&packs, format!("{{\"t\":\"bytes\",\"size\":16,\"blob\":{}}}", coded("shuffle+zstd", &f, &DATA)), Some(&f))
+        }),
         // --- pack paths and links
         case("pack-path-parent", "invalid_manifest", "pack path `../outside.tpp`", sealed("[{\"path\":\"../outside.tpp\",\"size\":16}]", good_root(), None)),
         case("pack-path-absolute", "invalid_manifest", "pack path `/etc/passwd`", sealed("[{\"path\":\"/etc/passwd\",\"size\":16}]", good_root(), None)),

@@ -10,7 +10,7 @@
 //! manifest in it.
 
 use crate::error::{Error, Result};
-use crate::format::manifest::{VERSION_MAJOR, VERSION_MINOR};
+use crate::format::manifest::VERSION_MAJOR;
 
 /// Size of the header at the start of a single file, in bytes.
 pub const HEADER_LEN: u64 = 64;
@@ -23,12 +23,13 @@ pub const FOOTER_MAGIC: &[u8; 8] = b"TPKFOOT1";
 /// Alignment of every chunk (bytes), in packs and single files alike.
 pub const ALIGN: u64 = 64;
 
-/// The header for this build's format version: magic, major and minor version (u16 LE), zero bytes.
-pub fn header() -> [u8; 64] {
+/// The header of a file whose manifest has format version `VERSION_MAJOR.minor`: magic, major
+/// and minor version (u16 LE), zero bytes.
+pub fn header(minor: u16) -> [u8; 64] {
     let mut h = [0u8; 64];
     h[..8].copy_from_slice(MAGIC);
     h[8..10].copy_from_slice(&VERSION_MAJOR.to_le_bytes());
-    h[10..12].copy_from_slice(&VERSION_MINOR.to_le_bytes());
+    h[10..12].copy_from_slice(&minor.to_le_bytes());
     h
 }
 

@@ -282,7 +282,7 @@ impl Reader {
             }
             let job = &batch[first];
             if let [c] = job.entry.chunks() {
-                self.chunk_bytes(&job.path, 0, c, fetched, true)?;
+                self.chunk_bytes(&job.path, 0, c, fetched, job.entry.chunk_canonical(0), true)?;
                 out.insert(k);
             }
         }
@@ -356,12 +356,15 @@ impl Reader {
         Ok(m)
     }
 
+    /// Chunk `i` of the leaf at `job_path`: its stored bytes taken from `fetched`, decoded to
+    /// its canonical `(length, element size)` and verified if asked.
     fn chunk_bytes(
         &self,
         job_path: &str,
         i: usize,
         r: &ChunkRef,
         fetched: &HashMap<ChunkKey, Bytes>,
+        canonical: (u64, u64),
         verify: bool,
     ) -> Result<Bytes> {
         let b = fetched.get(&(r.pack, r.offset, r.length)).cloned().ok_or_else(|| Error::OutOfBounds {
@@ -369,28 +372,51 @@ impl Reader {
             key: job_path.to_string(),
             reason: format!("chunk {i} was not read"),
         })?;
-        self.check_chunk(job_path, i, r, b, verify)
+        self.check_chunk(job_path, i, r, b, canonical, verify)
     }
 
-    /// Verify (optionally) and decode one chunk's stored bytes.
-    fn check_chunk(&self, job_path: &str, i: usize, r: &ChunkRef, b: Bytes, verify: bool) -> Result<Bytes> {
+    /// Decode one chunk's stored bytes to its canonical `(length, element size)`, then verify
+    /// (optionally) the canonical bytes' hash.
+    fn check_chunk(
+        &self,
+        job_path: &str,
+        i: usize,
+        r: &ChunkRef,
+        b: Bytes,
+        canonical: (u64, u64),
+        verify: bool,
+    ) -> Result<Bytes> {
+        let b = r.codec.decode(b, canonical.0, canonical.1).map_err(|reason| self.bad_chunk(job_path, i, r, reason))?;
         if verify {
-            let h = Hash32::of(&b);
-            if h != r.hash {
-                return Err(Error::ChunkCorrupt {
-                    file: self.pack_file(r.pack),
-                    key: job_path.to_string(),
-                    chunk: i,
-                    expected: r.hash.to_hex(),
-                    actual: h.to_hex(),
-                });
-            }
+            self.check_hash(job_path, i, r, &b)?;
         }
-        r.codec.decode(b, r.length).map_err(|reason| Error::OutOfBounds {
+        Ok(b)
+    }
+
+    /// The error of chunk `i` its codec could not decode.
+    fn bad_chunk(&self, job_path: &str, i: usize, r: &ChunkRef, reason: String) -> Error {
+        Error::BadChunk {
             file: self.pack_file(r.pack),
             key: job_path.to_string(),
+            chunk: i,
+            codec: r.codec.name().to_string(),
             reason,
-        })
+        }
+    }
+
+    /// Check chunk `i`'s canonical bytes against its recorded hash.
+    fn check_hash(&self, job_path: &str, i: usize, r: &ChunkRef, canonical: &[u8]) -> Result<()> {
+        let h = Hash32::of(canonical);
+        if h != r.hash {
+            return Err(Error::ChunkCorrupt {
+                file: self.pack_file(r.pack),
+                key: job_path.to_string(),
+                chunk: i,
+                expected: r.hash.to_hex(),
+                actual: h.to_hex(),
+            });
+        }
+        Ok(())
     }
 
     fn assemble(
@@ -401,14 +427,14 @@ impl Reader {
         verify: bool,
     ) -> Result<Leaf> {
         match job.entry {
-            Entry::Str(Stored::Blob { chunk, .. }) => {
-                let b = self.chunk_bytes(&job.path, 0, chunk, fetched, verify)?;
+            Entry::Str(Stored::Blob { chunk, size }) => {
+                let b = self.chunk_bytes(&job.path, 0, chunk, fetched, (*size, 1), verify)?;
                 String::from_utf8(b.to_vec()).map(Leaf::Str).map_err(|_| {
                     Error::manifest(&self.pack_file(chunk.pack), job.path.clone(), "string blob is not valid UTF-8")
                 })
             }
-            Entry::Bytes(Stored::Blob { chunk, .. }) => {
-                Ok(Leaf::Bytes(self.chunk_bytes(&job.path, 0, chunk, fetched, verify)?))
+            Entry::Bytes(Stored::Blob { chunk, size }) => {
+                Ok(Leaf::Bytes(self.chunk_bytes(&job.path, 0, chunk, fetched, (*size, 1), verify)?))
             }
             Entry::Array(a) => self.assemble_array(&job.path, a, fetched, opts, verify).map(Leaf::Array),
             other => inline_leaf_ref(other, &self.manifest_file, &|| job.path.clone()),
@@ -431,8 +457,10 @@ impl Reader {
             Error::InvalidTree { reason, .. } => Error::manifest(&self.manifest_file, path, reason),
             e => e,
         };
+        let itemsize = a.dtype.itemsize();
+        let canonical = |i: usize| (a.chunk_nbytes(&grid, i), itemsize);
         if chunks.len() == 1 {
-            let b = self.chunk_bytes(path, 0, &chunks[0], fetched, verify)?;
+            let b = self.chunk_bytes(path, 0, &chunks[0], fetched, canonical(0), verify)?;
             return ArrayData::new(a.dtype.clone(), a.shape.clone(), b).map_err(fix);
         }
         if let Some(span) = span_of_array(a).and_then(|k| fetched.get(&k).cloned()) {
@@ -442,15 +470,15 @@ impl Reader {
             crate::runtime::parallel(|| {
                 chunks.par_iter().enumerate().try_for_each(|(i, r)| {
                     let s = (r.offset - base) as usize;
-                    self.check_chunk(path, i, r, span.slice(s..s + r.length as usize), verify).map(drop)
+                    self.check_chunk(path, i, r, span.slice(s..s + r.length as usize), canonical(i), verify).map(drop)
                 })
             })?;
             return ArrayData::new(a.dtype.clone(), a.shape.clone(), span).map_err(fix);
         }
-        if opts.mmap && contiguous_in_pack(&grid, chunks) {
+        if opts.mmap && chunks.iter().all(|c| c.codec.is_identity()) && contiguous_in_pack(&grid, chunks) {
             // One view over all chunks; verify each chunk's slice.
             for (i, r) in chunks.iter().enumerate() {
-                self.chunk_bytes(path, i, r, fetched, verify)?;
+                self.chunk_bytes(path, i, r, fetched, canonical(i), verify)?;
             }
             if let Some(map) = self.mmaps.lock().ok().and_then(|m| m.get(&chunks[0].pack).cloned()) {
                 let start = chunks[0].offset as usize;
@@ -460,10 +488,14 @@ impl Reader {
         }
         let total = a.nbytes();
         let mut out = alloc(total, path)?;
-        let itemsize = a.dtype.itemsize();
+        if chunks.iter().any(|c| !c.codec.is_identity())
+            && self.decode_in_place(path, a, &grid, fetched, &mut out, verify)?
+        {
+            return ArrayData::new(a.dtype.clone(), a.shape.clone(), out).map_err(fix);
+        }
         let full = grid::full(&a.shape);
         for (i, r) in chunks.iter().enumerate() {
-            let b = self.chunk_bytes(path, i, r, fetched, verify)?;
+            let b = self.chunk_bytes(path, i, r, fetched, canonical(i), verify)?;
             let (origin, extent) = grid.chunk_region(i as u64);
             if grid::chunk_is_contiguous(&grid, &extent) {
                 let off = grid::c_offset(&a.shape, &origin, itemsize) as usize;
@@ -473,6 +505,52 @@ impl Reader {
             }
         }
         ArrayData::new(a.dtype.clone(), a.shape.clone(), out).map_err(fix)
+    }
+
+    /// Decode a compressed array whose chunks are each one contiguous run of it (the default
+    /// chunking) straight into `out`, chunks in parallel, each verified where it landed.
+    /// `Ok(false)` when the chunks are not contiguous runs (the caller then copies them).
+    fn decode_in_place(
+        &self,
+        path: &str,
+        a: &ArrayEntry,
+        grid: &ChunkGrid,
+        fetched: &HashMap<ChunkKey, Bytes>,
+        out: &mut [u8],
+        verify: bool,
+    ) -> Result<bool> {
+        let ArrayStorage::Chunked { chunks, .. } = &a.storage else { return Ok(false) };
+        let itemsize = a.dtype.itemsize();
+        // Chunk i's slice of `out`: in C order, contiguous chunks follow one another.
+        let mut slices: Vec<(usize, &ChunkRef, &mut [u8])> = Vec::with_capacity(chunks.len());
+        let mut rest = out;
+        let mut at = 0u64;
+        for (i, r) in chunks.iter().enumerate() {
+            let (origin, extent) = grid.chunk_region(i as u64);
+            if !grid::chunk_is_contiguous(grid, &extent) || grid::c_offset(&a.shape, &origin, itemsize) != at {
+                return Ok(false);
+            }
+            let len = a.chunk_nbytes(grid, i);
+            let (here, tail) = std::mem::take(&mut rest).split_at_mut(len as usize);
+            slices.push((i, r, here));
+            rest = tail;
+            at += len;
+        }
+        let decode = |(i, r, dst): &mut (usize, &ChunkRef, &mut [u8])| -> Result<()> {
+            let key = (r.pack, r.offset, r.length);
+            let stored = fetched.get(&key).ok_or_else(|| Error::OutOfBounds {
+                file: self.pack_file(r.pack),
+                key: path.to_string(),
+                reason: format!("chunk {i} was not read"),
+            })?;
+            r.codec.decode_into(stored, dst, itemsize).map_err(|reason| self.bad_chunk(path, *i, r, reason))?;
+            if verify {
+                self.check_hash(path, *i, r, dst)?;
+            }
+            Ok(())
+        };
+        crate::runtime::parallel(|| slices.par_iter_mut().try_for_each(decode))?;
+        Ok(true)
     }
 
     /// Read a numpy-style slice (`"0:2, :, 3"`) of the array at `path`, touching only the chunks
@@ -509,7 +587,8 @@ impl Reader {
                 let refs: Vec<ChunkRef> = ids.iter().map(|&i| chunks[i as usize].clone()).collect();
                 let fetched = self.fetch(&refs, false).await?;
                 for (&i, r) in ids.iter().zip(&refs) {
-                    let b = self.chunk_bytes(path, i as usize, r, &fetched, verify)?;
+                    let canonical = (a.chunk_nbytes(&grid, i as usize), itemsize);
+                    let b = self.chunk_bytes(path, i as usize, r, &fetched, canonical, verify)?;
                     let (origin, extent) = grid.chunk_region(i);
                     grid::copy_chunk(&mut out, &sel, &origin, &extent, &b, itemsize as usize);
                 }
@@ -551,19 +630,28 @@ impl Reader {
                 reason: problem,
             });
         }
-        let mut leaves: Vec<(String, Vec<ChunkRef>)> = vec![];
+        // (key path, chunk index, chunk, canonical (length, element size)) of every stored chunk.
+        type Check = (String, usize, ChunkRef, (u64, u64));
+        let mut all: Vec<Check> = vec![];
         self.manifest.root.for_each_leaf_steps(&mut |p, e| {
-            if !e.chunks().is_empty() {
-                leaves.push((keypath::steps_text(p), e.chunks().to_vec()));
+            if e.chunks().is_empty() {
+                return;
+            }
+            let path = keypath::steps_text(p);
+            let grid = if let Entry::Array(a) = e { Some((a, a.grid())) } else { None };
+            for (i, c) in e.chunks().iter().enumerate() {
+                if bad_packs[c.pack as usize] {
+                    continue;
+                }
+                let canonical = match &grid {
+                    Some((a, g)) => (a.chunk_nbytes(g, i), a.dtype.itemsize()),
+                    None => (e.nbytes(), 1),
+                };
+                all.push((path.clone(), i, c.clone(), canonical));
             }
         });
-        let mut batch: Vec<(String, usize, ChunkRef)> = vec![];
+        let mut batch: Vec<Check> = vec![];
         let mut bytes = 0u64;
-        let all: Vec<(String, usize, ChunkRef)> = leaves
-            .into_iter()
-            .flat_map(|(p, cs)| cs.into_iter().enumerate().map(move |(i, c)| (p.clone(), i, c)))
-            .filter(|(_, _, c)| !bad_packs[c.pack as usize])
-            .collect();
         let n = all.len();
         for (k, item) in all.into_iter().enumerate() {
             bytes += item.2.length;
@@ -571,7 +659,8 @@ impl Reader {
             if bytes >= (64 << 20) || k + 1 == n {
                 let refs: Vec<ChunkRef> = batch.iter().map(|b| b.2.clone()).collect();
                 let fetched = self.fetch(&refs, false).await?;
-                let check = |(p, i, r): &(String, usize, ChunkRef)| match self.chunk_bytes(p, *i, r, &fetched, true) {
+                let check = |(p, i, r, canonical): &Check| match self.chunk_bytes(p, *i, r, &fetched, *canonical, true)
+                {
                     Ok(_) => None,
                     Err(e) => Some(Problem {
                         file: self.pack_file(r.pack),

@@ -7,8 +7,12 @@
 //! manifest last — with a create-only put unless overwriting — so a reader never sees a partial
 //! tree, and (6) when overwriting, delete the packs only the old tree used.
 
+mod compression;
+
+pub use compression::{Compression, Rule, AUTO_MIN_SIZE, DEFAULT_ZSTD_LEVEL};
+
 use crate::error::{Error, Result};
-use crate::format::codec::Codec;
+use crate::format::codec::{Codec, Encoding};
 use crate::format::container::{self, align_up};
 use crate::format::dtype::DType;
 use crate::format::grid::{self, ChunkGrid, DimSel};
@@ -56,6 +60,8 @@ pub struct SaveOptions {
     pub pipeline_batch_bytes: u64,
     /// Called with (bytes written, bytes to write) as packs (or multipart parts) are stored.
     pub progress: Option<crate::progress::ProgressFn>,
+    /// How chunks are compressed (default: not at all; see [`Compression::parse`]).
+    pub compression: Compression,
 }
 
 impl Default for SaveOptions {
@@ -73,6 +79,7 @@ impl Default for SaveOptions {
             concurrency: 4,
             pipeline_batch_bytes: 64 << 20,
             progress: None,
+            compression: Compression::none(),
         }
     }
 }
@@ -103,6 +110,9 @@ struct Pending {
     data: Bytes,
     /// dtype for min/max previews (None for blobs or when previews are off).
     dtype: Option<DType>,
+    /// How to compress it (None: raw), and its element size (for the shuffle).
+    encoding: Option<Encoding>,
+    itemsize: u64,
 }
 
 /// Placeholder marker in `ChunkRef::pack` before layout.
@@ -200,7 +210,7 @@ fn placeholder(i: usize) -> ChunkRef {
 }
 
 impl Planner<'_> {
-    fn push(&mut self, data: Bytes, dtype: Option<DType>) -> ChunkRef {
+    fn push(&mut self, data: Bytes, dtype: Option<DType>, encoding: Option<Encoding>, itemsize: u64) -> ChunkRef {
         // The same buffer reached twice (one object shared by many leaves) is planned once:
         // hashed once, then deduplicated like any repeated content.
         let id = (data.as_ptr() as usize, data.len(), dtype.clone());
@@ -209,10 +219,21 @@ impl Planner<'_> {
                 return placeholder(i);
             }
         }
-        self.pending.push(Pending { data, dtype });
+        self.pending.push(Pending { data, dtype, encoding, itemsize });
         let i = self.pending.len() - 1;
         self.same_buffer.insert(id, i);
         placeholder(i)
+    }
+
+    /// The compression policy's encoding for a stored leaf (key-path texts only computed when
+    /// a rule looks at them).
+    fn encoding(&self, path: &[Step<'_>], dtype: Option<&DType>, is_str: bool, nbytes: u64) -> Option<Encoding> {
+        let c = &self.opts.compression;
+        if c.is_none() {
+            return None;
+        }
+        let texts = if c.needs_paths() { keypath::steps_texts(path) } else { vec![] };
+        c.encoding_for(&texts, dtype, is_str, nbytes)
     }
 
     fn leaf(&mut self, path: &[Step<'_>], leaf: &Leaf) -> Result<Entry> {
@@ -224,12 +245,14 @@ impl Planner<'_> {
             Leaf::Complex(a, b) => Entry::Complex(*a, *b),
             Leaf::Str(s) if s.len() <= self.opts.inline_str_bytes => Entry::Str(Stored::Inline(s.clone())),
             Leaf::Str(s) => {
-                let chunk = self.push(Bytes::copy_from_slice(s.as_bytes()), None);
+                let enc = self.encoding(path, None, true, s.len() as u64);
+                let chunk = self.push(Bytes::copy_from_slice(s.as_bytes()), None, enc, 1);
                 Entry::Str(Stored::Blob { size: s.len() as u64, chunk })
             }
             Leaf::Bytes(b) if b.len() <= self.opts.inline_bytes => Entry::Bytes(Stored::Inline(b.clone())),
             Leaf::Bytes(b) => {
-                let chunk = self.push(b.clone(), None);
+                let enc = self.encoding(path, None, false, b.len() as u64);
+                let chunk = self.push(b.clone(), None, enc, 1);
                 Entry::Bytes(Stored::Blob { size: b.len() as u64, chunk })
             }
             Leaf::Array(a) => self.array(path, a)?,
@@ -270,8 +293,10 @@ impl Planner<'_> {
         let grid =
             ChunkGrid::new(shape.clone(), chunk_shape.clone()).map_err(|r| Error::invalid_tree(path_text(), r))?;
         let mm_dtype = if self.opts.preview { Some(dtype.clone()) } else { None };
+        let enc = self.encoding(path, Some(&dtype), false, a.nbytes());
+        let itemsize = dtype.itemsize();
         let chunks: Vec<ChunkRef> =
-            array_chunks(a, &grid).into_iter().map(|c| self.push(c, mm_dtype.clone())).collect();
+            array_chunks(a, &grid).into_iter().map(|c| self.push(c, mm_dtype.clone(), enc, itemsize)).collect();
         let preview = if self.opts.preview { Some(preview::head(&dtype, a.bytes())) } else { None };
         Ok(Entry::Array(Box::new(ArrayEntry {
             dtype,
@@ -315,7 +340,7 @@ impl Layouter {
     }
 
     /// Place one chunk; returns the previous pack when this chunk starts a new one.
-    fn add(&mut self, data: &Bytes, h: Hash32) -> Option<PackOut> {
+    fn add(&mut self, data: &Bytes, h: Hash32, codec: Codec) -> Option<PackOut> {
         if let Some(r) = self.seen.get(&h) {
             self.refs.push(r.clone());
             return None;
@@ -332,7 +357,7 @@ impl Layouter {
         }
         parts.push(data.clone());
         *size = off + len;
-        let r = ChunkRef { pack: idx as u32, offset: off, length: len, codec: Codec::Raw, hash: h };
+        let r = ChunkRef { pack: idx as u32, offset: off, length: len, codec, hash: h };
         self.id.update(&h.0);
         self.id.update(&[idx as u8]);
         self.seen.insert(h, r.clone());
@@ -364,6 +389,9 @@ struct Hashed {
     unique: usize,
 }
 
+/// A chunk's hash, min/max (previews) and compressed form (when the policy compressed it).
+type ChunkStats = (Hash32, Option<(f64, f64)>, Option<(Bytes, Codec)>);
+
 /// Hash (and min/max) the pending chunks in batches, lay them out in order, and hand each pack
 /// to `emit` as soon as it is complete. Stops early (returning `None`) when `emit` says so.
 fn hash_and_layout(
@@ -386,11 +414,24 @@ fn hash_and_layout(
         // With at least a chunk per thread, each chunk is hashed on one thread, fused with its
         // min/max block by block; otherwise each chunk's hash is itself spread over threads.
         let fused = end - start >= crate::runtime::threads();
-        let stats: Vec<(Hash32, Option<(f64, f64)>)> =
-            crate::runtime::parallel(|| pending[start..end].par_iter().map(|p| hash_and_min_max(p, fused)).collect());
-        for (p, (h, mm)) in pending[start..end].iter().zip(stats) {
+        // Chunks are compressed (when the policy says so) on the same threads, right after
+        // they are hashed.
+        let stats: Vec<ChunkStats> = crate::runtime::parallel(|| {
+            pending[start..end]
+                .par_iter()
+                .map(|p| {
+                    let (h, mm) = hash_and_min_max(p, fused);
+                    (h, mm, p.encoding.and_then(|e| e.encode(&p.data, p.itemsize)))
+                })
+                .collect()
+        });
+        for (p, (h, mm, encoded)) in pending[start..end].iter().zip(stats) {
             min_max.push(mm);
-            if let Some(pack) = lay.add(&p.data, h) {
+            let added = match &encoded {
+                Some((stored, codec)) => lay.add(stored, h, *codec),
+                None => lay.add(&p.data, h, Codec::Raw),
+            };
+            if let Some(pack) = added {
                 if !emit(pack) {
                     return None;
                 }
@@ -602,8 +643,12 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
         }
     });
     let stored: u64 = pack_list.iter().map(|p| p.1).sum();
+    // Format 1.0 when every chunk is raw (byte-identical to what earlier writers made, readable
+    // by them); 1.1, which adds codecs, otherwise.
+    let compressed = hashed.refs.iter().any(|r| !r.codec.is_identity());
+    let minor = if compressed { manifest::VERSION_MINOR } else { 0 };
     let manifest = Manifest {
-        version: (manifest::VERSION_MAJOR, manifest::VERSION_MINOR),
+        version: (manifest::VERSION_MAJOR, minor),
         writer: opts.writer.clone(),
         metadata: opts.metadata.clone(),
         packs: pack_list.iter().map(|(name, size)| PackInfo { path: name.clone(), size: *size }).collect(),
@@ -623,7 +668,7 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
 
     if single {
         let mlen = mbytes.len() as u64;
-        let mut parts = vec![Bytes::copy_from_slice(&container::header())];
+        let mut parts = vec![Bytes::copy_from_slice(&container::header(minor))];
         let mut end = container::HEADER_LEN;
         if let Some((_, p, size)) = single_parts {
             parts.extend(p);
@@ -707,7 +752,12 @@ mod tests {
         let bytes: Vec<u8> = (0..n as u64).map(|i| (i.wrapping_mul(0x9e37_79b9) >> 7) as u8).collect();
         for dtype in [DType::F32, DType::BF16, DType::F16, DType::U8, DType::I64, DType::F64, DType::Bool] {
             let len = n - n % dtype.itemsize() as usize;
-            let p = Pending { data: Bytes::copy_from_slice(&bytes[..len]), dtype: Some(dtype.clone()) };
+            let p = Pending {
+                data: Bytes::copy_from_slice(&bytes[..len]),
+                dtype: Some(dtype.clone()),
+                encoding: None,
+                itemsize: dtype.itemsize(),
+            };
             let fused = hash_and_min_max(&p, true);
             assert_eq!(fused, hash_and_min_max(&p, false), "{dtype:?}");
             assert_eq!(fused.0, Hash32::of(&p.data));

@@ -127,12 +127,17 @@ pub fn replay_with<B: Build, T>(
     })
 }
 
-/// [`replay`] of a loaded tree: each leaf value goes through [`Build::value`].
+/// [`replay`] of a loaded tree, consumed: each leaf value is moved into [`Build::value`], so an
+/// array's buffer reaches the builder still unique (a builder may then take it without a copy).
 ///
 /// # Errors
 /// The first error `b` returns.
-pub fn replay_values<B: Build>(b: &B, t: &crate::format::model::Node) -> std::result::Result<B::Node, String> {
-    replay_with(b, t, &mut |b, l| b.value(l.clone()))
+pub fn replay_values<B: Build>(b: &B, mut t: crate::format::model::Node) -> std::result::Result<B::Node, String> {
+    use crate::format::model::Leaf;
+    let mut leaves = Vec::new();
+    t.for_each_leaf_mut(&mut |l| leaves.push(std::mem::replace(l, Leaf::None)));
+    let mut leaves = leaves.into_iter();
+    replay_with(b, &t, &mut |b, _| b.value(leaves.next().ok_or("a leaf went missing")?))
 }
 
 /// How [`replay_with`] builds one leaf.

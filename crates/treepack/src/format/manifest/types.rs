@@ -6,8 +6,9 @@ use super::*;
 pub const FORMAT_NAME: &str = "treepack";
 /// Major version this build writes and reads.
 pub const VERSION_MAJOR: u16 = 1;
-/// Minor version this build writes. Readers accept any minor of a known major.
-pub const VERSION_MINOR: u16 = 0;
+/// Newest minor version this build writes (1.1 adds chunk codecs; a tree with only raw
+/// chunks is written as 1.0). Readers accept any minor of a known major.
+pub const VERSION_MINOR: u16 = 1;
 /// Deepest container nesting accepted (Python's default recursion limit is 1000).
 pub const MAX_DEPTH: usize = 1000;
 /// Largest manifest accepted, in bytes.
@@ -83,6 +84,12 @@ impl ArrayEntry {
     pub fn nbytes(&self) -> u64 {
         shape_len(&self.shape).unwrap_or(0).saturating_mul(self.dtype.itemsize())
     }
+    /// The canonical byte length of chunk `i` of `grid` (this array's): what its codec must
+    /// decode to.
+    pub fn chunk_nbytes(&self, grid: &ChunkGrid, i: usize) -> u64 {
+        let (_, extent) = grid.chunk_region(i as u64);
+        extent.iter().fold(self.dtype.itemsize(), |n, &d| n.saturating_mul(d))
+    }
     /// The chunk grid (a single chunk covering everything for inline arrays).
     pub fn grid(&self) -> ChunkGrid {
         match &self.storage {
@@ -145,6 +152,15 @@ impl Entry {
                 ArrayStorage::Inline(_) => &[],
             },
             _ => &[],
+        }
+    }
+
+    /// Canonical byte length and element size of stored chunk `i` (what its codec decodes to,
+    /// and the element size its shuffle uses).
+    pub fn chunk_canonical(&self, i: usize) -> (u64, u64) {
+        match self {
+            Entry::Array(a) => (a.chunk_nbytes(&a.grid(), i), a.dtype.itemsize()),
+            e => (e.nbytes(), 1),
         }
     }
 

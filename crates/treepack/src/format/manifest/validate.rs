@@ -200,6 +200,16 @@ pub(super) fn validate_chunk(
             format!("chunk {i} stores {} bytes but its region needs {expect_len} (shape × itemsize)", c.length),
         ));
     }
+    if expect_len > c.codec.max_decoded(c.length) {
+        return Err(Error::manifest(
+            file,
+            key(),
+            format!(
+                "chunk {i} stores {} bytes of `{}`, which cannot decode to the {expect_len} bytes its region needs                  (a decompression bomb?)",
+                c.length, c.codec
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -226,6 +236,9 @@ pub(super) fn validate_entry(packs: &[PackInfo], path: &KeyPath, e: &Entry, file
     let key = || path.to_string();
     match e {
         Entry::Str(Stored::Blob { size, chunk }) | Entry::Bytes(Stored::Blob { size, chunk }) => {
+            if chunk.codec.is_shuffled() {
+                return Err(Error::manifest(file, key(), format!("codec `{}` applies to arrays only", chunk.codec)));
+            }
             validate_chunk(packs, chunk, *size, path, 0, file)
         }
         Entry::Array(a) => {

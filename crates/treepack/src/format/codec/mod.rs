@@ -1,0 +1,273 @@
+//! Chunk codecs: how a chunk's stored bytes encode its canonical bytes (docs/format.md, "Codecs").
+//!
+//! A codec is a compressor — none (`raw`), [`zstd`](mod@zstd) or [`lz4`](mod@lz4) — optionally
+//! after the [`shuffle`] filter, which groups the bytes of each position within an element
+//! (element size from the array's dtype) so that the slowly varying bytes of numbers (exponents,
+//! high bytes of small integers) sit together. Hashes are always of the canonical bytes, so
+//! deduplication and `verify` do not depend on the codec.
+//!
+//! Decoding is bounded: the canonical length comes from the manifest (the chunk's region, or a
+//! blob's size), the output buffer is exactly that long, and a frame that would produce more or
+//! fewer bytes is an error — a decompression bomb can make a reader allocate nothing beyond
+//! what the manifest declares.
+
+mod lz4;
+mod shuffle;
+mod zstd;
+
+use bytes::Bytes;
+use std::fmt;
+
+/// How a chunk's stored bytes encode its canonical bytes, as recorded in its chunk reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Codec {
+    /// Stored bytes are the canonical bytes.
+    Raw,
+    /// One zstd frame of the canonical bytes.
+    Zstd,
+    /// One LZ4 block (no frame, no size prefix) of the canonical bytes.
+    Lz4,
+    /// The canonical bytes shuffled by element size, then one zstd frame.
+    ShuffleZstd,
+    /// The canonical bytes shuffled by element size, then one LZ4 block.
+    ShuffleLz4,
+}
+
+/// The compressor a writer applies after the optional filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Compressor {
+    /// zstd, at a level from 1 (fast) to 22 (small); negative levels are faster still.
+    Zstd,
+    /// LZ4 (one speed).
+    Lz4,
+}
+
+/// How a writer encodes one chunk: a compressor, its level, and whether to shuffle first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Encoding {
+    /// The compressor.
+    pub compressor: Compressor,
+    /// zstd's level (ignored by LZ4).
+    pub level: i32,
+    /// Shuffle bytes by element size first (arrays of multi-byte dtypes only).
+    pub shuffle: bool,
+}
+
+/// Levels zstd accepts.
+pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = -7..=22;
+
+/// A chunk is stored compressed only if that saves at least this fraction of its bytes;
+/// otherwise it is stored raw (and reads stay zero-copy for it).
+pub const MIN_SAVING: f64 = 0.1;
+
+/// Chunks larger than this are first probed: a sample of [`PROBE_BYTES`] is compressed, and a
+/// chunk whose sample does not compress is stored raw without compressing the rest (random
+/// weights cost a save almost nothing under a compressing policy).
+pub const PROBE_ABOVE: usize = 256 << 10;
+/// Bytes of a chunk's sample (see [`PROBE_ABOVE`]).
+pub const PROBE_BYTES: usize = 64 << 10;
+
+impl Codec {
+    /// The codec's name in a chunk reference.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Codec::Raw => "raw",
+            Codec::Zstd => "zstd",
+            Codec::Lz4 => "lz4",
+            Codec::ShuffleZstd => "shuffle+zstd",
+            Codec::ShuffleLz4 => "shuffle+lz4",
+        }
+    }
+
+    /// Whether the stored bytes are the canonical bytes themselves: then a chunk's stored
+    /// length is known from its region, and readers may hand out views (mmap, one span) of it.
+    pub fn is_identity(&self) -> bool {
+        matches!(self, Codec::Raw)
+    }
+
+    /// Whether the codec shuffles by element size (meaningful for arrays only).
+    pub fn is_shuffled(&self) -> bool {
+        matches!(self, Codec::ShuffleZstd | Codec::ShuffleLz4)
+    }
+
+    /// The most canonical bytes `stored` bytes of this codec can decode to: zstd's densest
+    /// block (an RLE block: 4 bytes for up to 128 KiB) expands at most 32768-fold, an LZ4 block
+    /// about 255-fold. A manifest declaring more is refused before anything is read, so a tiny
+    /// chunk cannot make a reader allocate gigabytes.
+    pub fn max_decoded(&self, stored: u64) -> u64 {
+        match self {
+            Codec::Raw => stored,
+            Codec::Zstd | Codec::ShuffleZstd => stored.saturating_mul(32 << 10),
+            Codec::Lz4 | Codec::ShuffleLz4 => stored.saturating_mul(256).saturating_add(64),
+        }
+    }
+
+    /// Parse a codec name. Unknown codecs yield `None` (the caller reports which chunk).
+    pub fn from_name(s: &str) -> Option<Codec> {
+        Some(match s {
+            "raw" => Codec::Raw,
+            "zstd" => Codec::Zstd,
+            "lz4" => Codec::Lz4,
+            "shuffle+zstd" => Codec::ShuffleZstd,
+            "shuffle+lz4" => Codec::ShuffleLz4,
+            _ => return None,
+        })
+    }
+
+    /// Decode stored bytes into the canonical bytes, exactly `expected_len` of them, of
+    /// elements of `itemsize` bytes (for the shuffle). `raw` hands the stored bytes back
+    /// without a copy.
+    ///
+    /// # Errors
+    /// A reason if the stored bytes are damaged or decode to any other length; never allocates
+    /// more than `expected_len` (twice, for a shuffled chunk).
+    pub fn decode(&self, stored: Bytes, expected_len: u64, itemsize: u64) -> Result<Bytes, String> {
+        if let Codec::Raw = self {
+            if stored.len() as u64 != expected_len {
+                return Err(format!("raw chunk holds {} bytes, expected {expected_len}", stored.len()));
+            }
+            return Ok(stored);
+        }
+        let mut out = zeroed(expected_len)?;
+        self.decode_into(&stored, &mut out, itemsize)?;
+        Ok(Bytes::from(out))
+    }
+
+    /// Decode stored bytes into `out`, which must be exactly the canonical length.
+    ///
+    /// # Errors
+    /// As [`Codec::decode`].
+    pub fn decode_into(&self, stored: &[u8], out: &mut [u8], itemsize: u64) -> Result<(), String> {
+        match self {
+            Codec::Raw => {
+                if stored.len() != out.len() {
+                    return Err(format!("raw chunk holds {} bytes, expected {}", stored.len(), out.len()));
+                }
+                out.copy_from_slice(stored);
+                Ok(())
+            }
+            Codec::Zstd => zstd::decode_into(stored, out),
+            Codec::Lz4 => lz4::decode_into(stored, out),
+            Codec::ShuffleZstd | Codec::ShuffleLz4 => {
+                let mut shuffled = zeroed(out.len() as u64)?;
+                match self {
+                    Codec::ShuffleZstd => zstd::decode_into(stored, &mut shuffled)?,
+                    _ => lz4::decode_into(stored, &mut shuffled)?,
+                }
+                shuffle::unshuffle(&shuffled, out, item(itemsize));
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Encoding {
+    /// The codec recorded for chunks this encoding compresses (`shuffle` only where it moves
+    /// bytes: elements of more than one byte).
+    pub fn codec(&self, itemsize: u64) -> Codec {
+        match (self.compressor, self.shuffle && itemsize > 1) {
+            (Compressor::Zstd, false) => Codec::Zstd,
+            (Compressor::Zstd, true) => Codec::ShuffleZstd,
+            (Compressor::Lz4, false) => Codec::Lz4,
+            (Compressor::Lz4, true) => Codec::ShuffleLz4,
+        }
+    }
+
+    /// Encode one chunk's canonical bytes (elements of `itemsize` bytes): the stored bytes
+    /// and their codec, or `None` when compression would not save [`MIN_SAVING`] of them (a
+    /// big chunk is judged by a sample first, see [`PROBE_ABOVE`]).
+    pub fn encode(&self, data: &[u8], itemsize: u64) -> Option<(Bytes, Codec)> {
+        if data.is_empty() {
+            return None;
+        }
+        let codec = self.codec(itemsize);
+        let filtered = |d: &[u8]| -> Vec<u8> {
+            let mut out = vec![0u8; d.len()];
+            shuffle::shuffle(d, &mut out, item(itemsize));
+            out
+        };
+        let compress = |d: &[u8]| match self.compressor {
+            Compressor::Zstd => zstd::encode(d, self.level),
+            Compressor::Lz4 => Some(lz4::encode(d)),
+        };
+        let worth = |stored: usize, raw: usize| (stored as f64) <= (raw as f64) * (1.0 - MIN_SAVING);
+        if data.len() > PROBE_ABOVE {
+            let sample = &data[..PROBE_BYTES - PROBE_BYTES % item(itemsize)];
+            let probe = if codec.is_shuffled() { compress(&filtered(sample)) } else { compress(sample) };
+            if !probe.is_some_and(|p| worth(p.len(), sample.len())) {
+                return None;
+            }
+        }
+        let stored = if codec.is_shuffled() { compress(&filtered(data))? } else { compress(data)? };
+        worth(stored.len(), data.len()).then(|| (Bytes::from(stored), codec))
+    }
+}
+
+/// An element size the shuffle can use (a struct dtype's may be large; 0 means bytes).
+fn item(itemsize: u64) -> usize {
+    usize::try_from(itemsize).unwrap_or(1).max(1)
+}
+
+/// A zeroed buffer of `len` bytes, or the reason it cannot be had. Zeroed by the allocator
+/// (fresh pages for big buffers), not by writing: the decoder writes every byte anyway.
+fn zeroed(len: u64) -> Result<Vec<u8>, String> {
+    let n = usize::try_from(len).map_err(|_| format!("a chunk of {len} bytes does not fit this machine's memory"))?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(n).map_err(|_| format!("a chunk of {len} bytes is too large"))?;
+    // SAFETY: `layout` has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return Err(format!("cannot allocate {len} bytes for a decoded chunk"));
+    }
+    // SAFETY: `p` was allocated by the global allocator with the layout of `[u8; n]` (the
+    // layout a `Vec<u8>` of capacity `n` has), and its `n` bytes are initialised (zero).
+    Ok(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
+impl fmt::Display for Codec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_codec_round_trips_exactly_and_refuses_other_lengths() {
+        let data: Vec<u8> = (0..100_000u32).flat_map(|i| ((i / 7) as u16).to_le_bytes()).collect();
+        for (compressor, level) in [(Compressor::Zstd, 1), (Compressor::Zstd, 19), (Compressor::Lz4, 0)] {
+            for shuffle in [false, true] {
+                let enc = Encoding { compressor, level, shuffle };
+                let (stored, codec) = enc.encode(&data, 2).expect("compressible");
+                assert!(stored.len() < data.len() / 2, "{codec}");
+                assert_eq!(Codec::from_name(codec.name()), Some(codec));
+                let back = codec.decode(stored.clone(), data.len() as u64, 2).unwrap();
+                assert_eq!(back.as_ref(), &data[..], "{codec}");
+                assert!(codec.decode(stored.clone(), data.len() as u64 - 1, 2).is_err(), "{codec} short");
+                assert!(codec.decode(stored.clone(), data.len() as u64 + 1, 2).is_err(), "{codec} long");
+                let cut = stored.slice(..stored.len() - 3);
+                assert!(codec.decode(cut, data.len() as u64, 2).is_err(), "{codec} truncated");
+            }
+        }
+    }
+
+    #[test]
+    fn incompressible_chunks_stay_raw() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let noise: Vec<u8> = (0..1 << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let enc = Encoding { compressor: Compressor::Zstd, level: 3, shuffle: true };
+        assert!(enc.encode(&noise, 4).is_none());
+        assert!(enc.encode(&[], 4).is_none());
+    }
+}

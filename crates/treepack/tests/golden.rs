@@ -13,11 +13,24 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden")
 }
 
-fn options() -> SaveOptions {
+/// The golden locations: format 1.0 (raw chunks) in both layouts, and format 1.1 with each
+/// codec (`demo-zstd.tpk`: shuffle+zstd and zstd; `demo-lz4`: shuffle+lz4 and lz4).
+const NAMES: [&str; 4] = ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4"];
+
+fn options(name: &str) -> SaveOptions {
+    // float32 arrays without the shuffle, everything else with it (where it moves bytes).
+    let compression = match name {
+        "demo-zstd.tpk" => {
+            r#"[{"dtypes": ["float32"], "codec": "zstd", "filter": "none"}, {"codec": "zstd", "level": 3}]"#
+        }
+        "demo-lz4" => r#"[{"dtypes": ["float32"], "codec": "lz4", "filter": "none"}, {"codec": "lz4"}]"#,
+        _ => "none",
+    };
     SaveOptions {
         writer: "treepack-golden".into(),
         metadata: Some(serde_json::json!({"purpose": "golden file for docs/format.md"})),
         chunk_bytes: 64 << 10,
+        compression: save::Compression::parse(compression).unwrap(),
         ..Default::default()
     }
 }
@@ -39,7 +52,7 @@ fn files(root: &Path) -> Vec<(String, Vec<u8>)> {
 
 fn hashes_text() -> String {
     let mut s = String::new();
-    for name in ["demo", "demo.tpk"] {
+    for name in NAMES {
         for (rel, bytes) in files(&golden_dir().join(name)) {
             let path = if rel.is_empty() { name.to_string() } else { format!("{name}/{rel}") };
             s.push_str(&format!("{}  {}\n", hash::Hash32::of(&bytes).to_hex(), path));
@@ -54,16 +67,17 @@ fn golden_files_are_reproduced_byte_for_byte() {
     let tmp = tempfile::tempdir().unwrap();
     if std::env::var_os("TREEPACK_BLESS").is_some() {
         let g = golden_dir();
-        let _ = std::fs::remove_dir_all(g.join("demo"));
-        let _ = std::fs::remove_file(g.join("demo.tpk"));
         std::fs::create_dir_all(&g).unwrap();
-        save(&tree, g.join("demo").to_str().unwrap(), &options()).unwrap();
-        save(&tree, g.join("demo.tpk").to_str().unwrap(), &options()).unwrap();
+        for name in NAMES {
+            let _ = std::fs::remove_dir_all(g.join(name));
+            let _ = std::fs::remove_file(g.join(name));
+            save(&tree, g.join(name).to_str().unwrap(), &options(name)).unwrap();
+        }
         std::fs::write(g.join("BLAKE3SUMS"), hashes_text()).unwrap();
     }
-    for name in ["demo", "demo.tpk"] {
+    for name in NAMES {
         let fresh = tmp.path().join(name);
-        save(&tree, fresh.to_str().unwrap(), &options()).unwrap();
+        save(&tree, fresh.to_str().unwrap(), &options(name)).unwrap();
         let committed = files(&golden_dir().join(name));
         assert!(!committed.is_empty(), "golden files missing; run with TREEPACK_BLESS=1");
         let produced = files(&fresh);
@@ -83,8 +97,21 @@ fn golden_files_are_reproduced_byte_for_byte() {
 #[test]
 fn golden_files_load_to_the_demo_tree() {
     let tree = demo::example_tree();
-    for name in ["demo", "demo.tpk"] {
+    for name in NAMES {
         let p = golden_dir().join(name);
+        let r = open(p.to_str().unwrap()).unwrap();
+        let codecs: std::collections::BTreeSet<&str> = {
+            let mut v = std::collections::BTreeSet::new();
+            r.manifest().root.for_each_leaf(&mut |_, e| v.extend(e.chunks().iter().map(|c| c.codec.name())));
+            v
+        };
+        let want: &[&str] = match name {
+            "demo-zstd.tpk" => &["raw", "shuffle+zstd", "zstd"],
+            "demo-lz4" => &["lz4", "raw", "shuffle+lz4"],
+            _ => &["raw"],
+        };
+        assert_eq!(codecs.into_iter().collect::<Vec<_>>(), want, "{name}: the codecs it covers");
+        assert_eq!(r.manifest().version, (1, if name.contains('-') { 1 } else { 0 }), "{name}");
         let back = load(p.to_str().unwrap(), &LoadOptions::default()).unwrap();
         assert!(back.exact_eq(&tree), "{name}");
         assert!(open(p.to_str().unwrap()).unwrap().verify().unwrap().ok());

@@ -1,7 +1,7 @@
 //! Chunk codecs: how a chunk's stored bytes encode its canonical bytes (docs/format.md, "Codecs").
 //!
-//! A codec is a compressor — none (`raw`), [`zstd`](mod@zstd) or [`lz4`](mod@lz4) — optionally
-//! after the [`shuffle`] filter, which groups the bytes of each position within an element
+//! A codec is a compressor — none (`raw`), zstd or LZ4 — optionally
+//! after the shuffle filter, which groups the bytes of each position within an element
 //! (element size from the array's dtype) so that the slowly varying bytes of numbers (exponents,
 //! high bytes of small integers) sit together. Hashes are always of the canonical bytes, so
 //! deduplication and `verify` do not depend on the codec.

@@ -123,7 +123,7 @@ def save(
     is; ``"auto"``, ``"zstd"``, ``"zstd:LEVEL"`` or ``"lz4"`` compress stored leaves of 16 KiB or
     more (arrays shuffled by element size first); a list of rule dicts (``paths``, ``dtypes``,
     ``min_size``, ``codec``, ``level``, ``filter``) decides leaf by leaf, the first matching rule
-    winning. A chunk that does not shrink by at least 10 % is stored raw. A bad policy raises
+    winning. A chunk that does not shrink by at least 20 % is stored raw. A bad policy raises
     ``ValueError`` before anything is written.
     """
     p = _path(path)

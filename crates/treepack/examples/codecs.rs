@@ -50,14 +50,42 @@ fn main() {
         ("bool masks", arr(DType::Bool, n, mask)),
         ("f32 weights", arr(DType::F32, n, f32b)),
     ];
-    let policies = ["none", "lz4", "zstd:1", "zstd:3", "auto", r#"[{"codec":"zstd","level":3,"filter":"none"}]"#];
+    let only = std::env::var("CODECS_ONLY").ok();
+    let policies: Vec<&str> = match &only {
+        Some(p) => vec![p.as_str()],
+        None => vec!["none", "lz4", "zstd:1", "zstd:3", "auto", r#"[{"codec":"zstd","level":3,"filter":"none"}]"#],
+    };
+    if std::env::var("CODECS_MICRO").is_ok() {
+        use treepack::format::codec::{Compressor, Encoding};
+        for (name, tree) in &cases {
+            let Tree::Leaf(Leaf::Array(a)) = tree else { unreachable!() };
+            let chunk = &a.bytes()[..4 << 20];
+            let k = a.dtype().itemsize();
+            for shuffle in [false, true] {
+                let level = std::env::var("CODECS_LEVEL").ok().and_then(|l| l.parse().ok()).unwrap_or(3);
+                let enc = Encoding { compressor: Compressor::Zstd, level, shuffle };
+                let Some((stored, codec)) = enc.encode(chunk, k) else { continue };
+                let t = Instant::now();
+                for _ in 0..20 {
+                    codec.decode(stored.clone(), chunk.len() as u64, k).unwrap();
+                }
+                let dt = t.elapsed().as_secs_f64() / 20.0;
+                println!("{name} {codec}: decode one 4 MiB chunk {:.2} ms = {:.2} GiB/s", dt * 1e3, 4.0 / 1024.0 / dt);
+            }
+        }
+        return;
+    }
     println!("| data | policy | ratio | save | load |");
     println!("| --- | --- | ---: | ---: | ---: |");
     for (name, tree) in &cases {
         let Tree::Leaf(Leaf::Array(a)) = tree else { unreachable!() };
         let gib = a.nbytes() as f64 / (1u64 << 30) as f64;
-        for policy in policies {
-            let loc: Location = "memory://bench/x".into_location().unwrap();
+        for &policy in &policies {
+            // In memory by default (the disk does not set the pace); CODECS_DIR=path for a local tree.
+            let loc: Location = match std::env::var("CODECS_DIR") {
+                Ok(d) => format!("{d}/x").into_location().unwrap(),
+                Err(_) => "memory://bench/x".into_location().unwrap(),
+            };
             let opts = SaveOptions {
                 compression: save::Compression::parse(policy).unwrap(),
                 overwrite: true,
@@ -66,7 +94,8 @@ fn main() {
             let mut saves = vec![];
             let mut loads = vec![];
             let mut stored = 0;
-            for _ in 0..3 {
+            let runs = std::env::var("CODECS_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
+            for _ in 0..runs {
                 let t = Instant::now();
                 save(tree, loc.clone(), &opts).unwrap();
                 saves.push(t.elapsed().as_secs_f64());
@@ -79,6 +108,7 @@ fn main() {
             }
             saves.sort_by(f64::total_cmp);
             loads.sort_by(f64::total_cmp);
+            let (saves, loads) = (&saves[saves.len() / 2 - 1..], &loads[loads.len() / 2 - 1..]);
             let policy = if policy.starts_with('[') { "zstd:3, no shuffle" } else { policy };
             println!(
                 "| {name} | {policy} | {:.2}x | {:.2} GiB/s | {:.2} GiB/s |",

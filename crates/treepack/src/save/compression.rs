@@ -130,14 +130,18 @@ impl Compression {
     }
 }
 
-/// The `auto` policy: every stored leaf of 16 KiB or more through zstd at level 3, arrays
-/// shuffled by element size first (docs/compression.md has the measurements behind it).
+/// zstd's level in the `auto` policy: on checkpoint-like data level 1 compresses as well as 3
+/// (bf16 weights 1.46x against 1.41x) and saves and loads faster (docs/compression.md).
+pub const AUTO_ZSTD_LEVEL: i32 = 1;
+
+/// The `auto` policy: every stored leaf of 16 KiB or more through zstd at level 1, arrays
+/// shuffled by element size first.
 fn auto() -> Vec<Rule> {
     vec![Rule {
         paths: vec![],
         dtypes: vec![],
         min_size: AUTO_MIN_SIZE,
-        encoding: Some(Encoding { compressor: Compressor::Zstd, level: DEFAULT_ZSTD_LEVEL, shuffle: true }),
+        encoding: Some(Encoding { compressor: Compressor::Zstd, level: AUTO_ZSTD_LEVEL, shuffle: true }),
     }]
 }
 

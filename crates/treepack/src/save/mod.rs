@@ -9,7 +9,7 @@
 
 mod compression;
 
-pub use compression::{Compression, Rule, AUTO_MIN_SIZE, DEFAULT_ZSTD_LEVEL};
+pub use compression::{Compression, Rule, AUTO_MIN_SIZE, AUTO_ZSTD_LEVEL, DEFAULT_ZSTD_LEVEL};
 
 use crate::error::{Error, Result};
 use crate::format::codec::{Codec, Encoding};

@@ -57,8 +57,10 @@ pub struct Encoding {
 pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = -7..=22;
 
 /// A chunk is stored compressed only if that saves at least this fraction of its bytes;
-/// otherwise it is stored raw (and reads stay zero-copy for it).
-pub const MIN_SAVING: f64 = 0.1;
+/// otherwise it is stored raw (and reads stay zero-copy for it). A fifth: decoding costs a
+/// load far more than reading the bytes saved (float32 weights from a normal distribution
+/// shrink ~4 % under zstd and would load 6x slower; docs/compression.md).
+pub const MIN_SAVING: f64 = 0.2;
 
 /// Chunks larger than this are first probed: a sample of [`PROBE_BYTES`] is compressed, and a
 /// chunk whose sample does not compress is stored raw without compressing the rest (random

@@ -68,7 +68,31 @@ def w3(scale: float):
     ]
 
 
-WORKLOADS = {"W1": w1, "W2": w2, "W3": w3}
+def w7(scale: float):
+    """~512 MiB (× scale) compressible checkpoint: bfloat16 weights drawn from a normal
+    distribution (200 MiB), float32 Adam moments of which 70 % are zero (2 × 96 MiB), int32
+    token ids below 32 000 (64 MiB) and bool masks (32 MiB), in 8 layers. Deterministic."""
+    import ml_dtypes
+
+    mib = lambda m: max(1, int((m << 20) * scale))
+    rng = np.random.default_rng(7)
+    tree: dict = {"params": {}, "opt": {"mu": {}, "nu": {}}, "data": {}}
+    for i in range(8):
+        n = mib(200) // 8 // 2
+        w = (rng.standard_normal(n, np.float32) * np.float32(0.02)).astype(ml_dtypes.bfloat16)
+        tree["params"][f"layer{i}"] = w.reshape(-1, 1024) if n % 1024 == 0 else w
+        n = mib(96) // 8 // 4
+        keep = rng.random(n) < 0.3
+        g = rng.standard_normal(n, np.float32) * np.float32(1e-3)
+        tree["opt"]["mu"][f"layer{i}"] = np.where(keep, g, np.float32(0))
+        tree["opt"]["nu"][f"layer{i}"] = np.where(keep, g * g, np.float32(0))
+    tree["data"]["tokens"] = rng.integers(0, 32_000, mib(64) // 4, dtype=np.int32).reshape(-1, 1024)
+    tree["data"]["mask"] = (rng.random(mib(32)) < 0.5).reshape(-1, 1024)
+    return tree
+
+
+WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W7": w7}
+ARRAY_WORKLOADS = ("W1", "W7")
 
 
 def flat(tree, prefix=""):
@@ -137,16 +161,51 @@ def peer_save(peer, tree, path, wl):
     if peer == "treepack":
         import treepack
 
-        treepack.save(tree, path)
+        # W7 is the compression workload: treepack's `auto` policy (docs/compression.md).
+        treepack.save(tree, path, compression="auto" if wl == "W7" else None)
     elif peer == "treepack-tpk":
         import treepack
 
-        treepack.save(tree, path + ".tpk")
+        treepack.save(tree, path + ".tpk", compression="auto" if wl == "W7" else None)
+    elif peer == "treepack-lz4":
+        import treepack
+
+        treepack.save(tree, path, compression="lz4")
+    elif peer == "npz-compressed":
+        if wl not in ARRAY_WORKLOADS:
+            raise NA("arrays only")
+        np.savez_compressed(path + ".npz", **{k: as_numpy_plain(v) for k, v in flat(tree).items()})
+    elif peer in ("h5py-gzip", "h5py-lzf"):
+        if wl not in ARRAY_WORKLOADS:
+            raise NA("arrays only")
+        import h5py
+
+        with h5py.File(path + ".h5", "w") as f:
+            for k, v in flat(tree).items():
+                f.create_dataset(k, data=as_numpy_plain(v), compression=peer.split("-")[1], chunks=True)
+    elif peer == "zarr":
+        if wl not in ARRAY_WORKLOADS:
+            raise NA("arrays only")
+        import zarr
+
+        # Zarr v3 with its default codecs (zstd).
+        g = zarr.open_group(path + ".zarr", mode="w")
+        for k, v in flat(tree).items():
+            g.create_array(k.replace("/", "."), data=as_numpy_plain(v))
+    elif peer == "safetensors-zstd":
+        if wl not in ARRAY_WORKLOADS:
+            raise NA("flat dict of arrays only")
+        # "Just compress the file": safetensors, then the zstd command line at level 3 (all cores).
+        from safetensors.numpy import save_file
+        import subprocess
+
+        save_file({k: as_numpy_plain(v) for k, v in flat(tree).items()}, path + ".safetensors")
+        subprocess.run(["zstd", "-q", "-3", "-T0", "--rm", "-f", path + ".safetensors", "-o", path + ".safetensors.zst"], check=True)
     elif peer == "pickle":
         with open(path, "wb") as f:
             pickle.dump(tree, f, protocol=5)
     elif peer == "npz":
-        if wl != "W1":
+        if wl not in ARRAY_WORKLOADS:
             raise NA("arrays only")
         np.savez(path + ".npz", **{k: as_numpy_plain(v) for k, v in flat(tree).items()})
     elif peer == "safetensors":
@@ -215,10 +274,31 @@ def peer_save(peer, tree, path, wl):
 
 
 def peer_load(peer, path, wl):
-    if peer in ("treepack", "treepack-tpk"):
+    if peer in ("treepack", "treepack-tpk", "treepack-lz4"):
         import treepack
 
-        return treepack.load(path if peer == "treepack" else path + ".tpk")
+        return treepack.load(path + ".tpk" if peer == "treepack-tpk" else path)
+    if peer == "npz-compressed":
+        with np.load(path + ".npz") as z:
+            return {k: z[k] for k in z.files}
+    if peer in ("h5py-gzip", "h5py-lzf"):
+        import h5py
+
+        out = {}
+        with h5py.File(path + ".h5", "r") as f:
+            f.visititems(lambda k, d: out.__setitem__(k, d[()]) if isinstance(d, h5py.Dataset) else None)
+        return out
+    if peer == "zarr":
+        import zarr
+
+        g = zarr.open_group(path + ".zarr", mode="r")
+        return {k: g[k][...] for k in g.array_keys()}
+    if peer == "safetensors-zstd":
+        import subprocess
+        from safetensors.numpy import load
+
+        raw = subprocess.run(["zstd", "-q", "-d", "-c", path + ".safetensors.zst"], check=True, capture_output=True).stdout
+        return load(raw)
     if peer == "pickle":
         with open(path, "rb") as f:
             return pickle.load(f)

@@ -35,6 +35,10 @@ PLAN = [
     ("W3", "save"), ("W3", "load"),
 ]
 DATA_OF = {"W4": "W1", "W6": "W1", "W5": "W2"}
+# W7, the compressible checkpoint (issue 25), is its own suite with compressing peers:
+# `python bench/run.py --workloads W7` (it would take the full run past 15 minutes).
+PLAN_W7 = [("W7", "save"), ("W7", "load")]
+PEERS_W7 = ["treepack", "treepack-lz4", "npz", "npz-compressed", "h5py-gzip", "h5py-lzf", "zarr", "orbax", "safetensors-zstd"]
 # Baselines that need no save of their own: raw's W5 builds the W2 tree's bare skeleton.
 NO_SAVE_NEEDED = {("W5", "raw")}
 CASE_TIMEOUT = 300
@@ -79,7 +83,7 @@ def run_case(wl, peer, op, d, scale):
 def disk_usage(d, wl, peer):
     base = os.path.join(d, f"{wl}-{peer}")
     total = 0
-    for cand in [base, base + ".tpk", base + ".npz", base + ".safetensors", base + ".h5", base + ".msgpack", base + ".orbax", base + ".raw"]:
+    for cand in [base, base + ".tpk", base + ".npz", base + ".safetensors", base + ".h5", base + ".msgpack", base + ".orbax", base + ".raw", base + ".zarr", base + ".safetensors.zst"]:
         if os.path.isfile(cand):
             total += os.path.getsize(cand)
         elif os.path.isdir(cand):
@@ -90,7 +94,7 @@ def disk_usage(d, wl, peer):
 
 def clean(d, wl, peer):
     base = os.path.join(d, f"{wl}-{peer}")
-    for cand in [base, base + ".tpk", base + ".npz", base + ".safetensors", base + ".h5", base + ".msgpack", base + ".orbax", base + ".raw"]:
+    for cand in [base, base + ".tpk", base + ".npz", base + ".safetensors", base + ".h5", base + ".msgpack", base + ".orbax", base + ".raw", base + ".zarr", base + ".safetensors.zst"]:
         if os.path.isdir(cand):
             shutil.rmtree(cand)
         elif os.path.exists(cand):
@@ -124,11 +128,15 @@ def main():
     args = ap.parse_args()
     if args.stop_after:
         STOP_AFTER_S = args.stop_after
-    scale = {"W1": 1 / 16, "W2": 0.1, "W3": 0.1} if args.quick else {"W1": 1.0, "W2": 1.0, "W3": 1.0}
+    scale = {"W1": 1 / 16, "W2": 0.1, "W3": 0.1, "W7": 1 / 16} if args.quick else {"W1": 1.0, "W2": 1.0, "W3": 1.0, "W7": 1.0}
     runs = args.runs or (2 if args.quick else 5)
     peers = args.peers.split(",")
     wanted = set(args.workloads.split(",")) if args.workloads else None
     plan = [(wl, op) for wl, op in PLAN if wanted is None or wl in wanted]
+    if wanted is not None and "W7" in wanted:
+        plan += PLAN_W7
+        if wanted == {"W7"} and args.peers == ",".join(PEERS):
+            peers = PEERS_W7
     full = wanted is None and peers == PEERS and not args.quick
     d = args.dir or tempfile.mkdtemp(prefix="treepack-bench-")
     os.makedirs(d, exist_ok=True)
@@ -351,6 +359,17 @@ def targets(meta, by):
         for o in ("save", "load"):
             row(f"{w} {o} faster than pickle", *versus(w, o, "pickle", 1.0, strict=True))
             row(f"{w} {o} ≥ 10× faster than orbax", *versus(w, o, "orbax", 10.0, "{:.1f}×"))
+    if t("W7", "load", "treepack"):
+        # Compression (issue 25), from the W7 suite: treepack's `auto` policy against compressing peers.
+        disk = lambda p: by.get(("W7", "save", p), {}).get("disk_bytes")
+        for peer in ("npz-compressed", "zarr"):
+            mine, theirs = disk("treepack"), disk(peer)
+            row(f"W7 auto: smaller on disk than {peer}", f"{fmt_bytes(mine)} vs {fmt_bytes(theirs)}" if mine and theirs else "n/a",
+                (mine < theirs) if mine and theirs else None)
+            for o in ("save", "load"):
+                row(f"W7 {o} ≥ 2× {peer}", *versus("W7", o, peer, 2.0))
+        tput = by.get(("W7", "load", "treepack"), {}).get("throughput")
+        row("W7 load (decompression) ≥ 1.5 GiB/s", f"{fmt_bytes(tput)}/s" if tput else "n/a", (tput >= 1.5 * (1 << 30)) if tput else None)
     p4, l1 = t("W4", "partial", "treepack"), t("W1", "load", "treepack")
     row("W4 partial < 5% of a full W1 load", f"{p4 / l1 * 100:.1f}%" if p4 and l1 else "n/a", (p4 / l1 < 0.05) if p4 and l1 else None)
     # "Reads only the bytes it needs": what left the disk (cold cache) against what the request

@@ -7,34 +7,32 @@ const BLOCK: usize = 256;
 
 /// Shuffle `src` into `dst` (same length) by element size `k`.
 pub(super) fn shuffle(src: &[u8], dst: &mut [u8], k: usize) {
-    let n = src.len() / k.max(1);
-    if k <= 1 || n == 0 {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let (body, tail) = dst.split_at_mut(n * k);
-    match k {
-        2 => shuffle_k::<2>(&src[..n * k], body, n),
-        4 => shuffle_k::<4>(&src[..n * k], body, n),
-        8 => shuffle_k::<8>(&src[..n * k], body, n),
-        _ => shuffle_any(&src[..n * k], body, n, k),
-    }
-    tail.copy_from_slice(&src[n * k..]);
+    transpose(src, dst, k, true);
 }
 
 /// The inverse of [`shuffle`].
 pub(super) fn unshuffle(src: &[u8], dst: &mut [u8], k: usize) {
+    transpose(src, dst, k, false);
+}
+
+/// [`shuffle`] (`forward`) or [`unshuffle`]: the whole elements moved, the tail copied.
+fn transpose(src: &[u8], dst: &mut [u8], k: usize, forward: bool) {
     let n = src.len() / k.max(1);
     if k <= 1 || n == 0 {
         dst.copy_from_slice(src);
         return;
     }
     let (body, tail) = dst.split_at_mut(n * k);
-    match k {
-        2 => unshuffle_k::<2>(&src[..n * k], body, n),
-        4 => unshuffle_k::<4>(&src[..n * k], body, n),
-        8 => unshuffle_k::<8>(&src[..n * k], body, n),
-        _ => unshuffle_any(&src[..n * k], body, n, k),
+    let from = &src[..n * k];
+    match (k, forward) {
+        (2, true) => shuffle_k::<2>(from, body, n),
+        (4, true) => shuffle_k::<4>(from, body, n),
+        (8, true) => shuffle_k::<8>(from, body, n),
+        (_, true) => shuffle_any(from, body, n, k),
+        (2, false) => unshuffle_k::<2>(from, body, n),
+        (4, false) => unshuffle_k::<4>(from, body, n),
+        (8, false) => unshuffle_k::<8>(from, body, n),
+        (_, false) => unshuffle_any(from, body, n, k),
     }
     tail.copy_from_slice(&src[n * k..]);
 }

@@ -134,6 +134,23 @@ fn cold_whole_loads_read_around_the_cache_and_equal_cached_loads() {
             }
         }
     }
+    // Compressed leaves take the same whole-load path (decoded by the compute pool) and come
+    // back equal, cold and warm.
+    let opts = SaveOptions { compression: save::Compression::parse("zstd:1").unwrap(), ..Default::default() };
+    for name in ["z", "z.tpk"] {
+        let path = dir.path().join(name);
+        let p = path.to_str().unwrap();
+        save(&tree, p, &opts).unwrap();
+        let r = open(p).unwrap();
+        let mut compressed = 0;
+        r.manifest()
+            .root
+            .for_each_leaf(&mut |_, e| compressed += e.chunks().iter().filter(|c| !c.codec.is_identity()).count());
+        assert!(compressed >= 6, "{name}: {compressed} compressed chunks");
+        assert!(r.load(&LoadOptions::default()).unwrap().exact_eq(&tree), "{name} warm");
+        evict(&path);
+        assert!(open(p).unwrap().load(&LoadOptions::default()).unwrap().exact_eq(&tree), "{name} cold");
+    }
     // One flipped byte in the middle of an uncached array is a corrupt chunk, not wrong data.
     let path = dir.path().join("f.tpk");
     let mut bytes = std::fs::read(&path).unwrap();

@@ -216,6 +216,11 @@ impl Reader {
             let verifiers = crate::runtime::verify_pool();
             for (i, read) in rx.iter() {
                 let got = read.and_then(|r| match r {
+                    // A compressed leaf is decoded by the whole compute pool (decoding, not the
+                    // device, sets its pace); inside the verify pool it would get half the cores.
+                    Read::Fetched(f) if jobs[i].entry.chunks().iter().any(|c| !c.codec.is_identity()) => {
+                        self.assemble(&jobs[i], &f, opts, opts.verify)
+                    }
                     Read::Fetched(f) => match verifiers {
                         Some(pool) => pool.install(|| self.assemble(&jobs[i], &f, opts, opts.verify)),
                         None => self.assemble(&jobs[i], &f, opts, opts.verify),

@@ -21,9 +21,9 @@ fn options(name: &str) -> SaveOptions {
     // float32 arrays without the shuffle, everything else with it (where it moves bytes).
     let compression = match name {
         "demo-zstd.tpk" => {
-            r#"[{"dtypes": ["float32"], "codec": "zstd", "filter": "none"}, {"codec": "zstd", "level": 3}]"#
+            r#"[{"dtypes": ["float32"], "codec": "zstd", "filter": "none"}, {"codec": "zstd", "level": 3, "filter": "shuffle"}]"#
         }
-        "demo-lz4" => r#"[{"dtypes": ["float32"], "codec": "lz4", "filter": "none"}, {"codec": "lz4"}]"#,
+        "demo-lz4" => r#"[{"dtypes": ["float32"], "codec": "lz4", "filter": "none"}, {"codec": "lz4", "filter": "shuffle"}]"#,
         _ => "none",
     };
     SaveOptions {

@@ -523,12 +523,10 @@ fn leaf_kind(t: &Tree<Entry>) -> &'static str {
     }
 }
 
+/// A leaf's zeroed output buffer, zeroed by the allocator (fresh pages for a big one, faulted in
+/// by the threads that fill it) rather than by a memset on this thread.
 fn alloc(n: u64, key: &str) -> Result<Vec<u8>> {
-    let len = usize::try_from(n).map_err(|_| Error::OutOfMemory { key: key.into(), bytes: n })?;
-    let mut v: Vec<u8> = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { key: key.into(), bytes: n })?;
-    v.resize(len, 0);
-    Ok(v)
+    crate::format::codec::zeroed(n).map_err(|_| Error::OutOfMemory { key: key.into(), bytes: n })
 }
 
 /// The single byte range covering all chunks of a raw multi-chunk array laid out contiguously,

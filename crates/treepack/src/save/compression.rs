@@ -4,7 +4,7 @@
 //! objects), for Rust, the CLI and Python alike.
 
 use crate::error::{Error, Result};
-use crate::format::codec::{Compressor, Encoding, ZSTD_LEVELS};
+use crate::format::codec::{Compressor, Encoding, Filter, ZSTD_LEVELS};
 use crate::format::dtype::DType;
 use crate::format::keypath::Glob;
 use serde::Deserialize;
@@ -64,11 +64,11 @@ impl Compression {
     }
 
     /// Parse a policy: `"none"`, `"auto"`, `"zstd"`, `"zstd:LEVEL"`, `"lz4"` (each of those
-    /// compresses stored leaves of at least 16 KiB, arrays shuffled by element size), or a
+    /// compresses stored leaves of at least 16 KiB, arrays shuffled by element size where that helps), or a
     /// JSON list of rule objects with the keys `paths` (key-path globs), `dtypes` (dtype name
     /// globs; `str` and `bytes` match blobs), `min_size` (bytes), `codec` (`zstd`, `lz4`,
-    /// `none`), `level` (zstd only) and `filter` (`shuffle`, the default for `zstd`/`lz4`, or
-    /// `none`).
+    /// `none`), `level` (zstd only) and `filter` (`auto`, the default: shuffle each chunk
+    /// whose sample compresses better shuffled; `shuffle`: always; `none`).
     ///
     /// # Errors
     /// [`Error::InvalidCompression`], naming what is wrong and the accepted forms.
@@ -135,13 +135,13 @@ impl Compression {
 pub const AUTO_ZSTD_LEVEL: i32 = 1;
 
 /// The `auto` policy: every stored leaf of 16 KiB or more through zstd at level 1, arrays
-/// shuffled by element size first.
+/// shuffled by element size first where that helps.
 fn auto() -> Vec<Rule> {
     vec![Rule {
         paths: vec![],
         dtypes: vec![],
         min_size: AUTO_MIN_SIZE,
-        encoding: Some(Encoding { compressor: Compressor::Zstd, level: AUTO_ZSTD_LEVEL, shuffle: true }),
+        encoding: Some(Encoding { compressor: Compressor::Zstd, level: AUTO_ZSTD_LEVEL, filter: Filter::Auto }),
     }]
 }
 
@@ -163,10 +163,11 @@ fn rule(r: &RuleText) -> std::result::Result<Rule, String> {
         (_, Some(l)) => return Err(format!("level {l} given, but only zstd has levels")),
         (_, None) => 0,
     };
-    let shuffle = match r.filter.as_deref() {
-        None | Some("shuffle") => true,
-        Some("none") => false,
-        Some(other) => return Err(format!("unknown filter `{other}` (use shuffle or none)")),
+    let filter = match r.filter.as_deref() {
+        None | Some("auto") => Filter::Auto,
+        Some("shuffle") => Filter::Shuffle,
+        Some("none") => Filter::None,
+        Some(other) => return Err(format!("unknown filter `{other}` (use auto, shuffle or none)")),
     };
     if compressor.is_none() && r.filter.is_some() {
         return Err("a filter needs a codec".into());
@@ -175,7 +176,7 @@ fn rule(r: &RuleText) -> std::result::Result<Rule, String> {
         paths,
         dtypes,
         min_size: r.min_size,
-        encoding: compressor.map(|compressor| Encoding { compressor, level, shuffle }),
+        encoding: compressor.map(|compressor| Encoding { compressor, level, filter }),
     })
 }
 
@@ -202,7 +203,7 @@ mod tests {
         assert!(Compression::parse("none").unwrap().is_none());
         let z = Compression::parse("zstd:7").unwrap();
         let e = z.encoding_for(&p("a"), Some(&DType::F32), false, 1 << 20).unwrap();
-        assert_eq!((e.compressor, e.level, e.shuffle), (Compressor::Zstd, 7, true));
+        assert_eq!((e.compressor, e.level, e.filter), (Compressor::Zstd, 7, Filter::Auto));
         assert!(z.encoding_for(&p("a"), Some(&DType::F32), false, 100).is_none(), "small leaves stay raw");
         let rules = r#"[{"paths": ["params/**"], "dtypes": ["float*", "bfloat16"], "min_size": 1024, "codec": "zstd", "level": 1},
                        {"dtypes": ["str"], "codec": "lz4", "filter": "none"},
@@ -213,8 +214,12 @@ mod tests {
         assert!(c.encoding_for(&p("opt/w"), Some(&DType::BF16), false, 4096).is_none());
         assert!(c.encoding_for(&p("params/w"), Some(&DType::I32), false, 4096).is_none());
         let s = c.encoding_for(&p("notes"), None, true, 10).unwrap();
-        assert_eq!((s.compressor, s.shuffle), (Compressor::Lz4, false));
+        assert_eq!((s.compressor, s.filter), (Compressor::Lz4, Filter::None));
         assert!(c.encoding_for(&p("blob"), None, false, 1 << 20).is_none(), "bytes blobs fall to `none`");
+        for (f, want) in [("auto", Filter::Auto), ("shuffle", Filter::Shuffle), ("none", Filter::None)] {
+            let c = Compression::parse(&format!(r#"[{{"codec": "lz4", "filter": "{f}"}}]"#)).unwrap();
+            assert_eq!(c.encoding_for(&p("x"), Some(&DType::F32), false, 10).unwrap().filter, want);
+        }
     }
 
     #[test]

@@ -42,7 +42,21 @@ pub enum Compressor {
     Lz4,
 }
 
-/// How a writer encodes one chunk: a compressor, its level, and whether to shuffle first.
+/// Whether a writer shuffles a chunk's bytes before compressing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Filter {
+    /// Never.
+    None,
+    /// Always (arrays of multi-byte dtypes).
+    Shuffle,
+    /// Where it helps: a chunk's sample is compressed both ways, and the shuffle is kept if it
+    /// makes the sample at least [`SHUFFLE_GAIN`] smaller. Numbers whose high bytes vary slowly
+    /// (weights, token ids) gain; sparse arrays, whose zero elements are long runs only when
+    /// left whole, lose ratio and decoding speed to it.
+    Auto,
+}
+
+/// How a writer encodes one chunk: a compressor, its level, and the filter before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Encoding {
     /// The compressor.
@@ -50,8 +64,12 @@ pub struct Encoding {
     /// zstd's level (ignored by LZ4).
     pub level: i32,
     /// Shuffle bytes by element size first (arrays of multi-byte dtypes only).
-    pub shuffle: bool,
+    pub filter: Filter,
 }
+
+/// [`Filter::Auto`] keeps the shuffle when the shuffled sample is at most this fraction of the
+/// plain one: when both are close, plain chunks decode faster (no unshuffle).
+pub const SHUFFLE_GAIN: f64 = 0.97;
 
 /// Levels zstd accepts.
 pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = -7..=22;
@@ -150,31 +168,19 @@ impl Codec {
             }
             Codec::Zstd => zstd::decode_into(stored, out),
             Codec::Lz4 => lz4::decode_into(stored, out),
-            Codec::ShuffleZstd | Codec::ShuffleLz4 => {
-                let mut shuffled = zeroed(out.len() as u64)?;
+            Codec::ShuffleZstd | Codec::ShuffleLz4 => with_scratch(out.len(), |shuffled| {
                 match self {
-                    Codec::ShuffleZstd => zstd::decode_into(stored, &mut shuffled)?,
-                    _ => lz4::decode_into(stored, &mut shuffled)?,
+                    Codec::ShuffleZstd => zstd::decode_into(stored, shuffled)?,
+                    _ => lz4::decode_into(stored, shuffled)?,
                 }
-                shuffle::unshuffle(&shuffled, out, item(itemsize));
+                shuffle::unshuffle(shuffled, out, item(itemsize));
                 Ok(())
-            }
+            })?,
         }
     }
 }
 
 impl Encoding {
-    /// The codec recorded for chunks this encoding compresses (`shuffle` only where it moves
-    /// bytes: elements of more than one byte).
-    pub fn codec(&self, itemsize: u64) -> Codec {
-        match (self.compressor, self.shuffle && itemsize > 1) {
-            (Compressor::Zstd, false) => Codec::Zstd,
-            (Compressor::Zstd, true) => Codec::ShuffleZstd,
-            (Compressor::Lz4, false) => Codec::Lz4,
-            (Compressor::Lz4, true) => Codec::ShuffleLz4,
-        }
-    }
-
     /// Encode one chunk's canonical bytes (elements of `itemsize` bytes): the stored bytes
     /// and their codec, or `None` when compression would not save [`MIN_SAVING`] of them (a
     /// big chunk is judged by a sample first, see [`PROBE_ABOVE`]).
@@ -182,25 +188,71 @@ impl Encoding {
         if data.is_empty() {
             return None;
         }
-        let codec = self.codec(itemsize);
-        let filtered = |d: &[u8]| -> Vec<u8> {
-            let mut out = vec![0u8; d.len()];
-            shuffle::shuffle(d, &mut out, item(itemsize));
-            out
-        };
-        let compress = |d: &[u8]| match self.compressor {
-            Compressor::Zstd => zstd::encode(d, self.level),
-            Compressor::Lz4 => Some(lz4::encode(d)),
+        let k = item(itemsize);
+        let compress = |d: &[u8], shuffled: bool| -> Option<Vec<u8>> {
+            let run = |d: &[u8]| match self.compressor {
+                Compressor::Zstd => zstd::encode(d, self.level),
+                Compressor::Lz4 => Some(lz4::encode(d)),
+            };
+            if !shuffled {
+                return run(d);
+            }
+            with_scratch(d.len(), |buf| {
+                shuffle::shuffle(d, buf, k);
+                run(buf)
+            })
+            .ok()
+            .flatten()
         };
         let worth = |stored: usize, raw: usize| (stored as f64) <= (raw as f64) * (1.0 - MIN_SAVING);
-        if data.len() > PROBE_ABOVE {
-            let sample = &data[..PROBE_BYTES - PROBE_BYTES % item(itemsize)];
-            let probe = if codec.is_shuffled() { compress(&filtered(sample)) } else { compress(sample) };
-            if !probe.is_some_and(|p| worth(p.len(), sample.len())) {
+        let sample = &data[..data.len().min(PROBE_BYTES - PROBE_BYTES % k)];
+        let fixed = match self.filter {
+            _ if k == 1 => Some(false),
+            Filter::None => Some(false),
+            Filter::Shuffle => Some(true),
+            Filter::Auto => None,
+        };
+        let (shuffled, stored) = if sample.len() == data.len() {
+            // A small chunk: compressed both ways if the filter is to be chosen.
+            match fixed {
+                Some(f) => (f, compress(data, f)?),
+                None => match (compress(data, true), compress(data, false)) {
+                    (Some(s), Some(p)) if (s.len() as f64) <= SHUFFLE_GAIN * p.len() as f64 => (true, s),
+                    (_, p) => (false, p?),
+                },
+            }
+        } else {
+            // A bigger chunk, judged by its sample. Shuffled, each byte plane of the sample is
+            // compressed alone: in the chunk each plane fills zstd blocks (128 KiB) of its own,
+            // with their own entropy tables, where the sample's short planes would share one.
+            let plain = || compress(sample, false).map(|c| c.len());
+            let planes = || {
+                with_scratch(sample.len(), |buf| {
+                    shuffle::shuffle(sample, buf, k);
+                    buf.chunks(sample.len() / k).map(|p| compress(p, false).map(|c| c.len())).sum::<Option<usize>>()
+                })
+                .ok()
+                .flatten()
+            };
+            let (shuffled, size) = match fixed {
+                Some(f) if data.len() <= PROBE_ABOVE => (f, None),
+                Some(f) => (f, if f { planes() } else { plain() }),
+                None => match (planes(), plain()) {
+                    (Some(s), Some(p)) if (s as f64) <= SHUFFLE_GAIN * p as f64 => (true, Some(s)),
+                    (_, p) => (false, p),
+                },
+            };
+            if (fixed.is_none() || data.len() > PROBE_ABOVE) && !size.is_some_and(|z| worth(z, sample.len())) {
                 return None;
             }
-        }
-        let stored = if codec.is_shuffled() { compress(&filtered(data))? } else { compress(data)? };
+            (shuffled, compress(data, shuffled)?)
+        };
+        let codec = match (self.compressor, shuffled) {
+            (Compressor::Zstd, false) => Codec::Zstd,
+            (Compressor::Zstd, true) => Codec::ShuffleZstd,
+            (Compressor::Lz4, false) => Codec::Lz4,
+            (Compressor::Lz4, true) => Codec::ShuffleLz4,
+        };
         worth(stored.len(), data.len()).then(|| (Bytes::from(stored), codec))
     }
 }
@@ -210,9 +262,31 @@ fn item(itemsize: u64) -> usize {
     usize::try_from(itemsize).unwrap_or(1).max(1)
 }
 
+/// Scratch buffers this size or smaller are kept by their thread for the next chunk.
+const KEEP_SCRATCH: usize = 64 << 20;
+
+/// Run `f` on a buffer of `len` bytes (contents unspecified) that the thread reuses chunk after
+/// chunk: a fresh buffer per chunk costs its page faults every time (a quarter of a shuffled
+/// chunk's decoding time on the development VM).
+fn with_scratch<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> Result<T, String> {
+    thread_local! {
+        static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+    let mut buf = SCRATCH.take();
+    if buf.len() < len {
+        drop(std::mem::take(&mut buf));
+        buf = zeroed(len as u64)?;
+    }
+    let out = f(&mut buf[..len]);
+    if buf.len() <= KEEP_SCRATCH {
+        SCRATCH.set(buf);
+    }
+    Ok(out)
+}
+
 /// A zeroed buffer of `len` bytes, or the reason it cannot be had. Zeroed by the allocator
 /// (fresh pages for big buffers), not by writing: the decoder writes every byte anyway.
-fn zeroed(len: u64) -> Result<Vec<u8>, String> {
+pub(crate) fn zeroed(len: u64) -> Result<Vec<u8>, String> {
     let n = usize::try_from(len).map_err(|_| format!("a chunk of {len} bytes does not fit this machine's memory"))?;
     if n == 0 {
         return Ok(Vec::new());
@@ -242,8 +316,8 @@ mod tests {
     fn every_codec_round_trips_exactly_and_refuses_other_lengths() {
         let data: Vec<u8> = (0..100_000u32).flat_map(|i| ((i / 7) as u16).to_le_bytes()).collect();
         for (compressor, level) in [(Compressor::Zstd, 1), (Compressor::Zstd, 19), (Compressor::Lz4, 0)] {
-            for shuffle in [false, true] {
-                let enc = Encoding { compressor, level, shuffle };
+            for filter in [Filter::None, Filter::Shuffle] {
+                let enc = Encoding { compressor, level, filter };
                 let (stored, codec) = enc.encode(&data, 2).expect("compressible");
                 assert!(stored.len() < data.len() / 2, "{codec}");
                 assert_eq!(Codec::from_name(codec.name()), Some(codec));
@@ -258,6 +332,40 @@ mod tests {
     }
 
     #[test]
+    fn the_auto_filter_shuffles_only_where_it_helps() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // Small integers in 4 bytes: the three high byte planes are zero once shuffled.
+        let ids: Vec<u8> = (0..300_000).flat_map(|_| ((next() % 1000) as u32).to_le_bytes()).collect();
+        // Sparse floats: whole zero elements are long runs only when left unshuffled.
+        let sparse: Vec<u8> = (0..300_000)
+            .flat_map(|_| {
+                let v = next();
+                let f = if v % 10 < 8 { 0.0 } else { f32::from_bits((v >> 32) as u32 & 0x3fff_ffff) };
+                f.to_le_bytes()
+            })
+            .collect();
+        let auto = Encoding { compressor: Compressor::Zstd, level: 1, filter: Filter::Auto };
+        for (data, want) in [(&ids, Codec::ShuffleZstd), (&sparse, Codec::Zstd)] {
+            for len in [data.len(), 40_000] {
+                // A chunk judged by its sample, and a small one compressed both ways.
+                let (stored, codec) = auto.encode(&data[..len], 4).expect("compressible");
+                assert_eq!(codec, want, "len {len}");
+                assert_eq!(codec.decode(stored, len as u64, 4).unwrap().as_ref(), &data[..len]);
+            }
+        }
+        let always = Encoding { filter: Filter::Shuffle, ..auto };
+        assert_eq!(always.encode(&sparse, 4).map(|e| e.1), Some(Codec::ShuffleZstd));
+        let never = Encoding { filter: Filter::None, ..auto };
+        assert_eq!(never.encode(&ids, 4).map(|e| e.1), Some(Codec::Zstd));
+    }
+
+    #[test]
     fn incompressible_chunks_stay_raw() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let noise: Vec<u8> = (0..1 << 20)
@@ -268,7 +376,7 @@ mod tests {
                 x as u8
             })
             .collect();
-        let enc = Encoding { compressor: Compressor::Zstd, level: 3, shuffle: true };
+        let enc = Encoding { compressor: Compressor::Zstd, level: 3, filter: Filter::Auto };
         assert!(enc.encode(&noise, 4).is_none());
         assert!(enc.encode(&[], 4).is_none());
     }

@@ -46,6 +46,24 @@ def w1(scale: float):
     return tree
 
 
+def w1r(scale: float):
+    """W1's layout (~1 GiB × scale, 200 arrays) holding float32 weights drawn from a normal
+    distribution: incompressible (zstd saves ~4 %), what `compression="auto"` must detect
+    cheaply. W1 itself (arange-based values) compresses very well."""
+    total = int((1 << 30) * scale)
+    n = 200
+    rng = np.random.default_rng(11)
+    weights = rng.uniform(0.2, 1.8, n)
+    sizes = (weights / weights.sum() * total).astype(np.int64)
+    tree: dict = {"layers": {}}
+    for i in range(n):
+        rows = max(1, int(sizes[i]) // (4 * 1024))
+        a = rng.standard_normal((rows, 1024), dtype=np.float32)
+        a *= np.float32(0.02)
+        tree["layers"].setdefault(f"{i // 4:03d}", {})[["attn_q", "attn_o", "mlp_in", "mlp_out"][i % 4]] = a
+    return tree
+
+
 def w2(scale: float):
     """100k (× scale) small leaves: ints, floats, strings and tiny arrays (optimizer state, configs)."""
     groups = max(1, int(25_000 * scale))
@@ -91,8 +109,8 @@ def w7(scale: float):
     return tree
 
 
-WORKLOADS = {"W1": w1, "W2": w2, "W3": w3, "W7": w7}
-ARRAY_WORKLOADS = ("W1", "W7")
+WORKLOADS = {"W1": w1, "W1r": w1r, "W2": w2, "W3": w3, "W7": w7}
+ARRAY_WORKLOADS = ("W1", "W1r", "W7")
 
 
 def flat(tree, prefix=""):
@@ -595,7 +613,7 @@ def main():
             result["wall"] = inner if inner is not None else time.perf_counter() - t
         else:
             info = json.load(open(info_path)) if os.path.exists(info_path) else {}
-            if wl == "W1":
+            if wl in ("W1", "W1r"):
                 # bfloat16 arrays need ml_dtypes whoever reads them: import it before timing,
                 # like every peer's own modules (it alone takes 10-30 ms to import here).
                 import ml_dtypes  # noqa: F401

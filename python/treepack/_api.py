@@ -121,7 +121,7 @@ def save(
 
     ``compression`` (docs/compression.md): ``None``/``"none"`` (the default) stores every chunk as
     is; ``"auto"``, ``"zstd"``, ``"zstd:LEVEL"`` or ``"lz4"`` compress stored leaves of 16 KiB or
-    more (arrays shuffled by element size first); a list of rule dicts (``paths``, ``dtypes``,
+    more (arrays shuffled by element size first where that helps); a list of rule dicts (``paths``, ``dtypes``,
     ``min_size``, ``codec``, ``level``, ``filter``) decides leaf by leaf, the first matching rule
     winning. A chunk that does not shrink by at least 20 % is stored raw. A bad policy raises
     ``ValueError`` before anything is written.

@@ -68,7 +68,11 @@ fn main() {
             let k = a.dtype().itemsize();
             for shuffle in [false, true] {
                 let level = std::env::var("CODECS_LEVEL").ok().and_then(|l| l.parse().ok()).unwrap_or(3);
-                let enc = Encoding { compressor: Compressor::Zstd, level, filter: if shuffle { Filter::Shuffle } else { Filter::None } };
+                let enc = Encoding {
+                    compressor: Compressor::Zstd,
+                    level,
+                    filter: if shuffle { Filter::Shuffle } else { Filter::None },
+                };
                 let Some((stored, codec)) = enc.encode(chunk, k) else { continue };
                 let t = Instant::now();
                 for _ in 0..20 {

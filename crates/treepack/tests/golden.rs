@@ -23,7 +23,9 @@ fn options(name: &str) -> SaveOptions {
         "demo-zstd.tpk" => {
             r#"[{"dtypes": ["float32"], "codec": "zstd", "filter": "none"}, {"codec": "zstd", "level": 3, "filter": "shuffle"}]"#
         }
-        "demo-lz4" => r#"[{"dtypes": ["float32"], "codec": "lz4", "filter": "none"}, {"codec": "lz4", "filter": "shuffle"}]"#,
+        "demo-lz4" => {
+            r#"[{"dtypes": ["float32"], "codec": "lz4", "filter": "none"}, {"codec": "lz4", "filter": "shuffle"}]"#
+        }
         _ => "none",
     };
     SaveOptions {

@@ -42,6 +42,21 @@ fn small_trees_load_in_one_pass_and_others_through_the_reader_alike() {
 }
 
 #[test]
+fn compressed_leaves_go_to_the_reader_which_decodes_them_in_parallel() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = Node::dict([("n", Node::from(1i64)), ("b", blob(4))]);
+    let p = dir.path().join("z");
+    let p = p.to_str().unwrap();
+    let opts =
+        SaveOptions { compression: save::Compression::parse(r#"[{"codec": "zstd"}]"#).unwrap(), ..Default::default() };
+    save(&tree, p, &opts).unwrap();
+    let manifest = std::fs::read_to_string(format!("{p}/treepack.json")).unwrap();
+    assert!(manifest.contains(r#""codec":"zstd""#), "the blob is compressed: {manifest}");
+    assert!(one_pass(p).is_none());
+    assert!(load(p, &LoadOptions::default()).unwrap().exact_eq(&tree));
+}
+
+#[test]
 fn a_damaged_stored_leaf_stops_the_one_pass_and_load_names_it() {
     let dir = tempfile::tempdir().unwrap();
     let tree = Node::dict([("a", Node::from(1i64)), ("b", blob(3))]);

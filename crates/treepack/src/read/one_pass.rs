@@ -69,6 +69,11 @@ impl<B: Build> OnePass<'_, B> {
     fn fetch(&self, e: &Entry) -> std::result::Result<Leaf, String> {
         let reader = self.reader.borrow();
         let Some(r) = reader.as_ref() else { return Err("stored leaves are read by the Reader here".into()) };
+        if e.chunks().iter().any(|c| !c.codec.is_identity()) {
+            // Decoding, not reading, sets a compressed leaf's pace: the Reader decodes leaves
+            // and chunks in parallel, this pass one leaf at a time on the calling thread.
+            return Err("compressed leaves are decoded by the Reader".into());
+        }
         let key = e.chunks().first().map(|c| (c.pack, c.offset, c.length)).unwrap_or_default();
         if !self.fetched.borrow().contains(&key) {
             let left = self.fetches_left.get();

@@ -3,7 +3,7 @@
 //! memory than the declared length (twice for a shuffled codec) — and what encodes, decodes back.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use treepack::format::codec::{Codec, Compressor, Encoding};
+use treepack::format::codec::{Codec, Compressor, Encoding, Filter};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&head, rest)) = data.split_first() else { return };
@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
     let enc = Encoding {
         compressor: if head & 1 == 0 { Compressor::Zstd } else { Compressor::Lz4 },
         level: 1,
-        shuffle: head & 2 == 0,
+        filter: [Filter::None, Filter::Shuffle, Filter::Auto][usize::from(head >> 1) % 3],
     };
     if let Some((stored, c)) = enc.encode(rest, itemsize) {
         let back = c.decode(stored, rest.len() as u64, itemsize).expect("what was encoded decodes");

@@ -53,7 +53,7 @@ def _equal(a, b):
 @pytest.mark.parametrize(
     "policy",
     ["auto", "zstd", "zstd:1", "zstd:19", "lz4",
-     [{"paths": ["opt/**"], "codec": "lz4"}, {"dtypes": ["int*", "str"], "codec": "zstd", "level": 9}, {"codec": "none"}]],
+     [{"paths": ["opt/**"], "codec": "lz4", "filter": "shuffle"}, {"dtypes": ["int*", "str"], "codec": "zstd", "level": 9}, {"codec": "none"}]],
 )
 def test_policies_round_trip_and_compress(tmp_path, policy):
     tree = _tree()

@@ -140,7 +140,7 @@ def test_registered_types_are_trusted_and_resolved_by_mro(tmp_path):
 
     treepack.register(Base, name="test.Base", to_data=lambda o: {"v": o.v, "k": "base"}, from_data=lambda d: Base(d["v"]))
     treepack.register(Child, name="test.Child", to_data=lambda o: {"v": o.v, "k": "child"}, from_data=lambda d: Child(d["v"]))
-    names = treepack.registered()
+    names = [r.name for r in treepack.registered()]
     assert names.index("test.Child") < names.index("test.Base")
     loc = str(tmp_path / "r")
     treepack.save({"b": Base(1), "c": Child(2), "g": GrandChild(3)}, loc)

@@ -29,12 +29,12 @@ from ._async import SaveHandle, aload, asave
 from ._codec import Unloadable
 from ._core import CorruptError, FormatError, TreepackError
 from ._lazy import LazyArray, View, open
-from ._registry import register, registered
+from ._registry import Registration, register, registered
 
 __version__ = _core.__version__
 
 __all__ = [
     "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",
-    "register", "registered", "LeafInfo", "StructNode", "SaveInfo", "Unloadable",
+    "register", "registered", "Registration", "LeafInfo", "StructNode", "SaveInfo", "Unloadable",
     "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "View", "LazyArray",
 ]

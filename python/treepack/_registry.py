@@ -2,15 +2,16 @@
 
 Resolution order (documented in docs/python.md): when saving an object, treepack walks
 ``type(obj).__mro__`` and uses the first class that has a registration — so the *most specific*
-registered base class wins, whatever the registration order. ``registered()`` lists names so that
-every class comes before its registered base classes, ties kept in registration order.
+registered base class wins, whatever the registration order. ``registered()`` lists the
+handlers so that every class comes before its registered base classes, ties kept in
+registration order. A class has one handler: registering it under a second name is an error.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 __all__ = ["Registration", "register", "registered", "lookup_class", "lookup_name", "type_name", "is_trusted"]
@@ -18,10 +19,13 @@ __all__ = ["Registration", "register", "registered", "lookup_class", "lookup_nam
 
 @dataclass(frozen=True)
 class Registration:
+    """One handler: the class it applies to (and its subclasses without one of their own), the
+    name files record, and its two functions."""
+
     cls: type
     name: str
-    to_data: Callable[[Any], Any]
-    from_data: Callable[[Any], Any]
+    to_data: Callable[[Any], Any] = field(repr=False)
+    from_data: Callable[[Any], Any] = field(repr=False)
 
 
 _lock = threading.Lock()
@@ -50,19 +54,29 @@ def register(
     reg = Registration(cls, name, to_data, from_data)
     with _lock:
         old = _by_name.get(name)
-        if old is not None and old.cls is not cls:
+        if old is not None and type_name(old.cls) != type_name(cls):
             raise ValueError(f"name {name!r} is already registered for {type_name(old.cls)}")
-        prev = _by_class.pop(cls, None)
-        if prev is not None:
-            _by_name.pop(prev.name, None)
-            _order.remove(prev)
+        prev = _by_class.get(cls)
+        if prev is not None and prev.name != name:
+            raise ValueError(
+                f"{type_name(cls)} is already registered as {prev.name!r}: a class has one handler "
+                f"(register it again under {prev.name!r} to replace that one)"
+            )
+        # The same name for the same class (or the same class defined again, as a notebook cell
+        # re-run does) replaces the handler.
+        for r in (old, prev):
+            if r is not None and r in _order:
+                _order.remove(r)
+                _by_class.pop(r.cls, None)
+                _by_name.pop(r.name, None)
         _by_class[cls] = reg
         _by_name[name] = reg
         _order.append(reg)
 
 
-def registered() -> List[str]:
-    """Registered names in resolution order: subclasses before their registered bases."""
+def registered() -> List[Registration]:
+    """The handlers in resolution order, each with the class it applies to: every class before
+    its registered base classes, ties in registration order."""
     with _lock:
         regs = list(_order)
     out: List[Registration] = []
@@ -74,7 +88,7 @@ def registered() -> List[str]:
                 out.append(r)
                 remaining.remove(r)
                 break
-    return [r.name for r in out]
+    return out
 
 
 def lookup_class(cls: type) -> Optional[Registration]:

@@ -200,8 +200,9 @@ impl<'py> Encoder<'py> {
             return Ok(Tree::Dict(out));
         }
         if obj.get_type().is(&self.ndarray) {
-            if obj.cast::<PyUntypedArray>()?.dtype().kind() == b'O' {
+            if matches!(obj.cast::<PyUntypedArray>()?.dtype().kind(), b'O' | b'M' | b'm') {
                 // Python objects, not array data: pickled with `allow_pickle`, else refused.
+                // datetime64/timedelta64: a `py.datetime64` node (int64 values and the unit).
                 return self.other(obj, depth);
             }
             return self.array(obj).map(Node::from);
@@ -217,6 +218,9 @@ impl<'py> Encoder<'py> {
             // numpy scalar: keep its dtype as a 0-d array inside a `py.npscalar` node.
             let np = self.py.import("numpy")?;
             let a = np.call_method1("asarray", (obj,))?;
+            if matches!(a.cast::<PyUntypedArray>()?.dtype().kind(), b'M' | b'm' | b'O') {
+                return self.other(obj, depth);
+            }
             let arr = self.array(&a)?;
             return Ok(Tree::Custom {
                 type_name: "py.npscalar".into(),
@@ -282,6 +286,8 @@ impl<'py> Encoder<'py> {
                 };
                 Ok(Tree::Custom { type_name, data, children: kids })
             }
+            // A stand-in saved as is (a memoryview's bytes).
+            "value" if kids.len() == 1 => Ok(kids.remove(0).1),
             k => Err(self.err(format!("encode_other returned unknown kind {k:?}"))),
         }
     }

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _registry as reg
+from . import everyday
 
 _PATH_CLASSES = {
     "PosixPath": pathlib.PosixPath,
@@ -37,9 +38,10 @@ BUILTIN_TYPES = frozenset(
         "py.datetime", "py.date", "py.time", "py.timedelta", "py.timezone", "py.decimal",
         "py.uuid", "py.path", "py.npscalar", "py.enum", "py.pickle",
     }
-)
-# Built-in types that `audit` accepts whatever their data says (enum and pickle name classes).
-AUDIT_FREE = BUILTIN_TYPES - {"py.enum", "py.pickle"}
+) | everyday.NAMES
+# Built-in types that `audit` accepts whatever their data says (enum and pickle name classes, and
+# a defaultdict's factory may).
+AUDIT_FREE = BUILTIN_TYPES - {"py.enum", "py.pickle", "py.defaultdict"}
 
 
 class Unloadable:
@@ -129,6 +131,9 @@ def encode_other(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Op
                 f"raised {type(e).__name__}: {e}"
             ) from e
         return ("custom", r.name, None, [("data", data)])
+    d = everyday.encode(obj, t, where)
+    if d is not None:
+        return d
     if t is bytearray:
         return ("custom", "py.bytearray", None, [("data", bytes(obj))])
     if t is set or t is frozenset:
@@ -247,6 +252,9 @@ class Decoder:
         return r.from_data(kids.get("data"))
 
     def _builtin(self, t: str, data: Any, kids: Dict[str, Any]) -> Any:
+        if t in everyday.NAMES:
+            trusted = lambda name: reg.is_trusted(name, self.trust) or reg.lookup_name(name) is not None
+            return everyday.decode(t, data, kids, trusted, self._missing)
         if t == "py.bytearray":
             return bytearray(kids["data"])
         if t == "py.set":

@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import _registry as reg
 from .builtins import BUILTIN_TYPES
+from .everyday import FACTORIES
 
 
 def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ...], allow_pickle: bool) -> Dict[str, List[str]]:
@@ -25,6 +26,10 @@ def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ..
             if not allow_pickle:
                 cls = json.loads(data_json).get("class", "?") if data_json else "?"
                 flag(f"pickle ({cls})", path)
+        elif name == "py.defaultdict":
+            factory = (json.loads(data_json) or {}).get("factory") if data_json else None
+            if factory and factory not in FACTORIES and not (reg.is_trusted(factory, trust) or reg.lookup_name(factory)):
+                flag(factory, path)
         elif name == "py.enum":
             cls = json.loads(data_json).get("class", "?") if data_json else "?"
             if not (reg.is_trusted(cls, trust) or reg.lookup_name(cls)):

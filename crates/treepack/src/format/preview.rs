@@ -183,7 +183,7 @@ mod tests {
                 let vals: Vec<f32> = (0..len)
                     .map(|i| {
                         let x = (i as u32).wrapping_mul(2654435761).wrapping_add(seed * 97);
-                        if x % 11 == 0 {
+                        if x.is_multiple_of(11) {
                             specials[(x as usize / 11 + seed as usize) % specials.len()]
                         } else {
                             (x % 2000) as f32 / 7.0 - 140.0

@@ -403,7 +403,7 @@ fn serve(
         }
         let ppm = fault_ppm.load(Ordering::SeqCst);
         let fault = if ppm > 0 && next_random(rng) % 1_000_000 < ppm {
-            Some(if next_random(rng) % 2 == 0 { "503" } else { "reset" })
+            Some(if next_random(rng).is_multiple_of(2) { "503" } else { "reset" })
         } else {
             None
         };

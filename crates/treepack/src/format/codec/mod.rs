@@ -205,13 +205,16 @@ impl Encoding {
             .flatten()
         };
         let worth = |stored: usize, raw: usize| (stored as f64) <= (raw as f64) * (1.0 - MIN_SAVING);
-        let sample = &data[..data.len().min(PROBE_BYTES - PROBE_BYTES % k)];
         let fixed = match self.filter {
             _ if k == 1 => Some(false),
             Filter::None => Some(false),
             Filter::Shuffle => Some(true),
             Filter::Auto => None,
         };
+        // Choosing the filter compresses the sample twice: half a sample each way keeps the
+        // probe's cost that of one (incompressible data must cost a save little).
+        let probe = if fixed.is_some() { PROBE_BYTES } else { PROBE_BYTES / 2 };
+        let sample = &data[..data.len().min(probe - probe % k)];
         let (shuffled, stored) = if sample.len() == data.len() {
             // A small chunk: compressed both ways if the filter is to be chosen.
             match fixed {

@@ -1,0 +1,171 @@
+"""The everyday types pickle handles that are not plain trees: ``collections`` mappings and
+deques, fractions, memoryviews and numpy's datetime64/timedelta64 arrays, masked arrays and dtype
+objects. Each is a ``py.<name>`` custom node built from data alone: no code named by the file
+runs (a ``defaultdict`` whose factory is a class needs that class trusted)."""
+
+from __future__ import annotations
+
+import collections
+import fractions
+import json
+import re
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .. import _registry as reg
+
+Description = Tuple[str, str, Optional[str], List[Tuple[str, Any]]]
+
+#: ``defaultdict`` factories stored by name and rebuilt without trust.
+FACTORIES: Dict[str, type] = {
+    t.__name__: t for t in (list, dict, set, frozenset, tuple, int, float, complex, str, bytes, bytearray, bool)
+}
+_FACTORY_NAMES = {t: n for n, t in FACTORIES.items()}
+
+NAMES = frozenset(
+    {"py.ordereddict", "py.counter", "py.defaultdict", "py.deque", "py.fraction", "py.datetime64",
+     "py.masked", "py.npdtype"}
+)
+
+_UNITS = frozenset({"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as", "generic"})
+_TIME_DTYPE = re.compile(r"^[<>=|]?[Mm]8(\[[0-9]*[A-Za-z]+\])?$")
+
+
+def _mapping(obj: Dict[Any, Any], data: Dict[str, Any]) -> Tuple[Optional[str], List[Tuple[str, Any]]]:
+    """A mapping's children: its items by key when every key is a string (so key paths read
+    as the dict's own: ``sd/layer1.weight``), else one ``items`` child holding a plain dict.
+    Attributes set on the instance (torch's ``state_dict()._metadata``) go in the data, as JSON."""
+    attrs = getattr(obj, "__dict__", None)
+    if attrs:
+        try:
+            json.dumps(attrs, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"its attributes {sorted(attrs)} are not JSON data ({e})") from None
+        data["attrs"] = attrs
+    if all(type(k) is str for k in obj):
+        return json.dumps(data) if data else None, list(obj.items())
+    data["items"] = True
+    return json.dumps(data), [("items", dict(obj))]
+
+
+def _items(data: Optional[Dict[str, Any]], kids: Dict[str, Any]) -> Dict[Any, Any]:
+    return kids["items"] if data and data.get("items") else kids
+
+
+def _with_attrs(obj: Any, data: Optional[Dict[str, Any]]) -> Any:
+    for k, v in ((data or {}).get("attrs") or {}).items():
+        setattr(obj, k, v)
+    return obj
+
+
+def _time_dtype(kind: str, unit: str, count: int) -> np.dtype:
+    if kind not in ("M", "m") or unit not in _UNITS or not isinstance(count, int) or not 1 <= count < 2**31:
+        raise ValueError(f"bad datetime64/timedelta64 description {(kind, unit, count)!r}")
+    return np.dtype(f"<{kind}8[{count}{unit}]" if unit != "generic" else f"<{kind}8")
+
+
+def encode(obj: Any, t: type, where: str) -> Optional[Description]:
+    """The description of `obj` if it is one of these types, else None."""
+    try:
+        return _encode(obj, t)
+    except TypeError as e:
+        raise TypeError(f"cannot save `{where}` ({reg.type_name(t)}): {e}") from None
+
+
+def _encode(obj: Any, t: type) -> Optional[Description]:
+    if t is collections.OrderedDict:
+        return ("custom", "py.ordereddict", *_mapping(obj, {}))
+    if t is collections.Counter:
+        return ("custom", "py.counter", *_mapping(obj, {}))
+    if t is collections.defaultdict:
+        f = obj.default_factory
+        if f is None:
+            name = None
+        elif isinstance(f, type) and f in _FACTORY_NAMES:
+            name = _FACTORY_NAMES[f]
+        elif isinstance(f, type) and "<locals>" not in f.__qualname__:
+            name = reg.type_name(f)
+        else:
+            raise TypeError(
+                f"its default_factory {f!r} is neither a built-in type nor an importable class; use one "
+                "(list, int, a class), or convert it with dict(obj)"
+            )
+        return ("custom", "py.defaultdict", *_mapping(obj, {"factory": name}))
+    if t is collections.deque:
+        return ("custom", "py.deque", json.dumps({"maxlen": obj.maxlen}), [("items", list(obj))])
+    if t is fractions.Fraction:
+        return ("custom", "py.fraction", None, [("numerator", obj.numerator), ("denominator", obj.denominator)])
+    if t is memoryview:
+        return ("value", "", None, [("value", obj.tobytes())])
+    if isinstance(obj, np.dtype):
+        if obj.kind in "Mm":
+            return ("custom", "py.npdtype", json.dumps({"time": obj.str}), [])
+        from .dtypes import _dtype_desc
+
+        return ("custom", "py.npdtype", json.dumps({"dtype": _dtype_desc(obj)[0]}), [])
+    if isinstance(obj, np.ma.MaskedArray):
+        if t is not np.ma.MaskedArray:
+            return None
+        mask = np.ma.getmask(obj)
+        kids: List[Tuple[str, Any]] = [("data", np.asarray(obj.data))]
+        kids.append(("mask", np.ma.getmaskarray(obj) if mask is not np.ma.nomask else False))
+        kids.append(("fill_value", obj.fill_value))
+        return ("custom", "py.masked", json.dumps({"hard_mask": bool(obj.hardmask)}), kids)
+    if isinstance(obj, (np.ndarray, np.datetime64, np.timedelta64)) and obj.dtype.kind in "Mm":
+        if isinstance(obj, np.ndarray) and t is not np.ndarray:
+            return None
+        unit, count = np.datetime_data(obj.dtype)
+        a = np.asarray(obj).astype(_time_dtype(obj.dtype.kind, unit, count), copy=False)
+        values = np.ascontiguousarray(a).view("<i8") if a.ndim else a.reshape(1).view("<i8").reshape(())
+        data = {"kind": obj.dtype.kind, "unit": unit, "count": count}
+        if isinstance(obj, np.generic):
+            data["scalar"] = True
+        return ("custom", "py.datetime64", json.dumps(data), [("values", values)])
+    return None
+
+
+def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], bool], missing: Callable[..., Any]) -> Any:
+    """Rebuild a ``py.<name>`` node of this module (`t` in NAMES)."""
+    if t == "py.ordereddict":
+        return _with_attrs(collections.OrderedDict(_items(data, kids)), data)
+    if t == "py.counter":
+        return _with_attrs(collections.Counter(_items(data, kids)), data)
+    if t == "py.defaultdict":
+        name = (data or {}).get("factory")
+        if name is None:
+            factory = None
+        elif name in FACTORIES:
+            factory = FACTORIES[name]
+        elif trusted(name):
+            from .builtins import resolve_class
+
+            try:
+                factory = resolve_class(name)
+            except LookupError as e:
+                return missing(name, _items(data, kids), str(e))
+        else:
+            return missing(name, _items(data, kids), "defaultdict factory type is not trusted (pass trust=[...])")
+        return _with_attrs(collections.defaultdict(factory, _items(data, kids)), data)
+    if t == "py.deque":
+        return collections.deque(kids["items"], data.get("maxlen"))
+    if t == "py.fraction":
+        return fractions.Fraction(kids["numerator"], kids["denominator"])
+    if t == "py.npdtype":
+        if "time" in data:
+            if not isinstance(data["time"], str) or not _TIME_DTYPE.match(data["time"]):
+                raise ValueError(f"bad numpy time dtype {data['time']!r}")
+            return np.dtype(data["time"])
+        from .dtypes import np_dtype
+
+        return np_dtype(json.dumps(data["dtype"], separators=(",", ":")))
+    if t == "py.masked":
+        return np.ma.MaskedArray(kids["data"], mask=kids["mask"], fill_value=kids["fill_value"], hard_mask=data["hard_mask"])
+    if t == "py.datetime64":
+        dt = _time_dtype(data["kind"], data["unit"], data["count"])
+        values = kids["values"]
+        if not isinstance(values, np.ndarray) or values.dtype != np.dtype("<i8"):
+            raise ValueError("datetime64 values must be an int64 array")
+        out = values.view(dt)
+        return out[()] if data.get("scalar") else out
+    raise AssertionError(t)

@@ -129,8 +129,10 @@ def save(
     p = _path(path)
     policy = _compression_text(compression)
 
+    memo: dict = {}
+
     def enc(obj: Any, where: str) -> Any:
-        return _codec.encode_other(obj, where, allow_pickle)
+        return _codec.encode_other(obj, where, allow_pickle, memo)
 
     md = _metadata_json(metadata) if metadata is not None else None
     prepared = _core.prepare(

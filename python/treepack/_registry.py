@@ -24,8 +24,11 @@ class Registration:
 
     cls: type
     name: str
-    to_data: Callable[[Any], Any] = field(repr=False)
-    from_data: Callable[[Any], Any] = field(repr=False)
+    to_data: Optional[Callable[[Any], Any]] = field(default=None, repr=False)
+    from_data: Optional[Callable[[Any], Any]] = field(default=None, repr=False)
+    #: File-backed handlers: ``save(obj, files) -> data`` and ``load(files) -> obj``.
+    save: Optional[Callable[[Any, Any], Any]] = field(default=None, repr=False)
+    load: Optional[Callable[[Any], Any]] = field(default=None, repr=False)
 
 
 _lock = threading.Lock()
@@ -38,20 +41,31 @@ def register(
     cls: type,
     *,
     name: str,
-    to_data: Callable[[Any], Any],
-    from_data: Callable[[Any], Any],
+    to_data: Optional[Callable[[Any], Any]] = None,
+    from_data: Optional[Callable[[Any], Any]] = None,
+    save: Optional[Callable[[Any, Any], Any]] = None,
+    load: Optional[Callable[[Any], Any]] = None,
 ) -> None:
-    """Register a custom type.
+    """Register a custom type, stored one of two ways.
 
-    ``to_data(obj)`` returns a tree (JSON-able values and/or arrays) saved in place of the object;
-    ``from_data(tree)`` rebuilds it. ``name`` is what the file records; it must be unique. A type
+    As a tree: ``to_data(obj)`` returns a tree (JSON-able values and/or arrays) saved in place of
+    the object; ``from_data(tree)`` rebuilds it.
+
+    As files (images, audio, any file formats): ``save(obj, files)`` writes named files with
+    ``files.write(name, bytes_or_stream)`` and may return a tree of inline data;
+    ``load(files)`` rebuilds the object from ``files.open(name)`` / ``files.read(name)`` and
+    ``files.data``. The files live in the tree's packs; identical files are stored once.
+
+    ``name`` is what the file records; it must be unique, and a class has one handler. A type
     registered in this process is trusted when loading.
     """
+    if (to_data is None) != (from_data is None) or (save is None) != (load is None) or (to_data is None) == (save is None):
+        raise TypeError("register() takes to_data= and from_data= (the object as a tree), or save= and load= (the object as files)")
     if not isinstance(cls, type):
         raise TypeError(f"register() needs a class, got {cls!r}")
     if not name or name.startswith("py."):
         raise ValueError(f"invalid registration name {name!r} (the `py.` prefix is reserved for built-ins)")
-    reg = Registration(cls, name, to_data, from_data)
+    reg = Registration(cls, name, to_data, from_data, save, load)
     with _lock:
         old = _by_name.get(name)
         if old is not None and type_name(old.cls) != type_name(cls):

@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _registry as reg
-from . import everyday
+from ..integrations import pillow
+from . import everyday, files
 
 _PATH_CLASSES = {
     "PosixPath": pathlib.PosixPath,
@@ -36,7 +37,7 @@ BUILTIN_TYPES = frozenset(
     {
         "py.bytearray", "py.set", "py.frozenset", "py.range", "py.slice", "py.ellipsis",
         "py.datetime", "py.date", "py.time", "py.timedelta", "py.timezone", "py.decimal",
-        "py.uuid", "py.path", "py.npscalar", "py.enum", "py.pickle",
+        "py.uuid", "py.path", "py.npscalar", "py.enum", "py.pickle", "py.image",
     }
 ) | everyday.NAMES
 # Built-in types that `audit` accepts whatever their data says (enum and pickle name classes, and
@@ -47,12 +48,14 @@ AUDIT_FREE = BUILTIN_TYPES - {"py.enum", "py.pickle", "py.defaultdict"}
 class Unloadable:
     """Placeholder for an object whose type is unknown or untrusted (``on_missing="placeholder"``)."""
 
-    __slots__ = ("type_name", "data", "reason")
+    __slots__ = ("type_name", "data", "reason", "files")
 
-    def __init__(self, type_name: str, data: Any, reason: str) -> None:
+    def __init__(self, type_name: str, data: Any, reason: str, files: Optional[Dict[str, bytes]] = None) -> None:
         self.type_name = type_name
         self.data = data
         self.reason = reason
+        #: A file-backed object's files by name (nothing is lost when its type is missing).
+        self.files = files
 
     def __repr__(self) -> str:
         return f"Unloadable({self.type_name!r}, reason={self.reason!r})"
@@ -60,7 +63,7 @@ class Unloadable:
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, Unloadable)
-            and (self.type_name, self.reason) == (other.type_name, other.reason)
+            and (self.type_name, self.reason, self.files) == (other.type_name, other.reason, other.files)
             and _eq(self.data, other.data)
         )
 
@@ -118,10 +121,36 @@ def _tz_build(d: Any) -> Optional[_dt.tzinfo]:
     return _dt.timezone(off, name)
 
 
-def encode_other(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Optional[str], List[Tuple[str, Any]]]:
-    """Describe an object the Rust walker does not know: (kind, type, data JSON, children)."""
+def encode_other(
+    obj: Any, where: str, allow_pickle: bool, memo: Optional[Dict[int, Any]] = None
+) -> Tuple[str, str, Optional[str], List[Tuple[str, Any]]]:
+    """Describe an object the Rust walker does not know: (kind, type, data JSON, children).
+
+    ``memo`` (one per save) keeps the descriptions of registered objects and images by identity:
+    a dataset whose 10 000 rows hold 100 image objects encodes 100 PNGs, not 10 000."""
+    if memo is not None:
+        hit = memo.get(id(obj))
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+    d = _describe(obj, where, allow_pickle)
+    if memo is not None and (d[1] == "py.image" or not d[1].startswith("py.")) and d[0] == "custom":
+        memo[id(obj)] = (obj, d)  # the object is kept alive, so its id is not reused meanwhile
+    return d
+
+
+def _describe(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Optional[str], List[Tuple[str, Any]]]:
     t = type(obj)
     r = reg.lookup_class(t)
+    if r is not None and r.save is not None:
+        sink = files.FileSink(where)
+        try:
+            data = r.save(obj, sink)
+        except Exception as e:
+            raise TypeError(
+                f"cannot save `{where}`: save of the type registered as {r.name!r} ({reg.type_name(t)}) "
+                f"raised {type(e).__name__}: {e}"
+            ) from e
+        return files.describe(r.name, data, sink)
     if r is not None:
         try:
             data = r.to_data(obj)
@@ -134,6 +163,12 @@ def encode_other(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Op
     d = everyday.encode(obj, t, where)
     if d is not None:
         return d
+    if pillow.is_image(obj):
+        try:
+            data, image = pillow.encode(obj)
+        except TypeError as e:
+            raise TypeError(f"cannot save `{where}`: {e}") from None
+        return ("custom", "py.image", json.dumps(data), [("files", {"image": image})])
     if t is bytearray:
         return ("custom", "py.bytearray", None, [("data", bytes(obj))])
     if t is set or t is frozenset:
@@ -223,9 +258,9 @@ class Decoder:
         self.allow_pickle = allow_pickle
         self.placeholder = placeholder
 
-    def _missing(self, type_name: str, data: Any, reason: str) -> Any:
+    def _missing(self, type_name: str, data: Any, reason: str, files: Optional[Dict[str, bytes]] = None) -> Any:
         if self.placeholder:
-            return Unloadable(type_name, data, reason)
+            return Unloadable(type_name, data, reason, files)
         raise LookupError(f"{type_name}: {reason}")
 
     def __call__(self, kind: str, type_name: str, data_json: Optional[str], children: List[Tuple[str, Any]]) -> Any:
@@ -247,8 +282,15 @@ class Decoder:
         if type_name.startswith("py."):
             return self._builtin(type_name, data, kids)
         r = reg.lookup_name(type_name)
+        found = files.files_of(kids)
         if r is None:
-            return self._missing(type_name, kids.get("data", data), "no type is registered under this name in this process")
+            return self._missing(
+                type_name, kids.get("data", data), "no type is registered under this name in this process", found
+            )
+        if r.load is not None:
+            if found is None:
+                raise ValueError(f"{type_name}: the stored object has no files, but its registration loads files")
+            return r.load(files.Files(found, kids.get("data")))
         return r.from_data(kids.get("data"))
 
     def _builtin(self, t: str, data: Any, kids: Dict[str, Any]) -> Any:
@@ -298,6 +340,14 @@ class Decoder:
                 return cls[data["member"]]
             except (LookupError, KeyError, ValueError) as e:
                 return self._missing(name, data, f"enum member cannot be found: {e}")
+        if t == "py.image":
+            found = files.files_of(kids)
+            if found is None or "image" not in found or not isinstance(data, dict):
+                raise ValueError("py.image: the node has no image file")
+            try:
+                return pillow.decode(data, found["image"])
+            except LookupError as e:
+                return self._missing(t, data, str(e), found)
         if t == "py.pickle":
             if not self.allow_pickle:
                 return self._missing(data.get("class", t), None, "pickled object (pass allow_pickle=True)")

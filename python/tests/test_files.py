@@ -1,0 +1,165 @@
+"""File-backed objects (issue 26): registered types stored as named files in the tree's packs,
+identical files stored once, placeholders that keep the files; Pillow images built in."""
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import treepack
+
+
+def stored_bytes(p):
+    return sum(os.path.getsize(os.path.join(p, "packs", f)) for f in os.listdir(os.path.join(p, "packs")))
+
+
+class Clip:
+    """An audio clip as users have them: a file's bytes and a little metadata."""
+
+    def __init__(self, wav: bytes, label: str):
+        self.wav, self.label = wav, label
+
+
+treepack.register(
+    Clip,
+    name="test.files.Clip",
+    save=lambda c, files: (files.write("audio.wav", c.wav), {"label": c.label})[1],
+    load=lambda files: Clip(files.read("audio.wav"), files.data["label"]),
+)
+
+
+def test_files_round_trip_and_identical_files_are_stored_once(tmp_path):
+    distinct = [bytes([i]) * 20_000 + os.urandom(2_000) for i in range(10)]
+    rows = [{"i": i, "clip": Clip(distinct[i % 10], f"row{i}")} for i in range(1000)]
+    p = str(tmp_path / "ds")
+    treepack.save({"rows": rows}, p)
+    payload = sum(len(b) for b in distinct)
+    assert payload <= stored_bytes(p) <= payload * 1.1, (stored_bytes(p), payload)
+    back = treepack.load(p)["rows"]
+    assert [r["clip"].label for r in back[:3]] == ["row0", "row1", "row2"]
+    assert all(r["clip"].wav == distinct[r["i"] % 10] for r in back)
+    # The structure shows the files as bytes leaves under the object, readable by key path.
+    s = treepack.load_structure(p)["rows"][3]["clip"]
+    assert s.type_name == "test.files.Clip" and set(s.children) == {"data", "files"}
+    # One file, read alone by key path, without building the object.
+    assert treepack.open(p)["rows"][3]["clip"]["files"]["audio.wav"] == distinct[3]
+
+
+def test_files_written_from_streams_and_errors_name_the_place(tmp_path):
+    class Doc:
+        def __init__(self, parts):
+            self.parts = parts
+
+    def save(d, files):
+        for name, b in d.parts:
+            files.write(name, io.BytesIO(b) if name.endswith(".s") else b)
+
+    treepack.register(Doc, name="test.files.Doc", save=save, load=lambda f: Doc([(n, f.read(n)) for n in f.names()]))
+    p = str(tmp_path / "d")
+    treepack.save({"d": Doc([("a.s", b"x" * 300), ("b", b"yz")])}, p)
+    back = treepack.load(p)["d"]
+    assert back.parts == [("a.s", b"x" * 300), ("b", b"yz")]
+    with pytest.raises(TypeError, match=r"cannot save `d`.*written twice"):
+        treepack.save({"d": Doc([("a", b"1"), ("a", b"2")])}, str(tmp_path / "e"))
+    with pytest.raises(TypeError, match=r"cannot save `d`.*must be bytes or a binary stream"):
+        treepack.save({"d": Doc([("a", "text")])}, str(tmp_path / "f"))
+
+
+def test_register_takes_one_pair_of_functions():
+    class T:
+        pass
+
+    for kw in [{}, {"to_data": str}, {"save": str}, {"to_data": str, "from_data": str, "save": str, "load": str}]:
+        with pytest.raises(TypeError, match="to_data= and from_data=.*or save= and load="):
+            treepack.register(T, name="test.files.T", **kw)
+
+
+def test_a_missing_type_leaves_a_placeholder_that_keeps_the_files(tmp_path):
+    p = str(tmp_path / "other")
+    # Saved by a process that has the type; this one never registered `other.Photo`.
+    code = textwrap.dedent(
+        f"""
+        import treepack
+        class Photo:
+            pass
+        treepack.register(Photo, name="other.Photo", save=lambda o, f: (f.write("raw", b"\\x89" * 500), [1, 2])[1],
+                          load=lambda f: Photo())
+        treepack.save({{"p": Photo()}}, {p!r})
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with pytest.raises(treepack.UntrustedTypeError, match="other.Photo"):
+        treepack.load(p)
+    ph = treepack.load(p, on_missing="placeholder")["p"]
+    assert isinstance(ph, treepack.Unloadable) and ph.type_name == "other.Photo"
+    assert ph.files == {"raw": b"\x89" * 500} and ph.data == [1, 2]
+
+
+PIL = pytest.importorskip("PIL.Image", reason="Pillow is in python/requirements-dev.txt")
+
+
+def _image(i, size=(32, 24)):
+    rng = np.random.default_rng(i)
+    return PIL.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8), "RGB")
+
+
+def test_a_dataset_of_images_stores_each_distinct_image_once(tmp_path):
+    images = [_image(i) for i in range(100)]
+    rows = [{"id": i, "image": images[i % 100], "label": i % 7} for i in range(10_000)]
+    p = str(tmp_path / "imgs")
+    treepack.save(rows, p)
+    png = 0
+    for im in images:
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        png += len(buf.getvalue())
+    assert stored_bytes(p) <= 1.1 * png, (stored_bytes(p), png)
+    back = treepack.load(p)
+    assert len(back) == 10_000
+    for r in (back[0], back[4321], back[9999]):
+        got = r["image"]
+        assert got.format == "PNG" and got.size == (32, 24) and got.mode == "RGB"
+        assert got.tobytes() == images[r["id"] % 100].tobytes()
+
+
+def test_images_from_files_keep_their_bytes_and_modified_ones_become_png(tmp_path):
+    src = str(tmp_path / "photo.jpg")
+    _image(1, (64, 48)).save(src, format="JPEG", quality=80)
+    original = open(src, "rb").read()
+    photo = PIL.open(src)
+    changed = PIL.open(src)
+    changed.load()
+    changed.paste((255, 0, 0), (0, 0, 8, 8))  # in place: format and filename stay, pixels differ
+    p = str(tmp_path / "t")
+    treepack.save({"photo": photo, "changed": changed}, p)
+    manifest = open(os.path.join(p, "treepack.json")).read()
+    assert '"format":"JPEG"' in manifest and '"format":"PNG"' in manifest
+    back = treepack.load(p)
+    assert back["photo"].format == "JPEG" and back["photo"].tobytes() == photo.tobytes()
+    raw = treepack.open(p)["photo"]["files"]["image"]
+    assert raw == original  # the file's bytes as they were
+    assert back["changed"].format == "PNG" and back["changed"].tobytes() == changed.tobytes()
+
+
+def test_image_loads_allow_only_safe_formats_and_keep_the_bomb_limit(tmp_path, monkeypatch):
+    import blake3
+
+    p = str(tmp_path / "b")
+    treepack.save({"im": _image(2, (60, 60))}, p)
+    mpath = os.path.join(p, "treepack.json")
+    text = open(mpath, "rb").read()
+    bad = text.replace(b'"format":"PNG"', b'"format":"BMP"')
+    body = bad[: bad.rindex(b',\n"manifest_hash"')]
+    with open(mpath, "wb") as f:
+        f.write(body + b',\n"manifest_hash":"' + blake3.blake3(body).hexdigest().encode() + b'"}\n')
+    with pytest.raises(ValueError, match="format 'BMP' is not allowed"):
+        treepack.load(p)
+    q = str(tmp_path / "big")
+    treepack.save({"im": _image(3, (60, 60))}, q)
+    monkeypatch.setattr(PIL, "MAX_IMAGE_PIXELS", 1000)  # 3600 pixels > 2 x 1000: a "bomb"
+    with pytest.raises(Exception, match="decompression bomb"):
+        treepack.load(q)

@@ -1,0 +1,95 @@
+"""File-backed objects: a registered type (or a built-in handler such as Pillow images) stored as
+named files inside the tree's packs, next to inline data. The files are bytes leaves, so identical
+files anywhere in the tree are stored once (chunks are deduplicated by hash), read with the tree's
+coalesced ranged reads, and read once on load however many objects hold them."""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+
+BytesLike = Union[bytes, bytearray, memoryview]
+
+
+class FileSink:
+    """What a ``save(obj, files)`` function writes its files to."""
+
+    __slots__ = ("_files", "_where")
+
+    def __init__(self, where: str) -> None:
+        self._files: Dict[str, bytes] = {}
+        self._where = where
+
+    def write(self, name: str, data: Union[BytesLike, Any]) -> None:
+        """Store ``data`` (bytes-like, or a binary stream read to its end) as the file ``name``."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"cannot save `{self._where}`: a file name must be a non-empty str, got {name!r}")
+        if name in self._files:
+            raise ValueError(f"cannot save `{self._where}`: file {name!r} written twice")
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            b = bytes(data)
+        elif hasattr(data, "read"):
+            b = data.read()
+            if not isinstance(b, (bytes, bytearray)):
+                raise TypeError(f"cannot save `{self._where}`: stream for file {name!r} gave {type(b).__name__}, not bytes (open it in binary mode)")
+            b = bytes(b)
+        else:
+            raise TypeError(f"cannot save `{self._where}`: file {name!r} must be bytes or a binary stream, got {type(data).__name__}")
+        self._files[name] = b
+
+    @property
+    def files(self) -> Dict[str, bytes]:
+        return self._files
+
+
+class Files:
+    """What a ``load(files)`` function reads: the files by name, and ``data`` (what ``save``
+    returned)."""
+
+    __slots__ = ("_files", "data")
+
+    def __init__(self, files: Dict[str, bytes], data: Any) -> None:
+        self._files = files
+        self.data = data
+
+    def open(self, name: str) -> io.BytesIO:
+        """The file ``name`` as a binary stream."""
+        return io.BytesIO(self.read(name))
+
+    def read(self, name: str) -> bytes:
+        """The bytes of the file ``name``."""
+        try:
+            return self._files[name]
+        except KeyError:
+            raise KeyError(f"no file {name!r} (the object has {sorted(self._files)})") from None
+
+    def names(self) -> List[str]:
+        """The file names, in the order they were written."""
+        return list(self._files)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def __repr__(self) -> str:
+        return f"Files({self.names()!r})"
+
+
+def describe(name: str, data: Any, sink: FileSink) -> Tuple[str, str, Optional[str], List[Tuple[str, Any]]]:
+    """The custom node of a file-backed object: child ``data`` (if any), then child ``files`` (a
+    dict of name -> bytes)."""
+    kids: List[Tuple[str, Any]] = []
+    if data is not None:
+        kids.append(("data", data))
+    kids.append(("files", dict(sink.files)))
+    return ("custom", name, None, kids)
+
+
+def files_of(kids: Dict[str, Any]) -> Optional[Dict[str, bytes]]:
+    """The files of a loaded file-backed node, or None when it is not one."""
+    f = kids.get("files")
+    if isinstance(f, dict) and all(isinstance(k, str) and isinstance(v, bytes) for k, v in f.items()):
+        return f
+    return None

@@ -1,0 +1,67 @@
+"""Pillow images as built-in file-backed objects (``py.image``): the image's file bytes are stored
+as they came (PNG, JPEG or WebP read from a file, when its pixels are still those of the file),
+otherwise the pixels as PNG — lossless either way. Loading opens the bytes with Pillow, allowing
+only those three formats and keeping Pillow's decompression-bomb limit; pixels are decoded when
+first used, as ``Image.open`` does. Used only when Pillow is already imported (saving) or
+installed (loading): ``import treepack`` never imports it."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from typing import Any, Dict, Optional, Tuple
+
+#: Formats a load may decode (Pillow has had CVEs in rarer decoders). docs/security.md.
+FORMATS = ("PNG", "JPEG", "WEBP")
+
+
+def is_image(obj: Any) -> bool:
+    mod = sys.modules.get("PIL.Image")
+    return mod is not None and isinstance(obj, mod.Image)
+
+
+def encode(img: Any) -> Tuple[Dict[str, Any], bytes]:
+    """(data, file bytes) for an image."""
+    b, fmt = _source_bytes(img) or _png(img)
+    return {"format": fmt, "mode": img.mode, "size": list(img.size)}, b
+
+
+def _source_bytes(img: Any) -> Optional[Tuple[bytes, str]]:
+    """The file the image was opened from, if its format is allowed and its pixels are unchanged."""
+    path = getattr(img, "filename", "")
+    fmt = getattr(img, "format", None)
+    if fmt not in FORMATS or not isinstance(path, str) or not path or not os.path.isfile(path):
+        return None
+    from PIL import Image
+
+    with open(path, "rb") as f:
+        b = f.read()
+    try:
+        with Image.open(io.BytesIO(b), formats=[fmt]) as again:
+            same = again.mode == img.mode and again.size == img.size and again.tobytes() == img.tobytes()
+    except Exception:
+        return None
+    return (b, fmt) if same else None
+
+
+def _png(img: Any) -> Tuple[bytes, str]:
+    buf = io.BytesIO()
+    try:
+        img.save(buf, format="PNG")
+    except (OSError, ValueError) as e:
+        raise TypeError(f"a Pillow image of mode {img.mode} cannot be stored losslessly as PNG ({e}); convert it first") from None
+    return buf.getvalue(), "PNG"
+
+
+def decode(data: Dict[str, Any], b: bytes) -> Any:
+    """The image, opened lazily from its bytes."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise LookupError("loading images needs Pillow (pip install pillow)") from None
+    fmt = data.get("format")
+    if fmt not in FORMATS:
+        raise ValueError(f"image format {fmt!r} is not allowed (only {', '.join(FORMATS)})")
+    return Image.open(io.BytesIO(b), formats=[fmt])

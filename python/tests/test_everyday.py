@@ -176,3 +176,52 @@ def test_registry_lists_handlers_with_their_classes_and_refuses_a_second_handler
     # The same class under the same name (a notebook cell run again) replaces the handler.
     treepack.register(Temp, name="test.everyday.Temp", to_data=lambda o: 2, from_data=lambda d: Temp())
     assert [r.name for r in treepack.registered()].count("test.everyday.Temp") == 1
+
+
+# ---------------------------------------------------------------- pydantic models
+
+import pydantic  # noqa: E402
+
+
+class Point(pydantic.BaseModel):
+    x: int
+    y: int = 0
+
+    @pydantic.field_validator("x")
+    @classmethod
+    def small(cls, v):
+        if v > 1000:
+            raise ValueError("x must be at most 1000")
+        return v
+
+
+class Shape(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="allow", arbitrary_types_allowed=True)
+    name: str
+    points: list[Point]
+    weights: np.ndarray
+
+
+def test_pydantic_models_are_records_validated_on_load(tmp_path):
+    s = Shape(name="tri", points=[Point(x=1), Point(x=2, y=3)], weights=np.arange(3.0), color="red")
+    p = str(tmp_path / "m")
+    treepack.save({"shape": s}, p)
+    st = treepack.load_structure(p)["shape"]
+    assert st.kind == "record" and st.type_name == f"{__name__}:Shape" and list(st.children) == ["name", "points", "weights", "color"]
+    with pytest.raises(treepack.UntrustedTypeError, match="Shape"):
+        treepack.load(p)
+    back = treepack.load(p, trust=[__name__ + ".*"])["shape"]
+    assert type(back) is Shape and back.name == "tri" and back.points == s.points and back.color == "red"
+    assert np.array_equal(back.weights, s.weights)
+    # What the file says goes through the model's validators.
+    import blake3
+
+    mpath = os.path.join(p, "treepack.json")
+    text = open(mpath, "rb").read()
+    bad = text.replace(b'[["x",2]', b'[["x",5000]')
+    assert bad != text
+    body = bad[: bad.rindex(b',\n"manifest_hash"')]
+    with open(mpath, "wb") as f:
+        f.write(body + b',\n"manifest_hash":"' + blake3.blake3(body).hexdigest().encode() + b'"}\n')
+    with pytest.raises(ValueError, match="(?s)do not validate as Point.*at most 1000"):
+        treepack.load(p, trust=[__name__ + ".*"])

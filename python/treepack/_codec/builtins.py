@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _registry as reg
-from ..integrations import pillow
+from ..integrations import pillow, pydantic
 from . import everyday, files
 
 _PATH_CLASSES = {
@@ -210,6 +210,9 @@ def _describe(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Optio
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         _seen_classes[reg.type_name(t)] = t
         return ("record", reg.type_name(t), None, [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)])
+    if pydantic.is_model(obj):
+        _seen_classes[reg.type_name(t)] = t
+        return ("record", reg.type_name(t), None, pydantic.fields(obj))
     if isinstance(obj, tuple) and hasattr(t, "_fields"):
         _seen_classes[reg.type_name(t)] = t
         return ("record", reg.type_name(t), None, list(zip(t._fields, obj)))
@@ -275,6 +278,8 @@ class Decoder:
                 return self._missing(type_name, kids, str(e))
             if issubclass(cls, tuple) and hasattr(cls, "_make"):
                 return cls._make(kids[f] for f in cls._fields)
+            if pydantic.is_model_class(cls):
+                return pydantic.build(cls, kids)
             obj = cls.__new__(cls)
             for k, v in kids.items():
                 object.__setattr__(obj, k, v)

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _registry as reg
-from ..integrations import pillow, pydantic
+from ..integrations import pandas, pillow, pydantic
 from . import everyday, files
 
 _PATH_CLASSES = {
@@ -38,6 +38,7 @@ BUILTIN_TYPES = frozenset(
         "py.bytearray", "py.set", "py.frozenset", "py.range", "py.slice", "py.ellipsis",
         "py.datetime", "py.date", "py.time", "py.timedelta", "py.timezone", "py.decimal",
         "py.uuid", "py.path", "py.npscalar", "py.enum", "py.pickle", "py.image",
+        "py.dataframe", "py.series",
     }
 ) | everyday.NAMES
 # Built-in types that `audit` accepts whatever their data says (enum and pickle name classes, and
@@ -163,6 +164,11 @@ def _describe(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Optio
     d = everyday.encode(obj, t, where)
     if d is not None:
         return d
+    if pandas.is_frame(obj):
+        try:
+            return pandas.encode(obj)
+        except TypeError as e:
+            raise TypeError(f"cannot save `{where}`: {e}") from None
     if pillow.is_image(obj):
         try:
             data, image = pillow.encode(obj)
@@ -345,6 +351,11 @@ class Decoder:
                 return cls[data["member"]]
             except (LookupError, KeyError, ValueError) as e:
                 return self._missing(name, data, f"enum member cannot be found: {e}")
+        if t in ("py.dataframe", "py.series"):
+            try:
+                return pandas.decode(t, kids)
+            except LookupError as e:
+                return self._missing(t, None, str(e))
         if t == "py.image":
             found = files.files_of(kids)
             if found is None or "image" not in found or not isinstance(data, dict):

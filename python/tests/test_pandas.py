@@ -1,0 +1,95 @@
+"""pandas DataFrames and Series (issue 26): every column dtype people use, the index kinds,
+labels, time zones and missing values, exactly; strict (no dtype named by a file is parsed)."""
+
+import datetime
+import decimal
+import os
+
+import numpy as np
+import pytest
+
+import treepack
+
+pd = pytest.importorskip("pandas", reason="pandas is in python/requirements-dev.txt")
+
+
+def roundtrip(tmp_path, x):
+    p = str(tmp_path / f"t{len(os.listdir(tmp_path))}")
+    treepack.save({"x": x}, p)
+    return treepack.load(p)["x"]
+
+
+def frame():
+    n = 5
+    return pd.DataFrame(
+        {
+            "i8": np.arange(n, dtype=np.int8),
+            "u64": np.arange(n, dtype=np.uint64) * 2**40,
+            "f32": np.linspace(0, 1, n, dtype=np.float32),
+            "c128": np.arange(n) * (1 + 2j),
+            "b": [True, False, True, True, False],
+            "s": ["a", None, "ccc", "", "é"],
+            "obj": [1, "two", 3.0, None, decimal.Decimal("4.5")],
+            "cat": pd.Categorical(["x", "y", "x", None, "z"], categories=["z", "y", "x"], ordered=True),
+            "when": pd.date_range("2021-03-27", periods=n, freq="12h"),
+            "when_tz": pd.date_range("2021-03-27", periods=n, freq="12h", tz="Europe/Paris"),
+            "utc": pd.date_range("2021-01-01", periods=n, tz="UTC"),
+            "delta": pd.to_timedelta(np.arange(n), unit="s"),
+            "Int64": pd.array([1, None, 3, 4, None], dtype="Int64"),
+            "boolean": pd.array([True, None, False, True, None], dtype="boolean"),
+            "Float64": pd.array([1.5, None, 3.0, np.nan, 2.0], dtype="Float64"),
+            "string": pd.array(["p", None, "q", "r", "s"], dtype="string"),
+        },
+        index=pd.Index([10, 20, 30, 40, 50], name="row"),
+    )
+
+
+def test_every_column_dtype_round_trips(tmp_path):
+    df = frame()
+    back = roundtrip(tmp_path, df)
+    assert type(back) is pd.DataFrame
+    pd.testing.assert_frame_equal(back, df)
+    assert list(back.dtypes.astype(str)) == list(df.dtypes.astype(str))
+
+
+def test_index_kinds_labels_and_series(tmp_path):
+    mi = pd.MultiIndex.from_product([["a", "b"], [1, 2]], names=["letter", "n"])
+    df = pd.DataFrame(np.arange(8.0).reshape(4, 2), index=mi, columns=[("m", 1), ("m", 2)])
+    pd.testing.assert_frame_equal(roundtrip(tmp_path, df), df)
+    ranged = pd.DataFrame({"a": [1, 2, 3]}, index=pd.RangeIndex(10, 16, 2, name="r"))
+    pd.testing.assert_frame_equal(roundtrip(tmp_path, ranged), ranged)
+    dated = pd.Series([1.0, 2.0], index=pd.DatetimeIndex(["2020-01-01", "2020-06-01"], tz="US/Eastern"), name=("s", 1))
+    pd.testing.assert_series_equal(roundtrip(tmp_path, dated), dated)
+    cat_index = pd.DataFrame({"v": [1, 2]}, index=pd.CategoricalIndex(["x", "y"], name="c"))
+    pd.testing.assert_frame_equal(roundtrip(tmp_path, cat_index), cat_index)
+    empty = pd.DataFrame()
+    pd.testing.assert_frame_equal(roundtrip(tmp_path, empty), empty)
+    int_cols = pd.DataFrame([[1, 2]], columns=[3, 4])
+    pd.testing.assert_frame_equal(roundtrip(tmp_path, int_cols), int_cols)
+
+
+def test_columns_are_arrays_in_the_tree_and_unsupported_dtypes_say_so(tmp_path):
+    p = str(tmp_path / "f")
+    treepack.save({"df": pd.DataFrame({"w": np.arange(1000.0)})}, p)
+    s = treepack.load_structure(p)["df"]
+    assert s.type_name == "py.dataframe"
+    col = s.children["values"][0]["values"]
+    assert col.dtype == "float64" and col.shape == (1000,)
+    with pytest.raises(TypeError, match=r"cannot save `x`: pandas columns of dtype period\[M\] are not supported"):
+        treepack.save({"x": pd.DataFrame({"p": pd.period_range("2020-01", periods=2, freq="M")})}, str(tmp_path / "g"))
+
+
+def test_a_file_cannot_name_other_dtypes(tmp_path):
+    import blake3
+
+    p = str(tmp_path / "h")
+    treepack.save({"x": pd.DataFrame({"n": pd.array([1, None], dtype="Int64")})}, p)
+    mpath = os.path.join(p, "treepack.json")
+    text = open(mpath, "rb").read()
+    bad = text.replace(b'"Int64"', b'"object"')
+    assert bad != text
+    body = bad[: bad.rindex(b',\n"manifest_hash"')]
+    with open(mpath, "wb") as f:
+        f.write(body + b',\n"manifest_hash":"' + blake3.blake3(body).hexdigest().encode() + b'"}\n')
+    with pytest.raises(ValueError, match="unknown nullable dtype 'object'"):
+        treepack.load(p)

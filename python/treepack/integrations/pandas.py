@@ -1,0 +1,187 @@
+"""pandas DataFrames and Series as built-in ``py.dataframe`` / ``py.series`` nodes: each column a
+numpy array where it has one (numbers, bools, datetime64 and timedelta64), categoricals as codes
+and categories, time zones as zone names, nullable columns (``Int64``, ``boolean``, strings) as
+values plus a mask, the index (a range, any index, a MultiIndex) and the labels kept. Nothing a
+file names is imported or evaluated: dtypes are rebuilt from a fixed list. Used only when pandas
+is already imported (saving) or installed (loading): ``import treepack`` never imports it."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+Description = Tuple[str, str, Optional[str], List[Tuple[str, Any]]]
+
+#: Nullable extension dtypes stored as values + mask, by name; their numpy value dtype.
+_MASKED = {
+    **{f"Int{b}": f"int{b}" for b in (8, 16, 32, 64)},
+    **{f"UInt{b}": f"uint{b}" for b in (8, 16, 32, 64)},
+    "Float32": "float32", "Float64": "float64", "boolean": "bool",
+}
+#: String dtypes: (name as pandas prints it) -> how to rebuild it.
+_STRINGS = ("str", "string")
+
+
+def _pd() -> Any:
+    return sys.modules.get("pandas")
+
+
+def is_frame(obj: Any) -> bool:
+    pd = _pd()
+    return pd is not None and type(obj) in (pd.DataFrame, pd.Series)
+
+
+def encode(obj: Any) -> Description:
+    pd = _pd()
+    if type(obj) is pd.Series:
+        kids = [("name", obj.name), ("index", _index(obj.index)), ("values", _column(obj))]
+        return ("custom", "py.series", None, kids)
+    cols = list(obj.columns)
+    kids = [
+        ("columns", _index(obj.columns)),
+        ("index", _index(obj.index)),
+        ("values", [_column(obj.iloc[:, i]) for i in range(len(cols))]),
+    ]
+    return ("custom", "py.dataframe", None, kids)
+
+
+def _column(s: Any) -> Dict[str, Any]:
+    """One column (a Series or an Index) as a tree."""
+    pd = _pd()
+    dt = s.dtype
+    if isinstance(dt, pd.CategoricalDtype):
+        cat = s.array if hasattr(s, "array") else s
+        return {"kind": "category", "codes": np.asarray(cat.codes), "categories": _index(cat.categories), "ordered": bool(dt.ordered)}
+    if isinstance(dt, pd.DatetimeTZDtype):
+        utc = s.dt.tz_convert(None) if isinstance(s, pd.Series) else s.tz_convert(None)
+        return {"kind": "datetimetz", "values": np.asarray(utc.to_numpy()), "tz": str(dt.tz)}
+    name = str(dt)
+    if name in _MASKED:
+        mask = np.asarray(s.isna())
+        values = s.to_numpy(dtype=_MASKED[name], na_value=0)
+        return {"kind": "masked", "dtype": name, "values": values, "mask": mask}
+    if isinstance(dt, pd.StringDtype):
+        mask = np.asarray(s.isna())
+        values = ["" if m else v for v, m in zip(s.tolist(), mask)]
+        na = "nan" if dt.na_value is not pd.NA else "NA"
+        return {"kind": "string", "storage": dt.storage, "na": na, "mask": mask, **_joined(values)}
+    if isinstance(dt, np.dtype) and dt.kind != "O":
+        return {"kind": "numpy", "values": np.asarray(s.to_numpy())}
+    if isinstance(dt, np.dtype):
+        values = s.tolist()
+        if values and all(type(v) is str for v in values):
+            return {"kind": "strs", **_joined(values)}
+        return {"kind": "object", "values": values}
+    raise TypeError(f"pandas columns of dtype {dt} are not supported yet; convert the column (astype) first")
+
+
+def _joined(values: List[str]) -> Dict[str, Any]:
+    """Many strings as one string and the code-point offsets where each ends: a million short
+    strings are two leaves, not a million (and slicing one str back is fast)."""
+    ends = np.cumsum(np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values)))
+    return {"text": "".join(values), "ends": ends}
+
+
+def _split(c: Dict[str, Any]) -> List[str]:
+    text, ends = c["text"], c["ends"]
+    if not isinstance(text, str) or not isinstance(ends, np.ndarray) or ends.dtype != np.int64 or ends.ndim != 1:
+        raise ValueError("py.dataframe: a string column needs `text` and int64 `ends`")
+    if len(ends) and (ends[-1] != len(text) or (np.diff(ends) < 0).any() or ends[0] < 0):
+        raise ValueError("py.dataframe: string column offsets do not fit its text")
+    e = ends.tolist()
+    return [text[a:b] for a, b in zip([0] + e[:-1], e)]
+
+
+def _index(idx: Any) -> Dict[str, Any]:
+    pd = _pd()
+    if type(idx) is pd.RangeIndex:
+        return {"kind": "range", "start": idx.start, "stop": idx.stop, "step": idx.step, "name": idx.name}
+    if isinstance(idx, pd.MultiIndex):
+        return {
+            "kind": "multi",
+            "levels": [_index(level) for level in idx.levels],
+            "codes": [np.asarray(c) for c in idx.codes],
+            "names": list(idx.names),
+        }
+    return {"kind": "index", "values": _column(idx), "name": idx.name}
+
+
+# ---------------------------------------------------------------- loading
+
+
+def decode(t: str, kids: Dict[str, Any]) -> Any:
+    try:
+        import pandas as pd
+    except ImportError:
+        raise LookupError("loading pandas objects needs pandas (pip install pandas)") from None
+    if t == "py.series":
+        return pd.Series(_array(pd, kids["values"]), index=_index_back(pd, kids["index"]), name=kids["name"], copy=False)
+    columns = _index_back(pd, kids["columns"])
+    values = kids["values"]
+    if not isinstance(values, list) or len(values) != len(columns):
+        raise ValueError(f"py.dataframe: {len(columns)} column labels but {len(values)} columns")
+    index = _index_back(pd, kids["index"])
+    data = {i: _array(pd, v) for i, v in enumerate(values)}
+    df = pd.DataFrame(data, index=index, copy=False) if data else pd.DataFrame(index=index)
+    df.columns = columns
+    return df
+
+
+def _array(pd: Any, c: Dict[str, Any]) -> Any:
+    kind = c.get("kind") if isinstance(c, dict) else None
+    if kind == "numpy":
+        return c["values"]
+    if kind == "object":
+        return np.array(c["values"] + [None], dtype=object)[:-1]  # a 1-d object array even of tuples
+    if kind == "category":
+        return pd.Categorical.from_codes(c["codes"], categories=_index_back(pd, c["categories"]), ordered=bool(c["ordered"]))
+    if kind == "datetimetz":
+        return pd.DatetimeIndex(c["values"]).tz_localize("UTC").tz_convert(_zone(c["tz"])).array
+    if kind == "masked":
+        name = c["dtype"]
+        if name not in _MASKED:
+            raise ValueError(f"py.dataframe: unknown nullable dtype {name!r}")
+        arr = pd.array(c["values"], dtype=name)
+        arr[np.asarray(c["mask"], dtype=bool)] = pd.NA
+        return arr
+    if kind == "strs":
+        return np.array(_split(c) + [None], dtype=object)[:-1]
+    if kind == "string":
+        if c.get("storage") not in ("python", "pyarrow") or c.get("na") not in ("nan", "NA"):
+            raise ValueError(f"py.dataframe: unknown string dtype {c.get('storage')!r}/{c.get('na')!r}")
+        na = np.nan if c["na"] == "nan" else pd.NA
+        values = _split(c)
+        mask = np.asarray(c["mask"], dtype=bool)
+        if len(mask) != len(values):
+            raise ValueError("py.dataframe: a string column's mask and values differ in length")
+        for i in np.flatnonzero(mask).tolist():
+            values[i] = None
+        return pd.array(values, dtype=pd.StringDtype(c["storage"], na_value=na))
+    raise ValueError(f"py.dataframe: unknown column kind {kind!r}")
+
+
+def _zone(name: Any) -> Any:
+    if not isinstance(name, str):
+        raise ValueError(f"py.dataframe: bad time zone {name!r}")
+    if name == "UTC":
+        import datetime
+
+        return datetime.timezone.utc
+    import zoneinfo
+
+    return zoneinfo.ZoneInfo(name)
+
+
+def _index_back(pd: Any, d: Dict[str, Any]) -> Any:
+    kind = d.get("kind") if isinstance(d, dict) else None
+    if kind == "range":
+        return pd.RangeIndex(d["start"], d["stop"], d["step"], name=d["name"])
+    if kind == "multi":
+        levels = [_index_back(pd, level) for level in d["levels"]]
+        return pd.MultiIndex(levels=levels, codes=d["codes"], names=d["names"])
+    if kind == "index":
+        return pd.Index(_array(pd, d["values"]), name=d["name"], copy=False)
+    raise ValueError(f"py.dataframe: unknown index kind {kind!r}")
+

@@ -51,3 +51,50 @@ def s3():
         proc.wait()
 
 
+
+
+@pytest.fixture
+def s3_counted(s3):
+    """`s3` seen through a forwarding proxy on 127.0.0.1 that counts requests by method: what a
+    load costs an object store, in requests. Yields (storage_options, counts)."""
+    import http.client
+    import http.server
+    import threading
+    from collections import Counter
+    from urllib.parse import urlparse
+
+    target = urlparse(s3["endpoint"])
+    counts: Counter = Counter()
+
+    class Forward(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _any(self) -> None:
+            counts[self.command] += 1
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+            conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+            r = conn.getresponse()
+            data = r.read()
+            self.send_response(r.status)
+            for k, v in r.getheaders():
+                if k.lower() not in ("transfer-encoding", "content-length", "connection"):
+                    self.send_header(k, v)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            conn.close()
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield {**s3, "endpoint": f"http://127.0.0.1:{server.server_address[1]}"}, counts
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -163,3 +163,17 @@ def test_image_loads_allow_only_safe_formats_and_keep_the_bomb_limit(tmp_path, m
     monkeypatch.setattr(PIL, "MAX_IMAGE_PIXELS", 1000)  # 3600 pixels > 2 x 1000: a "bomb"
     with pytest.raises(Exception, match="decompression bomb"):
         treepack.load(q)
+
+
+def test_an_image_dataset_on_s3_loads_with_a_few_coalesced_requests(s3_counted):
+    opts, counts = s3_counted
+    images = [_image(i) for i in range(100)]
+    rows = [{"id": i, "image": images[i % 100]} for i in range(10_000)]
+    treepack.save(rows, "s3://bucket/files/images", storage_options=opts)
+    counts.clear()
+    back = treepack.load("s3://bucket/files/images", storage_options=opts)
+    assert back[4242]["image"].tobytes() == images[42].tobytes()
+    # One file per image would be 100 GETs (10 000 in the one-object-per-row pattern); the
+    # images share a pack and are fetched with coalesced ranged reads.
+    print("requests of the load:", dict(counts))
+    assert 1 <= counts["GET"] <= 6, dict(counts)

@@ -177,3 +177,27 @@ def test_an_image_dataset_on_s3_loads_with_a_few_coalesced_requests(s3_counted):
     # images share a pack and are fetched with coalesced ranged reads.
     print("requests of the load:", dict(counts))
     assert 1 <= counts["GET"] <= 6, dict(counts)
+
+
+def test_paths_are_embedded_on_request_and_files_carry_bytes(tmp_path):
+    import pathlib
+
+    report = tmp_path / "report.pdf"
+    report.write_bytes(b"%PDF-1.7 " + bytes(range(256)) * 40)
+    tree = {"doc": report, "missing": tmp_path / "nope.txt", "inline": treepack.File(data=b"abc", name="a.txt")}
+    p = str(tmp_path / "t")
+    treepack.save(tree, p, embed=True)
+    back = treepack.load(p)
+    doc = back["doc"]
+    assert isinstance(doc, treepack.File) and doc.name == "report.pdf" and doc.path == str(report)
+    assert doc.data == report.read_bytes() and doc.open().read(8) == b"%PDF-1.7"
+    assert back["missing"] == tmp_path / "nope.txt"  # not a file: stays a path
+    assert back["inline"] == treepack.File(data=b"abc", name="a.txt") and back["inline"].path is None
+    out = doc.save_to(tmp_path / "out")  if (tmp_path / "out").mkdir() is None else None
+    assert pathlib.Path(out).read_bytes() == report.read_bytes() and out.endswith("report.pdf")
+    # Without embed=True a path is a path.
+    q = str(tmp_path / "plain")
+    treepack.save({"doc": report}, q)
+    assert treepack.load(q)["doc"] == report
+    with pytest.raises(TypeError, match=r"cannot save `f`: .*nope.txt cannot be read"):
+        treepack.save({"f": treepack.File(tmp_path / "nope.txt")}, str(tmp_path / "bad"))

@@ -26,7 +26,7 @@ from ._api import (
     verify,
 )
 from ._async import SaveHandle, aload, asave
-from ._codec import Unloadable
+from ._codec import File, Unloadable
 from ._core import CorruptError, FormatError, TreepackError
 from ._lazy import LazyArray, View, open
 from ._registry import Registration, register, registered
@@ -35,6 +35,6 @@ __version__ = _core.__version__
 
 __all__ = [
     "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",
-    "register", "registered", "Registration", "LeafInfo", "StructNode", "SaveInfo", "Unloadable",
+    "register", "registered", "Registration", "File", "LeafInfo", "StructNode", "SaveInfo", "Unloadable",
     "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "View", "LazyArray",
 ]

@@ -105,6 +105,7 @@ def save(
     progress: Progress = None,
     blocking: bool = True,
     compression: Compression = None,
+    embed: bool = False,
 ) -> Any:
     """Save ``tree`` at ``path``: a directory, a ``.tpk`` file, ``s3://…``, ``gs://…``, ``az://…``,
     ``file://…`` or ``memory://…``.
@@ -119,6 +120,10 @@ def save(
     storage I/O runs on a background thread. With ``blocking=True`` (the default) nothing is
     copied, so do not mutate the arrays while ``save`` runs.
 
+    ``embed=True`` stores every ``pathlib.Path`` that names a regular file as the file's bytes
+    (it loads back as a :class:`treepack.File`, whose ``path`` says where it came from); by
+    default a path is stored as a path.
+
     ``compression`` (docs/compression.md): ``None``/``"none"`` (the default) stores every chunk as
     is; ``"auto"``, ``"zstd"``, ``"zstd:LEVEL"`` or ``"lz4"`` compress stored leaves of 16 KiB or
     more (arrays shuffled by element size first where that helps); a list of rule dicts (``paths``, ``dtypes``,
@@ -132,7 +137,7 @@ def save(
     memo: dict = {}
 
     def enc(obj: Any, where: str) -> Any:
-        return _codec.encode_other(obj, where, allow_pickle, memo)
+        return _codec.encode_other(obj, where, allow_pickle, memo, embed)
 
     md = _metadata_json(metadata) if metadata is not None else None
     prepared = _core.prepare(

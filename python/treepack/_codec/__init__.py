@@ -15,10 +15,11 @@ from .builtins import (
     encode_other,
     resolve_class,
 )
+from .files import File
 from .dtypes import _dtype_cache, _dtype_desc, _np_dtype, encode_array, np_dtype
 from .trust import audit
 
 __all__ = [
-    "AUDIT_FREE", "BUILTIN_TYPES", "Decoder", "Unloadable", "audit", "encode_array", "encode_other",
+    "AUDIT_FREE", "BUILTIN_TYPES", "Decoder", "File", "Unloadable", "audit", "encode_array", "encode_other",
     "np_dtype", "resolve_class",
 ]

@@ -38,7 +38,7 @@ BUILTIN_TYPES = frozenset(
         "py.bytearray", "py.set", "py.frozenset", "py.range", "py.slice", "py.ellipsis",
         "py.datetime", "py.date", "py.time", "py.timedelta", "py.timezone", "py.decimal",
         "py.uuid", "py.path", "py.npscalar", "py.enum", "py.pickle", "py.image",
-        "py.dataframe", "py.series",
+        "py.dataframe", "py.series", "py.file",
     }
 ) | everyday.NAMES
 # Built-in types that `audit` accepts whatever their data says (enum and pickle name classes, and
@@ -123,7 +123,7 @@ def _tz_build(d: Any) -> Optional[_dt.tzinfo]:
 
 
 def encode_other(
-    obj: Any, where: str, allow_pickle: bool, memo: Optional[Dict[int, Any]] = None
+    obj: Any, where: str, allow_pickle: bool, memo: Optional[Dict[int, Any]] = None, embed: bool = False
 ) -> Tuple[str, str, Optional[str], List[Tuple[str, Any]]]:
     """Describe an object the Rust walker does not know: (kind, type, data JSON, children).
 
@@ -133,8 +133,10 @@ def encode_other(
         hit = memo.get(id(obj))
         if hit is not None and hit[0] is obj:
             return hit[1]
+    if embed and isinstance(obj, pathlib.Path) and obj.is_file():
+        obj = files.File(obj)
     d = _describe(obj, where, allow_pickle)
-    if memo is not None and (d[1] == "py.image" or not d[1].startswith("py.")) and d[0] == "custom":
+    if memo is not None and (d[1] in ("py.image", "py.file") or not d[1].startswith("py.")) and d[0] == "custom":
         memo[id(obj)] = (obj, d)  # the object is kept alive, so its id is not reused meanwhile
     return d
 
@@ -164,6 +166,12 @@ def _describe(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Optio
     d = everyday.encode(obj, t, where)
     if d is not None:
         return d
+    if t is files.File:
+        try:
+            content = obj.data
+        except OSError as e:
+            raise TypeError(f"cannot save `{where}`: {obj.path} cannot be read ({e})") from None
+        return ("custom", "py.file", json.dumps({"name": obj.name, "path": obj.path}), [("files", {"content": content})])
     if pandas.is_frame(obj):
         try:
             return pandas.encode(obj)
@@ -356,6 +364,13 @@ class Decoder:
                 return pandas.decode(t, kids)
             except LookupError as e:
                 return self._missing(t, None, str(e))
+        if t == "py.file":
+            found = files.files_of(kids)
+            if found is None or "content" not in found or not isinstance(data, dict) or not isinstance(data.get("name"), str):
+                raise ValueError("py.file: the node has no content or name")
+            f = files.File(data=found["content"], name=data["name"])
+            f.path = data.get("path") if isinstance(data.get("path"), str) else None
+            return f
         if t == "py.image":
             found = files.files_of(kids)
             if found is None or "image" not in found or not isinstance(data, dict):

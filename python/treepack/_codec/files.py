@@ -93,3 +93,51 @@ def files_of(kids: Dict[str, Any]) -> Optional[Dict[str, bytes]]:
     if isinstance(f, dict) and all(isinstance(k, str) and isinstance(v, bytes) for k, v in f.items()):
         return f
     return None
+
+
+class File:
+    """A file's bytes carried in a tree (built-in ``py.file`` node): ``File("report.pdf")`` reads
+    the file when the tree is saved; ``File(data=b"...", name="x.bin")`` holds bytes. Saving with
+    ``embed=True`` stores every ``pathlib.Path`` that names a regular file this way, and loads
+    give back ``File`` objects whose ``path`` is the path they came from."""
+
+    __slots__ = ("name", "path", "_data")
+
+    def __init__(self, path: Any = None, *, name: Optional[str] = None, data: Optional[BytesLike] = None) -> None:
+        if (path is None) == (data is None):
+            raise TypeError("File() takes a path, or data= (and a name=)")
+        import os
+
+        self.path = os.fspath(path) if path is not None else None
+        self.name = name if name is not None else (os.path.basename(self.path) if self.path else "")
+        self._data = bytes(data) if data is not None else None
+
+    @property
+    def data(self) -> bytes:
+        """The file's bytes (read from ``path`` on first use)."""
+        if self._data is None:
+            with open(self.path, "rb") as f:  # type: ignore[arg-type]
+                self._data = f.read()
+        return self._data
+
+    def open(self) -> io.BytesIO:
+        return io.BytesIO(self.data)
+
+    def save_to(self, where: Any) -> str:
+        """Write the bytes to ``where`` (a file path, or a directory to put ``name`` in)."""
+        import os
+
+        target = os.fspath(where)
+        if os.path.isdir(target):
+            target = os.path.join(target, self.name or "file")
+        with open(target, "wb") as f:
+            f.write(self.data)
+        return target
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, File) and (self.name, self.data) == (other.name, other.data)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"File(name={self.name!r}, path={self.path!r}, {len(self.data)} bytes)"

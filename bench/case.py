@@ -10,6 +10,7 @@ happen before the clock starts; only the operation is timed.
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import os
 import pickle
@@ -86,6 +87,22 @@ def w3(scale: float):
     ]
 
 
+def w3i(scale: float):
+    """10k (× scale) records, each holding one Pillow image: 100 distinct 64×64 RGB images
+    (smooth gradients with noise, as photos are), each in 100 rows — a dataset of images as
+    W&B Weave stores one (issue 26). Deterministic."""
+    from PIL import Image
+
+    n = max(1, int(10_000 * scale))
+    rng = np.random.default_rng(3)
+    yy, xx = np.mgrid[0:64, 0:64]
+    images = []
+    for i in range(100):
+        base = np.stack([xx * 4 + i, yy * 4, (xx + yy) * 2 + 3 * i], -1) % 256
+        images.append(Image.fromarray((base + rng.integers(0, 8, (64, 64, 3))).astype(np.uint8), "RGB"))
+    return [{"id": f"row-{i}", "label": i % 10, "image": images[i % 100]} for i in range(n)]
+
+
 def w7(scale: float):
     """~512 MiB (× scale) compressible checkpoint: bfloat16 weights drawn from a normal
     distribution (200 MiB), float32 Adam moments of which 70 % are zero (2 × 96 MiB), int32
@@ -109,7 +126,7 @@ def w7(scale: float):
     return tree
 
 
-WORKLOADS = {"W1": w1, "W1r": w1r, "W2": w2, "W3": w3, "W7": w7}
+WORKLOADS = {"W1": w1, "W1r": w1r, "W2": w2, "W3": w3, "W3i": w3i, "W7": w7}
 ARRAY_WORKLOADS = ("W1", "W1r", "W7")
 
 
@@ -133,6 +150,8 @@ def as_numpy_plain(a):
 def nbytes(tree) -> int:
     if isinstance(tree, np.ndarray):
         return tree.nbytes
+    if hasattr(tree, "getbands") and hasattr(tree, "size"):  # a Pillow image: its pixels
+        return tree.size[0] * tree.size[1] * len(tree.getbands())
     if isinstance(tree, dict):
         return sum(nbytes(v) for v in tree.values())
     if isinstance(tree, (list, tuple)):
@@ -173,6 +192,48 @@ def adapt_records(records, bytes_as_array):
 
 class NA(Exception):
     """This peer does not apply to this workload/operation."""
+
+
+def s3_options():
+    """The local moto server bench/run.py started for the `-s3` peers."""
+    endpoint = os.environ.get("TREEPACK_BENCH_S3")
+    if not endpoint:
+        raise NA("no S3 server (bench/run.py starts moto for the W3i suite)")
+    return {"endpoint": endpoint, "region": "us-east-1", "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+
+
+def s3_url(path):
+    return "s3://bench/" + os.path.basename(path)
+
+
+def _boto():
+    import boto3
+
+    o = s3_options()
+    return boto3.client("s3", endpoint_url=o["endpoint"], region_name=o["region"],
+                        aws_access_key_id=o["aws_access_key_id"], aws_secret_access_key=o["aws_secret_access_key"])
+
+
+def _png_put(peer, path):
+    if peer == "png-files":
+        os.makedirs(os.path.join(path, "img"), exist_ok=True)
+
+        def put(name, data):
+            with open(os.path.join(path, name), "wb") as f:
+                f.write(data)
+        return put
+    client, prefix = _boto(), os.path.basename(path)
+    return lambda name, data: client.put_object(Bucket="bench", Key=f"{prefix}/{name}", Body=data)
+
+
+def _png_get(peer, path):
+    if peer == "png-files":
+        def get(name):
+            with open(os.path.join(path, name), "rb") as f:
+                return f.read()
+        return get
+    client, prefix = _boto(), os.path.basename(path)
+    return lambda name: client.get_object(Bucket="bench", Key=f"{prefix}/{name}")["Body"].read()
 
 
 def peer_save(peer, tree, path, wl):
@@ -228,6 +289,23 @@ def peer_save(peer, tree, path, wl):
     elif peer == "pickle":
         with open(path, "wb") as f:
             pickle.dump(tree, f, protocol=5)
+    elif peer == "treepack-s3":
+        import treepack
+
+        treepack.save(tree, s3_url(path), storage_options=s3_options(), overwrite=True)
+    elif peer in ("png-files", "png-files-s3"):
+        # One PNG file per row and a JSON list of the rows (the pattern of a tracer that stores
+        # each custom object as a file of its own).
+        if wl != "W3i":
+            raise NA("image datasets only")
+        put = _png_put(peer, path)
+        rows = []
+        for i, r in enumerate(tree):
+            buf = io.BytesIO()
+            r["image"].save(buf, format="PNG")
+            put(f"img/{i}.png", buf.getvalue())
+            rows.append({"id": r["id"], "label": r["label"], "image": f"img/{i}.png"})
+        put("rows.json", json.dumps(rows).encode())
     elif peer == "npz":
         if wl not in ARRAY_WORKLOADS:
             raise NA("arrays only")
@@ -326,6 +404,17 @@ def peer_load(peer, path, wl):
     if peer == "pickle":
         with open(path, "rb") as f:
             return pickle.load(f)
+    if peer == "treepack-s3":
+        import treepack
+
+        return treepack.load(s3_url(path), storage_options=s3_options())
+    if peer in ("png-files", "png-files-s3"):
+        from PIL import Image
+
+        get = _png_get(peer, path)
+        rows = json.loads(get("rows.json"))
+        # Opened lazily from bytes in memory, as treepack's loads open images.
+        return [{"id": r["id"], "label": r["label"], "image": Image.open(io.BytesIO(get(r["image"])))} for r in rows]
     if peer == "npz":
         with np.load(path + ".npz") as z:
             return {k: z[k] for k in z.files}
@@ -534,7 +623,8 @@ def preimport(peer):
 
     mods = {
         "treepack": ["treepack"], "treepack-tpk": ["treepack"], "treepack-lz4": ["treepack"],
-        "treepack-auto": ["treepack"], "safetensors": ["safetensors.numpy"],
+        "treepack-auto": ["treepack"], "treepack-s3": ["treepack"], "png-files": ["PIL.Image"],
+        "png-files-s3": ["PIL.Image", "boto3"], "safetensors": ["safetensors.numpy"],
         "h5py": ["h5py"], "flax-msgpack": ["jax", "flax.serialization"],
         "orbax": ["jax", "orbax.checkpoint"], "jax-ts": ["jax", "jax.experimental.array_serialization.serialization"],
     }
@@ -611,8 +701,13 @@ def main():
             t = time.perf_counter()
             inner = peer_save(peer, tree, path, wl)
             result["wall"] = inner if inner is not None else time.perf_counter() - t
+            if peer == "png-files" and wl == "W3i":
+                # The distinct images' PNG bytes (rows i and i + 100 hold the same image).
+                result["distinct_bytes"] = sum(os.path.getsize(os.path.join(path, "img", f"{i}.png")) for i in range(min(100, len(tree))))
         else:
             info = json.load(open(info_path)) if os.path.exists(info_path) else {}
+            if wl == "W3i":
+                import PIL.Image  # noqa: F401 - every peer's rows hold images: not timed for any
             if wl in ("W1", "W1r"):
                 # bfloat16 arrays need ml_dtypes whoever reads them: import it before timing,
                 # like every peer's own modules (it alone takes 10-30 ms to import here).

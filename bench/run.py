@@ -47,6 +47,11 @@ PLAN_W7 = [
     ("W1r", "save", ["treepack", "treepack-auto"]), ("W1r", "load", ["treepack", "treepack-auto"]),
     ("W2", "save", ["treepack", "treepack-auto", "pickle"]), ("W2", "load", ["treepack", "treepack-auto", "pickle"]),
 ]
+# W3i, a dataset of images (issue 26), is its own suite too: `--workloads W3i`. Its `-s3` peers
+# store to a moto server this script starts on 127.0.0.1 (one PNG object per row, the pattern of
+# a tracer that stores each custom object as a file, against one treepack tree).
+PEERS_W3I = ["treepack", "pickle", "png-files", "treepack-s3", "png-files-s3"]
+PLAN_W3I = [("W3i", "save", PEERS_W3I), ("W3i", "load", PEERS_W3I)]
 # Baselines that need no save of their own: raw's W5 builds the W2 tree's bare skeleton.
 NO_SAVE_NEEDED = {("W5", "raw")}
 CASE_TIMEOUT = 300
@@ -136,14 +141,17 @@ def main():
     args = ap.parse_args()
     if args.stop_after:
         STOP_AFTER_S = args.stop_after
-    scale = ({"W1": 1 / 16, "W1r": 1 / 16, "W2": 0.1, "W3": 0.1, "W7": 1 / 16} if args.quick
-             else {"W1": 1.0, "W1r": 1.0, "W2": 1.0, "W3": 1.0, "W7": 1.0})
+    scale = ({"W1": 1 / 16, "W1r": 1 / 16, "W2": 0.1, "W3": 0.1, "W3i": 0.1, "W7": 1 / 16} if args.quick
+             else {"W1": 1.0, "W1r": 1.0, "W2": 1.0, "W3": 1.0, "W3i": 1.0, "W7": 1.0})
     runs = args.runs or (2 if args.quick else 5)
     peers = args.peers.split(",")
     wanted = set(args.workloads.split(",")) if args.workloads else None
     plan = [(wl, op, peers) for wl, op in PLAN if wanted is None or wl in wanted]
     if wanted == {"W7"}:
         plan = [(wl, op, p if args.peers == ",".join(PEERS) else peers) for wl, op, p in PLAN_W7]
+    if wanted == {"W3i"}:
+        plan = [(wl, op, p if args.peers == ",".join(PEERS) else peers) for wl, op, p in PLAN_W3I]
+    moto = start_moto() if any(p.endswith("-s3") for _, _, ps in plan for p in ps) else None
     full = wanted is None and peers == PEERS and not args.quick
     d = args.dir or tempfile.mkdtemp(prefix="treepack-bench-")
     os.makedirs(d, exist_ok=True)
@@ -219,8 +227,9 @@ def main():
                     row["throughput"] = row["bytes"] / row["wall_median"]
                 if op == "save":
                     row["disk_bytes"] = disk_usage(d, data_wl, peer)
-                if samples[0].get("needed_bytes") is not None:
-                    row["needed_bytes"] = samples[0]["needed_bytes"]
+                for extra in ("needed_bytes", "distinct_bytes"):
+                    if samples[0].get(extra) is not None:
+                        row[extra] = samples[0][extra]
                 reads = [s["read_bytes"] for s in samples if s.get("read_bytes") is not None]
                 if reads and dropped:
                     row["read_bytes"] = int(statistics.median(reads))  # from storage, cold cache
@@ -263,6 +272,34 @@ def main():
             f.write(table)
     if not args.dir:
         shutil.rmtree(d, ignore_errors=True)
+    if moto is not None:
+        moto.kill()
+        moto.wait()
+
+
+def start_moto():
+    """A moto S3 server on 127.0.0.1 with bucket `bench`, for the `-s3` peers (their cases find it
+    through TREEPACK_BENCH_S3)."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("moto_server did not start (bash scripts/servers.sh installs it)")
+            time.sleep(0.1)
+    urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/bench", method="PUT"), timeout=10).read()
+    os.environ["TREEPACK_BENCH_S3"] = f"http://127.0.0.1:{port}"
+    return proc
 
 
 def fmt_bytes(n):
@@ -358,6 +395,20 @@ def targets(meta, by):
 
     def row(name, value, ok):
         out.append(f"| {name} | {value} | {'yes' if ok else ('no' if ok is not None else 'n/a')} |")
+
+    if t("W3i", "load", "treepack"):
+        # The W3i suite (objects, issue 26): a dataset of 10k rows holding 100 distinct images.
+        for o in ("save", "load"):
+            row(f"W3i {o} ≥ 2× pickle", *versus("W3i", o, "pickle", 2.0))
+            mine, theirs = t("W3i", o, "treepack-s3"), t("W3i", o, "png-files-s3")
+            row(f"W3i {o} on S3 (moto) ≥ 10× one PNG object per row",
+                f"{theirs / mine:.1f}×" if mine and theirs else "n/a", (theirs / mine >= 10) if mine and theirs else None)
+        stored = by.get(("W3i", "save", "treepack"), {}).get("disk_bytes")
+        distinct = by.get(("W3i", "save", "png-files"), {}).get("distinct_bytes")
+        row("W3i stored bytes ≤ 1.1 × the distinct images (as PNG)",
+            f"{fmt_bytes(stored)} vs {fmt_bytes(distinct)}" if stored and distinct else "n/a",
+            (stored <= 1.1 * distinct) if stored and distinct else None)
+        return out
 
     if t("W7", "load", "treepack"):
         # The W7 suite (compression, issue 25): treepack's `auto` policy against compressing

@@ -24,45 +24,46 @@ import numpy as np
 # ------------------------------------------------------------------ workloads (deterministic)
 
 
-def w1(scale: float):
-    """~1 GiB (× scale) in 200 float32 / bfloat16 arrays in nested dicts: a model checkpoint."""
-    import ml_dtypes
-
+def _w1_layout(scale: float, seed: int, make):
+    """W1's layout: ~1 GiB (× scale) in 200 arrays of 1024 columns in nested dicts, array `i`
+    (of `rows` rows) made by `make(i, rows, rng)`."""
     total = int((1 << 30) * scale)
     n = 200
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     weights = rng.uniform(0.2, 1.8, n)
     sizes = (weights / weights.sum() * total).astype(np.int64)
     tree: dict = {"layers": {}}
     for i in range(n):
-        cols = 1024
-        rows = max(1, int(sizes[i]) // (4 * cols))
-        base = np.arange(rows * cols, dtype=np.float32)
-        base *= np.float32(1e-3)
-        base += np.float32(i)
-        a = base.reshape(rows, cols)
-        if i % 2:
-            a = a.astype(ml_dtypes.bfloat16)
+        a = make(i, max(1, int(sizes[i]) // (4 * 1024)), rng)
         tree["layers"].setdefault(f"{i // 4:03d}", {})[["attn_q", "attn_o", "mlp_in", "mlp_out"][i % 4]] = a
     return tree
+
+
+def w1(scale: float):
+    """~1 GiB (× scale) in 200 float32 / bfloat16 arrays in nested dicts: a model checkpoint."""
+    import ml_dtypes
+
+    def make(i, rows, rng):
+        base = np.arange(rows * 1024, dtype=np.float32)
+        base *= np.float32(1e-3)
+        base += np.float32(i)
+        a = base.reshape(rows, 1024)
+        return a.astype(ml_dtypes.bfloat16) if i % 2 else a
+
+    return _w1_layout(scale, 1, make)
 
 
 def w1r(scale: float):
     """W1's layout (~1 GiB × scale, 200 arrays) holding float32 weights drawn from a normal
     distribution: incompressible (zstd saves ~4 %), what `compression="auto"` must detect
     cheaply. W1 itself (arange-based values) compresses very well."""
-    total = int((1 << 30) * scale)
-    n = 200
-    rng = np.random.default_rng(11)
-    weights = rng.uniform(0.2, 1.8, n)
-    sizes = (weights / weights.sum() * total).astype(np.int64)
-    tree: dict = {"layers": {}}
-    for i in range(n):
-        rows = max(1, int(sizes[i]) // (4 * 1024))
+
+    def make(i, rows, rng):
         a = rng.standard_normal((rows, 1024), dtype=np.float32)
         a *= np.float32(0.02)
-        tree["layers"].setdefault(f"{i // 4:03d}", {})[["attn_q", "attn_o", "mlp_in", "mlp_out"][i % 4]] = a
-    return tree
+        return a
+
+    return _w1_layout(scale, 11, make)
 
 
 def w2(scale: float):

@@ -98,3 +98,20 @@ def s3_counted(s3):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def rewrite_manifest():
+    """`rewrite(tree_dir, old, new)`: replace bytes in a saved tree's manifest and reseal its
+    hash, to craft a hostile file that passes the checksum (what the reader must still refuse)."""
+    import blake3
+
+    def rewrite(tree_dir, old: bytes, new: bytes) -> None:
+        path = Path(tree_dir) / "treepack.json"
+        text = path.read_bytes()
+        assert old in text, f"{old!r} is not in the manifest"
+        edited = text.replace(old, new)
+        body = edited[: edited.rindex(b',\n"manifest_hash"')]
+        path.write_bytes(body + b',\n"manifest_hash":"' + blake3.blake3(body).hexdigest().encode() + b'"}\n')
+
+    return rewrite

@@ -110,7 +110,10 @@ pub fn load(location: impl IntoLocation, opts: &LoadOptions) -> Result<Node> {
     if read::one_pass::one_pass_applies(opts) {
         let b = read::one_pass::NodeBuild { file: &file };
         if let Some(node) = read::one_pass::load_one_pass(&loc, &bytes, &file, &b, opts.verify) {
-            return Ok(node);
+            // Shared ids are checked on the whole tree (the reader's parse reports the place).
+            if format::manifest::check_refs(&node).is_ok() {
+                return Ok(node);
+            }
         }
     }
     let r = Reader::from_bytes(loc, &bytes, file)?;

@@ -537,6 +537,11 @@ impl<'de> de::Deserializer<'de> for TreeDeserializer<'_> {
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
         match self.0 {
+            Tree::Shared { node, .. } => TreeDeserializer(node).deserialize_any(visitor),
+            Tree::Ref(id) => Err(Error::Serde(format!(
+                "a ref to shared object {id}: a tree with shared references (format 1.2) has no plain \
+                 Rust value; load it as a `Node`"
+            ))),
             Tree::Leaf(Leaf::None) => visitor.visit_unit(),
             Tree::Leaf(Leaf::Bool(b)) => visitor.visit_bool(*b),
             Tree::Leaf(Leaf::Int(Int::Small(i))) => visitor.visit_i64(*i),

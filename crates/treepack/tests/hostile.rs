@@ -191,6 +191,25 @@ fn cases() -> Vec<Case> {
             let packs = format!("[{{\"path\":\"packs/p.tpp\",\"size\":{}}}]", f.len());
             sealed(&packs, format!("{{\"t\":\"bytes\",\"size\":16,\"blob\":{}}}", coded("shuffle+zstd", &f, &DATA)), Some(&f))
         }),
+        // --- shared nodes and refs (format 1.2)
+        case("ref-unknown", "invalid_manifest", "a ref to an id no shared node has", sealed("[]", "[1,{\"t\":\"ref\",\"id\":7}]".into(), None)),
+        case("ref-forward", "invalid_manifest", "a ref before the shared node it names", sealed("[]", "[{\"t\":\"ref\",\"id\":0},{\"t\":\"shared\",\"id\":0,\"v\":[1]}]".into(), None)),
+        case("shared-out-of-order", "invalid_manifest", "shared ids 1 then 0", sealed("[]", "[{\"t\":\"shared\",\"id\":1,\"v\":[1]},{\"t\":\"shared\",\"id\":0,\"v\":[2]}]".into(), None)),
+        case("shared-twice", "invalid_manifest", "two shared nodes with id 0", sealed("[]", "[{\"t\":\"shared\",\"id\":0,\"v\":[1]},{\"t\":\"shared\",\"id\":0,\"v\":[2]}]".into(), None)),
+        case("shared-self", "invalid_manifest", "a shared node whose value is a ref to itself (never reaches a value)", sealed("[]", "{\"t\":\"shared\",\"id\":0,\"v\":{\"t\":\"ref\",\"id\":0}}".into(), None)),
+        case("shared-nested", "invalid_manifest", "a shared node whose value is a shared node", sealed("[]", "{\"t\":\"shared\",\"id\":0,\"v\":{\"t\":\"shared\",\"id\":1,\"v\":[]}}".into(), None)),
+        case("shared-v-first", "invalid_manifest", "`v` before `id`", sealed("[]", "{\"t\":\"shared\",\"v\":[1],\"id\":0}".into(), None)),
+        case("shared-no-v", "invalid_manifest", "a shared node without `v`", sealed("[]", "{\"t\":\"shared\",\"id\":0}".into(), None)),
+        case("ref-no-id", "invalid_manifest", "a ref without `id`", sealed("[]", "[{\"t\":\"ref\"}]".into(), None)),
+        case("ref-id-negative", "invalid_manifest", "a ref with id -1", sealed("[]", "{\"t\":\"shared\",\"id\":0,\"v\":[{\"t\":\"ref\",\"id\":-1}]}".into(), None)),
+        case("ref-chain-deep", "invalid_manifest", "shared nodes nested 5000 deep through lists", sealed("[]", {
+            let mut s = String::new();
+            for i in 0..5000 {
+                s.push_str(&format!("{{\"t\":\"shared\",\"id\":{i},\"v\":["));
+            }
+            s.push_str(&"]}".repeat(5000));
+            s
+        }, None)),
         // --- pack paths and links
         case("pack-path-parent", "invalid_manifest", "pack path `../outside.tpp`", sealed("[{\"path\":\"../outside.tpp\",\"size\":16}]", good_root(), None)),
         case("pack-path-absolute", "invalid_manifest", "pack path `/etc/passwd`", sealed("[{\"path\":\"/etc/passwd\",\"size\":16}]", good_root(), None)),

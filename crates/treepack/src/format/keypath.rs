@@ -320,7 +320,8 @@ pub fn unescape(seg: &str) -> String {
 /// Find the child of `tree` named by one segment text.
 pub fn child<'t, L>(tree: &'t Tree<L>, seg: &str) -> Option<&'t Tree<L>> {
     match tree {
-        Tree::Leaf(_) => None,
+        Tree::Leaf(_) | Tree::Ref(_) => None,
+        Tree::Shared { node, .. } => child(node, seg),
         Tree::List(v) | Tree::Tuple(v) => list_index(seg, v.len()).and_then(|i| v.get(i)),
         Tree::Dict(items) => items.iter().find(|(k, _)| key_text(k, false) == seg).map(|(_, c)| c),
         Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => {
@@ -345,6 +346,24 @@ fn list_index(seg: &str, len: usize) -> Option<usize> {
     (i < len).then_some(i)
 }
 
+/// The object at `node`: the target of a [`Tree::Ref`] (found in `root`), the inside of a
+/// [`Tree::Shared`], or `node` itself.
+pub fn follow<'t, L>(root: &'t Tree<L>, node: &'t Tree<L>) -> &'t Tree<L> {
+    match node {
+        Tree::Ref(id) => find_shared(root, *id).map(Tree::unshared).unwrap_or(node),
+        n => n.unshared(),
+    }
+}
+
+/// The shared node `id` of `root` (a walk: refs are rare, and readers validated the ids).
+pub fn find_shared<L>(root: &Tree<L>, id: u64) -> Option<&Tree<L>> {
+    match root {
+        Tree::Shared { id: i, .. } if *i == id => Some(root),
+        Tree::Shared { node, .. } => crate::format::model::grow(|| find_shared(node, id)),
+        t => crate::format::model::grow(|| t.children().into_iter().find_map(|(_, c)| find_shared(c, id))),
+    }
+}
+
 /// Resolve a key path in a tree.
 ///
 /// # Errors
@@ -353,6 +372,8 @@ pub fn resolve<'t, L>(tree: &'t Tree<L>, path: &str) -> Result<&'t Tree<L>> {
     let mut node = tree;
     let mut walked: Vec<String> = vec![];
     for seg in split(path)? {
+        // A path below a ref continues in the object it refers to.
+        node = follow(tree, node);
         node = match child(node, &seg) {
             Some(c) => c,
             None => {

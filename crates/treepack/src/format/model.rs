@@ -267,6 +267,50 @@ pub enum Tree<L> {
         /// Named child subtrees, in order.
         children: Vec<(String, Tree<L>)>,
     },
+    /// The first place of an object met at several places of the tree (or inside itself: a
+    /// cycle): the others are [`Tree::Ref`]s to its `id`. Not a key-path step: the node's path
+    /// is the path of its place (format 1.2, docs/format.md section 4).
+    Shared {
+        /// The object's id: shared nodes are numbered 0, 1, 2, ... in document order.
+        id: u64,
+        /// The object.
+        node: Box<Tree<L>>,
+    },
+    /// Another place of the object of shared node `id` (which starts earlier in the tree).
+    Ref(u64),
+}
+
+/// The rule for shared ids (format 1.2), applied as nodes are met in document order: shared
+/// nodes are numbered 0, 1, 2, ..., and a ref names a shared node begun before it (an
+/// ancestor, for a cycle, or an earlier subtree). Every reader and writer checks it with this.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RefCheck {
+    next: u64,
+}
+
+impl RefCheck {
+    /// A shared node `id` begins.
+    ///
+    /// # Errors
+    /// The reason, when `id` is not the next id.
+    pub fn begin(&mut self, id: u64) -> Result<(), String> {
+        if id != self.next {
+            return Err(format!("shared node id {id} out of order (shared nodes are numbered 0, 1, 2, ... in order; expected {})", self.next));
+        }
+        self.next += 1;
+        Ok(())
+    }
+
+    /// A ref to `id`.
+    ///
+    /// # Errors
+    /// The reason, when no shared node `id` begins before the ref.
+    pub fn reference(&self, id: u64) -> Result<(), String> {
+        if id >= self.next {
+            return Err(format!("ref to id {id}, which no shared node before it has"));
+        }
+        Ok(())
+    }
 }
 
 /// Run `f` with at least 128 KiB of stack left, switching to a fresh 4 MiB segment when needed:
@@ -329,7 +373,8 @@ impl<L> Tree<L> {
     /// Children with the step that reaches each, in order (empty for leaves).
     pub fn children(&self) -> Vec<(Step<'_>, &Tree<L>)> {
         match self {
-            Tree::Leaf(_) => vec![],
+            Tree::Leaf(_) | Tree::Ref(_) => vec![],
+            Tree::Shared { node, .. } => node.children(),
             Tree::List(v) | Tree::Tuple(v) => v.iter().enumerate().map(|(i, c)| (Step::Index(i), c)).collect(),
             Tree::Dict(v) => v.iter().map(|(k, c)| (Step::Key(k), c)).collect(),
             Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => {
@@ -385,6 +430,8 @@ impl<L> Tree<L> {
             Tree::Custom { type_name, data, children } => {
                 Tree::Custom { type_name, data, children: map_named(children, path, f)? }
             }
+            Tree::Shared { id, node } => Tree::Shared { id, node: Box::new(node.try_map_at(path, f)?) },
+            Tree::Ref(id) => Tree::Ref(id),
         })
     }
 
@@ -424,6 +471,8 @@ impl<L> Tree<L> {
             Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => {
                 grow(|| v.iter().for_each(|(k, c)| go(Step::Name(k), c, path)))
             }
+            Tree::Shared { node, .. } => grow(|| node.visit_steps(path, f)),
+            Tree::Ref(_) => {}
         }
     }
 
@@ -492,6 +541,8 @@ impl<L> Tree<L> {
                     data: data.clone(),
                     children: named(children, path, f)?,
                 },
+                Tree::Shared { id, node } => Tree::Shared { id: *id, node: Box::new(node.map_steps_at(path, f)?) },
+                Tree::Ref(id) => Tree::Ref(*id),
             })
         })
     }
@@ -507,9 +558,10 @@ impl<L> Tree<L> {
         path: &mut crate::format::keypath::KeyPath,
         f: &mut impl FnMut(&crate::format::keypath::KeyPath, &'a L),
     ) {
-        if let Tree::Leaf(l) = self {
-            f(path, l);
-            return;
+        match self {
+            Tree::Leaf(l) => return f(path, l),
+            Tree::Shared { node, .. } => return grow(|| node.visit(path, f)),
+            _ => {}
         }
         grow(|| {
             for (step, child) in self.children() {
@@ -529,6 +581,8 @@ impl<L> Tree<L> {
             Tree::Dict(v) => grow(|| v.iter().for_each(|(_, c)| c.for_each_leaf_unpathed(f))),
             Tree::Record { fields, .. } => grow(|| fields.iter().for_each(|(_, c)| c.for_each_leaf_unpathed(f))),
             Tree::Custom { children, .. } => grow(|| children.iter().for_each(|(_, c)| c.for_each_leaf_unpathed(f))),
+            Tree::Shared { node, .. } => grow(|| node.for_each_leaf_unpathed(f)),
+            Tree::Ref(_) => {}
         }
     }
 
@@ -540,6 +594,8 @@ impl<L> Tree<L> {
             Tree::Dict(v) => grow(|| v.iter_mut().for_each(|(_, c)| c.for_each_leaf_mut(f))),
             Tree::Record { fields, .. } => grow(|| fields.iter_mut().for_each(|(_, c)| c.for_each_leaf_mut(f))),
             Tree::Custom { children, .. } => grow(|| children.iter_mut().for_each(|(_, c)| c.for_each_leaf_mut(f))),
+            Tree::Shared { node, .. } => grow(|| node.for_each_leaf_mut(f)),
+            Tree::Ref(_) => {}
         }
     }
 
@@ -556,7 +612,8 @@ impl<L> Tree<L> {
             grow(|| kids.map(Tree::depth).max().unwrap_or(0))
         }
         match self {
-            Tree::Leaf(_) => 0,
+            Tree::Leaf(_) | Tree::Ref(_) => 0,
+            Tree::Shared { node, .. } => grow(|| node.depth()),
             Tree::List(v) | Tree::Tuple(v) => 1 + deepest(v.iter()),
             Tree::Dict(v) => 1 + deepest(v.iter().map(|(_, c)| c)),
             Tree::Record { fields, .. } => 1 + deepest(fields.iter().map(|(_, c)| c)),
@@ -573,6 +630,26 @@ impl<L> Tree<L> {
             Tree::Dict(_) => "dict",
             Tree::Record { .. } => "record",
             Tree::Custom { .. } => "custom",
+            Tree::Shared { node, .. } => node.container_kind(),
+            Tree::Ref(_) => "ref",
+        }
+    }
+
+    /// The node itself, or the object a [`Tree::Shared`] wraps (the shared wrapper is no place
+    /// of its own).
+    pub fn unshared(&self) -> &Tree<L> {
+        match self {
+            Tree::Shared { node, .. } => node.unshared(),
+            t => t,
+        }
+    }
+
+    /// Whether the tree holds shared nodes or refs (written as format 1.2).
+    pub fn has_refs(&self) -> bool {
+        match self {
+            Tree::Shared { .. } | Tree::Ref(_) => true,
+            Tree::Leaf(_) => false,
+            t => grow(|| t.children().iter().any(|(_, c)| c.has_refs())),
         }
     }
 }
@@ -655,6 +732,8 @@ impl Node {
                     && a.len() == b.len()
                     && a.iter().zip(b).all(|((k1, x), (k2, y))| k1 == k2 && x.exact_eq(y))
             }
+            (Tree::Shared { id: i, node: a }, Tree::Shared { id: j, node: b }) => i == j && a.exact_eq(b),
+            (Tree::Ref(i), Tree::Ref(j)) => i == j,
             _ => false,
         }
     }

@@ -233,6 +233,8 @@ impl Reader {
     }
 
     async fn materialize(&self, subtree: &Tree<Entry>, prefix: String, opts: &LoadOptions) -> Result<Node> {
+        let closed = close_under_refs(subtree, &prefix, opts)?;
+        let opts = closed.as_ref().unwrap_or(opts);
         let sel = Selection::new(&opts.select)?;
         let everything = sel.is_all() && opts.keep.is_none();
         let mut stored = self.fetch_stored(subtree, &prefix, &sel, opts).await?.into_iter().peekable();

@@ -173,6 +173,12 @@ impl Build for NodeBuild<'_> {
     ) -> std::result::Result<Node, String> {
         Ok(Tree::Custom { type_name, data, children })
     }
+    fn shared(&self, id: u64, node: Node) -> std::result::Result<Node, String> {
+        Ok(Tree::Shared { id, node: Box::new(node) })
+    }
+    fn reference(&self, id: u64) -> std::result::Result<Node, String> {
+        Ok(Tree::Ref(id))
+    }
 }
 
 impl Reader {

@@ -36,8 +36,9 @@ pub(super) fn mark_unbuilt<L>(
     opts: &LoadOptions,
     out: &mut HashSet<String>,
 ) -> bool {
+    let t = t.unshared();
     let object = matches!(t, Tree::Record { .. } | Tree::Custom { .. });
-    if matches!(t, Tree::Leaf(_)) || (object && t.children().is_empty()) {
+    if matches!(t, Tree::Leaf(_) | Tree::Ref(_)) || (object && t.children().is_empty()) {
         let taken = is_selected(sel, opts, path);
         if object && !taken {
             out.insert(path.clone());
@@ -99,6 +100,12 @@ pub(super) fn prune(n: Node, path: &mut String, unbuilt: &HashSet<String>) -> No
         ),
         Tree::Record { type_name, fields } => Tree::Record { type_name, fields: named(fields, path) },
         Tree::Custom { type_name, data, children } => Tree::Custom { type_name, data, children: named(children, path) },
+        Tree::Shared { id, node } => match prune(*node, path, unbuilt) {
+            // An object not built is no object: nothing to share.
+            Tree::Leaf(Leaf::None) => Tree::Leaf(Leaf::None),
+            node => Tree::Shared { id, node: Box::new(node) },
+        },
+        Tree::Ref(id) => Tree::Ref(id),
     }
 }
 
@@ -109,4 +116,67 @@ pub(super) fn is_selected(sel: &Selection, opts: &LoadOptions, path: &str) -> bo
         }
     }
     sel.is_all() || sel.selects_texts(&keypath::split(path).unwrap_or_default())
+}
+
+/// A partial load of a tree with shared nodes, closed under refs: `opts` with the selection
+/// replaced by the exact leaves to read (`keep`), where a selected ref place (or a selected
+/// place below one) also selects the whole object it refers to, wherever that object sits. So
+/// a selection that picks only a ref still loads the object, which then comes back at its own
+/// place too (the one place a shared object is stored). `None` when nothing changes (a whole
+/// load, or no refs).
+///
+/// # Errors
+/// [`Error::BadKeyPath`] for a malformed selection glob.
+pub fn close_under_refs<L>(subtree: &Tree<L>, prefix: &str, opts: &LoadOptions) -> Result<Option<LoadOptions>> {
+    let sel = Selection::new(&opts.select)?;
+    if (sel.is_all() && opts.keep.is_none()) || !subtree.has_refs() {
+        return Ok(None);
+    }
+    // Every leaf and ref place with its path; the shared nodes' paths by id.
+    let mut places: Vec<(String, Option<u64>)> = Vec::new();
+    let mut shared: HashMap<u64, String> = HashMap::new();
+    fn walk<L>(t: &Tree<L>, path: &mut String, places: &mut Vec<(String, Option<u64>)>, shared: &mut HashMap<u64, String>) {
+        match t {
+            Tree::Leaf(_) => places.push((path.clone(), None)),
+            Tree::Ref(id) => places.push((path.clone(), Some(*id))),
+            Tree::Shared { id, node } => {
+                shared.insert(*id, path.clone());
+                crate::format::model::grow(|| walk(node, path, places, shared));
+            }
+            t => {
+                for (step, c) in t.children() {
+                    let len = path.len();
+                    if len > 0 {
+                        path.push('/');
+                    }
+                    keypath::push_step_text(path, &step);
+                    crate::format::model::grow(|| walk(c, path, places, shared));
+                    path.truncate(len);
+                }
+            }
+        }
+    }
+    walk(subtree, &mut prefix.to_string(), &mut places, &mut shared);
+    let mut keep: HashSet<String> = HashSet::new();
+    let mut objects: Vec<u64> = Vec::new();
+    for (p, r) in &places {
+        if is_selected(&sel, opts, p) {
+            keep.insert(p.clone());
+            objects.extend(*r);
+        }
+    }
+    // Whole objects of selected refs, and of refs inside those objects, to a fixpoint.
+    let mut done: HashSet<u64> = HashSet::new();
+    while let Some(id) = objects.pop() {
+        if !done.insert(id) {
+            continue;
+        }
+        let Some(root) = shared.get(&id) else { continue };
+        let inside = |p: &str| root.is_empty() || p == root || p.starts_with(&format!("{root}/"));
+        for (p, r) in places.iter().filter(|(p, _)| inside(p)) {
+            keep.insert(p.clone());
+            objects.extend(*r);
+        }
+    }
+    Ok(Some(LoadOptions { select: vec![], keep: Some(keep), ..opts.clone() }))
 }

@@ -21,7 +21,7 @@ use crate::format::keypath::{self, Glob};
 use crate::format::manifest::{
     self, ArrayEntry, ArrayStorage, ChunkRef, Entry, Manifest, PackInfo, Stored, MAX_DEPTH, MAX_NDIM,
 };
-use crate::format::model::{ArrayData, Leaf, Node, Step, Tree};
+use crate::format::model::{ArrayData, Leaf, Node, RefCheck, Step, Tree};
 use crate::format::preview;
 use crate::progress::Tracker;
 use crate::store::{Layout, Location, MANIFEST_NAME, PACKS_DIR};
@@ -118,20 +118,36 @@ struct Pending {
 /// Placeholder marker in `ChunkRef::pack` before layout.
 const UNPLACED: u32 = u32::MAX;
 
-fn check_tree(tree: &Node) -> Result<()> {
+/// Depth, key uniqueness and shared ids; whether the tree holds shared nodes or refs.
+fn check_tree(tree: &Node) -> Result<bool> {
     let mut path = Vec::new();
-    check_node(tree, 0, &mut path)
+    let mut refs = (RefCheck::default(), false);
+    check_node(tree, 0, &mut path, &mut refs)?;
+    Ok(refs.1)
 }
 
 /// Depth and key uniqueness in one walk, with no allocation per node: string keys are compared
 /// as they are (two string keys name the same path exactly when they are equal); the key path is
 /// only formatted for an error.
-fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>) -> Result<()> {
+fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>, refs: &mut (RefCheck, bool)) -> Result<()> {
     if depth > MAX_DEPTH {
         return Err(Error::limit("tree depth", MAX_DEPTH as u64, "nest containers less deeply"));
     }
+    let bad_ref = |path: &Vec<Step<'a>>, r: String| Error::invalid_tree(keypath::steps_text(path), r);
     let dup = match t {
         Tree::Leaf(_) => return Ok(()),
+        Tree::Ref(id) => {
+            refs.1 = true;
+            return refs.0.reference(*id).map_err(|r| bad_ref(path, r));
+        }
+        Tree::Shared { id, node } => {
+            refs.1 = true;
+            refs.0.begin(*id).map_err(|r| bad_ref(path, r))?;
+            if matches!(**node, Tree::Shared { .. } | Tree::Ref(_)) {
+                return Err(bad_ref(path, "a shared node's value must be an object, not a shared node or a ref".into()));
+            }
+            return crate::format::model::grow(|| check_node(node, depth, path, refs));
+        }
         Tree::List(_) | Tree::Tuple(_) => None,
         Tree::Dict(pairs) => {
             manifest::first_duplicate_key(pairs).map(|i| crate::format::keypath::key_segment_text(&pairs[i].0))
@@ -144,14 +160,14 @@ fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>) -> Result
         return Err(Error::invalid_tree(keypath::steps_text(path), format!("duplicate key `{txt}`")));
     }
     crate::format::model::grow(|| {
-        let visit = |step: Step<'a>, c: &'a Node, path: &mut Vec<Step<'a>>| {
+        let mut visit = |step: Step<'a>, c: &'a Node, path: &mut Vec<Step<'a>>| {
             path.push(step);
-            let r = check_node(c, depth + 1, path);
+            let r = check_node(c, depth + 1, path, refs);
             path.pop();
             r
         };
         match t {
-            Tree::Leaf(_) => Ok(()),
+            Tree::Leaf(_) | Tree::Shared { .. } | Tree::Ref(_) => Ok(()),
             Tree::List(v) | Tree::Tuple(v) => {
                 v.iter().enumerate().try_for_each(|(i, c)| visit(Step::Index(i), c, path))
             }
@@ -567,7 +583,7 @@ async fn old_packs(loc: &Location) -> Option<Vec<String>> {
 /// storage errors.
 pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<SaveInfo> {
     loc.refuse_write()?;
-    check_tree(tree)?;
+    let has_refs = check_tree(tree)?;
     let single = loc.layout() == Layout::SingleFile;
     let manifest_rel = if single { "." } else { MANIFEST_NAME };
     let exists = loc.exists(manifest_rel).await?;
@@ -645,8 +661,9 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     let stored: u64 = pack_list.iter().map(|p| p.1).sum();
     // Format 1.0 when every chunk is raw (byte-identical to what earlier writers made, readable
     // by them); 1.1, which adds codecs, otherwise.
+    // 1.2 adds shared nodes and refs: a tree without them is written as before.
     let compressed = hashed.refs.iter().any(|r| !r.codec.is_identity());
-    let minor = if compressed { manifest::VERSION_MINOR } else { 0 };
+    let minor = if has_refs { 2 } else if compressed { 1 } else { 0 };
     let manifest = Manifest {
         version: (manifest::VERSION_MAJOR, minor),
         writer: opts.writer.clone(),
@@ -713,7 +730,7 @@ mod tests {
     #[test]
     fn check_tree_refuses_duplicate_keys_and_deep_trees() {
         let leaf = || Node::Leaf(Leaf::None);
-        let refused = |t: &Node| match check_tree(t) {
+        let refused = |t: &Node| match check_tree(t).map(drop) {
             Err(Error::InvalidTree { key, reason }) => format!("{key}: {reason}"),
             other => panic!("expected InvalidTree, got {other:?}"),
         };

@@ -67,6 +67,19 @@ pub trait Build {
     ) -> std::result::Result<Self::Node, String> {
         self.value(fetch()?)
     }
+    /// A shared node `id` begins: its object follows, and refs to `id` met inside it are
+    /// cycles (builders that make live objects create the object first; see
+    /// [`Build::reference`]).
+    fn shared_begin(&self, _id: u64) {}
+    /// Shared node `id` is complete, its object built as `node`.
+    fn shared(&self, id: u64, node: Self::Node) -> std::result::Result<Self::Node, String> {
+        let _ = node;
+        Err(format!("shared node {id}: this builder does not take shared references"))
+    }
+    /// A ref to shared node `id` (begun earlier, perhaps not complete: a cycle).
+    fn reference(&self, id: u64) -> std::result::Result<Self::Node, String> {
+        Err(format!("ref to {id}: this builder does not take shared references"))
+    }
     /// An owned subtree from the parallel parse (only called when `PARALLEL`).
     fn owned(&self, _t: Tree<Entry>) -> std::result::Result<Self::Node, String> {
         Err("this builder does not take owned trees".into())
@@ -124,6 +137,12 @@ pub fn replay_with<B: Build, T>(
                 _ => b.record(type_name.clone(), named),
             }
         }
+        Tree::Shared { id, node } => {
+            b.shared_begin(*id);
+            let built = replay_with(b, node, leaf)?;
+            b.shared(*id, built)
+        }
+        Tree::Ref(id) => b.reference(*id),
     })
 }
 
@@ -195,4 +214,60 @@ impl Build for OwnedTree {
     fn owned(&self, t: Tree<Entry>) -> std::result::Result<Tree<Entry>, String> {
         Ok(t)
     }
+    // Ids are checked on the whole tree once it is parsed (`check_refs`): parts of a big
+    // manifest are parsed on several threads.
+    fn shared(&self, id: u64, node: Tree<Entry>) -> std::result::Result<Tree<Entry>, String> {
+        Ok(Tree::Shared { id, node: Box::new(node) })
+    }
+    fn reference(&self, id: u64) -> std::result::Result<Tree<Entry>, String> {
+        Ok(Tree::Ref(id))
+    }
+}
+
+/// Check a tree's shared ids against [`RefCheck`]'s rule (and that a shared node's value is an
+/// object), in document order; the error names the place.
+///
+/// # Errors
+/// The key path and the reason.
+pub fn check_refs<L>(root: &Tree<L>) -> std::result::Result<(), (String, String)> {
+    fn walk<'a, L>(t: &'a Tree<L>, path: &mut Vec<Step<'a>>, rc: &mut RefCheck) -> std::result::Result<(), (String, String)> {
+        let here = |path: &Vec<Step<'a>>, r: String| (crate::format::keypath::steps_text(path), r);
+        match t {
+            Tree::Leaf(_) => Ok(()),
+            Tree::Ref(id) => rc.reference(*id).map_err(|r| here(path, r)),
+            Tree::Shared { id, node } => {
+                rc.begin(*id).map_err(|r| here(path, r))?;
+                if matches!(**node, Tree::Shared { .. } | Tree::Ref(_)) {
+                    return Err(here(path, "a shared node's `v` must be an object, not a shared node or a ref".into()));
+                }
+                crate::format::model::grow(|| walk(node, path, rc))
+            }
+            t => crate::format::model::grow(|| {
+                for (step, c) in t.children() {
+                    path.push(step);
+                    walk(c, path, rc)?;
+                    path.pop();
+                }
+                Ok(())
+            }),
+        }
+    }
+    /// The same walk without key paths (no allocation per node): the path is found only for
+    /// an error.
+    fn fast<L>(t: &Tree<L>, rc: &mut RefCheck) -> bool {
+        crate::format::model::grow(|| match t {
+            Tree::Leaf(_) => true,
+            Tree::Ref(id) => rc.reference(*id).is_ok(),
+            Tree::Shared { id, node } => {
+                rc.begin(*id).is_ok() && !matches!(**node, Tree::Shared { .. } | Tree::Ref(_)) && fast(node, rc)
+            }
+            Tree::List(v) | Tree::Tuple(v) => v.iter().all(|c| fast(c, rc)),
+            Tree::Dict(v) => v.iter().all(|(_, c)| fast(c, rc)),
+            Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => v.iter().all(|(_, c)| fast(c, rc)),
+        })
+    }
+    if fast(root, &mut RefCheck::default()) {
+        return Ok(());
+    }
+    walk(root, &mut Vec::new(), &mut RefCheck::default())
 }

@@ -162,6 +162,7 @@ pub(super) enum Member {
     Children,
     Data,
     V,
+    Id,
     Size,
     Blob,
     B64,
@@ -196,6 +197,7 @@ impl<'de> Visitor<'de> for MemberSeed {
             "children" => Member::Children,
             "data" => Member::Data,
             "v" => Member::V,
+            "id" => Member::Id,
             "size" => Member::Size,
             "blob" => Member::Blob,
             "b64" => Member::B64,
@@ -222,6 +224,8 @@ pub(super) enum Tag {
     Str,
     Bytes,
     Array,
+    Shared,
+    Ref,
     Unknown(String),
 }
 
@@ -251,6 +255,8 @@ impl<'de> Visitor<'de> for TagSeed {
             "str" => Tag::Str,
             "bytes" => Tag::Bytes,
             "array" => Tag::Array,
+            "shared" => Tag::Shared,
+            "ref" => Tag::Ref,
             other => Tag::Unknown(other.to_string()),
         })
     }
@@ -529,6 +535,14 @@ pub(super) trait NodeSink<'de> {
     fn named<A: MapAccess<'de>>(&mut self, map: &mut A) -> std::result::Result<(), A::Error>;
     /// The tuple or dict is complete.
     fn end_items<E: de::Error>(&mut self, dict: bool) -> std::result::Result<Self::Out, E>;
+    /// A shared node's `id` was read (before its `v`).
+    fn shared_begin<E: de::Error>(&mut self, id: u64) -> std::result::Result<(), E>;
+    /// A shared node's `v`, the next value of `map`.
+    fn shared_value<A: MapAccess<'de>>(&mut self, map: &mut A, id: u64) -> std::result::Result<(), A::Error>;
+    /// The shared node is complete.
+    fn end_shared<E: de::Error>(&mut self, id: u64) -> std::result::Result<Self::Out, E>;
+    /// A ref node.
+    fn reference<E: de::Error>(&mut self, id: u64) -> std::result::Result<Self::Out, E>;
     /// The record or custom node is complete (`data` is null when absent).
     fn end_named<E: de::Error>(
         &mut self,
@@ -594,6 +608,47 @@ pub(super) fn read_tagged_node<'de, A: MapAccess<'de>, S: NodeSink<'de>>(
             let name = if custom { "custom" } else { "record" };
             let type_name = ty.ok_or_else(|| de::Error::custom(format!("{name} without `type`")))?;
             sink.end_named(custom, type_name, data.unwrap_or(Value::Null))
+        }
+        Tag::Shared => {
+            // `id` first, so a reader knows the object before it reads it (refs inside it are
+            // cycles); then `v`, the object.
+            let (mut id, mut value) = (None::<u64>, false);
+            while let Some(k) = map.next_key_seed(MemberSeed)? {
+                match k {
+                    Member::Id => {
+                        dup(&id, "id")?;
+                        let i = map.next_value::<u64>()?;
+                        sink.shared_begin(i)?;
+                        id = Some(i);
+                    }
+                    Member::V => {
+                        let i = id.ok_or_else(|| de::Error::custom("a shared node's `id` must come before its `v`"))?;
+                        if value {
+                            return Err(de::Error::custom("duplicate member `v`"));
+                        }
+                        value = true;
+                        sink.shared_value(&mut map, i)?;
+                    }
+                    _ => skip(&mut map)?,
+                }
+            }
+            let id = id.ok_or_else(|| de::Error::custom("shared node without `id`"))?;
+            if !value {
+                return Err(de::Error::custom("shared node without `v`"));
+            }
+            sink.end_shared(id)
+        }
+        Tag::Ref => {
+            let mut id = None::<u64>;
+            while let Some(k) = map.next_key_seed(MemberSeed)? {
+                if k == Member::Id {
+                    dup(&id, "id")?;
+                    id = Some(map.next_value::<u64>()?);
+                } else {
+                    skip(&mut map)?;
+                }
+            }
+            sink.reference(id.ok_or_else(|| de::Error::custom("ref without `id`"))?)
         }
         Tag::Unknown(other) => Err(de::Error::custom(format!(
             "unknown node type {other:?} (written by a newer treepack? see docs/format.md)"

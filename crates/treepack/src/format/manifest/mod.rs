@@ -14,7 +14,7 @@ use crate::format::dtype::DType;
 use crate::format::grid::ChunkGrid;
 use crate::format::hash::Hash32;
 use crate::format::keypath::KeyPath;
-use crate::format::model::{shape_len, Int, Key, Step, Tree};
+use crate::format::model::{shape_len, Int, Key, RefCheck, Step, Tree};
 use base64::Engine;
 use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};

@@ -126,7 +126,7 @@ impl<'de, B: Build> Visitor<'de> for NodeSeed<'_, B> {
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<B::Node, A::Error> {
         self.check_depth()?;
-        read_tagged_node(map, &mut StrictNode { node: self, items: None, pairs: None, named: None })
+        read_tagged_node(map, &mut StrictNode { node: self, items: None, pairs: None, named: None, value: None })
     }
 }
 
@@ -137,12 +137,47 @@ struct StrictNode<'a, B: Build> {
     items: Option<Vec<B::Node>>,
     pairs: Option<Vec<(Key, B::Node)>>,
     named: Option<Vec<(String, B::Node)>>,
+    value: Option<B::Node>,
+}
+
+/// A shared node's `v` may not be a shared node or a ref (an object is one node; a ref whose
+/// target is its own value would never reach one).
+pub(super) fn check_shared_value<E: de::Error>(ctx: &Ctx<'_>, depth: usize, tag: &Tag) -> std::result::Result<(), E> {
+    if ctx.shared_value.get() == Some(depth) && matches!(tag, Tag::Shared | Tag::Ref) {
+        return Err(E::custom("a shared node's `v` must be an object, not a shared node or a ref"));
+    }
+    Ok(())
 }
 
 impl<'de, B: Build> NodeSink<'de> for StrictNode<'_, B> {
     type Out = B::Node;
-    fn begin<E: de::Error>(&mut self, _tag: &Tag) -> std::result::Result<(), E> {
+    fn begin<E: de::Error>(&mut self, tag: &Tag) -> std::result::Result<(), E> {
+        check_shared_value(self.node.ctx, self.node.depth, tag)
+    }
+    fn shared_begin<E: de::Error>(&mut self, id: u64) -> std::result::Result<(), E> {
+        if let Some(rc) = self.node.ctx.refs {
+            rc.borrow_mut().begin(id).map_err(E::custom)?;
+        }
+        self.node.b.shared_begin(id);
         Ok(())
+    }
+    fn shared_value<A: MapAccess<'de>>(&mut self, map: &mut A, _id: u64) -> std::result::Result<(), A::Error> {
+        let child = self.node.child();
+        let outer = self.node.ctx.shared_value.replace(Some(child.depth));
+        let v = map.next_value_seed(child);
+        self.node.ctx.shared_value.set(outer);
+        self.value = Some(v?);
+        Ok(())
+    }
+    fn end_shared<E: de::Error>(&mut self, id: u64) -> std::result::Result<B::Node, E> {
+        let v = self.value.take().ok_or_else(|| E::custom("shared node without `v`"))?;
+        self.node.b.shared(id, v).map_err(E::custom)
+    }
+    fn reference<E: de::Error>(&mut self, id: u64) -> std::result::Result<B::Node, E> {
+        if let Some(rc) = self.node.ctx.refs {
+            rc.borrow().reference(id).map_err(E::custom)?;
+        }
+        self.node.b.reference(id).map_err(E::custom)
     }
     fn leaf<A: MapAccess<'de>>(&mut self, tag: Tag, map: &mut A) -> std::result::Result<B::Node, A::Error> {
         let e = tagged_leaf(tag, map)?;

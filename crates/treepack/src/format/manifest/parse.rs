@@ -72,10 +72,15 @@ pub(super) fn parse_generic<B: Build>(
 ) -> Result<Parsed<B::Node>> {
     let path = RefCell::new(Vec::<PathSeg>::new());
     let packs = RefCell::new(None);
-    let ctx = Ctx { path: &path, packs: inline_checks.then_some(&packs), file };
+    let refs = RefCell::new(RefCheck::default());
+    let split = split && (B::PARALLEL || B::HELPER);
+    // Shared ids are checked as they are read, except where parts of the manifest are parsed on
+    // other threads (then `validate`'s `check_refs`, or the builder, checks them in order).
+    let refs = (!split).then_some(&refs);
+    let ctx = Ctx { path: &path, packs: inline_checks.then_some(&packs), file, shared_value: Default::default(), refs };
     let mut de = serde_json::Deserializer::from_slice(bytes);
     de.disable_recursion_limit();
-    let res = TopSeed { ctx: &ctx, split: split && (B::PARALLEL || B::HELPER), b: builder }
+    let res = TopSeed { ctx: &ctx, split, b: builder }
         .deserialize(&mut de)
         .and_then(|m| de.end().map(|_| m));
     res.map_err(|e| {
@@ -91,6 +96,11 @@ pub(super) struct Ctx<'a> {
     /// With inline checks: the packs once read (`None` before `packs`).
     pub(super) packs: Option<&'a RefCell<Option<Vec<PackInfo>>>>,
     pub(super) file: &'a str,
+    /// The depth of the shared node's `v` being read, if one is: that node may not itself be
+    /// a shared node or a ref.
+    pub(super) shared_value: std::cell::Cell<Option<usize>>,
+    /// The shared ids met so far, when this parse checks them (see `parse_generic`).
+    pub(super) refs: Option<&'a RefCell<RefCheck>>,
 }
 
 impl Ctx<'_> {

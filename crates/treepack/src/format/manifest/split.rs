@@ -34,7 +34,7 @@ where
     }
     let one = |i: usize, raw: &serde_json::value::RawValue| -> std::result::Result<T, (usize, Vec<PathSeg>, String)> {
         let path = RefCell::new(Vec::new());
-        let ctx = Ctx { path: &path, packs: None, file };
+        let ctx = Ctx { path: &path, packs: None, file, shared_value: Default::default(), refs: None };
         let mut de = serde_json::Deserializer::from_str(raw.get());
         de.disable_recursion_limit();
         let inner = NodeSeed { depth, ctx: &ctx, split: split && raws.len() < SPLIT_MIN_ITEMS, b: &OwnedTree };
@@ -229,7 +229,7 @@ where
                 let mut block = Vec::with_capacity(raws.len());
                 for (i, raw) in (start..).zip(raws) {
                     let path = RefCell::new(Vec::new());
-                    let ctx = Ctx { path: &path, packs: packs.as_ref(), file };
+                    let ctx = Ctx { path: &path, packs: packs.as_ref(), file, shared_value: Default::default(), refs: None };
                     let mut de = serde_json::Deserializer::from_str(raw.get());
                     de.disable_recursion_limit();
                     let seed = NodeSeed { depth, ctx: &ctx, split: false, b: &OwnedTree };

@@ -6,9 +6,10 @@ use super::*;
 pub const FORMAT_NAME: &str = "treepack";
 /// Major version this build writes and reads.
 pub const VERSION_MAJOR: u16 = 1;
-/// Newest minor version this build writes (1.1 adds chunk codecs; a tree with only raw
-/// chunks is written as 1.0). Readers accept any minor of a known major.
-pub const VERSION_MINOR: u16 = 1;
+/// Newest minor version this build writes (1.1 adds chunk codecs, 1.2 shared nodes and refs;
+/// a writer writes the oldest minor that holds its tree). Readers accept any minor of a known
+/// major.
+pub const VERSION_MINOR: u16 = 2;
 /// Deepest container nesting accepted (Python's default recursion limit is 1000).
 pub const MAX_DEPTH: usize = 1000;
 /// Largest manifest accepted, in bytes.

@@ -169,6 +169,14 @@ pub(super) fn write_node(s: &mut String, t: &Tree<Entry>) {
 pub(super) fn write_node_inner(s: &mut String, t: &Tree<Entry>) {
     match t {
         Tree::Leaf(e) => write_entry(s, e),
+        Tree::Shared { id, node } => {
+            let _ = write!(s, "{{\"t\":\"shared\",\"id\":{id},\"v\":");
+            write_node(s, node);
+            s.push('}');
+        }
+        Tree::Ref(id) => {
+            let _ = write!(s, "{{\"t\":\"ref\",\"id\":{id}}}");
+        }
         Tree::List(v) => {
             s.push('[');
             for (i, c) in v.iter().enumerate() {

@@ -117,8 +117,9 @@ struct Row {
 
 const NO_SHAPE: u8 = u8::MAX;
 
-/// `Entry::kind` names, indexed by `Row::kind`.
-const KINDS: [&str; 8] = ["none", "bool", "int", "float", "complex", "str", "bytes", "array"];
+/// `Entry::kind` names, indexed by `Row::kind`; then `ref`, a place of a shared object (its
+/// row's `nbytes` holds the object's id).
+const KINDS: [&str; 9] = ["none", "bool", "int", "float", "complex", "str", "bytes", "array", "ref"];
 
 const NONE: u8 = 0;
 const BOOL: u8 = 1;
@@ -126,6 +127,7 @@ const INT: u8 = 2;
 const FLOAT: u8 = 3;
 const STR: u8 = 5;
 const ARRAY: u8 = 7;
+const REF: u8 = 8;
 
 /// `Row::kind` of an entry (its index in `KINDS`).
 fn kind_code(e: &Entry) -> u8 {
@@ -220,7 +222,7 @@ pub fn outline_reusing(
         spare,
         stopped: false,
     });
-    let key_ctx = Ctx { path: &key_path, packs: None, file };
+    let key_ctx = Ctx { path: &key_path, packs: None, file, shared_value: Default::default(), refs: None };
     let top = OTop { st: &st, key_ctx: &key_ctx };
     // Text checked as UTF-8 once is read without checking each string again (~7 % of the
     // parse). Bytes that are not UTF-8 are read as bytes: the strict parser skips some
@@ -575,6 +577,7 @@ struct OSink<'a, 's>(ONode<'a, 's>);
 impl<'de> NodeSink<'de> for OSink<'_, '_> {
     type Out = ();
     fn begin<E: de::Error>(&mut self, tag: &Tag) -> std::result::Result<(), E> {
+        crate::format::manifest::nodes::check_shared_value(self.0.key_ctx, self.0.depth, tag)?;
         let mut st = self.0.st.borrow_mut();
         match tag {
             Tag::Tuple => st.event(Event::Tuple),
@@ -586,6 +589,23 @@ impl<'de> NodeSink<'de> for OSink<'_, '_> {
             }
             _ => Ok(()),
         }
+    }
+    fn shared_begin<E: de::Error>(&mut self, _id: u64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn shared_value<A: MapAccess<'de>>(&mut self, map: &mut A, _id: u64) -> std::result::Result<(), A::Error> {
+        // The object, at this place: the shared wrapper is no place of its own.
+        let ctx = self.0.key_ctx;
+        let outer = ctx.shared_value.replace(Some(self.0.depth + 1));
+        let v = map.next_value_seed(self.0.child());
+        ctx.shared_value.set(outer);
+        v
+    }
+    fn end_shared<E: de::Error>(&mut self, _id: u64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn reference<E: de::Error>(&mut self, id: u64) -> std::result::Result<(), E> {
+        self.0.st.borrow_mut().leaf(REF, None, None, id, true)
     }
     fn leaf<A: MapAccess<'de>>(&mut self, tag: Tag, map: &mut A) -> std::result::Result<(), A::Error> {
         if tag == Tag::Array {

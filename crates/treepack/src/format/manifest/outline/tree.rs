@@ -42,6 +42,8 @@ fn walk_tree<E: de::Error>(st: &mut State<'_>, t: &Tree<Entry>) -> std::result::
     crate::format::model::grow(|| {
         match t {
             Tree::Leaf(e) => return st.entry(e),
+            Tree::Shared { node, .. } => return walk_tree(st, node),
+            Tree::Ref(id) => return st.leaf(super::REF, None, None, *id, true),
             Tree::List(items) | Tree::Tuple(items) => {
                 st.event(if matches!(t, Tree::List(_)) { Event::List } else { Event::Tuple })?;
                 for (i, c) in items.iter().enumerate() {

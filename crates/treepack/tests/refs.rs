@@ -1,0 +1,88 @@
+//! Shared references and cycles (format 1.2, issue 26): an object met at several places is
+//! stored once (a `shared` node) and referred to elsewhere (`ref` nodes); cycles round-trip;
+//! key paths and selections go through refs; bad ids are refused when saving and loading.
+
+use treepack::*;
+
+fn arr(v: &[i32]) -> Node {
+    Node::from(ArrayData::new(DType::I32, vec![v.len() as u64], v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()).unwrap())
+}
+
+/// `{"a": <shared 0: {"x": [1,2,3], "y": "why"}>, "b": ref 0, "c": [ref 0, <shared 1: a cycle>]}`
+fn tree() -> Node {
+    let obj = Node::dict([("x", arr(&[1, 2, 3])), ("y", Node::from("why"))]);
+    let cycle = Tree::Shared { id: 1, node: Box::new(Node::list([Node::from(7i64), Tree::Ref(1)])) };
+    Node::dict([
+        ("a", Tree::Shared { id: 0, node: Box::new(obj) }),
+        ("b", Tree::Ref(0)),
+        ("c", Node::list([Tree::Ref(0), cycle])),
+    ])
+}
+
+#[test]
+fn shared_objects_and_cycles_round_trip_as_format_1_2() {
+    let d = tempfile::tempdir().unwrap();
+    for name in ["dir", "one.tpk"] {
+        let p = d.path().join(name);
+        let p = p.to_str().unwrap();
+        save(&tree(), p, &SaveOptions::default()).unwrap();
+        let r = open(p).unwrap();
+        assert_eq!(r.manifest().version, (1, 2));
+        let back = load(p, &LoadOptions::default()).unwrap();
+        assert!(back.exact_eq(&tree()), "{name}: {back:?}");
+        assert!(r.load(&LoadOptions::default()).unwrap().exact_eq(&tree()), "{name}");
+        assert!(r.verify().unwrap().ok());
+        // A path below a ref continues in the object.
+        let Tree::Leaf(Leaf::Array(x)) = r.get("b/x").unwrap() else { panic!() };
+        assert_eq!(x.bytes().as_ref(), arr(&[1, 2, 3]).as_array().unwrap().bytes().as_ref());
+        assert_eq!(r.read_array("c/0/x", "1:").unwrap().len(), 2);
+    }
+    let text = std::fs::read_to_string(d.path().join("dir/treepack.json")).unwrap();
+    assert!(text.contains(r#"["b",{"t":"ref","id":0}]"#), "{text}");
+    assert!(text.contains(r#"{"t":"shared","id":1,"v":[7,{"t":"ref","id":1}]}"#), "{text}");
+    // The array is stored once.
+    assert_eq!(text.matches("\"t\":\"array\"").count(), 1);
+}
+
+#[test]
+fn a_selection_of_a_ref_place_loads_the_object() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t");
+    let p = p.to_str().unwrap();
+    save(&tree(), p, &SaveOptions::default()).unwrap();
+    let back = load(p, &LoadOptions { select: vec!["b".into()], ..Default::default() }).unwrap();
+    let Tree::Dict(items) = &back else { panic!() };
+    // `b` is still a ref, and its object is loaded at its own place `a`.
+    assert!(matches!(items[1].1, Tree::Ref(0)), "{back:?}");
+    let Tree::Shared { id: 0, node } = &items[0].1 else { panic!("{back:?}") };
+    let Tree::Dict(obj) = &**node else { panic!() };
+    assert!(obj[0].1.as_array().is_some() && matches!(&obj[1].1, Tree::Leaf(Leaf::Str(s)) if s == "why"));
+    // Nothing else.
+    assert!(matches!(items[2].1, Tree::List(ref v) if matches!(v[1], Tree::Shared { .. } | Tree::Leaf(Leaf::None))), "{back:?}");
+}
+
+#[test]
+fn bad_ids_are_refused_when_saving() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("bad");
+    for (tree, says) in [
+        (Node::list([Tree::Ref(0)]), "ref to id 0"),
+        (Node::list([Tree::Shared { id: 1, node: Box::new(Node::list([])) }]), "out of order"),
+        (Node::list([Tree::Shared { id: 0, node: Box::new(Tree::Ref(0)) }]), "must be an object"),
+        (
+            Node::list([Tree::Shared { id: 0, node: Box::new(Node::list([])) }, Tree::Shared { id: 0, node: Box::new(Node::list([])) }]),
+            "out of order",
+        ),
+    ] {
+        let e = save(&tree, p.to_str().unwrap(), &SaveOptions::default()).unwrap_err();
+        assert!(matches!(e, Error::InvalidTree { .. }) && e.to_string().contains(says), "{e}");
+    }
+}
+
+#[test]
+fn trees_without_refs_are_still_written_as_before() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("plain");
+    save(&Node::dict([("a", arr(&[1]))]), p.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    assert_eq!(open(p.to_str().unwrap()).unwrap().manifest().version, (1, 0));
+}

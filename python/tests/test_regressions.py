@@ -308,16 +308,22 @@ def test_to_data_errors_name_the_key_path_and_type(tmp_path):
 
 
 def test_a_reference_cycle_is_named_once(tmp_path):
+    # Without shared references (shared=False: a plain tree), a cycle is refused, named once.
     loop = [1]
     loop.append(loop)
     with pytest.raises(ValueError) as e:
-        treepack.save({"x": {"y": loop}}, tmp_path / "t")
+        treepack.save({"x": {"y": loop}}, tmp_path / "t", shared=False)
     msg = str(e.value)
-    assert "reference cycle at `x/y`: it contains itself at `x/y/1`" in msg and len(msg) < 300, msg
+    assert "reference cycle at `x/y`: it contains itself at `x/y/1`" in msg and len(msg) < 400, msg
+    assert "shared=True" in msg
     d = {}
     d["self"] = d
     with pytest.raises(ValueError, match=r"reference cycle at `<root>`: it contains itself at `self`"):
-        treepack.save(d, tmp_path / "u")
+        treepack.save(d, tmp_path / "u", shared=False)
+    # By default it round-trips (issue 26).
+    treepack.save(d, tmp_path / "v")
+    back = treepack.load(tmp_path / "v")
+    assert back["self"] is back
 
 
 def test_object_arrays_are_pickled_when_allowed(tmp_path):

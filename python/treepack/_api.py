@@ -106,6 +106,7 @@ def save(
     blocking: bool = True,
     compression: Compression = None,
     embed: bool = False,
+    shared: bool = True,
 ) -> Any:
     """Save ``tree`` at ``path``: a directory, a ``.tpk`` file, ``s3://…``, ``gs://…``, ``az://…``,
     ``file://…`` or ``memory://…``.
@@ -119,6 +120,11 @@ def save(
     copied (a consistent snapshot) before returning, so the caller may change them immediately;
     storage I/O runs on a background thread. With ``blocking=True`` (the default) nothing is
     copied, so do not mutate the arrays while ``save`` runs.
+
+    An object met at several places of the tree (a list, dict, array, dataclass or other object:
+    the same ``id()``) is stored once and comes back as one object at every place, and objects
+    that contain themselves (cycles) round-trip, as with pickle. ``shared=False`` stores a copy at
+    each place instead (and refuses cycles): a plain tree, readable by treepack before 0.2.
 
     ``embed=True`` stores every ``pathlib.Path`` that names a regular file as the file's bytes
     (it loads back as a :class:`treepack.File`, whose ``path`` says where it came from); by
@@ -141,7 +147,8 @@ def save(
 
     md = _metadata_json(metadata) if metadata is not None else None
     prepared = _core.prepare(
-        tree, enc, _codec.encode_array, snapshot=not blocking, fast_datetime=_registry.lookup_class(_dt.datetime) is None
+        tree, enc, _codec.encode_array, snapshot=not blocking, fast_datetime=_registry.lookup_class(_dt.datetime) is None,
+        shared=shared,
     )
     write = functools.partial(
         prepared.write, p, overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes,

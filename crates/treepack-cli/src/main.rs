@@ -300,6 +300,9 @@ fn container_label(t: &Tree<Entry>) -> String {
             format!("custom {type_name}{d} ({} children)", children.len())
         }
         Tree::Leaf(e) => entry_summary(e),
+        // An object at several places: its first place says `shared #N`, the others `ref #N`.
+        Tree::Shared { id, node } => format!("{} (shared #{id})", container_label(node)),
+        Tree::Ref(id) => format!("ref #{id} (the object shared as #{id}, stored once)"),
     }
 }
 

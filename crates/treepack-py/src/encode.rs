@@ -24,6 +24,16 @@ pub(crate) struct Encoder<'py> {
     pub(crate) seen_bytes: HashMap<usize, Bytes>,
     /// The tree being encoded (to name a reference cycle's place once the depth limit is hit).
     pub(crate) root: Bound<'py, PyAny>,
+    /// Shared references (format 1.2): lists, dicts, arrays and objects met again become refs
+    /// to their first place. Off (`save(..., shared=False)`): copies, and cycles are errors.
+    pub(crate) share: bool,
+    /// Nodes begun so far, counted in document order (see [`share_refs`]).
+    pub(crate) ordinal: u64,
+    /// Objects met, by address: their node's ordinal (the object is kept alive, so its address
+    /// is not reused by another object meanwhile).
+    pub(crate) seen: HashMap<usize, (u64, Bound<'py, PyAny>)>,
+    /// Ordinals of the nodes a ref points at.
+    pub(crate) refd: HashSet<u64>,
 }
 
 /// One step of the key path [`Encoder`] is at.
@@ -54,6 +64,28 @@ impl<'py> Encoder<'py> {
 }
 
 impl<'py> Encoder<'py> {
+    /// A node of a counted kind (see [`counted`]) begins: its ordinal; `obj`, when given, may
+    /// be referred to again.
+    fn begin(&mut self, obj: Option<&Bound<'py, PyAny>>) -> u64 {
+        let o = self.ordinal;
+        self.ordinal += 1;
+        if let (true, Some(obj)) = (self.share, obj) {
+            self.seen.insert(obj.as_ptr() as usize, (o, obj.clone()));
+        }
+        o
+    }
+
+    /// A ref, if `obj` was met before.
+    fn again(&mut self, obj: &Bound<'py, PyAny>) -> Option<Node> {
+        if !self.share {
+            return None;
+        }
+        let (o, _) = self.seen.get(&(obj.as_ptr() as usize))?;
+        let o = *o;
+        self.refd.insert(o);
+        Some(Tree::Ref(o))
+    }
+
     pub(crate) fn here(&self) -> String {
         self.text_of(&self.path)
     }
@@ -142,8 +174,8 @@ impl<'py> Encoder<'py> {
         if depth > treepack::format::manifest::MAX_DEPTH {
             if let Some((outer, inner)) = self.cycle() {
                 return Err(PyValueError::new_err(format!(
-                    "cannot save: reference cycle at `{}`: it contains itself at `{}`. treepack saves trees; \
-                     break the cycle (store an index or a key instead of the object)",
+                    "cannot save: reference cycle at `{}`: it contains itself at `{}`. With shared=False treepack \
+                     saves plain trees: break the cycle, or save with shared=True (the default) to keep it",
                     self.text_of(&self.path[..outer]),
                     self.text_of(&self.path[..inner]),
                 )));
@@ -178,6 +210,10 @@ impl<'py> Encoder<'py> {
             return Ok(Tree::Leaf(Leaf::Bytes(self.bytes(b))));
         }
         if let Ok(l) = obj.cast_exact::<PyList>() {
+            if let Some(r) = self.again(obj) {
+                return Ok(r);
+            }
+            self.begin(Some(obj));
             let mut out = Vec::with_capacity(l.len());
             for (i, x) in l.iter().enumerate() {
                 out.push(self.child(PathStep::Index(i), &x, depth)?);
@@ -185,6 +221,7 @@ impl<'py> Encoder<'py> {
             return Ok(Tree::List(out));
         }
         if let Ok(t) = obj.cast_exact::<PyTuple>() {
+            self.begin(None);
             let mut out = Vec::with_capacity(t.len());
             for (i, x) in t.iter().enumerate() {
                 out.push(self.child(PathStep::Index(i), &x, depth)?);
@@ -192,6 +229,10 @@ impl<'py> Encoder<'py> {
             return Ok(Tree::Tuple(out));
         }
         if let Ok(d) = obj.cast_exact::<PyDict>() {
+            if let Some(r) = self.again(obj) {
+                return Ok(r);
+            }
+            self.begin(Some(obj));
             let mut out = Vec::with_capacity(d.len());
             for (k, v) in d.iter() {
                 let key = self.key(&k)?;
@@ -205,11 +246,16 @@ impl<'py> Encoder<'py> {
                 // datetime64/timedelta64: a `py.datetime64` node (int64 values and the unit).
                 return self.other(obj, depth);
             }
+            if let Some(r) = self.again(obj) {
+                return Ok(r);
+            }
+            self.begin(Some(obj));
             return self.array(obj).map(Node::from);
         }
         if self.fast_datetime {
             if let Ok(d) = obj.cast_exact::<pyo3::types::PyDateTime>() {
                 if let Some(n) = datetime_node(self.py, d)? {
+                    self.begin(None);
                     return Ok(n);
                 }
             }
@@ -221,6 +267,9 @@ impl<'py> Encoder<'py> {
             if matches!(a.cast::<PyUntypedArray>()?.dtype().kind(), b'M' | b'm' | b'O') {
                 return self.other(obj, depth);
             }
+            // The custom node, then its array.
+            self.begin(None);
+            self.begin(None);
             let arr = self.array(&a)?;
             return Ok(Tree::Custom {
                 type_name: "py.npscalar".into(),
@@ -263,6 +312,9 @@ impl<'py> Encoder<'py> {
     }
 
     pub(crate) fn other(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
+        if let Some(r) = self.again(obj) {
+            return Ok(r);
+        }
         let here = self.here();
         let desc = self.encode_other.call1((obj, here)).map_err(|e| {
             if e.is_instance_of::<PyTypeError>(self.py) {
@@ -272,6 +324,9 @@ impl<'py> Encoder<'py> {
             }
         })?;
         let (kind, type_name, data, children): NodeDescription<'py> = desc.extract()?;
+        if kind != "value" {
+            self.begin(Some(obj));
+        }
         let mut kids = Vec::with_capacity(children.len());
         for (name, v) in children {
             let step = PathStep::Name(name.clone());
@@ -300,6 +355,75 @@ pub(crate) fn int_of(obj: &Bound<'_, PyAny>) -> PyResult<Int> {
     Ok(Int::from_big(obj.extract::<num_bigint::BigInt>()?))
 }
 
+/// Whether the encoder counted this node (it counts every node of these kinds as it begins
+/// it, in document order; [`share_refs`] counts the same nodes the same way).
+fn counted(t: &Node) -> bool {
+    matches!(
+        t,
+        Tree::List(_)
+            | Tree::Tuple(_)
+            | Tree::Dict(_)
+            | Tree::Record { .. }
+            | Tree::Custom { .. }
+            | Tree::Leaf(Leaf::Array(_))
+    )
+}
+
+/// The encoder's refs made format 1.2: each node a ref points at (by its ordinal) wrapped as
+/// a shared node, ids 0, 1, 2, ... in document order, and the refs renumbered to match.
+fn share_refs(node: Node, refd: &HashSet<u64>) -> PyResult<Node> {
+    struct St<'a> {
+        refd: &'a HashSet<u64>,
+        ordinal: u64,
+        ids: HashMap<u64, u64>,
+    }
+    fn walk(t: Node, st: &mut St<'_>) -> PyResult<Node> {
+        let ord = counted(&t).then(|| {
+            st.ordinal += 1;
+            st.ordinal - 1
+        });
+        let wrap = ord.filter(|o| st.refd.contains(o)).map(|o| {
+            let id = st.ids.len() as u64;
+            st.ids.insert(o, id);
+            id
+        });
+        let named = |v: Vec<(String, Node)>, st: &mut St<'_>| -> PyResult<Vec<(String, Node)>> {
+            v.into_iter().map(|(k, c)| Ok((k, treepack::format::model::grow(|| walk(c, st))?))).collect()
+        };
+        let t = match t {
+            Tree::List(v) => Tree::List(
+                v.into_iter().map(|c| treepack::format::model::grow(|| walk(c, st))).collect::<PyResult<_>>()?,
+            ),
+            Tree::Tuple(v) => Tree::Tuple(
+                v.into_iter().map(|c| treepack::format::model::grow(|| walk(c, st))).collect::<PyResult<_>>()?,
+            ),
+            Tree::Dict(v) => Tree::Dict(
+                v.into_iter()
+                    .map(|(k, c)| Ok((k, treepack::format::model::grow(|| walk(c, st))?)))
+                    .collect::<PyResult<_>>()?,
+            ),
+            Tree::Record { type_name, fields } => Tree::Record { type_name, fields: named(fields, st)? },
+            Tree::Custom { type_name, data, children } => {
+                Tree::Custom { type_name, data, children: named(children, st)? }
+            }
+            Tree::Ref(o) => Tree::Ref(*st.ids.get(&o).ok_or_else(|| {
+                PyValueError::new_err(format!("treepack bug: a ref to node {o}, which was not met before it"))
+            })?),
+            t => t,
+        };
+        Ok(match wrap {
+            Some(id) => Tree::Shared { id, node: Box::new(t) },
+            None => t,
+        })
+    }
+    let mut st = St { refd, ordinal: 0, ids: HashMap::new() };
+    let out = walk(node, &mut st)?;
+    if st.ids.len() != refd.len() {
+        return Err(PyValueError::new_err("treepack bug: shared objects were not all found"));
+    }
+    Ok(out)
+}
+
 /// A Python tree converted to treepack's model, ready to be written (possibly on another thread).
 #[pyclass(frozen)]
 pub(crate) struct Prepared {
@@ -308,7 +432,7 @@ pub(crate) struct Prepared {
 
 /// Convert a Python tree (with the GIL held). With `snapshot`, array bytes are copied.
 #[pyfunction]
-#[pyo3(signature = (tree, encode_other, encode_array, snapshot=false, fast_datetime=false))]
+#[pyo3(signature = (tree, encode_other, encode_array, snapshot=false, fast_datetime=false, shared=true))]
 pub(crate) fn prepare(
     py: Python<'_>,
     tree: &Bound<'_, PyAny>,
@@ -316,6 +440,7 @@ pub(crate) fn prepare(
     encode_array: Bound<'_, PyAny>,
     snapshot: bool,
     fast_datetime: bool,
+    shared: bool,
 ) -> PyResult<Prepared> {
     let np = py.import("numpy")?;
     let mut enc = Encoder {
@@ -329,8 +454,17 @@ pub(crate) fn prepare(
         fast_datetime,
         seen_bytes: HashMap::new(),
         root: tree.clone(),
+        share: shared,
+        ordinal: 0,
+        seen: HashMap::new(),
+        refd: HashSet::new(),
     };
-    let node = enc.node(tree, 0)?;
+    let mut node = enc.node(tree, 0)?;
+    if !enc.refd.is_empty() {
+        let refd = std::mem::take(&mut enc.refd);
+        drop(enc);
+        node = share_refs(node, &refd)?;
+    }
     Ok(Prepared { node: std::sync::Mutex::new(Some(node)) })
 }
 

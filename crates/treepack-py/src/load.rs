@@ -21,11 +21,32 @@ pub(crate) struct LoadBuilder<'py, 'a> {
     free: Option<&'a HashSet<String>>,
     /// The first Python error met (the parse and the walks carry only its text).
     err: std::cell::RefCell<Option<PyErr>>,
+    /// Shared objects (format 1.2) by id, once built.
+    objects: std::cell::RefCell<Vec<Option<Py<PyAny>>>>,
+    /// Shared nodes begun and not yet complete, with the placeholder a ref to them (a cycle)
+    /// returns, and the places that placeholder was put, patched when the object is built.
+    open: std::cell::RefCell<HashMap<u64, (Py<PyAny>, Vec<Slot<'py>>)>>,
+    refs: std::cell::RefCell<treepack::format::model::RefCheck>,
+}
+
+/// Where a cycle's placeholder sits: a list's item, a dict's value, a record's field.
+enum Slot<'py> {
+    Item(Bound<'py, PyAny>, usize),
+    Value(Bound<'py, PyAny>, Bound<'py, PyAny>),
+    Field(Bound<'py, PyAny>, String),
 }
 
 impl<'py, 'a> LoadBuilder<'py, 'a> {
     pub(crate) fn new(dec: Decoder<'py>, free: Option<&'a HashSet<String>>) -> Self {
-        LoadBuilder { dec: std::cell::RefCell::new(dec), shared: Default::default(), free, err: Default::default() }
+        LoadBuilder {
+            dec: std::cell::RefCell::new(dec),
+            shared: Default::default(),
+            free,
+            err: Default::default(),
+            objects: Default::default(),
+            open: Default::default(),
+            refs: Default::default(),
+        }
     }
 
     fn py_ok<T>(&self, r: PyResult<T>) -> Result<T, String> {
@@ -69,18 +90,103 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         Ok(v)
     }
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> Result<Self::Node, String> {
+        let cyclic: Vec<(usize, u64)> = self.placeholders(items.iter().enumerate().map(|(i, v)| (i, v)));
+        if tuple && !cyclic.is_empty() {
+            return Err("a tuple inside itself (a cycle through a tuple) cannot be rebuilt".into());
+        }
         let r = self.dec.borrow().sequence(items, tuple);
-        self.py_ok(r)
+        let list = self.py_ok(r)?;
+        for (i, id) in cyclic {
+            self.put(id, Slot::Item(list.clone(), i));
+        }
+        Ok(list)
     }
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> Result<Self::Node, String> {
+        let cyclic =
+            !self.open.borrow().is_empty() && !self.placeholders(pairs.iter().map(|(_, v)| ((), v))).is_empty();
         let r = self.dec.borrow().dict_of(pairs);
-        self.py_ok(r)
+        let d = self.py_ok(r)?;
+        if cyclic {
+            let items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> =
+                self.py_ok(d.cast::<PyDict>().map_err(PyErr::from).map(|d| d.iter().collect()))?;
+            for (k, v) in items {
+                if let Some(id) = self.placeholder_id(&v) {
+                    self.put(id, Slot::Value(d.clone(), k));
+                }
+            }
+        }
+        Ok(d)
     }
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> Result<Self::Node, String> {
         if self.free.is_some() {
             return Err("a record: audit first".into());
         }
-        self.other("record", &type_name, &serde_json::Value::Null, fields)
+        let cyclic: Vec<(String, u64)> = self.placeholders(fields.iter().map(|(n, v)| (n.clone(), v)));
+        let obj = self.other("record", &type_name, &serde_json::Value::Null, fields)?;
+        for (name, id) in cyclic {
+            self.put(id, Slot::Field(obj.clone(), name));
+        }
+        Ok(obj)
+    }
+    fn shared_begin(&self, id: u64) {
+        let r = self.refs.borrow_mut().begin(id);
+        if let Err(e) = r {
+            self.err.borrow_mut().get_or_insert(PyValueError::new_err(e));
+            return;
+        }
+        let py = self.dec.borrow().py;
+        // A fresh object that stands for the one being built, where a cycle refers to it.
+        let placeholder = py.eval(c"object()", None, None).map(|o| o.unbind());
+        match placeholder {
+            Ok(p) => {
+                self.open.borrow_mut().insert(id, (p, Vec::new()));
+            }
+            Err(e) => {
+                self.err.borrow_mut().get_or_insert(e);
+            }
+        }
+    }
+    fn shared(&self, id: u64, node: Self::Node) -> Result<Self::Node, String> {
+        if let Some(e) = self.err.borrow().as_ref() {
+            return Err(e.to_string());
+        }
+        let Some((_, slots)) = self.open.borrow_mut().remove(&id) else {
+            return Err(format!("shared node {id} ends without having begun"));
+        };
+        for slot in slots {
+            let r = match slot {
+                Slot::Item(list, i) => list.set_item(i, &node),
+                Slot::Value(d, k) => d.set_item(k, &node),
+                Slot::Field(obj, name) => {
+                    let py = node.py();
+                    py.import("builtins")
+                        .and_then(|b| b.getattr("object"))
+                        .and_then(|o| o.call_method1("__setattr__", (&obj, name, &node)))
+                        .map(drop)
+                }
+            };
+            self.py_ok(r)?;
+        }
+        let mut objects = self.objects.borrow_mut();
+        let i = usize::try_from(id).map_err(|_| format!("shared id {id} is too large"))?;
+        if objects.len() <= i {
+            objects.resize_with(i + 1, || None);
+        }
+        objects[i] = Some(node.clone().unbind());
+        Ok(node)
+    }
+    fn reference(&self, id: u64) -> Result<Self::Node, String> {
+        self.refs.borrow().reference(id)?;
+        let py = self.dec.borrow().py;
+        if let Some((p, _)) = self.open.borrow().get(&id) {
+            // A cycle: the object is still being built.
+            return Ok(p.bind(py).clone());
+        }
+        let objects = self.objects.borrow();
+        match usize::try_from(id).ok().and_then(|i| objects.get(i)).and_then(Option::as_ref) {
+            Some(o) => Ok(o.bind(py).clone()),
+            None => Err(format!("ref to shared object {id}, which this load did not build")),
+        }
     }
     fn custom(
         &self,
@@ -91,11 +197,38 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         if self.free.is_some_and(|f| !f.contains(&type_name)) {
             return Err("a custom type that needs the audit".into());
         }
+        if !self.placeholders(children.iter().map(|(n, v)| (n.clone(), v))).is_empty() {
+            return Err(format!("a cycle through an object of type {type_name}: only lists, dicts and records can be rebuilt inside themselves"));
+        }
         self.other("custom", &type_name, &data, children)
     }
 }
 
 impl<'py> LoadBuilder<'py, '_> {
+    /// The id of the shared object `v` stands for, if `v` is a cycle's placeholder.
+    fn placeholder_id(&self, v: &Bound<'py, PyAny>) -> Option<u64> {
+        self.open.borrow().iter().find(|(_, (p, _))| p.as_ptr() == v.as_ptr()).map(|(id, _)| *id)
+    }
+
+    /// The children that are cycles' placeholders, with their ids (nothing to scan when no
+    /// shared node is open).
+    fn placeholders<'v, K>(&self, kids: impl Iterator<Item = (K, &'v Bound<'py, PyAny>)>) -> Vec<(K, u64)>
+    where
+        'py: 'v,
+    {
+        if self.open.borrow().is_empty() {
+            return Vec::new();
+        }
+        kids.filter_map(|(k, v)| self.placeholder_id(v).map(|id| (k, id))).collect()
+    }
+
+    /// Remember that the placeholder of `id` sits at `slot`.
+    fn put(&self, id: u64, slot: Slot<'py>) {
+        if let Some((_, slots)) = self.open.borrow_mut().get_mut(&id) {
+            slots.push(slot);
+        }
+    }
+
     fn other(
         &self,
         kind: &str,

@@ -5,7 +5,10 @@
 use treepack::*;
 
 fn arr(v: &[i32]) -> Node {
-    Node::from(ArrayData::new(DType::I32, vec![v.len() as u64], v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()).unwrap())
+    Node::from(
+        ArrayData::new(DType::I32, vec![v.len() as u64], v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+            .unwrap(),
+    )
 }
 
 /// `{"a": <shared 0: {"x": [1,2,3], "y": "why"}>, "b": ref 0, "c": [ref 0, <shared 1: a cycle>]}`
@@ -58,7 +61,10 @@ fn a_selection_of_a_ref_place_loads_the_object() {
     let Tree::Dict(obj) = &**node else { panic!() };
     assert!(obj[0].1.as_array().is_some() && matches!(&obj[1].1, Tree::Leaf(Leaf::Str(s)) if s == "why"));
     // Nothing else.
-    assert!(matches!(items[2].1, Tree::List(ref v) if matches!(v[1], Tree::Shared { .. } | Tree::Leaf(Leaf::None))), "{back:?}");
+    assert!(
+        matches!(items[2].1, Tree::List(ref v) if matches!(v[1], Tree::Shared { .. } | Tree::Leaf(Leaf::None))),
+        "{back:?}"
+    );
 }
 
 #[test]
@@ -70,7 +76,10 @@ fn bad_ids_are_refused_when_saving() {
         (Node::list([Tree::Shared { id: 1, node: Box::new(Node::list([])) }]), "out of order"),
         (Node::list([Tree::Shared { id: 0, node: Box::new(Tree::Ref(0)) }]), "must be an object"),
         (
-            Node::list([Tree::Shared { id: 0, node: Box::new(Node::list([])) }, Tree::Shared { id: 0, node: Box::new(Node::list([])) }]),
+            Node::list([
+                Tree::Shared { id: 0, node: Box::new(Node::list([])) },
+                Tree::Shared { id: 0, node: Box::new(Node::list([])) },
+            ]),
             "out of order",
         ),
     ] {

@@ -369,6 +369,23 @@ pub fn find_shared<L>(root: &Tree<L>, id: u64) -> Option<&Tree<L>> {
 /// # Errors
 /// [`Error::BadKeyPath`] for a malformed path, [`Error::KeyNotFound`] naming the first missing step.
 pub fn resolve<'t, L>(tree: &'t Tree<L>, path: &str) -> Result<&'t Tree<L>> {
+    resolve_place(tree, path).map(|n| follow(tree, n))
+}
+
+/// The node at a key path's place: a shared node as it is (the object with its id), a ref
+/// followed to the shared node it names. [`resolve`] gives the object inside.
+///
+/// # Errors
+/// As [`resolve`].
+pub fn resolve_place<'t, L>(tree: &'t Tree<L>, path: &str) -> Result<&'t Tree<L>> {
+    let node = resolve_inner(tree, path)?;
+    Ok(match node {
+        Tree::Ref(id) => find_shared(tree, *id).unwrap_or(node),
+        n => n,
+    })
+}
+
+fn resolve_inner<'t, L>(tree: &'t Tree<L>, path: &str) -> Result<&'t Tree<L>> {
     let mut node = tree;
     let mut walked: Vec<String> = vec![];
     for seg in split(path)? {

@@ -295,7 +295,10 @@ impl RefCheck {
     /// The reason, when `id` is not the next id.
     pub fn begin(&mut self, id: u64) -> Result<(), String> {
         if id != self.next {
-            return Err(format!("shared node id {id} out of order (shared nodes are numbered 0, 1, 2, ... in order; expected {})", self.next));
+            return Err(format!(
+                "shared node id {id} out of order (shared nodes are numbered 0, 1, 2, ... in order; expected {})",
+                self.next
+            ));
         }
         self.next += 1;
         Ok(())

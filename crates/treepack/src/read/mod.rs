@@ -228,8 +228,14 @@ impl Reader {
     /// # Errors
     /// As [`Reader::load_async`], plus [`Error::KeyNotFound`].
     pub async fn get_async(&self, path: &str, opts: &LoadOptions) -> Result<Node> {
-        let node = self.entry(path)?;
-        self.materialize(node, keypath::split(path)?.join("/"), opts).await
+        let place = keypath::resolve_place(&self.manifest.root, path)?;
+        let prefix = keypath::split(path)?.join("/");
+        if place.has_refs() {
+            // Self-contained, with the objects it refers to (format 1.2).
+            let local = localize(&self.manifest.root, place);
+            return self.materialize(&local, prefix, opts).await;
+        }
+        self.materialize(place, prefix, opts).await
     }
 
     async fn materialize(&self, subtree: &Tree<Entry>, prefix: String, opts: &LoadOptions) -> Result<Node> {

@@ -135,7 +135,12 @@ pub fn close_under_refs<L>(subtree: &Tree<L>, prefix: &str, opts: &LoadOptions) 
     // Every leaf and ref place with its path; the shared nodes' paths by id.
     let mut places: Vec<(String, Option<u64>)> = Vec::new();
     let mut shared: HashMap<u64, String> = HashMap::new();
-    fn walk<L>(t: &Tree<L>, path: &mut String, places: &mut Vec<(String, Option<u64>)>, shared: &mut HashMap<u64, String>) {
+    fn walk<L>(
+        t: &Tree<L>,
+        path: &mut String,
+        places: &mut Vec<(String, Option<u64>)>,
+        shared: &mut HashMap<u64, String>,
+    ) {
         match t {
             Tree::Leaf(_) => places.push((path.clone(), None)),
             Tree::Ref(id) => places.push((path.clone(), Some(*id))),
@@ -179,4 +184,47 @@ pub fn close_under_refs<L>(subtree: &Tree<L>, prefix: &str, opts: &LoadOptions) 
         }
     }
     Ok(Some(LoadOptions { select: vec![], keep: Some(keep), ..opts.clone() }))
+}
+
+/// `place` (a subtree of `root`) made self-contained: a ref inside it to an object stored
+/// outside it gets that object here (as a shared node, so further refs to it inside stay
+/// refs), ids renumbered 0, 1, 2, ... in document order. Loading a place of a tree with shared
+/// objects loads what it refers to, wherever that is stored.
+pub fn localize(root: &Tree<Entry>, place: &Tree<Entry>) -> Tree<Entry> {
+    fn walk(root: &Tree<Entry>, t: &Tree<Entry>, ids: &mut HashMap<u64, u64>) -> Tree<Entry> {
+        let seq = |v: &Vec<Tree<Entry>>, ids: &mut HashMap<u64, u64>| -> Vec<Tree<Entry>> {
+            v.iter().map(|c| crate::format::model::grow(|| walk(root, c, ids))).collect()
+        };
+        let named = |v: &Vec<(String, Tree<Entry>)>, ids: &mut HashMap<u64, u64>| -> Vec<(String, Tree<Entry>)> {
+            v.iter().map(|(k, c)| (k.clone(), crate::format::model::grow(|| walk(root, c, ids)))).collect()
+        };
+        match t {
+            Tree::Leaf(e) => Tree::Leaf(e.clone()),
+            Tree::List(v) => Tree::List(seq(v, ids)),
+            Tree::Tuple(v) => Tree::Tuple(seq(v, ids)),
+            Tree::Dict(v) => Tree::Dict(
+                v.iter().map(|(k, c)| (k.clone(), crate::format::model::grow(|| walk(root, c, ids)))).collect(),
+            ),
+            Tree::Record { type_name, fields } => {
+                Tree::Record { type_name: type_name.clone(), fields: named(fields, ids) }
+            }
+            Tree::Custom { type_name, data, children } => {
+                Tree::Custom { type_name: type_name.clone(), data: data.clone(), children: named(children, ids) }
+            }
+            Tree::Shared { id, node } => {
+                let new = ids.len() as u64;
+                ids.insert(*id, new);
+                Tree::Shared { id: new, node: Box::new(crate::format::model::grow(|| walk(root, node, ids))) }
+            }
+            Tree::Ref(id) => match ids.get(id) {
+                Some(new) => Tree::Ref(*new),
+                // Stored outside: brought here.
+                None => match keypath::find_shared(root, *id) {
+                    Some(shared) => crate::format::model::grow(|| walk(root, shared, ids)),
+                    None => Tree::Ref(*id),
+                },
+            },
+        }
+    }
+    walk(root, place, &mut HashMap::new())
 }

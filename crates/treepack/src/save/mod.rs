@@ -144,7 +144,10 @@ fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>, refs: &mu
             refs.1 = true;
             refs.0.begin(*id).map_err(|r| bad_ref(path, r))?;
             if matches!(**node, Tree::Shared { .. } | Tree::Ref(_)) {
-                return Err(bad_ref(path, "a shared node's value must be an object, not a shared node or a ref".into()));
+                return Err(bad_ref(
+                    path,
+                    "a shared node's value must be an object, not a shared node or a ref".into(),
+                ));
             }
             return crate::format::model::grow(|| check_node(node, depth, path, refs));
         }
@@ -663,7 +666,13 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     // by them); 1.1, which adds codecs, otherwise.
     // 1.2 adds shared nodes and refs: a tree without them is written as before.
     let compressed = hashed.refs.iter().any(|r| !r.codec.is_identity());
-    let minor = if has_refs { 2 } else if compressed { 1 } else { 0 };
+    let minor = if has_refs {
+        2
+    } else if compressed {
+        1
+    } else {
+        0
+    };
     let manifest = Manifest {
         version: (manifest::VERSION_MAJOR, minor),
         writer: opts.writer.clone(),

@@ -230,7 +230,11 @@ impl Build for OwnedTree {
 /// # Errors
 /// The key path and the reason.
 pub fn check_refs<L>(root: &Tree<L>) -> std::result::Result<(), (String, String)> {
-    fn walk<'a, L>(t: &'a Tree<L>, path: &mut Vec<Step<'a>>, rc: &mut RefCheck) -> std::result::Result<(), (String, String)> {
+    fn walk<'a, L>(
+        t: &'a Tree<L>,
+        path: &mut Vec<Step<'a>>,
+        rc: &mut RefCheck,
+    ) -> std::result::Result<(), (String, String)> {
         let here = |path: &Vec<Step<'a>>, r: String| (crate::format::keypath::steps_text(path), r);
         match t {
             Tree::Leaf(_) => Ok(()),

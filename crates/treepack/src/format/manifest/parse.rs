@@ -80,9 +80,7 @@ pub(super) fn parse_generic<B: Build>(
     let ctx = Ctx { path: &path, packs: inline_checks.then_some(&packs), file, shared_value: Default::default(), refs };
     let mut de = serde_json::Deserializer::from_slice(bytes);
     de.disable_recursion_limit();
-    let res = TopSeed { ctx: &ctx, split, b: builder }
-        .deserialize(&mut de)
-        .and_then(|m| de.end().map(|_| m));
+    let res = TopSeed { ctx: &ctx, split, b: builder }.deserialize(&mut de).and_then(|m| de.end().map(|_| m));
     res.map_err(|e| {
         let p = path.borrow().iter().map(PathSeg::text).collect::<Vec<_>>().join("/");
         Error::manifest(file, if p.is_empty() { "<root>".to_string() } else { p }, e.to_string())

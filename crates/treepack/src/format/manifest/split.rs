@@ -229,7 +229,8 @@ where
                 let mut block = Vec::with_capacity(raws.len());
                 for (i, raw) in (start..).zip(raws) {
                     let path = RefCell::new(Vec::new());
-                    let ctx = Ctx { path: &path, packs: packs.as_ref(), file, shared_value: Default::default(), refs: None };
+                    let ctx =
+                        Ctx { path: &path, packs: packs.as_ref(), file, shared_value: Default::default(), refs: None };
                     let mut de = serde_json::Deserializer::from_str(raw.get());
                     de.disable_recursion_limit();
                     let seed = NodeSeed { depth, ctx: &ctx, split: false, b: &OwnedTree };

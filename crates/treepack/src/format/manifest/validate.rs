@@ -123,7 +123,8 @@ pub fn validate(m: &Manifest, file: &str) -> Result<()> {
     }
     // Shared nodes and refs (1.2): checked whatever the minor says, since a file may lie about
     // it (one walk with no allocation per node).
-    check_refs(&m.root).map_err(|(path, r)| Error::manifest(file, if path.is_empty() { "<root>".into() } else { path }, r))?;
+    check_refs(&m.root)
+        .map_err(|(path, r)| Error::manifest(file, if path.is_empty() { "<root>".into() } else { path }, r))?;
     // Fast pass without key paths (building a path per leaf costs more than the checks); only if
     // it finds a problem does the second pass run with paths, to name where the problem is.
     let root_path = KeyPath::root();

@@ -1,0 +1,124 @@
+"""Shared references and cycles (issue 26, format 1.2): an object at several places of a tree
+(the same id()) is stored once and loads as one object; cycles round-trip; selections and lazy
+views go through refs; `shared=False` keeps plain trees; hostile refs are refused clearly."""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+import treepack
+
+
+@dataclasses.dataclass
+class Person:
+    name: str
+    parent: object = None
+    children: list = dataclasses.field(default_factory=list)
+
+
+TRUST = [__name__ + ".*"]
+
+
+def manifest(p):
+    return json.loads(open(os.path.join(p, "treepack.json")).read()[: -1])
+
+
+def test_one_object_at_several_places_loads_as_one_object(tmp_path):
+    w = np.arange(1000, dtype=np.float32)
+    cfg = {"lr": 0.1}
+    layers = [1, 2]
+    tree = {"enc": {"w": w, "cfg": cfg}, "dec": {"w": w, "cfg": cfg}, "all": [layers, layers], "tied": (w, w)}
+    p = str(tmp_path / "t")
+    treepack.save(tree, p)
+    assert manifest(p)["version"] == [1, 2]
+    back = treepack.load(p)
+    assert back["enc"]["w"] is back["dec"]["w"] is back["tied"][0] is back["tied"][1]
+    assert back["enc"]["cfg"] is back["dec"]["cfg"] and back["all"][0] is back["all"][1]
+    assert np.array_equal(back["dec"]["w"], w)
+    back["enc"]["cfg"]["lr"] = 0.5
+    assert back["dec"]["cfg"]["lr"] == 0.5  # the same dict, as it was
+    # Stored once: one array node in the manifest.
+    assert open(os.path.join(p, "treepack.json")).read().count('"t":"array"') == 1
+
+
+def test_cycles_round_trip(tmp_path):
+    lst = [1]
+    lst.append(lst)
+    d = {"name": "d"}
+    d["me"] = d
+    root = Person("root")
+    for n in ("a", "b"):
+        root.children.append(Person(n, parent=root))
+    p = str(tmp_path / "c")
+    treepack.save({"lst": lst, "d": d, "family": root}, p)
+    back = treepack.load(p, trust=TRUST)
+    assert back["lst"][1] is back["lst"] and back["lst"][0] == 1
+    assert back["d"]["me"] is back["d"]
+    fam = back["family"]
+    assert [c.name for c in fam.children] == ["a", "b"]
+    assert all(c.parent is fam for c in fam.children)
+
+
+def test_structure_selection_and_lazy_views_go_through_refs(tmp_path):
+    obj = {"x": np.arange(10), "y": "why"}
+    p = str(tmp_path / "s")
+    treepack.save({"a": obj, "b": obj, "n": 3}, p)
+    s = treepack.load_structure(p)
+    assert s["b"].kind == "ref" and s["a"]["x"].kind == "array"
+    # Selecting only the ref's place still loads the object (at its own place too).
+    back = treepack.load(p, select=["b"])
+    assert back["b"] is back["a"] and np.array_equal(back["b"]["x"], np.arange(10))
+    assert back["n"] is None
+    # Key paths and lazy views continue through a ref.
+    v = treepack.open(p)
+    assert v["b"].kind == "dict" and sorted(v["b"].keys()) == ["x", "y"]
+    assert np.array_equal(v["b"]["x"][2:4], [2, 3])
+    assert v["b"]["y"] == "why"
+    got = v["b"].read()
+    assert got["y"] == "why" and np.array_equal(got["x"], np.arange(10))
+
+
+def test_shared_false_stores_copies_and_reads_as_before(tmp_path):
+    obj = [1, 2]
+    p = str(tmp_path / "plain")
+    treepack.save({"a": obj, "b": obj}, p, shared=False)
+    assert manifest(p)["version"] == [1, 0]
+    back = treepack.load(p)
+    assert back["a"] == back["b"] and back["a"] is not back["b"]
+
+
+def test_an_image_dataset_stores_each_image_object_once(tmp_path):
+    pil = pytest.importorskip("PIL.Image")
+    images = [pil.fromarray(np.full((8, 8, 3), i, np.uint8)) for i in range(10)]
+    rows = [{"id": i, "image": images[i % 10]} for i in range(1000)]
+    p = str(tmp_path / "imgs")
+    treepack.save(rows, p)
+    text = open(os.path.join(p, "treepack.json")).read()
+    assert text.count('"type":"py.image"') == 10 and text.count('"t":"ref"') == 990
+    back = treepack.load(p)
+    assert back[0]["image"] is back[10]["image"] and back[3]["image"].tobytes() == images[3].tobytes()
+
+
+@pytest.mark.parametrize(
+    "root, says",
+    [
+        ('[{"t":"ref","id":0}]', "ref to id 0"),
+        ('[{"t":"shared","id":1,"v":[]}]', "out of order"),
+        ('{"t":"shared","id":0,"v":{"t":"ref","id":0}}', "must be an object"),
+        ('[{"t":"shared","id":0,"v":[]},{"t":"shared","id":0,"v":[]}]', "out of order"),
+    ],
+)
+def test_hostile_refs_are_refused_with_a_clear_error(tmp_path, root, says):
+    import blake3
+
+    p = tmp_path / "h"
+    p.mkdir()
+    body = ('{"format":"treepack","version":[1,2],\n"writer":"hostile",\n"packs":[],\n"root":' + root).encode()
+    (p / "treepack.json").write_bytes(body + b',\n"manifest_hash":"' + blake3.blake3(body).hexdigest().encode() + b'"}\n')
+    with pytest.raises(treepack.FormatError, match=says):
+        treepack.load(str(p))
+    with pytest.raises(treepack.FormatError, match=says):
+        treepack.open(str(p))

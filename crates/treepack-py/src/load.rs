@@ -25,9 +25,12 @@ pub(crate) struct LoadBuilder<'py, 'a> {
     objects: std::cell::RefCell<Vec<Option<Py<PyAny>>>>,
     /// Shared nodes begun and not yet complete, with the placeholder a ref to them (a cycle)
     /// returns, and the places that placeholder was put, patched when the object is built.
-    open: std::cell::RefCell<HashMap<u64, (Py<PyAny>, Vec<Slot<'py>>)>>,
+    open: std::cell::RefCell<HashMap<u64, OpenShared<'py>>>,
     refs: std::cell::RefCell<treepack::format::model::RefCheck>,
 }
+
+/// A shared object being built: the placeholder a cycle's ref gets, and where it was put.
+type OpenShared<'py> = (Py<PyAny>, Vec<Slot<'py>>);
 
 /// Where a cycle's placeholder sits: a list's item, a dict's value, a record's field.
 enum Slot<'py> {
@@ -90,7 +93,7 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         Ok(v)
     }
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> Result<Self::Node, String> {
-        let cyclic: Vec<(usize, u64)> = self.placeholders(items.iter().enumerate().map(|(i, v)| (i, v)));
+        let cyclic: Vec<(usize, u64)> = self.placeholders(items.iter().enumerate());
         if tuple && !cyclic.is_empty() {
             return Err("a tuple inside itself (a cycle through a tuple) cannot be rebuilt".into());
         }

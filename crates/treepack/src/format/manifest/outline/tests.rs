@@ -80,8 +80,14 @@ fn block_lines(blocks: &[Block]) -> std::result::Result<Vec<String>, String> {
 
 /// The same lines, from the strict parser's tree.
 fn expected(t: &Tree<Entry>, path: &str, out: &mut Vec<String>) {
+    crate::format::model::grow(|| expected_inner(t, path, out))
+}
+
+fn expected_inner(t: &Tree<Entry>, path: &str, out: &mut Vec<String>) {
     let join = |seg: String| if path.is_empty() { seg } else { format!("{path}/{seg}") };
     match t {
+        Tree::Shared { node, .. } => expected(node, path, out),
+        Tree::Ref(id) => out.push(format!("leaf {path} ref None None {id} true")),
         Tree::Leaf(e) => {
             let (dtype, shape, inline) = match e {
                 Entry::Array(a) => (
@@ -157,6 +163,12 @@ fn rich() -> Manifest {
         }))),
     ));
     pairs.push((Key::Str("empty".into()), Tree::Dict(vec![])));
+    // Shared objects and refs (1.2): a shared list holding a ref to itself, then a ref to it.
+    pairs.push((
+        Key::Str("cycle".into()),
+        Tree::Shared { id: 0, node: Box::new(Tree::List(vec![Tree::Leaf(Entry::Int(Int::Small(1))), Tree::Ref(0)])) },
+    ));
+    pairs.push((Key::Str("again".into()), Tree::Ref(0)));
     m
 }
 

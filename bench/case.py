@@ -702,6 +702,10 @@ def main():
             t = time.perf_counter()
             inner = peer_save(peer, tree, path, wl)
             result["wall"] = inner if inner is not None else time.perf_counter() - t
+            if peer == "treepack" and wl == "W3i":
+                # The images (the packs), apart from the manifest's 10k rows of ids and labels.
+                packs = os.path.join(path, "packs")
+                result["pack_bytes"] = sum(os.path.getsize(os.path.join(packs, f)) for f in os.listdir(packs))
             if peer == "png-files" and wl == "W3i":
                 # The distinct images' PNG bytes (rows i and i + 100 hold the same image).
                 result["distinct_bytes"] = sum(os.path.getsize(os.path.join(path, "img", f"{i}.png")) for i in range(min(100, len(tree))))

@@ -122,3 +122,13 @@ def test_hostile_refs_are_refused_with_a_clear_error(tmp_path, root, says):
         treepack.load(str(p))
     with pytest.raises(treepack.FormatError, match=says):
         treepack.open(str(p))
+
+
+def test_the_golden_1_2_file_loads_with_its_shared_objects():
+    import pathlib
+
+    p = pathlib.Path(__file__).resolve().parents[2] / "tests" / "golden" / "demo-refs"
+    back = treepack.load(str(p), trust=["*"], on_missing="placeholder")
+    assert back["again"] is back["model"]
+    assert back["cycle"][0] == "loop" and back["cycle"][1] is back["cycle"]
+    assert treepack.verify(str(p)).ok

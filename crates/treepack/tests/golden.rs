@@ -13,9 +13,23 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden")
 }
 
-/// The golden locations: format 1.0 (raw chunks) in both layouts, and format 1.1 with each
-/// codec (`demo-zstd.tpk`: shuffle+zstd and zstd; `demo-lz4`: shuffle+lz4 and lz4).
-const NAMES: [&str; 4] = ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4"];
+/// The golden locations: format 1.0 (raw chunks) in both layouts, format 1.1 with each codec
+/// (`demo-zstd.tpk`: shuffle+zstd and zstd; `demo-lz4`: shuffle+lz4 and lz4), and format 1.2
+/// (`demo-refs`: the demo tree as a shared object referred to again, and a cycle).
+const NAMES: [&str; 5] = ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4", "demo-refs"];
+
+/// The tree each golden location holds.
+fn tree_for(name: &str) -> Node {
+    let tree = demo::example_tree();
+    if name != "demo-refs" {
+        return tree;
+    }
+    Node::dict([
+        ("model", Tree::Shared { id: 0, node: Box::new(tree) }),
+        ("again", Tree::Ref(0)),
+        ("cycle", Tree::Shared { id: 1, node: Box::new(Node::list([Node::from("loop"), Tree::Ref(1)])) }),
+    ])
+}
 
 fn options(name: &str) -> SaveOptions {
     // float32 arrays without the shuffle, everything else with it (where it moves bytes).
@@ -65,7 +79,6 @@ fn hashes_text() -> String {
 
 #[test]
 fn golden_files_are_reproduced_byte_for_byte() {
-    let tree = demo::example_tree();
     let tmp = tempfile::tempdir().unwrap();
     if std::env::var_os("TREEPACK_BLESS").is_some() {
         let g = golden_dir();
@@ -73,13 +86,13 @@ fn golden_files_are_reproduced_byte_for_byte() {
         for name in NAMES {
             let _ = std::fs::remove_dir_all(g.join(name));
             let _ = std::fs::remove_file(g.join(name));
-            save(&tree, g.join(name).to_str().unwrap(), &options(name)).unwrap();
+            save(&tree_for(name), g.join(name).to_str().unwrap(), &options(name)).unwrap();
         }
         std::fs::write(g.join("BLAKE3SUMS"), hashes_text()).unwrap();
     }
     for name in NAMES {
         let fresh = tmp.path().join(name);
-        save(&tree, fresh.to_str().unwrap(), &options(name)).unwrap();
+        save(&tree_for(name), fresh.to_str().unwrap(), &options(name)).unwrap();
         let committed = files(&golden_dir().join(name));
         assert!(!committed.is_empty(), "golden files missing; run with TREEPACK_BLESS=1");
         let produced = files(&fresh);
@@ -98,8 +111,8 @@ fn golden_files_are_reproduced_byte_for_byte() {
 
 #[test]
 fn golden_files_load_to_the_demo_tree() {
-    let tree = demo::example_tree();
     for name in NAMES {
+        let tree = tree_for(name);
         let p = golden_dir().join(name);
         let r = open(p.to_str().unwrap()).unwrap();
         let codecs: std::collections::BTreeSet<&str> = {
@@ -113,7 +126,12 @@ fn golden_files_load_to_the_demo_tree() {
             _ => &["raw"],
         };
         assert_eq!(codecs.into_iter().collect::<Vec<_>>(), want, "{name}: the codecs it covers");
-        assert_eq!(r.manifest().version, (1, if name.contains('-') { 1 } else { 0 }), "{name}");
+        let minor = match name {
+            "demo-refs" => 2,
+            n if n.contains('-') => 1,
+            _ => 0,
+        };
+        assert_eq!(r.manifest().version, (1, minor), "{name}");
         let back = load(p.to_str().unwrap(), &LoadOptions::default()).unwrap();
         assert!(back.exact_eq(&tree), "{name}");
         assert!(open(p.to_str().unwrap()).unwrap().verify().unwrap().ok());

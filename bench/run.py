@@ -280,25 +280,11 @@ def main():
 def start_moto():
     """A moto S3 server on 127.0.0.1 with bucket `bench`, for the `-s3` peers (their cases find it
     through TREEPACK_BENCH_S3)."""
-    import socket
-    import urllib.request
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "servers"))
+    import local_s3
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("moto_server did not start (bash scripts/servers.sh installs it)")
-            time.sleep(0.1)
-    urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/bench", method="PUT"), timeout=10).read()
-    os.environ["TREEPACK_BENCH_S3"] = f"http://127.0.0.1:{port}"
+    proc, endpoint = local_s3.start("bench")
+    os.environ["TREEPACK_BENCH_S3"] = endpoint
     return proc
 
 

@@ -60,7 +60,8 @@ def _untrusted_hints(types: Dict[str, List[str]]) -> List[str]:
     if registered:
         out.append(
             f"  - registered types ({', '.join(registered)}): call treepack.register(cls, name=..., to_data=..., "
-            "from_data=...) for each in this process before loading (trust= does not apply to them)"
+            "from_data=...) (or save=..., load=... for file-backed types) for each in this process before loading "
+            "(trust= does not apply to them)"
         )
     if any(n.startswith("pickle (") for n in types):
         out.append("  - pickled objects: allow_pickle=True (unpickling runs code from the file: only for files you trust)")

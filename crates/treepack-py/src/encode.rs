@@ -34,6 +34,12 @@ pub(crate) struct Encoder<'py> {
     pub(crate) seen: HashMap<usize, (u64, Bound<'py, PyAny>)>,
     /// Ordinals of the nodes a ref points at.
     pub(crate) refd: HashSet<u64>,
+    /// Ordinals of the objects being encoded (a ref to one of them is a cycle).
+    pub(crate) open: HashSet<u64>,
+    /// The node about to be encoded is a direct child of a tuple or of a custom node: a cycle
+    /// may not close there (a loader cannot put the object into a tuple or a custom type's
+    /// data before it exists).
+    pub(crate) fragile: bool,
 }
 
 /// One step of the key path [`Encoder`] is at.
@@ -76,14 +82,21 @@ impl<'py> Encoder<'py> {
     }
 
     /// A ref, if `obj` was met before.
-    fn again(&mut self, obj: &Bound<'py, PyAny>) -> Option<Node> {
+    fn again(&mut self, obj: &Bound<'py, PyAny>, fragile: bool) -> PyResult<Option<Node>> {
         if !self.share {
-            return None;
+            return Ok(None);
         }
-        let (o, _) = self.seen.get(&(obj.as_ptr() as usize))?;
+        let Some((o, _)) = self.seen.get(&(obj.as_ptr() as usize)) else { return Ok(None) };
         let o = *o;
+        if fragile && self.open.contains(&o) {
+            return Err(PyValueError::new_err(format!(
+                "cannot save `{}`: an object contains itself through a tuple or a registered type's data \
+                 here; loading could not rebuild that cycle. Hold it in a list or a dict there instead",
+                self.here()
+            )));
+        }
         self.refd.insert(o);
-        Some(Tree::Ref(o))
+        Ok(Some(Tree::Ref(o)))
     }
 
     pub(crate) fn here(&self) -> String {
@@ -186,6 +199,7 @@ impl<'py> Encoder<'py> {
                 treepack::format::manifest::MAX_DEPTH
             )));
         }
+        let fragile = std::mem::take(&mut self.fragile);
         if obj.is_none() {
             return Ok(Node::none());
         }
@@ -210,43 +224,56 @@ impl<'py> Encoder<'py> {
             return Ok(Tree::Leaf(Leaf::Bytes(self.bytes(b))));
         }
         if let Ok(l) = obj.cast_exact::<PyList>() {
-            if let Some(r) = self.again(obj) {
+            if let Some(r) = self.again(obj, fragile)? {
                 return Ok(r);
             }
-            self.begin(Some(obj));
+            let o = self.begin(Some(obj));
+            self.open.insert(o);
             let mut out = Vec::with_capacity(l.len());
             for (i, x) in l.iter().enumerate() {
                 out.push(self.child(PathStep::Index(i), &x, depth)?);
             }
+            self.open.remove(&o);
             return Ok(Tree::List(out));
         }
         if let Ok(t) = obj.cast_exact::<PyTuple>() {
-            self.begin(None);
+            // The empty tuple is one object in CPython and holds nothing: never a shared node.
+            if !t.is_empty() {
+                if let Some(r) = self.again(obj, fragile)? {
+                    return Ok(r);
+                }
+            }
+            let o = self.begin((!t.is_empty()).then_some(obj));
+            self.open.insert(o);
             let mut out = Vec::with_capacity(t.len());
             for (i, x) in t.iter().enumerate() {
+                self.fragile = true;
                 out.push(self.child(PathStep::Index(i), &x, depth)?);
             }
+            self.open.remove(&o);
             return Ok(Tree::Tuple(out));
         }
         if let Ok(d) = obj.cast_exact::<PyDict>() {
-            if let Some(r) = self.again(obj) {
+            if let Some(r) = self.again(obj, fragile)? {
                 return Ok(r);
             }
-            self.begin(Some(obj));
+            let o = self.begin(Some(obj));
+            self.open.insert(o);
             let mut out = Vec::with_capacity(d.len());
             for (k, v) in d.iter() {
                 let key = self.key(&k)?;
                 out.push((key, self.child(PathStep::Key(k), &v, depth)?));
             }
+            self.open.remove(&o);
             return Ok(Tree::Dict(out));
         }
         if obj.get_type().is(&self.ndarray) {
             if matches!(obj.cast::<PyUntypedArray>()?.dtype().kind(), b'O' | b'M' | b'm') {
                 // Python objects, not array data: pickled with `allow_pickle`, else refused.
                 // datetime64/timedelta64: a `py.datetime64` node (int64 values and the unit).
-                return self.other(obj, depth);
+                return self.other(obj, depth, fragile);
             }
-            if let Some(r) = self.again(obj) {
+            if let Some(r) = self.again(obj, false)? {
                 return Ok(r);
             }
             self.begin(Some(obj));
@@ -265,7 +292,7 @@ impl<'py> Encoder<'py> {
             let np = self.py.import("numpy")?;
             let a = np.call_method1("asarray", (obj,))?;
             if matches!(a.cast::<PyUntypedArray>()?.dtype().kind(), b'M' | b'm' | b'O') {
-                return self.other(obj, depth);
+                return self.other(obj, depth, fragile);
             }
             // The custom node, then its array.
             self.begin(None);
@@ -277,7 +304,7 @@ impl<'py> Encoder<'py> {
                 children: vec![("value".into(), Node::from(arr))],
             });
         }
-        self.other(obj, depth)
+        self.other(obj, depth, fragile)
     }
 
     pub(crate) fn array(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<ArrayData> {
@@ -311,8 +338,8 @@ impl<'py> Encoder<'py> {
         ArrayData::new(dtype, shape, data).map_err(|e| self.err(e))
     }
 
-    pub(crate) fn other(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
-        if let Some(r) = self.again(obj) {
+    pub(crate) fn other(&mut self, obj: &Bound<'py, PyAny>, depth: usize, fragile: bool) -> PyResult<Node> {
+        if let Some(r) = self.again(obj, fragile)? {
             return Ok(r);
         }
         let here = self.here();
@@ -324,13 +351,21 @@ impl<'py> Encoder<'py> {
             }
         })?;
         let (kind, type_name, data, children): NodeDescription<'py> = desc.extract()?;
-        if kind != "value" {
-            self.begin(Some(obj));
+        let o = (kind != "value").then(|| self.begin(Some(obj)));
+        if let Some(o) = o {
+            self.open.insert(o);
         }
         let mut kids = Vec::with_capacity(children.len());
         for (name, v) in children {
             let step = PathStep::Name(name.clone());
+            // A record's fields are set on the object after it exists; a custom type's data
+            // goes to its `from_data`, which needs it whole.
+            self.fragile = kind == "custom";
             kids.push((name, self.child(step, &v, depth)?));
+        }
+        self.fragile = false;
+        if let Some(o) = o {
+            self.open.remove(&o);
         }
         match kind.as_str() {
             "record" => Ok(Tree::Record { type_name, fields: kids }),
@@ -458,6 +493,8 @@ pub(crate) fn prepare(
         ordinal: 0,
         seen: HashMap::new(),
         refd: HashSet::new(),
+        open: HashSet::new(),
+        fragile: false,
     };
     let mut node = enc.node(tree, 0)?;
     if !enc.refd.is_empty() {

@@ -95,3 +95,16 @@ fn trees_without_refs_are_still_written_as_before() {
     save(&Node::dict([("a", arr(&[1]))]), p.to_str().unwrap(), &SaveOptions::default()).unwrap();
     assert_eq!(open(p.to_str().unwrap()).unwrap().manifest().version, (1, 0));
 }
+
+#[test]
+fn small_trees_with_refs_still_load_in_one_pass() {
+    use treepack::read::one_pass::{load_one_pass, NodeBuild};
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t");
+    let p = p.to_str().unwrap();
+    save(&tree(), p, &SaveOptions::default()).unwrap();
+    let loc = p.into_location().unwrap().pin().unwrap();
+    let (bytes, file) = loc.block_on(read::manifest_bytes(&loc)).unwrap();
+    let got = load_one_pass(&loc, &bytes, &file, &NodeBuild { file: &file }, true).expect("one pass");
+    assert!(got.exact_eq(&tree()));
+}

@@ -120,6 +120,15 @@ impl<B: Build> Build for OnePass<'_, B> {
     ) -> std::result::Result<Self::Node, String> {
         self.inner.custom(type_name, data, children)
     }
+    fn shared_begin(&self, id: u64) {
+        self.inner.shared_begin(id)
+    }
+    fn shared(&self, id: u64, node: Self::Node) -> std::result::Result<Self::Node, String> {
+        self.inner.shared(id, node)
+    }
+    fn reference(&self, id: u64) -> std::result::Result<Self::Node, String> {
+        self.inner.reference(id)
+    }
     fn packs(&self, packs: &[PackInfo]) {
         let small = packs.iter().map(|p| p.size).fold(0u64, u64::saturating_add) <= ONE_PASS_PACK_BYTES;
         if small && self.loc.local_path().is_some() && packs.iter().all(|p| self.loc.layout().allows_pack(&p.path)) {

@@ -114,6 +114,26 @@ proptest! {
         }
     }
 
+    /// Shared objects (format 1.2) over any subtrees: a shared node, refs to it after it and
+    /// inside a second shared node that also refers to itself (a cycle).
+    #[test]
+    fn any_tree_with_shared_objects_round_trips(a in tree_strategy(), b in tree_strategy(), c in tree_strategy()) {
+        let tree = Node::list([
+            Tree::Shared { id: 0, node: Box::new(Node::list([a])) },
+            Tree::Ref(0),
+            b,
+            Tree::Shared { id: 1, node: Box::new(Node::dict([("c", c), ("me", Tree::Ref(1)), ("first", Tree::Ref(0))])) },
+        ]);
+        let dir = tempfile::tempdir().unwrap();
+        for loc in [dir.path().join("d").to_str().unwrap().to_string(), dir.path().join("f.tpk").to_str().unwrap().to_string()] {
+            save(&tree, &loc, &SaveOptions { inline_bytes: 0, ..Default::default() }).unwrap();
+            let back = load(&loc, &LoadOptions::default()).unwrap();
+            prop_assert!(back.exact_eq(&tree), "{loc}: {back:?}\n!=\n{tree:?}");
+            prop_assert!(open(&loc).unwrap().load(&LoadOptions::default()).unwrap().exact_eq(&tree));
+            prop_assert!(open(&loc).unwrap().verify().unwrap().ok());
+        }
+    }
+
     #[test]
     fn any_slice_matches_naive_slicing(a in array_strategy(), chunk in 1u64..64, raw in proptest::collection::vec((any::<Option<i8>>(), any::<Option<i8>>(), 1i64..4, any::<bool>(), any::<i8>()), 0..4)) {
         let loc = format!("memory://slices/{}", rand_name());

@@ -26,7 +26,7 @@ pub(crate) struct LoadBuilder<'py, 'a> {
     /// Shared nodes begun and not yet complete, with the placeholder a ref to them (a cycle)
     /// returns, and the places that placeholder was put, patched when the object is built.
     open: std::cell::RefCell<HashMap<u64, OpenShared<'py>>>,
-    refs: std::cell::RefCell<treepack::format::model::RefCheck>,
+    refs: std::cell::RefCell<treepack::format::refs::RefCheck>,
 }
 
 /// A shared object being built: the placeholder a cycle's ref gets, and where it was put.
@@ -139,7 +139,7 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         }
         let py = self.dec.borrow().py;
         // A fresh object that stands for the one being built, where a cycle refers to it.
-        let placeholder = py.eval(c"object()", None, None).map(|o| o.unbind());
+        let placeholder = py.get_type::<pyo3::types::PyAny>().call0().map(|o| o.unbind());
         match placeholder {
             Ok(p) => {
                 self.open.borrow_mut().insert(id, (p, Vec::new()));

@@ -111,7 +111,7 @@ pub fn load(location: impl IntoLocation, opts: &LoadOptions) -> Result<Node> {
         let b = read::one_pass::NodeBuild { file: &file };
         if let Some(node) = read::one_pass::load_one_pass(&loc, &bytes, &file, &b, opts.verify) {
             // Shared ids are checked on the whole tree (the reader's parse reports the place).
-            if format::manifest::check_refs(&node).is_ok() {
+            if format::refs::check_refs(&node).is_ok() {
                 return Ok(node);
             }
         }

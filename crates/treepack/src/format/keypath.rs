@@ -346,30 +346,12 @@ fn list_index(seg: &str, len: usize) -> Option<usize> {
     (i < len).then_some(i)
 }
 
-/// The object at `node`: the target of a [`Tree::Ref`] (found in `root`), the inside of a
-/// [`Tree::Shared`], or `node` itself.
-pub fn follow<'t, L>(root: &'t Tree<L>, node: &'t Tree<L>) -> &'t Tree<L> {
-    match node {
-        Tree::Ref(id) => find_shared(root, *id).map(Tree::unshared).unwrap_or(node),
-        n => n.unshared(),
-    }
-}
-
-/// The shared node `id` of `root` (a walk: refs are rare, and readers validated the ids).
-pub fn find_shared<L>(root: &Tree<L>, id: u64) -> Option<&Tree<L>> {
-    match root {
-        Tree::Shared { id: i, .. } if *i == id => Some(root),
-        Tree::Shared { node, .. } => crate::format::model::grow(|| find_shared(node, id)),
-        t => crate::format::model::grow(|| t.children().into_iter().find_map(|(_, c)| find_shared(c, id))),
-    }
-}
-
 /// Resolve a key path in a tree.
 ///
 /// # Errors
 /// [`Error::BadKeyPath`] for a malformed path, [`Error::KeyNotFound`] naming the first missing step.
 pub fn resolve<'t, L>(tree: &'t Tree<L>, path: &str) -> Result<&'t Tree<L>> {
-    resolve_place(tree, path).map(|n| follow(tree, n))
+    resolve_place(tree, path).map(|n| crate::format::refs::follow(tree, n))
 }
 
 /// The node at a key path's place: a shared node as it is (the object with its id), a ref
@@ -380,7 +362,7 @@ pub fn resolve<'t, L>(tree: &'t Tree<L>, path: &str) -> Result<&'t Tree<L>> {
 pub fn resolve_place<'t, L>(tree: &'t Tree<L>, path: &str) -> Result<&'t Tree<L>> {
     let node = resolve_inner(tree, path)?;
     Ok(match node {
-        Tree::Ref(id) => find_shared(tree, *id).unwrap_or(node),
+        Tree::Ref(id) => crate::format::refs::find_shared(tree, *id).unwrap_or(node),
         n => n,
     })
 }
@@ -390,7 +372,7 @@ fn resolve_inner<'t, L>(tree: &'t Tree<L>, path: &str) -> Result<&'t Tree<L>> {
     let mut walked: Vec<String> = vec![];
     for seg in split(path)? {
         // A path below a ref continues in the object it refers to.
-        node = follow(tree, node);
+        node = crate::format::refs::follow(tree, node);
         node = match child(node, &seg) {
             Some(c) => c,
             None => {

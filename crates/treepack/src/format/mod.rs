@@ -15,3 +15,4 @@ pub mod keypath;
 pub mod manifest;
 pub mod model;
 pub mod preview;
+pub mod refs;

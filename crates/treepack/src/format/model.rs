@@ -280,42 +280,6 @@ pub enum Tree<L> {
     Ref(u64),
 }
 
-/// The rule for shared ids (format 1.2), applied as nodes are met in document order: shared
-/// nodes are numbered 0, 1, 2, ..., and a ref names a shared node begun before it (an
-/// ancestor, for a cycle, or an earlier subtree). Every reader and writer checks it with this.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct RefCheck {
-    next: u64,
-}
-
-impl RefCheck {
-    /// A shared node `id` begins.
-    ///
-    /// # Errors
-    /// The reason, when `id` is not the next id.
-    pub fn begin(&mut self, id: u64) -> Result<(), String> {
-        if id != self.next {
-            return Err(format!(
-                "shared node id {id} out of order (shared nodes are numbered 0, 1, 2, ... in order; expected {})",
-                self.next
-            ));
-        }
-        self.next += 1;
-        Ok(())
-    }
-
-    /// A ref to `id`.
-    ///
-    /// # Errors
-    /// The reason, when no shared node `id` begins before the ref.
-    pub fn reference(&self, id: u64) -> Result<(), String> {
-        if id >= self.next {
-            return Err(format!("ref to id {id}, which no shared node before it has"));
-        }
-        Ok(())
-    }
-}
-
 /// Run `f` with at least 128 KiB of stack left, switching to a fresh 4 MiB segment when needed:
 /// every recursive walk over a tree (up to `MAX_DEPTH` deep, possibly from a hostile file) goes
 /// through this, so no input can overflow the stack whatever the build profile.
@@ -647,7 +611,8 @@ impl<L> Tree<L> {
         }
     }
 
-    /// Whether the tree holds shared nodes or refs (written as format 1.2).
+    /// Whether the tree holds shared nodes or refs (written as format 1.2; the rules are in
+    /// [`crate::format::refs`]).
     pub fn has_refs(&self) -> bool {
         match self {
             Tree::Shared { .. } | Tree::Ref(_) => true,

@@ -219,7 +219,7 @@ pub fn localize(root: &Tree<Entry>, place: &Tree<Entry>) -> Tree<Entry> {
             Tree::Ref(id) => match ids.get(id) {
                 Some(new) => Tree::Ref(*new),
                 // Stored outside: brought here.
-                None => match keypath::find_shared(root, *id) {
+                None => match crate::format::refs::find_shared(root, *id) {
                     Some(shared) => crate::format::model::grow(|| walk(root, shared, ids)),
                     None => Tree::Ref(*id),
                 },

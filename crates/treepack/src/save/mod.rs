@@ -7,6 +7,7 @@
 //! manifest last — with a create-only put unless overwriting — so a reader never sees a partial
 //! tree, and (6) when overwriting, delete the packs only the old tree used.
 
+mod check;
 mod compression;
 
 pub use compression::{Compression, Rule, AUTO_MIN_SIZE, AUTO_ZSTD_LEVEL, DEFAULT_ZSTD_LEVEL};
@@ -18,14 +19,13 @@ use crate::format::dtype::DType;
 use crate::format::grid::{self, ChunkGrid, DimSel};
 use crate::format::hash::Hash32;
 use crate::format::keypath::{self, Glob};
-use crate::format::manifest::{
-    self, ArrayEntry, ArrayStorage, ChunkRef, Entry, Manifest, PackInfo, Stored, MAX_DEPTH, MAX_NDIM,
-};
-use crate::format::model::{ArrayData, Leaf, Node, RefCheck, Step, Tree};
+use crate::format::manifest::{self, ArrayEntry, ArrayStorage, ChunkRef, Entry, Manifest, PackInfo, Stored, MAX_NDIM};
+use crate::format::model::{ArrayData, Leaf, Node, Step, Tree};
 use crate::format::preview;
 use crate::progress::Tracker;
 use crate::store::{Layout, Location, MANIFEST_NAME, PACKS_DIR};
 use bytes::{Bytes, BytesMut};
+use check::check_tree;
 use futures::{StreamExt, TryStreamExt};
 use rayon::prelude::*;
 use serde_json::{json, Value};
@@ -117,70 +117,6 @@ struct Pending {
 
 /// Placeholder marker in `ChunkRef::pack` before layout.
 const UNPLACED: u32 = u32::MAX;
-
-/// Depth, key uniqueness and shared ids; whether the tree holds shared nodes or refs.
-fn check_tree(tree: &Node) -> Result<bool> {
-    let mut path = Vec::new();
-    let mut refs = (RefCheck::default(), false);
-    check_node(tree, 0, &mut path, &mut refs)?;
-    Ok(refs.1)
-}
-
-/// Depth and key uniqueness in one walk, with no allocation per node: string keys are compared
-/// as they are (two string keys name the same path exactly when they are equal); the key path is
-/// only formatted for an error.
-fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>, refs: &mut (RefCheck, bool)) -> Result<()> {
-    if depth > MAX_DEPTH {
-        return Err(Error::limit("tree depth", MAX_DEPTH as u64, "nest containers less deeply"));
-    }
-    let bad_ref = |path: &Vec<Step<'a>>, r: String| Error::invalid_tree(keypath::steps_text(path), r);
-    let dup = match t {
-        Tree::Leaf(_) => return Ok(()),
-        Tree::Ref(id) => {
-            refs.1 = true;
-            return refs.0.reference(*id).map_err(|r| bad_ref(path, r));
-        }
-        Tree::Shared { id, node } => {
-            refs.1 = true;
-            refs.0.begin(*id).map_err(|r| bad_ref(path, r))?;
-            if matches!(**node, Tree::Shared { .. } | Tree::Ref(_)) {
-                return Err(bad_ref(
-                    path,
-                    "a shared node's value must be an object, not a shared node or a ref".into(),
-                ));
-            }
-            return crate::format::model::grow(|| check_node(node, depth, path, refs));
-        }
-        Tree::List(_) | Tree::Tuple(_) => None,
-        Tree::Dict(pairs) => {
-            manifest::first_duplicate_key(pairs).map(|i| crate::format::keypath::key_segment_text(&pairs[i].0))
-        }
-        Tree::Record { fields: named, .. } | Tree::Custom { children: named, .. } => {
-            manifest::first_duplicate_name(named).map(|i| crate::format::keypath::name_segment_text(&named[i].0))
-        }
-    };
-    if let Some(txt) = dup {
-        return Err(Error::invalid_tree(keypath::steps_text(path), format!("duplicate key `{txt}`")));
-    }
-    crate::format::model::grow(|| {
-        let mut visit = |step: Step<'a>, c: &'a Node, path: &mut Vec<Step<'a>>| {
-            path.push(step);
-            let r = check_node(c, depth + 1, path, refs);
-            path.pop();
-            r
-        };
-        match t {
-            Tree::Leaf(_) | Tree::Shared { .. } | Tree::Ref(_) => Ok(()),
-            Tree::List(v) | Tree::Tuple(v) => {
-                v.iter().enumerate().try_for_each(|(i, c)| visit(Step::Index(i), c, path))
-            }
-            Tree::Dict(v) => v.iter().try_for_each(|(k, c)| visit(Step::Key(k), c, path)),
-            Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => {
-                v.iter().try_for_each(|(n, c)| visit(Step::Name(n), c, path))
-            }
-        }
-    })
-}
 
 /// Slice an array into its chunks (zero-copy for contiguous chunks).
 fn array_chunks(a: &ArrayData, grid: &ChunkGrid) -> Vec<Bytes> {
@@ -732,43 +668,6 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::model::{Int, Key};
-
-    /// The writer refuses what every reader refuses: keys that name one path twice (at any depth,
-    /// string, typed or field names) and trees nested past `MAX_DEPTH`, naming where.
-    #[test]
-    fn check_tree_refuses_duplicate_keys_and_deep_trees() {
-        let leaf = || Node::Leaf(Leaf::None);
-        let refused = |t: &Node| match check_tree(t).map(drop) {
-            Err(Error::InvalidTree { key, reason }) => format!("{key}: {reason}"),
-            other => panic!("expected InvalidTree, got {other:?}"),
-        };
-        let dup = Tree::Dict(vec![(Key::Str("a".into()), leaf()), (Key::Str("a".into()), leaf())]);
-        assert_eq!(refused(&Node::dict([("x", Node::list([leaf(), dup]))])), "x/1: duplicate key `a`");
-        let ints = Tree::Dict(vec![(Key::Int(Int::Small(1)), leaf()), (Key::Int(Int::Small(1)), leaf())]);
-        assert_eq!(refused(&ints), ": duplicate key `~i1`");
-        let fields = Tree::Record { type_name: "P".into(), fields: vec![("f".into(), leaf()), ("f".into(), leaf())] };
-        assert_eq!(refused(&Node::dict([("r~", fields)])), "r~0: duplicate key `f`");
-        // The same text as a string and as a typed key are different paths; many keys go
-        // through the hash-set comparison.
-        let mixed: Vec<(Key, Node)> = (0..40)
-            .map(|i| (Key::Str(format!("k{i}")), leaf()))
-            .chain([(Key::Str("~i1".into()), leaf()), (Key::Int(Int::Small(1)), leaf())])
-            .collect();
-        assert!(check_tree(&Tree::Dict(mixed.clone())).is_ok());
-        let mut many = mixed;
-        many.push((Key::Str("k39".into()), leaf()));
-        assert_eq!(refused(&Tree::Dict(many)), ": duplicate key `k39`");
-        let mut deep = leaf();
-        for _ in 0..MAX_DEPTH {
-            deep = Node::list([deep]);
-        }
-        assert!(check_tree(&deep).is_ok());
-        match check_tree(&Node::list([deep])) {
-            Err(Error::LimitExceeded { .. }) => {}
-            other => panic!("expected a depth limit error, got {other:?}"),
-        }
-    }
 
     /// Hashing fused with min/max block by block gives exactly the one-pass results, for every
     /// previewed dtype family and lengths that do not divide into blocks.

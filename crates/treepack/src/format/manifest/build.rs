@@ -214,7 +214,7 @@ impl Build for OwnedTree {
     fn owned(&self, t: Tree<Entry>) -> std::result::Result<Tree<Entry>, String> {
         Ok(t)
     }
-    // Ids are checked on the whole tree once it is parsed (`check_refs`): parts of a big
+    // Ids are checked on the whole tree once it is parsed (`refs::check_refs`): parts of a big
     // manifest are parsed on several threads.
     fn shared(&self, id: u64, node: Tree<Entry>) -> std::result::Result<Tree<Entry>, String> {
         Ok(Tree::Shared { id, node: Box::new(node) })
@@ -222,56 +222,4 @@ impl Build for OwnedTree {
     fn reference(&self, id: u64) -> std::result::Result<Tree<Entry>, String> {
         Ok(Tree::Ref(id))
     }
-}
-
-/// Check a tree's shared ids against [`RefCheck`]'s rule (and that a shared node's value is an
-/// object), in document order; the error names the place.
-///
-/// # Errors
-/// The key path and the reason.
-pub fn check_refs<L>(root: &Tree<L>) -> std::result::Result<(), (String, String)> {
-    fn walk<'a, L>(
-        t: &'a Tree<L>,
-        path: &mut Vec<Step<'a>>,
-        rc: &mut RefCheck,
-    ) -> std::result::Result<(), (String, String)> {
-        let here = |path: &Vec<Step<'a>>, r: String| (crate::format::keypath::steps_text(path), r);
-        match t {
-            Tree::Leaf(_) => Ok(()),
-            Tree::Ref(id) => rc.reference(*id).map_err(|r| here(path, r)),
-            Tree::Shared { id, node } => {
-                rc.begin(*id).map_err(|r| here(path, r))?;
-                if matches!(**node, Tree::Shared { .. } | Tree::Ref(_)) {
-                    return Err(here(path, "a shared node's `v` must be an object, not a shared node or a ref".into()));
-                }
-                crate::format::model::grow(|| walk(node, path, rc))
-            }
-            t => crate::format::model::grow(|| {
-                for (step, c) in t.children() {
-                    path.push(step);
-                    walk(c, path, rc)?;
-                    path.pop();
-                }
-                Ok(())
-            }),
-        }
-    }
-    /// The same walk without key paths (no allocation per node): the path is found only for
-    /// an error.
-    fn fast<L>(t: &Tree<L>, rc: &mut RefCheck) -> bool {
-        crate::format::model::grow(|| match t {
-            Tree::Leaf(_) => true,
-            Tree::Ref(id) => rc.reference(*id).is_ok(),
-            Tree::Shared { id, node } => {
-                rc.begin(*id).is_ok() && !matches!(**node, Tree::Shared { .. } | Tree::Ref(_)) && fast(node, rc)
-            }
-            Tree::List(v) | Tree::Tuple(v) => v.iter().all(|c| fast(c, rc)),
-            Tree::Dict(v) => v.iter().all(|(_, c)| fast(c, rc)),
-            Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => v.iter().all(|(_, c)| fast(c, rc)),
-        })
-    }
-    if fast(root, &mut RefCheck::default()) {
-        return Ok(());
-    }
-    walk(root, &mut Vec::new(), &mut RefCheck::default())
 }

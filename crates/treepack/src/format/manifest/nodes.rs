@@ -143,10 +143,7 @@ struct StrictNode<'a, B: Build> {
 /// A shared node's `v` may not be a shared node or a ref (an object is one node; a ref whose
 /// target is its own value would never reach one).
 pub(super) fn check_shared_value<E: de::Error>(ctx: &Ctx<'_>, depth: usize, tag: &Tag) -> std::result::Result<(), E> {
-    if ctx.shared_value.get() == Some(depth) && matches!(tag, Tag::Shared | Tag::Ref) {
-        return Err(E::custom("a shared node's `v` must be an object, not a shared node or a ref"));
-    }
-    Ok(())
+    RefCheck::value(ctx.shared_value.get() == Some(depth) && matches!(tag, Tag::Shared | Tag::Ref)).map_err(E::custom)
 }
 
 impl<'de, B: Build> NodeSink<'de> for StrictNode<'_, B> {

@@ -1,0 +1,117 @@
+//! The checks a tree passes before anything of it is written: depth, unique keys, and the ids
+//! of shared objects (format 1.2).
+
+use crate::error::{Error, Result};
+use crate::format::keypath;
+use crate::format::manifest::{self, MAX_DEPTH};
+use crate::format::model::{Node, Step, Tree};
+
+/// Depth, key uniqueness and shared ids; whether the tree holds shared nodes or refs.
+pub(super) fn check_tree(tree: &Node) -> Result<bool> {
+    let mut path = Vec::new();
+    let mut has_refs = false;
+    check_node(tree, 0, &mut path, &mut has_refs)?;
+    if has_refs {
+        crate::format::refs::check_refs(tree).map_err(|(path, r)| Error::invalid_tree(path, r))?;
+    }
+    Ok(has_refs)
+}
+
+/// Depth and key uniqueness in one walk, with no allocation per node: string keys are compared
+/// as they are (two string keys name the same path exactly when they are equal); the key path is
+/// only formatted for an error. Notes whether shared nodes or refs occur (checked after).
+fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>, has_refs: &mut bool) -> Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(Error::limit("tree depth", MAX_DEPTH as u64, "nest containers less deeply"));
+    }
+    let dup = match t {
+        Tree::Leaf(_) => return Ok(()),
+        Tree::Ref(_) => {
+            *has_refs = true;
+            return Ok(());
+        }
+        Tree::Shared { node, .. } => {
+            *has_refs = true;
+            return crate::format::model::grow(|| check_node(node, depth, path, has_refs));
+        }
+        Tree::List(_) | Tree::Tuple(_) => None,
+        Tree::Dict(pairs) => {
+            manifest::first_duplicate_key(pairs).map(|i| crate::format::keypath::key_segment_text(&pairs[i].0))
+        }
+        Tree::Record { fields: named, .. } | Tree::Custom { children: named, .. } => {
+            manifest::first_duplicate_name(named).map(|i| crate::format::keypath::name_segment_text(&named[i].0))
+        }
+    };
+    if let Some(txt) = dup {
+        return Err(Error::invalid_tree(keypath::steps_text(path), format!("duplicate key `{txt}`")));
+    }
+    crate::format::model::grow(|| {
+        let mut visit = |step: Step<'a>, c: &'a Node, path: &mut Vec<Step<'a>>| {
+            path.push(step);
+            let r = check_node(c, depth + 1, path, has_refs);
+            path.pop();
+            r
+        };
+        match t {
+            Tree::Leaf(_) | Tree::Shared { .. } | Tree::Ref(_) => Ok(()),
+            Tree::List(v) | Tree::Tuple(v) => {
+                v.iter().enumerate().try_for_each(|(i, c)| visit(Step::Index(i), c, path))
+            }
+            Tree::Dict(v) => v.iter().try_for_each(|(k, c)| visit(Step::Key(k), c, path)),
+            Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => {
+                v.iter().try_for_each(|(n, c)| visit(Step::Name(n), c, path))
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::model::{Int, Key, Leaf};
+
+    /// The writer refuses what every reader refuses: keys that name one path twice (at any depth,
+    /// string, typed or field names) and trees nested past `MAX_DEPTH`, naming where.
+    #[test]
+    fn check_tree_refuses_duplicate_keys_and_deep_trees() {
+        let leaf = || Node::Leaf(Leaf::None);
+        let refused = |t: &Node| match check_tree(t).map(drop) {
+            Err(Error::InvalidTree { key, reason }) => format!("{key}: {reason}"),
+            other => panic!("expected InvalidTree, got {other:?}"),
+        };
+        let dup = Tree::Dict(vec![(Key::Str("a".into()), leaf()), (Key::Str("a".into()), leaf())]);
+        assert_eq!(refused(&Node::dict([("x", Node::list([leaf(), dup]))])), "x/1: duplicate key `a`");
+        let ints = Tree::Dict(vec![(Key::Int(Int::Small(1)), leaf()), (Key::Int(Int::Small(1)), leaf())]);
+        assert_eq!(refused(&ints), ": duplicate key `~i1`");
+        let fields = Tree::Record { type_name: "P".into(), fields: vec![("f".into(), leaf()), ("f".into(), leaf())] };
+        assert_eq!(refused(&Node::dict([("r~", fields)])), "r~0: duplicate key `f`");
+        // The same text as a string and as a typed key are different paths; many keys go
+        // through the hash-set comparison.
+        let mixed: Vec<(Key, Node)> = (0..40)
+            .map(|i| (Key::Str(format!("k{i}")), leaf()))
+            .chain([(Key::Str("~i1".into()), leaf()), (Key::Int(Int::Small(1)), leaf())])
+            .collect();
+        assert!(check_tree(&Tree::Dict(mixed.clone())).is_ok());
+        let mut many = mixed;
+        many.push((Key::Str("k39".into()), leaf()));
+        assert_eq!(refused(&Tree::Dict(many)), ": duplicate key `k39`");
+        let mut deep = leaf();
+        for _ in 0..MAX_DEPTH {
+            deep = Node::list([deep]);
+        }
+        assert!(check_tree(&deep).is_ok());
+        match check_tree(&Node::list([deep])) {
+            Err(Error::LimitExceeded { .. }) => {}
+            other => panic!("expected a depth limit error, got {other:?}"),
+        }
+    }
+
+    /// Shared ids are checked with the readers' rule.
+    #[test]
+    fn check_tree_refuses_bad_shared_ids() {
+        let bad = Node::list([Tree::Ref(0)]);
+        assert!(matches!(check_tree(&bad), Err(Error::InvalidTree { key, .. }) if key == "0"));
+        let good = Node::list([Tree::Shared { id: 0, node: Box::new(Node::list([])) }, Tree::Ref(0)]);
+        assert!(check_tree(&good).unwrap());
+    }
+}

@@ -52,6 +52,13 @@ PLAN_W7 = [
 # a tracer that stores each custom object as a file, against one treepack tree).
 PEERS_W3I = ["treepack", "pickle", "png-files", "treepack-s3", "png-files-s3"]
 PLAN_W3I = [("W3i", "save", PEERS_W3I), ("W3i", "load", PEERS_W3I)]
+# W11, scalar-only trees (issue 34) at 10k, 100k and 1M leaves, is its own suite too:
+# `--workloads W11`. Its cases time each operation several times in one process with a warm
+# page cache (a logging loop's saves and loads), and report the median.
+PEERS_W11 = ["treepack", "treepack-tpk", "pickle", "json", "orjson", "msgpack", "flax-msgpack"]
+W11_NAMES = ["W11-10k", "W11-100k", "W11-1M"]
+PLAN_W11 = [(w, o, PEERS_W11) for w in W11_NAMES for o in ("save", "load")]
+WARM_WORKLOADS = set(W11_NAMES)
 # Baselines that need no save of their own: raw's W5 builds the W2 tree's bare skeleton.
 NO_SAVE_NEEDED = {("W5", "raw")}
 CASE_TIMEOUT = 300
@@ -143,6 +150,7 @@ def main():
         STOP_AFTER_S = args.stop_after
     scale = ({"W1": 1 / 16, "W1r": 1 / 16, "W2": 0.1, "W3": 0.1, "W3i": 0.1, "W7": 1 / 16} if args.quick
              else {"W1": 1.0, "W1r": 1.0, "W2": 1.0, "W3": 1.0, "W3i": 1.0, "W7": 1.0})
+    scale.update({w: 0.1 if args.quick else 1.0 for w in W11_NAMES})
     runs = args.runs or (2 if args.quick else 5)
     peers = args.peers.split(",")
     wanted = set(args.workloads.split(",")) if args.workloads else None
@@ -151,6 +159,9 @@ def main():
         plan = [(wl, op, p if args.peers == ",".join(PEERS) else peers) for wl, op, p in PLAN_W7]
     if wanted == {"W3i"}:
         plan = [(wl, op, p if args.peers == ",".join(PEERS) else peers) for wl, op, p in PLAN_W3I]
+    if wanted and wanted & {"W11", *W11_NAMES}:
+        sizes = W11_NAMES if "W11" in wanted else [w for w in W11_NAMES if w in wanted]
+        plan = [(wl, op, p if args.peers == ",".join(PEERS) else peers) for wl, op, p in PLAN_W11 if wl in sizes]
     moto = start_moto() if any(p.endswith("-s3") for _, _, ps in plan for p in ps) else None
     full = wanted is None and peers == PEERS and not args.quick
     d = args.dir or tempfile.mkdtemp(prefix="treepack-bench-")
@@ -196,7 +207,7 @@ def main():
                     # Start every save with nothing dirty in the page cache: otherwise a save
                     # pays for the writeback of whichever peer's gigabyte was written just before.
                     subprocess.run(["sync"], check=False)
-                if dropped and op not in ("save", "warm"):
+                if dropped and op not in ("save", "warm") and wl not in WARM_WORKLOADS:
                     drop_caches()
                 r = run_case(wl, peer, op, d, sc)
                 if r.get("wall") is None:
@@ -382,6 +393,13 @@ def targets(meta, by):
     def row(name, value, ok):
         out.append(f"| {name} | {value} | {'yes' if ok else ('no' if ok is not None else 'n/a')} |")
 
+    if t("W11-100k", "load", "treepack"):
+        # The W11 suite (scalar-only trees, issue 34): pickle and json at 100k and 1M leaves.
+        for w in ("W11-100k", "W11-1M"):
+            for o in ("save", "load"):
+                if t(w, o, "treepack"):
+                    row(f"{w} {o} ≥ 1.0× pickle", *versus(w, o, "pickle", 1.0))
+                    row(f"{w} {o} ≥ 1.5× json", *versus(w, o, "json", 1.5))
     if t("W3i", "load", "treepack"):
         # The W3i suite (objects, issue 26): a dataset of 10k rows holding 100 distinct images.
         for o in ("save", "load"):

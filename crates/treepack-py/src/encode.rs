@@ -30,12 +30,13 @@ pub(crate) struct Encoder<'py> {
     /// Nodes begun so far, counted in document order (see [`share_refs`]).
     pub(crate) ordinal: u64,
     /// Objects met, by address: their node's ordinal (the object is kept alive, so its address
-    /// is not reused by another object meanwhile).
-    pub(crate) seen: HashMap<usize, (u64, Bound<'py, PyAny>)>,
+    /// is not reused by another object meanwhile). FxHash: one insert per container, and the
+    /// keys are addresses, not data.
+    pub(crate) seen: rustc_hash::FxHashMap<usize, (u64, Bound<'py, PyAny>)>,
     /// Ordinals of the nodes a ref points at.
-    pub(crate) refd: HashSet<u64>,
+    pub(crate) refd: rustc_hash::FxHashSet<u64>,
     /// Ordinals of the objects being encoded (a ref to one of them is a cycle).
-    pub(crate) open: HashSet<u64>,
+    pub(crate) open: rustc_hash::FxHashSet<u64>,
     /// The node about to be encoded is a direct child of a tuple or of a custom node: a cycle
     /// may not close there (a loader cannot put the object into a tuple or a custom type's
     /// data before it exists).
@@ -174,6 +175,15 @@ impl<'py> Encoder<'py> {
     }
 
     pub(crate) fn child(&mut self, seg: PathStep<'py>, v: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
+        if depth < treepack::format::manifest::MAX_DEPTH {
+            if let Some(leaf) = scalar(v) {
+                // Most nodes of a big tree: no key path step, no stack check (a leaf recurses
+                // no further). Anything unusual (a string with lone surrogates) takes the
+                // general path below, which reports it.
+                self.fragile = false;
+                return Ok(Tree::Leaf(leaf));
+            }
+        }
         self.path.push(seg);
         // Deep (or cyclic, until the depth limit) trees recurse up to MAX_DEPTH levels.
         let r = treepack::format::model::grow(|| self.node(v, depth + 1));
@@ -406,9 +416,9 @@ fn counted(t: &Node) -> bool {
 
 /// The encoder's refs made format 1.2: each node a ref points at (by its ordinal) wrapped as
 /// a shared node, ids 0, 1, 2, ... in document order, and the refs renumbered to match.
-fn share_refs(node: Node, refd: &HashSet<u64>) -> PyResult<Node> {
+fn share_refs(node: Node, refd: &rustc_hash::FxHashSet<u64>) -> PyResult<Node> {
     struct St<'a> {
-        refd: &'a HashSet<u64>,
+        refd: &'a rustc_hash::FxHashSet<u64>,
         ordinal: u64,
         ids: HashMap<u64, u64>,
     }
@@ -459,6 +469,26 @@ fn share_refs(node: Node, refd: &HashSet<u64>) -> PyResult<Node> {
     Ok(out)
 }
 
+/// The leaf of an exact `None`, `bool`, `int`, `float` or `str`, when it converts as is.
+fn scalar(obj: &Bound<'_, PyAny>) -> Option<Leaf> {
+    if obj.is_none() {
+        return Some(Leaf::None);
+    }
+    if obj.is_exact_instance_of::<PyString>() {
+        return obj.extract::<String>().ok().map(Leaf::Str);
+    }
+    if obj.is_exact_instance_of::<PyInt>() {
+        return int_of(obj).ok().map(Leaf::Int);
+    }
+    if obj.is_exact_instance_of::<PyFloat>() {
+        return obj.extract::<f64>().ok().map(Leaf::Float);
+    }
+    if obj.is_exact_instance_of::<PyBool>() {
+        return obj.extract::<bool>().ok().map(Leaf::Bool);
+    }
+    None
+}
+
 /// A Python tree converted to treepack's model, ready to be written (possibly on another thread).
 #[pyclass(frozen)]
 pub(crate) struct Prepared {
@@ -491,9 +521,9 @@ pub(crate) fn prepare(
         root: tree.clone(),
         share: shared,
         ordinal: 0,
-        seen: HashMap::new(),
-        refd: HashSet::new(),
-        open: HashSet::new(),
+        seen: Default::default(),
+        refd: Default::default(),
+        open: Default::default(),
         fragile: false,
     };
     let mut node = enc.node(tree, 0)?;

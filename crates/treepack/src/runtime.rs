@@ -52,7 +52,7 @@ fn tokio_runtime() -> &'static tokio::runtime::Runtime {
     static RT: PerProcess<tokio::runtime::Runtime> = PerProcess::new();
     RT.get(|| {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8))
+            .worker_threads(threads().clamp(2, 8))
             .thread_name("treepack-io")
             .enable_all()
             .build()
@@ -105,9 +105,12 @@ fn compute_pool() -> Option<&'static rayon::ThreadPool> {
     POOL.get(|| rayon::ThreadPoolBuilder::new().thread_name(|i| format!("treepack-cpu-{i}")).build().ok()).as_ref()
 }
 
-/// How many threads the compute pool has (the core count), without starting it.
+/// How many threads the compute pool has (the core count), without starting it. Asked once
+/// per process: the answer comes from cgroup files (~40 µs a call), and a manifest parse asks
+/// for every big container.
 pub(crate) fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    static CORES: PerProcess<usize> = PerProcess::new();
+    *CORES.get(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Run `f` (which may use rayon's parallel iterators) on this process's compute pool, or inline
@@ -128,7 +131,7 @@ pub(crate) fn parallel<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 pub(crate) fn verify_pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: PerProcess<Option<rayon::ThreadPool>> = PerProcess::new();
     POOL.get(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = threads();
         rayon::ThreadPoolBuilder::new()
             .num_threads((cores / 2).max(1))
             .thread_name(|i| format!("treepack-verify-{i}"))
@@ -136,6 +139,50 @@ pub(crate) fn verify_pool() -> Option<&'static rayon::ThreadPool> {
             .ok()
     })
     .as_ref()
+}
+
+/// The thread that helps manifest parses whose builder must stay on the calling thread
+/// (`parse_items_helped`): one per process, kept (starting a thread per big container cost
+/// ~60 µs each, more than the help was worth on a manifest of 100 dicts of 1,000 items), and
+/// lent to one parse at a time. `None` while another parse holds it, or if it could not be
+/// started: the caller then parses alone.
+pub(crate) fn parse_helper() -> Option<HelperLease> {
+    struct Helper {
+        pool: Option<rayon::ThreadPool>,
+        busy: std::sync::atomic::AtomicBool,
+    }
+    static HELPER: PerProcess<Helper> = PerProcess::new();
+    let h = HELPER.get(|| Helper {
+        pool: rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|_| "treepack-parse".into()).build().ok(),
+        busy: false.into(),
+    });
+    let pool = h.pool.as_ref()?;
+    h.busy.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).ok()?;
+    Some(HelperLease { pool, busy: &h.busy })
+}
+
+/// The parse helper, lent until dropped (see [`parse_helper`]).
+pub(crate) struct HelperLease {
+    pool: &'static rayon::ThreadPool,
+    busy: &'static std::sync::atomic::AtomicBool,
+}
+
+impl HelperLease {
+    /// Run `helper` on the helper thread while `main` runs on this one; returns when both are
+    /// done. The helper thread is this parse's alone, so `helper` starts at once and may wait
+    /// for work that `main` hands it (it must stop once `main` returns).
+    pub(crate) fn run<'s, R>(&self, helper: impl FnOnce() + Send + 's, main: impl FnOnce() -> R) -> R {
+        self.pool.in_place_scope(|s| {
+            s.spawn(move |_| helper());
+            main()
+        })
+    }
+}
+
+impl Drop for HelperLease {
+    fn drop(&mut self) {
+        self.busy.store(false, Ordering::Release);
+    }
 }
 
 #[cfg(all(test, unix))]

@@ -119,6 +119,10 @@ pub fn replay_with<B: Build, T>(
     t: &Tree<T>,
     leaf: &mut LeafFn<'_, B, T>,
 ) -> std::result::Result<B::Node, String> {
+    if let Tree::Leaf(e) = t {
+        // Leaves recurse no further: no stack check for most nodes.
+        return leaf(b, e);
+    }
     crate::format::model::grow(|| match t {
         Tree::Leaf(e) => leaf(b, e),
         Tree::List(items) | Tree::Tuple(items) => {

@@ -82,7 +82,9 @@ impl<'a, B> NodeSeed<'a, B> {
 impl<'de, B: Build> DeserializeSeed<'de> for NodeSeed<'_, B> {
     type Value = B::Node;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<B::Node, D::Error> {
-        crate::format::model::grow(|| d.deserialize_any(self))
+        // The stack check is made where a node recurses (`visit_seq`, `visit_map`): most nodes
+        // are scalars, and the check costs two thread-local accesses.
+        d.deserialize_any(self)
     }
 }
 
@@ -121,12 +123,16 @@ impl<'de, B: Build> Visitor<'de> for NodeSeed<'_, B> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<B::Node, A::Error> {
         self.check_depth()?;
-        let items = read_items(self, seq)?;
-        self.b.list(items, false).map_err(de::Error::custom)
+        crate::format::model::grow(|| {
+            let items = read_items(self, seq)?;
+            self.b.list(items, false).map_err(de::Error::custom)
+        })
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<B::Node, A::Error> {
         self.check_depth()?;
-        read_tagged_node(map, &mut StrictNode { node: self, items: None, pairs: None, named: None, value: None })
+        crate::format::model::grow(|| {
+            read_tagged_node(map, &mut StrictNode { node: self, items: None, pairs: None, named: None, value: None })
+        })
     }
 }
 

@@ -137,7 +137,8 @@ where
             .collect();
     }
     // The items of a big container are not split again (one helper per parse).
-    if std::thread::available_parallelism().map_or(1, |p| p.get()) < 2 {
+    let lease = if crate::runtime::threads() < 2 { None } else { crate::runtime::parse_helper() };
+    let Some(lease) = lease else {
         let mut out = Vec::with_capacity(first.len());
         for (i, r) in first.iter().enumerate() {
             out.push(parse_here(i, r, false)?);
@@ -146,7 +147,7 @@ where
             out.push(parse_here(out.len(), r, false)?);
         }
         return Ok(out);
-    }
+    };
 
     /// Blocks of scanned items waiting for a thread, by first index.
     struct Queue<'de> {
@@ -189,8 +190,7 @@ where
             (self.0)(true);
         }
     }
-    std::thread::scope(|s| {
-        let _end = EndQueue(&finish);
+    {
         let (tx, rx) = std::sync::mpsc::channel::<HelpedBlock<T>>();
         // Replayed blocks go back to be freed by the thread that allocated them (a free from
         // another thread is several times slower, and this thread is the busy one).
@@ -247,75 +247,77 @@ where
                 }
             }
         };
-        // If no thread can be started, this thread takes every block itself.
-        let _ = std::thread::Builder::new().name("treepack-parse".into()).spawn_scoped(s, helper);
-        // Queue what is scanned so far, then the rest as it is scanned.
-        let mut n = 0;
-        for block in first.chunks(HELP_BLOCK) {
-            push(n, block.to_vec());
-            n += block.len();
-        }
-        let mut scan = || -> std::result::Result<(), A::Error> {
-            let mut block = Vec::with_capacity(HELP_BLOCK);
-            while let Some(r) = seq.next_element::<&'de RawValue>()? {
-                block.push(r);
-                if block.len() == HELP_BLOCK {
-                    push(n, std::mem::replace(&mut block, Vec::with_capacity(HELP_BLOCK)));
-                    n += HELP_BLOCK;
-                }
-            }
-            if !block.is_empty() {
+        lease.run(helper, || {
+            let _end = EndQueue(&finish);
+            // Queue what is scanned so far, then the rest as it is scanned.
+            let mut n = 0;
+            for block in first.chunks(HELP_BLOCK) {
+                push(n, block.to_vec());
                 n += block.len();
-                push(n - block.len(), block);
             }
-            Ok(())
-        };
-        let scanned = scan();
-        finish(scanned.is_err());
-        scanned?;
-        let mut out: Vec<Option<U>> = Vec::with_capacity(n);
-        out.resize_with(n, || None);
-        let take = |(start, block): HelpedBlock<T>, out: &mut Vec<Option<U>>| -> std::result::Result<(), A::Error> {
-            match block {
-                Ok(items) => {
-                    for (j, t) in items.iter().enumerate() {
-                        out[start + j] = Some(replay_one(start + j, t).map_err(de::Error::custom)?);
+            let mut scan = || -> std::result::Result<(), A::Error> {
+                let mut block = Vec::with_capacity(HELP_BLOCK);
+                while let Some(r) = seq.next_element::<&'de RawValue>()? {
+                    block.push(r);
+                    if block.len() == HELP_BLOCK {
+                        push(n, std::mem::replace(&mut block, Vec::with_capacity(HELP_BLOCK)));
+                        n += HELP_BLOCK;
                     }
-                    let _ = back_tx.send(items);
-                    Ok(())
                 }
-                Err((i, inner, msg)) => {
-                    let mut p = node.ctx.path.borrow_mut();
-                    if indexed {
-                        p.push(PathSeg::Index(i));
+                if !block.is_empty() {
+                    n += block.len();
+                    push(n - block.len(), block);
+                }
+                Ok(())
+            };
+            let scanned = scan();
+            finish(scanned.is_err());
+            scanned?;
+            let mut out: Vec<Option<U>> = Vec::with_capacity(n);
+            out.resize_with(n, || None);
+            let take =
+                |(start, block): HelpedBlock<T>, out: &mut Vec<Option<U>>| -> std::result::Result<(), A::Error> {
+                    match block {
+                        Ok(items) => {
+                            for (j, t) in items.iter().enumerate() {
+                                out[start + j] = Some(replay_one(start + j, t).map_err(de::Error::custom)?);
+                            }
+                            let _ = back_tx.send(items);
+                            Ok(())
+                        }
+                        Err((i, inner, msg)) => {
+                            let mut p = node.ctx.path.borrow_mut();
+                            if indexed {
+                                p.push(PathSeg::Index(i));
+                            }
+                            p.extend(inner);
+                            Err(de::Error::custom(msg))
+                        }
                     }
-                    p.extend(inner);
-                    Err(de::Error::custom(msg))
+                };
+            let mut run = || -> std::result::Result<(), A::Error> {
+                loop {
+                    while let Ok(b) = rx.try_recv() {
+                        take(b, &mut out)?;
+                    }
+                    let Some((start, raws)) = lock().jobs.pop_front() else { break };
+                    for (i, raw) in (start..).zip(raws) {
+                        out[i] = Some(parse_here(i, raw, false)?);
+                    }
                 }
-            }
-        };
-        let mut run = || -> std::result::Result<(), A::Error> {
-            loop {
-                while let Ok(b) = rx.try_recv() {
+                // The helper's last blocks (the channel closes when it ends).
+                for b in rx.iter() {
                     take(b, &mut out)?;
                 }
-                let Some((start, raws)) = lock().jobs.pop_front() else { break };
-                for (i, raw) in (start..).zip(raws) {
-                    out[i] = Some(parse_here(i, raw, false)?);
-                }
+                Ok(())
+            };
+            let res = run();
+            if res.is_err() {
+                finish(true); // the helper stops at its next block
             }
-            // The helper's last blocks (the channel closes when it ends).
-            for b in rx.iter() {
-                take(b, &mut out)?;
-            }
-            Ok(())
-        };
-        let res = run();
-        if res.is_err() {
-            finish(true); // the helper stops at its next block
-        }
-        drop(back_tx);
-        res?;
-        out.into_iter().map(|u| u.ok_or_else(|| de::Error::custom("an item was not parsed"))).collect()
-    })
+            drop(back_tx);
+            res?;
+            out.into_iter().map(|u| u.ok_or_else(|| de::Error::custom("an item was not parsed"))).collect()
+        })
+    }
 }

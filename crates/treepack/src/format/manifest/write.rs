@@ -37,19 +37,30 @@ pub fn encode(m: &Manifest, stats: &Value) -> Vec<u8> {
 
 pub(super) fn write_str(s: &mut String, v: &str) {
     s.push('"');
-    for c in v.chars() {
-        match c {
-            '"' => s.push_str("\\\""),
-            '\\' => s.push_str("\\\\"),
-            '\n' => s.push_str("\\n"),
-            '\r' => s.push_str("\\r"),
-            '\t' => s.push_str("\\t"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                let _ = write!(s, "\\u{:04x}", c as u32);
-            }
-            c => s.push(c),
+    // Runs of bytes that need no escape are copied whole (a char-by-char push cost ~20 % of
+    // writing a manifest of short strings). Every byte that needs one is ASCII, so splitting
+    // the `str` at it never cuts a character.
+    let bytes = v.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let esc = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0..0x20 | 0x7f => "",
+            _ => continue,
+        };
+        s.push_str(&v[start..i]);
+        if esc.is_empty() {
+            let _ = write!(s, "\\u{:04x}", b);
+        } else {
+            s.push_str(esc);
         }
+        start = i + 1;
     }
+    s.push_str(&v[start..]);
     s.push('"');
 }
 

@@ -532,7 +532,8 @@ impl<'a, 's> ONode<'a, 's> {
 impl<'de> DeserializeSeed<'de> for ONode<'_, '_> {
     type Value = ();
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
-        crate::format::model::grow(|| d.deserialize_any(self))
+        // The stack check is made where a node recurses (as in the manifest parser).
+        d.deserialize_any(self)
     }
 }
 
@@ -561,13 +562,15 @@ impl<'de> Visitor<'de> for ONode<'_, '_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<(), A::Error> {
         self.check_depth()?;
-        self.st.borrow_mut().event(Event::List)?;
-        self.items(seq)?;
-        self.st.borrow_mut().event(Event::End)
+        crate::format::model::grow(|| {
+            self.st.borrow_mut().event(Event::List)?;
+            self.items(seq)?;
+            self.st.borrow_mut().event(Event::End)
+        })
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<(), A::Error> {
         self.check_depth()?;
-        read_tagged_node(map, &mut OSink(self))
+        crate::format::model::grow(|| read_tagged_node(map, &mut OSink(self)))
     }
 }
 

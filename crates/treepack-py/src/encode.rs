@@ -35,8 +35,9 @@ pub(crate) struct Encoder<'py> {
     pub(crate) seen: rustc_hash::FxHashMap<usize, (u64, Bound<'py, PyAny>)>,
     /// Ordinals of the nodes a ref points at.
     pub(crate) refd: rustc_hash::FxHashSet<u64>,
-    /// Ordinals of the objects being encoded (a ref to one of them is a cycle).
-    pub(crate) open: rustc_hash::FxHashSet<u64>,
+    /// Ordinals of the objects being encoded, outermost first (a ref to one of them is a cycle):
+    /// the containers on the current path, so a stack.
+    pub(crate) open: Vec<u64>,
     /// The node about to be encoded is a direct child of a tuple or of a custom node: a cycle
     /// may not close there (a loader cannot put the object into a tuple or a custom type's
     /// data before it exists).
@@ -238,12 +239,12 @@ impl<'py> Encoder<'py> {
                 return Ok(r);
             }
             let o = self.begin(Some(obj));
-            self.open.insert(o);
+            self.open.push(o);
             let mut out = Vec::with_capacity(l.len());
             for (i, x) in l.iter().enumerate() {
                 out.push(self.child(PathStep::Index(i), &x, depth)?);
             }
-            self.open.remove(&o);
+            self.open.pop();
             return Ok(Tree::List(out));
         }
         if let Ok(t) = obj.cast_exact::<PyTuple>() {
@@ -254,13 +255,13 @@ impl<'py> Encoder<'py> {
                 }
             }
             let o = self.begin((!t.is_empty()).then_some(obj));
-            self.open.insert(o);
+            self.open.push(o);
             let mut out = Vec::with_capacity(t.len());
             for (i, x) in t.iter().enumerate() {
                 self.fragile = true;
                 out.push(self.child(PathStep::Index(i), &x, depth)?);
             }
-            self.open.remove(&o);
+            self.open.pop();
             return Ok(Tree::Tuple(out));
         }
         if let Ok(d) = obj.cast_exact::<PyDict>() {
@@ -268,13 +269,13 @@ impl<'py> Encoder<'py> {
                 return Ok(r);
             }
             let o = self.begin(Some(obj));
-            self.open.insert(o);
+            self.open.push(o);
             let mut out = Vec::with_capacity(d.len());
             for (k, v) in d.iter() {
                 let key = self.key(&k)?;
                 out.push((key, self.child(PathStep::Key(k), &v, depth)?));
             }
-            self.open.remove(&o);
+            self.open.pop();
             return Ok(Tree::Dict(out));
         }
         if obj.get_type().is(&self.ndarray) {
@@ -363,7 +364,7 @@ impl<'py> Encoder<'py> {
         let (kind, type_name, data, children): NodeDescription<'py> = desc.extract()?;
         let o = (kind != "value").then(|| self.begin(Some(obj)));
         if let Some(o) = o {
-            self.open.insert(o);
+            self.open.push(o);
         }
         let mut kids = Vec::with_capacity(children.len());
         for (name, v) in children {
@@ -375,7 +376,7 @@ impl<'py> Encoder<'py> {
         }
         self.fragile = false;
         if let Some(o) = o {
-            self.open.remove(&o);
+            self.open.pop();
         }
         match kind.as_str() {
             "record" => Ok(Tree::Record { type_name, fields: kids }),

@@ -475,6 +475,10 @@ impl<L> Tree<L> {
             }
             Ok(out)
         }
+        if let Tree::Leaf(l) = self {
+            // Leaves recurse no further: no stack check for most nodes.
+            return Ok(Tree::Leaf(f(path, l)?));
+        }
         grow(move || {
             let mut seq = |v: &'a [Tree<L>], path: &mut Vec<Step<'a>>| -> Result<Vec<Tree<M>>, E> {
                 let mut out = Vec::with_capacity(v.len());

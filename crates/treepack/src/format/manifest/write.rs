@@ -174,7 +174,11 @@ pub(super) fn write_named(s: &mut String, items: &[(String, Tree<Entry>)]) {
 }
 
 pub(super) fn write_node(s: &mut String, t: &Tree<Entry>) {
-    crate::format::model::grow(|| write_node_inner(s, t))
+    match t {
+        // Leaves recurse no further: no stack check for most nodes.
+        Tree::Leaf(e) => write_entry(s, e),
+        _ => crate::format::model::grow(|| write_node_inner(s, t)),
+    }
 }
 
 pub(super) fn write_node_inner(s: &mut String, t: &Tree<Entry>) {

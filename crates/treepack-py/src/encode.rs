@@ -375,7 +375,7 @@ impl<'py> Encoder<'py> {
             kids.push((name, self.child(step, &v, depth)?));
         }
         self.fragile = false;
-        if let Some(o) = o {
+        if o.is_some() {
             self.open.pop();
         }
         match kind.as_str() {

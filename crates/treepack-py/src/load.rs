@@ -73,6 +73,9 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         let r = self.dec.borrow_mut().inline_entry(e);
         self.py_ok(r)
     }
+    fn str_leaf(&self, v: &str) -> Result<Self::Node, String> {
+        Ok(PyString::new(self.dec.borrow().py, v).into_any())
+    }
     fn value(&self, l: Leaf) -> Result<Self::Node, String> {
         let r = self.dec.borrow_mut().leaf(l);
         self.py_ok(r)

@@ -38,6 +38,11 @@ pub trait Build {
     fn leaf(&self, e: Entry) -> std::result::Result<Self::Node, String> {
         self.leaf_ref(&e)
     }
+    /// An inline string leaf, borrowed from the manifest text: builders that copy it anyway
+    /// (Python strings) skip the owned copy the parser would otherwise make for each.
+    fn str_leaf(&self, v: &str) -> std::result::Result<Self::Node, String> {
+        self.leaf(Entry::Str(Stored::Inline(v.to_string())))
+    }
     /// A list, or a tuple when `tuple`, of already built items.
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> std::result::Result<Self::Node, String>;
     /// A dict of built values, pairs in stored (insertion) order.

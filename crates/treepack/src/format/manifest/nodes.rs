@@ -116,7 +116,8 @@ impl<'de, B: Build> Visitor<'de> for NodeSeed<'_, B> {
         self.leaf(Entry::Float(v))
     }
     fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<B::Node, E> {
-        self.leaf(Entry::Str(Stored::Inline(v.to_string())))
+        // An inline string has nothing to check against the packs.
+        self.b.str_leaf(v).map_err(E::custom)
     }
     fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<B::Node, E> {
         self.leaf(Entry::Str(Stored::Inline(v)))

@@ -19,6 +19,10 @@ pub fn parse_unchecked(bytes: &[u8], file: &str) -> Result<Manifest> {
 
 /// Manifests at least this large parse the items of big containers near the root in parallel.
 pub(super) const SPLIT_MIN_BYTES: usize = 1 << 20;
+/// Manifests at least this large get the parse helper when built into objects that must stay
+/// on the calling thread ([`Build::HELPER`]). Lower than [`SPLIT_MIN_BYTES`]: the helper is
+/// a kept thread (nothing to start), so a 10k-leaf manifest of ~300 KiB already gains.
+pub(super) const HELP_MIN_BYTES: usize = 128 << 10;
 /// Containers this deep or deeper are always parsed on one thread.
 pub(super) const SPLIT_DEPTH: usize = 3;
 /// Containers with fewer items than this are parsed on one thread.
@@ -50,7 +54,7 @@ pub fn build<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B
     // is read: nothing is left for a `validate` pass.
     // Only the helped split: it checks every leaf inline, where the parallel split of owned
     // trees leaves the checks to `validate` (which `decode` runs and this does not).
-    let split = B::HELPER && !B::PARALLEL && bytes.len() >= SPLIT_MIN_BYTES;
+    let split = B::HELPER && !B::PARALLEL && bytes.len() >= HELP_MIN_BYTES;
     parse_generic(bytes, file, builder, split, true)
 }
 

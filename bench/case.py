@@ -140,6 +140,13 @@ def peer_save(peer, tree, path, wl):
         import treepack
 
         treepack.save(tree, path + ".tpk", compression="auto" if wl == "W7" else None)
+    elif peer == "treepack-nosync":
+        # Issue 32: the same save without the fsyncs that make it survive a power cut.
+        if wl not in ("W1", "W2"):
+            raise NA("durability cost: W1 and W2 only")
+        import treepack
+
+        treepack.save(tree, path, durable=False)
     elif peer == "treepack-lz4":
         import treepack
 
@@ -219,6 +226,14 @@ def peer_save(peer, tree, path, wl):
         if wl not in ARRAY_WORKLOADS:
             raise NA("arrays only")
         np.savez(path + ".npz", **{k: as_numpy_plain(v) for k, v in flat(tree).items()})
+    elif peer == "safetensors-fsync":
+        # safetensors made as durable as treepack's default: the file and its directory fsynced.
+        if wl != "W1":
+            raise NA("durability peer: W1 only")
+        from safetensors.numpy import save_file
+
+        save_file({k: as_numpy_plain(v) for k, v in flat(tree).items()}, path + ".safetensors")
+        _fsync(path + ".safetensors")
     elif peer == "safetensors":
         if wl != "W1":
             raise NA("flat dict of arrays only")
@@ -259,7 +274,7 @@ def peer_save(peer, tree, path, wl):
         t = time.perf_counter()
         ser.run_serialization(arrays, specs)
         return time.perf_counter() - t
-    elif peer == "raw":
+    elif peer in ("raw", "raw-fsync"):
         if wl != "W1":
             raise NA("baseline for arrays")
         # One writev() of every array's bytes: a single large write of the same bytes, without
@@ -276,15 +291,38 @@ def peer_save(peer, tree, path, wl):
                     views.pop(0)
                 if views and n:
                     views[0] = views[0][n:]
+            if peer == "raw-fsync":
+                os.fsync(fd)
         finally:
             os.close(fd)
+        if peer == "raw-fsync":
+            _fsync_dir(os.path.dirname(path + ".raw"))
         return time.perf_counter() - t  # time only the single write (the concatenation is setup)
     else:
         raise NA(f"unknown peer {peer}")
     return None
 
 
+def _fsync(file):
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _fsync_dir(os.path.dirname(os.path.abspath(file)))
+
+
+def _fsync_dir(d):
+    fd = os.open(d or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def peer_load(peer, path, wl):
+    if peer in ("treepack-nosync", "safetensors-fsync", "raw-fsync"):
+        raise NA("loads as its durable/plain twin")
     if peer in ("treepack", "treepack-tpk", "treepack-lz4", "treepack-auto"):
         import treepack
 
@@ -556,6 +594,7 @@ def preimport(peer):
 
     mods = {
         "treepack": ["treepack"], "treepack-tpk": ["treepack"], "treepack-lz4": ["treepack"],
+        "treepack-nosync": ["treepack"], "safetensors-fsync": ["safetensors.numpy"],
         "treepack-auto": ["treepack"], "treepack-s3": ["treepack"], "png-files": ["PIL.Image"],
         "png-files-s3": ["PIL.Image", "boto3"], "safetensors": ["safetensors.numpy"],
         "h5py": ["h5py"], "orjson": ["orjson"], "msgpack": ["msgpack"], "flax-msgpack": ["jax", "flax.serialization"],

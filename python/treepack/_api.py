@@ -4,7 +4,6 @@ return (LeafInfo, StructNode, SaveInfo, VerifyReport) or raise (UntrustedTypeErr
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import json
 import os
 from dataclasses import dataclass
@@ -22,10 +21,53 @@ StorageOptions = Optional[Mapping[str, Any]]
 keys (``aws_access_key_id``, ``region``, ``endpoint``, ``google_service_account_key``, ``azure_storage_account_name``…)
 and treepack's tuning keys (``max_concurrency``, ``multipart_threshold``, ``multipart_part_size``,
 ``max_request_bytes``, ``max_retries``, ``retry_timeout_secs``). Values override environment variables."""
-Progress = Optional[Callable[[int, int], Any]]
+Progress = Union[None, bool, Callable[[int, int], Any]]
+"""``True`` for a tqdm bar on stderr, or a callback called as ``progress(bytes_done, bytes_total)``
+from a background thread while data moves. ``None``/``False``: quiet."""
 # A compression policy: "none", "auto", "zstd", "zstd:LEVEL", "lz4", or a list of rule dicts.
 Compression = Union[None, str, Sequence[Mapping[str, Any]]]
-"""Called as ``progress(bytes_done, bytes_total)`` from a background thread while data moves."""
+
+
+class _Bar:
+    """``progress=True``: a tqdm bar fed by the byte-count callback (from the I/O threads, which
+    tqdm allows), closed when the operation ends either way."""
+
+    def __init__(self, desc: str) -> None:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            raise ImportError(
+                "progress=True shows a tqdm bar, but tqdm is not installed: "
+                "pip install 'treepack[progress]' (or tqdm), or pass a callback progress(done, total)"
+            ) from None
+        self._bar = tqdm(desc=desc, unit="B", unit_scale=True, unit_divisor=1024)
+        self._done = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._bar.total != total:
+            self._bar.total = total
+        self._bar.update(done - self._done)
+        self._done = done
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _progress_callback(progress: Progress, desc: str) -> Tuple[Optional[Callable[[int, int], Any]], Callable[[], None]]:
+    """The callback ``progress`` asks for (see ``Progress``) and what to call when the operation
+    ends. Checked in the caller's thread, so that a bad value fails before anything is written."""
+    if progress is None or progress is False:
+        return None, _nothing
+    if progress is True:
+        bar = _Bar(desc)
+        return bar, bar.close
+    if not callable(progress):
+        raise TypeError(f"progress must be True, False, None or a callable(done, total), not {type(progress).__name__}")
+    return progress, _nothing
+
+
+def _nothing() -> None:
+    pass
 
 
 def _opts(storage_options: StorageOptions) -> Optional[Dict[str, str]]:
@@ -108,6 +150,7 @@ def save(
     compression: Compression = None,
     embed: bool = False,
     shared: bool = True,
+    durable: bool = True,
 ) -> Any:
     """Save ``tree`` at ``path``: a directory, a ``.tpk`` file, ``s3://…``, ``gs://…``, ``az://…``,
     ``file://…`` or ``memory://…``.
@@ -131,6 +174,12 @@ def save(
     (it loads back as a :class:`treepack.File`, whose ``path`` says where it came from); by
     default a path is stored as a path.
 
+    ``durable`` (default ``True``): on local disk, every file is fsynced before the manifest
+    that names it is committed, and the manifest before ``save`` returns, so the tree survives a
+    power cut or a kernel crash, not only a killed process (docs/security.md). ``durable=False``
+    skips the fsyncs (scratch data; still atomic against a killed process). Object stores are
+    durable once a write succeeds either way.
+
     ``compression`` (docs/compression.md): ``None``/``"none"`` (the default) stores every chunk as
     is; ``"auto"``, ``"zstd"``, ``"zstd:LEVEL"`` or ``"lz4"`` compress stored leaves of 16 KiB or
     more (arrays shuffled by element size first where that helps); a list of rule dicts (``paths``, ``dtypes``,
@@ -151,10 +200,18 @@ def save(
         tree, enc, _codec.encode_array, snapshot=not blocking, fast_datetime=_registry.lookup_class(_dt.datetime) is None,
         shared=shared,
     )
-    write = functools.partial(
-        prepared.write, p, overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes,
-        storage_options=_opts(storage_options), progress=progress, compression=policy,
-    )
+    callback, done = _progress_callback(progress, f"save {p}")
+
+    def write() -> Any:
+        try:
+            return prepared.write(
+                p, overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes,
+                storage_options=_opts(storage_options), progress=callback, compression=policy,
+                durable=durable,
+            )
+        finally:
+            done()
+
     if blocking:
         return write()
     return SaveHandle(_executor().submit(write), p)
@@ -256,7 +313,7 @@ def load(
     opts = _opts(storage_options)
     dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder")
     verify = (not mmap) if verify is None else verify
-    if select is None and like is None and not mmap and progress is None:
+    if select is None and like is None and not mmap and (progress is None or progress is False):
         # Whole tree: one pass over the manifest builds the objects as it is read (its few reads
         # of stored leaves report no progress, hence not with a callback). It takes only trees
         # that need no audit (no records, only built-in custom types) and few stored leaves;
@@ -265,19 +322,26 @@ def load(
         out = _core.load_one_pass(p, dec, _codec.np_dtype, _codec.AUDIT_FREE, verify, opts)
         if out is not None:
             return out
-    r = _core.Reader(p, opts)
     sel = [select] if isinstance(select, str) else (list(select) if select is not None else None)
-    keep = _like.keep_paths(like, r.structure(_struct_node)) if like is not None else None
-    _check(r, p, trust_t, allow_pickle, on_missing, sel, keep)
-    return r.load(
-        dec,
-        _codec.np_dtype,
-        select=sel,
-        keep=keep,
-        mmap=mmap,
-        verify=verify,
-        progress=progress,
-    )
+    for attempt in range(1, _LOAD_ATTEMPTS + 1):
+        r = _core.Reader(p, opts)
+        keep = _like.keep_paths(like, r.structure(_struct_node)) if like is not None else None
+        _check(r, p, trust_t, allow_pickle, on_missing, sel, keep)
+        callback, done = _progress_callback(progress, f"load {p}")
+        try:
+            return r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback)
+        except FileNotFoundError:
+            # A pack gone missing: an overwrite replaced the tree after its manifest was read
+            # (it removes the packs only the old tree used). Start over on the new tree.
+            if attempt == _LOAD_ATTEMPTS or not r.replaced():
+                raise
+        finally:
+            done()
+    raise AssertionError("unreachable")
+
+
+_LOAD_ATTEMPTS = 3
+"""How many times a load starts over when the tree was replaced while it read it."""
 
 
 def _struct_node(kind: str, type_name: str, data: Optional[str], children: List[Tuple[Any, Any]], path: str) -> StructNode:

@@ -16,8 +16,12 @@ def start(bucket: str):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    if not os.path.exists(exe):
+    # Beside this interpreter, or in the checkout's .venv (where scripts/servers.sh puts it; the
+    # wheel test venvs of scripts/wheels.sh use that one).
+    here = os.path.join(os.path.dirname(sys.executable), "moto_server")
+    repo = os.path.join(os.path.dirname(__file__), "..", "..", ".venv", "bin", "moto_server")
+    exe = next((p for p in (here, repo) if os.path.exists(p)), None)
+    if exe is None:
         raise RuntimeError("moto_server is missing: run scripts/servers.sh")
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"

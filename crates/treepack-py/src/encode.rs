@@ -540,7 +540,7 @@ pub(crate) fn prepare(
 impl Prepared {
     /// Write the tree (GIL released).
     /// A prepared tree is written once; its memory is freed afterwards.
-    #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, progress=None, compression=None))]
+    #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, progress=None, compression=None, durable=true))]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn write(
         &self,
@@ -552,6 +552,7 @@ impl Prepared {
         storage_options: Options,
         progress: Option<Py<PyAny>>,
         compression: Option<String>,
+        durable: bool,
     ) -> PyResult<SaveInfo> {
         let node = self
             .node
@@ -559,7 +560,7 @@ impl Prepared {
             .map_err(|_| PyValueError::new_err("prepared tree is poisoned"))?
             .take()
             .ok_or_else(|| PyValueError::new_err("this prepared tree was already written"))?;
-        let mut opts = SaveOptions { overwrite, progress: progress_fn(progress), ..Default::default() };
+        let mut opts = SaveOptions { overwrite, durable, progress: progress_fn(progress), ..Default::default() };
         if let Some(m) = metadata {
             opts.metadata =
                 Some(serde_json::from_str(&m).map_err(|e| PyValueError::new_err(format!("metadata: {e}")))?);

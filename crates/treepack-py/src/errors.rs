@@ -23,7 +23,13 @@ pub(crate) fn py_err(e: treepack::Error) -> PyErr {
         E::ChunkCorrupt { .. } | E::BadChunk { .. } | E::ManifestChecksum { .. } | E::OutOfBounds { .. } => {
             CorruptError::new_err(msg)
         }
-        E::Io { .. } | E::Store { .. } => PyIOError::new_err(msg),
+        // With the OS error number, so that Python picks the subclass (PermissionError…) and
+        // `e.errno` tells a full disk (ENOSPC) from a read-only one (EROFS).
+        E::Io { ref source, .. } => match source.raw_os_error() {
+            Some(errno) => PyOSError::new_err((errno, msg)),
+            None => PyIOError::new_err(msg),
+        },
+        E::Store { .. } => PyIOError::new_err(msg),
         E::ReadOnly { .. } => PyPermissionError::new_err(msg),
         _ => FormatError::new_err(msg),
     }

@@ -32,7 +32,8 @@ use load::*;
 use memory::*;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{
-    PyFileExistsError, PyFileNotFoundError, PyIOError, PyKeyError, PyPermissionError, PyTypeError, PyValueError,
+    PyFileExistsError, PyFileNotFoundError, PyIOError, PyKeyError, PyOSError, PyPermissionError, PyTypeError,
+    PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};

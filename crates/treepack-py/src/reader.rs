@@ -154,6 +154,12 @@ impl Reader {
         self.inner.manifest().metadata.as_ref().map(|m| m.to_string())
     }
 
+    /// Whether the location now holds another tree than the one this reader opened (a load
+    /// that found a pack missing raced an overwrite, and should start over).
+    pub(crate) fn replaced(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.inner.replaced())
+    }
+
     /// Bytes and requests this reader has read so far.
     pub(crate) fn io_stats(&self) -> (u64, u64) {
         let s = self.inner.location().stats();

@@ -9,8 +9,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Nothing readable exists at the location.
-    #[error("{location}: no treepack tree found ({detail}); check the path, or save a tree there first")]
+    /// Nothing readable exists at the location ("no treepack tree found"), or a file its
+    /// manifest names is missing (an incomplete tree, or one replaced while it was read).
+    #[error("{location}: {detail}")]
     NotFound {
         /// The location, or the missing file within it, as shown to the user.
         location: String,
@@ -206,7 +207,7 @@ pub enum Error {
     },
 
     /// The object store (local disk, memory, S3, GCS, Azure, HTTP) reported an error (after retries).
-    #[error("{location}: storage error: {source}")]
+    #[error("{location}: storage error: {source}{hint}", hint = store_hint(source))]
     Store {
         /// The file or location the failed request was for.
         location: String,
@@ -234,7 +235,41 @@ pub enum Error {
     Internal(String),
 }
 
+/// What to do about a storage error, where the store's own words do not say.
+fn store_hint(e: &object_store::Error) -> &'static str {
+    match e {
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+            " (check the credentials and the bucket's access policy: `storage_options` or the AWS_*, GOOGLE_*, AZURE_* environment variables)"
+        }
+        object_store::Error::NotFound { .. } => " (does the bucket or container exist?)",
+        _ => "",
+    }
+}
+
 impl Error {
+    /// No tree at `location`: `file` (its manifest, or the single file) does not exist.
+    pub(crate) fn no_tree(location: impl Into<String>, file: impl std::fmt::Display) -> Self {
+        Error::NotFound {
+            location: location.into(),
+            detail: format!(
+                "no treepack tree found (`{file}` does not exist); check the path, or save a tree there first"
+            ),
+        }
+    }
+
+    /// A file the tree's manifest names (a pack) does not exist.
+    pub(crate) fn missing_part(location: impl Into<String>, file: impl std::fmt::Display) -> Self {
+        let (location, file) = (location.into(), file.to_string());
+        let what = if file == location { "this file".to_string() } else { format!("`{file}`") };
+        Error::NotFound {
+            location,
+            detail: format!(
+                "{what}, which the manifest names, is missing: the tree is incomplete (deleted, or not fully copied), \
+                 or it was replaced while this reader read it (load it again); `treepack verify` checks a tree"
+            ),
+        }
+    }
+
     pub(crate) fn manifest(file: &str, key: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::InvalidManifest { file: file.to_string(), key: key.into(), reason: reason.into() }
     }

@@ -19,7 +19,14 @@ pub struct GcReport {
 
 /// Remove what interrupted saves left behind: pack files no committed manifest references and
 /// half-written staging files (`name#N`). Files younger than `grace` are kept because they may
-/// belong to a save that is still running.
+/// belong to a save that is still running; on local disk, so is every file modified since the
+/// oldest save still running there started (its marker, see `store::marker`), whatever the
+/// grace, and markers of saves that died are removed.
+///
+/// Order matters against saves that commit meanwhile: the manifest is read, the candidates
+/// listed, the running saves found, and the manifest read again; a file referenced by either
+/// manifest is kept. (A save that wrote a listed file either still runs at the marker scan, or
+/// committed before the second read.)
 ///
 /// # Errors
 /// Refuses (with [`Error::InvalidManifest`] etc.) when a manifest exists but cannot be read, so
@@ -27,23 +34,20 @@ pub struct GcReport {
 pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcReport> {
     let now = std::time::SystemTime::now();
     let mut report = GcReport::default();
-    let old_enough = |t: std::time::SystemTime| now.duration_since(t).map(|d| d >= grace).unwrap_or(false);
     match loc.layout() {
         Layout::Directory => {
-            let referenced: HashSet<String> = match loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await? {
-                Some(b) => {
-                    manifest::decode(&b, &loc.file_name(MANIFEST_NAME))?.packs.into_iter().map(|p| p.path).collect()
-                }
-                None => HashSet::new(),
-            };
+            let mut referenced = referenced_packs(loc).await?;
             let mut candidates = loc.list(PACKS_DIR).await?;
             candidates.extend(loc.list("").await?.into_iter().filter(|(p, _, _)| p.contains('#')));
+            let (running_since, stale) = loc.running_saves()?;
+            report.removed.extend(stale);
+            referenced.extend(referenced_packs(loc).await?);
             for (rel, size, modified) in candidates {
                 let rel = rel.trim_start_matches('/').to_string();
                 if referenced.contains(&rel) || rel == MANIFEST_NAME {
                     continue;
                 }
-                if !old_enough(modified) {
+                if !removable(now, modified, grace, running_since) {
                     report.kept_recent.push(rel);
                     continue;
                 }
@@ -63,17 +67,23 @@ pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcRe
                 };
                 let prefix = format!("{name}#");
                 let rd = std::fs::read_dir(dir).map_err(|e| Error::Io { path: dir.to_path_buf(), source: e })?;
-                for ent in rd.flatten() {
+                let candidates: Vec<_> =
+                    rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&prefix)).collect();
+                let (running_since, stale) = loc.running_saves()?;
+                report.removed.extend(stale);
+                for ent in candidates {
                     let fname = ent.file_name().to_string_lossy().into_owned();
-                    if !fname.starts_with(&prefix) {
-                        continue;
-                    }
                     let Ok(meta) = ent.metadata() else { continue };
-                    if !old_enough(meta.modified().unwrap_or(now)) {
+                    if !removable(now, meta.modified().unwrap_or(now), grace, running_since) {
                         report.kept_recent.push(fname);
                         continue;
                     }
-                    std::fs::remove_file(ent.path()).map_err(|e| Error::Io { path: ent.path(), source: e })?;
+                    match std::fs::remove_file(ent.path()) {
+                        Ok(()) => {}
+                        // Renamed into place by the save that owned it meanwhile.
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(Error::Io { path: ent.path(), source: e }),
+                    }
                     report.bytes_freed += meta.len();
                     report.removed.push(fname);
                 }
@@ -81,4 +91,25 @@ pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcRe
         }
     }
     Ok(report)
+}
+
+/// Packs the committed manifest references (none if there is no manifest).
+async fn referenced_packs(loc: &Location) -> Result<HashSet<String>> {
+    Ok(match loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await? {
+        Some(b) => manifest::decode(&b, &loc.file_name(MANIFEST_NAME))?.packs.into_iter().map(|p| p.path).collect(),
+        None => HashSet::new(),
+    })
+}
+
+/// A leftover may go once it is older than the grace period and was not modified since the
+/// oldest running save started (a second of slack for file-system timestamp granularity).
+fn removable(
+    now: std::time::SystemTime,
+    modified: std::time::SystemTime,
+    grace: std::time::Duration,
+    running_since: Option<std::time::SystemTime>,
+) -> bool {
+    let old_enough = now.duration_since(modified).map(|d| d >= grace).unwrap_or(false);
+    let before_running = running_since.is_none_or(|t| modified + std::time::Duration::from_secs(1) < t);
+    old_enough && before_running
 }

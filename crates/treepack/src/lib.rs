@@ -103,22 +103,33 @@ pub async fn save_async(tree: &Node, location: impl IntoLocation, opts: &SaveOpt
 /// # Errors
 /// [`Error::NotFound`], format and integrity errors, storage errors.
 pub fn load(location: impl IntoLocation, opts: &LoadOptions) -> Result<Node> {
-    let loc = location.into_location()?.pin()?;
-    let (bytes, file) = loc.block_on(read::manifest_bytes(&loc))?;
-    // The load-path policy (see [`read::one_pass`]): small trees in one pass over the manifest;
-    // the rest, or any failure, through a reader over the bytes already read.
-    if read::one_pass::one_pass_applies(opts) {
-        let b = read::one_pass::NodeBuild { file: &file };
-        if let Some(node) = read::one_pass::load_one_pass(&loc, &bytes, &file, &b, opts.verify) {
-            // Shared ids are checked on the whole tree (the reader's parse reports the place).
-            if format::refs::check_refs(&node).is_ok() {
-                return Ok(node);
+    let loc = location.into_location()?;
+    let mut attempt = 1;
+    loop {
+        let pinned = loc.pin()?;
+        let (bytes, file) = pinned.block_on(read::manifest_bytes(&pinned))?;
+        // The load-path policy (see [`read::one_pass`]): small trees in one pass over the manifest;
+        // the rest, or any failure, through a reader over the bytes already read.
+        if read::one_pass::one_pass_applies(opts) {
+            let b = read::one_pass::NodeBuild { file: &file };
+            if let Some(node) = read::one_pass::load_one_pass(&pinned, &bytes, &file, &b, opts.verify) {
+                // Shared ids are checked on the whole tree (the reader's parse reports the place).
+                if format::refs::check_refs(&node).is_ok() {
+                    return Ok(node);
+                }
             }
         }
+        let r = Reader::from_bytes(pinned, &bytes, file)?;
+        match r.location().block_on(r.load_async(opts)) {
+            // A pack gone missing: an overwrite replaced the tree after its manifest was read.
+            Err(Error::NotFound { .. }) if attempt < LOAD_ATTEMPTS && r.replaced() => attempt += 1,
+            out => return out,
+        }
     }
-    let r = Reader::from_bytes(loc, &bytes, file)?;
-    r.location().block_on(r.load_async(opts))
 }
+
+/// How many times a load starts over when the tree was replaced while it read it.
+const LOAD_ATTEMPTS: u32 = 3;
 
 /// Async [`load`].
 ///
@@ -126,7 +137,14 @@ pub fn load(location: impl IntoLocation, opts: &LoadOptions) -> Result<Node> {
 /// As [`load`].
 pub async fn load_async(location: impl IntoLocation, opts: &LoadOptions) -> Result<Node> {
     let loc = location.into_location()?;
-    Reader::open_async(loc).await?.load_async(opts).await
+    let mut attempt = 1;
+    loop {
+        let r = Reader::open_async(loc.clone()).await?;
+        match r.load_async(opts).await {
+            Err(Error::NotFound { .. }) if attempt < LOAD_ATTEMPTS && r.replaced_async().await => attempt += 1,
+            out => return out,
+        }
+    }
 }
 
 /// Read only the manifest: the tree with a [`LeafInfo`] at every leaf (big manifests through

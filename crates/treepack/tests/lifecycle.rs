@@ -90,6 +90,36 @@ fn gc_single_file_staging() {
     assert!(p.exists());
 }
 
+#[test]
+fn gc_keeps_what_a_running_save_wrote_and_removes_dead_saves_markers() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t");
+    let ps = p.to_str().unwrap();
+    let t = Node::dict([("a", arr(5000, 1))]);
+    save(&t, ps, &SaveOptions::default()).unwrap();
+    let loc = Location::parse(ps).unwrap();
+    // A save running now: its marker is held; a pack it wrote is unreferenced until it commits.
+    let marker = loc.save_marker(true).unwrap().expect("local saves have markers");
+    std::thread::sleep(Duration::from_millis(1100)); // coarse file timestamps
+    std::fs::write(p.join("packs/0123456789abcdef-0.tpp"), b"in flight").unwrap();
+    std::fs::write(p.join("packs/0123456789abcdef-1.tpp#7"), b"being written").unwrap();
+    let r = gc(ps, Duration::ZERO).unwrap();
+    assert!(r.removed.is_empty(), "grace 0 removed a running save's files: {r:?}");
+    assert_eq!(r.kept_recent.len(), 2, "{r:?}");
+    drop(marker); // the save ends (here: without committing)
+    let r = gc(ps, Duration::ZERO).unwrap();
+    assert_eq!(r.removed.len(), 2, "{r:?}");
+    // A save that died: its marker is unlocked and old; gc removes it.
+    let dead = p.join(format!(".saving-{}-999", std::process::id()));
+    std::fs::write(&dead, b"").unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(60);
+    std::fs::File::options().write(true).open(&dead).unwrap().set_modified(old).unwrap();
+    let r = gc(ps, Duration::ZERO).unwrap();
+    assert_eq!(r.removed, vec![format!(".saving-{}-999", std::process::id())], "{r:?}");
+    assert!(!dead.exists());
+    assert!(load(ps, &LoadOptions::default()).unwrap().exact_eq(&t));
+}
+
 /// Regression: local paths containing `..` were rejected by the object-store path parser.
 #[test]
 fn regression_dotdot_in_local_paths() {

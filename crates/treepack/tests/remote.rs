@@ -241,6 +241,52 @@ fn s3_faults_are_retried_and_a_failed_save_commits_nothing() {
 }
 
 #[test]
+fn s3_access_denied_or_vanished_objects_midway_fail_cleanly() {
+    // An object store that starts answering 403 (credentials revoked, a bucket policy changed)
+    // or 404 (objects deleted behind the reader's back) halfway through a save or a load.
+    let moto = servers::moto("bucket");
+    let clean = Proxy::start(moto.port, 0.0);
+    let (t1, t2) = (tree(7), tree(8));
+    save(&t1, s3(&clean.url(), "ckpt", &[]), &SaveOptions { pack_bytes: 1 << 20, ..Default::default() }).unwrap();
+    for status in [403u64, 404] {
+        let proxy = Proxy::start(moto.port, 0.0);
+        let deny = proxy.deny_status.clone();
+        let stored = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let s2 = stored.clone();
+        let so = SaveOptions {
+            overwrite: true,
+            pack_bytes: 1 << 20,
+            concurrency: 1,
+            progress: Some(ProgressFn::new(move |_, _| {
+                if s2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+                    deny.store(status, std::sync::atomic::Ordering::SeqCst);
+                }
+            })),
+            ..Default::default()
+        };
+        let e = save(&t2, s3(&proxy.url(), "ckpt", &[("max_retries", "1")]), &so).unwrap_err();
+        let msg = e.to_string();
+        println!("{status} during a save: {msg}");
+        assert!(msg.contains("ckpt"), "{status}: the error names the location: {msg}");
+        assert!(proxy.requests().iter().any(|r| r.fault == Some("deny")), "{status}: the proxy denied requests");
+        // The committed tree is untouched.
+        assert!(load(s3(&clean.url(), "ckpt", &[]), &LoadOptions::default()).unwrap().exact_eq(&t1), "{status}");
+
+        // A load whose pack reads are denied after the manifest was read.
+        let r = open(s3(&proxy.url(), "ckpt", &[])).err();
+        assert!(r.is_some(), "{status}: the proxy still denies");
+        proxy.deny_status.store(0, std::sync::atomic::Ordering::SeqCst);
+        let reader = open(s3(&proxy.url(), "ckpt", &[("max_retries", "1")])).unwrap();
+        proxy.deny_status.store(status, std::sync::atomic::Ordering::SeqCst);
+        let e = reader.load(&LoadOptions::default()).unwrap_err();
+        println!("{status} during a load: {e}");
+        let want = if status == 404 { "not_found" } else { "store" };
+        assert_eq!(e.kind(), want, "{status}: {e}");
+        assert!(e.to_string().contains("ckpt/packs/"), "{status}: the error names the pack: {e}");
+    }
+}
+
+#[test]
 fn http_locations_read_but_refuse_writes() {
     let d = tempfile::tempdir().unwrap();
     let t = tree(6);

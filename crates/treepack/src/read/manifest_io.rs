@@ -13,10 +13,10 @@ pub async fn manifest_bytes(loc: &Location) -> Result<(Bytes, String)> {
     Ok(match loc.layout() {
         Layout::Directory => {
             let file = loc.file_name(MANIFEST_NAME);
-            let b = loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await?.ok_or_else(|| Error::NotFound {
-                location: loc.display().to_string(),
-                detail: format!("`{file}` does not exist"),
-            })?;
+            let b = loc
+                .get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES)
+                .await?
+                .ok_or_else(|| Error::no_tree(loc.display(), &file))?;
             (b, file)
         }
         Layout::SingleFile => (read_single_manifest(loc).await?, loc.display().to_string()),

@@ -191,6 +191,29 @@ impl Reader {
         loc.clone().block_on(Self::open_async(loc))
     }
 
+    /// Whether the location now holds another tree than the one this reader opened (a manifest
+    /// naming other packs). An overwrite removes the packs only the replaced tree used, so a
+    /// load that finds one of its packs missing may have raced one: it should read the new
+    /// tree rather than fail (docs/security.md, "Readers racing an overwrite"). A single file
+    /// is pinned when opened, so it is never replaced under its reader.
+    pub async fn replaced_async(&self) -> bool {
+        if self.loc.layout() == Layout::SingleFile {
+            return false;
+        }
+        match manifest_bytes(&self.loc).await.and_then(|(b, f)| manifest::decode(&b, &f)) {
+            Ok(now) => {
+                now.packs.len() != self.manifest.packs.len()
+                    || now.packs.iter().zip(&self.manifest.packs).any(|(a, b)| a.path != b.path || a.size != b.size)
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Blocking [`Reader::replaced_async`].
+    pub fn replaced(&self) -> bool {
+        self.loc.block_on(self.replaced_async())
+    }
+
     /// The location the tree is read from.
     pub fn location(&self) -> &Location {
         &self.loc

@@ -62,6 +62,13 @@ pub struct SaveOptions {
     pub progress: Option<crate::progress::ProgressFn>,
     /// How chunks are compressed (default: not at all; see [`Compression::parse`]).
     pub compression: Compression,
+    /// On local disk, fsync every pack before the manifest that names it is written, the
+    /// manifest before it is renamed into place, and the directories after (default: true):
+    /// when the save returns, the tree survives a power cut or a kernel crash, not only a
+    /// killed process (docs/format.md, "Commit protocol"). `false` skips the fsyncs, for
+    /// scratch data; the commit stays atomic against a killed process. Object stores are
+    /// durable once a PUT succeeds, so remote saves ignore it.
+    pub durable: bool,
 }
 
 impl Default for SaveOptions {
@@ -78,6 +85,7 @@ impl Default for SaveOptions {
             writer: concat!("treepack-rs/", env!("CARGO_PKG_VERSION")).to_string(),
             concurrency: 4,
             pipeline_batch_bytes: 64 << 20,
+            durable: true,
             progress: None,
             compression: Compression::none(),
         }
@@ -423,15 +431,17 @@ fn hash_and_min_max(p: &Pending, fused: bool) -> (Hash32, Option<(f64, f64)>) {
     }
 }
 
-/// Write packs, `concurrency` at a time.
+/// Write packs, `concurrency` at a time (each fsynced, when `durable`, while later ones are
+/// written and hashed).
 async fn write_packs(
     loc: &Location,
     packs: impl futures::Stream<Item = PackOut>,
     concurrency: usize,
+    durable: bool,
     tracker: &Tracker,
 ) -> Result<()> {
     packs
-        .map(|(name, parts, _)| async move { loc.put_tracked(&name, parts, false, Some(tracker)).await })
+        .map(|(name, parts, _)| async move { loc.put_tracked(&name, parts, false, durable, Some(tracker)).await })
         .buffer_unordered(concurrency)
         .try_collect::<Vec<()>>()
         .await
@@ -446,6 +456,7 @@ async fn hash_and_write_pipelined(
     pack_bytes: u64,
     batch_bytes: u64,
     concurrency: usize,
+    durable: bool,
     tracker: &Tracker,
 ) -> Result<(Hashed, Vec<(String, u64)>)> {
     use futures::SinkExt;
@@ -470,7 +481,7 @@ async fn hash_and_write_pipelined(
         list.push((pack.0.clone(), pack.2));
         pack
     });
-    let written = write_packs(loc, names, concurrency, tracker).await;
+    let written = write_packs(loc, names, concurrency, durable, tracker).await;
     // On a failed write the stream (and the channel) is dropped here, so the hashing thread
     // stops at its next pack; wait for it either way.
     let (hashed, pending) = done_rx.await.map_err(|_| Error::internal("the hashing thread stopped unexpectedly"))?;
@@ -529,6 +540,8 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     if exists && !opts.overwrite {
         return Err(Error::AlreadyExists { location: loc.display().to_string() });
     }
+    // Held until the save ends: `gc` keeps whatever it writes (store::marker).
+    let _marker = loc.save_marker(opts.durable)?;
     let previous = if exists && !single { old_packs(loc).await } else { None };
 
     let globs = opts.chunk_shapes.iter().map(|(p, cs)| Ok((Glob::new(p)?, cs.clone()))).collect::<Result<Vec<_>>>()?;
@@ -563,12 +576,12 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
             (hashed, list, packs.into_iter().next())
         } else {
             tracker.set_total(list.iter().map(|p| p.1).sum());
-            write_packs(loc, futures::stream::iter(packs), concurrency, tracker).await?;
+            write_packs(loc, futures::stream::iter(packs), concurrency, opts.durable, tracker).await?;
             (hashed, list, None)
         }
     } else {
         let (hashed, list) =
-            hash_and_write_pipelined(loc, pending, opts.pack_bytes, batch, concurrency, tracker).await?;
+            hash_and_write_pipelined(loc, pending, opts.pack_bytes, batch, concurrency, opts.durable, tracker).await?;
         (hashed, list, None)
     };
 
@@ -639,11 +652,17 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
         tracker.set_total(end + mlen + container::FOOTER_LEN);
         parts.push(Bytes::from(mbytes));
         parts.push(Bytes::copy_from_slice(&container::footer(end, mlen)));
-        loc.put_tracked(".", parts, !opts.overwrite, Some(tracker)).await?;
+        loc.put_tracked(".", parts, !opts.overwrite, opts.durable, Some(tracker)).await?;
     } else {
         tracker.set_total(stored + mbytes.len() as u64);
         let new_names: HashSet<String> = pack_list.iter().map(|p| p.0.clone()).collect();
-        loc.put_tracked(MANIFEST_NAME, vec![Bytes::from(mbytes)], !opts.overwrite, Some(tracker)).await?;
+        // Commit protocol: the packs' names are made durable before the manifest that names
+        // them; the manifest (fsynced, renamed, its directory fsynced) before any pack of the
+        // tree it replaces is removed.
+        if opts.durable && !pack_list.is_empty() {
+            loc.sync_dir(PACKS_DIR).await?;
+        }
+        loc.put_tracked(MANIFEST_NAME, vec![Bytes::from(mbytes)], !opts.overwrite, opts.durable, Some(tracker)).await?;
         if let Some(old) = previous {
             for p in old
                 .into_iter()

@@ -28,15 +28,10 @@ pub(super) fn normalize_local(p: &Path) -> PathBuf {
 }
 
 /// Open a pack file of a local tree; a missing one means the tree is incomplete.
-pub(super) fn open_pack(p: &Path, file: &str) -> Result<std::fs::File> {
+pub(super) fn open_pack(p: &Path, location: &str, file: &str) -> Result<std::fs::File> {
     std::fs::File::open(p).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            Error::NotFound {
-                location: file.to_string(),
-                detail:
-                    "a pack file the manifest lists is missing: the tree is incomplete (deleted, or not fully copied)"
-                        .into(),
-            }
+            Error::missing_part(location, file)
         } else {
             Error::Io { path: p.to_path_buf(), source: e }
         }

@@ -13,17 +13,21 @@
 mod cloud;
 #[cfg(target_os = "linux")]
 mod direct;
+mod durable;
 #[cfg(feature = "failpoints")]
 mod failpoint;
 mod local;
+mod marker;
 mod multipart;
 mod plan;
 
 use cloud::remote_store;
 pub use cloud::{RemoteTuning, TUNING_KEYS};
+pub use durable::journal;
 pub use local::ReadMode;
 pub(crate) use local::{direct_bytes_on_this_thread, DIRECT_MIN_BYTES};
 use local::{normalize_local, open_pack, read_file_ranges};
+pub use marker::SaveMarker;
 use plan::plan_requests;
 
 use crate::error::{Error, Result};
@@ -271,7 +275,7 @@ impl Location {
         };
         let f = std::fs::File::open(p).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
-                Error::NotFound { location: self.display.clone(), detail: format!("`{}` does not exist", p.display()) }
+                Error::no_tree(self.display.clone(), p.display())
             } else {
                 Error::Io { path: p.clone(), source: e }
             }
@@ -335,14 +339,29 @@ impl Location {
         Some(rel.split('/').fold(root.clone(), |p, seg| p.join(seg)))
     }
 
+    /// A read's error: a missing manifest (or single file) means no tree; a missing pack, an
+    /// incomplete or replaced one.
     fn store_err(&self, rel: &str, e: object_store::Error) -> Error {
         match e {
-            object_store::Error::NotFound { .. } => Error::NotFound {
-                location: self.display.clone(),
-                detail: format!("`{}` does not exist", self.file_name(rel)),
-            },
+            object_store::Error::NotFound { .. } => self.not_found(rel, self.file_name(rel)),
             object_store::Error::AlreadyExists { .. } => Error::AlreadyExists { location: self.display.clone() },
             e => Error::Store { location: self.file_name(rel), source: e },
+        }
+    }
+
+    /// A write's error: a 404 there means a missing bucket or container, not a missing tree.
+    fn store_write_err(&self, rel: &str, e: object_store::Error) -> Error {
+        match e {
+            object_store::Error::AlreadyExists { .. } => Error::AlreadyExists { location: self.display.clone() },
+            e => Error::Store { location: self.file_name(rel), source: e },
+        }
+    }
+
+    fn not_found(&self, rel: &str, file: impl std::fmt::Display) -> Error {
+        if rel == MANIFEST_NAME || rel == "." || rel.is_empty() {
+            Error::no_tree(self.display.clone(), file)
+        } else {
+            Error::missing_part(self.display.clone(), file)
         }
     }
 
@@ -439,10 +458,7 @@ impl Location {
         if let Some(p) = self.local_file(rel) {
             return std::fs::metadata(&p).map(|m| m.len()).map_err(|e| {
                 if e.kind() == std::io::ErrorKind::NotFound {
-                    Error::NotFound {
-                        location: self.display.clone(),
-                        detail: format!("`{}` does not exist", p.display()),
-                    }
+                    self.not_found(rel, p.display())
                 } else {
                     Error::Io { path: p, source: e }
                 }
@@ -467,8 +483,9 @@ impl Location {
         }
         self.check_no_symlink(rel)?;
         if let Some(p) = self.local_file(rel) {
+            let location = self.display.clone();
             return maybe_spawn_blocking(move || {
-                read_file_ranges(&open_pack(&p, &file)?, &p, &ranges, &stats, &file, mode)
+                read_file_ranges(&open_pack(&p, &location, &file)?, &p, &ranges, &stats, &file, mode)
             })
             .await;
         }
@@ -618,10 +635,10 @@ impl Location {
         Ok(Some(Bytes::from_owner(m)))
     }
 
-    /// Write an object atomically. `create_only` fails with [`Error::AlreadyExists`] if the
-    /// object exists (conditional put).
+    /// Write an object atomically and durably. `create_only` fails with
+    /// [`Error::AlreadyExists`] if the object exists (conditional put).
     pub async fn put(&self, rel: &str, parts: Vec<Bytes>, create_only: bool) -> Result<()> {
-        self.put_tracked(rel, parts, create_only, None).await
+        self.put_tracked(rel, parts, create_only, true, None).await
     }
 
     /// Fail with [`Error::ReadOnly`] on locations that cannot be written (HTTP).
@@ -637,12 +654,15 @@ impl Location {
 
     /// [`put`](Self::put), reporting bytes written to `progress`. On remote stores, objects of at
     /// least `multipart_threshold` bytes go up as a multipart upload with parallel parts (an
-    /// upload is invisible until it completes, and is aborted on error).
+    /// upload is invisible until it completes, and is aborted on error). On local disk the file
+    /// is fsynced before it is renamed into place, and its directory after, unless `durable` is
+    /// false (an object store's successful PUT is durable either way).
     pub async fn put_tracked(
         &self,
         rel: &str,
         parts: Vec<Bytes>,
         create_only: bool,
+        durable: bool,
         progress: Option<&Tracker>,
     ) -> Result<()> {
         self.refuse_write()?;
@@ -656,22 +676,31 @@ impl Location {
             self.stats.wrote(n);
             return Ok(());
         }
-        if let (Some(dir), Layout::Directory) = (&self.local, self.layout) {
-            let parent =
-                self.local_file(rel).and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or_else(|| dir.clone());
-            std::fs::create_dir_all(&parent).map_err(|e| Error::Io { path: parent, source: e })?;
-        }
-        if let (Some(file), Layout::SingleFile) = (&self.local, self.layout) {
-            if let Some(parent) = file.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| Error::Io { path: parent.to_path_buf(), source: e })?;
+        if let Some(path) = self.local_file(rel) {
+            let display = self.display.clone();
+            maybe_spawn_blocking(move || {
+                if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    durable::create_dirs(parent, durable)
+                        .map_err(|e| Error::Io { path: parent.to_path_buf(), source: e })?;
+                }
+                durable::put_file(&path, &parts, create_only, durable).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::AlreadyExists => Error::AlreadyExists { location: display },
+                    _ => Error::Io { path, source: e },
+                })
+            })
+            .await?;
+            self.stats.wrote(n);
+            if let Some(t) = progress {
+                t.advance(n);
             }
+            return Ok(());
         }
         let payload: PutPayload = parts.into_iter().collect();
         let mode = if create_only { PutMode::Create } else { PutMode::Overwrite };
         self.store
             .put_opts(&self.obj(rel), payload, PutOptions { mode, ..Default::default() })
             .await
-            .map_err(|e| self.store_err(rel, e))?;
+            .map_err(|e| self.store_write_err(rel, e))?;
         self.stats.wrote(n);
         if let Some(t) = progress {
             t.advance(n);
@@ -679,12 +708,54 @@ impl Location {
         Ok(())
     }
 
+    /// Mark a local save as running until the marker is dropped (see `marker`): `gc` keeps
+    /// what it writes meanwhile. Creates the location's directory (durably, when `durable`).
+    /// `None` for object stores.
+    pub fn save_marker(&self, durable: bool) -> Result<Option<SaveMarker>> {
+        let Some((dir, name)) = self.marker_dir() else { return Ok(None) };
+        durable::create_dirs(&dir, durable).map_err(|e| Error::Io { path: dir.clone(), source: e })?;
+        SaveMarker::create(&dir, name.as_deref()).map_err(|e| Error::Io { path: dir, source: e })
+    }
+
+    /// When the oldest local save still running here started, and the markers of dead saves
+    /// removed (relative names), for `gc`.
+    pub(crate) fn running_saves(&self) -> Result<(Option<std::time::SystemTime>, Vec<String>)> {
+        let Some((dir, name)) = self.marker_dir() else { return Ok((None, vec![])) };
+        let (oldest, stale) =
+            marker::oldest_running(&dir, name.as_deref()).map_err(|e| Error::Io { path: dir, source: e })?;
+        let names = stale.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
+        Ok((oldest, names))
+    }
+
+    /// The folder that holds a local save's markers, and for a single file its name.
+    fn marker_dir(&self) -> Option<(PathBuf, Option<String>)> {
+        let local = self.local.as_ref()?;
+        match self.layout {
+            Layout::Directory => Some((local.clone(), None)),
+            Layout::SingleFile => {
+                let name = local.file_name()?.to_string_lossy().into_owned();
+                let dir = local.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+                Some((dir, Some(name)))
+            }
+        }
+    }
+
+    /// Make the names written so far in a local folder of the location durable (fsync the
+    /// directory); a no-op elsewhere.
+    pub async fn sync_dir(&self, rel_dir: &str) -> Result<()> {
+        let Some(dir) = self.local_file(rel_dir).filter(|_| self.layout == Layout::Directory) else { return Ok(()) };
+        maybe_spawn_blocking(move || durable::sync_dir(&dir).map_err(|e| Error::Io { path: dir, source: e })).await
+    }
+
     /// Delete an object; a missing object is not an error.
     pub async fn delete(&self, rel: &str) -> Result<()> {
         self.refuse_write()?;
+        if let Some(p) = self.local_file(rel) {
+            return durable::remove(&p).map(drop).map_err(|e| Error::Io { path: p, source: e });
+        }
         match self.store.delete(&self.obj(rel)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(self.store_err(rel, e)),
+            Err(e) => Err(self.store_write_err(rel, e)),
         }
     }
 
@@ -725,11 +796,7 @@ impl Location {
     /// Delete a local staging/leftover file by relative path (used by `gc`).
     pub fn remove_local(&self, rel: &str) -> Result<bool> {
         match self.local_file(rel) {
-            Some(p) => match std::fs::remove_file(&p) {
-                Ok(()) => Ok(true),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-                Err(e) => Err(Error::Io { path: p, source: e }),
-            },
+            Some(p) => durable::remove(&p).map_err(|e| Error::Io { path: p, source: e }),
             None => Ok(false),
         }
     }

@@ -12,7 +12,7 @@ impl Location {
         t: RemoteTuning,
         progress: Option<&Tracker>,
     ) -> Result<()> {
-        let upload = self.store.put_multipart(&self.obj(rel)).await.map_err(|e| self.store_err(rel, e))?;
+        let upload = self.store.put_multipart(&self.obj(rel)).await.map_err(|e| self.store_write_err(rel, e))?;
         let mut w = WriteMultipart::new_with_chunk_size(upload, t.multipart_part_size);
         let result: std::result::Result<(), object_store::Error> = async {
             for p in parts {
@@ -32,11 +32,11 @@ impl Location {
         }
         .await;
         match result {
-            Ok(()) => w.finish().await.map(|_| ()).map_err(|e| self.store_err(rel, e)),
+            Ok(()) => w.finish().await.map(|_| ()).map_err(|e| self.store_write_err(rel, e)),
             Err(e) => {
                 // Best effort: the upload was never visible; aborting frees the stored parts.
                 let _ = w.abort().await;
-                Err(self.store_err(rel, e))
+                Err(self.store_write_err(rel, e))
             }
         }
     }

@@ -261,6 +261,9 @@ pub struct Proxy {
     pub seen: Arc<Mutex<Vec<Seen>>>,
     /// Faults per million requests; may be changed while running.
     pub fault_ppm: Arc<AtomicU64>,
+    /// When not 0, every request is answered with this HTTP status (403, 404…) instead of being
+    /// forwarded; may be set while running.
+    pub deny_status: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 }
 
@@ -272,22 +275,23 @@ impl Proxy {
         let fault_ppm = Arc::new(AtomicU64::new((fault_rate * 1e6) as u64));
         let stop = Arc::new(AtomicBool::new(false));
         let rng = Arc::new(AtomicU64::new(0x9E37_79B9_7F4A_7C15));
+        let deny_status = Arc::new(AtomicU64::new(0));
         {
-            let (seen, fault_ppm, stop) = (seen.clone(), fault_ppm.clone(), stop.clone());
+            let (seen, fault_ppm, stop, deny) = (seen.clone(), fault_ppm.clone(), stop.clone(), deny_status.clone());
             std::thread::spawn(move || {
                 for conn in listener.incoming() {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
                     let Ok(conn) = conn else { continue };
-                    let (seen, fault_ppm, rng) = (seen.clone(), fault_ppm.clone(), rng.clone());
+                    let (seen, fault_ppm, rng, deny) = (seen.clone(), fault_ppm.clone(), rng.clone(), deny.clone());
                     std::thread::spawn(move || {
-                        let _ = serve(conn, upstream, &seen, &fault_ppm, &rng);
+                        let _ = serve(conn, upstream, &seen, &fault_ppm, &rng, &deny);
                     });
                 }
             });
         }
-        Proxy { port, seen, fault_ppm, stop }
+        Proxy { port, seen, fault_ppm, deny_status, stop }
     }
 
     pub fn url(&self) -> String {
@@ -336,6 +340,7 @@ fn serve(
     seen: &Mutex<Vec<Seen>>,
     fault_ppm: &AtomicU64,
     rng: &AtomicU64,
+    deny: &AtomicU64,
 ) -> std::io::Result<()> {
     let mut reader = BufReader::new(client.try_clone()?);
     let mut client = client;
@@ -400,6 +405,25 @@ fn serve(
         } else {
             body.resize(content_length, 0);
             reader.read_exact(&mut body)?;
+        }
+        let status = deny.load(Ordering::SeqCst);
+        if status != 0 {
+            seen.lock().expect("lock").push(Seen {
+                method: method.clone(),
+                target: target.clone(),
+                fault: Some("deny"),
+            });
+            let (reason, code) = if status == 404 { ("Not Found", "NoSuchKey") } else { ("Forbidden", "AccessDenied") };
+            let body = format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>{reason}</Message></Error>");
+            client.write_all(
+                format!(
+                    "HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            )?;
+            let _ = client.shutdown(Shutdown::Both);
+            return Ok(());
         }
         let ppm = fault_ppm.load(Ordering::SeqCst);
         let fault = if ppm > 0 && next_random(rng) % 1_000_000 < ppm {

@@ -206,7 +206,7 @@ pub struct PackInfo {
 pub struct Manifest {
     /// Format version as (major, minor).
     pub version: (u16, u16),
-    /// Free text naming the program that wrote the tree, e.g. `treepack-rs/0.1.0`.
+    /// Free text naming the program that wrote the tree, e.g. `treepack-rs/0.2.0`.
     pub writer: String,
     /// Any JSON value the user attached when saving.
     pub metadata: Option<Value>,

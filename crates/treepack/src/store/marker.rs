@@ -1,0 +1,112 @@
+//! Markers of running local saves, so that `gc` never removes files a save still owns.
+//!
+//! `gc` removes unreferenced packs and staging files older than a grace period. With a short
+//! grace (or a save slower than it) that could remove a pack a running save has written but not
+//! yet committed, and the save would then commit a manifest naming a missing pack. So a local
+//! save holds an exclusively `flock`ed, empty marker file (`.saving-<pid>-<n>` in a directory
+//! location, `.<name>.saving-<pid>-<n>` beside a single file) from its first write to its end;
+//! `gc` keeps every file modified after the oldest live marker was created. A marker whose lock
+//! can be taken belongs to a save that died: `gc` removes it. The kernel drops the lock when the
+//! process dies, however it dies. Off Unix, no markers (the grace period alone protects).
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// How long an unlocked marker still counts as a running save's (see `oldest_running`).
+const UNLOCKED_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A live save's marker; removed (and unlocked) when dropped.
+#[derive(Debug)]
+pub struct SaveMarker {
+    path: PathBuf,
+    _file: File,
+}
+
+fn prefix(single_file_name: Option<&str>) -> String {
+    match single_file_name {
+        Some(name) => format!(".{name}.saving-"),
+        None => ".saving-".into(),
+    }
+}
+
+#[cfg(unix)]
+fn flock(f: &File, op: libc::c_int) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open descriptor; flock only changes the lock on its open file description.
+    unsafe { libc::flock(f.as_raw_fd(), op) == 0 }
+}
+
+impl SaveMarker {
+    /// Create and lock a marker in `dir` (the location's directory, or a single file's folder
+    /// with `single_file_name` set).
+    ///
+    /// # Errors
+    /// I/O errors creating the file.
+    pub(super) fn create(dir: &Path, single_file_name: Option<&str>) -> io::Result<Option<SaveMarker>> {
+        if !cfg!(unix) {
+            return Ok(None);
+        }
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("{}{}-{n}", prefix(single_file_name), std::process::id()));
+        let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
+        #[cfg(unix)]
+        if !flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+            let e = io::Error::last_os_error();
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+        Ok(Some(SaveMarker { path, _file: file }))
+    }
+}
+
+impl Drop for SaveMarker {
+    fn drop(&mut self) {
+        // Removed before the descriptor (and with it the lock) goes: a `gc` never sees an
+        // unlocked marker of a save that is still running.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// When the oldest save still running in `dir` started (None if none), after removing the
+/// markers of saves that died. Returns the stale markers removed too.
+///
+/// # Errors
+/// I/O errors listing `dir`.
+pub(super) fn oldest_running(
+    dir: &Path,
+    single_file_name: Option<&str>,
+) -> io::Result<(Option<SystemTime>, Vec<PathBuf>)> {
+    let pre = prefix(single_file_name);
+    let mut oldest: Option<SystemTime> = None;
+    let mut stale = vec![];
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, stale)),
+        Err(e) => return Err(e),
+    };
+    for ent in rd.flatten() {
+        if !ent.file_name().to_string_lossy().starts_with(&pre) {
+            continue;
+        }
+        let Ok(file) = File::open(ent.path()) else { continue };
+        let created = file.metadata().and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
+        // A save creates its marker, then locks it: a marker younger than `UNLOCKED_GRACE` may
+        // be one whose lock is still to come, so it counts as live even when unlocked.
+        let young = SystemTime::now().duration_since(created).map_or(true, |age| age < UNLOCKED_GRACE);
+        #[cfg(unix)]
+        if !young && flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+            // Nobody holds it: the save that made it is gone.
+            if std::fs::remove_file(ent.path()).is_ok() {
+                stale.push(ent.path());
+            }
+            continue;
+        }
+        oldest = Some(oldest.map_or(created, |o| o.min(created)));
+    }
+    Ok((oldest, stale))
+}

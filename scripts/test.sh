@@ -18,5 +18,5 @@ echo "== python package: build into .venv"
 py=$(bash scripts/python-env.sh)
 echo "== pytest"
 "$py" -m pytest -q python/tests
-echo "== the wheel: built (abi3, release), installed into a fresh venv per CPython 3.10-3.13, pytest there"
+echo "== the wheels: built (release, one per CPython 3.10-3.13), each installed into a fresh venv, pytest there"
 bash scripts/wheels.sh

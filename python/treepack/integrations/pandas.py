@@ -162,16 +162,12 @@ def _array(pd: Any, c: Dict[str, Any]) -> Any:
     raise ValueError(f"py.dataframe: unknown column kind {kind!r}")
 
 
-def _zone(name: Any) -> Any:
+def _zone(name: Any) -> str:
+    """The zone's name, which pandas turns into its own default zone object (pytz under pandas
+    2, zoneinfo under pandas 3): the one it made when the frame was built from the same name."""
     if not isinstance(name, str):
         raise ValueError(f"py.dataframe: bad time zone {name!r}")
-    if name == "UTC":
-        import datetime
-
-        return datetime.timezone.utc
-    import zoneinfo
-
-    return zoneinfo.ZoneInfo(name)
+    return name
 
 
 def _index_back(pd: Any, d: Dict[str, Any]) -> Any:

@@ -10,6 +10,8 @@ echo "== cargo clippy (all crates, all targets)"
 cargo clippy --workspace --all-targets --features treepack/failpoints -j2 -- -D warnings
 echo "== cargo doc (the library's API docs: every public item documented, no broken links)"
 RUSTDOCFLAGS="-D warnings" cargo doc -p treepack --no-deps -j2 --quiet
+echo "== cargo package (the crates as crates.io would get them; \`cargo package\` without --no-verify also builds them, about 2.5 min)"
+cargo package -p treepack -p treepack-alloc -p treepack-cli --allow-dirty --no-verify --quiet
 echo "== local object-store servers for the remote tests (moto, azurite, fake-gcs-server, gcp-storage-emulator)"
 bash scripts/servers.sh
 echo "== cargo test (core + CLI; remote tests start their servers on 127.0.0.1; crash tests need the failpoints feature)"

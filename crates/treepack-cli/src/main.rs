@@ -89,6 +89,13 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    // `treepack ls big | head` must end quietly when `head` stops reading, as Unix tools do;
+    // Rust ignores SIGPIPE, and the next print would panic on the broken pipe instead.
+    #[cfg(unix)]
+    // SAFETY: restoring a signal's default disposition at start-up, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,

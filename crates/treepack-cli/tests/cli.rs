@@ -197,3 +197,29 @@ fn recompress_inspect_shows_codecs_and_ratios_and_loads_back() {
     assert!(e.contains("bad compression policy") && e.contains("out of range"), "{e}");
     assert!(!bad.exists());
 }
+
+/// Regression: `treepack ls ckpt | head -1` panicked ("failed printing to stdout: Broken pipe")
+/// once `head` stopped reading; it must end quietly, as Unix tools do.
+#[cfg(unix)]
+#[test]
+fn a_closed_output_pipe_ends_the_command_quietly() {
+    use std::io::Read;
+    // More lines than a pipe buffers (64 KiB), so that the writer meets the closed pipe.
+    let d = tempfile::tempdir().unwrap();
+    let ckpt = d.path().join("many").to_str().unwrap().to_string();
+    let tree = treepack::Node::dict((0..20_000).map(|i| (format!("leaf-{i:05}"), treepack::Node::from(i as i64))));
+    treepack::save(&tree, ckpt.as_str(), &treepack::SaveOptions::default()).unwrap();
+    let exe = assert_cmd::cargo::cargo_bin("treepack");
+    let mut child = std::process::Command::new(exe)
+        .args(["ls", &ckpt])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap(); // then the pipe is closed
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child.wait().unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -65,3 +65,23 @@ EOF
   (cd /tmp && "$root/$venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$root/python/tests" \
     -c /dev/null "$root/python/tests")
 done
+
+# The sdist builds (what pip does on a platform without a wheel): installed into a fresh venv of
+# the last Python, compiled through maturin's PEP 517 backend (sharing this checkout's target dir,
+# so only the extension is rebuilt), then used.
+echo "== the sdist: pip install $(basename dist/treepack-*.tar.gz) into a fresh venv (CPython ${v}), save + load" >&2
+rm -rf .wheel-venvs/sdist
+"$py" -m venv .wheel-venvs/sdist
+.wheel-venvs/sdist/bin/python -m pip install -q --upgrade pip >/dev/null
+CARGO_TARGET_DIR="$root/target" .wheel-venvs/sdist/bin/python -m pip install -q dist/treepack-*.tar.gz
+(cd /tmp && "$root/.wheel-venvs/sdist/bin/python" - <<'EOF'
+import os, sys, tempfile
+import numpy as np
+import treepack
+p = os.path.join(tempfile.mkdtemp(), "t")
+treepack.save({"w": np.arange(5.0), "n": 1}, p)
+back = treepack.load(p)
+assert back["n"] == 1 and np.array_equal(back["w"], np.arange(5.0)), back
+print(f"sdist: treepack {treepack.__version__} from {treepack.__file__}: saved and loaded", file=sys.stderr)
+EOF
+)

@@ -56,7 +56,7 @@ PLAN_W3I = [("W3i", "save", PEERS_W3I), ("W3i", "load", PEERS_W3I)]
 # W11, scalar-only trees (issue 34) at 10k, 100k and 1M leaves, is its own suite too:
 # `--workloads W11`. Its cases time each operation several times in one process with a warm
 # page cache (a logging loop's saves and loads), and report the median.
-PEERS_W11 = ["treepack", "treepack-tpk", "pickle", "json", "orjson", "msgpack", "flax-msgpack"]
+PEERS_W11 = ["treepack", "treepack-nosync", "treepack-tpk", "pickle", "json", "orjson", "msgpack", "flax-msgpack"]
 W11_NAMES = ["W11-10k", "W11-100k", "W11-1M"]
 PLAN_W11 = [(w, o, PEERS_W11) for w in W11_NAMES for o in ("save", "load")]
 WARM_WORKLOADS = set(W11_NAMES)

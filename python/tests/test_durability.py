@@ -63,6 +63,7 @@ def test_a_full_disk_fails_the_save_and_keeps_the_previous_tree(small_fs, name):
         treepack.save(tree(2, 3 << 20), loc, overwrite=True)  # 3 MiB of arrays on a 2 MiB disk
     assert e.value.errno == errno.ENOSPC, e.value
     assert str(small_fs) in str(e.value) and "No space left on device" in str(e.value)
+    assert "free some space and save again" in str(e.value) and "treepack gc" in str(e.value)
     assert same(treepack.load(loc), small), "the committed tree survives"
     assert not [f for f in _files(small_fs) if "#" in f], "staging files of the failed save are removed"
     # Packs written before the disk filled are unreferenced leftovers, which gc frees.
@@ -84,6 +85,7 @@ def test_a_read_only_location_refuses_saves_and_still_loads(small_fs):
     with pytest.raises(OSError) as e:
         treepack.save(tree(5), small_fs / "ckpt", overwrite=True)
     assert e.value.errno == errno.EROFS and "Read-only file system" in str(e.value), e.value
+    assert "mounted read-only: save elsewhere" in str(e.value)
     with pytest.raises(OSError) as e:
         treepack.save(t, small_fs / "new")
     assert e.value.errno == errno.EROFS
@@ -121,7 +123,7 @@ def test_a_pack_the_process_may_not_read_names_the_file():
     finally:
         shutil.rmtree(base)
     assert kind == "PermissionError", (kind, msg)
-    assert pack in msg and "Permission denied" in msg, msg
+    assert pack in msg and "Permission denied" in msg and "check the owner and mode" in msg, msg
 
 
 def test_a_location_deleted_under_a_reader_fails_cleanly(tmp_path):

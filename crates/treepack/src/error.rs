@@ -217,7 +217,7 @@ pub enum Error {
     },
 
     /// A local file operation failed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {source}{}", path.display(), io_hint(source))]
     Io {
         /// The local path the operation was on.
         path: PathBuf,
@@ -233,6 +233,18 @@ pub enum Error {
     /// A bug in treepack, not in the input: a worker task died or an invariant did not hold.
     #[error("internal error in treepack: {0}; please report it with the command or code that caused it")]
     Internal(String),
+}
+
+/// What to do about a local I/O error, for the ones a save or load meets in practice.
+fn io_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => {
+            " (free some space and save again; the tree that was there is intact, and `treepack gc` removes what the failed save left)"
+        }
+        std::io::ErrorKind::ReadOnlyFilesystem => " (the file system is mounted read-only: save elsewhere)",
+        std::io::ErrorKind::PermissionDenied => " (this process may not access it: check the owner and mode)",
+        _ => "",
+    }
 }
 
 /// What to do about a storage error, where the store's own words do not say.

@@ -56,9 +56,10 @@ impl SaveMarker {
         let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
         #[cfg(unix)]
         if !flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
-            let e = io::Error::last_os_error();
+            // A file system without `flock` (some network mounts): no marker, rather than no
+            // save; there `gc`'s grace period alone protects running saves (docs/security.md).
             let _ = std::fs::remove_file(&path);
-            return Err(e);
+            return Ok(None);
         }
         Ok(Some(SaveMarker { path, _file: file }))
     }

@@ -6,6 +6,9 @@
 //! leaves the page cache intact) a renamed manifest could point at pack bytes that never reached
 //! the disk. With `durable` off the same steps run without the fsyncs.
 
+use super::{Layout, Location};
+use crate::error::{Error, Result};
+use crate::runtime::maybe_spawn_blocking;
 use bytes::Bytes;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -148,6 +151,37 @@ pub(super) fn remove(path: &Path) -> io::Result<bool> {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+impl Location {
+    /// Write a local file of the location with [`put_file`], creating its folders first (on a
+    /// blocking thread when inside the runtime).
+    pub(super) async fn put_local(
+        &self,
+        path: std::path::PathBuf,
+        parts: Vec<Bytes>,
+        create_only: bool,
+        durable: bool,
+    ) -> Result<()> {
+        let display = self.display.clone();
+        maybe_spawn_blocking(move || {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                create_dirs(parent, durable).map_err(|e| Error::Io { path: parent.to_path_buf(), source: e })?;
+            }
+            put_file(&path, &parts, create_only, durable).map_err(|e| match e.kind() {
+                io::ErrorKind::AlreadyExists => Error::AlreadyExists { location: display },
+                _ => Error::Io { path, source: e },
+            })
+        })
+        .await
+    }
+
+    /// Make the names written so far in a local folder of the location durable (fsync the
+    /// directory); a no-op elsewhere.
+    pub async fn sync_dir(&self, rel_dir: &str) -> Result<()> {
+        let Some(dir) = self.local_file(rel_dir).filter(|_| self.layout == Layout::Directory) else { return Ok(()) };
+        maybe_spawn_blocking(move || sync_dir(&dir).map_err(|e| Error::Io { path: dir, source: e })).await
     }
 }
 

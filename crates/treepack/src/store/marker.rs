@@ -9,6 +9,8 @@
 //! can be taken belongs to a save that died: `gc` removes it. The kernel drops the lock when the
 //! process dies, however it dies. Off Unix, no markers (the grace period alone protects).
 
+use super::{Layout, Location};
+use crate::error::{Error, Result};
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -110,4 +112,37 @@ pub(super) fn oldest_running(
         oldest = Some(oldest.map_or(created, |o| o.min(created)));
     }
     Ok((oldest, stale))
+}
+
+impl Location {
+    /// Mark a local save as running until the marker is dropped (see `marker`): `gc` keeps
+    /// what it writes meanwhile. Creates the location's directory (durably, when `durable`).
+    /// `None` for object stores.
+    pub fn save_marker(&self, durable: bool) -> Result<Option<SaveMarker>> {
+        let Some((dir, name)) = self.marker_dir() else { return Ok(None) };
+        super::durable::create_dirs(&dir, durable).map_err(|e| Error::Io { path: dir.clone(), source: e })?;
+        SaveMarker::create(&dir, name.as_deref()).map_err(|e| Error::Io { path: dir, source: e })
+    }
+
+    /// When the oldest local save still running here started, and the markers of dead saves
+    /// removed (relative names), for `gc`.
+    pub(crate) fn running_saves(&self) -> Result<(Option<std::time::SystemTime>, Vec<String>)> {
+        let Some((dir, name)) = self.marker_dir() else { return Ok((None, vec![])) };
+        let (oldest, stale) = oldest_running(&dir, name.as_deref()).map_err(|e| Error::Io { path: dir, source: e })?;
+        let names = stale.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
+        Ok((oldest, names))
+    }
+
+    /// The folder that holds a local save's markers, and for a single file its name.
+    fn marker_dir(&self) -> Option<(PathBuf, Option<String>)> {
+        let local = self.local.as_ref()?;
+        match self.layout {
+            Layout::Directory => Some((local.clone(), None)),
+            Layout::SingleFile => {
+                let name = local.file_name()?.to_string_lossy().into_owned();
+                let dir = local.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+                Some((dir, Some(name)))
+            }
+        }
+    }
 }

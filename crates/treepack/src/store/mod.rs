@@ -677,18 +677,7 @@ impl Location {
             return Ok(());
         }
         if let Some(path) = self.local_file(rel) {
-            let display = self.display.clone();
-            maybe_spawn_blocking(move || {
-                if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                    durable::create_dirs(parent, durable)
-                        .map_err(|e| Error::Io { path: parent.to_path_buf(), source: e })?;
-                }
-                durable::put_file(&path, &parts, create_only, durable).map_err(|e| match e.kind() {
-                    std::io::ErrorKind::AlreadyExists => Error::AlreadyExists { location: display },
-                    _ => Error::Io { path, source: e },
-                })
-            })
-            .await?;
+            self.put_local(path, parts, create_only, durable).await?;
             self.stats.wrote(n);
             if let Some(t) = progress {
                 t.advance(n);
@@ -706,45 +695,6 @@ impl Location {
             t.advance(n);
         }
         Ok(())
-    }
-
-    /// Mark a local save as running until the marker is dropped (see `marker`): `gc` keeps
-    /// what it writes meanwhile. Creates the location's directory (durably, when `durable`).
-    /// `None` for object stores.
-    pub fn save_marker(&self, durable: bool) -> Result<Option<SaveMarker>> {
-        let Some((dir, name)) = self.marker_dir() else { return Ok(None) };
-        durable::create_dirs(&dir, durable).map_err(|e| Error::Io { path: dir.clone(), source: e })?;
-        SaveMarker::create(&dir, name.as_deref()).map_err(|e| Error::Io { path: dir, source: e })
-    }
-
-    /// When the oldest local save still running here started, and the markers of dead saves
-    /// removed (relative names), for `gc`.
-    pub(crate) fn running_saves(&self) -> Result<(Option<std::time::SystemTime>, Vec<String>)> {
-        let Some((dir, name)) = self.marker_dir() else { return Ok((None, vec![])) };
-        let (oldest, stale) =
-            marker::oldest_running(&dir, name.as_deref()).map_err(|e| Error::Io { path: dir, source: e })?;
-        let names = stale.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
-        Ok((oldest, names))
-    }
-
-    /// The folder that holds a local save's markers, and for a single file its name.
-    fn marker_dir(&self) -> Option<(PathBuf, Option<String>)> {
-        let local = self.local.as_ref()?;
-        match self.layout {
-            Layout::Directory => Some((local.clone(), None)),
-            Layout::SingleFile => {
-                let name = local.file_name()?.to_string_lossy().into_owned();
-                let dir = local.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
-                Some((dir, Some(name)))
-            }
-        }
-    }
-
-    /// Make the names written so far in a local folder of the location durable (fsync the
-    /// directory); a no-op elsewhere.
-    pub async fn sync_dir(&self, rel_dir: &str) -> Result<()> {
-        let Some(dir) = self.local_file(rel_dir).filter(|_| self.layout == Layout::Directory) else { return Ok(()) };
-        maybe_spawn_blocking(move || durable::sync_dir(&dir).map_err(|e| Error::Io { path: dir, source: e })).await
     }
 
     /// Delete an object; a missing object is not an error.

@@ -283,6 +283,7 @@ def load(
     verify: Optional[bool] = None,
     storage_options: StorageOptions = None,
     progress: Progress = None,
+    map_location: Any = None,
 ) -> Any:
     """Load a tree from a local path, ``.tpk`` file, ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` location.
 
@@ -300,6 +301,10 @@ def load(
     - ``mmap=True``: arrays are read-only views of the (local, uncompressed) file, no copy.
     - ``verify``: check chunk hashes (default: True; False with ``mmap`` since it would read everything).
     - ``storage_options``: credentials/endpoint/tuning for remote locations; ``progress(done, total)``.
+    - ``map_location``: where torch tensors go, as in ``torch.load``: ``None`` (the CPU), a
+      device, a dict from saved device names (``"cuda:0"``, ``"cpu"``) to devices, or a callable
+      ``(tensor, saved_device) -> tensor``. A tree of tensors needs torch installed (else an
+      ``ImportError`` naming the leaves; ``on_missing="placeholder"`` gives numpy arrays).
 
     The whole manifest is audited before any record or custom object is built: untrusted types
     raise ``UntrustedTypeError`` listing every type and key path, and nothing is imported. (A
@@ -311,8 +316,19 @@ def load(
     if on_missing not in ("error", "placeholder"):
         raise ValueError("on_missing must be 'error' or 'placeholder'")
     opts = _opts(storage_options)
-    dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder")
+    dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder", map_location)
     verify = (not mmap) if verify is None else verify
+    try:
+        return _load(p, opts, dec, select, like, trust_t, allow_pickle, on_missing, mmap, verify, progress)
+    except _codec.MissingFramework as e:
+        paths = [path for t, path in _core.Reader(p, opts).array_types() if t == e.type_name or t.startswith("torch.")]
+        from .integrations.torch import missing_message
+
+        raise ImportError(missing_message(paths)) from None
+
+
+def _load(p: str, opts: Any, dec: Any, select: Any, like: Any, trust_t: Tuple[str, ...], allow_pickle: bool,
+          on_missing: str, mmap: bool, verify: bool, progress: Progress) -> Any:
     if select is None and like is None and not mmap and (progress is None or progress is False):
         # Whole tree: one pass over the manifest builds the objects as it is read (its few reads
         # of stored leaves report no progress, hence not with a callback). It takes only trees

@@ -89,6 +89,7 @@ class Reader:
     def types(
         self, skip: Optional[Set[str]] = None, select: Optional[List[str]] = None, keep: Optional[Set[str]] = None
     ) -> List[Tuple[str, str, Optional[str], str]]: ...
+    def array_types(self) -> List[Tuple[str, str]]: ...
     def load(
         self,
         decode_other: DecodeOther,

@@ -66,7 +66,19 @@ impl<'py> Decoder<'py> {
 
     /// One numpy array per leaf, made with a single C-API call: writable over the loaded buffer
     /// (no copy when the buffer is uniquely owned), or a read-only view for mmap loads.
+    /// An annotated array (a torch tensor's, format 1.3) goes on to the Python decoder's
+    /// `array(ndarray, annotation JSON)`, which rebuilds the type it names; without a decoder
+    /// (structure and slice reads) it stays a numpy array.
     pub(crate) fn array(&mut self, a: ArrayData) -> PyResult<Bound<'py, PyAny>> {
+        let annotation = a.annotation().map(|v| v.to_string());
+        let arr = self.numpy_array(a)?;
+        match (annotation, &self.decode_other) {
+            (Some(ann), Some(f)) => f.call_method1("array", (arr, ann)),
+            _ => Ok(arr),
+        }
+    }
+
+    fn numpy_array(&mut self, a: ArrayData) -> PyResult<Bound<'py, PyAny>> {
         use numpy::npyffi::{self, PY_ARRAY_API};
         let (dtype, shape, bytes) = a.into_parts();
         let descr = self.dtype(&dtype)?;
@@ -199,7 +211,13 @@ impl<'py> Decoder<'py> {
             Entry::Str(Stored::Inline(s)) => PyString::new(py, s).into_any(),
             Entry::Bytes(Stored::Inline(b)) => PyBytes::new(py, b).into_any(),
             Entry::Array(a) => match &a.storage {
-                ArrayStorage::Inline(d) => self.small_array(&a.dtype, &a.shape, d)?,
+                ArrayStorage::Inline(d) => {
+                    let arr = self.small_array(&a.dtype, &a.shape, d)?;
+                    match (&a.annotation, &self.decode_other) {
+                        (Some(ann), Some(f)) => f.call_method1("array", (arr, ann.to_string()))?,
+                        _ => arr,
+                    }
+                }
                 ArrayStorage::Chunked { .. } => return Err(PyValueError::new_err("array data was not read")),
             },
             Entry::Str(Stored::Blob { .. }) | Entry::Bytes(Stored::Blob { .. }) => {

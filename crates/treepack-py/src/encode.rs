@@ -362,6 +362,20 @@ impl<'py> Encoder<'py> {
             }
         })?;
         let (kind, type_name, data, children): NodeDescription<'py> = desc.extract()?;
+        if kind == "array" {
+            // An array of another library (a torch tensor): its canonical numpy view, annotated
+            // with the type and attributes it is rebuilt from. The object itself is the shared
+            // one (a tensor at two places is one tensor).
+            let [(_, view)] = <[_; 1]>::try_from(children)
+                .map_err(|_| self.err("encode_other returned an array without exactly one view"))?;
+            let annotation = match data {
+                Some(s) => Some(serde_json::from_str(&s).map_err(|e| self.err(e))?),
+                None => None,
+            };
+            self.begin(Some(obj));
+            let a = self.array(&view)?.with_annotation(annotation).map_err(|e| self.err(e))?;
+            return Ok(Node::from(a));
+        }
         let o = (kind != "value").then(|| self.begin(Some(obj)));
         if let Some(o) = o {
             self.open.push(o);

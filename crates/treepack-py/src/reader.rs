@@ -123,6 +123,20 @@ impl Reader {
         Ok(out)
     }
 
+    /// (annotation `type`, key path) of every annotated array (torch tensors...), for the
+    /// error that names them when their library is missing.
+    pub(crate) fn array_types(&self) -> Vec<(String, String)> {
+        let mut out = vec![];
+        self.inner.manifest().root.for_each_leaf_steps(&mut |steps, e| {
+            if let Entry::Array(a) = e {
+                if let Some(t) = a.annotation.as_ref().and_then(|v| v.get("type")).and_then(|t| t.as_str()) {
+                    out.push((t.to_string(), treepack::format::keypath::steps_text(steps)));
+                }
+            }
+        });
+        out
+    }
+
     /// (dtype JSON, shape) of the array at `path`.
     pub(crate) fn array_info(&self, path: &str) -> PyResult<(String, Vec<u64>)> {
         match self.inner.entry(path).map_err(py_err)? {

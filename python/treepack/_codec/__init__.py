@@ -10,6 +10,7 @@ from .builtins import (
     AUDIT_FREE,
     BUILTIN_TYPES,
     Decoder,
+    MissingFramework,
     Unloadable,
     _seen_classes,
     encode_other,
@@ -20,6 +21,6 @@ from .dtypes import _dtype_cache, _dtype_desc, _np_dtype, encode_array, np_dtype
 from .trust import audit
 
 __all__ = [
-    "AUDIT_FREE", "BUILTIN_TYPES", "Decoder", "File", "Unloadable", "audit", "encode_array", "encode_other",
+    "AUDIT_FREE", "BUILTIN_TYPES", "Decoder", "File", "MissingFramework", "Unloadable", "audit", "encode_array", "encode_other",
     "np_dtype", "resolve_class",
 ]

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import _registry as reg
 from ..integrations import pandas, pillow, pydantic
+from ..integrations import torch as torch_tensors
 from . import everyday, files
 
 _PATH_CLASSES = {
@@ -163,6 +164,8 @@ def _describe(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Optio
                 f"raised {type(e).__name__}: {e}"
             ) from e
         return ("custom", r.name, None, [("data", data)])
+    if torch_tensors.is_tensor(obj):
+        return torch_tensors.encode(obj, where)
     d = everyday.encode(obj, t, where)
     if d is not None:
         return d
@@ -267,13 +270,41 @@ def resolve_class(name: str) -> type:
     raise LookupError(f"class {name} cannot be found (module not importable or class renamed)")
 
 
-class Decoder:
-    """Builds Python objects for record/custom nodes after the audit has passed."""
+class MissingFramework(ImportError):
+    """An annotated array (a torch tensor) whose library cannot be imported; ``load`` re-raises
+    it naming every such leaf."""
 
-    def __init__(self, trust: Tuple[str, ...], allow_pickle: bool, placeholder: bool) -> None:
+    def __init__(self, type_name: str) -> None:
+        super().__init__(f"loading {type_name} leaves needs a library that cannot be imported")
+        self.type_name = type_name
+
+
+class Decoder:
+    """Builds Python objects for record/custom nodes after the audit has passed, and the arrays
+    of other libraries (torch tensors) from their annotated numpy arrays."""
+
+    def __init__(self, trust: Tuple[str, ...], allow_pickle: bool, placeholder: bool, map_location: Any = None) -> None:
         self.trust = trust
         self.allow_pickle = allow_pickle
         self.placeholder = placeholder
+        self.map_location = map_location
+        self._tensors: Optional[torch_tensors.Loader] = None
+
+    def array(self, arr: np.ndarray, annotation: str) -> Any:
+        """An annotated array: a tensor for the torch types, the array itself for types this
+        version does not know (the annotation only says what the writer had)."""
+        ann = json.loads(annotation)
+        if ann.get("type") not in torch_tensors.TYPES:
+            return arr
+        if self._tensors is None:
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                if self.placeholder:
+                    return arr
+                raise MissingFramework(ann["type"]) from None
+            self._tensors = torch_tensors.Loader(self.map_location)
+        return self._tensors.tensor(arr, ann)
 
     def _missing(self, type_name: str, data: Any, reason: str, files: Optional[Dict[str, bytes]] = None) -> Any:
         if self.placeholder:

@@ -117,11 +117,31 @@ pub struct ArrayData {
     dtype: DType,
     shape: Vec<u64>,
     data: Bytes,
+    /// The array type the writer had, when not a plain array (the format's `as` member, 1.3).
+    annotation: Option<Box<serde_json::Value>>,
 }
 
 impl fmt::Debug for ArrayData {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ArrayData({}, {:?}, {} bytes)", self.dtype.display(), self.shape, self.data.len())
+        write!(f, "ArrayData({}, {:?}, {} bytes)", self.dtype.display(), self.shape, self.data.len())?;
+        if let Some(a) = &self.annotation {
+            write!(f, " as {a}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Longest `type` name an array annotation may have.
+pub const MAX_ANNOTATION_TYPE: usize = 256;
+
+/// The rule for an array's `as` member: a JSON object whose `type` is a non-empty string of at
+/// most [`MAX_ANNOTATION_TYPE`] bytes.
+pub fn check_annotation(v: &serde_json::Value) -> std::result::Result<(), String> {
+    match v.get("type") {
+        Some(serde_json::Value::String(t)) if !t.is_empty() && t.len() <= MAX_ANNOTATION_TYPE && v.is_object() => Ok(()),
+        _ => Err(format!(
+            "an array's `as` must be a JSON object with a non-empty string `type` of at most {MAX_ANNOTATION_TYPE} bytes"
+        )),
     }
 }
 
@@ -150,13 +170,40 @@ impl ArrayData {
                 ),
             ));
         }
-        Ok(ArrayData { dtype, shape, data })
+        Ok(ArrayData { dtype, shape, data, annotation: None })
     }
 
     /// Wrap bytes whose length the caller has already made right.
     pub(crate) fn new_unchecked(dtype: DType, shape: Vec<u64>, data: Bytes) -> Self {
         debug_assert_eq!(shape_len(&shape).map(|n| n * dtype.itemsize()), Some(data.len() as u64));
-        ArrayData { dtype, shape, data }
+        ArrayData { dtype, shape, data, annotation: None }
+    }
+
+    /// The same array, annotated with the array type it stands for (a torch tensor, a JAX
+    /// array): a JSON object with a string `type` member and that type's attributes, written
+    /// as the array node's `as` member (docs/format.md, section 5). Readers that do not know
+    /// the type still get the array.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTree`] when `annotation` is not an object with a string `type`.
+    pub fn with_annotation(mut self, annotation: Option<serde_json::Value>) -> Result<Self> {
+        if let Some(a) = &annotation {
+            check_annotation(a).map_err(|reason| Error::invalid_tree("<array>", reason))?;
+        }
+        self.annotation = annotation.map(Box::new);
+        Ok(self)
+    }
+
+    /// Attach a stored array's annotation (already checked by the manifest parser).
+    pub(crate) fn annotated(mut self, annotation: Option<&serde_json::Value>) -> Self {
+        self.annotation = annotation.map(|a| Box::new(a.clone()));
+        self
+    }
+
+    /// The array type this array stands for, if the writer named one (see
+    /// [`ArrayData::with_annotation`]).
+    pub fn annotation(&self) -> Option<&serde_json::Value> {
+        self.annotation.as_deref()
     }
 
     /// A 0-d array (typed scalar) from canonical bytes.

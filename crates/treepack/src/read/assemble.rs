@@ -85,7 +85,9 @@ impl Reader {
             Entry::Bytes(Stored::Blob { chunk, size }) => {
                 Ok(Leaf::Bytes(self.chunk_bytes(&job.path, 0, chunk, fetched, (*size, 1), verify)?))
             }
-            Entry::Array(a) => self.assemble_array(&job.path, a, fetched, opts, verify).map(Leaf::Array),
+            Entry::Array(a) => self
+                .assemble_array(&job.path, a, fetched, opts, verify)
+                .map(|d| Leaf::Array(d.annotated(a.annotation.as_ref()))),
             other => inline_leaf_ref(other, &self.manifest_file, &|| job.path.clone()),
         }
     }

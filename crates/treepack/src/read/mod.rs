@@ -429,7 +429,7 @@ impl Reader {
                 }
             }
         }
-        ArrayData::new(a.dtype.clone(), out_shape, out)
+        Ok(ArrayData::new(a.dtype.clone(), out_shape, out)?.annotated(a.annotation.as_ref()))
     }
 
     /// Re-hash every chunk and check every pack, collecting all problems instead of stopping
@@ -587,6 +587,7 @@ fn contiguous_in_pack(grid: &ChunkGrid, chunks: &[ChunkRef]) -> bool {
 fn inline_array(a: &ArrayEntry, file: &str, path: &str) -> Result<ArrayData> {
     match &a.storage {
         ArrayStorage::Inline(d) => ArrayData::new(a.dtype.clone(), a.shape.clone(), d.clone())
+            .map(|d| d.annotated(a.annotation.as_ref()))
             .map_err(|e| Error::manifest(file, path, e.to_string())),
         ArrayStorage::Chunked { .. } => Err(Error::manifest(file, path, "array data was not read")),
     }

@@ -160,9 +160,10 @@ struct Planner<'o> {
     opts: &'o SaveOptions,
     globs: Vec<(Glob, Vec<u64>)>,
     pending: Vec<Pending>,
-    /// Per chunked array: (index range in `pending`, head preview).
     arrays: usize,
     array_bytes: u64,
+    /// Whether some array carries an annotation (`as`, format 1.3).
+    annotated: bool,
     /// (address, length, dtype) of buffers already pending → their index. `Bytes` are
     /// immutable and all kept alive by `pending`, so equal addresses mean equal contents.
     same_buffer: HashMap<(usize, usize, Option<DType>), usize>,
@@ -230,6 +231,7 @@ impl Planner<'_> {
             return Err(Error::invalid_tree(path_text(), format!("{} dimensions (limit {MAX_NDIM})", shape.len())));
         }
         self.arrays += 1;
+        self.annotated |= a.annotation().is_some();
         self.array_bytes += a.nbytes();
         if a.nbytes() as usize <= self.opts.inline_bytes {
             return Ok(Entry::Array(Box::new(ArrayEntry {
@@ -237,6 +239,7 @@ impl Planner<'_> {
                 shape,
                 storage: ArrayStorage::Inline(a.bytes().clone()),
                 preview: None,
+                annotation: a.annotation().cloned(),
             })));
         }
         // Key-path texts are only needed to match `chunk_shapes` patterns.
@@ -266,6 +269,7 @@ impl Planner<'_> {
             shape,
             storage: ArrayStorage::Chunked { chunk_shape, chunks },
             preview,
+            annotation: a.annotation().cloned(),
         })))
     }
 }
@@ -545,7 +549,15 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     let previous = if exists && !single { old_packs(loc).await } else { None };
 
     let globs = opts.chunk_shapes.iter().map(|(p, cs)| Ok((Glob::new(p)?, cs.clone()))).collect::<Result<Vec<_>>>()?;
-    let mut planner = Planner { opts, globs, pending: vec![], arrays: 0, array_bytes: 0, same_buffer: HashMap::new() };
+    let mut planner = Planner {
+        opts,
+        globs,
+        pending: vec![],
+        arrays: 0,
+        array_bytes: 0,
+        annotated: false,
+        same_buffer: HashMap::new(),
+    };
     let entries: Tree<Entry> = {
         let r: Result<Tree<Entry>> = tree.map_ref_steps(&mut |p, l| planner.leaf(p, l));
         r?
@@ -615,7 +627,10 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     // by them); 1.1, which adds codecs, otherwise.
     // 1.2 adds shared nodes and refs: a tree without them is written as before.
     let compressed = hashed.refs.iter().any(|r| !r.codec.is_identity());
-    let minor = if has_refs {
+    // 1.3 adds array annotations (`as`).
+    let minor = if planner.annotated {
+        3
+    } else if has_refs {
         2
     } else if compressed {
         1

@@ -615,7 +615,12 @@ impl Location {
         Ok(self.read_ranges(rel, vec![range], ReadMode::Buffered).await?.pop().unwrap_or_default())
     }
 
-    /// Memory-map a local file (read-only). `None` for non-local locations.
+    /// Memory-map a local file. `None` for non-local locations.
+    ///
+    /// The mapping is private and copy-on-write (`MAP_PRIVATE`, as `torch.load(mmap=True)` and
+    /// numpy's `mmap_mode="c"` map): the file is never written, and a framework that writes into
+    /// a loaded tensor in place gets private pages instead of a crash. Where the system refuses a
+    /// writable private mapping, a read-only one.
     pub fn mmap(&self, rel: &str) -> Result<Option<Bytes>> {
         self.check_no_symlink(rel)?;
         let Some(p) = self.local_file(rel) else { return Ok(None) };
@@ -626,13 +631,22 @@ impl Location {
         // SAFETY: treepack never modifies committed files in place (writes are temp + rename),
         // so the mapping stays valid; callers opt in to mmap knowing another program could
         // truncate the file underneath them.
-        let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::Io { path: p, source: e })?;
         // Arrays are read front to back: sequential advice makes a page fault read ahead from
         // the fault instead of around it (measured on a cold cache, touching a 540 KiB array of
         // a 250 MiB pack: 7-8 ms -> ~4 ms). Only a hint; failure changes nothing.
-        #[cfg(unix)]
-        let _ = m.advise(memmap2::Advice::Sequential);
-        Ok(Some(Bytes::from_owner(m)))
+        match unsafe { memmap2::MmapOptions::new().map_copy(&f) } {
+            Ok(m) => {
+                #[cfg(unix)]
+                let _ = m.advise(memmap2::Advice::Sequential);
+                Ok(Some(Bytes::from_owner(m)))
+            }
+            Err(_) => {
+                let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::Io { path: p, source: e })?;
+                #[cfg(unix)]
+                let _ = m.advise(memmap2::Advice::Sequential);
+                Ok(Some(Bytes::from_owner(m)))
+            }
+        }
     }
 
     /// Write an object atomically and durably. `create_only` fails with

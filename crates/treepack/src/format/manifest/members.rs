@@ -171,6 +171,7 @@ pub(super) enum Member {
     ChunkShape,
     Chunks,
     Preview,
+    As,
     Other,
 }
 
@@ -206,6 +207,7 @@ impl<'de> Visitor<'de> for MemberSeed {
             "chunk_shape" => Member::ChunkShape,
             "chunks" => Member::Chunks,
             "preview" => Member::Preview,
+            "as" => Member::As,
             _ => Member::Other,
         })
     }
@@ -323,6 +325,7 @@ pub(super) struct ArrayRead {
     /// `Some((chunk_shape, chunks))` for a chunked array, `None` for inline data.
     pub(super) chunked: Option<(Vec<u64>, Vec<ChunkRef>)>,
     pub(super) preview: Option<Value>,
+    pub(super) annotation: Option<Value>,
 }
 
 /// An array's members (after `t`), for both readers: each member at most once, `dtype` and
@@ -335,6 +338,7 @@ pub(super) fn read_array<'de, A: MapAccess<'de>>(
 ) -> std::result::Result<ArrayRead, A::Error> {
     let (mut dtype, mut shape, mut chunk_shape, mut chunks, mut data, mut preview) =
         (None, false, None, None, false, None);
+    let mut annotation: Option<Value> = None;
     while let Some(k) = map.next_key_seed(MemberSeed)? {
         match k {
             Member::Dtype => {
@@ -370,6 +374,12 @@ pub(super) fn read_array<'de, A: MapAccess<'de>>(
                 let v = map.next_value::<Value>()?;
                 preview = Some(keep_preview.then_some(v));
             }
+            Member::As => {
+                dup(&annotation, "as")?;
+                let v = map.next_value::<Value>()?;
+                crate::format::model::check_annotation(&v).map_err(de::Error::custom)?;
+                annotation = Some(v);
+            }
             _ => skip(map)?,
         }
     }
@@ -382,7 +392,7 @@ pub(super) fn read_array<'de, A: MapAccess<'de>>(
         (false, Some(cs), Some(c)) => Some((cs, c)),
         _ => return Err(de::Error::custom("array needs either `data` or both `chunk_shape` and `chunks`")),
     };
-    Ok(ArrayRead { dtype, chunked, preview: preview.flatten() })
+    Ok(ArrayRead { dtype, chunked, preview: preview.flatten(), annotation })
 }
 
 /// An array entry, read by the one-pass parser (the buffers become the entry's shape and data).
@@ -393,7 +403,7 @@ pub(super) fn parse_array<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::R
         None => ArrayStorage::Inline(Bytes::from(bufs.data)),
         Some((chunk_shape, chunks)) => ArrayStorage::Chunked { chunk_shape, chunks },
     };
-    Ok(ArrayEntry { dtype: r.dtype, shape: bufs.dims, storage, preview: r.preview })
+    Ok(ArrayEntry { dtype: r.dtype, shape: bufs.dims, storage, preview: r.preview, annotation: r.annotation })
 }
 
 /// An array of dimensions, appended to a reused vector.

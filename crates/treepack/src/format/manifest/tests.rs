@@ -26,6 +26,7 @@ pub(crate) fn sample() -> Manifest {
                     shape: vec![2],
                     storage: ArrayStorage::Chunked { chunk_shape: vec![2], chunks: vec![chunk] },
                     preview: None,
+                    annotation: Some(serde_json::json!({"type": "torch.Tensor", "requires_grad": true})),
                 }))),
             ),
         ]),

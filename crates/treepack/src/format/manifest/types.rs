@@ -6,10 +6,11 @@ use super::*;
 pub const FORMAT_NAME: &str = "treepack";
 /// Major version this build writes and reads.
 pub const VERSION_MAJOR: u16 = 1;
-/// Newest minor version this build writes (1.1 adds chunk codecs, 1.2 shared nodes and refs;
+/// Newest minor version this build writes (1.1 adds chunk codecs, 1.2 shared nodes and refs,
+/// 1.3 array annotations;
 /// a writer writes the oldest minor that holds its tree). Readers accept any minor of a known
 /// major.
-pub const VERSION_MINOR: u16 = 2;
+pub const VERSION_MINOR: u16 = 3;
 /// Deepest container nesting accepted (Python's default recursion limit is 1000).
 pub const MAX_DEPTH: usize = 1000;
 /// Largest manifest accepted, in bytes.
@@ -78,6 +79,9 @@ pub struct ArrayEntry {
     pub storage: ArrayStorage,
     /// Informational preview (first values, min, max). Never used to reconstruct data.
     pub preview: Option<Value>,
+    /// The array type the writer had (`as`, format 1.3): an object with a string `type`. Readers
+    /// that do not know the type load a plain array.
+    pub annotation: Option<Value>,
 }
 
 impl ArrayEntry {

@@ -288,6 +288,10 @@ pub(super) fn write_entry(s: &mut String, e: &Entry) {
             s.push_str(&a.dtype.to_json().to_string());
             s.push_str(",\"shape\":");
             write_u64s(s, &a.shape);
+            if let Some(v) = &a.annotation {
+                s.push_str(",\"as\":");
+                s.push_str(&v.to_string());
+            }
             match &a.storage {
                 ArrayStorage::Inline(data) => {
                     s.push_str(",\"data\":\"");

@@ -506,6 +506,7 @@ impl<'a, 's> ONode<'a, 's> {
                     shape: bufs.dims.clone(),
                     storage: ArrayStorage::Chunked { chunk_shape, chunks },
                     preview: None,
+                    annotation: None,
                 };
                 self.st.borrow_mut().entry(&Entry::Array(Box::new(e)))
             }

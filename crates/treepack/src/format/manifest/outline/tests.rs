@@ -160,6 +160,7 @@ fn rich() -> Manifest {
             shape: vec![2, 1],
             storage: ArrayStorage::Inline(Bytes::from_static(&[1, 0, 2, 0])),
             preview: None,
+            annotation: Some(serde_json::json!({"type": "torch.Tensor"})),
         }))),
     ));
     pairs.push((Key::Str("empty".into()), Tree::Dict(vec![])));
@@ -272,7 +273,7 @@ fn outline_checks_leaves_packs_and_depth() {
     // Inline arrays, read without the strict parser: each damage refused by both.
     let good = encode(&rich(), &serde_json::json!({}));
     let body = String::from_utf8(good[..good.len() - HASH_TRAILER_LEN].to_vec()).unwrap();
-    let small = r#"{"t":"array","dtype":"int16","shape":[2,1],"data":"AQACAA=="}"#;
+    let small = r#"{"t":"array","dtype":"int16","shape":[2,1],"as":{"type":"torch.Tensor"},"data":"AQACAA=="}"#;
     assert!(body.contains(small));
     for bad in [
         r#"{"t":"array","dtype":"int16","shape":[2,2],"data":"AQACAA=="}"#,
@@ -284,6 +285,16 @@ fn outline_checks_leaves_packs_and_depth() {
         r#"{"t":"array","dtype":"int16","data":"AQACAA=="}"#,
         r#"{"t":"array","dtype":"int16","shape":[4294967296,4294967296,4294967296],"data":""}"#,
         r#"{"t":"array","dtype":"int16","shape":[2,1],"data":"AQACAA==","chunks":[]}"#,
+        // Annotations (1.3): an object with a non-empty string `type` of at most 256 bytes, once.
+        r#"{"t":"array","dtype":"int16","shape":[2,1],"as":"torch","data":"AQACAA=="}"#,
+        r#"{"t":"array","dtype":"int16","shape":[2,1],"as":{"type":3},"data":"AQACAA=="}"#,
+        r#"{"t":"array","dtype":"int16","shape":[2,1],"as":{"type":""},"data":"AQACAA=="}"#,
+        r#"{"t":"array","dtype":"int16","shape":[2,1],"as":{},"data":"AQACAA=="}"#,
+        &format!(
+            r#"{{"t":"array","dtype":"int16","shape":[2,1],"as":{{"type":"{}"}},"data":"AQACAA=="}}"#,
+            "a".repeat(257)
+        ),
+        r#"{"t":"array","dtype":"int16","shape":[2,1],"as":{"type":"a"},"as":{"type":"a"},"data":"AQACAA=="}"#,
     ] {
         let v = seal(body.replace(small, bad).as_bytes());
         assert!(strict_lines(&v).is_err(), "{bad}");

@@ -1,0 +1,176 @@
+"""PyTorch: ``torch.Tensor`` leaves without pickle.
+
+A tensor is stored as an ordinary array (its canonical bytes, readable by any treepack reader)
+whose node carries an annotation (format 1.3, ``"as"``): ``{"type": "torch.Tensor"}`` or
+``"torch.nn.Parameter"``, plus ``requires_grad`` and the ``device`` it was saved from when those
+are not the defaults. A reader without torch gets the numpy array; this module turns it back
+into a tensor over the same memory (no copy), which for ``mmap=True`` is the file's mapping.
+
+Nothing here imports torch: ``is_tensor`` looks at ``sys.modules``, so a process that never
+imported torch never pays for it, and loading imports torch only when the file holds tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+import numpy as np
+
+TENSOR = "torch.Tensor"
+PARAMETER = "torch.nn.Parameter"
+TYPES = (TENSOR, PARAMETER)
+
+#: torch dtype name -> (dtype to view the tensor as for ``.numpy()``, numpy dtype name or
+#: ml_dtypes name the stored array has). Views keep the bytes: bfloat16 and float8 tensors are
+#: read as integers of their width and reinterpreted, since torch's ``.numpy()`` refuses them.
+_VIA = {
+    "bfloat16": ("int16", "bfloat16"),
+    "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
+    "float8_e5m2": ("uint8", "float8_e5m2"),
+    "float8_e4m3fnuz": ("uint8", "float8_e4m3fnuz"),
+    "float8_e5m2fnuz": ("uint8", "float8_e5m2fnuz"),
+}
+_DIRECT = frozenset(
+    "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 float32 float64 complex64 complex128".split()
+)
+_HINTS = {
+    "complex32": "convert it with .to(torch.complex64)",
+    "quint8": "store .int_repr() and the quantization parameters, or .dequantize()",
+    "qint8": "store .int_repr() and the quantization parameters, or .dequantize()",
+    "qint32": "store .int_repr() and the quantization parameters, or .dequantize()",
+    "quint4x2": "store .int_repr() and the quantization parameters, or .dequantize()",
+}
+
+MapLocation = Union[None, str, Any, Dict[str, Any], Callable[[Any, Optional[str]], Any]]
+
+
+def is_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a torch tensor (False without importing torch when it is not loaded)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _dtype_name(dt: Any) -> str:
+    return str(dt).rpartition(".")[2]
+
+
+def encode(t: Any, where: str) -> Tuple[str, str, str, list]:
+    """``encode_other``'s description of a tensor: an ``array`` with one numpy view, annotated."""
+    import torch
+
+    if t.layout != torch.strided:
+        raise TypeError(
+            f"cannot save `{where}`: a {t.layout} tensor; only dense (strided) tensors are supported. "
+            "Convert it with .to_dense(), or save its indices and values as separate tensors"
+        )
+    if t.is_quantized:
+        raise TypeError(f"cannot save `{where}`: a quantized tensor ({t.dtype}); {_HINTS['qint8']}")
+    if getattr(t, "is_nested", False):
+        raise TypeError(f"cannot save `{where}`: a nested tensor; save t.unbind() (a list of tensors) instead")
+    cls = type(t)
+    if cls is torch.nn.Parameter:
+        ann: Dict[str, Any] = {"type": PARAMETER, "requires_grad": bool(t.requires_grad)}
+    elif cls is torch.Tensor:
+        ann = {"type": TENSOR}
+        if t.requires_grad:
+            ann["requires_grad"] = True
+    else:
+        raise TypeError(
+            f"cannot save `{where}`: a tensor of the subclass {cls.__module__}.{cls.__qualname__}; convert it with "
+            "torch.Tensor(t) / t.as_subclass(torch.Tensor), or register the subclass with treepack.register(...)"
+        )
+    dev = t.device
+    if dev.type == "meta":
+        raise TypeError(f"cannot save `{where}`: a tensor on the meta device has no data")
+    t = t.detach()
+    if dev.type != "cpu":
+        ann["device"] = str(dev)
+        t = t.cpu()
+    name = _dtype_name(t.dtype)
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if name in _DIRECT:
+        view = t.numpy()
+    elif name in _VIA:
+        import ml_dtypes
+
+        via, stored = _VIA[name]
+        view = t.view(getattr(torch, via)).numpy().view(getattr(ml_dtypes, stored))
+    else:
+        hint = _HINTS.get(name, "convert it to a supported dtype first (e.g. .to(torch.float32))")
+        raise TypeError(f"cannot save `{where}`: torch dtype {name} has no treepack dtype; {hint}")
+    return ("array", "", json.dumps(ann, separators=(",", ":")), [("value", view)])
+
+
+class Loader:
+    """Turns the numpy arrays of annotated tensor leaves into tensors, for one load.
+
+    ``map_location`` as in ``torch.load``: ``None`` leaves tensors on the CPU; a device (or its
+    name) moves every tensor there; a dict maps saved device names (``"cuda:0"``; ``"cpu"``
+    for tensors saved from the CPU) to devices; a callable gets ``(tensor, saved_device)`` and
+    returns the tensor to use."""
+
+    def __init__(self, map_location: MapLocation = None) -> None:
+        self.map_location = map_location
+        # Data pointers of mmap tensors already made: a chunk stored once for two equal tensors
+        # is one mapping, so the second tensor gets its own copy (no aliasing between leaves).
+        self._seen: set = set()
+
+    def tensor(self, arr: np.ndarray, ann: Dict[str, Any]) -> Any:
+        import torch
+
+        stored = arr.dtype.name
+        via = next((v for v, s in _VIA.values() if s == stored), None)
+        if via is None and stored not in _DIRECT:
+            raise ValueError(f"a {ann.get('type')} leaf holds an array of dtype {arr.dtype}, which no torch dtype holds")
+        base = arr.view(np.dtype(via)) if via is not None else arr
+        if base.flags.writeable:
+            t = torch.from_numpy(base)
+        else:
+            # A read-only view of the file's private (copy-on-write) mapping: writes to the
+            # tensor stay in this process, as with torch.load(mmap=True).
+            ptr = base.__array_interface__["data"][0]
+            if ptr in self._seen and base.nbytes:
+                t = torch.from_numpy(base.copy())
+            else:
+                self._seen.add(ptr)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    t = torch.from_numpy(base)
+        if via is not None:
+            t = t.view(getattr(torch, stored))
+        saved = ann.get("device")
+        t = self._place(t, saved)
+        if ann.get("type") == PARAMETER:
+            return torch.nn.Parameter(t, requires_grad=bool(ann.get("requires_grad", True)))
+        if ann.get("requires_grad"):
+            t.requires_grad_(True)
+        return t
+
+    def _place(self, t: Any, saved: Optional[str]) -> Any:
+        m = self.map_location
+        if m is None:
+            return t
+        if callable(m) and not isinstance(m, str):
+            return m(t, saved)
+        if isinstance(m, dict):
+            target = m.get(saved or "cpu")
+            return t if target is None else t.to(target)
+        return t.to(m)
+
+
+def missing_message(paths: list) -> str:
+    shown = ", ".join(f"`{p or '<root>'}`" for p in paths[:5])
+    more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
+    return (
+        f"this tree holds {len(paths)} torch tensor(s) ({shown}{more}) but torch cannot be imported: "
+        "install it (pip install torch, or pip install 'treepack[torch]'), or pass on_missing='placeholder' "
+        "to load them as numpy arrays"
+    )

@@ -341,10 +341,20 @@ def _load(p: str, opts: Any, dec: Any, select: Any, like: Any, trust_t: Tuple[st
     sel = [select] if isinstance(select, str) else (list(select) if select is not None else None)
     for attempt in range(1, _LOAD_ATTEMPTS + 1):
         r = _core.Reader(p, opts)
-        keep = _like.keep_paths(like, r.structure(_struct_node)) if like is not None else None
+        into: Dict[str, Any] = {}
+        structure = r.structure(_struct_node) if like is not None else None
+        keep = _like.keep_paths(like, structure, into) if like is not None else None
         _check(r, p, trust_t, allow_pickle, on_missing, sel, keep)
         callback, done = _progress_callback(progress, f"load {p}")
         try:
+            if into:
+                # Tensors of like= are loaded into, one at a time: no second copy of the model.
+                from .integrations import torch as torch_tensors
+
+                for path, t in into.items():
+                    torch_tensors.read_into(r, path, t)
+                out = r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback)
+                return _like.graft(out, like, structure, {id(t) for t in into.values()})
             return r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback)
         except FileNotFoundError:
             # A pack gone missing: an overwrite replaced the tree after its manifest was read

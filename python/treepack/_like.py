@@ -22,21 +22,62 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, List, Mapping, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
 from . import _codec, _core
 from ._registry import lookup_class, type_name
+from .integrations import torch as torch_tensors
 
 LeafInfo = _core.LeafInfo
 
 
-def keep_paths(like: Any, structure: Any) -> Set[str]:
-    """The key paths to read: stored leaves, and custom objects that have no children."""
+def keep_paths(like: Any, structure: Any, into: Optional[Dict[str, Any]] = None) -> Set[str]:
+    """The key paths to read: stored leaves, and custom objects that have no children.
+
+    With ``into`` (a dict), the places where ``like`` holds a torch tensor are not kept but
+    collected there, key path -> tensor: the caller reads them into those tensors in place."""
     keep: Set[str] = set()
-    _walk(like, structure, "", keep)
+    _walk(like, structure, "", keep, into)
     return keep
+
+
+def graft(out: Any, like: Any, stored: Any, tensors: Set[int]) -> Any:
+    """``out`` with the tensors of ``like`` whose ids are in ``tensors`` put back at their
+    places (loaded in place, they came back as None, and so did a state_dict whose every
+    leaf was a tensor: rebuilt here from ``stored``, the structure)."""
+    if id(like) in tensors:
+        return like
+    if isinstance(like, Mapping) and out is None:
+        if isinstance(stored, dict):
+            out = {k: None for k in stored}
+        elif getattr(stored, "type_name", None) == "py.ordereddict" and not (stored.data or {}).get("items"):
+            import collections
+
+            out = collections.OrderedDict((k, None) for k in stored.children)
+            for k, v in ((stored.data or {}).get("attrs") or {}).items():
+                setattr(out, k, v)
+    if isinstance(like, Mapping) and out is not None:
+        kids = stored if isinstance(stored, dict) else getattr(stored, "children", {})
+        for k in like:
+            v = graft(out[k], like[k], kids.get(k), tensors)
+            if v is not out[k]:
+                out[k] = v
+        return out
+    if isinstance(like, (list, tuple)) and isinstance(out, (list, tuple)):
+        items = [graft(o, l, s, tensors) for o, l, s in zip(out, like, stored if isinstance(stored, (list, tuple)) else [None] * len(out))]
+        if isinstance(out, list):
+            out[:] = items
+            return out
+        return type(out)._make(items) if hasattr(type(out), "_make") else type(out)(items)
+    fields = _fields_of(like)
+    if fields is not None and out is not None and not isinstance(out, tuple):
+        for k, l in fields.items():
+            v = graft(getattr(out, k), l, getattr(stored, "children", {}).get(k), tensors)
+            if v is not getattr(out, k):
+                object.__setattr__(out, k, v)
+    return out
 
 
 def _where(path: str) -> str:
@@ -109,13 +150,22 @@ def _is_array_like(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
 
 
-def _walk(like: Any, stored: Any, path: str, keep: Set[str]) -> None:
+#: Built-in custom types that hold a mapping's items as their children (key paths read as the
+#: dict's own): a like mapping walks into them as into a dict (a state_dict's OrderedDict).
+_MAPPINGS = frozenset({"py.ordereddict", "py.counter", "py.defaultdict"})
+
+
+def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict[str, Any]] = None) -> None:
     if like is None or like is False:
         return
     if like is True:
         _take_all(stored, keep)
         return
     if isinstance(stored, LeafInfo):
+        if into is not None and torch_tensors.is_tensor(like):
+            torch_tensors.check_like(like, stored, _where(path), _stored_dtype(stored) if stored.kind == "array" else None)
+            into[stored.path] = like
+            return
         if isinstance(like, LeafInfo) or _is_array_like(like):
             _check_leaf(like, stored, path)
             keep.add(stored.path)
@@ -141,7 +191,7 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str]) -> None:
             raise ValueError(f"like=: at {_where(path)} the file holds a dict but like= has {_short_type(like)}")
         _same_keys(list(stored), list(like.keys()), path)
         for k, v in stored.items():
-            _walk(like[k], v, _child(path, k), keep)
+            _walk(like[k], v, _child(path, k), keep, into)
         return
     if isinstance(stored, (list, tuple)):
         if not isinstance(like, type(stored)):
@@ -153,13 +203,15 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str]) -> None:
                 f"like=: at {_where(path)} the file holds a {type(stored).__name__} of {len(stored)} items but like= has {len(like)}"
             )
         for i, (l, s) in enumerate(zip(like, stored)):
-            _walk(l, s, _child(path, i), keep)
+            _walk(l, s, _child(path, i), keep, into)
         return
     # A record or custom object (StructNode).
     if _is_struct_node(like):
         if (like.kind, like.type_name) != (stored.kind, stored.type_name):
             raise ValueError(f"like=: at {_where(path)} the file holds {_kind(stored)} but like= has {_kind(like)}")
         like_children = like.children
+    elif stored.type_name in _MAPPINGS and isinstance(like, Mapping) and not (stored.data or {}).get("items"):
+        like_children = like
     else:
         like_children = _fields_of(like) if stored.kind == "record" else None
         if like_children is None:
@@ -174,7 +226,7 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str]) -> None:
         return
     _same_keys(list(stored.children), list(like_children), path)
     for k, v in stored.children.items():
-        _walk(like_children[k], v, _child(path, k), keep)
+        _walk(like_children[k], v, _child(path, k), keep, into)
 
 
 def _is_struct_node(x: Any) -> bool:

@@ -158,6 +158,31 @@ impl Reader {
         dec.array(a)
     }
 
+    /// Read the whole array at `path` into `out`, a writable C-contiguous numpy array (a view
+    /// of a tensor's memory) of exactly the stored byte size; the caller checks the dtype.
+    pub(crate) fn read_into(&self, py: Python<'_>, path: &str, out: Bound<'_, PyAny>) -> PyResult<()> {
+        let arr = out.cast::<PyUntypedArray>()?;
+        if !arr.is_c_contiguous() {
+            return Err(PyValueError::new_err(format!("`{path}`: the destination array is not C-contiguous")));
+        }
+        // SAFETY: reading the flags and data pointer of a live numpy array we hold.
+        let (ptr, writeable) = unsafe {
+            let raw = arr.as_array_ptr();
+            ((*raw).fields.data as usize, (*raw).fields.flags & numpy::npyffi::NPY_ARRAY_WRITEABLE != 0)
+        };
+        if !writeable {
+            return Err(PyValueError::new_err(format!("`{path}`: the destination array is read-only")));
+        }
+        let len = arr.len() * arr.dtype().itemsize();
+        // SAFETY: `out` (held by the caller for the whole call) owns `len` writable bytes at
+        // `ptr`; nothing else touches them while the GIL is released for the read.
+        py.detach(|| {
+            let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+            self.inner.read_into(path, buf)
+        })
+        .map_err(py_err)
+    }
+
     /// Re-hash every chunk.
     pub(crate) fn verify(&self, py: Python<'_>) -> PyResult<VerifyReport> {
         Ok(py.detach(|| self.inner.verify()).map_err(py_err)?.into())

@@ -166,6 +166,35 @@ class Loader:
         return t.to(m)
 
 
+def check_like(t: Any, info: Any, where: str, stored: Optional[np.dtype]) -> None:
+    """A ``like=`` tensor must match the stored array's shape and dtype (it is loaded into)."""
+    name = _dtype_name(t.dtype)
+    if stored is None:
+        raise ValueError(f"like=: at {where} like= has a torch tensor ({name}) but the file holds a {info.kind} leaf; use True to load it as stored")
+    have = tuple(info.shape)
+    if have != tuple(t.shape) or stored.name != name:
+        raise ValueError(
+            f"like=: at {where} the file holds {stored.name} with shape {have}, but the tensor to load into is "
+            f"{name} with shape {tuple(t.shape)}; use True to load it as stored"
+        )
+
+
+def read_into(reader: Any, path: str, t: Any) -> None:
+    """Read the stored array at ``path`` into tensor ``t`` in place: straight into its memory
+    when it is a contiguous CPU tensor, else through one CPU buffer of its size."""
+    import torch
+
+    with torch.no_grad():
+        dst = t.detach()
+        direct = dst.device.type == "cpu" and dst.is_contiguous() and not dst.is_conj() and not dst.is_neg()
+        buf = dst if direct else torch.empty(dst.shape, dtype=dst.dtype)
+        name = _dtype_name(buf.dtype)
+        view = buf.view(getattr(torch, _VIA[name][0])) if name in _VIA else buf
+        reader.read_into(path, view.numpy())
+        if not direct:
+            dst.copy_(buf)
+
+
 def missing_message(paths: list) -> str:
     shown = ", ".join(f"`{p or '<root>'}`" for p in paths[:5])
     more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""

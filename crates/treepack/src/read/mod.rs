@@ -394,15 +394,7 @@ impl Reader {
     /// # Errors
     /// [`Error::BadSlice`], [`Error::KeyNotFound`], storage and integrity errors.
     pub async fn read_array_async(&self, path: &str, slice: &str, verify: bool) -> Result<ArrayData> {
-        let a = match self.entry(path)? {
-            Tree::Leaf(Entry::Array(a)) => a,
-            other => {
-                return Err(Error::KeyNotFound {
-                    path: path.to_string(),
-                    reason: format!("`{path}` is a {} node, not an array", leaf_kind(other)),
-                })
-            }
-        };
+        let a = self.array_entry(path)?;
         let items = grid::parse_slice(slice)?;
         let sel = grid::normalize(&items, &a.shape, slice)?;
         let out_shape = grid::result_shape(&sel);
@@ -430,6 +422,72 @@ impl Reader {
             }
         }
         Ok(ArrayData::new(a.dtype.clone(), out_shape, out)?.annotated(a.annotation.as_ref()))
+    }
+
+    /// Read the whole array at `path` into `out`, which must be exactly its canonical bytes
+    /// (little-endian, C order) long: loads into memory the caller already has (a model's
+    /// tensors) without a second copy of the array. At most [`READ_INTO_BATCH`] stored bytes
+    /// are fetched at a time, so the extra memory stays bounded however big the array is.
+    ///
+    /// # Errors
+    /// [`Error::KeyNotFound`] when `path` is not an array, [`Error::InvalidTree`] when `out`
+    /// has the wrong length, storage and integrity errors.
+    pub async fn read_into_async(&self, path: &str, out: &mut [u8], verify: bool) -> Result<()> {
+        let a = self.array_entry(path)?;
+        if out.len() as u64 != a.nbytes() {
+            return Err(Error::invalid_tree(
+                path,
+                format!(
+                    "the destination has {} bytes but the stored {} array of shape {:?} has {}",
+                    out.len(),
+                    a.dtype.display(),
+                    a.shape,
+                    a.nbytes()
+                ),
+            ));
+        }
+        let itemsize = a.dtype.itemsize();
+        let chunks = match &a.storage {
+            ArrayStorage::Inline(d) => {
+                out.copy_from_slice(d);
+                return Ok(());
+            }
+            ArrayStorage::Chunked { chunks, .. } => chunks,
+        };
+        let grid = a.grid();
+        let full = grid::full(&a.shape);
+        let mut start = 0;
+        while start < chunks.len() {
+            let mut end = start + 1;
+            let mut bytes = chunks[start].length;
+            while end < chunks.len() && bytes + chunks[end].length <= READ_INTO_BATCH {
+                bytes += chunks[end].length;
+                end += 1;
+            }
+            let fetched = self.fetch(&chunks[start..end], false).await?;
+            for (i, r) in chunks.iter().enumerate().take(end).skip(start) {
+                let b = self.chunk_bytes(path, i, r, &fetched, (a.chunk_nbytes(&grid, i), itemsize), verify)?;
+                let (origin, extent) = grid.chunk_region(i as u64);
+                if grid::chunk_is_contiguous(&grid, &extent) {
+                    let off = grid::c_offset(&a.shape, &origin, itemsize) as usize;
+                    out[off..off + b.len()].copy_from_slice(&b);
+                } else {
+                    grid::copy_chunk(out, &full, &origin, &extent, &b, itemsize as usize);
+                }
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    fn array_entry(&self, path: &str) -> Result<&ArrayEntry> {
+        match self.entry(path)? {
+            Tree::Leaf(Entry::Array(a)) => Ok(a),
+            other => Err(Error::KeyNotFound {
+                path: path.to_string(),
+                reason: format!("`{path}` is a {} node, not an array", leaf_kind(other)),
+            }),
+        }
     }
 
     /// Re-hash every chunk and check every pack, collecting all problems instead of stopping
@@ -538,6 +596,13 @@ impl Reader {
     pub fn read_array(&self, path: &str, slice: &str) -> Result<ArrayData> {
         self.loc.block_on(self.read_array_async(path, slice, true))
     }
+    /// Blocking [`Reader::read_into_async`] (chunk hashes verified).
+    ///
+    /// # Errors
+    /// As [`Reader::read_into_async`].
+    pub fn read_into(&self, path: &str, out: &mut [u8]) -> Result<()> {
+        self.loc.block_on(self.read_into_async(path, out, true))
+    }
     /// Blocking [`Reader::verify_async`].
     ///
     /// # Errors
@@ -553,6 +618,9 @@ fn leaf_kind(t: &Tree<Entry>) -> &'static str {
         t => t.container_kind(),
     }
 }
+
+/// Most stored bytes [`Reader::read_into_async`] holds at once.
+pub const READ_INTO_BATCH: u64 = 32 << 20;
 
 /// A leaf's zeroed output buffer, zeroed by the allocator (fresh pages for a big one, faulted in
 /// by the threads that fill it) rather than by a memset on this thread.

@@ -15,12 +15,27 @@ fn golden_dir() -> PathBuf {
 
 /// The golden locations: format 1.0 (raw chunks) in both layouts, format 1.1 with each codec
 /// (`demo-zstd.tpk`: shuffle+zstd and zstd; `demo-lz4`: shuffle+lz4 and lz4), and format 1.2
-/// (`demo-refs`: the demo tree as a shared object referred to again, and a cycle).
-const NAMES: [&str; 5] = ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4", "demo-refs"];
+/// (`demo-refs`: the demo tree as a shared object referred to again, and a cycle), and format
+/// 1.3 (`demo-torch`: the demo tree beside annotated arrays, as the Python package writes torch
+/// tensors: a chunked bfloat16 Parameter and an inline int64 tensor saved from a GPU).
+const NAMES: [&str; 6] = ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4", "demo-refs", "demo-torch"];
 
 /// The tree each golden location holds.
 fn tree_for(name: &str) -> Node {
     let tree = demo::example_tree();
+    if name == "demo-torch" {
+        let bf16: Vec<u8> = (0..65536u32).flat_map(|i| (0x3f80u16 + (i % 128) as u16).to_le_bytes()).collect();
+        let weight = ArrayData::new(DType::BF16, vec![256, 256], bf16)
+            .unwrap()
+            .with_annotation(Some(serde_json::json!({"type": "torch.nn.Parameter", "requires_grad": true})))
+            .unwrap();
+        let steps: Vec<u8> = [3i64, 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let step = ArrayData::new(DType::I64, vec![2], steps)
+            .unwrap()
+            .with_annotation(Some(serde_json::json!({"type": "torch.Tensor", "device": "cuda:0"})))
+            .unwrap();
+        return Node::dict([("demo", tree), ("weight", Node::from(weight)), ("step", Node::from(step))]);
+    }
     if name != "demo-refs" {
         return tree;
     }
@@ -127,6 +142,7 @@ fn golden_files_load_to_the_demo_tree() {
         };
         assert_eq!(codecs.into_iter().collect::<Vec<_>>(), want, "{name}: the codecs it covers");
         let minor = match name {
+            "demo-torch" => 3,
             "demo-refs" => 2,
             n if n.contains('-') => 1,
             _ => 0,

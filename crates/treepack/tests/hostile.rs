@@ -212,6 +212,11 @@ fn cases() -> Vec<Case> {
             s.push_str(&"]}".repeat(5000));
             s
         }, None)),
+        // --- array annotations (format 1.3)
+        case("array-as-string", "invalid_manifest", "an array whose `as` is a string", sealed("[]", "{\"t\":\"array\",\"dtype\":\"int8\",\"shape\":[1],\"as\":\"torch.Tensor\",\"data\":\"AQ==\"}".into(), None)),
+        case("array-as-no-type", "invalid_manifest", "an array whose `as` has no `type`", sealed("[]", "{\"t\":\"array\",\"dtype\":\"int8\",\"shape\":[1],\"as\":{\"requires_grad\":true},\"data\":\"AQ==\"}".into(), None)),
+        case("array-as-huge-type", "invalid_manifest", "an array whose `as` type is 100 kB", sealed("[]", format!("{{\"t\":\"array\",\"dtype\":\"int8\",\"shape\":[1],\"as\":{{\"type\":\"{}\"}},\"data\":\"AQ==\"}}", "x".repeat(100_000)), None)),
+        case("array-as-twice", "invalid_manifest", "an array with two `as` members", sealed("[]", "{\"t\":\"array\",\"dtype\":\"int8\",\"shape\":[1],\"as\":{\"type\":\"a\"},\"as\":{\"type\":\"a\"},\"data\":\"AQ==\"}".into(), None)),
         // --- pack paths and links
         case("pack-path-parent", "invalid_manifest", "pack path `../outside.tpp`", sealed("[{\"path\":\"../outside.tpp\",\"size\":16}]", good_root(), None)),
         case("pack-path-absolute", "invalid_manifest", "pack path `/etc/passwd`", sealed("[{\"path\":\"/etc/passwd\",\"size\":16}]", good_root(), None)),

@@ -137,3 +137,40 @@ fn mmap_returns_views_of_the_file() {
     assert_eq!(a, &f32_array(256, 1024, 0.0));
     assert_eq!(a.bytes().as_ptr() as usize % 64, 0, "mmap views are 64-byte aligned");
 }
+
+/// `read_into` fills caller memory with an array's canonical bytes (what in-place torch loads
+/// use), for contiguous chunks, chunks that are not runs of the array, compressed chunks and
+/// inline arrays; a destination of the wrong size is refused before anything is read.
+#[test]
+fn read_into_fills_caller_memory_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, chunk_shapes, compression) in [
+        ("runs", vec![], "none"),
+        ("tiles", vec![("**".to_string(), vec![100, 300])], "none"),
+        ("zstd", vec![], "zstd"),
+    ] {
+        let path = dir.path().join(name);
+        let opts = SaveOptions {
+            chunk_bytes: 64 << 10,
+            chunk_shapes,
+            compression: save::Compression::parse(compression).unwrap(),
+            ..Default::default()
+        };
+        let t = Node::dict([("a", Node::from(f32_array(256, 1024, 0.25))), ("s", Node::from(f32_array(2, 3, 1.0)))]);
+        save(&t, path.to_str().unwrap(), &opts).unwrap();
+        let r = open(path.to_str().unwrap()).unwrap();
+        for key in ["a", "s"] {
+            let want = keypath::resolve(&t, key).unwrap().as_array().unwrap().bytes().clone();
+            let mut out = vec![0u8; want.len()];
+            r.read_into(key, &mut out).unwrap();
+            assert!(out == want.as_ref(), "{name}/{key}");
+        }
+        let mut short = vec![0u8; 10];
+        let e = r.read_into("a", &mut short).unwrap_err().to_string();
+        assert!(
+            e.contains("the destination has 10 bytes but the stored float32 array of shape [256, 1024] has 1048576"),
+            "{e}"
+        );
+        assert!(r.read_into("missing", &mut short).is_err());
+    }
+}

@@ -3,7 +3,7 @@
     .venv/bin/python bench/torch_bench.py [--quick] [--runs N] [--out bench/results/torch-….json]
 
 Two trees, made deterministically before any clock starts:
-- *model*: a ~1 GiB state_dict shaped like a 24-layer transformer (bf16 attention and MLP
+- *model*: a ~1 GiB state_dict shaped like a 38-layer transformer (bf16 attention and MLP
   weights, fp32 embeddings, norms and biases: 340 tensors, many of them small);
 - *checkpoint*: a quarter-size model (~256 MiB) with its AdamW state after one step (exp_avg,
   exp_avg_sq, step) and scalars, as `{"model", "optim", "epoch"}` — what torch.save users write.
@@ -37,7 +37,7 @@ def make_model(scale: float):
     import torch
 
     g = torch.Generator().manual_seed(0)
-    d, layers = 1024, max(1, int(24 * scale))
+    d, layers = 1024, max(1, int(38 * scale))
     sd = {"embed.weight": torch.randn(32000 // (4 if scale < 1 else 1), d, generator=g)}
     for i in range(layers):
         p = f"layers.{i}."

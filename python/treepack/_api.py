@@ -352,7 +352,7 @@ def _load(p: str, opts: Any, dec: Any, select: Any, like: Any, trust_t: Tuple[st
                 from .integrations import torch as torch_tensors
 
                 for path, t in into.items():
-                    torch_tensors.read_into(r, path, t)
+                    torch_tensors.read_into(r, path, t, verify)
                 out = r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback)
                 return _like.graft(out, like, structure, {id(t) for t in into.values()})
             return r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback)

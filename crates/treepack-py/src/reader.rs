@@ -160,7 +160,8 @@ impl Reader {
 
     /// Read the whole array at `path` into `out`, a writable C-contiguous numpy array (a view
     /// of a tensor's memory) of exactly the stored byte size; the caller checks the dtype.
-    pub(crate) fn read_into(&self, py: Python<'_>, path: &str, out: Bound<'_, PyAny>) -> PyResult<()> {
+    #[pyo3(signature = (path, out, verify=true))]
+    pub(crate) fn read_into(&self, py: Python<'_>, path: &str, out: Bound<'_, PyAny>, verify: bool) -> PyResult<()> {
         let arr = out.cast::<PyUntypedArray>()?;
         if !arr.is_c_contiguous() {
             return Err(PyValueError::new_err(format!("`{path}`: the destination array is not C-contiguous")));
@@ -178,7 +179,7 @@ impl Reader {
         // `ptr`; nothing else touches them while the GIL is released for the read.
         py.detach(|| {
             let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
-            self.inner.read_into(path, buf)
+            self.inner.location().block_on(self.inner.read_into_async(path, buf, verify))
         })
         .map_err(py_err)
     }

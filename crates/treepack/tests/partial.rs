@@ -172,5 +172,14 @@ fn read_into_fills_caller_memory_exactly() {
             "{e}"
         );
         assert!(r.read_into("missing", &mut short).is_err());
+        // A flipped byte in a pack is caught (the direct-read path hashes in place too).
+        let pack = std::fs::read_dir(path.join("packs")).unwrap().next().unwrap().unwrap().path();
+        let mut bytes = std::fs::read(&pack).unwrap();
+        bytes[1000] ^= 0x40;
+        std::fs::write(&pack, bytes).unwrap();
+        let r = open(path.to_str().unwrap()).unwrap();
+        let mut out = vec![0u8; 1 << 20];
+        let e = r.read_into("a", &mut out).unwrap_err();
+        assert!(matches!(e, Error::ChunkCorrupt { .. } | Error::BadChunk { .. }), "{name}: {e}");
     }
 }

@@ -179,7 +179,7 @@ def check_like(t: Any, info: Any, where: str, stored: Optional[np.dtype]) -> Non
         )
 
 
-def read_into(reader: Any, path: str, t: Any) -> None:
+def read_into(reader: Any, path: str, t: Any, verify: bool = True) -> None:
     """Read the stored array at ``path`` into tensor ``t`` in place: straight into its memory
     when it is a contiguous CPU tensor, else through one CPU buffer of its size."""
     import torch
@@ -190,7 +190,7 @@ def read_into(reader: Any, path: str, t: Any) -> None:
         buf = dst if direct else torch.empty(dst.shape, dtype=dst.dtype)
         name = _dtype_name(buf.dtype)
         view = buf.view(getattr(torch, _VIA[name][0])) if name in _VIA else buf
-        reader.read_into(path, view.numpy())
+        reader.read_into(path, view.numpy(), verify)
         if not direct:
             dst.copy_(buf)
 

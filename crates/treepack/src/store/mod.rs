@@ -615,6 +615,36 @@ impl Location {
         Ok(self.read_ranges(rel, vec![range], ReadMode::Buffered).await?.pop().unwrap_or_default())
     }
 
+    /// Read `out.len()` bytes of a local file at `offset` straight into `out`: one copy, from
+    /// the page cache or the device, into memory the caller already has. `Ok(false)` for
+    /// locations that are not local (the caller fetches instead).
+    pub fn read_local_into(&self, rel: &str, offset: u64, out: &mut [u8]) -> Result<bool> {
+        use std::os::unix::fs::FileExt;
+        self.check_no_symlink(rel)?;
+        let Some(p) = self.local_file(rel) else { return Ok(false) };
+        let opened;
+        let f = match self.pinned_file(rel) {
+            Some(f) => f.as_ref(),
+            None => {
+                opened = std::fs::File::open(&p).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => self.not_found(rel, p.display()),
+                    _ => Error::Io { path: p.clone(), source: e },
+                })?;
+                &opened
+            }
+        };
+        f.read_exact_at(out, offset).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::OutOfBounds {
+                file: self.file_name(rel),
+                key: String::new(),
+                reason: format!("the file ends before byte {}", offset + out.len() as u64),
+            },
+            _ => Error::Io { path: p.clone(), source: e },
+        })?;
+        self.stats.read(out.len() as u64);
+        Ok(true)
+    }
+
     /// Memory-map a local file. `None` for non-local locations.
     ///
     /// The mapping is private and copy-on-write (`MAP_PRIVATE`, as `torch.load(mmap=True)` and

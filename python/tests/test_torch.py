@@ -272,3 +272,22 @@ def test_the_golden_1_3_file_loads_as_tensors():
     seen = []
     treepack.load(golden, select=["weight", "step"], map_location=lambda t, saved: seen.append(saved) or t)
     assert sorted(map(str, seen)) == ["None", "cuda:0"]
+
+
+def test_an_annotation_naming_any_other_type_is_never_acted_on(loc):
+    # A hostile file may put any `type` in an array's annotation: the binding matches it against
+    # its fixed table only, so an unknown one is a plain array and nothing is imported.
+    import blake3
+
+    treepack.save({"x": np.arange(3, dtype=np.int8)}, loc)
+    p = os.path.join(loc, "treepack.json")
+    raw = open(p, "rb").read()
+    body = raw[: -86].replace(b'"shape":[3],', b'"shape":[3],"as":{"type":"evil_module_xyz.Boom","args":["rm"]},')
+    open(p, "wb").write(body + b',\n"manifest_hash":"' + blake3.blake3(body).hexdigest().encode() + b'"}\n')
+    out = treepack.load(loc)
+    assert type(out["x"]) is np.ndarray and out["x"].tolist() == [0, 1, 2]
+    assert "evil_module_xyz" not in sys.modules
+    bad = body.replace(b'{"type":"evil_module_xyz.Boom","args":["rm"]}', b'"torch.Tensor"')
+    open(p, "wb").write(bad + b',\n"manifest_hash":"' + blake3.blake3(bad).hexdigest().encode() + b'"}\n')
+    with pytest.raises(treepack.FormatError, match="`as` must be a JSON object"):
+        treepack.load(loc)

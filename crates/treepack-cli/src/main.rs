@@ -244,6 +244,9 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>) ->
                 o["dtype"] = a.dtype.to_json();
                 o["shape"] = json!(a.shape);
                 o["chunks"] = json!(e.chunks().len());
+                if let Some(v) = &a.annotation {
+                    o["as"] = v.clone();
+                }
                 if let Some(p) = &a.preview {
                     o["preview"] = p.clone();
                 }

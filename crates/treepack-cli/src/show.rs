@@ -79,6 +79,10 @@ pub fn entry_summary(e: &Entry) -> String {
         }
         Entry::Array(a) => {
             let mut s = format!("{}{}  {}", a.dtype.display(), shape_text(&a.shape), human_bytes(a.nbytes()));
+            if let Some(t) = a.annotation.as_ref().and_then(|v| v.get("type")).and_then(|t| t.as_str()) {
+                // What the writer had (format 1.3): `torch.nn.Parameter`, say.
+                s.push_str(&format!("  {t}"));
+            }
             match &a.storage {
                 ArrayStorage::Inline(_) => s.push_str("  inline"),
                 ArrayStorage::Chunked { chunks, .. } => {

@@ -223,3 +223,20 @@ fn a_closed_output_pipe_ends_the_command_quietly() {
     child.wait().unwrap();
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// Annotated arrays (format 1.3, torch tensors) show what the writer had, in `ls` and in
+/// `inspect --json`.
+#[test]
+fn ls_and_inspect_show_array_annotations() {
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/golden/demo-torch");
+    let ls = run_ok(&["ls", golden]);
+    let weight = ls.lines().find(|l| l.starts_with("weight\t")).unwrap();
+    assert!(weight.starts_with("weight\tbfloat16[256, 256]  128.0 KiB  torch.nn.Parameter  2 chunks"), "{weight}");
+    let step = ls.lines().find(|l| l.starts_with("step\t")).unwrap();
+    assert_eq!(step, "step\tint64[2]  16 B  torch.Tensor  inline");
+    let json: serde_json::Value = serde_json::from_str(&run_ok(&["inspect", "--json", golden])).unwrap();
+    let leaves = json["leaves"].as_array().unwrap();
+    let step = leaves.iter().find(|l| l["path"] == "step").unwrap();
+    assert_eq!(step["as"], serde_json::json!({"type": "torch.Tensor", "device": "cuda:0"}));
+    assert_eq!(json["version"], serde_json::json!([1, 3]));
+}

@@ -140,6 +140,8 @@ def case(kind: str, peer: str, op: str, path: str, quick: bool, check: bool) -> 
     elif op == "load":
         if peer in ("treepack", "treepack-nosync"):
             out = treepack.load(path)
+        elif peer == "treepack-noverify":
+            out = treepack.load(path, verify=False)
         elif peer == "treepack-mmap":
             out = treepack.load(path, mmap=True)
         elif peer == "torch":
@@ -149,8 +151,8 @@ def case(kind: str, peer: str, op: str, path: str, quick: bool, check: bool) -> 
         elif peer == "safetensors":
             out = st.load_file(path)
     elif op == "load-into":
-        if peer == "treepack":
-            out = treepack.load(path, like=target)
+        if peer in ("treepack", "treepack-noverify"):
+            out = treepack.load(path, like=target, verify=peer == "treepack")
         elif peer == "torch":
             # The usual way: load, then copy into the model (load_state_dict does the copy).
             sd = torch.load(path, weights_only=True, mmap=True)
@@ -181,15 +183,16 @@ def case(kind: str, peer: str, op: str, path: str, quick: bool, check: bool) -> 
 PLAN = [
     # (tree, op, peers)
     ("model", "save", ["treepack", "treepack-nosync", "torch", "safetensors"]),
-    ("model", "load", ["treepack", "treepack-mmap", "torch", "torch-mmap", "safetensors"]),
-    ("model", "load-into", ["treepack", "torch", "safetensors"]),
+    ("model", "load", ["treepack", "treepack-noverify", "treepack-mmap", "torch", "torch-mmap", "safetensors"]),
+    ("model", "load-into", ["treepack", "treepack-noverify", "torch", "safetensors"]),
     ("checkpoint", "save", ["treepack", "treepack-nosync", "torch"]),
-    ("checkpoint", "load", ["treepack", "treepack-mmap", "torch", "torch-mmap"]),
+    ("checkpoint", "load", ["treepack", "treepack-noverify", "treepack-mmap", "torch", "torch-mmap"]),
 ]
 
 
 def file_of(d: str, kind: str, peer: str) -> str:
-    base = {"treepack-nosync": "treepack", "treepack-mmap": "treepack", "torch-mmap": "torch"}.get(peer, peer)
+    base = {"treepack-nosync": "treepack", "treepack-mmap": "treepack", "treepack-noverify": "treepack",
+            "torch-mmap": "torch"}.get(peer, peer)
     ext = {"treepack": "", "torch": ".pt", "safetensors": ".safetensors"}[base]
     return os.path.join(d, f"{kind}-{base}{ext}")
 
@@ -199,6 +202,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--ops", default=None, help="only these operations, e.g. load,load-into (their files must exist: --keep)")
+    ap.add_argument("--keep", default=None, help="scratch directory to use and keep (default: a temp dir, removed)")
     ap.add_argument("--case", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.case:
@@ -206,10 +211,14 @@ def main() -> None:
         print(json.dumps(case(kind, peer, op, path, "q" in flags, "c" in flags)))
         return
     runs = args.runs or (1 if args.quick else 3)
-    d = tempfile.mkdtemp(prefix="treepack-torch-bench-")
+    d = args.keep or tempfile.mkdtemp(prefix="treepack-torch-bench-")
+    os.makedirs(d, exist_ok=True)
+    ops = set(args.ops.split(",")) if args.ops else None
     results = []
     try:
         for kind, op, peers in PLAN:
+            if ops is not None and op not in ops:
+                continue
             samples = {p: [] for p in peers}
             notes = {}
             for r in range(runs + 1):  # run 0: warm-up (and the equality check)
@@ -240,7 +249,8 @@ def main() -> None:
                 print(f"{kind:10s} {op:9s} {peer:16s} {results[-1]['wall_median_s']*1000:9.1f} ms  "
                       f"peak +{results[-1]['rss_peak_extra_median']/2**20:8.1f} MiB  {notes.get(peer, {})}", flush=True)
     finally:
-        shutil.rmtree(d, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(d, ignore_errors=True)
     sizes = {}
     for kind in ("model", "checkpoint"):
         sizes[kind] = next((r.get("bytes") for r in results if r["tree"] == kind and r.get("bytes")), None)

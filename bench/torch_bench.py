@@ -4,7 +4,7 @@
 
 Two trees, made deterministically before any clock starts:
 - *model*: a ~1 GiB state_dict shaped like a 38-layer transformer (bf16 attention and MLP
-  weights, fp32 embeddings, norms and biases: 340 tensors, many of them small);
+  weights, fp32 embeddings, norms and biases: 534 tensors, many of them small);
 - *checkpoint*: a quarter-size model (~256 MiB) with its AdamW state after one step (exp_avg,
   exp_avg_sq, step) and scalars, as `{"model", "optim", "epoch"}` — what torch.save users write.
   safetensors cannot hold the optimizer's nested dicts, so it is measured on *model* only.

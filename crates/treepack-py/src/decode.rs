@@ -72,6 +72,11 @@ impl<'py> Decoder<'py> {
     pub(crate) fn array(&mut self, a: ArrayData) -> PyResult<Bound<'py, PyAny>> {
         let annotation = a.annotation().map(|v| v.to_string());
         let arr = self.numpy_array(a)?;
+        self.annotated(arr, annotation)
+    }
+
+    /// The array an annotated leaf stands for (see [`Decoder::array`]).
+    fn annotated(&self, arr: Bound<'py, PyAny>, annotation: Option<String>) -> PyResult<Bound<'py, PyAny>> {
         match (annotation, &self.decode_other) {
             (Some(ann), Some(f)) => f.call_method1("array", (arr, ann)),
             _ => Ok(arr),
@@ -213,10 +218,7 @@ impl<'py> Decoder<'py> {
             Entry::Array(a) => match &a.storage {
                 ArrayStorage::Inline(d) => {
                     let arr = self.small_array(&a.dtype, &a.shape, d)?;
-                    match (&a.annotation, &self.decode_other) {
-                        (Some(ann), Some(f)) => f.call_method1("array", (arr, ann.to_string()))?,
-                        _ => arr,
-                    }
+                    self.annotated(arr, a.annotation.as_ref().map(|v| v.to_string()))?
                 }
                 ArrayStorage::Chunked { .. } => return Err(PyValueError::new_err("array data was not read")),
             },

@@ -123,10 +123,10 @@ def test_enums_written_by_name_only_still_load(tmp_path, monkeypatch):
     # Files written before flags were stored by value name the member alone: write one that way.
     from treepack import _codec
 
-    def old_encode(obj, where, allow_pickle, memo=None, embed=False):
+    def old_encode(obj, where, allow_pickle, *args):
         if isinstance(obj, enum.Enum):
             return ("custom", "py.enum", json.dumps({"class": f"{__name__}:{type(obj).__qualname__}", "member": obj.name}), [])
-        return new_encode(obj, where, allow_pickle, memo, embed)
+        return new_encode(obj, where, allow_pickle, *args)
 
     new_encode = _codec.encode_other
     monkeypatch.setattr(_codec, "encode_other", old_encode)

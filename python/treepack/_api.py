@@ -13,6 +13,7 @@ import numpy as np
 
 from . import _codec, _core, _like, _registry, integrations
 from ._async import SaveHandle, _executor
+from .integrations import jax as jax_like
 from ._core import TreepackError
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -151,6 +152,7 @@ def save(
     embed: bool = False,
     shared: bool = True,
     durable: bool = True,
+    omit_static: bool = False,
 ) -> Any:
     """Save ``tree`` at ``path``: a directory, a ``.tpk`` file, ``s3://…``, ``gs://…``, ``az://…``,
     ``file://…`` or ``memory://…``.
@@ -180,6 +182,12 @@ def save(
     skips the fsyncs (scratch data; still atomic against a killed process). Object stores are
     durable once a write succeeds either way.
 
+    JAX (docs/jax.md): ``jax.Array`` leaves are stored with their sharding, typed PRNG keys as
+    keys, and registered pytree nodes (``FrozenDict``, ``nnx.State``, optax states, a
+    ``flax.struct`` ``TrainState``) as their children plus their static data. Static data that
+    is code (``TrainState.apply_fn``, ``tx``) is refused unless ``omit_static=True``, which leaves
+    it out: load such a tree with ``like=`` an instance to take it from there.
+
     ``compression`` (docs/compression.md): ``None``/``"none"`` (the default) stores every chunk as
     is; ``"auto"``, ``"zstd"``, ``"zstd:LEVEL"`` or ``"lz4"`` compress stored leaves of 16 KiB or
     more (arrays shuffled by element size first where that helps); a list of rule dicts (``paths``, ``dtypes``,
@@ -193,7 +201,7 @@ def save(
     memo: dict = {}
 
     def enc(obj: Any, where: str) -> Any:
-        return _codec.encode_other(obj, where, allow_pickle, memo, embed)
+        return _codec.encode_other(obj, where, allow_pickle, memo, embed, omit_static)
 
     md = _metadata_json(metadata) if metadata is not None else None
     prepared = _core.prepare(
@@ -321,8 +329,12 @@ def load(
     try:
         return _load(p, opts, dec, select, like, trust_t, allow_pickle, on_missing, mmap, verify, progress)
     except _codec.MissingFramework as e:
-        paths = [path for t, path in _core.Reader(p, opts).array_types() if t == e.type_name or t.startswith("torch.")]
-        from .integrations.torch import missing_message
+        lib = e.type_name.partition(".")[0]
+        paths = [path for t, path in _core.Reader(p, opts).array_types() if t.startswith(lib + ".")]
+        if lib == "jax":
+            from .integrations.jax import missing_message
+        else:
+            from .integrations.torch import missing_message
 
         raise ImportError(missing_message(paths)) from None
 
@@ -343,6 +355,24 @@ def _load(p: str, opts: Any, dec: Any, select: Any, like: Any, trust_t: Tuple[st
         r = _core.Reader(p, opts)
         into: Dict[str, Any] = {}
         structure = r.structure(_struct_node) if like is not None else None
+        if like is not None and jax_like.applies(like):
+            def audit(subtrees: List[str], nodes: List[Tuple[str, str, Optional[str], str]]) -> None:
+                # Only what is built from the file: the subtrees loaded whole and the StructNodes
+                # of like (the template's own containers are the caller's objects).
+                roots = set(subtrees)
+
+                def under(path: str) -> bool:
+                    if "" in roots or path in roots:
+                        return True
+                    parts = path.split("/")
+                    return any("/".join(parts[:i]) in roots for i in range(1, len(parts)))
+
+                types = [t for t in r.types(_codec.AUDIT_FREE) if under(t[3])] + list(nodes)
+                bad = _codec.audit(types, trust_t, allow_pickle)
+                if bad and on_missing == "error":
+                    raise UntrustedTypeError(p, bad)
+
+            return jax_like.load_like(r, like, structure, dec, _codec.np_dtype, audit, mmap, verify)
         keep = _like.keep_paths(like, structure, into) if like is not None else None
         _check(r, p, trust_t, allow_pickle, on_missing, sel, keep)
         callback, done = _progress_callback(progress, f"load {p}")

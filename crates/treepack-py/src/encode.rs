@@ -363,17 +363,35 @@ impl<'py> Encoder<'py> {
         })?;
         let (kind, type_name, data, children): NodeDescription<'py> = desc.extract()?;
         if kind == "array" {
-            // An array of another library (a torch tensor): its canonical numpy view, annotated
-            // with the type and attributes it is rebuilt from. The object itself is the shared
-            // one (a tensor at two places is one tensor).
-            let [(_, view)] = <[_; 1]>::try_from(children)
-                .map_err(|_| self.err("encode_other returned an array without exactly one view"))?;
+            // An array of another library (a torch tensor, a JAX array): its canonical numpy
+            // view, annotated with the type and attributes it is rebuilt from. The object
+            // itself is the shared one (a tensor at two places is one tensor). Optional
+            // children: `block` (the shard shape the chunk grid tiles) and `immutable` (the
+            // view cannot change, a JAX array's: no snapshot copy for background saves).
+            let mut it = children.into_iter();
+            let view = match it.next() {
+                Some((name, v)) if name == "value" => v,
+                _ => return Err(self.err("encode_other returned an array whose first child is not its `value`")),
+            };
+            let mut block = None;
+            let mut immutable = false;
+            for (name, v) in it {
+                match name.as_str() {
+                    "block" => block = Some(v.extract::<Vec<u64>>()?),
+                    "immutable" => immutable = v.is_truthy()?,
+                    other => return Err(self.err(format!("encode_other returned an array with an unknown child `{other}`"))),
+                }
+            }
             let annotation = match data {
                 Some(s) => Some(serde_json::from_str(&s).map_err(|e| self.err(e))?),
                 None => None,
             };
             self.begin(Some(obj));
-            let a = self.array(&view)?.with_annotation(annotation).map_err(|e| self.err(e))?;
+            let snapshot = self.snapshot;
+            self.snapshot = snapshot && !immutable;
+            let a = self.array(&view);
+            self.snapshot = snapshot;
+            let a = a?.with_annotation(annotation).and_then(|a| a.with_block(block)).map_err(|e| self.err(e))?;
             return Ok(Node::from(a));
         }
         let o = (kind != "value").then(|| self.begin(Some(obj)));

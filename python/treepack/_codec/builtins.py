@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import _registry as reg
 from ..integrations import pandas, pillow, pydantic
+from ..integrations import jax as jax_arrays
 from ..integrations import torch as torch_tensors
 from . import everyday, files
 
@@ -124,7 +125,8 @@ def _tz_build(d: Any) -> Optional[_dt.tzinfo]:
 
 
 def encode_other(
-    obj: Any, where: str, allow_pickle: bool, memo: Optional[Dict[int, Any]] = None, embed: bool = False
+    obj: Any, where: str, allow_pickle: bool, memo: Optional[Dict[int, Any]] = None, embed: bool = False,
+    omit_static: bool = False,
 ) -> Tuple[str, str, Optional[str], List[Tuple[str, Any]]]:
     """Describe an object the Rust walker does not know: (kind, type, data JSON, children).
 
@@ -136,13 +138,13 @@ def encode_other(
             return hit[1]
     if embed and isinstance(obj, pathlib.Path) and obj.is_file():
         obj = files.File(obj)
-    d = _describe(obj, where, allow_pickle)
+    d = _describe(obj, where, allow_pickle, omit_static)
     if memo is not None and (d[1] in ("py.image", "py.file") or not d[1].startswith("py.")) and d[0] == "custom":
         memo[id(obj)] = (obj, d)  # the object is kept alive, so its id is not reused meanwhile
     return d
 
 
-def _describe(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Optional[str], List[Tuple[str, Any]]]:
+def _describe(obj: Any, where: str, allow_pickle: bool, omit_static: bool = False) -> Tuple[str, str, Optional[str], List[Tuple[str, Any]]]:
     t = type(obj)
     r = reg.lookup_class(t)
     if r is not None and r.save is not None:
@@ -166,6 +168,8 @@ def _describe(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Optio
         return ("custom", r.name, None, [("data", data)])
     if torch_tensors.is_tensor(obj):
         return torch_tensors.encode(obj, where)
+    if jax_arrays.is_array(obj):
+        return jax_arrays.encode(obj, where)
     d = everyday.encode(obj, t, where)
     if d is not None:
         return d
@@ -224,6 +228,12 @@ def _describe(obj: Any, where: str, allow_pickle: bool) -> Tuple[str, str, Optio
             # (None for a combination on some Pythons) is kept for readers of the manifest.
             return ("custom", "py.enum", json.dumps({"class": reg.type_name(t), "member": obj.name, "value": int(obj.value)}), [])
         return ("custom", "py.enum", json.dumps({"class": reg.type_name(t), "member": obj.name}), [])
+    # A registered JAX pytree node (FrozenDict, nnx.State, a flax.struct TrainState): its pytree
+    # children and static data, rebuilt through JAX's unflatten (before dataclasses, which some are).
+    d = jax_arrays.pytree(obj, where, omit_static, reg.type_name(t))
+    if d is not None:
+        _seen_classes[reg.type_name(t)] = t
+        return d
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         _seen_classes[reg.type_name(t)] = t
         return ("record", reg.type_name(t), None, [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)])
@@ -289,12 +299,24 @@ class Decoder:
         self.placeholder = placeholder
         self.map_location = map_location
         self._tensors: Optional[torch_tensors.Loader] = None
+        self._jax: Optional[jax_arrays.Loader] = None
 
     def array(self, arr: np.ndarray, annotation: str) -> Any:
-        """An annotated array: a tensor for the torch types, the array itself for types this
-        version does not know (the annotation only says what the writer had)."""
+        """An annotated array: a tensor for the torch types, a ``jax.Array`` (or typed keys) for
+        the JAX ones, the array itself for types this version does not know (the annotation
+        only says what the writer had)."""
         ann = json.loads(annotation)
-        if ann.get("type") not in torch_tensors.TYPES:
+        t = ann.get("type")
+        if t in jax_arrays.TYPES:
+            if self._jax is None:
+                try:
+                    self._jax = jax_arrays.Loader()
+                except ImportError:
+                    if self.placeholder:
+                        return arr
+                    raise MissingFramework(t) from None
+            return self._jax.array(arr, ann)
+        if t not in torch_tensors.TYPES:
             return arr
         if self._tensors is None:
             try:
@@ -331,6 +353,8 @@ class Decoder:
             return obj
         if type_name.startswith("py."):
             return self._builtin(type_name, data, kids)
+        if type_name == jax_arrays.PYTREE:
+            return self._pytree(data, kids)
         r = reg.lookup_name(type_name)
         found = files.files_of(kids)
         if r is None:
@@ -342,6 +366,23 @@ class Decoder:
                 raise ValueError(f"{type_name}: the stored object has no files, but its registration loads files")
             return r.load(files.Files(found, kids.get("data")))
         return r.from_data(kids.get("data"))
+
+    def _pytree(self, data: Any, kids: Dict[str, Any]) -> Any:
+        name = data.get("class") if isinstance(data, dict) else None
+        if not isinstance(name, str):
+            raise ValueError("jax.pytree: the node names no class")
+        if not (reg.is_trusted(name, self.trust) or reg.lookup_name(name)):
+            return self._missing(name, kids, "type is not trusted (pass trust=[...])")
+        if data.get("static") == "omitted":
+            return self._missing(
+                name, kids, "saved with omit_static=True (its static data, code, was left out): load it with "
+                "like=<an instance>, whose static data is used"
+            )
+        try:
+            cls = resolve_class(name)
+            return jax_arrays.pytree_build(cls, data, list(kids.values()))
+        except LookupError as e:
+            return self._missing(name, kids, str(e))
 
     def _builtin(self, t: str, data: Any, kids: Dict[str, Any]) -> Any:
         if t in everyday.NAMES:

@@ -34,6 +34,10 @@ def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ..
             cls = json.loads(data_json).get("class", "?") if data_json else "?"
             if not (reg.is_trusted(cls, trust) or reg.lookup_name(cls)):
                 flag(cls, path)
+        elif name == "jax.pytree":
+            cls = (json.loads(data_json) or {}).get("class", "?") if data_json else "?"
+            if not (reg.is_trusted(cls, trust) or reg.lookup_name(cls)):
+                flag(cls, path)
         elif name.startswith("py."):
             if name not in BUILTIN_TYPES:
                 flag(name, path)

@@ -1,23 +1,53 @@
-"""JAX: structure trees work with ``jax.tree.map`` and ``jax.tree_util``.
+"""JAX: ``jax.Array`` leaves, typed PRNG keys, pytree containers, loading onto shardings.
 
-``load_structure`` returns records and custom objects as ``StructNode``s. Registered as pytree
-nodes (their children are the pytree children, keyed by field name), a mask built with
-``jax.tree.map(lambda leaf: ..., structure)`` reaches every field, so ``load(like=mask)`` can skip
-single fields of a record. ``LeafInfo`` stays a leaf.
+- A ``jax.Array`` is stored as an ordinary array (readable by any treepack reader) annotated
+  (format 1.3, ``"as"``) ``{"type": "jax.Array"}`` plus the sharding it was saved with (mesh
+  axis names and shape, ``PartitionSpec``; informational). A sharded array's chunk grid tiles its
+  shards (the shard shape is the save's block hint), so every chunk lies in one shard.
+- A typed PRNG key array (``jax.random.key``) is stored as its key data (``uint32``) annotated
+  ``{"type": "jax.random.key", "impl": "threefry2x32"}`` and comes back as keys.
+- A type registered as a JAX pytree node that treepack does not otherwise know (flax
+  ``FrozenDict``, ``nnx.State`` and its ``Variable``s, optax states, ``flax.struct`` dataclasses
+  such as ``TrainState``) is a ``jax.pytree`` custom node: its children (by their pytree keys) as
+  subtrees, its static aux data as JSON. It is rebuilt through the registered unflatten only when
+  its class is trusted; static data that JSON cannot hold (``TrainState.apply_fn``, an optax
+  ``GradientTransformation``) is code, never stored: the save refuses it, or leaves it out with
+  ``omit_static=True`` and the load takes it from ``like=``.
+- ``load(path, like=tree)`` where ``tree`` holds ``jax.ShapeDtypeStruct``s or ``jax.Array``s
+  (or any pytree containers): the result has ``tree``'s pytree structure (its containers, their
+  static data) and each array leaf exactly ``like``'s sharding, each device's shard read from the
+  chunks it covers; a different dtype casts. No class from the file is constructed on this path.
+
+Nothing here imports JAX unless the process already did (``sys.modules``) or the file holds
+JAX leaves.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
 import threading
-from typing import Any, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+ARRAY = "jax.Array"
+KEY = "jax.random.key"
+TYPES = (ARRAY, KEY)
+PYTREE = "jax.pytree"
 
 _done = False
 _lock = threading.Lock()
 
 
 def register() -> None:
-    """Register ``StructNode`` with JAX (once; later calls do nothing)."""
+    """Register ``StructNode`` with JAX (once; later calls do nothing).
+
+    ``load_structure`` returns records and custom objects as ``StructNode``s. As pytree nodes
+    (their children are the pytree children, keyed by field name), a mask built with
+    ``jax.tree.map(lambda leaf: ..., structure)`` reaches every field, so ``load(like=mask)`` can
+    skip single fields of a record. ``LeafInfo`` stays a leaf."""
     global _done
     with _lock:
         if _done:
@@ -42,3 +72,388 @@ def register() -> None:
 
         jtu.register_pytree_with_keys(StructNode, flatten_with_keys, unflatten, flatten)
         _done = True
+
+
+# ---------------------------------------------------------------- saving
+
+
+def is_array(obj: Any) -> bool:
+    """Whether ``obj`` is a ``jax.Array`` (False, without importing JAX, when JAX is not loaded)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(obj, jax.Array)
+
+
+def _spec_entry(p: Any) -> Any:
+    if p is None or isinstance(p, str):
+        return p
+    if isinstance(p, (tuple, list)):
+        return [_spec_entry(x) for x in p]
+    return str(p)  # PartitionSpec.UNCONSTRAINED and the like
+
+
+def sharding_data(s: Any) -> Optional[Dict[str, Any]]:
+    """The annotation's ``sharding`` member: mesh axes and ``PartitionSpec`` for a
+    ``NamedSharding``, the class name for others; None for one device."""
+    import jax
+
+    if isinstance(s, jax.sharding.SingleDeviceSharding):
+        return None
+    if isinstance(s, jax.sharding.NamedSharding):
+        mesh = s.mesh
+        return {
+            "mesh": {"axes": [str(a) for a in mesh.axis_names], "shape": [int(n) for n in mesh.axis_sizes]},
+            "spec": [_spec_entry(p) for p in s.spec],
+        }
+    return {"kind": type(s).__name__}
+
+
+def encode(a: Any, where: str) -> Tuple[str, str, str, list]:
+    """``encode_other``'s description of a ``jax.Array``: an annotated ``array`` with its host
+    values, the shard shape as the block the chunk grid tiles, and ``immutable`` (a JAX array
+    cannot change, so a background save needs no copy of it)."""
+    import jax
+
+    if not a.is_fully_addressable:
+        raise TypeError(
+            f"cannot save `{where}`: a jax.Array sharded over several processes (this process holds "
+            f"{len(a.addressable_shards)} of its shards); multi-process saves are not supported yet. Gather it first "
+            "(jax.experimental.multihost_utils.process_allgather) and save from one process"
+        )
+    if a.is_deleted():
+        raise TypeError(f"cannot save `{where}`: the jax.Array was deleted (donated to a jitted function?)")
+    ann: Dict[str, Any]
+    if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+        ann = {"type": KEY, "impl": str(jax.random.key_impl(a))}
+        data = jax.random.key_data(a)
+    else:
+        ann = {"type": ARRAY}
+        data = a
+    sd = sharding_data(a.sharding)
+    if sd is not None:
+        ann["sharding"] = sd
+    host = np.asarray(data)
+    kids: List[Tuple[str, Any]] = [("value", host)]
+    block = tuple(int(n) for n in a.sharding.shard_shape(a.shape)) if sd is not None else None
+    if block is not None and block != tuple(a.shape):
+        kids.append(("block", block + tuple(host.shape[a.ndim:])))
+    kids.append(("immutable", True))
+    return ("array", "", json.dumps(ann, separators=(",", ":"), sort_keys=True), kids)
+
+
+class _NotData(Exception):
+    pass
+
+
+def _aux_json(x: Any) -> Any:
+    """Static aux data as JSON, tuples and dicts tagged so that they come back as they were
+    (JAX compares tree definitions by their aux data)."""
+    if x is None or isinstance(x, (bool, int, float, str)) and type(x) in (bool, int, float, str):
+        return x
+    if type(x) is tuple:
+        return {"tuple": [_aux_json(v) for v in x]}
+    if type(x) is list:
+        return [_aux_json(v) for v in x]
+    if type(x) is dict and all(type(k) is str for k in x):
+        return {"dict": {k: _aux_json(v) for k, v in x.items()}}
+    raise _NotData(x)
+
+
+def _aux_from(d: Any) -> Any:
+    if isinstance(d, list):
+        return [_aux_from(v) for v in d]
+    if isinstance(d, dict):
+        if "tuple" in d:
+            return tuple(_aux_from(v) for v in d["tuple"])
+        if "dict" in d:
+            return {k: _aux_from(v) for k, v in d["dict"].items()}
+        raise ValueError(f"jax.pytree: malformed static data {d!r}")
+    return d
+
+
+def _key_text(k: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+#: Types the tree walker or treepack's own encoders handle (never saved as ``jax.pytree``).
+_NATIVE = (dict, list, tuple, type(None))
+_node_types: Dict[type, bool] = {}
+
+
+def _describe_value(x: Any) -> str:
+    t = type(x)
+    if callable(x) and hasattr(x, "__self__"):
+        return f"a bound method {getattr(x, '__qualname__', '?')}"
+    if callable(x) and hasattr(x, "__qualname__") and not isinstance(x, type):
+        return f"a function {x.__qualname__}"
+    return f"a {t.__module__}.{t.__qualname__}"
+
+
+def _static_fields(t: type, aux: Any) -> List[str]:
+    """Names of the static fields whose values are not data, for a dataclass pytree
+    (``flax.struct``: fields with ``pytree_node=False``)."""
+    if not dataclasses.is_dataclass(t):
+        return []
+    static = [f.name for f in dataclasses.fields(t) if f.metadata.get("pytree_node", True) is False]
+    if not isinstance(aux, tuple) or len(aux) != len(static):
+        return []
+    bad = []
+    for name, v in zip(static, aux):
+        try:
+            _aux_json(v)
+        except _NotData:
+            bad.append(f"{name} ({_describe_value(v)})")
+    return bad
+
+
+def pytree(obj: Any, where: str, omit_static: bool, type_name: str) -> Optional[Tuple[str, str, str, list]]:
+    """``encode_other``'s description of a registered JAX pytree node, or None when ``obj`` is
+    not one (or JAX is not loaded)."""
+    if "jax" not in sys.modules:
+        return None
+    t = type(obj)
+    if t in _NATIVE or (isinstance(obj, tuple) and hasattr(t, "_fields")) or is_array(obj):
+        return None
+    import jax.tree_util as jtu
+
+    known = _node_types.get(t)
+    if known is False:
+        return None
+    try:
+        kids, aux = jtu.flatten_one_level_with_keys(obj)
+    except (ValueError, TypeError):
+        _node_types[t] = False
+        return None
+    _node_types[t] = True
+    data: Dict[str, Any] = {"class": type_name}
+    try:
+        data["aux"] = _aux_json(aux)
+    except _NotData as e:
+        if not omit_static:
+            fields = _static_fields(t, aux)
+            what = ", ".join(fields) if fields else _describe_value(e.args[0])
+            raise TypeError(
+                f"cannot save `{where}`: the static (non-pytree) data of {type_name} holds code or objects JSON "
+                f"cannot hold: {what}. treepack stores data, never code: pass omit_static=True to save(...) to leave "
+                f"it out, and load with like=<a {t.__name__}> to take it from there"
+            ) from None
+        data["static"] = "omitted"
+    return ("custom", PYTREE, json.dumps(data), [(_key_text(k), v) for k, v in kids])
+
+
+# ---------------------------------------------------------------- loading
+
+
+class Loader:
+    """Turns annotated arrays into ``jax.Array``s (on the default device) and typed keys."""
+
+    def __init__(self) -> None:
+        import jax
+
+        self.jax = jax
+
+    def array(self, arr: np.ndarray, ann: Dict[str, Any]) -> Any:
+        jax = self.jax
+        if ann.get("type") == KEY:
+            impl = ann.get("impl")
+            if not isinstance(impl, str):
+                raise ValueError("a jax.random.key leaf has no `impl` name")
+            try:
+                return jax.random.wrap_key_data(jax.numpy.asarray(arr), impl=impl)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"jax.random.key leaf: key data of shape {arr.shape} with impl {impl!r}: {e}") from None
+        return jax.device_put(arr)
+
+
+def pytree_build(cls: type, data: Dict[str, Any], children: List[Any]) -> Any:
+    """Rebuild a ``jax.pytree`` node through its registered unflatten."""
+    import jax.tree_util as jtu
+
+    aux = _aux_from(data.get("aux"))
+    leaf = jtu.tree_structure(0)
+    try:
+        td = jtu.PyTreeDef.from_node_data_and_children(jtu.default_registry, (cls, aux), [leaf] * len(children))
+        return jtu.tree_unflatten(td, children)
+    except (ValueError, TypeError) as e:
+        raise LookupError(f"{cls.__module__}:{cls.__qualname__} cannot be rebuilt as a JAX pytree node: {e}") from None
+
+
+def missing_message(paths: List[str]) -> str:
+    shown = ", ".join(f"`{p or '<root>'}`" for p in paths[:5])
+    more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
+    return (
+        f"this tree holds {len(paths)} JAX array(s) ({shown}{more}) but jax cannot be imported: install it "
+        "(pip install jax, or pip install 'treepack[jax]'), or pass on_missing='placeholder' to load them as numpy arrays"
+    )
+
+
+# ---------------------------------------------------------------- like= templates
+
+
+def applies(like: Any) -> bool:
+    """Whether ``like`` is a JAX template: JAX is loaded and it holds ``jax.Array``s,
+    ``ShapeDtypeStruct``s or pytree containers other than dicts, lists, tuples and namedtuples."""
+    jax = sys.modules.get("jax")
+    if jax is None or like is None or isinstance(like, bool):
+        return False
+    import jax.tree_util as jtu
+
+    from .. import StructNode
+
+    leaves, td = jtu.tree_flatten(like, is_leaf=lambda x: isinstance(x, StructNode))
+    if any(isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) for x in leaves):
+        return True
+    return _custom_nodes(td)
+
+
+def _custom_nodes(td: Any) -> bool:
+    nd = td.node_data()
+    if nd is not None:
+        t = nd[0]
+        if t not in _NATIVE and not (issubclass(t, tuple) and hasattr(t, "_fields")) and t.__module__ != "collections":
+            return True
+    return any(_custom_nodes(c) for c in td.children())
+
+
+def _stored_child(stored: Any, k: Any, path: str) -> Tuple[Any, str]:
+    """The stored node at pytree key ``k`` below ``stored`` (a structure node) and its path."""
+    import jax.tree_util as jtu
+
+    from .._like import LeafInfo, _child, _kind, _where
+
+    if isinstance(stored, LeafInfo):
+        raise ValueError(f"like=: at {_where(path)} like= has a container but the file holds {_kind(stored)}")
+    if isinstance(stored, (list, tuple)):
+        i = getattr(k, "idx", getattr(k, "key", None))
+        if not isinstance(i, int) or not 0 <= i < len(stored):
+            raise ValueError(f"like=: at {_where(path)} the file holds a {type(stored).__name__} of {len(stored)}, no item {k}")
+        return stored[i], _child(path, i)
+    if isinstance(k, jtu.FlattenedIndexKey) and not isinstance(stored, dict):
+        kids = list(stored.children.items())
+        if not 0 <= k.key < len(kids):
+            raise ValueError(f"like=: at {_where(path)} the file holds {_kind(stored)} with {len(kids)} children, no child {k.key}")
+        name, v = kids[k.key]
+        return v, _child(path, name)
+    kids = stored if isinstance(stored, dict) else stored.children
+    name = _key_text(k)
+    for cand in ((k.key,) if isinstance(k, jtu.DictKey) else ()) + (name,):
+        try:
+            if cand in kids:
+                return kids[cand], _child(path, cand)
+        except TypeError:
+            continue
+    raise ValueError(f"like=: at {_where(path)} like= has {k} but the file holds no such key there ({_kind(stored)})")
+
+
+def _cast(arr: np.ndarray, dtype: Any) -> np.ndarray:
+    return arr if arr.dtype == dtype else arr.astype(dtype)
+
+
+def _read_target(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[str], Any]) -> Any:
+    """A stored array read onto ``target``'s sharding (a ``jax.Array`` or ``ShapeDtypeStruct``):
+    each device's shard from the chunks it covers, cast to ``target``'s dtype."""
+    import jax
+
+    from .._lazy import _slice_text
+    from .._like import _kind, _stored_dtype
+
+    if info.kind != "array":
+        raise ValueError(f"like=: at {where} like= has a JAX array but the file holds {_kind(info)}")
+    shape = tuple(info.shape)
+    stored = _stored_dtype(info)
+    is_key = jax.dtypes.issubdtype(target.dtype, jax.dtypes.prng_key)
+    want_shape = tuple(int(n) for n in target.shape)
+    if is_key:
+        impl = jax.random.key_impl(target) if isinstance(target, jax.Array) else None
+        if shape[: len(want_shape)] != want_shape:
+            raise ValueError(f"like=: at {where} the file holds key data of shape {shape}, but like= asks for keys of shape {want_shape}")
+        data = jax.numpy.asarray(reader.read_array(info.path, "", np_dtype))
+        keys = jax.random.wrap_key_data(data, impl=impl) if impl is not None else jax.random.wrap_key_data(data)
+        sharding = getattr(target, "sharding", None)
+        return jax.device_put(keys, sharding) if sharding is not None else keys
+    if shape != want_shape:
+        raise ValueError(
+            f"like=: at {where} the file holds {stored} with shape {shape}, but like= asks for {np.dtype(target.dtype)} "
+            f"with shape {want_shape}; a load can cast dtypes but not change shapes"
+        )
+    want = np.dtype(target.dtype)
+    if stored.kind in "OSUV" or want.kind in "OSUV":
+        raise ValueError(f"like=: at {where} the file holds {stored}, which cannot be loaded as {want}")
+    sharding = getattr(target, "sharding", None)
+    if sharding is None:
+        return jax.device_put(_cast(reader.read_array(info.path, "", np_dtype), want))
+    if not hasattr(sharding, "addressable_devices_indices_map"):
+        raise TypeError(f"like=: at {where} the sharding {sharding!r} is not a jax.sharding.Sharding")
+    cache: Dict[Any, np.ndarray] = {}
+
+    def shard(index: Tuple[slice, ...]) -> np.ndarray:
+        key = tuple((s.start, s.stop, s.step) for s in index)
+        got = cache.get(key)
+        if got is None:
+            text = _slice_text(tuple(index), len(shape)) if index else ""
+            got = cache[key] = _cast(reader.read_array(info.path, text, np_dtype), want)
+        return got
+
+    return jax.make_array_from_callback(shape, sharding, shard)
+
+
+def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callable[[str], Any],
+              audit: Callable[[List[str], List[Tuple[str, str, Optional[str], str]]], None], mmap: bool, verify: bool) -> Any:
+    """``load(path, like=template)`` for JAX templates (see the module docstring). ``audit(paths,
+    nodes)`` checks trust for the stored subtrees loaded whole and the ``StructNode``s built."""
+    import jax
+    import jax.tree_util as jtu
+
+    from .. import StructNode
+    from .._like import _walk, _where
+
+    register()
+    nodes: List[Tuple[str, str, Optional[str], str]] = []
+    stack = [like]
+    while stack:
+        for n in jtu.tree_leaves(stack.pop(), is_leaf=lambda n: isinstance(n, StructNode)):
+            if isinstance(n, StructNode):
+                nodes.append((n.kind, n.type_name, json.dumps(n.data) if n.data is not None else None, n.path))
+                stack.extend(n.children.values())
+    flat, treedef = jtu.tree_flatten_with_path(like, is_leaf=lambda x: isinstance(x, StructNode) and not x.children)
+    # Find every like leaf's stored node first: a wrong template fails before anything is read.
+    plan: List[Tuple[str, Any, Any]] = []
+    for keys, leaf in flat:
+        stored, path = structure, ""
+        for k in keys:
+            stored, path = _stored_child(stored, k, path)
+        plan.append((path, stored, leaf))
+    subtrees: List[str] = []
+    for path, stored, leaf in plan:
+        if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) and leaf is not None and leaf is not False:
+            _walk(leaf, stored, path, set())  # the usual checks for numpy arrays, scalars, True
+            subtrees.append(path)
+    audit(subtrees, nodes)
+    values: List[Any] = []
+    for path, stored, leaf in plan:
+        if leaf is None or leaf is False:
+            values.append(None)
+        elif isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)):
+            values.append(_read_target(reader, stored, leaf, _where(path), np_dtype))
+        else:
+            values.append(reader.load(dec, np_dtype, mmap=mmap, verify=verify, subpath=path))
+    out = jtu.tree_unflatten(treedef, values)
+    return _finish(out, dec)
+
+
+def _finish(x: Any, dec: Any) -> Any:
+    """Build the stored objects that ``like`` named by ``StructNode``s (records, custom objects),
+    innermost first, from their loaded children."""
+    import jax.tree_util as jtu
+
+    from .. import StructNode
+
+    def one(n: Any) -> Any:
+        if not isinstance(n, StructNode):
+            return n
+        kids = [(k, _finish(v, dec)) for k, v in n.children.items()]
+        return dec(n.kind, n.type_name, json.dumps(n.data) if n.data is not None else None, kids)
+
+    return jtu.tree_map(one, x, is_leaf=lambda n: isinstance(n, StructNode))

@@ -41,6 +41,40 @@ pub fn default_chunk_shape(shape: &[u64], itemsize: u64, target: u64) -> Vec<u64
     chunk
 }
 
+/// The chunk shape for an array held in blocks of `block` (a JAX array's shards): the default
+/// chunking of one block, each split axis cut at a divisor of the block's length, so chunks tile
+/// every block and none straddles two. Writers that own blocks (processes of a sharded job) then
+/// write whole chunks. Edge blocks of an unevenly divided axis are clipped like edge chunks.
+pub fn block_chunk_shape(shape: &[u64], block: &[u64], itemsize: u64, target: u64) -> Vec<u64> {
+    let clipped: Vec<u64> = shape.iter().zip(block).map(|(&s, &b)| b.min(s).max(1)).collect();
+    let mut chunk = default_chunk_shape(&clipped, itemsize, target);
+    for (c, &b) in chunk.iter_mut().zip(&clipped) {
+        if *c < b && b % *c != 0 {
+            *c = largest_divisor_at_most(b, *c);
+        }
+    }
+    chunk
+}
+
+/// The largest divisor of `n` that is at most `cap` (≥ 1).
+fn largest_divisor_at_most(n: u64, cap: u64) -> u64 {
+    let mut best = 1;
+    let mut d = 1u64;
+    while d.saturating_mul(d) <= n {
+        if n % d == 0 {
+            if d <= cap {
+                best = best.max(d);
+            }
+            let e = n / d;
+            if e <= cap {
+                best = best.max(e);
+            }
+        }
+        d += 1;
+    }
+    best
+}
+
 fn gcd(a: u64, b: u64) -> u64 {
     if a == 0 {
         b
@@ -402,6 +436,25 @@ pub fn c_offset(shape: &[u64], origin: &[u64], itemsize: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_chunking_tiles_every_block() {
+        // Blocks that fit the target are one chunk each.
+        assert_eq!(block_chunk_shape(&[1024, 512], &[256, 512], 4, 4 << 20), vec![256, 512]);
+        // A block larger than the target is cut at a divisor of its length: 3000 rows of 4 KiB
+        // would be 1024 rows by default, which does not divide 3000; 1000 does.
+        let c = block_chunk_shape(&[6000, 1024], &[3000, 1024], 4, 4 << 20);
+        assert_eq!(c, vec![1000, 1024]);
+        assert_eq!(3000 % c[0], 0);
+        // Uneven sharding (last block clipped) and blocks larger than the array.
+        assert_eq!(block_chunk_shape(&[10], &[4], 8, 1 << 20), vec![4]);
+        assert_eq!(block_chunk_shape(&[10, 3], &[64, 64], 8, 1 << 20), vec![10, 3]);
+        // A prime block length falls back to 1 row per chunk rather than straddle blocks.
+        assert_eq!(block_chunk_shape(&[2 * 1009, 4096], &[1009, 4096], 4, 1 << 20)[0], 1);
+        assert_eq!(largest_divisor_at_most(3000, 1024), 1000);
+        assert_eq!(largest_divisor_at_most(12, 5), 4);
+        assert_eq!(largest_divisor_at_most(7, 100), 7);
+    }
 
     #[test]
     fn default_chunking() {

@@ -112,13 +112,23 @@ impl From<i64> for Key {
 ///
 /// The bytes are a cheaply clonable [`Bytes`], so arrays can be views of caller memory (zero-copy
 /// saves) or of a memory-mapped file (zero-copy loads).
-#[derive(Clone, PartialEq)]
+#[derive(Clone)]
 pub struct ArrayData {
     dtype: DType,
     shape: Vec<u64>,
     data: Bytes,
     /// The array type the writer had, when not a plain array (the format's `as` member, 1.3).
     annotation: Option<Box<serde_json::Value>>,
+    /// A save hint, never stored: the blocks the array is held in (a JAX array's shards), which
+    /// the chunk grid tiles so that each chunk lies in one block.
+    block: Option<Box<[u64]>>,
+}
+
+/// Equal values: dtype, shape, bytes and annotation (the block hint is not part of the value).
+impl PartialEq for ArrayData {
+    fn eq(&self, other: &Self) -> bool {
+        self.dtype == other.dtype && self.shape == other.shape && self.data == other.data && self.annotation == other.annotation
+    }
 }
 
 impl fmt::Debug for ArrayData {
@@ -170,13 +180,13 @@ impl ArrayData {
                 ),
             ));
         }
-        Ok(ArrayData { dtype, shape, data, annotation: None })
+        Ok(ArrayData { dtype, shape, data, annotation: None, block: None })
     }
 
     /// Wrap bytes whose length the caller has already made right.
     pub(crate) fn new_unchecked(dtype: DType, shape: Vec<u64>, data: Bytes) -> Self {
         debug_assert_eq!(shape_len(&shape).map(|n| n * dtype.itemsize()), Some(data.len() as u64));
-        ArrayData { dtype, shape, data, annotation: None }
+        ArrayData { dtype, shape, data, annotation: None, block: None }
     }
 
     /// The same array, annotated with the array type it stands for (a torch tensor, a JAX
@@ -204,6 +214,30 @@ impl ArrayData {
     /// [`ArrayData::with_annotation`]).
     pub fn annotation(&self) -> Option<&serde_json::Value> {
         self.annotation.as_deref()
+    }
+
+    /// The same array, held in blocks of `block` elements per axis (a sharded JAX array's shard
+    /// shape): the writer's default chunking then tiles each block, so every chunk lies in one
+    /// block and a process that owns a block owns whole chunks. A hint for saving; not stored.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTree`] when `block` does not have the array's rank or has a zero entry.
+    pub fn with_block(mut self, block: Option<Vec<u64>>) -> Result<Self> {
+        if let Some(b) = &block {
+            if b.len() != self.shape.len() || b.contains(&0) {
+                return Err(Error::invalid_tree(
+                    "<array>",
+                    format!("block {b:?} does not fit shape {:?} (one entry ≥ 1 per axis)", self.shape),
+                ));
+            }
+        }
+        self.block = block.map(Vec::into_boxed_slice);
+        Ok(self)
+    }
+
+    /// The blocks the array is held in, if the writer said (see [`ArrayData::with_block`]).
+    pub fn block(&self) -> Option<&[u64]> {
+        self.block.as_deref()
     }
 
     /// A 0-d array (typed scalar) from canonical bytes.

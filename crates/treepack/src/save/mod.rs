@@ -254,7 +254,10 @@ impl Planner<'_> {
                 }
                 cs.clone()
             }
-            None => grid::default_chunk_shape(&shape, dtype.itemsize(), self.opts.chunk_bytes),
+            None => match a.block() {
+                Some(b) => grid::block_chunk_shape(&shape, b, dtype.itemsize(), self.opts.chunk_bytes),
+                None => grid::default_chunk_shape(&shape, dtype.itemsize(), self.opts.chunk_bytes),
+            },
         };
         let grid =
             ChunkGrid::new(shape.clone(), chunk_shape.clone()).map_err(|r| Error::invalid_tree(path_text(), r))?;

@@ -344,7 +344,10 @@ def _stored_child(stored: Any, k: Any, path: str) -> Tuple[Any, str]:
                 return kids[cand], _child(path, cand)
         except TypeError:
             continue
-    raise ValueError(f"like=: at {_where(path)} like= has {k} but the file holds no such key there ({_kind(stored)})")
+    raise ValueError(
+        f"like=: at {_where(path)} like= has the key {getattr(k, 'key', name)!r} but the file holds no such key there "
+        f"({_kind(stored)} with {sorted(map(str, kids))[:5]})"
+    )
 
 
 def _cast(arr: np.ndarray, dtype: Any) -> np.ndarray:
@@ -359,6 +362,11 @@ def _read_target(reader: Any, info: Any, target: Any, where: str, np_dtype: Call
     from .._lazy import _slice_text
     from .._like import _kind, _stored_dtype
 
+    sharding = getattr(target, "sharding", None)
+    if info.kind in ("int", "float", "bool", "complex") and tuple(target.shape) == ():
+        # A Python scalar saved where the template has a 0-d array (a TrainState's step).
+        v = np.asarray(reader.load(lambda *a: None, np_dtype, subpath=info.path), dtype=np.dtype(target.dtype))
+        return jax.device_put(v, sharding) if sharding is not None else jax.device_put(v)
     if info.kind != "array":
         raise ValueError(f"like=: at {where} like= has a JAX array but the file holds {_kind(info)}")
     shape = tuple(info.shape)
@@ -379,13 +387,16 @@ def _read_target(reader: Any, info: Any, target: Any, where: str, np_dtype: Call
             f"with shape {want_shape}; a load can cast dtypes but not change shapes"
         )
     want = np.dtype(target.dtype)
-    if stored.kind in "OSUV" or want.kind in "OSUV":
+    if stored.kind in "OSU" or want.kind in "OSU" or stored.names is not None or want.names is not None:
         raise ValueError(f"like=: at {where} the file holds {stored}, which cannot be loaded as {want}")
-    sharding = getattr(target, "sharding", None)
     if sharding is None:
         return jax.device_put(_cast(reader.read_array(info.path, "", np_dtype), want))
     if not hasattr(sharding, "addressable_devices_indices_map"):
         raise TypeError(f"like=: at {where} the sharding {sharding!r} is not a jax.sharding.Sharding")
+    try:  # before any read or device memory: the sharding must fit the shape
+        sharding.shard_shape(shape)
+    except ValueError as e:
+        raise ValueError(f"like=: at {where} the sharding does not fit the stored shape {shape}: {e}") from None
     cache: Dict[Any, np.ndarray] = {}
 
     def shard(index: Tuple[slice, ...]) -> np.ndarray:

@@ -318,3 +318,96 @@ def test_a_tree_without_jax_leaves_never_imports_jax(loc):
         print("jax" in sys.modules)
     """)
     assert out.strip() == "False"
+
+
+# ---------------------------------------------------------------- multi-process (real processes)
+
+WORKER = os.path.join(os.path.dirname(__file__), "jax_worker.py")
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _job(nproc, loc, mode, timeout=240, env_extra=None):
+    """Run `nproc` worker processes of one JAX job; returns [(returncode, output)] by process."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
+    env.update(env_extra or {})
+    procs = [
+        subprocess.Popen([sys.executable, WORKER, str(i), str(nproc), str(port), loc, mode], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for i in range(nproc)
+    ]
+    out = []
+    try:
+        for p in procs:
+            text, _ = p.communicate(timeout=timeout)
+            out.append((p.returncode, text))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out
+
+
+def _expected(n_devices):
+    return {
+        "w": np.arange(n_devices * 8 * 6, dtype=np.float32).reshape(n_devices * 8, 6),
+        "m": (np.arange(n_devices * 4 * 8, dtype=np.int32).reshape(n_devices * 4, 8) * 3),
+        "r": np.linspace(0, 1, 10, dtype=np.float32),
+        "bf": np.arange(16 * n_devices, dtype=np.float32).astype(jnp.bfloat16).reshape(n_devices, 16),
+    }
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_processes_of_a_jax_job_save_one_checkpoint(tmp_path, nproc):
+    loc = str(tmp_path / "ckpt")
+    res = _job(nproc, loc, "save")
+    for i, (rc, text) in enumerate(res):
+        assert rc == 0, f"process {i}:\n{text[-3000:]}"
+        assert f"SAVED {i}" in text and f"LOADED {i}" in text  # each process loaded its shards onto another mesh
+    # One tree: every process wrote packs, one manifest names them all.
+    m = manifest(loc)
+    assert len(m["packs"]) == nproc and m["stats"]["parts"] == nproc
+    e = _expected(2 * nproc)
+    # A single process (8 devices here) loads it onto a mesh of its own: identical values.
+    s = NamedSharding(mesh((2, 4), ("a", "b")), P("b")) if nproc == 4 else NamedSharding(mesh((4,), ("d",)), P("d"))
+    out = treepack.load(loc, like={
+        "params": {"w": jax.ShapeDtypeStruct(e["w"].shape, jnp.float32, sharding=s), "m": True},
+        "r": True, "bf": True, "step": True, "name": True,
+    })
+    assert same(out["params"]["w"], e["w"]) and out["params"]["w"].sharding == s
+    assert same(out["params"]["m"], e["m"]) and same(out["r"], e["r"]) and same(out["bf"], e["bf"])
+    assert out["step"] == 7 and out["name"] == "run"
+    w = node(m, "params")
+    assert dict(w["items"])["w"]["as"]["sharding"] == {"mesh": {"axes": ["d"], "shape": [2 * nproc]}, "spec": ["d"]}
+    assert treepack.verify(loc).ok
+
+
+def test_a_process_dying_mid_save_commits_nothing(tmp_path):
+    loc = str(tmp_path / "ckpt")
+    res = _job(2, loc, "die", env_extra={"TREEPACK_BARRIER_TIMEOUT": "8"})
+    rc0, text0 = res[0]
+    assert res[1][0] == 9  # process 1 died
+    assert rc0 == 3 and "TIMEOUT" in text0 and "process 1's part" in text0 and "nothing was committed" in text0, text0[-2000:]
+    assert not os.path.exists(os.path.join(loc, "treepack.json"))
+    with pytest.raises(FileNotFoundError):
+        treepack.load(loc)
+
+
+def test_each_process_reads_only_its_shards(tmp_path):
+    loc = str(tmp_path / "one")
+    e = _expected(4)
+    treepack.save({"w": e["w"]}, loc, chunk_bytes=8 * 6 * 4)  # one chunk per device's rows
+    res = _job(2, loc, "load")
+    for i, (rc, text) in enumerate(res):
+        assert rc == 0, text[-3000:]
+        line = next(ln for ln in text.splitlines() if ln.startswith("READ"))
+        _, pid, read, total = line.split()
+        assert int(read) == int(total) // 2, line  # half the devices, half the bytes

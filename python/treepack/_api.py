@@ -204,10 +204,21 @@ def save(
         return _codec.encode_other(obj, where, allow_pickle, memo, embed, omit_static)
 
     md = _metadata_json(metadata) if metadata is not None else None
-    prepared = _core.prepare(
-        tree, enc, _codec.encode_array, snapshot=not blocking, fast_datetime=_registry.lookup_class(_dt.datetime) is None,
-        shared=shared,
-    )
+
+    def prepare(t: Any) -> Any:
+        return _core.prepare(
+            t, enc, _codec.encode_array, snapshot=not blocking, fast_datetime=_registry.lookup_class(_dt.datetime) is None,
+            shared=shared,
+        )
+
+    if jax_like.spans_processes(tree):
+        # One save of a multi-process JAX job: every process writes its part, process 0 commits.
+        run = jax_like.save_collective(tree, p, prepare, dict(
+            overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes, storage_options=_opts(storage_options),
+            compression=policy, durable=durable,
+        ), chunk_bytes)
+        return run() if blocking else SaveHandle(_executor().submit(run), p)
+    prepared = prepare(tree)
     callback, done = _progress_callback(progress, f"save {p}")
 
     def write() -> Any:

@@ -379,7 +379,9 @@ impl<'py> Encoder<'py> {
                 match name.as_str() {
                     "block" => block = Some(v.extract::<Vec<u64>>()?),
                     "immutable" => immutable = v.is_truthy()?,
-                    other => return Err(self.err(format!("encode_other returned an array with an unknown child `{other}`"))),
+                    other => {
+                        return Err(self.err(format!("encode_other returned an array with an unknown child `{other}`")))
+                    }
                 }
             }
             let annotation = match data {
@@ -586,23 +588,8 @@ impl Prepared {
         compression: Option<String>,
         durable: bool,
     ) -> PyResult<SaveInfo> {
-        let node = self
-            .node
-            .lock()
-            .map_err(|_| PyValueError::new_err("prepared tree is poisoned"))?
-            .take()
-            .ok_or_else(|| PyValueError::new_err("this prepared tree was already written"))?;
-        let mut opts = SaveOptions { overwrite, durable, progress: progress_fn(progress), ..Default::default() };
-        if let Some(m) = metadata {
-            opts.metadata =
-                Some(serde_json::from_str(&m).map_err(|e| PyValueError::new_err(format!("metadata: {e}")))?);
-        }
-        if let Some(c) = chunk_bytes {
-            opts.chunk_bytes = c.max(1);
-        }
-        if let Some(c) = compression {
-            opts.compression = treepack::save::Compression::parse(&c).map_err(py_err)?;
-        }
+        let node = self.take()?;
+        let opts = save_options(overwrite, metadata, chunk_bytes, progress, compression, durable)?;
         let loc = location(path, storage_options)?;
         let info = py.detach(|| {
             let r = treepack::block_on(treepack::save::save_async(&node, &loc, &opts));
@@ -615,6 +602,96 @@ impl Prepared {
         });
         Ok(info.map_err(py_err)?.into())
     }
+
+    /// Write this process's part of a save shared by processes (packs only): returns the
+    /// part's manifest (bytes, for `commit_parts`) and what was written.
+    #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, compression=None, durable=true))]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn write_part<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+        overwrite: bool,
+        metadata: Option<String>,
+        chunk_bytes: Option<u64>,
+        storage_options: Options,
+        compression: Option<String>,
+        durable: bool,
+    ) -> PyResult<(Bound<'py, PyBytes>, SaveInfo)> {
+        let node = self.take()?;
+        let opts = save_options(overwrite, metadata, chunk_bytes, None, compression, durable)?;
+        let loc = location(path, storage_options)?;
+        let (bytes, info) =
+            py.detach(|| treepack::block_on(treepack::save::save_part_async(&node, &loc, &opts))).map_err(py_err)?;
+        Ok((PyBytes::new(py, &bytes), info.into()))
+    }
+}
+
+impl Prepared {
+    fn take(&self) -> PyResult<Node> {
+        self.node
+            .lock()
+            .map_err(|_| PyValueError::new_err("prepared tree is poisoned"))?
+            .take()
+            .ok_or_else(|| PyValueError::new_err("this prepared tree was already written"))
+    }
+}
+
+fn save_options(
+    overwrite: bool,
+    metadata: Option<String>,
+    chunk_bytes: Option<u64>,
+    progress: Option<Py<PyAny>>,
+    compression: Option<String>,
+    durable: bool,
+) -> PyResult<SaveOptions> {
+    let mut opts = SaveOptions { overwrite, durable, progress: progress_fn(progress), ..Default::default() };
+    if let Some(m) = metadata {
+        opts.metadata = Some(serde_json::from_str(&m).map_err(|e| PyValueError::new_err(format!("metadata: {e}")))?);
+    }
+    if let Some(c) = chunk_bytes {
+        opts.chunk_bytes = c.max(1);
+    }
+    if let Some(c) = compression {
+        opts.compression = treepack::save::Compression::parse(&c).map_err(py_err)?;
+    }
+    Ok(opts)
+}
+
+/// Commit a save written in parts (each part's manifest from `Prepared.write_part`, the
+/// committer's own first): merged into one tree, committed atomically.
+#[pyfunction]
+#[pyo3(signature = (path, parts, overwrite=false, storage_options=None, durable=true))]
+pub(crate) fn commit_parts(
+    py: Python<'_>,
+    path: &str,
+    parts: Vec<Vec<u8>>,
+    overwrite: bool,
+    storage_options: Options,
+    durable: bool,
+) -> PyResult<SaveInfo> {
+    let opts = SaveOptions { overwrite, durable, ..Default::default() };
+    let loc = location(path, storage_options)?;
+    let info = py.detach(|| treepack::block_on(treepack::save::commit_parts_async(&loc, &parts, &opts)));
+    Ok(info.map_err(py_err)?.into())
+}
+
+/// The chunk shape the writer gives an array of `shape` held in blocks of `block` (shards):
+/// chunks tile every block (format::grid::block_chunk_shape). `target`: chunk bytes, default
+/// the writer's.
+#[pyfunction]
+#[pyo3(signature = (shape, block, itemsize, target=None))]
+pub(crate) fn block_chunk_shape(
+    shape: Vec<u64>,
+    block: Vec<u64>,
+    itemsize: u64,
+    target: Option<u64>,
+) -> PyResult<Vec<u64>> {
+    if block.len() != shape.len() || block.contains(&0) {
+        return Err(PyValueError::new_err(format!("block {block:?} does not fit shape {shape:?}")));
+    }
+    let target = target.unwrap_or_else(|| SaveOptions::default().chunk_bytes).max(1);
+    Ok(treepack::format::grid::block_chunk_shape(&shape, &block, itemsize, target))
 }
 
 /// The treepack name of a numpy dtype that is a plain number or an ml_dtypes type, as

@@ -17,6 +17,7 @@ pub(crate) fn py_err(e: treepack::Error) -> PyErr {
         E::BadKeyPath { .. }
         | E::BadSlice { .. }
         | E::InvalidTree { .. }
+        | E::Parts { .. }
         | E::BadDType { .. }
         | E::BadLocation { .. }
         | E::InvalidCompression { .. } => PyValueError::new_err(msg),

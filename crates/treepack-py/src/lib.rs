@@ -122,6 +122,8 @@ fn gc(py: Python<'_>, path: &str, grace_secs: f64, storage_options: Options) -> 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(commit_parts, m)?)?;
+    m.add_function(wrap_pyfunction!(block_chunk_shape, m)?)?;
     m.add_class::<Prepared>()?;
     m.add_function(wrap_pyfunction!(gc, m)?)?;
     m.add_function(wrap_pyfunction!(numpy_dtype_name, m)?)?;

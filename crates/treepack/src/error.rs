@@ -159,6 +159,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// The parts of a save written by many processes do not make one tree (format::parts).
+    #[error("cannot commit the save written in parts: `{key}`: {reason}")]
+    Parts {
+        /// Key path of the sharded array (or node) at fault.
+        key: String,
+        /// What does not fit.
+        reason: String,
+    },
+
     /// A dtype name or description is not understood.
     #[error("unknown or invalid dtype `{dtype}`: {reason}")]
     BadDType {
@@ -315,6 +324,7 @@ impl Error {
             Error::BadKeyPath { .. } => "bad_key_path",
             Error::BadSlice { .. } => "bad_slice",
             Error::InvalidTree { .. } => "invalid_tree",
+            Error::Parts { .. } => "parts",
             Error::BadDType { .. } => "bad_dtype",
             Error::LimitExceeded { .. } => "limit_exceeded",
             Error::OutOfMemory { .. } => "out_of_memory",

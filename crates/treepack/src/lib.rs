@@ -98,6 +98,29 @@ pub async fn save_async(tree: &Node, location: impl IntoLocation, opts: &SaveOpt
     save::save_async(tree, &loc, opts).await
 }
 
+/// Write this process's part of a save many processes share (the processes of a JAX job): its
+/// packs, and the manifest it would commit, returned encoded instead of committed. Arrays
+/// sharded across processes are `treepack.shards` custom nodes holding the blocks this process
+/// owns (see [`format::parts`]). One process then passes every part to [`commit_parts`].
+///
+/// # Errors
+/// As [`save()`]; [`Error::BadLocation`] for a single-file location.
+pub fn save_part(tree: &Node, location: impl IntoLocation, opts: &SaveOptions) -> Result<(Vec<u8>, SaveInfo)> {
+    let loc = location.into_location()?;
+    block_on(save::save_part_async(tree, &loc, opts))
+}
+
+/// Merge the parts written by [`save_part`] (the committer's own first) into one tree and
+/// commit it atomically: create-only unless `opts.overwrite`, as [`save()`].
+///
+/// # Errors
+/// [`Error::Parts`] when the parts do not make one tree (sharded blocks that overlap, leave
+/// holes or lie off the chunk grid), [`Error::AlreadyExists`], storage errors.
+pub fn commit_parts(location: impl IntoLocation, parts: &[Vec<u8>], opts: &SaveOptions) -> Result<SaveInfo> {
+    let loc = location.into_location()?;
+    block_on(save::commit_parts_async(&loc, parts, opts))
+}
+
 /// Load a whole tree (or the leaves selected by `opts.select`).
 ///
 /// # Errors

@@ -170,6 +170,8 @@ def _describe(obj: Any, where: str, allow_pickle: bool, omit_static: bool = Fals
         return torch_tensors.encode(obj, where)
     if jax_arrays.is_array(obj):
         return jax_arrays.encode(obj, where)
+    if t is jax_arrays.Piece:
+        return obj.describe()
     d = everyday.encode(obj, t, where)
     if d is not None:
         return d

@@ -61,7 +61,7 @@ fn largest_divisor_at_most(n: u64, cap: u64) -> u64 {
     let mut best = 1;
     let mut d = 1u64;
     while d.saturating_mul(d) <= n {
-        if n % d == 0 {
+        if n.is_multiple_of(d) {
             if d <= cap {
                 best = best.max(d);
             }

@@ -14,5 +14,6 @@ pub mod hash;
 pub mod keypath;
 pub mod manifest;
 pub mod model;
+pub mod parts;
 pub mod preview;
 pub mod refs;

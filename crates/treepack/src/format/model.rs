@@ -127,7 +127,10 @@ pub struct ArrayData {
 /// Equal values: dtype, shape, bytes and annotation (the block hint is not part of the value).
 impl PartialEq for ArrayData {
     fn eq(&self, other: &Self) -> bool {
-        self.dtype == other.dtype && self.shape == other.shape && self.data == other.data && self.annotation == other.annotation
+        self.dtype == other.dtype
+            && self.shape == other.shape
+            && self.data == other.data
+            && self.annotation == other.annotation
     }
 }
 

@@ -233,7 +233,9 @@ impl Planner<'_> {
         self.arrays += 1;
         self.annotated |= a.annotation().is_some();
         self.array_bytes += a.nbytes();
-        if a.nbytes() as usize <= self.opts.inline_bytes {
+        // A block of a sharded array (a part of a save shared by processes) is always chunked:
+        // the committer puts its chunks on the whole array's grid.
+        if a.nbytes() as usize <= self.opts.inline_bytes && a.block().is_none() {
             return Ok(Entry::Array(Box::new(ArrayEntry {
                 dtype,
                 shape,
@@ -539,6 +541,117 @@ async fn old_packs(loc: &Location) -> Option<Vec<String>> {
 /// [`Error::AlreadyExists`] unless overwriting, [`Error::InvalidTree`] for unsaveable trees,
 /// storage errors.
 pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<SaveInfo> {
+    let w = write_data(tree, loc, opts).await?;
+    commit(loc, w, opts).await
+}
+
+/// Write one process's part of a save that many processes share (format::parts): its packs,
+/// and the manifest it would commit, returned (encoded) instead of committed. The committer
+/// passes every part's manifest to [`commit_parts_async`]. Directory layout only.
+///
+/// # Errors
+/// As [`save_async`]; [`Error::BadLocation`] for a single-file location.
+pub async fn save_part_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<(Vec<u8>, SaveInfo)> {
+    if loc.layout() == Layout::SingleFile {
+        return Err(Error::BadLocation {
+            location: loc.display().to_string(),
+            reason: "a save written by several processes needs a directory (or object-store prefix), not one file"
+                .into(),
+        });
+    }
+    let w = write_data(tree, loc, opts).await?;
+    let bytes = manifest::encode(&w.manifest, &w.stats);
+    Ok((bytes, w.info))
+}
+
+/// Commit a save written in parts: merge the parts' manifests (each from
+/// [`save_part_async`], the committer's own first) into one and commit it at `loc` as a save
+/// does (create-only unless `opts.overwrite`; packs of a replaced tree removed after).
+///
+/// # Errors
+/// [`Error::Parts`] when the parts do not make one tree; [`Error::AlreadyExists`] unless
+/// overwriting; storage errors.
+pub async fn commit_parts_async(loc: &Location, parts: &[Vec<u8>], opts: &SaveOptions) -> Result<SaveInfo> {
+    loc.refuse_write()?;
+    let decoded =
+        parts.iter().enumerate().map(|(i, b)| manifest::decode(b, &format!("part {i}"))).collect::<Result<Vec<_>>>()?;
+    let mut merged = crate::format::parts::merge(decoded)?;
+    let has_refs = merged.root.has_refs();
+    let mut leaves = 0usize;
+    let (mut arrays, mut array_bytes, mut annotated, mut compressed) = (0usize, 0u64, false, false);
+    merged.root.for_each_leaf_unpathed(&mut |e: &Entry| {
+        leaves += 1;
+        if let Entry::Array(a) = e {
+            arrays += 1;
+            array_bytes += a.nbytes();
+            annotated |= a.annotation.is_some();
+        }
+        compressed |= e.chunks().iter().any(|c| !c.codec.is_identity());
+    });
+    merged.version.1 = if annotated {
+        3
+    } else if has_refs {
+        2
+    } else if compressed {
+        1
+    } else {
+        0
+    };
+    let exists = loc.exists(MANIFEST_NAME).await?;
+    if exists && !opts.overwrite {
+        return Err(Error::AlreadyExists { location: loc.display().to_string() });
+    }
+    let previous = if exists { old_packs(loc).await } else { None };
+    let stored: u64 = merged.packs.iter().map(|p| p.size).sum();
+    let pack_count = merged.packs.len();
+    let stats = json!({"leaves": leaves, "arrays": arrays, "array_bytes": array_bytes, "stored_bytes": stored, "parts": parts.len()});
+    let tracker = Tracker::new(opts.progress.clone(), 0);
+    let before = loc.stats().bytes_written();
+    let new_names: HashSet<String> = merged.packs.iter().map(|p| p.path.clone()).collect();
+    let w = Written {
+        manifest: merged,
+        stats,
+        previous,
+        single_parts: None,
+        new_names,
+        stored,
+        tracker,
+        before,
+        info: SaveInfo {
+            location: loc.display().to_string(),
+            leaves,
+            arrays,
+            array_bytes,
+            bytes_written: 0,
+            chunks: 0,
+            unique_chunks: 0,
+            packs: pack_count,
+        },
+        _marker: None,
+    };
+    commit(loc, w, opts).await
+}
+
+/// Everything a save has written or decided before its commit.
+struct Written {
+    manifest: Manifest,
+    stats: serde_json::Value,
+    /// Packs of the tree being replaced (directory layout), removed after the commit.
+    previous: Option<Vec<String>>,
+    /// The single-file layout's one pack (its parts), written with the manifest.
+    single_parts: Option<PackOut>,
+    new_names: HashSet<String>,
+    stored: u64,
+    tracker: Tracker,
+    /// Bytes the location had written before this save (for `bytes_written`).
+    before: u64,
+    info: SaveInfo,
+    /// Held until the save ends: `gc` keeps whatever it writes (store::marker).
+    _marker: Option<crate::store::SaveMarker>,
+}
+
+/// Hash, lay out and write the packs of `tree`; build (not write) its manifest.
+async fn write_data(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<Written> {
     loc.refuse_write()?;
     let has_refs = check_tree(tree)?;
     let single = loc.layout() == Layout::SingleFile;
@@ -547,8 +660,7 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     if exists && !opts.overwrite {
         return Err(Error::AlreadyExists { location: loc.display().to_string() });
     }
-    // Held until the save ends: `gc` keeps whatever it writes (store::marker).
-    let _marker = loc.save_marker(opts.durable)?;
+    let marker = loc.save_marker(opts.durable)?;
     let previous = if exists && !single { old_packs(loc).await } else { None };
 
     let globs = opts.chunk_shapes.iter().map(|(p, cs)| Ok((Glob::new(p)?, cs.clone()))).collect::<Result<Vec<_>>>()?;
@@ -576,7 +688,6 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     let before = loc.stats().bytes_written();
     // The exact total (after deduplication, with the manifest) is set once known.
     let tracker = Tracker::new(opts.progress.clone(), pending_bytes);
-    let tracker = &tracker;
     let concurrency = opts.concurrency.max(1);
     let batch = opts.pipeline_batch_bytes.max(1);
     let (hashed, pack_list, single_parts) = if single || pending_bytes <= batch {
@@ -591,12 +702,12 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
             (hashed, list, packs.into_iter().next())
         } else {
             tracker.set_total(list.iter().map(|p| p.1).sum());
-            write_packs(loc, futures::stream::iter(packs), concurrency, opts.durable, tracker).await?;
+            write_packs(loc, futures::stream::iter(packs), concurrency, opts.durable, &tracker).await?;
             (hashed, list, None)
         }
     } else {
         let (hashed, list) =
-            hash_and_write_pipelined(loc, pending, opts.pack_bytes, batch, concurrency, opts.durable, tracker).await?;
+            hash_and_write_pipelined(loc, pending, opts.pack_bytes, batch, concurrency, opts.durable, &tracker).await?;
         (hashed, list, None)
     };
 
@@ -647,23 +758,53 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
         packs: pack_list.iter().map(|(name, size)| PackInfo { path: name.clone(), size: *size }).collect(),
         root,
     };
-    let stats_json = json!({
+    let stats = json!({
         "leaves": leaves, "arrays": planner.arrays, "array_bytes": planner.array_bytes,
         "chunks": chunks_total, "unique_chunks": hashed.unique, "stored_bytes": stored,
     });
-    let mbytes = manifest::encode(&manifest, &stats_json);
-    let pack_count = manifest.packs.len();
-    if leaves >= BACKGROUND_DROP_LEAVES {
-        crate::format::model::drop_in_background(manifest);
-    } else {
-        drop(manifest);
-    }
+    let info = SaveInfo {
+        location: loc.display().to_string(),
+        leaves,
+        arrays: planner.arrays,
+        array_bytes: planner.array_bytes,
+        bytes_written: loc.stats().bytes_written() - before,
+        chunks: chunks_total,
+        unique_chunks: hashed.unique,
+        packs: manifest.packs.len(),
+    };
+    Ok(Written {
+        manifest,
+        stats,
+        previous,
+        single_parts,
+        new_names: pack_list.iter().map(|p| p.0.clone()).collect(),
+        stored,
+        tracker,
+        before,
+        info,
+        _marker: marker,
+    })
+}
 
+/// Write the manifest (or, for one file, the whole file) of what [`write_data`] wrote, then
+/// remove the packs only a replaced tree used.
+async fn commit(loc: &Location, w: Written, opts: &SaveOptions) -> Result<SaveInfo> {
+    let single = loc.layout() == Layout::SingleFile;
+    let mbytes = manifest::encode(&w.manifest, &w.stats);
+    let minor = w.manifest.version.1;
+    let leaves = w.info.leaves;
+    let pack_count = w.manifest.packs.len();
+    if leaves >= BACKGROUND_DROP_LEAVES {
+        crate::format::model::drop_in_background(w.manifest);
+    } else {
+        drop(w.manifest);
+    }
+    let tracker = &w.tracker;
     if single {
         let mlen = mbytes.len() as u64;
         let mut parts = vec![Bytes::copy_from_slice(&container::header(minor))];
         let mut end = container::HEADER_LEN;
-        if let Some((_, p, size)) = single_parts {
+        if let Some((_, p, size)) = w.single_parts {
             parts.extend(p);
             end = size;
         }
@@ -672,34 +813,24 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
         parts.push(Bytes::copy_from_slice(&container::footer(end, mlen)));
         loc.put_tracked(".", parts, !opts.overwrite, opts.durable, Some(tracker)).await?;
     } else {
-        tracker.set_total(stored + mbytes.len() as u64);
-        let new_names: HashSet<String> = pack_list.iter().map(|p| p.0.clone()).collect();
+        tracker.set_total(w.stored + mbytes.len() as u64);
         // Commit protocol: the packs' names are made durable before the manifest that names
         // them; the manifest (fsynced, renamed, its directory fsynced) before any pack of the
         // tree it replaces is removed.
-        if opts.durable && !pack_list.is_empty() {
+        if opts.durable && pack_count > 0 {
             loc.sync_dir(PACKS_DIR).await?;
         }
         loc.put_tracked(MANIFEST_NAME, vec![Bytes::from(mbytes)], !opts.overwrite, opts.durable, Some(tracker)).await?;
-        if let Some(old) = previous {
+        if let Some(old) = w.previous {
             for p in old
                 .into_iter()
-                .filter(|p| !new_names.contains(p) && manifest::validate_pack_path(p).is_ok() && p != ".")
+                .filter(|p| !w.new_names.contains(p) && manifest::validate_pack_path(p).is_ok() && p != ".")
             {
                 loc.delete(&p).await?;
             }
         }
     }
-    Ok(SaveInfo {
-        location: loc.display().to_string(),
-        leaves,
-        arrays: planner.arrays,
-        array_bytes: planner.array_bytes,
-        bytes_written: loc.stats().bytes_written() - before,
-        chunks: chunks_total,
-        unique_chunks: hashed.unique,
-        packs: pack_count,
-    })
+    Ok(SaveInfo { bytes_written: loc.stats().bytes_written() - w.before, packs: pack_count, ..w.info })
 }
 
 #[cfg(test)]

@@ -45,6 +45,9 @@ def test_doc_example_runs(code, request):
         request.getfixturevalue("s3_env")
     if "import torch" in code:
         pytest.importorskip("torch")  # the wheel venvs have no torch; .venv does
+    for lib in ("jax", "flax", "optax"):
+        if re.search(rf"^(import|from) {lib}\b", code, re.M):
+            pytest.importorskip(lib)  # nor JAX's ecosystem
     exec(compile(code, "<doc>", "exec"), {"__name__": "__main__"})
 
 

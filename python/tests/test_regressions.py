@@ -184,7 +184,7 @@ def test_like_mismatches_raise_naming_the_key_path(tmp_path):
         load({**full, "p": {"w": np.zeros((2, 3))}})
     with pytest.raises(TypeError, match=r"at `s` got object"):
         load({**full, "s": object()})
-    with pytest.raises(ValueError, match=r"at `s` like= has a str but the file holds a int leaf"):
+    with pytest.raises(ValueError, match=r"at `s` like= has a str but the file holds an int leaf"):
         load({**full, "s": "x"})
     with pytest.raises(ValueError, match=r"at `p` like= has no key 'w'"):
         load({**full, "p": {}})

@@ -89,9 +89,13 @@ def _child(path: str, key: Any) -> str:
     return f"{path}/{seg}" if path else seg
 
 
+def _a(word: str) -> str:
+    return ("an " if word[:1] in "aeiou" else "a ") + word
+
+
 def _kind(stored: Any) -> str:
     if isinstance(stored, LeafInfo):
-        return f"a {stored.kind} leaf"
+        return f"{_a(stored.kind)} leaf"
     if hasattr(stored, "type_name") and hasattr(stored, "children"):
         return f"a {stored.kind} of type {stored.type_name}"
     return f"a {type(stored).__name__}"
@@ -174,7 +178,7 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
         if scalar is not None:
             if scalar != stored.kind:
                 raise ValueError(
-                    f"like=: at {_where(path)} like= has a {type(like).__name__} but the file holds {_kind(stored)}; "
+                    f"like=: at {_where(path)} like= has {_a(type(like).__name__)} but the file holds {_kind(stored)}; "
                     "use True to load it as stored"
                 )
             keep.add(stored.path)

@@ -612,7 +612,11 @@ def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callab
     subtrees: List[str] = []
     for path, stored, leaf in plan:
         if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) and leaf is not None and leaf is not False:
-            _walk(leaf, stored, path, set())  # the usual checks for numpy arrays, scalars, True
+            # A Python number where a 0-d array is stored (a TrainState's step: 0 in a fresh
+            # state, a JAX scalar once trained) loads the stored value; anything else gets the
+            # usual checks (numpy arrays, scalars, True).
+            if not (type(leaf) in (int, float, bool, complex) and getattr(stored, "kind", None) == "array" and not stored.shape):
+                _walk(leaf, stored, path, set())
             subtrees.append(path)
     audit(subtrees, nodes)
     values: List[Any] = []

@@ -411,3 +411,46 @@ def test_each_process_reads_only_its_shards(tmp_path):
         line = next(ln for ln in text.splitlines() if ln.startswith("READ"))
         _, pid, read, total = line.split()
         assert int(read) == int(total) // 2, line  # half the devices, half the bytes
+
+
+# ---------------------------------------------------------------- hostile files
+
+
+def test_hostile_jax_nodes_get_clear_errors(tmp_path, rewrite_manifest):
+    from flax.core import FrozenDict
+
+    def fresh(name, tree):
+        p = tmp_path / name
+        treepack.save(tree, p)
+        return p
+
+    # A key whose impl JAX does not have.
+    p = fresh("impl", {"k": jax.random.key(0)})
+    rewrite_manifest(p, b'"impl":"threefry2x32"', b'"impl":"os.system"')
+    with pytest.raises(ValueError, match=r"jax.random.key leaf: key data of shape \(2,\) with impl 'os.system'"):
+        treepack.load(p)
+    # Key data that does not fit the impl's key shape.
+    p = fresh("keyshape", {"k": jax.random.key(0)})
+    rewrite_manifest(p, b'"impl":"threefry2x32"', b'"impl":"rbg"')
+    with pytest.raises(ValueError, match=r"jax.random.key leaf"):
+        treepack.load(p)
+    # A pytree node naming a class that is not a pytree node (trusted, so it gets that far).
+    p = fresh("notnode", {"f": FrozenDict({"a": 1})})
+    rewrite_manifest(p, b"flax.core.frozen_dict:FrozenDict", b"collections:Counter")
+    with pytest.raises(LookupError, match=r"collections:Counter.*cannot be rebuilt as a JAX pytree node"):
+        treepack.load(p, trust=["collections.*"])
+    # Static data that is not the tagged JSON the writer makes.
+    p = fresh("aux", {"f": FrozenDict({"a": 1})})
+    rewrite_manifest(p, b'"aux":{"tuple":["a"]}', b'"aux":{"set":["a"]}')
+    with pytest.raises(ValueError, match=r"jax.pytree: malformed static data"):
+        treepack.load(p, trust=["flax.*"])
+    # Untrusted: refused before anything is imported, naming the class from the node's data.
+    p = fresh("untrusted", {"f": FrozenDict({"a": 1})})
+    rewrite_manifest(p, b"flax.core.frozen_dict:FrozenDict", b"os:system")
+    with pytest.raises(treepack.UntrustedTypeError, match=r"os:system"):
+        treepack.load(p)
+    # The sharding member is informational: nonsense there changes nothing.
+    x = jax.device_put(jnp.ones((8, 2)), NamedSharding(mesh((4,), ("d",)), P("d")))
+    p = fresh("sharding", {"x": x})
+    rewrite_manifest(p, b'"axes":["d"]', b'"axes":["nope","nope"]')
+    assert same(treepack.load(p)["x"], x)

@@ -44,6 +44,26 @@ class Prepared:
         durable: bool = True,
     ) -> SaveInfo:
         """Write with the GIL released (``compression``: a policy as text, see ``check_compression``)."""
+    def write_part(
+        self,
+        path: str,
+        overwrite: bool = False,
+        metadata: Optional[str] = None,
+        chunk_bytes: Optional[int] = None,
+        storage_options: StorageOptions = None,
+        compression: Optional[str] = None,
+        durable: bool = True,
+    ) -> Tuple[bytes, SaveInfo]:
+        """Write this process's part of a save shared by processes (packs only); returns the
+        part's manifest, for ``commit_parts``."""
+
+def commit_parts(
+    path: str, parts: List[bytes], overwrite: bool = False, storage_options: StorageOptions = None, durable: bool = True
+) -> SaveInfo:
+    """Merge the parts of a save written by several processes (the committer's first) and commit it."""
+
+def block_chunk_shape(shape: Sequence[int], block: Sequence[int], itemsize: int, target: Optional[int] = None) -> List[int]:
+    """The chunk shape of an array held in blocks (shards): chunks tile every block."""
 
 def check_compression(policy: str) -> None:
     """Raise ``ValueError`` if a compression policy (as text) cannot be used."""
@@ -106,7 +126,7 @@ class Reader:
     def kind(self, path: str) -> str: ...
     def children(self, path: str) -> List[Tuple[str, Any]]: ...
     def array_info(self, path: str) -> Tuple[str, List[int]]: ...
-    def read_array(self, path: str, slice: str, np_dtype: Callable[[str], Any]) -> Any: ...
+    def read_array(self, path: str, slice: str, np_dtype: Callable[[str], Any], verify: bool = True) -> Any: ...
     def verify(self) -> VerifyReport: ...
     def metadata(self) -> Optional[str]: ...
     def replaced(self) -> bool: ...

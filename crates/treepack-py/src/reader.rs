@@ -146,14 +146,18 @@ impl Reader {
     }
 
     /// Read a numpy-style slice of the array at `path` (only the chunks it touches).
+    #[pyo3(signature = (path, slice, np_dtype, verify=true))]
     pub(crate) fn read_array<'py>(
         &self,
         py: Python<'py>,
         path: &str,
         slice: &str,
         np_dtype: Bound<'py, PyAny>,
+        verify: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let a = py.detach(|| self.inner.read_array(path, slice)).map_err(py_err)?;
+        let a = py
+            .detach(|| self.inner.location().block_on(self.inner.read_array_async(path, slice, verify)))
+            .map_err(py_err)?;
         let mut dec = Decoder::new(py, None, Some(np_dtype), false);
         dec.array(a)
     }

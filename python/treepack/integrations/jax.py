@@ -449,7 +449,7 @@ def pytree_build(cls: type, data: Dict[str, Any], children: List[Any]) -> Any:
     try:
         td = jtu.PyTreeDef.from_node_data_and_children(jtu.default_registry, (cls, aux), [leaf] * len(children))
         return jtu.tree_unflatten(td, children)
-    except (ValueError, TypeError) as e:
+    except Exception as e:  # jaxlib raises RuntimeError for an unregistered type; unflatten anything
         raise LookupError(f"{cls.__module__}:{cls.__qualname__} cannot be rebuilt as a JAX pytree node: {e}") from None
 
 
@@ -527,12 +527,21 @@ def _cast(arr: np.ndarray, dtype: Any) -> np.ndarray:
     return arr if arr.dtype == dtype else arr.astype(dtype)
 
 
-def _read_target(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[str], Any]) -> Any:
-    """A stored array read onto ``target``'s sharding (a ``jax.Array`` or ``ShapeDtypeStruct``):
-    each device's shard from the chunks it covers, cast to ``target``'s dtype."""
+class _Sharded:
+    """A stored array to read onto a sharding, checked and waiting for its reads."""
+
+    __slots__ = ("path", "shape", "sharding", "want")
+
+    def __init__(self, path: str, shape: Tuple[int, ...], sharding: Any, want: np.dtype) -> None:
+        self.path, self.shape, self.sharding, self.want = path, shape, sharding, want
+
+
+def _plan(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[str], Any], verify: bool) -> Any:
+    """Check a ``like=`` JAX leaf (a ``jax.Array`` or ``ShapeDtypeStruct``) against the stored
+    leaf: a ``_Sharded`` to read, or the value itself when there is nothing to shard (keys,
+    scalars, no sharding)."""
     import jax
 
-    from .._lazy import _slice_text
     from .._like import _kind, _stored_dtype
 
     sharding = getattr(target, "sharding", None)
@@ -544,15 +553,13 @@ def _read_target(reader: Any, info: Any, target: Any, where: str, np_dtype: Call
         raise ValueError(f"like=: at {where} like= has a JAX array but the file holds {_kind(info)}")
     shape = tuple(info.shape)
     stored = _stored_dtype(info)
-    is_key = jax.dtypes.issubdtype(target.dtype, jax.dtypes.prng_key)
     want_shape = tuple(int(n) for n in target.shape)
-    if is_key:
+    if jax.dtypes.issubdtype(target.dtype, jax.dtypes.prng_key):
         impl = jax.random.key_impl(target) if isinstance(target, jax.Array) else None
         if shape[: len(want_shape)] != want_shape:
             raise ValueError(f"like=: at {where} the file holds key data of shape {shape}, but like= asks for keys of shape {want_shape}")
-        data = jax.numpy.asarray(reader.read_array(info.path, "", np_dtype))
+        data = jax.numpy.asarray(reader.read_array(info.path, "", np_dtype, verify))
         keys = jax.random.wrap_key_data(data, impl=impl) if impl is not None else jax.random.wrap_key_data(data)
-        sharding = getattr(target, "sharding", None)
         return jax.device_put(keys, sharding) if sharding is not None else keys
     if shape != want_shape:
         raise ValueError(
@@ -563,24 +570,67 @@ def _read_target(reader: Any, info: Any, target: Any, where: str, np_dtype: Call
     if stored.kind in "OSU" or want.kind in "OSU" or stored.names is not None or want.names is not None:
         raise ValueError(f"like=: at {where} the file holds {stored}, which cannot be loaded as {want}")
     if sharding is None:
-        return jax.device_put(_cast(reader.read_array(info.path, "", np_dtype), want))
+        return jax.device_put(_cast(reader.read_array(info.path, "", np_dtype, verify), want))
     if not hasattr(sharding, "addressable_devices_indices_map"):
         raise TypeError(f"like=: at {where} the sharding {sharding!r} is not a jax.sharding.Sharding")
     try:  # before any read or device memory: the sharding must fit the shape
         sharding.shard_shape(shape)
     except ValueError as e:
         raise ValueError(f"like=: at {where} the sharding does not fit the stored shape {shape}: {e}") from None
-    cache: Dict[Any, np.ndarray] = {}
+    return _Sharded(info.path, shape, sharding, want)
 
-    def shard(index: Tuple[slice, ...]) -> np.ndarray:
-        key = tuple((s.start, s.stop, s.step) for s in index)
-        got = cache.get(key)
-        if got is None:
-            text = _slice_text(tuple(index), len(shape)) if index else ""
-            got = cache[key] = _cast(reader.read_array(info.path, text, np_dtype), want)
-        return got
 
-    return jax.make_array_from_callback(shape, sharding, shard)
+#: Host bytes of shards read ahead at once by a sharded load (reads in flight, their arrays
+#: not yet handed to JAX): bounds the extra memory of a load to about this much.
+READ_AHEAD_BYTES = 256 << 20
+
+
+def _index_key(index: Tuple[slice, ...]) -> Tuple[Any, ...]:
+    return tuple((s.start, s.stop, s.step) for s in index)
+
+
+def _read_sharded(reader: Any, plans: List[_Sharded], np_dtype: Callable[[str], Any], verify: bool) -> List[Any]:
+    """Read every addressable shard of ``plans`` (a shard several devices hold, once), several
+    at a time on threads (the reads release the GIL), and build the arrays."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    import jax
+
+    from .._lazy import _slice_text
+
+    def read(pl: _Sharded, index: Tuple[slice, ...]) -> np.ndarray:
+        text = _slice_text(tuple(index), len(pl.shape)) if index else ""
+        return _cast(reader.read_array(pl.path, text, np_dtype, verify), pl.want)
+
+    out: List[Any] = []
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        i = 0
+        while i < len(plans):
+            group: List[Tuple[_Sharded, Dict[Any, Any]]] = []
+            ahead = 0
+            while i < len(plans) and (not group or ahead < READ_AHEAD_BYTES):
+                pl = plans[i]
+                futs: Dict[Any, Any] = {}
+                for index in pl.sharding.addressable_devices_indices_map(pl.shape).values():
+                    k = _index_key(index)
+                    if k not in futs:
+                        futs[k] = pool.submit(read, pl, index)
+                        n = 1
+                        for s, dim in zip(index, pl.shape):
+                            n *= len(range(*s.indices(dim)))
+                        ahead += n * pl.want.itemsize
+                group.append((pl, futs))
+                i += 1
+            for pl, futs in group:
+                out.append(jax.make_array_from_callback(pl.shape, pl.sharding, lambda index, f=futs: f[_index_key(index)].result()))
+    return out
+
+
+def _read_target(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[str], Any], verify: bool = True) -> Any:
+    """One stored array read onto ``target``'s sharding (see ``load_like``)."""
+    p = _plan(reader, info, target, where, np_dtype, verify)
+    return _read_sharded(reader, [p], np_dtype, verify)[0] if isinstance(p, _Sharded) else p
 
 
 def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callable[[str], Any],
@@ -620,13 +670,20 @@ def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callab
             subtrees.append(path)
     audit(subtrees, nodes)
     values: List[Any] = []
+    sharded: List[Tuple[int, _Sharded]] = []
     for path, stored, leaf in plan:
-        if leaf is None or leaf is False:
+        if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)):
+            p = _plan(reader, stored, leaf, _where(path), np_dtype, verify)
+            if isinstance(p, _Sharded):
+                sharded.append((len(values), p))
+                p = None
+            values.append(p)
+        elif leaf is None or leaf is False:
             values.append(None)
-        elif isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)):
-            values.append(_read_target(reader, stored, leaf, _where(path), np_dtype))
         else:
             values.append(reader.load(dec, np_dtype, mmap=mmap, verify=verify, subpath=path))
+    for (i, _), arr in zip(sharded, _read_sharded(reader, [p for _, p in sharded], np_dtype, verify)):
+        values[i] = arr
     out = jtu.tree_unflatten(treedef, values)
     return _finish(out, dec)
 

@@ -398,29 +398,9 @@ impl Reader {
         let items = grid::parse_slice(slice)?;
         let sel = grid::normalize(&items, &a.shape, slice)?;
         let out_shape = grid::result_shape(&sel);
-        let itemsize = a.dtype.itemsize();
         let count: u64 = sel.iter().map(|s| s.count).product();
-        let mut out = alloc(count * itemsize, path)?;
-        let grid: ChunkGrid = a.grid();
-        match &a.storage {
-            ArrayStorage::Inline(d) => {
-                if count > 0 {
-                    let zeros = vec![0u64; a.shape.len()];
-                    grid::copy_chunk(&mut out, &sel, &zeros, &a.shape, d, itemsize as usize);
-                }
-            }
-            ArrayStorage::Chunked { chunks, .. } => {
-                let ids = if count == 0 { vec![] } else { grid.chunks_for(&sel) };
-                let refs: Vec<ChunkRef> = ids.iter().map(|&i| chunks[i as usize].clone()).collect();
-                let fetched = self.fetch(&refs, false).await?;
-                for (&i, r) in ids.iter().zip(&refs) {
-                    let canonical = (a.chunk_nbytes(&grid, i as usize), itemsize);
-                    let b = self.chunk_bytes(path, i as usize, r, &fetched, canonical, verify)?;
-                    let (origin, extent) = grid.chunk_region(i);
-                    grid::copy_chunk(&mut out, &sel, &origin, &extent, &b, itemsize as usize);
-                }
-            }
-        }
+        let mut out = alloc(count * a.dtype.itemsize(), path)?;
+        self.fill(path, a, &sel, &mut out, verify).await?;
         Ok(ArrayData::new(a.dtype.clone(), out_shape, out)?.annotated(a.annotation.as_ref()))
     }
 
@@ -446,69 +426,97 @@ impl Reader {
                 ),
             ));
         }
+        self.fill(path, a, &grid::full(&a.shape), out, verify).await
+    }
+
+    /// Write the elements `sel` selects of stored array `a` into `out` (C order, every axis of
+    /// the selection counted). When the selection is one contiguous run of the array and the
+    /// local, raw chunks it needs each lie wholly inside it (a whole array; a sharded load's
+    /// shard of whole rows), each chunk is read by the kernel straight into its place and hashed
+    /// there, chunks in parallel. Otherwise at most [`READ_INTO_BATCH`] stored bytes are
+    /// fetched at a time, decoded and verified in parallel, and copied into place.
+    async fn fill(&self, path: &str, a: &ArrayEntry, sel: &[grid::DimSel], out: &mut [u8], verify: bool) -> Result<()> {
         let itemsize = a.dtype.itemsize();
         let chunks = match &a.storage {
             ArrayStorage::Inline(d) => {
-                out.copy_from_slice(d);
+                if sel.iter().all(|s| s.count > 0) {
+                    grid::copy_chunk(out, sel, &vec![0u64; a.shape.len()], &a.shape, d, itemsize as usize);
+                }
                 return Ok(());
             }
             ArrayStorage::Chunked { chunks, .. } => chunks,
         };
-        let grid = a.grid();
-        if self.loc.local_path().is_some()
-            && chunks.iter().enumerate().all(|(i, c)| c.codec.is_identity() && c.length == a.chunk_nbytes(&grid, i))
-            && contiguous_in_pack(&grid, chunks)
-        {
-            // The array is one run of a local pack (the default layout): each chunk is read by
-            // the kernel straight into its place in `out` and hashed there, chunks in parallel.
-            let rel = self.manifest.packs[chunks[0].pack as usize].path.clone();
-            let mut slices: Vec<(usize, &mut [u8])> = Vec::with_capacity(chunks.len());
-            let mut rest = out;
-            for (i, r) in chunks.iter().enumerate() {
-                let (here, tail) = std::mem::take(&mut rest).split_at_mut(r.length as usize);
-                slices.push((i, here));
-                rest = tail;
-            }
-            return crate::runtime::parallel(|| {
-                slices.into_par_iter().try_for_each(|(i, dst)| {
-                    let r = &chunks[i];
-                    if !self.loc.read_local_into(&rel, r.offset, dst)? {
-                        return Err(Error::internal("a local location without a local path"));
-                    }
-                    if verify {
-                        self.check_hash(path, i, r, dst)?;
-                    }
-                    Ok(())
-                })
-            });
+        if sel.iter().any(|s| s.count == 0) {
+            return Ok(());
         }
-        let full = grid::full(&a.shape);
+        let grid = a.grid();
+        let ids = grid.chunks_for(sel);
+        if let (Some(_), Some((lo, hi))) = (self.loc.local_path(), contiguous_range(&a.shape, sel, itemsize)) {
+            let mut places: Vec<(usize, u64)> = Vec::with_capacity(ids.len());
+            let direct = ids.iter().all(|&i| {
+                let r = &chunks[i as usize];
+                let (origin, extent) = grid.chunk_region(i);
+                let off = grid::c_offset(&a.shape, &origin, itemsize);
+                let ok = r.codec.is_identity()
+                    && r.length == a.chunk_nbytes(&grid, i as usize)
+                    && grid::chunk_is_contiguous(&grid, &extent)
+                    && off >= lo
+                    && off + r.length <= hi;
+                places.push((i as usize, off - lo.min(off)));
+                ok
+            });
+            if direct {
+                places.sort_by_key(|p| p.1);
+                let mut slices: Vec<(usize, &mut [u8])> = Vec::with_capacity(places.len());
+                let mut rest = &mut out[..];
+                let mut at = 0u64;
+                for &(i, off) in &places {
+                    let len = chunks[i].length as usize;
+                    let tail = std::mem::take(&mut rest);
+                    let (_, tail) = tail.split_at_mut((off - at) as usize);
+                    let (here, tail) = tail.split_at_mut(len);
+                    slices.push((i, here));
+                    rest = tail;
+                    at = off + len as u64;
+                }
+                return crate::runtime::parallel(|| {
+                    slices.into_par_iter().try_for_each(|(i, dst)| {
+                        let r = &chunks[i];
+                        let rel = &self.manifest.packs[r.pack as usize].path;
+                        if !self.loc.read_local_into(rel, r.offset, dst)? {
+                            return Err(Error::internal("a local location without a local path"));
+                        }
+                        if verify {
+                            self.check_hash(path, i, r, dst)?;
+                        }
+                        Ok(())
+                    })
+                });
+            }
+        }
         let mut start = 0;
-        while start < chunks.len() {
+        while start < ids.len() {
             let mut end = start + 1;
-            let mut bytes = chunks[start].length;
-            while end < chunks.len() && bytes + chunks[end].length <= READ_INTO_BATCH {
-                bytes += chunks[end].length;
+            let mut bytes = chunks[ids[start] as usize].length;
+            while end < ids.len() && bytes + chunks[ids[end] as usize].length <= READ_INTO_BATCH {
+                bytes += chunks[ids[end] as usize].length;
                 end += 1;
             }
-            let fetched = self.fetch(&chunks[start..end], false).await?;
+            let refs: Vec<ChunkRef> = ids[start..end].iter().map(|&i| chunks[i as usize].clone()).collect();
+            let fetched = self.fetch(&refs, false).await?;
             // Decoded and verified in parallel (hashing sets the pace), then copied into place.
             let decoded: Vec<Bytes> = crate::runtime::parallel(|| {
-                (start..end)
-                    .into_par_iter()
-                    .map(|i| {
-                        self.chunk_bytes(path, i, &chunks[i], &fetched, (a.chunk_nbytes(&grid, i), itemsize), verify)
+                ids[start..end]
+                    .par_iter()
+                    .zip(refs.par_iter())
+                    .map(|(&i, r)| {
+                        self.chunk_bytes(path, i as usize, r, &fetched, (a.chunk_nbytes(&grid, i as usize), itemsize), verify)
                     })
                     .collect::<Result<Vec<_>>>()
             })?;
-            for (i, b) in (start..end).zip(decoded) {
-                let (origin, extent) = grid.chunk_region(i as u64);
-                if grid::chunk_is_contiguous(&grid, &extent) {
-                    let off = grid::c_offset(&a.shape, &origin, itemsize) as usize;
-                    out[off..off + b.len()].copy_from_slice(&b);
-                } else {
-                    grid::copy_chunk(out, &full, &origin, &extent, &b, itemsize as usize);
-                }
+            for (&i, b) in ids[start..end].iter().zip(decoded) {
+                let (origin, extent) = grid.chunk_region(i);
+                grid::copy_chunk(out, sel, &origin, &extent, &b, itemsize as usize);
             }
             start = end;
         }
@@ -685,6 +693,27 @@ fn contiguous_in_pack(grid: &ChunkGrid, chunks: &[ChunkRef]) -> bool {
     let n = chunks.len();
     (0..n).all(|i| grid::chunk_is_contiguous(grid, &grid.chunk_region(i as u64).1))
         && chunks.windows(2).all(|w| w[0].pack == w[1].pack && w[0].offset + w[0].length == w[1].offset)
+}
+
+/// The byte range `[lo, hi)` of a C-order array of `shape` that `sel` selects, when the
+/// selection is one contiguous run: axes before some `k` select one index, axis `k` a step-1
+/// range, the axes after it whole.
+fn contiguous_range(shape: &[u64], sel: &[grid::DimSel], itemsize: u64) -> Option<(u64, u64)> {
+    let n = shape.len();
+    let mut k = 0;
+    while k < n && sel[k].count == 1 {
+        k += 1;
+    }
+    if k < n && sel[k].step != 1 {
+        return None;
+    }
+    if !(k + 1..n).all(|d| sel[d].start == 0 && sel[d].step == 1 && sel[d].count == shape[d]) {
+        return None;
+    }
+    let origin: Vec<u64> = sel.iter().map(|s| s.start).collect();
+    let lo = grid::c_offset(shape, &origin, itemsize);
+    let len = sel.iter().try_fold(itemsize, |acc, s| acc.checked_mul(s.count))?;
+    Some((lo, lo.checked_add(len)?))
 }
 
 fn inline_array(a: &ArrayEntry, file: &str, path: &str) -> Result<ArrayData> {

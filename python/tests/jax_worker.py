@@ -4,8 +4,9 @@
 
 Starts JAX's distributed runtime (coordinator on 127.0.0.1:PORT, 2 CPU devices per process),
 builds the global arrays of `expected()` sharded over all processes' devices, and:
-- MODE save: saves them with treepack.save (every process), then loads them back onto another
-  mesh and checks this process's shards (and the bytes it read);
+- MODE save: saves them with treepack.save (every process; with TREEPACK_TEST_BACKGROUND set,
+  blocking=False), then loads them back onto another mesh and checks this process's shards.
+  LOCATION may be s3://… (credentials and endpoint from AWS_* variables);
 - MODE die: saves with process 1 killing itself while writing its part (nothing may be
   committed: the others must fail with a timeout, not hang);
 - MODE load: loads a tree saved by a single process onto the global mesh.
@@ -65,7 +66,11 @@ if mode in ("save", "die"):
 
         tj.save_collective = dying
     try:
-        info = treepack.save(tree, loc)
+        if os.environ.get("TREEPACK_TEST_BACKGROUND"):
+            h = treepack.save(tree, loc, blocking=False)  # returns at once; the exchange runs on a thread
+            info = h.result()
+        else:
+            info = treepack.save(tree, loc)
     except TimeoutError as err:
         print("TIMEOUT", err, flush=True)
         os._exit(3)  # (a clean exit would wait for JAX's shutdown barrier, which the dead process never reaches)

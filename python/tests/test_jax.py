@@ -390,6 +390,32 @@ def test_processes_of_a_jax_job_save_one_checkpoint(tmp_path, nproc):
     assert treepack.verify(loc).ok
 
 
+def test_a_background_multi_process_save_to_an_object_store(s3):
+    # Every process writes its packs to (moto) S3 and returns at once; process 0 commits.
+    loc = "s3://bucket/jax/mp"
+    env = {"AWS_ENDPOINT_URL": s3["endpoint"], "AWS_REGION": s3["region"], "AWS_ACCESS_KEY_ID": s3["aws_access_key_id"],
+           "AWS_SECRET_ACCESS_KEY": s3["aws_secret_access_key"], "TREEPACK_TEST_BACKGROUND": "1"}
+    res = _job(2, loc, "save", env_extra=env)
+    for i, (rc, text) in enumerate(res):
+        assert rc == 0 and f"LOADED {i}" in text, f"process {i}:\n{text[-3000:]}"
+    e = _expected(4)
+    out = treepack.load(loc, storage_options=s3)
+    assert same(out["params"]["w"], e["w"]) and same(out["bf"], e["bf"]) and out["step"] == 7
+    assert treepack.verify(loc, storage_options=s3).ok
+
+
+def test_the_seeds_example_structure_then_a_partial_read(loc):
+    # ../shared/seeds/jax-save-load-proposal.txt: save plain data, read only its structure, then
+    # read only the non-string leaves through a mask built with jax.tree.map.
+    data = ["hello", {"world": ["!", (1, 2)]}]
+    treepack.save(data, loc)
+    structure = treepack.load_structure(loc)
+    assert [leaf.kind for leaf in jax.tree.leaves(structure)] == ["str", "str", "int", "int"]
+    mask = jax.tree.map(lambda x: None if x.kind == "str" else x, structure)
+    assert treepack.load(loc, like=mask) == [None, {"world": [None, (1, 2)]}]
+    assert treepack.load(loc) == data
+
+
 def test_a_process_dying_mid_save_commits_nothing(tmp_path):
     loc = str(tmp_path / "ckpt")
     res = _job(2, loc, "die", env_extra={"TREEPACK_BARRIER_TIMEOUT": "8"})

@@ -510,7 +510,14 @@ impl Reader {
                     .par_iter()
                     .zip(refs.par_iter())
                     .map(|(&i, r)| {
-                        self.chunk_bytes(path, i as usize, r, &fetched, (a.chunk_nbytes(&grid, i as usize), itemsize), verify)
+                        self.chunk_bytes(
+                            path,
+                            i as usize,
+                            r,
+                            &fetched,
+                            (a.chunk_nbytes(&grid, i as usize), itemsize),
+                            verify,
+                        )
                     })
                     .collect::<Result<Vec<_>>>()
             })?;

@@ -310,6 +310,16 @@ def test_loading_without_jax_names_the_leaves_or_gives_numpy(loc):
     assert "ndarray uint32 (2,)" in out
 
 
+def test_numpy_true_gives_numpy_arrays_without_importing_jax(loc):
+    treepack.save({"w": jnp.ones((2, 3), jnp.bfloat16), "k": jax.random.key(0)}, loc)
+    out = _run(f"""
+        import sys, treepack
+        out = treepack.load({loc!r}, numpy=True)
+        print(type(out["w"]).__name__, out["w"].dtype, out["k"].dtype, out["k"].shape, "jax" in sys.modules)
+    """)
+    assert out.strip() == "ndarray bfloat16 uint32 (2,) False"
+
+
 def test_a_tree_without_jax_leaves_never_imports_jax(loc):
     treepack.save({"w": np.ones(3), "s": "x"}, loc)
     out = _run(f"""

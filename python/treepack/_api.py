@@ -303,6 +303,7 @@ def load(
     storage_options: StorageOptions = None,
     progress: Progress = None,
     map_location: Any = None,
+    numpy: bool = False,
 ) -> Any:
     """Load a tree from a local path, ``.tpk`` file, ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` location.
 
@@ -324,6 +325,9 @@ def load(
       device, a dict from saved device names (``"cuda:0"``, ``"cpu"``) to devices, or a callable
       ``(tensor, saved_device) -> tensor``. A tree of tensors needs torch installed (else an
       ``ImportError`` naming the leaves; ``on_missing="placeholder"`` gives numpy arrays).
+    - ``numpy=True``: every array comes back as a numpy array, whatever library saved it (torch
+      tensors, ``jax.Array``s, typed JAX keys as their key data); torch and JAX are not imported.
+      ``like=`` leaves that are JAX or torch arrays still give those.
 
     The whole manifest is audited before any record or custom object is built: untrusted types
     raise ``UntrustedTypeError`` listing every type and key path, and nothing is imported. (A
@@ -335,7 +339,7 @@ def load(
     if on_missing not in ("error", "placeholder"):
         raise ValueError("on_missing must be 'error' or 'placeholder'")
     opts = _opts(storage_options)
-    dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder", map_location)
+    dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder", map_location, plain=numpy)
     verify = (not mmap) if verify is None else verify
     try:
         return _load(p, opts, dec, select, like, trust_t, allow_pickle, on_missing, mmap, verify, progress)

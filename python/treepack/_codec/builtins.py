@@ -295,8 +295,10 @@ class Decoder:
     """Builds Python objects for record/custom nodes after the audit has passed, and the arrays
     of other libraries (torch tensors) from their annotated numpy arrays."""
 
-    def __init__(self, trust: Tuple[str, ...], allow_pickle: bool, placeholder: bool, map_location: Any = None) -> None:
+    def __init__(self, trust: Tuple[str, ...], allow_pickle: bool, placeholder: bool, map_location: Any = None,
+                 plain: bool = False) -> None:
         self.trust = trust
+        self.plain = plain
         self.allow_pickle = allow_pickle
         self.placeholder = placeholder
         self.map_location = map_location
@@ -307,6 +309,8 @@ class Decoder:
         """An annotated array: a tensor for the torch types, a ``jax.Array`` (or typed keys) for
         the JAX ones, the array itself for types this version does not know (the annotation
         only says what the writer had)."""
+        if self.plain:
+            return arr
         ann = json.loads(annotation)
         t = ann.get("type")
         if t in jax_arrays.TYPES:

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import socket
 import statistics
@@ -34,19 +33,9 @@ import sys
 import tempfile
 import time
 
+from procmem import peak, rss
+
 LAYERS, ROWS, COLS = 12, 2048, 3648
-
-
-def rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def worker(pid: int, nproc: int, port: int, peer: str, op: str, path: str, flags: str) -> None:

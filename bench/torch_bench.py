@@ -22,13 +22,14 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from procmem import peak, rss
 
 GiB = 1 << 30
 
@@ -95,18 +96,6 @@ def equal(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
     return a == b
-
-
-def rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def case(kind: str, peer: str, op: str, path: str, quick: bool, check: bool) -> dict:

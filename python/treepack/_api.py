@@ -4,6 +4,7 @@ return (LeafInfo, StructNode, SaveInfo, VerifyReport) or raise (UntrustedTypeErr
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import numpy as np
 
 from . import _codec, _core, _like, _registry, integrations
 from ._async import SaveHandle, _executor
+from .integrations import dask as dask_arrays
 from .integrations import jax as jax_like
 from ._core import TreepackError
 
@@ -199,8 +201,11 @@ def save(
     policy = _compression_text(compression)
 
     memo: dict = {}
+    found = dask_arrays.Found(chunk_bytes)
 
     def enc(obj: Any, where: str) -> Any:
+        if dask_arrays.is_array(obj):
+            return dask_arrays.placeholder(obj, where, found)
         return _codec.encode_other(obj, where, allow_pickle, memo, embed, omit_static)
 
     md = _metadata_json(metadata) if metadata is not None else None
@@ -219,6 +224,12 @@ def save(
         ), chunk_bytes)
         return run() if blocking else SaveHandle(_executor().submit(run), p)
     prepared = prepare(tree)
+    if found.arrays:
+        # Dask arrays: their blocks are written by the tasks that compute them (docs/dask.md).
+        opts = dict(overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes, storage_options=_opts(storage_options),
+                    compression=policy, durable=durable)
+        run = functools.partial(dask_arrays.save, prepared, found, p, opts)
+        return run() if blocking else SaveHandle(_executor().submit(run), p)
     callback, done = _progress_callback(progress, f"save {p}")
 
     def write() -> Any:
@@ -304,6 +315,7 @@ def load(
     progress: Progress = None,
     map_location: Any = None,
     numpy: bool = False,
+    dask: bool = False,
 ) -> Any:
     """Load a tree from a local path, ``.tpk`` file, ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` location.
 
@@ -325,6 +337,8 @@ def load(
       device, a dict from saved device names (``"cuda:0"``, ``"cpu"``) to devices, or a callable
       ``(tensor, saved_device) -> tensor``. A tree of tensors needs torch installed (else an
       ``ImportError`` naming the leaves; ``on_missing="placeholder"`` gives numpy arrays).
+    - ``dask=True``: chunked arrays (in dicts, lists and tuples) come back as Dask arrays whose
+      tasks read only their own chunks (docs/dask.md); everything else loads as usual.
     - ``numpy=True``: every array comes back as a numpy array, whatever library saved it (torch
       tensors, ``jax.Array``s, typed JAX keys as their key data); torch and JAX are not imported.
       ``like=`` leaves that are JAX or torch arrays still give those.
@@ -341,6 +355,16 @@ def load(
     opts = _opts(storage_options)
     dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder", map_location, plain=numpy)
     verify = (not mmap) if verify is None else verify
+    if dask:
+        if select is not None or like is not None or mmap:
+            raise ValueError("load(dask=True) takes no select=, like= or mmap=: slice the Dask arrays instead")
+        r = _core.Reader(p, opts)
+
+        def rest(keep: Any) -> Any:
+            _check(r, p, trust_t, allow_pickle, on_missing, None, keep)
+            return r.load(dec, _codec.np_dtype, keep=keep, verify=verify)
+
+        return dask_arrays.load_lazy(r, p, storage_options, r.structure(_struct_node), rest, verify)
     try:
         return _load(p, opts, dec, select, like, trust_t, allow_pickle, on_missing, mmap, verify, progress)
     except _codec.MissingFramework as e:

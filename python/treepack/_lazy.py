@@ -36,9 +36,10 @@ def _slice_text(idx: Any, ndim: int) -> str:
 class LazyArray:
     """An array in a stored tree; reads only the chunks a slice touches."""
 
-    def __init__(self, reader: Any, path: str) -> None:
+    def __init__(self, reader: Any, path: str, where: Tuple[str, StorageOptions] = ("", None)) -> None:
         self._r = reader
         self.path = path
+        self._where = where
         dtype_json, shape = reader.array_info(path)
         self._dtype_json = dtype_json
         self.shape: Tuple[int, ...] = tuple(shape)
@@ -67,6 +68,19 @@ class LazyArray:
     def read(self) -> np.ndarray:
         return self._r.read_array(self.path, "", _codec.np_dtype)
 
+    def to_dask(self, chunks: Any = None, *, verify: bool = True) -> Any:
+        """This array as a Dask array: one task per block, each reading only the chunks its
+        block covers (ranged reads on object stores). ``chunks`` as in ``dask.array``;
+        default: the stored chunk grid. The graph holds no data, only where to read."""
+        from .integrations import dask as dask_arrays
+
+        location, storage_options = self._where
+        if not location:
+            raise ValueError("to_dask needs a LazyArray from treepack.open(...)")
+        stored = self._r.chunk_shape(self.path)
+        src = dask_arrays.Source(location, self.path, storage_options, self.shape, self.dtype, verify)
+        return dask_arrays.to_dask(src, chunks, tuple(stored) if stored else None)
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self.read()
         return a.astype(dtype) if dtype is not None else a
@@ -78,10 +92,12 @@ class LazyArray:
 class View:
     """A lazy view of a stored tree: index it like the tree; arrays come back as ``LazyArray``."""
 
-    def __init__(self, reader: Any, path: str = "", *, trust: Tuple[str, ...] = (), allow_pickle: bool = False, on_missing: str = "error") -> None:
+    def __init__(self, reader: Any, path: str = "", *, trust: Tuple[str, ...] = (), allow_pickle: bool = False, on_missing: str = "error",
+                 where: Tuple[str, StorageOptions] = ("", None)) -> None:
         self._r = reader
         self.path = path
         self._opts = (trust, allow_pickle, on_missing)
+        self._where = where
 
     @property
     def kind(self) -> str:
@@ -121,9 +137,9 @@ class View:
         child = f"{self.path}/{seg}" if self.path else seg
         ck = self._r.kind(child)
         if ck == "array":
-            return LazyArray(self._r, child)
+            return LazyArray(self._r, child, self._where)
         if ck in ("dict", "list", "tuple", "record", "custom"):
-            return View(self._r, child, trust=self._opts[0], allow_pickle=self._opts[1], on_missing=self._opts[2])
+            return View(self._r, child, trust=self._opts[0], allow_pickle=self._opts[1], on_missing=self._opts[2], where=self._where)
         return self._read(child)
 
     def _read(self, path: str) -> Any:
@@ -165,5 +181,6 @@ def open(
 ) -> View:
     """Open a stored tree lazily: ``open(p)["params"]["w"][0:2]`` reads only the chunks it needs
     (on object stores: one GET for the manifest, then ranged GETs)."""
-    reader = _core.Reader(_path(path), _opts(storage_options))
-    return View(reader, "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing)
+    p = _path(path)
+    reader = _core.Reader(p, _opts(storage_options))
+    return View(reader, "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing, where=(p, storage_options))

@@ -145,6 +145,17 @@ impl Reader {
         }
     }
 
+    /// The chunk shape of the array at `path` (None when stored inline in the manifest).
+    pub(crate) fn chunk_shape(&self, path: &str) -> PyResult<Option<Vec<u64>>> {
+        match self.inner.entry(path).map_err(py_err)? {
+            Tree::Leaf(Entry::Array(a)) => Ok(match &a.storage {
+                treepack::format::manifest::ArrayStorage::Chunked { chunk_shape, .. } => Some(chunk_shape.clone()),
+                treepack::format::manifest::ArrayStorage::Inline(_) => None,
+            }),
+            _ => Err(PyKeyError::new_err(format!("`{path}` is not an array"))),
+        }
+    }
+
     /// Read a numpy-style slice of the array at `path` (only the chunks it touches).
     #[pyo3(signature = (path, slice, np_dtype, verify=true))]
     pub(crate) fn read_array<'py>(

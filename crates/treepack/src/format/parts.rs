@@ -5,7 +5,9 @@
 //! on the array's common chunk grid. Its packs are written; its manifest is not committed but
 //! handed to the committer, which [`merge`]s all parts: one manifest whose `packs` list is every
 //! part's, whose tree is the first part's, and where each `treepack.shards` node becomes one
-//! chunked array whose chunk references come from whichever part wrote them. A `treepack.shards`
+//! chunked array whose chunk references come from whichever part wrote them. Blocks are matched
+//! with their array by the node's `id` when it has one (a Dask task's part holds only its block),
+//! else by key path. A `treepack.shards`
 //! node never appears in a committed manifest (docs/format.md, "Saves written in parts").
 
 use serde_json::Value;
@@ -131,7 +133,7 @@ fn collect<'m>(
     grow(|| {
         if let Tree::Custom { type_name, data, children } = t {
             if type_name == SHARDS {
-                found.entry(path_text(path)).or_default().push((data, children, remap));
+                found.entry(match_key(data, path)).or_default().push((data, children, remap));
                 return Ok(());
             }
         }
@@ -181,6 +183,16 @@ fn path_text(path: &keypath::KeyPath) -> String {
     path.texts().join("/")
 }
 
+/// What matches a part's blocks with the first part's array: the node's `id` when it has one
+/// (writers whose parts hold only blocks, not the tree: Dask tasks), else its key path (every
+/// process of a JAX job saves the whole tree).
+fn match_key(data: &Value, path: &keypath::KeyPath) -> String {
+    match data.get("id").and_then(Value::as_str) {
+        Some(id) => format!("id {id}"),
+        None => path_text(path),
+    }
+}
+
 fn assemble(
     t: Tree<Entry>,
     path: &mut keypath::KeyPath,
@@ -201,10 +213,9 @@ fn assemble(
         };
         Ok(match t {
             Tree::Custom { type_name, data, children } if type_name == SHARDS => {
-                let key = path_text(path);
                 let mut blocks: Vec<Blocks<'_>> = vec![(&data, &children, remap)];
-                blocks.extend(found.remove(&key).unwrap_or_default());
-                Tree::Leaf(Entry::Array(Box::new(array(&key, &blocks)?)))
+                blocks.extend(found.remove(&match_key(&data, path)).unwrap_or_default());
+                Tree::Leaf(Entry::Array(Box::new(array(&path_text(path), &blocks)?)))
             }
             Tree::List(v) => Tree::List(seq(v, path, found)?),
             Tree::Tuple(v) => Tree::Tuple(seq(v, path, found)?),

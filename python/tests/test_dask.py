@@ -1,0 +1,170 @@
+"""Dask (issue 30): Dask arrays saved block by block by the tasks that compute them, on the
+threaded scheduler and on a real distributed cluster (LocalCluster with worker processes on
+127.0.0.1, started and stopped here), and read back lazily as Dask arrays.
+
+Runs against real dask and distributed (installed into .venv by scripts/python-env.sh); the
+wheel test venvs do not install them, so there this module is skipped.
+"""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import treepack
+
+da = pytest.importorskip("dask.array")
+dask = pytest.importorskip("dask")
+distributed = pytest.importorskip("distributed")
+
+
+def manifest(path):
+    return json.load(open(os.path.join(path, "treepack.json")))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two worker processes, one thread each, on 127.0.0.1."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None, silence_logs=40) as c:
+        yield c
+
+
+def test_threaded_save_writes_blocks_as_parts_and_loads_back(loc):
+    x = da.random.default_rng(1).random((1000, 600), chunks=(250, 300)).astype(np.float32)
+    y = da.arange(17, chunks=5)  # irregular last block
+    z = da.ones((10, 10), chunks=((3, 3, 4), 10))  # irregular: rechunked to regular blocks
+    tree = {"x": x, "nested": [y, {"z": z}], "meta": {"n": 3, "name": "run"}, "small": np.ones(3)}
+    info = treepack.save(tree, loc, chunk_bytes=100_000)
+    assert info.arrays == 4
+    m = manifest(loc)
+    xs = dict(m["root"]["items"])["x"]
+    assert xs["shape"] == [1000, 600] and all(b % c == 0 for b, c in zip((250, 300), xs["chunk_shape"]))
+    assert "treepack.shards" not in json.dumps(m)
+    # One pack per block (4 x 2 of x, 4 of y, 3 of z after the rechunk) and one for the client's
+    # part; blocks of equal bytes (z's ones) make the same content-named pack, listed once.
+    assert 8 + 4 <= len(m["packs"]) <= 8 + 4 + 3 + 1
+    out = treepack.load(loc)
+    assert np.array_equal(out["x"], x.compute()) and out["x"].dtype == np.float32
+    assert np.array_equal(out["nested"][0], np.arange(17)) and np.array_equal(out["nested"][1]["z"], np.ones((10, 10)))
+    assert out["meta"] == {"n": 3, "name": "run"} and np.array_equal(out["small"], np.ones(3))
+    assert treepack.verify(loc).ok
+
+
+def test_to_dask_reads_only_the_chunks_a_slice_needs(loc):
+    x = np.arange(4096 * 64, dtype=np.float64).reshape(4096, 64)
+    treepack.save({"x": da.from_array(x, chunks=(512, 64))}, loc, chunk_bytes=64 * 64 * 8)  # 64-row chunks
+    lazy = treepack.open(loc)["x"].to_dask()
+    assert lazy.chunks[0] == (64,) * 64 and lazy.dtype == np.float64
+    assert len(pickle.dumps(lazy.__dask_graph__())) < 20_000  # where to read, no data
+    from treepack.integrations import dask as tpdask
+
+    got = lazy[::1000].sum().compute(scheduler="threads")
+    assert got == x[::1000].sum()
+    r = tpdask._reader(loc, None)
+    before = r.io_stats()
+    assert lazy[130:140].compute(scheduler="threads").tolist() == x[130:140].tolist()
+    read_bytes, reads = r.io_stats()[0] - before[0], r.io_stats()[1] - before[1]
+    assert read_bytes == 64 * 64 * 8 and reads == 1  # the one chunk holding rows 128..192
+    again = treepack.open(loc)["x"].to_dask(chunks=(1024, 64))
+    assert np.array_equal(again.compute(), x)
+    # load(dask=True): chunked arrays lazy, the rest loaded.
+    treepack.save({"x": x, "s": "hello", "small": np.ones(2)}, loc + "2", chunk_bytes=64 * 64 * 8)
+    out = treepack.load(loc + "2", dask=True)
+    assert isinstance(out["x"], da.Array) and out["s"] == "hello" and isinstance(out["small"], np.ndarray)
+    assert np.array_equal(out["x"].compute(), x)
+
+
+def test_the_write_graph_is_one_layer_whatever_the_block_count(tmp_path):
+    # A million blocks: the graph that writes them is built without a task per block up front
+    # (one Blockwise layer), so building it takes the same time as for ten.
+    from treepack.integrations import dask as tpdask
+
+    x = da.zeros((1_000_000,), chunks=1)
+    found = tpdask.Found(None)
+    tpdask.placeholder(x, "x", found)
+    graphs = tpdask.graphs(found, str(tmp_path / "t"), {})
+    layers = graphs[0].__dask_graph__().layers
+    from dask.blockwise import Blockwise
+
+    assert any(isinstance(layer, Blockwise) for layer in layers.values())
+
+
+def test_a_failing_task_commits_nothing_and_gc_removes_its_leftovers(loc):
+    def boom(b, block_info=None):
+        if block_info[0]["chunk-location"] == (3,):
+            raise RuntimeError("block 3 cannot be computed")
+        return b
+
+    x = da.ones((100,), chunks=10).map_blocks(boom, dtype=float)
+    with pytest.raises(RuntimeError, match="block 3 cannot be computed"):
+        treepack.save({"x": x}, loc)
+    assert not os.path.exists(os.path.join(loc, "treepack.json"))
+    left = os.listdir(os.path.join(loc, "packs"))
+    assert left  # the blocks written before the failure
+    removed = treepack.gc(loc, grace_secs=0)
+    assert len([r for r in removed if r.endswith(".tpp")]) == len(left)
+    assert not os.listdir(os.path.join(loc, "packs"))
+
+
+def test_a_distributed_cluster_writes_its_blocks_and_reads_them_lazily(cluster, tmp_path):
+    with distributed.Client(cluster) as client:
+        x = da.random.default_rng(2).standard_normal((2048, 1024), chunks=(256, 1024)).astype(np.float32)
+        loc = str(tmp_path / "t")
+        info = treepack.save({"x": x, "step": 5}, loc)
+        assert info.arrays == 1
+        want = x.compute()
+        lazy = treepack.load(loc, dask=True)
+        assert lazy["step"] == 5
+        # Computed on the workers: each task opens the location and reads its own chunks.
+        assert float(lazy["x"].sum().compute()) == pytest.approx(float(want.sum()), rel=1e-5)
+        assert np.array_equal(lazy["x"][100:300].compute(), want[100:300])
+        # The workers wrote the blocks: both took part.
+        who = client.run(lambda: __import__("os").getpid())
+        assert len(who) == 2
+
+
+def test_a_cluster_saves_to_an_object_store(cluster, s3):
+    with distributed.Client(cluster):
+        x = da.arange(100_000, chunks=10_000).astype(np.int32)
+        treepack.save({"x": x}, "s3://bucket/dask/t", storage_options=s3)
+        out = treepack.load("s3://bucket/dask/t", storage_options=s3)
+        assert np.array_equal(out["x"], np.arange(100_000, dtype=np.int32))
+        lazy = treepack.open("s3://bucket/dask/t", storage_options=s3)["x"].to_dask()
+        assert int(lazy[::7].sum().compute()) == int(np.arange(100_000)[::7].sum())
+
+
+def test_a_larger_than_client_array_never_lands_on_the_client(tmp_path):
+    # 2 GiB through 2 worker processes; the client process's peak RSS stays small. Run in a
+    # fresh interpreter so that its peak is its own (this test process holds torch and more).
+    loc = str(tmp_path / "big")
+    code = textwrap.dedent(f"""
+        import numpy as np, dask.array as da, distributed, treepack
+
+        def hwm():
+            # VmHWM, reset below: ru_maxrss would start at the forking parent's size.
+            return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+
+        if __name__ == "__main__":
+            with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                          dashboard_address=None, silence_logs=40) as c, distributed.Client(c):
+                open("/proc/self/clear_refs", "w").write("5")
+                before = hwm()
+                x = da.random.default_rng(3).random((16384, 16384), chunks=(1024, 16384), dtype=np.float64)  # 2 GiB
+                treepack.save({{"x": x}}, {loc!r}, durable=False)
+                peak = hwm()
+                lazy = treepack.load({loc!r}, dask=True)["x"]
+                ok = float(lazy[::4096, ::4096].sum().compute()) == float(x[::4096, ::4096].sum().compute())
+                print("PEAK", before, peak, ok)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, before, peak, ok = next(ln for ln in r.stdout.splitlines() if ln.startswith("PEAK")).split()
+    assert ok == "True"
+    assert int(peak) < 400 << 20, f"client peak RSS {int(peak) >> 20} MiB"
+    assert manifest(loc)["root"]["items"][0][1]["shape"] == [16384, 16384]

@@ -1,0 +1,247 @@
+"""Dask: ``dask.array.Array`` leaves written block by block by the tasks that compute them, and
+stored arrays read back as Dask arrays whose tasks read only their own chunks.
+
+Saving (docs/dask.md): the client converts the tree; a Dask array becomes an empty
+``treepack.shards`` node with an ``id`` (format: "Saves written in parts"). One task per Dask
+block (``map_blocks``: the graph is built in time independent of the block count) writes that
+block's chunks — on the chunk grid that tiles the blocks — into a pack of its own, and returns
+its part's manifest (a few hundred bytes). The client gathers those, writes its own part (every
+other leaf) and commits the merged tree once. A failed task fails the compute: nothing is
+committed; packs already written are leftovers for ``treepack.gc``. A retried task writes the
+same content-named pack again. Irregular chunks are made regular first (``rechunk`` to the
+first block's size along each axis).
+
+Nothing here imports Dask unless the process already did (``sys.modules``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+SHARDS = "treepack.shards"
+
+
+def is_array(obj: Any) -> bool:
+    """Whether ``obj`` is a Dask array (False, without importing Dask, when it is not loaded)."""
+    da = sys.modules.get("dask.array")
+    return da is not None and isinstance(obj, da.Array)
+
+
+class Found:
+    """The Dask arrays one save met, in order."""
+
+    def __init__(self, chunk_bytes: Optional[int]) -> None:
+        self.chunk_bytes = chunk_bytes
+        self.arrays: List[Tuple[Any, Dict[str, Any]]] = []
+
+
+def _regular(arr: Any) -> Any:
+    """``arr`` with regular chunks (every block along an axis the size of the first, the last
+    possibly smaller): the stored chunk grid must tile the blocks."""
+    fix = {}
+    for axis, c in enumerate(arr.chunks):
+        if len(c) > 1 and (any(n != c[0] for n in c[:-1]) or c[-1] > c[0]):
+            fix[axis] = max(c)
+    return arr.rechunk(fix) if fix else arr
+
+
+def placeholder(arr: Any, where: str, found: Found) -> Tuple[str, str, str, list]:
+    """``encode_other``'s description of a Dask array in a save: an empty ``treepack.shards``
+    node naming it, whose blocks the save's tasks will write."""
+    from .. import _codec, _core
+
+    if arr.dtype == object:
+        raise TypeError(f"cannot save `{where}`: a Dask array of dtype object holds Python objects, not array data")
+    if any(np.isnan(n) for c in arr.chunks for n in c):
+        raise TypeError(
+            f"cannot save `{where}`: a Dask array with unknown chunk sizes; call .compute_chunk_sizes() first"
+        )
+    arr = _regular(arr)
+    dt = np.dtype(arr.dtype)
+    shape = [int(n) for n in arr.shape]
+    block = [max(1, int(c[0])) for c in arr.chunks]
+    data = {
+        "id": str(len(found.arrays)),
+        "dtype": json.loads(_codec.encode_array(np.empty(0, dt))[1]),
+        "shape": shape,
+        "chunk_shape": _core.block_chunk_shape(shape, block, dt.itemsize, found.chunk_bytes or None) if shape else [],
+        "origins": [],
+    }
+    found.arrays.append((arr, data))
+    return ("custom", SHARDS, json.dumps(data, sort_keys=True), [])
+
+
+class _Block:
+    """One Dask block in a task's part: a ``treepack.shards`` node holding it."""
+
+    __slots__ = ("data", "value")
+
+    def __init__(self, data: Dict[str, Any], value: np.ndarray) -> None:
+        self.data, self.value = data, value
+
+
+def _encode(obj: Any, where: str) -> Any:
+    from .. import _codec
+    from .jax import Piece
+
+    if type(obj) is _Block:
+        return ("custom", SHARDS, json.dumps(obj.data, sort_keys=True), [("0", Piece(obj.value, obj.data["chunk_shape"]))])
+    return _codec.encode_other(obj, where, False)
+
+
+def write_block(block: np.ndarray, block_info: Any = None, *, location: str, data: Dict[str, Any],
+                write_opts: Dict[str, Any]) -> np.ndarray:
+    """The task for one block: write its chunks (one pack), return its part's manifest."""
+    from .. import _codec, _core
+
+    loc = block_info[0]["array-location"] if block_info else []
+    d = dict(data, origins=[[int(start) for start, _ in loc]])
+    value = np.ascontiguousarray(block)
+    prepared = _core.prepare([_Block(d, value)], _encode, _codec.encode_array)
+    part, _ = prepared.write_part(location, **write_opts)
+    out = np.empty((1,) * block.ndim, dtype=object)
+    out.flat[0] = part
+    return out
+
+
+def graphs(found: Found, p: str, write_opts: Dict[str, Any]) -> List[Any]:
+    """For each Dask array met, the array of its blocks' part manifests: one task per block
+    (``map_blocks``, a single Blockwise layer: built in constant time, not per block)."""
+    import dask
+
+    return [
+        arr.map_blocks(
+            write_block, dtype=object, chunks=tuple((1,) * len(c) for c in arr.chunks),
+            meta=np.empty((0,) * arr.ndim, dtype=object), location=p, data=data, write_opts=write_opts,
+            name=f"treepack-write-{dask.base.tokenize(arr.name, p, data)}",
+        )
+        for arr, data in found.arrays
+    ]
+
+
+def save(prepared: Any, found: Found, p: str, write_opts: Dict[str, Any]) -> Any:
+    """Run the blocks' tasks (on the current Dask scheduler: a ``distributed.Client`` if one is
+    active, else threads), then write the client's part and commit the merged tree."""
+    import dask
+
+    from .. import _core
+
+    results = dask.compute(*graphs(found, p, write_opts))
+    parts = [b for r in results for b in np.asarray(r, dtype=object).reshape(-1)]
+    own, _ = prepared.write_part(p, **write_opts)
+    return _core.commit_parts(p, [own, *parts], overwrite=write_opts.get("overwrite", False),
+                              storage_options=write_opts.get("storage_options"), durable=write_opts.get("durable", True))
+
+
+# ---------------------------------------------------------------- reading into Dask
+
+
+_readers: "OrderedDict[Tuple[str, str], Any]" = OrderedDict()
+_readers_lock = threading.Lock()
+
+
+def _reader(location: str, storage_options: Optional[Dict[str, Any]]) -> Any:
+    """A Reader per (location, options) per process, kept for the tasks that follow."""
+    from .. import _core
+    from .._api import _opts
+
+    key = (location, json.dumps(storage_options, sort_keys=True, default=str))
+    with _readers_lock:
+        r = _readers.get(key)
+        if r is not None:
+            _readers.move_to_end(key)
+            return r
+    r = _core.Reader(location, _opts(storage_options))
+    with _readers_lock:
+        _readers[key] = r
+        while len(_readers) > 16:
+            _readers.popitem(last=False)
+    return r
+
+
+class Source:
+    """What a Dask task reads from: a stored array by location and key path (picklable and
+    small; the reader is opened in the process that runs the task)."""
+
+    def __init__(self, location: str, path: str, storage_options: Optional[Dict[str, Any]], shape: Tuple[int, ...],
+                 dtype: np.dtype, verify: bool = True) -> None:
+        self.location, self.path, self.storage_options = location, path, storage_options
+        self.shape, self.dtype, self.ndim, self.verify = shape, dtype, len(shape), verify
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        from .. import _codec
+        from .._lazy import _slice_text
+
+        text = _slice_text(index, self.ndim) if index != () else ""
+        return _reader(self.location, self.storage_options).read_array(self.path, text, _codec.np_dtype, self.verify)
+
+
+def to_dask(source: Source, chunks: Any, stored_chunks: Optional[Tuple[int, ...]]) -> Any:
+    """A Dask array over ``source``: one task per block, each reading only the chunks its block
+    covers. ``chunks`` defaults to the stored chunk grid."""
+    import dask
+    import dask.array as da
+
+    if chunks is None:
+        chunks = stored_chunks or source.shape or ()
+    name = "treepack-" + dask.base.tokenize(source.location, source.path, source.shape, str(source.dtype), chunks)
+    return da.from_array(source, chunks=chunks, name=name, lock=False, asarray=False,
+                         meta=np.empty((0,) * source.ndim, dtype=source.dtype))
+
+
+def load_lazy(reader: Any, location: str, storage_options: Any, structure: Any, load_rest: Any, verify: bool) -> Any:
+    """``load(path, dask=True)``: chunked arrays reachable through dicts, lists and tuples come
+    back as Dask arrays (nothing read yet); everything else is loaded as usual by
+    ``load_rest(keep)``, which reads only the leaves in ``keep``. Arrays inside records and
+    custom objects load eagerly (their objects are built from their fields)."""
+    from .._like import LeafInfo, _take_all
+
+    lazy: Dict[str, Any] = {}
+    keep: set = set()
+    stack = [structure]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, LeafInfo):
+            if s.kind == "array" and not s.inline:
+                lazy[s.path] = s
+            else:
+                keep.add(s.path)
+        elif isinstance(s, dict):
+            stack.extend(s.values())
+        elif isinstance(s, (list, tuple)):
+            stack.extend(s)
+        else:
+            _take_all(s, keep)
+    out = load_rest(keep)
+
+    def array(info: Any) -> Any:
+        shape = tuple(info.shape)
+        from .. import _codec
+        from .._like import _stored_dtype
+
+        stored = reader.chunk_shape(info.path)
+        src = Source(location, info.path, storage_options, shape, _stored_dtype(info), verify)
+        return to_dask(src, None, tuple(stored) if stored else None)
+
+    def put(o: Any, s: Any) -> Any:
+        if isinstance(s, LeafInfo):
+            return array(s) if s.path in lazy else o
+        if isinstance(s, dict) and isinstance(o, dict):
+            for k, v in s.items():
+                o[k] = put(o[k], v)
+            return o
+        if isinstance(s, (list, tuple)) and isinstance(o, (list, tuple)):
+            items = [put(a, b) for a, b in zip(o, s)]
+            if isinstance(o, list):
+                o[:] = items
+                return o
+            return type(o)._make(items) if hasattr(type(o), "_make") else type(o)(items)
+        return o
+
+    return put(out, structure) if lazy else out

@@ -168,3 +168,41 @@ def test_a_larger_than_client_array_never_lands_on_the_client(tmp_path):
     assert ok == "True"
     assert int(peak) < 400 << 20, f"client peak RSS {int(peak) >> 20} MiB"
     assert manifest(loc)["root"]["items"][0][1]["shape"] == [16384, 16384]
+
+
+def test_xarray_datasets_round_trip_with_lazy_variables(loc):
+    xr = pytest.importorskip("xarray")
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(4)
+    ds = xr.Dataset(
+        {
+            "temp": (("time", "x"), rng.random((400, 300)).astype(np.float32), {"units": "K", "scale": np.float64(0.5)}),
+            "mask": (("x",), rng.random(300) > 0.5),
+            "big": (("time", "x"), da.random.default_rng(5).random((400, 300), chunks=(100, 300))),
+        },
+        coords={"time": pd.date_range("2026-01-01", periods=400, freq="h"), "x": [f"s{i}" for i in range(300)],
+                "lat": ("x", np.linspace(-90, 90, 300))},
+        attrs={"title": "a run", "version": np.int64(3), "tags": ["a", "b"]},
+    )
+    treepack.save({"ds": ds, "temp": ds["temp"]}, loc)
+    out = treepack.load(loc)
+    xr.testing.assert_identical(out["ds"], ds.compute())
+    xr.testing.assert_identical(out["temp"], ds["temp"])
+    # Key paths reach every variable.
+    assert treepack.open(loc)["ds"]["data_vars"]["temp"]["data"][0:2].shape == (2, 300)
+    lazy = treepack.load(loc, dask=True)
+    assert isinstance(lazy["ds"]["temp"].data, da.Array) and isinstance(lazy["ds"]["big"].data, da.Array)
+    assert lazy["ds"].attrs["title"] == "a run" and lazy["ds"]["temp"].attrs["units"] == "K"
+    xr.testing.assert_identical(lazy["ds"].compute(), ds.compute())
+    # Refused with the reason: names that are not strings.
+    with pytest.raises(TypeError, match=r"cannot save `<root>`: the data variable name 1 is a int"):
+        treepack.save(xr.Dataset({1: ("x", [1, 2])}), loc + "-bad")
+
+
+def test_a_dask_save_uses_the_compression_policy(loc):
+    x = da.zeros((2048, 256), chunks=(512, 256), dtype=np.float32)
+    treepack.save({"x": x}, loc, compression="zstd")
+    m = manifest(loc)
+    chunks = dict(m["root"]["items"])["x"]["chunks"]
+    assert {c["codec"] for c in chunks} == {"zstd"} and sum(c["length"] for c in chunks) < 2048 * 256 * 4 // 50
+    assert np.array_equal(treepack.load(loc)["x"], np.zeros((2048, 256), np.float32))

@@ -360,11 +360,11 @@ def load(
             raise ValueError("load(dask=True) takes no select=, like= or mmap=: slice the Dask arrays instead")
         r = _core.Reader(p, opts)
 
-        def rest(keep: Any) -> Any:
+        def rest(keep: Any, decoder: Any) -> Any:
             _check(r, p, trust_t, allow_pickle, on_missing, None, keep)
-            return r.load(dec, _codec.np_dtype, keep=keep, verify=verify)
+            return r.load(decoder, _codec.np_dtype, keep=keep, verify=verify)
 
-        return dask_arrays.load_lazy(r, p, storage_options, r.structure(_struct_node), rest, verify)
+        return dask_arrays.load_lazy(r, p, storage_options, r.structure(_struct_node), dec, rest, verify)
     try:
         return _load(p, opts, dec, select, like, trust_t, allow_pickle, on_missing, mmap, verify, progress)
     except _codec.MissingFramework as e:

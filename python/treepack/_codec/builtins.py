@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import _registry as reg
 from ..integrations import pandas, pillow, pydantic
+from ..integrations import xarray as xarrays
 from ..integrations import jax as jax_arrays
 from ..integrations import torch as torch_tensors
 from . import everyday, files
@@ -42,7 +43,7 @@ BUILTIN_TYPES = frozenset(
         "py.uuid", "py.path", "py.npscalar", "py.enum", "py.pickle", "py.image",
         "py.dataframe", "py.series", "py.file",
     }
-) | everyday.NAMES
+) | everyday.NAMES | xarrays.NAMES
 # Built-in types that `audit` accepts whatever their data says (enum and pickle name classes, and
 # a defaultdict's factory may).
 AUDIT_FREE = BUILTIN_TYPES - {"py.enum", "py.pickle", "py.defaultdict"}
@@ -181,6 +182,11 @@ def _describe(obj: Any, where: str, allow_pickle: bool, omit_static: bool = Fals
         except OSError as e:
             raise TypeError(f"cannot save `{where}`: {obj.path} cannot be read ({e})") from None
         return ("custom", "py.file", json.dumps({"name": obj.name, "path": obj.path}), [("files", {"content": content})])
+    if xarrays.is_xarray(obj):
+        try:
+            return xarrays.encode(obj)
+        except TypeError as e:
+            raise TypeError(f"cannot save `{where}`: {e}") from None
     if pandas.is_frame(obj):
         try:
             return pandas.encode(obj)
@@ -437,6 +443,11 @@ class Decoder:
                 return cls[data["member"]]
             except (LookupError, KeyError, ValueError) as e:
                 return self._missing(name, data, f"enum member cannot be found: {e}")
+        if t in xarrays.NAMES:
+            try:
+                return xarrays.decode(t, kids)
+            except LookupError as e:
+                return self._missing(t, None, str(e))
         if t in ("py.dataframe", "py.series"):
             try:
                 return pandas.decode(t, kids)

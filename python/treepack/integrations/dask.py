@@ -195,13 +195,41 @@ def to_dask(source: Source, chunks: Any, stored_chunks: Optional[Tuple[int, ...]
                          meta=np.empty((0,) * source.ndim, dtype=source.dtype))
 
 
-def load_lazy(reader: Any, location: str, storage_options: Any, structure: Any, load_rest: Any, verify: bool) -> Any:
-    """``load(path, dask=True)``: chunked arrays reachable through dicts, lists and tuples come
-    back as Dask arrays (nothing read yet); everything else is loaded as usual by
-    ``load_rest(keep)``, which reads only the leaves in ``keep``. Arrays inside records and
-    custom objects load eagerly (their objects are built from their fields)."""
-    from .._like import LeafInfo, _take_all
+class _Raw:
+    """A node left unbuilt until its lazy arrays are in place (an xarray Dataset)."""
 
+    __slots__ = ("kind", "type_name", "data_json", "children")
+
+    def __init__(self, kind: str, type_name: str, data_json: Optional[str], children: List[Tuple[str, Any]]) -> None:
+        self.kind, self.type_name, self.data_json, self.children = kind, type_name, data_json, children
+
+
+class _Deferring:
+    """A decoder that leaves the nodes whose arrays may be lazy (xarray's) unbuilt."""
+
+    def __init__(self, dec: Any, names: Any) -> None:
+        self.dec, self.names = dec, names
+
+    def array(self, arr: np.ndarray, annotation: str) -> Any:
+        return self.dec.array(arr, annotation)
+
+    def __call__(self, kind: str, type_name: str, data_json: Optional[str], children: List[Tuple[str, Any]]) -> Any:
+        if type_name in self.names:
+            return _Raw(kind, type_name, data_json, children)
+        return self.dec(kind, type_name, data_json, children)
+
+
+def load_lazy(reader: Any, location: str, storage_options: Any, structure: Any, dec: Any, load_rest: Any, verify: bool) -> Any:
+    """``load(path, dask=True)``: chunked arrays reachable through dicts, lists, tuples and
+    xarray objects come back as Dask arrays (nothing read yet); everything else is loaded as
+    usual by ``load_rest(keep, decoder)``, which reads only the leaves in ``keep``. Arrays
+    inside other records and custom objects load eagerly (those objects are built from their
+    fields)."""
+    from .._api import StructNode
+    from .._like import LeafInfo, _take_all
+    from . import xarray as xarrays
+
+    transparent = xarrays.NAMES
     lazy: Dict[str, Any] = {}
     keep: set = set()
     stack = [structure]
@@ -216,22 +244,27 @@ def load_lazy(reader: Any, location: str, storage_options: Any, structure: Any, 
             stack.extend(s.values())
         elif isinstance(s, (list, tuple)):
             stack.extend(s)
+        elif isinstance(s, StructNode) and s.type_name in transparent:
+            stack.extend(s.children.values())
         else:
             _take_all(s, keep)
-    out = load_rest(keep)
+    out = load_rest(keep, _Deferring(dec, transparent))
 
     def array(info: Any) -> Any:
-        shape = tuple(info.shape)
-        from .. import _codec
         from .._like import _stored_dtype
 
         stored = reader.chunk_shape(info.path)
-        src = Source(location, info.path, storage_options, shape, _stored_dtype(info), verify)
+        src = Source(location, info.path, storage_options, tuple(info.shape), _stored_dtype(info), verify)
         return to_dask(src, None, tuple(stored) if stored else None)
 
     def put(o: Any, s: Any) -> Any:
         if isinstance(s, LeafInfo):
             return array(s) if s.path in lazy else o
+        if isinstance(o, _Raw) and isinstance(s, StructNode):
+            kids = dict(o.children)
+            for k, v in s.children.items():
+                kids[k] = put(kids.get(k), v)
+            return dec(o.kind, o.type_name, o.data_json, list(kids.items()))
         if isinstance(s, dict) and isinstance(o, dict):
             for k, v in s.items():
                 o[k] = put(o[k], v)
@@ -244,4 +277,4 @@ def load_lazy(reader: Any, location: str, storage_options: Any, structure: Any, 
             return type(o)._make(items) if hasattr(type(o), "_make") else type(o)(items)
         return o
 
-    return put(out, structure) if lazy else out
+    return put(out, structure)

@@ -394,9 +394,11 @@ def pytree(obj: Any, where: str, omit_static: bool, type_name: str) -> Optional[
     known = _node_types.get(t)
     if known is False:
         return None
+    # (jax.tree_util gained flatten_one_level_with_keys after 0.6; the registry had it before.)
+    flatten = getattr(jtu, "flatten_one_level_with_keys", None) or jtu.default_registry.flatten_one_level_with_keys
     try:
-        kids, aux = jtu.flatten_one_level_with_keys(obj)
-    except (ValueError, TypeError):
+        kids, aux = flatten(obj)
+    except Exception:  # not a registered node (ValueError), or a version without the API
         _node_types[t] = False
         return None
     _node_types[t] = True
@@ -447,8 +449,17 @@ def pytree_build(cls: type, data: Dict[str, Any], children: List[Any]) -> Any:
     aux = _aux_from(data.get("aux"))
     leaf = jtu.tree_structure(0)
     try:
-        td = jtu.PyTreeDef.from_node_data_and_children(jtu.default_registry, (cls, aux), [leaf] * len(children))
-        return jtu.tree_unflatten(td, children)
+        make = getattr(jtu.PyTreeDef, "from_node_data_and_children", None)
+        if make is not None:
+            td = make(jtu.default_registry, (cls, aux), [leaf] * len(children))
+            return jtu.tree_unflatten(td, children)
+        # Older jax (0.6): the registry's entry for the class.
+        from jax._src import tree_util as internal
+
+        entry = getattr(internal, "_registry", {}).get(cls)
+        if entry is None:
+            raise ValueError("not registered as a pytree node in this process (or this jax is too old to rebuild it)")
+        return entry.from_iter(aux, children)
     except Exception as e:  # jaxlib raises RuntimeError for an unregistered type; unflatten anything
         raise LookupError(f"{cls.__module__}:{cls.__qualname__} cannot be rebuilt as a JAX pytree node: {e}") from None
 

@@ -1,0 +1,250 @@
+"""``load(path, like=template)`` for JAX templates: the template's pytree structure, every array
+on the template's sharding, each device's shard read from the chunks it covers."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .pytrees import _NATIVE, _key_text, register
+
+def applies(like: Any) -> bool:
+    """Whether ``like`` is a JAX template: JAX is loaded and it holds ``jax.Array``s,
+    ``ShapeDtypeStruct``s or pytree containers other than dicts, lists, tuples and namedtuples."""
+    jax = sys.modules.get("jax")
+    if jax is None or like is None or isinstance(like, bool):
+        return False
+    import jax.tree_util as jtu
+
+    from ... import StructNode
+
+    leaves, td = jtu.tree_flatten(like, is_leaf=lambda x: isinstance(x, StructNode))
+    if any(isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) for x in leaves):
+        return True
+    return _custom_nodes(td)
+
+
+def _custom_nodes(td: Any) -> bool:
+    nd = td.node_data()
+    if nd is not None:
+        t = nd[0]
+        if t not in _NATIVE and not (issubclass(t, tuple) and hasattr(t, "_fields")) and t.__module__ != "collections":
+            return True
+    return any(_custom_nodes(c) for c in td.children())
+
+
+def _stored_child(stored: Any, k: Any, path: str) -> Tuple[Any, str]:
+    """The stored node at pytree key ``k`` below ``stored`` (a structure node) and its path."""
+    import jax.tree_util as jtu
+
+    from ..._like import LeafInfo, _child, _kind, _where
+
+    if isinstance(stored, LeafInfo):
+        raise ValueError(f"like=: at {_where(path)} like= has a container but the file holds {_kind(stored)}")
+    if isinstance(stored, (list, tuple)):
+        i = getattr(k, "idx", getattr(k, "key", None))
+        if not isinstance(i, int) or not 0 <= i < len(stored):
+            raise ValueError(f"like=: at {_where(path)} the file holds a {type(stored).__name__} of {len(stored)}, no item {k}")
+        return stored[i], _child(path, i)
+    if isinstance(k, jtu.FlattenedIndexKey) and not isinstance(stored, dict):
+        kids = list(stored.children.items())
+        if not 0 <= k.key < len(kids):
+            raise ValueError(f"like=: at {_where(path)} the file holds {_kind(stored)} with {len(kids)} children, no child {k.key}")
+        name, v = kids[k.key]
+        return v, _child(path, name)
+    kids = stored if isinstance(stored, dict) else stored.children
+    name = _key_text(k)
+    for cand in ((k.key,) if isinstance(k, jtu.DictKey) else ()) + (name,):
+        try:
+            if cand in kids:
+                return kids[cand], _child(path, cand)
+        except TypeError:
+            continue
+    raise ValueError(
+        f"like=: at {_where(path)} like= has the key {getattr(k, 'key', name)!r} but the file holds no such key there "
+        f"({_kind(stored)} with {sorted(map(str, kids))[:5]})"
+    )
+
+
+def _cast(arr: np.ndarray, dtype: Any) -> np.ndarray:
+    return arr if arr.dtype == dtype else arr.astype(dtype)
+
+
+class _Sharded:
+    """A stored array to read onto a sharding, checked and waiting for its reads."""
+
+    __slots__ = ("path", "shape", "sharding", "want")
+
+    def __init__(self, path: str, shape: Tuple[int, ...], sharding: Any, want: np.dtype) -> None:
+        self.path, self.shape, self.sharding, self.want = path, shape, sharding, want
+
+
+def _plan(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[str], Any], verify: bool) -> Any:
+    """Check a ``like=`` JAX leaf (a ``jax.Array`` or ``ShapeDtypeStruct``) against the stored
+    leaf: a ``_Sharded`` to read, or the value itself when there is nothing to shard (keys,
+    scalars, no sharding)."""
+    import jax
+
+    from ..._like import _kind, _stored_dtype
+
+    sharding = getattr(target, "sharding", None)
+    if info.kind in ("int", "float", "bool", "complex") and tuple(target.shape) == ():
+        # A Python scalar saved where the template has a 0-d array (a TrainState's step).
+        v = np.asarray(reader.load(lambda *a: None, np_dtype, subpath=info.path), dtype=np.dtype(target.dtype))
+        return jax.device_put(v, sharding) if sharding is not None else jax.device_put(v)
+    if info.kind != "array":
+        raise ValueError(f"like=: at {where} like= has a JAX array but the file holds {_kind(info)}")
+    shape = tuple(info.shape)
+    stored = _stored_dtype(info)
+    want_shape = tuple(int(n) for n in target.shape)
+    if jax.dtypes.issubdtype(target.dtype, jax.dtypes.prng_key):
+        impl = jax.random.key_impl(target) if isinstance(target, jax.Array) else None
+        if shape[: len(want_shape)] != want_shape:
+            raise ValueError(f"like=: at {where} the file holds key data of shape {shape}, but like= asks for keys of shape {want_shape}")
+        data = jax.numpy.asarray(reader.read_array(info.path, "", np_dtype, verify))
+        keys = jax.random.wrap_key_data(data, impl=impl) if impl is not None else jax.random.wrap_key_data(data)
+        return jax.device_put(keys, sharding) if sharding is not None else keys
+    if shape != want_shape:
+        raise ValueError(
+            f"like=: at {where} the file holds {stored} with shape {shape}, but like= asks for {np.dtype(target.dtype)} "
+            f"with shape {want_shape}; a load can cast dtypes but not change shapes"
+        )
+    want = np.dtype(target.dtype)
+    if stored.kind in "OSU" or want.kind in "OSU" or stored.names is not None or want.names is not None:
+        raise ValueError(f"like=: at {where} the file holds {stored}, which cannot be loaded as {want}")
+    if sharding is None:
+        return jax.device_put(_cast(reader.read_array(info.path, "", np_dtype, verify), want))
+    if not hasattr(sharding, "addressable_devices_indices_map"):
+        raise TypeError(f"like=: at {where} the sharding {sharding!r} is not a jax.sharding.Sharding")
+    try:  # before any read or device memory: the sharding must fit the shape
+        sharding.shard_shape(shape)
+    except ValueError as e:
+        raise ValueError(f"like=: at {where} the sharding does not fit the stored shape {shape}: {e}") from None
+    return _Sharded(info.path, shape, sharding, want)
+
+
+#: Host bytes of shards read ahead at once by a sharded load (reads in flight, their arrays
+#: not yet handed to JAX): bounds the extra memory of a load to about this much.
+READ_AHEAD_BYTES = 256 << 20
+
+
+def _index_key(index: Tuple[slice, ...]) -> Tuple[Any, ...]:
+    return tuple((s.start, s.stop, s.step) for s in index)
+
+
+def _read_sharded(reader: Any, plans: List[_Sharded], np_dtype: Callable[[str], Any], verify: bool) -> List[Any]:
+    """Read every addressable shard of ``plans`` (a shard several devices hold, once), several
+    at a time on threads (the reads release the GIL), and build the arrays."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import jax
+
+    from ..._lazy import _slice_text
+
+    def read(pl: _Sharded, index: Tuple[slice, ...]) -> np.ndarray:
+        text = _slice_text(tuple(index), len(pl.shape)) if index else ""
+        return _cast(reader.read_array(pl.path, text, np_dtype, verify), pl.want)
+
+    out: List[Any] = []
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        i = 0
+        while i < len(plans):
+            group: List[Tuple[_Sharded, Dict[Any, Any]]] = []
+            ahead = 0
+            while i < len(plans) and (not group or ahead < READ_AHEAD_BYTES):
+                pl = plans[i]
+                futs: Dict[Any, Any] = {}
+                for index in pl.sharding.addressable_devices_indices_map(pl.shape).values():
+                    k = _index_key(index)
+                    if k not in futs:
+                        futs[k] = pool.submit(read, pl, index)
+                        n = 1
+                        for s, dim in zip(index, pl.shape):
+                            n *= len(range(*s.indices(dim)))
+                        ahead += n * pl.want.itemsize
+                group.append((pl, futs))
+                i += 1
+            for pl, futs in group:
+                out.append(jax.make_array_from_callback(pl.shape, pl.sharding, lambda index, f=futs: f[_index_key(index)].result()))
+    return out
+
+
+def _read_target(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[str], Any], verify: bool = True) -> Any:
+    """One stored array read onto ``target``'s sharding (see ``load_like``)."""
+    p = _plan(reader, info, target, where, np_dtype, verify)
+    return _read_sharded(reader, [p], np_dtype, verify)[0] if isinstance(p, _Sharded) else p
+
+
+def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callable[[str], Any],
+              audit: Callable[[List[str], List[Tuple[str, str, Optional[str], str]]], None], mmap: bool, verify: bool) -> Any:
+    """``load(path, like=template)`` for JAX templates (see the module docstring). ``audit(paths,
+    nodes)`` checks trust for the stored subtrees loaded whole and the ``StructNode``s built."""
+    import jax
+    import jax.tree_util as jtu
+
+    from ... import StructNode
+    from ..._like import _walk, _where
+
+    register()
+    nodes: List[Tuple[str, str, Optional[str], str]] = []
+    stack = [like]
+    while stack:
+        for n in jtu.tree_leaves(stack.pop(), is_leaf=lambda n: isinstance(n, StructNode)):
+            if isinstance(n, StructNode):
+                nodes.append((n.kind, n.type_name, json.dumps(n.data) if n.data is not None else None, n.path))
+                stack.extend(n.children.values())
+    flat, treedef = jtu.tree_flatten_with_path(like, is_leaf=lambda x: isinstance(x, StructNode) and not x.children)
+    # Find every like leaf's stored node first: a wrong template fails before anything is read.
+    plan: List[Tuple[str, Any, Any]] = []
+    for keys, leaf in flat:
+        stored, path = structure, ""
+        for k in keys:
+            stored, path = _stored_child(stored, k, path)
+        plan.append((path, stored, leaf))
+    subtrees: List[str] = []
+    for path, stored, leaf in plan:
+        if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) and leaf is not None and leaf is not False:
+            # A Python number where a 0-d array is stored (a TrainState's step: 0 in a fresh
+            # state, a JAX scalar once trained) loads the stored value; anything else gets the
+            # usual checks (numpy arrays, scalars, True).
+            if not (type(leaf) in (int, float, bool, complex) and getattr(stored, "kind", None) == "array" and not stored.shape):
+                _walk(leaf, stored, path, set())
+            subtrees.append(path)
+    audit(subtrees, nodes)
+    values: List[Any] = []
+    sharded: List[Tuple[int, _Sharded]] = []
+    for path, stored, leaf in plan:
+        if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)):
+            p = _plan(reader, stored, leaf, _where(path), np_dtype, verify)
+            if isinstance(p, _Sharded):
+                sharded.append((len(values), p))
+                p = None
+            values.append(p)
+        elif leaf is None or leaf is False:
+            values.append(None)
+        else:
+            values.append(reader.load(dec, np_dtype, mmap=mmap, verify=verify, subpath=path))
+    for (i, _), arr in zip(sharded, _read_sharded(reader, [p for _, p in sharded], np_dtype, verify)):
+        values[i] = arr
+    out = jtu.tree_unflatten(treedef, values)
+    return _finish(out, dec)
+
+
+def _finish(x: Any, dec: Any) -> Any:
+    """Build the stored objects that ``like`` named by ``StructNode``s (records, custom objects),
+    innermost first, from their loaded children."""
+    import jax.tree_util as jtu
+
+    from ... import StructNode
+
+    def one(n: Any) -> Any:
+        if not isinstance(n, StructNode):
+            return n
+        kids = [(k, _finish(v, dec)) for k, v in n.children.items()]
+        return dec(n.kind, n.type_name, json.dumps(n.data) if n.data is not None else None, kids)
+
+    return jtu.tree_map(one, x, is_leaf=lambda n: isinstance(n, StructNode))

@@ -35,7 +35,15 @@ def cluster():
         yield c
 
 
-def test_threaded_save_writes_blocks_as_parts_and_loads_back(loc):
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks written as they are, however small (not merged into bigger ones first)."""
+    from treepack.integrations import dask as tpdask
+
+    monkeypatch.setattr(tpdask, "SMALL_BLOCK_BYTES", 0)
+
+
+def test_threaded_save_writes_blocks_as_parts_and_loads_back(loc, small_blocks):
     x = da.random.default_rng(1).random((1000, 600), chunks=(250, 300)).astype(np.float32)
     y = da.arange(17, chunks=5)  # irregular last block
     z = da.ones((10, 10), chunks=((3, 3, 4), 10))  # irregular: rechunked to regular blocks
@@ -95,7 +103,7 @@ def test_the_write_graph_is_one_layer_whatever_the_block_count(tmp_path):
     assert any(isinstance(layer, Blockwise) for layer in layers.values())
 
 
-def test_a_failing_task_commits_nothing_and_gc_removes_its_leftovers(loc):
+def test_a_failing_task_commits_nothing_and_gc_removes_its_leftovers(loc, small_blocks):
     def boom(b, block_info=None):
         if block_info[0]["chunk-location"] == (3,):
             raise RuntimeError("block 3 cannot be computed")
@@ -214,3 +222,13 @@ def test_a_dask_save_uses_the_compression_policy(loc):
     chunks = dict(m["root"]["items"])["x"]["chunks"]
     assert {c["codec"] for c in chunks} == {"zstd"} and sum(c["length"] for c in chunks) < 2048 * 256 * 4 // 50
     assert np.array_equal(treepack.load(loc)["x"], np.zeros((2048, 256), np.float32))
+
+
+def test_small_blocks_are_merged_into_a_few_packs(loc):
+    # 4000 blocks of 800 bytes: written as one merged block, one pack (not 4000 objects).
+    x = da.arange(400_000, chunks=100).astype(np.float64).reshape(4000, 100)
+    assert x.npartitions == 4000
+    treepack.save({"x": x}, loc)
+    m = manifest(loc)
+    assert len(m["packs"]) <= 2  # the merged block's pack (+ the client's, when it writes any)
+    assert np.array_equal(treepack.load(loc)["x"], np.arange(400_000, dtype=np.float64).reshape(4000, 100))

@@ -41,13 +41,30 @@ class Found:
         self.arrays: List[Tuple[Any, Dict[str, Any]]] = []
 
 
+#: Blocks smaller than this are merged (a Dask rechunk) into blocks of about ``MERGED_BLOCK_BYTES``
+#: before writing: every block is one pack, and a million tiny packs would be a million objects.
+SMALL_BLOCK_BYTES = 16 << 20
+MERGED_BLOCK_BYTES = 64 << 20
+
+
 def _regular(arr: Any) -> Any:
     """``arr`` with regular chunks (every block along an axis the size of the first, the last
-    possibly smaller): the stored chunk grid must tile the blocks."""
+    possibly smaller: the stored chunk grid must tile the blocks), small blocks merged into
+    bigger ones (whole multiples of the first block along the leading axes)."""
     fix = {}
     for axis, c in enumerate(arr.chunks):
         if len(c) > 1 and (any(n != c[0] for n in c[:-1]) or c[-1] > c[0]):
             fix[axis] = max(c)
+    block = [fix.get(a, c[0]) for a, c in enumerate(arr.chunks)]
+    size = int(np.prod(block, dtype=np.int64)) * arr.dtype.itemsize
+    if 0 < size < SMALL_BLOCK_BYTES and arr.npartitions > 1:
+        for axis, n in enumerate(arr.shape):
+            if size >= MERGED_BLOCK_BYTES or block[axis] >= n:
+                continue
+            k = -(-MERGED_BLOCK_BYTES // size)  # ceil
+            grown = min(n, block[axis] * k)
+            size = size // block[axis] * grown
+            block[axis] = fix[axis] = grown
     return arr.rechunk(fix) if fix else arr
 
 

@@ -147,6 +147,19 @@ def test_a_cluster_saves_to_an_object_store(cluster, s3):
         assert np.array_equal(out["x"], np.arange(100_000, dtype=np.int32))
         lazy = treepack.open("s3://bucket/dask/t", storage_options=s3)["x"].to_dask()
         assert int(lazy[::7].sum().compute()) == int(np.arange(100_000)[::7].sum())
+        # 256 MiB of random values in 32 MiB blocks (a 32 MiB pack per block),
+        # compared block by block by hash on the workers.
+        big = da.random.default_rng(6).random((8192, 4096), chunks=(1024, 4096))
+        treepack.save({"big": big}, "s3://bucket/dask/big", storage_options=s3)
+        back = treepack.open("s3://bucket/dask/big", storage_options=s3)["big"].to_dask(chunks=big.chunks)
+
+        def digest(b):
+            import hashlib
+
+            return np.frombuffer(hashlib.blake2b(b.tobytes(), digest_size=8).digest(), np.int64).reshape(1, 1)
+
+        kw = dict(dtype=np.int64, chunks=tuple((1,) * len(c) for c in big.chunks))
+        assert bool((back.map_blocks(digest, **kw) == big.map_blocks(digest, **kw)).all().compute())
 
 
 def test_a_larger_than_client_array_never_lands_on_the_client(tmp_path):

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+
 ARRAY = "jax.Array"
 KEY = "jax.random.key"
 TYPES = (ARRAY, KEY)

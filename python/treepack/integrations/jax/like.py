@@ -12,6 +12,7 @@ import numpy as np
 
 from .pytrees import _NATIVE, _key_text, register
 
+
 def applies(like: Any) -> bool:
     """Whether ``like`` is a JAX template: JAX is loaded and it holds ``jax.Array``s,
     ``ShapeDtypeStruct``s or pytree containers other than dicts, lists, tuples and namedtuples."""

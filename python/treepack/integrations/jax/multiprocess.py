@@ -13,6 +13,7 @@ import numpy as np
 
 from .arrays import ARRAY, KEY, sharding_data
 
+
 class Piece:
     """A block (shard) of an array that spans processes: chunked on the array's grid."""
 

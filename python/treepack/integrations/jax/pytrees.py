@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .arrays import is_array
 
+
 PYTREE = "jax.pytree"
 
 _done = False

@@ -8,7 +8,6 @@ installed (loading): ``import treepack`` never imports it."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import sys
 from typing import Any, Dict, Optional, Tuple

@@ -1,0 +1,162 @@
+//! The end of a save: its manifest (or its single file) committed after its packs, and saves
+//! written in parts by several processes (one part each, merged and committed by one of them).
+
+use super::*;
+
+pub(super) async fn old_packs(loc: &Location) -> Option<Vec<String>> {
+    let bytes = loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await.ok()??;
+    let m = manifest::decode(&bytes, MANIFEST_NAME).ok()?;
+    Some(m.packs.into_iter().map(|p| p.path).collect())
+}
+
+/// Write one process's part of a save that many processes share (format::parts): its packs,
+/// and the manifest it would commit, returned (encoded) instead of committed. The committer
+/// passes every part's manifest to [`commit_parts_async`]. Directory layout only.
+///
+/// # Errors
+/// As [`save_async`]; [`Error::BadLocation`] for a single-file location.
+pub async fn save_part_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<(Vec<u8>, SaveInfo)> {
+    if loc.layout() == Layout::SingleFile {
+        return Err(Error::BadLocation {
+            location: loc.display().to_string(),
+            reason: "a save written by several processes needs a directory (or object-store prefix), not one file"
+                .into(),
+        });
+    }
+    let w = write_data(tree, loc, opts).await?;
+    let bytes = manifest::encode(&w.manifest, &w.stats);
+    Ok((bytes, w.info))
+}
+
+/// Commit a save written in parts: merge the parts' manifests (each from
+/// [`save_part_async`], the committer's own first) into one and commit it at `loc` as a save
+/// does (create-only unless `opts.overwrite`; packs of a replaced tree removed after).
+///
+/// # Errors
+/// [`Error::Parts`] when the parts do not make one tree; [`Error::AlreadyExists`] unless
+/// overwriting; storage errors.
+pub async fn commit_parts_async(loc: &Location, parts: &[Vec<u8>], opts: &SaveOptions) -> Result<SaveInfo> {
+    loc.refuse_write()?;
+    let decoded =
+        parts.iter().enumerate().map(|(i, b)| manifest::decode(b, &format!("part {i}"))).collect::<Result<Vec<_>>>()?;
+    let mut merged = crate::format::parts::merge(decoded)?;
+    let has_refs = merged.root.has_refs();
+    let mut leaves = 0usize;
+    let (mut arrays, mut array_bytes, mut annotated, mut compressed) = (0usize, 0u64, false, false);
+    merged.root.for_each_leaf_unpathed(&mut |e: &Entry| {
+        leaves += 1;
+        if let Entry::Array(a) = e {
+            arrays += 1;
+            array_bytes += a.nbytes();
+            annotated |= a.annotation.is_some();
+        }
+        compressed |= e.chunks().iter().any(|c| !c.codec.is_identity());
+    });
+    merged.version.1 = if annotated {
+        3
+    } else if has_refs {
+        2
+    } else if compressed {
+        1
+    } else {
+        0
+    };
+    let exists = loc.exists(MANIFEST_NAME).await?;
+    if exists && !opts.overwrite {
+        return Err(Error::AlreadyExists { location: loc.display().to_string() });
+    }
+    let previous = if exists { old_packs(loc).await } else { None };
+    let stored: u64 = merged.packs.iter().map(|p| p.size).sum();
+    let pack_count = merged.packs.len();
+    let stats = json!({"leaves": leaves, "arrays": arrays, "array_bytes": array_bytes, "stored_bytes": stored, "parts": parts.len()});
+    let tracker = Tracker::new(opts.progress.clone(), 0);
+    let before = loc.stats().bytes_written();
+    let new_names: HashSet<String> = merged.packs.iter().map(|p| p.path.clone()).collect();
+    let w = Written {
+        manifest: merged,
+        stats,
+        previous,
+        single_parts: None,
+        new_names,
+        stored,
+        tracker,
+        before,
+        info: SaveInfo {
+            location: loc.display().to_string(),
+            leaves,
+            arrays,
+            array_bytes,
+            bytes_written: 0,
+            chunks: 0,
+            unique_chunks: 0,
+            packs: pack_count,
+        },
+        _marker: None,
+    };
+    commit(loc, w, opts).await
+}
+
+/// Everything a save has written or decided before its commit.
+pub(super) struct Written {
+    pub(super) manifest: Manifest,
+    pub(super) stats: serde_json::Value,
+    /// Packs of the tree being replaced (directory layout), removed after the commit.
+    pub(super) previous: Option<Vec<String>>,
+    /// The single-file layout's one pack (its parts), written with the manifest.
+    pub(super) single_parts: Option<PackOut>,
+    pub(super) new_names: HashSet<String>,
+    pub(super) stored: u64,
+    pub(super) tracker: Tracker,
+    /// Bytes the location had written before this save (for `bytes_written`).
+    pub(super) before: u64,
+    pub(super) info: SaveInfo,
+    /// Held until the save ends: `gc` keeps whatever it writes (store::marker).
+    pub(super) _marker: Option<crate::store::SaveMarker>,
+}
+
+/// Write the manifest (or, for one file, the whole file) of what [`write_data`] wrote, then
+/// remove the packs only a replaced tree used.
+pub(super) async fn commit(loc: &Location, w: Written, opts: &SaveOptions) -> Result<SaveInfo> {
+    let single = loc.layout() == Layout::SingleFile;
+    let mbytes = manifest::encode(&w.manifest, &w.stats);
+    let minor = w.manifest.version.1;
+    let leaves = w.info.leaves;
+    let pack_count = w.manifest.packs.len();
+    if leaves >= BACKGROUND_DROP_LEAVES {
+        crate::format::model::drop_in_background(w.manifest);
+    } else {
+        drop(w.manifest);
+    }
+    let tracker = &w.tracker;
+    if single {
+        let mlen = mbytes.len() as u64;
+        let mut parts = vec![Bytes::copy_from_slice(&container::header(minor))];
+        let mut end = container::HEADER_LEN;
+        if let Some((_, p, size)) = w.single_parts {
+            parts.extend(p);
+            end = size;
+        }
+        tracker.set_total(end + mlen + container::FOOTER_LEN);
+        parts.push(Bytes::from(mbytes));
+        parts.push(Bytes::copy_from_slice(&container::footer(end, mlen)));
+        loc.put_tracked(".", parts, !opts.overwrite, opts.durable, Some(tracker)).await?;
+    } else {
+        tracker.set_total(w.stored + mbytes.len() as u64);
+        // Commit protocol: the packs' names are made durable before the manifest that names
+        // them; the manifest (fsynced, renamed, its directory fsynced) before any pack of the
+        // tree it replaces is removed.
+        if opts.durable && pack_count > 0 {
+            loc.sync_dir(PACKS_DIR).await?;
+        }
+        loc.put_tracked(MANIFEST_NAME, vec![Bytes::from(mbytes)], !opts.overwrite, opts.durable, Some(tracker)).await?;
+        if let Some(old) = w.previous {
+            for p in old
+                .into_iter()
+                .filter(|p| !w.new_names.contains(p) && manifest::validate_pack_path(p).is_ok() && p != ".")
+            {
+                loc.delete(&p).await?;
+            }
+        }
+    }
+    Ok(SaveInfo { bytes_written: loc.stats().bytes_written() - w.before, packs: pack_count, ..w.info })
+}

@@ -21,6 +21,7 @@ import numpy as np
 from .. import _registry as reg
 from ..integrations import pandas, pillow, pydantic
 from ..integrations import xarray as xarrays
+from .. import _parts
 from ..integrations import jax as jax_arrays
 from ..integrations import torch as torch_tensors
 from . import everyday, files
@@ -171,7 +172,7 @@ def _describe(obj: Any, where: str, allow_pickle: bool, omit_static: bool = Fals
         return torch_tensors.encode(obj, where)
     if jax_arrays.is_array(obj):
         return jax_arrays.encode(obj, where)
-    if t is jax_arrays.Piece:
+    if t is _parts.Piece:
         return obj.describe()
     d = everyday.encode(obj, t, where)
     if d is not None:

@@ -24,7 +24,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-SHARDS = "treepack.shards"
+from .._parts import SHARDS, Piece
+from .._parts import commit as commit_parts
+
 
 
 def is_array(obj: Any) -> bool:
@@ -105,7 +107,6 @@ class _Block:
 
 def _encode(obj: Any, where: str) -> Any:
     from .. import _codec
-    from .jax import Piece
 
     if type(obj) is _Block:
         return ("custom", SHARDS, json.dumps(obj.data, sort_keys=True), [("0", Piece(obj.value, obj.data["chunk_shape"]))])
@@ -147,13 +148,10 @@ def save(prepared: Any, found: Found, p: str, write_opts: Dict[str, Any]) -> Any
     active, else threads), then write the client's part and commit the merged tree."""
     import dask
 
-    from .. import _core
-
     results = dask.compute(*graphs(found, p, write_opts))
     parts = [b for r in results for b in np.asarray(r, dtype=object).reshape(-1)]
     own, _ = prepared.write_part(p, **write_opts)
-    return _core.commit_parts(p, [own, *parts], overwrite=write_opts.get("overwrite", False),
-                              storage_options=write_opts.get("storage_options"), durable=write_opts.get("durable", True))
+    return commit_parts(p, [own, *parts], write_opts)
 
 
 # ---------------------------------------------------------------- reading into Dask

@@ -24,11 +24,11 @@ JAX leaves.
 
 from .arrays import ARRAY, KEY, TYPES, Loader, encode, is_array, missing_message, sharding_data
 from .like import READ_AHEAD_BYTES, _read_target, applies, load_like
-from .multiprocess import TIMEOUT_S, Piece, _core_commit, save_collective, spans_processes
+from .multiprocess import TIMEOUT_S, save_collective, spans_processes
 from .pytrees import PYTREE, pytree, pytree_build, register
 
 __all__ = [
-    "ARRAY", "KEY", "PYTREE", "_core_commit", "_read_target", "READ_AHEAD_BYTES", "TIMEOUT_S", "TYPES", "Loader", "Piece", "applies", "encode", "is_array",
+    "ARRAY", "KEY", "PYTREE", "_read_target", "READ_AHEAD_BYTES", "TIMEOUT_S", "TYPES", "Loader", "applies", "encode", "is_array",
     "load_like", "missing_message", "pytree", "pytree_build", "register", "save_collective", "sharding_data",
     "spans_processes",
 ]

@@ -7,23 +7,13 @@ import json
 import os
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
+from ... import _parts
+from ..._parts import SHARDS, Piece
 from .arrays import ARRAY, KEY, sharding_data
-
-
-class Piece:
-    """A block (shard) of an array that spans processes: chunked on the array's grid."""
-
-    __slots__ = ("value", "chunk_shape")
-
-    def __init__(self, value: np.ndarray, chunk_shape: List[int]) -> None:
-        self.value, self.chunk_shape = value, chunk_shape
-
-    def describe(self) -> Tuple[str, str, None, list]:
-        return ("array", "", None, [("value", self.value), ("block", tuple(self.chunk_shape)), ("immutable", True)])
 
 
 class _Collective(threading.local):
@@ -62,7 +52,7 @@ def _shards(a: Any, where: str) -> Tuple[str, str, str, list]:
         "origins": origins,
     }
     kids = [(str(i), Piece(np.asarray(sh.data), cs)) for i, sh in enumerate(mine)]
-    return ("custom", "treepack.shards", json.dumps(desc, sort_keys=True), kids)
+    return ("custom", SHARDS, json.dumps(desc, sort_keys=True), kids)
 
 
 def spans_processes(tree: Any) -> bool:
@@ -145,7 +135,7 @@ def save_collective(tree: Any, p: str, prepare: Callable[[Any], Any], write_opts
                     if got.startswith(b"ERR "):
                         raise RuntimeError(f"treepack.save({p!r}): process {i} failed to write its part: {got[4:].decode()}; nothing was committed")
                     parts.append(got)
-                info = _core_commit(p, parts, write_opts)
+                info = _parts.commit(p, parts, write_opts)
             except BaseException as e:
                 status = f"{type(e).__name__}: {e}"
                 raise
@@ -163,13 +153,6 @@ def save_collective(tree: Any, p: str, prepare: Callable[[Any], Any], write_opts
         return info
 
     return run
-
-
-def _core_commit(p: str, parts: List[bytes], write_opts: Dict[str, Any]) -> Any:
-    from ... import _core
-
-    return _core.commit_parts(p, parts, overwrite=write_opts.get("overwrite", False),
-                              storage_options=write_opts.get("storage_options"), durable=write_opts.get("durable", True))
 
 
 def _wait(client: Any, key: str, timeout_ms: int, p: str, what: str) -> bytes:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build what `pip install treepack` installs — the wheel and the sdist, into dist/ — then install
 # the wheel into a fresh venv for each supported CPython and run the pytest suite against the
-# installed package (not the source tree).
+# installed package (not the source tree); tests marked `slow` (long soaks, many-process jobs) run
+# once, in the main venv, not again per wheel.
 #
 #   scripts/wheels.sh            build + test on 3.10, 3.11, 3.12 and 3.13
 #   scripts/wheels.sh --build    build only
@@ -63,7 +64,7 @@ print(f"treepack {treepack.__version__} from {treepack.__file__}", file=sys.stde
 EOF
   )
   (cd /tmp && "$root/$venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$root/python/tests" \
-    -c /dev/null "$root/python/tests")
+    -c /dev/null -m "not slow" "$root/python/tests")
 done
 
 # The sdist builds (what pip does on a platform without a wheel): installed into a fresh venv of

@@ -102,3 +102,12 @@ def rewrite_manifest():
         path.write_bytes(body + b',\n"manifest_hash":"' + blake3.blake3(body).hexdigest().encode() + b'"}\n')
 
     return rewrite
+
+
+def pytest_configure(config):
+    # Registered here, not in pyproject.toml: scripts/wheels.sh runs the suite with `-c /dev/null`.
+    config.addinivalue_line(
+        "markers",
+        "slow: a long soak or a many-process job; runs in the main venv (scripts/test.sh) and is "
+        "left out of the per-wheel venvs (scripts/wheels.sh), which check the built wheel, not timing",
+    )

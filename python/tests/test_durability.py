@@ -185,6 +185,7 @@ def _saver(loc, seconds, q):
     q.put(("saves", n, failed))
 
 
+@pytest.mark.slow
 def test_gc_with_no_grace_never_breaks_a_running_save(tmp_path):
     loc = str(tmp_path / "ckpt")
     treepack.save(tree(1), loc)
@@ -255,6 +256,7 @@ def run_soak(loc, seconds, roles=("writer", "writer", "reader", "reader", "gc"))
     return ops, bad
 
 
+@pytest.mark.slow
 def test_soak_writers_readers_and_gc_on_one_location(tmp_path):
     # The CI variant (8 s); TREEPACK_SOAK_SECS=60 runs the longer one docs/security.md reports.
     ops, bad = run_soak(str(tmp_path / "ckpt"), float(os.environ.get("TREEPACK_SOAK_SECS", "8")))

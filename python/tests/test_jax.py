@@ -375,7 +375,7 @@ def _expected(n_devices):
     }
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_processes_of_a_jax_job_save_one_checkpoint(tmp_path, nproc):
     loc = str(tmp_path / "ckpt")
     res = _job(nproc, loc, "save")
@@ -426,6 +426,7 @@ def test_the_seeds_example_structure_then_a_partial_read(loc):
     assert treepack.load(loc) == data
 
 
+@pytest.mark.slow
 def test_a_process_dying_mid_save_commits_nothing(tmp_path):
     loc = str(tmp_path / "ckpt")
     res = _job(2, loc, "die", env_extra={"TREEPACK_BARRIER_TIMEOUT": "8"})

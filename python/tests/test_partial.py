@@ -294,6 +294,7 @@ def test_one_pass_load_equals_the_audited_reader_load(tmp_path):
     assert treepack.load(str(tmp_path / "stored"))["a19"][0] == 19
 
 
+@pytest.mark.slow
 def test_one_pass_of_a_big_manifest_equals_the_reader(tmp_path):
     """Manifests over 1 MiB are parsed by two threads (the big container's items are split
     between this thread and a helper whose owned trees are replayed here); structure and load

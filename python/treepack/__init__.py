@@ -21,13 +21,14 @@ from ._api import (
     gc,
     load,
     load_structure,
+    root_hash,
     save,
     untrusted_types,
     verify,
 )
 from ._async import SaveHandle, aload, asave
 from ._codec import File, Unloadable
-from ._core import CorruptError, FormatError, TreepackError
+from ._core import CorruptError, FormatError, RootMismatchError, TreepackError
 from ._lazy import LazyArray, View, open
 from ._registry import Registration, register, registered
 
@@ -36,5 +37,5 @@ __version__ = _core.__version__
 __all__ = [
     "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",
     "register", "registered", "Registration", "File", "LeafInfo", "StructNode", "SaveInfo", "Unloadable",
-    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "View", "LazyArray",
+    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "RootMismatchError", "root_hash", "View", "LazyArray",
 ]

@@ -316,6 +316,7 @@ def load(
     map_location: Any = None,
     numpy: bool = False,
     dask: bool = False,
+    expect_root: Optional[str] = None,
 ) -> Any:
     """Load a tree from a local path, ``.tpk`` file, ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` location.
 
@@ -342,6 +343,8 @@ def load(
     - ``numpy=True``: every array comes back as a numpy array, whatever library saved it (torch
       tensors, ``jax.Array``s, typed JAX keys as their key data); torch and JAX are not imported.
       ``like=`` leaves that are JAX or torch arrays still give those.
+    - ``expect_root``: a root hash (``root_hash``'s 64 hex digits); the load raises
+      ``RootMismatchError`` before reading any data unless the stored tree has that root.
 
     The whole manifest is audited before any record or custom object is built: untrusted types
     raise ``UntrustedTypeError`` listing every type and key path, and nothing is imported. (A
@@ -359,6 +362,8 @@ def load(
         if select is not None or like is not None or mmap:
             raise ValueError("load(dask=True) takes no select=, like= or mmap=: slice the Dask arrays instead")
         r = _core.Reader(p, opts)
+        if expect_root is not None:
+            r.expect_root(expect_root)
 
         def rest(keep: Any, decoder: Any) -> Any:
             _check(r, p, trust_t, allow_pickle, on_missing, None, keep)
@@ -366,7 +371,7 @@ def load(
 
         return dask_arrays.load_lazy(r, p, storage_options, r.structure(_struct_node), dec, rest, verify)
     try:
-        return _load(p, opts, dec, select, like, trust_t, allow_pickle, on_missing, mmap, verify, progress)
+        return _load(p, opts, dec, select, like, trust_t, allow_pickle, on_missing, mmap, verify, progress, expect_root)
     except _codec.MissingFramework as e:
         lib = e.type_name.partition(".")[0]
         paths = [path for t, path in _core.Reader(p, opts).array_types() if t.startswith(lib + ".")]
@@ -379,8 +384,8 @@ def load(
 
 
 def _load(p: str, opts: Any, dec: Any, select: Any, like: Any, trust_t: Tuple[str, ...], allow_pickle: bool,
-          on_missing: str, mmap: bool, verify: bool, progress: Progress) -> Any:
-    if select is None and like is None and not mmap and (progress is None or progress is False):
+          on_missing: str, mmap: bool, verify: bool, progress: Progress, expect_root: Optional[str] = None) -> Any:
+    if select is None and like is None and not mmap and (progress is None or progress is False) and expect_root is None:
         # Whole tree: one pass over the manifest builds the objects as it is read (its few reads
         # of stored leaves report no progress, hence not with a callback). It takes only trees
         # that need no audit (no records, only built-in custom types) and few stored leaves;
@@ -392,6 +397,8 @@ def _load(p: str, opts: Any, dec: Any, select: Any, like: Any, trust_t: Tuple[st
     sel = [select] if isinstance(select, str) else (list(select) if select is not None else None)
     for attempt in range(1, _LOAD_ATTEMPTS + 1):
         r = _core.Reader(p, opts)
+        if expect_root is not None:
+            r.expect_root(expect_root)
         into: Dict[str, Any] = {}
         structure = r.structure(_struct_node) if like is not None else None
         if like is not None and jax_like.applies(like):
@@ -471,6 +478,16 @@ def untrusted_types(
 
 VerifyReport = _core.VerifyReport
 """What ``verify`` found: ``ok``, ``chunks_checked``, ``bytes_checked``, ``problems`` (one line each)."""
+
+
+def root_hash(path: PathLike, *, key: Optional[str] = None, storage_options: StorageOptions = None) -> str:
+    """The tree's root hash, 64 hex digits (docs/format.md section 9), or the subtree's at ``key``.
+
+    A Merkle hash over the structure and the leaves' canonical bytes, computed from the manifest
+    (no array data is read): the same whether the tree is a directory, a ``.tpk``, compressed or
+    in a repository. Pass it to ``load(expect_root=...)`` to be sure to load that very tree.
+    """
+    return _core.Reader(_path(path), _opts(storage_options)).root_hash(key)
 
 
 def verify(path: PathLike, *, storage_options: StorageOptions = None) -> VerifyReport:

@@ -1,4 +1,4 @@
-//! `treepack`: inspect, list, print, verify, copy and clean stored trees; write a demo tree.
+//! `treepack`: inspect, list, print, hash, verify, copy and clean stored trees; write a demo tree.
 
 mod show;
 
@@ -55,6 +55,14 @@ enum Cmd {
         path: String,
         #[arg(long)]
         json: bool,
+    },
+    /// Print the tree's root hash (docs/format.md section 9), from the manifest alone: the same
+    /// whether the tree is a directory, a .tpk, compressed or not. `--key` prints a subtree's.
+    Hash {
+        path: String,
+        /// Hash the subtree at this key path instead.
+        #[arg(long)]
+        key: Option<String>,
     },
     /// Write an example tree with every leaf kind to DIR, inspect it, load it back and check it.
     Demo {
@@ -118,6 +126,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Ls { path, patterns } => ls(&path, so, &patterns),
         Cmd::Cat { path, key } => cat(&path, so, &key),
         Cmd::Verify { path, json } => verify(&path, so, json),
+        Cmd::Hash { path, key } => {
+            let r = open(&path, so)?;
+            let h = match key {
+                None => r.root_hash(),
+                Some(k) => treepack::format::merkle::node_hash(treepack::format::keypath::resolve_place(
+                    &r.manifest().root,
+                    &k,
+                )?),
+            };
+            println!("{}", h.to_hex());
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Demo { dir, overwrite } => demo(&dir, so, overwrite),
         Cmd::Cp { src, dst, overwrite, compression, quiet } => copy(&src, &dst, so, overwrite, &compression, quiet),
         Cmd::Gc { path, grace_secs } => {

@@ -4,6 +4,12 @@ use super::*;
 
 pyo3::create_exception!(_core, TreepackError, pyo3::exceptions::PyException, "Base class of treepack errors.");
 pyo3::create_exception!(_core, CorruptError, TreepackError, "Stored bytes do not match their recorded hash or layout.");
+pyo3::create_exception!(
+    _core,
+    RootMismatchError,
+    TreepackError,
+    "The tree's root hash is not the one asked for (load's expect_root=)."
+);
 pyo3::create_exception!(_core, FormatError, TreepackError, "The location is not a valid treepack tree.");
 
 /// Map a core error to the most fitting Python exception (message keeps file and key path).
@@ -31,6 +37,7 @@ pub(crate) fn py_err(e: treepack::Error) -> PyErr {
             None => PyIOError::new_err(msg),
         },
         E::Store { .. } => PyIOError::new_err(msg),
+        E::RootMismatch { .. } => RootMismatchError::new_err(msg),
         E::ReadOnly { .. } => PyPermissionError::new_err(msg),
         _ => FormatError::new_err(msg),
     }

@@ -139,6 +139,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_outline_builds, m)?)?;
     m.add("TreepackError", m.py().get_type::<TreepackError>())?;
     m.add("CorruptError", m.py().get_type::<CorruptError>())?;
+    m.add("RootMismatchError", m.py().get_type::<RootMismatchError>())?;
     m.add("FormatError", m.py().get_type::<FormatError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -204,6 +204,27 @@ impl Reader {
         Ok(py.detach(|| self.inner.verify()).map_err(py_err)?.into())
     }
 
+    /// The root hash (docs/format.md section 9) in hex, or a subtree's when `key` is given.
+    #[pyo3(signature = (key=None))]
+    pub(crate) fn root_hash(&self, py: Python<'_>, key: Option<&str>) -> PyResult<String> {
+        py.detach(|| match key {
+            None => Ok(self.inner.root_hash().to_hex()),
+            Some(k) => treepack::format::keypath::resolve_place(&self.inner.manifest().root, k)
+                .map(|t| treepack::format::merkle::node_hash(t).to_hex()),
+        })
+        .map_err(py_err)
+    }
+
+    /// Raise RootMismatchError unless the root hash is `expected` (64 hex digits).
+    pub(crate) fn expect_root(&self, py: Python<'_>, expected: &str) -> PyResult<()> {
+        let want = treepack::Hash32::from_hex(&expected.to_ascii_lowercase()).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "expect_root must be 64 hex digits (as treepack.root_hash returns), not {expected:?}"
+            ))
+        })?;
+        py.detach(|| self.inner.expect_root(want)).map_err(py_err)
+    }
+
     /// The user metadata as JSON text (None if absent).
     pub(crate) fn metadata(&self) -> Option<String> {
         self.inner.manifest().metadata.as_ref().map(|m| m.to_string())

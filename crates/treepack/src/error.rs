@@ -70,6 +70,18 @@ pub enum Error {
         actual: String,
     },
 
+    /// The tree's root hash is not the one the caller expected (`expect_root`): another tree is
+    /// stored there, or it was changed.
+    #[error("{location}: root hash is {actual}, but {expected} was expected: this is not the tree asked for (another save, or a modified one); load without expect_root to look at it")]
+    RootMismatch {
+        /// The location loaded.
+        location: String,
+        /// The root hash asked for, in hex.
+        expected: String,
+        /// The tree's root hash, in hex.
+        actual: String,
+    },
+
     /// A chunk's bytes do not hash to the value recorded in the manifest.
     #[error("{file}: chunk {chunk} of `{key}` is corrupt: BLAKE3 {actual} but the manifest records {expected}")]
     ChunkCorrupt {
@@ -317,6 +329,7 @@ impl Error {
             Error::InvalidManifest { .. } => "invalid_manifest",
             Error::ManifestChecksum { .. } => "manifest_checksum",
             Error::ChunkCorrupt { .. } => "chunk_corrupt",
+            Error::RootMismatch { .. } => "root_mismatch",
             Error::OutOfBounds { .. } => "out_of_bounds",
             Error::BadChunk { .. } => "bad_chunk",
             Error::InvalidCompression { .. } => "invalid_compression",

@@ -28,6 +28,7 @@ pub mod format;
 pub mod gc;
 pub mod progress;
 pub mod read;
+pub mod repo;
 mod runtime;
 pub mod save;
 pub mod serde_tree;
@@ -35,11 +36,13 @@ pub mod store;
 
 pub use error::{Error, Result};
 pub use format::dtype::{DType, Field};
+pub use format::hash::Hash32;
 pub use format::manifest::{Entry, LeafInfo, Manifest};
 pub use format::model::{ArrayData, Int, Key, Leaf, Node, Tree};
 pub use gc::GcReport;
 pub use progress::ProgressFn;
 pub use read::{LoadOptions, Problem, Reader, VerifyReport};
+pub use repo::{Repository, TreeRef};
 pub use runtime::block_on;
 pub use save::{SaveInfo, SaveOptions};
 pub use serde_tree::{from_tree, to_tree};
@@ -177,6 +180,16 @@ pub async fn load_async(location: impl IntoLocation, opts: &LoadOptions) -> Resu
 /// As [`open`].
 pub fn load_structure(location: impl IntoLocation) -> Result<Tree<LeafInfo>> {
     read::structure::load_structure(location.into_location()?)
+}
+
+/// The root hash of a stored tree (docs/format.md section 9): a Merkle hash over its structure
+/// and its leaves' canonical bytes, computed from the manifest (no array data is read). The
+/// same for the tree stored as a directory, a `.tpk`, in a repository, compressed or not.
+///
+/// # Errors
+/// As [`open`].
+pub fn root_hash(location: impl IntoLocation) -> Result<format::hash::Hash32> {
+    Ok(open(location)?.root_hash())
 }
 
 /// Open a lazy reader on a stored tree.

@@ -2,6 +2,7 @@
 //!
 //! [`model`] is the in-memory tree; [`dtype`], [`keypath`], [`grid`] (chunking and slicing),
 //! [`hash`] (BLAKE3 of canonical bytes), [`codec`] and [`preview`] describe its leaves;
+//! [`merkle`] is the root hash over a whole tree;
 //! [`manifest`] writes and parses `treepack.json`; [`container`] is the single-file (`.tpk`)
 //! layout around it. Reading and writing bytes somewhere is the engine's job (`store`, `save`,
 //! `read`).
@@ -13,7 +14,9 @@ pub mod grid;
 pub mod hash;
 pub mod keypath;
 pub mod manifest;
+pub mod merkle;
 pub mod model;
 pub mod parts;
 pub mod preview;
 pub mod refs;
+pub mod repo;

@@ -11,6 +11,9 @@ use super::*;
 /// [`Error::NotFound`], storage errors, [`Error::NotTreepack`] for a damaged single file.
 pub async fn manifest_bytes(loc: &Location) -> Result<(Bytes, String)> {
     Ok(match loc.layout() {
+        Layout::Directory if loc.tree_name().is_some() => {
+            crate::repo::manifest_bytes(loc, loc.tree_name().unwrap_or_default()).await?
+        }
         Layout::Directory => {
             let file = loc.file_name(MANIFEST_NAME);
             let b = loc

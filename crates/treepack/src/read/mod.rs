@@ -47,11 +47,22 @@ pub struct LoadOptions {
     pub batch_bytes: u64,
     /// Called with (bytes read, bytes to read) as chunks arrive.
     pub progress: Option<crate::progress::ProgressFn>,
+    /// If set, the load fails with [`Error::RootMismatch`] unless the tree's root hash
+    /// (docs/format.md section 9) is this one, checked from the manifest before any data is read.
+    pub expect_root: Option<crate::format::hash::Hash32>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { select: vec![], keep: None, verify: true, mmap: false, batch_bytes: 64 << 20, progress: None }
+        LoadOptions {
+            select: vec![],
+            keep: None,
+            verify: true,
+            mmap: false,
+            batch_bytes: 64 << 20,
+            progress: None,
+            expect_root: None,
+        }
     }
 }
 
@@ -222,6 +233,32 @@ impl Reader {
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
+
+    /// The tree's root hash (docs/format.md section 9), from the manifest alone.
+    pub fn root_hash(&self) -> crate::format::hash::Hash32 {
+        crate::format::merkle::root_hash(&self.manifest.root)
+    }
+
+    /// [`Error::RootMismatch`] unless the root hash is `opts.expect_root` (when set).
+    fn check_root(&self, opts: &LoadOptions) -> Result<()> {
+        opts.expect_root.map_or(Ok(()), |want| self.expect_root(want))
+    }
+
+    /// Check the tree's root hash against `want`, from the manifest alone.
+    ///
+    /// # Errors
+    /// [`Error::RootMismatch`] naming both hashes when they differ.
+    pub fn expect_root(&self, want: crate::format::hash::Hash32) -> Result<()> {
+        let got = self.root_hash();
+        if got == want {
+            return Ok(());
+        }
+        Err(Error::RootMismatch {
+            location: self.loc.display().to_string(),
+            expected: want.to_hex(),
+            actual: got.to_hex(),
+        })
+    }
     /// The tree with a [`LeafInfo`] at each leaf (no data read).
     pub fn structure(&self) -> Tree<LeafInfo> {
         self.manifest.structure()
@@ -243,6 +280,7 @@ impl Reader {
     /// # Errors
     /// Storage errors, [`Error::ChunkCorrupt`] when a hash does not match, [`Error::OutOfMemory`].
     pub async fn load_async(&self, opts: &LoadOptions) -> Result<Node> {
+        self.check_root(opts)?;
         self.materialize(&self.manifest.root, String::new(), opts).await
     }
 
@@ -251,6 +289,7 @@ impl Reader {
     /// # Errors
     /// As [`Reader::load_async`], plus [`Error::KeyNotFound`].
     pub async fn get_async(&self, path: &str, opts: &LoadOptions) -> Result<Node> {
+        self.check_root(opts)?;
         let place = keypath::resolve_place(&self.manifest.root, path)?;
         let prefix = keypath::split(path)?.join("/");
         if place.has_refs() {

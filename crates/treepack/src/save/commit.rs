@@ -23,7 +23,7 @@ pub async fn save_part_async(tree: &Node, loc: &Location, opts: &SaveOptions) ->
                 .into(),
         });
     }
-    let w = write_data(tree, loc, opts).await?;
+    let w = write_data(tree, loc, opts, None).await?;
     let bytes = manifest::encode(&w.manifest, &w.stats);
     Ok((bytes, w.info))
 }
@@ -90,6 +90,7 @@ pub async fn commit_parts_async(loc: &Location, parts: &[Vec<u8>], opts: &SaveOp
             chunks: 0,
             unique_chunks: 0,
             packs: pack_count,
+            bytes_reused: 0,
         },
         _marker: None,
     };
@@ -97,21 +98,21 @@ pub async fn commit_parts_async(loc: &Location, parts: &[Vec<u8>], opts: &SaveOp
 }
 
 /// Everything a save has written or decided before its commit.
-pub(super) struct Written {
-    pub(super) manifest: Manifest,
-    pub(super) stats: serde_json::Value,
+pub(crate) struct Written {
+    pub(crate) manifest: Manifest,
+    pub(crate) stats: serde_json::Value,
     /// Packs of the tree being replaced (directory layout), removed after the commit.
-    pub(super) previous: Option<Vec<String>>,
+    pub(crate) previous: Option<Vec<String>>,
     /// The single-file layout's one pack (its parts), written with the manifest.
-    pub(super) single_parts: Option<PackOut>,
-    pub(super) new_names: HashSet<String>,
-    pub(super) stored: u64,
-    pub(super) tracker: Tracker,
+    pub(crate) single_parts: Option<PackOut>,
+    pub(crate) new_names: HashSet<String>,
+    pub(crate) stored: u64,
+    pub(crate) tracker: Tracker,
     /// Bytes the location had written before this save (for `bytes_written`).
-    pub(super) before: u64,
-    pub(super) info: SaveInfo,
+    pub(crate) before: u64,
+    pub(crate) info: SaveInfo,
     /// Held until the save ends: `gc` keeps whatever it writes (store::marker).
-    pub(super) _marker: Option<crate::store::SaveMarker>,
+    pub(crate) _marker: Option<crate::store::SaveMarker>,
 }
 
 /// Write the manifest (or, for one file, the whole file) of what [`write_data`] wrote, then

@@ -27,7 +27,8 @@ use crate::progress::Tracker;
 use crate::store::{Layout, Location, MANIFEST_NAME, PACKS_DIR};
 use bytes::{Bytes, BytesMut};
 use check::check_tree;
-use commit::{commit, old_packs, Written};
+pub(crate) use commit::Written;
+use commit::{commit, old_packs};
 pub use commit::{commit_parts_async, save_part_async};
 use futures::{StreamExt, TryStreamExt};
 use rayon::prelude::*;
@@ -114,6 +115,9 @@ pub struct SaveInfo {
     pub unique_chunks: usize,
     /// Number of pack files the manifest lists.
     pub packs: usize,
+    /// Stored bytes of chunks a repository already held, referred to instead of written
+    /// (0 outside a repository).
+    pub bytes_reused: u64,
 }
 
 /// A chunk waiting to be hashed and placed; referenced by index from the entry tree.
@@ -282,6 +286,23 @@ impl Planner<'_> {
     }
 }
 
+/// Chunks a repository already holds, which a save into it refers to instead of writing again
+/// (crate::repo): hash → where the stored bytes are.
+#[derive(Debug, Default)]
+pub(crate) struct Reuse {
+    /// Each known chunk: (index into `packs`, offset, stored length, codec).
+    pub(crate) known: HashMap<Hash32, (u32, u64, u64, Codec)>,
+    /// The packs known chunks are in: (path, size).
+    pub(crate) packs: Vec<(String, u64)>,
+    /// This save's new packs are `packs/<prefix>-<n>.tpp` (unique per save: a repository never
+    /// writes a pack name twice).
+    pub(crate) prefix: String,
+}
+
+/// Marks a [`ChunkRef::pack`] that points into `Reuse::packs` (at `pack - KNOWN_PACK`) until
+/// the layout knows how many new packs come first.
+const KNOWN_PACK: u32 = 1 << 31;
+
 /// A finished pack: (relative path, parts to write, size).
 type PackOut = (String, Vec<Bytes>, u64);
 
@@ -289,6 +310,14 @@ type PackOut = (String, Vec<Bytes>, u64);
 /// written as soon as it is complete, while later chunks are still being hashed.
 struct Layouter {
     single: bool,
+    reuse: Option<std::sync::Arc<Reuse>>,
+    /// Bytes and chunks found in `reuse` (not written again).
+    reused_bytes: u64,
+    reused_chunks: usize,
+    /// The `reuse` packs referred to so far, in first-use order (a ref's pack is
+    /// `KNOWN_PACK + position here`).
+    known_used: Vec<u32>,
+    known_slot: HashMap<u32, u32>,
     pack_bytes: u64,
     /// For each chunk added so far: its final ref.
     refs: Vec<ChunkRef>,
@@ -302,9 +331,14 @@ struct Layouter {
 }
 
 impl Layouter {
-    fn new(single: bool, pack_bytes: u64) -> Self {
+    fn new(single: bool, pack_bytes: u64, reuse: Option<std::sync::Arc<Reuse>>) -> Self {
         Layouter {
             single,
+            reuse,
+            reused_bytes: 0,
+            reused_chunks: 0,
+            known_used: vec![],
+            known_slot: HashMap::new(),
             pack_bytes,
             refs: vec![],
             seen: HashMap::new(),
@@ -318,6 +352,19 @@ impl Layouter {
     fn add(&mut self, data: &Bytes, h: Hash32, codec: Codec) -> Option<PackOut> {
         if let Some(r) = self.seen.get(&h) {
             self.refs.push(r.clone());
+            return None;
+        }
+        if let Some(&(pack, offset, length, codec)) = self.reuse.as_ref().and_then(|r| r.known.get(&h)) {
+            let next = self.known_used.len() as u32;
+            let slot = *self.known_slot.entry(pack).or_insert(next);
+            if slot == next {
+                self.known_used.push(pack);
+            }
+            let r = ChunkRef { pack: KNOWN_PACK + slot, offset, length, codec, hash: h };
+            self.reused_bytes += length;
+            self.reused_chunks += 1;
+            self.seen.insert(h, r.clone());
+            self.refs.push(r);
             return None;
         }
         let len = data.len() as u64;
@@ -349,6 +396,8 @@ impl Layouter {
         self.closed += 1;
         let name = if self.single {
             ".".to_string()
+        } else if let Some(r) = &self.reuse {
+            format!("{PACKS_DIR}/{}-{n}.tpp", r.prefix)
         } else {
             format!("{PACKS_DIR}/{}-{n}.tpp", &self.id.finalize().to_hex()[..16])
         };
@@ -362,6 +411,12 @@ struct Hashed {
     /// Per pending chunk: its min/max (previews).
     min_max: Vec<Option<(f64, f64)>>,
     unique: usize,
+    /// Chunks (and their stored bytes) found in the repository instead of written.
+    reused_chunks: usize,
+    reused_bytes: u64,
+    /// The `Reuse::packs` (by index) referred to, in the order their refs were numbered
+    /// after the new packs.
+    known_packs: Vec<u32>,
 }
 
 /// A chunk's hash, min/max (previews) and compressed form (when the policy compressed it).
@@ -374,9 +429,11 @@ fn hash_and_layout(
     single: bool,
     pack_bytes: u64,
     batch_bytes: u64,
+    reuse: Option<std::sync::Arc<Reuse>>,
     mut emit: impl FnMut(PackOut) -> bool,
 ) -> Option<Hashed> {
-    let mut lay = Layouter::new(single, pack_bytes);
+    let known = reuse.clone();
+    let mut lay = Layouter::new(single, pack_bytes, reuse);
     let mut min_max = Vec::with_capacity(pending.len());
     let mut start = 0;
     while start < pending.len() {
@@ -396,7 +453,9 @@ fn hash_and_layout(
                 .par_iter()
                 .map(|p| {
                     let (h, mm) = hash_and_min_max(p, fused);
-                    (h, mm, p.encoding.and_then(|e| e.encode(&p.data, p.itemsize)))
+                    // A chunk the repository holds is not written: no need to compress it.
+                    let stored = known.as_ref().is_some_and(|r| r.known.contains_key(&h));
+                    (h, mm, p.encoding.filter(|_| !stored).and_then(|e| e.encode(&p.data, p.itemsize)))
                 })
                 .collect()
         });
@@ -419,7 +478,19 @@ fn hash_and_layout(
             return None;
         }
     }
-    Some(Hashed { unique: lay.seen.len(), refs: lay.refs, min_max })
+    let new_packs = lay.closed;
+    let mut refs = lay.refs;
+    for r in refs.iter_mut().filter(|r| r.pack >= KNOWN_PACK) {
+        r.pack = r.pack - KNOWN_PACK + new_packs as u32;
+    }
+    Some(Hashed {
+        unique: lay.seen.len(),
+        refs,
+        min_max,
+        reused_chunks: lay.reused_chunks,
+        reused_bytes: lay.reused_bytes,
+        known_packs: lay.known_used,
+    })
 }
 
 /// A chunk's hash and, for previews, its min/max. Fused, the data is read from memory once:
@@ -462,9 +533,11 @@ async fn write_packs(
 
 /// Hash and lay out on a separate thread while writing each finished pack here. Returns the
 /// layout and the (name, size) of every pack in order.
+#[allow(clippy::too_many_arguments)]
 async fn hash_and_write_pipelined(
     loc: &Location,
     pending: Vec<Pending>,
+    reuse: Option<std::sync::Arc<Reuse>>,
     pack_bytes: u64,
     batch_bytes: u64,
     concurrency: usize,
@@ -480,7 +553,7 @@ async fn hash_and_write_pipelined(
         .name("treepack-hash".into())
         .spawn(move || {
             let mut tx = tx;
-            let hashed = hash_and_layout(&pending, false, pack_bytes, batch_bytes, |pack| {
+            let hashed = hash_and_layout(&pending, false, pack_bytes, batch_bytes, reuse, |pack| {
                 futures::executor::block_on(tx.send(pack)).is_ok()
             });
             drop(tx);
@@ -538,22 +611,39 @@ fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
 /// [`Error::AlreadyExists`] unless overwriting, [`Error::InvalidTree`] for unsaveable trees,
 /// storage errors.
 pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<SaveInfo> {
-    let w = write_data(tree, loc, opts).await?;
+    if let Some(name) = loc.tree_name() {
+        let repo = crate::repo::Repository::open_async(loc.repository()).await?;
+        return repo.save_async(tree, name, opts).await;
+    }
+    let w = write_data(tree, loc, opts, None).await?;
     commit(loc, w, opts).await
 }
 
-/// Hash, lay out and write the packs of `tree`; build (not write) its manifest.
-async fn write_data(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<Written> {
+/// Hash, lay out and write the packs of `tree`; build (not write) its manifest. With `reuse`
+/// (a save into a repository), chunks it knows are referred to, not written, and the caller
+/// checks and commits the name.
+pub(crate) async fn write_data(
+    tree: &Node,
+    loc: &Location,
+    opts: &SaveOptions,
+    reuse: Option<std::sync::Arc<Reuse>>,
+) -> Result<Written> {
     loc.refuse_write()?;
     let has_refs = check_tree(tree)?;
     let single = loc.layout() == Layout::SingleFile;
-    let manifest_rel = if single { "." } else { MANIFEST_NAME };
-    let exists = loc.exists(manifest_rel).await?;
-    if exists && !opts.overwrite {
-        return Err(Error::AlreadyExists { location: loc.display().to_string() });
-    }
-    let marker = loc.save_marker(opts.durable)?;
-    let previous = if exists && !single { old_packs(loc).await } else { None };
+    let (exists, marker, previous) = if reuse.is_some() {
+        (false, None, None)
+    } else {
+        let manifest_rel = if single { "." } else { MANIFEST_NAME };
+        let exists = loc.exists(manifest_rel).await?;
+        if exists && !opts.overwrite {
+            return Err(Error::AlreadyExists { location: loc.display().to_string() });
+        }
+        let marker = loc.save_marker(opts.durable)?;
+        let previous = if exists && !single { old_packs(loc).await } else { None };
+        (exists, marker, previous)
+    };
+    let _ = exists;
 
     let globs = opts.chunk_shapes.iter().map(|(p, cs)| Ok((Glob::new(p)?, cs.clone()))).collect::<Result<Vec<_>>>()?;
     let mut planner = Planner {
@@ -584,7 +674,7 @@ async fn write_data(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<W
     let batch = opts.pipeline_batch_bytes.max(1);
     let (hashed, pack_list, single_parts) = if single || pending_bytes <= batch {
         let mut packs: Vec<PackOut> = vec![];
-        let hashed = hash_and_layout(&pending, single, opts.pack_bytes, u64::MAX, |p| {
+        let hashed = hash_and_layout(&pending, single, opts.pack_bytes, u64::MAX, reuse.clone(), |p| {
             packs.push(p);
             true
         })
@@ -598,8 +688,17 @@ async fn write_data(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<W
             (hashed, list, None)
         }
     } else {
-        let (hashed, list) =
-            hash_and_write_pipelined(loc, pending, opts.pack_bytes, batch, concurrency, opts.durable, &tracker).await?;
+        let (hashed, list) = hash_and_write_pipelined(
+            loc,
+            pending,
+            reuse.clone(),
+            opts.pack_bytes,
+            batch,
+            concurrency,
+            opts.durable,
+            &tracker,
+        )
+        .await?;
         (hashed, list, None)
     };
 
@@ -629,6 +728,13 @@ async fn write_data(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<W
         }
     });
     let stored: u64 = pack_list.iter().map(|p| p.1).sum();
+    // Packs of a repository that known chunks are in follow the new ones (their refs were
+    // renumbered so).
+    let mut pack_list = pack_list;
+    let new_pack_names: HashSet<String> = pack_list.iter().map(|p| p.0.clone()).collect();
+    if let Some(r) = &reuse {
+        pack_list.extend(hashed.known_packs.iter().filter_map(|&i| r.packs.get(i as usize).cloned()));
+    }
     // Format 1.0 when every chunk is raw (byte-identical to what earlier writers made, readable
     // by them); 1.1, which adds codecs, otherwise.
     // 1.2 adds shared nodes and refs: a tree without them is written as before.
@@ -661,7 +767,8 @@ async fn write_data(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<W
         array_bytes: planner.array_bytes,
         bytes_written: loc.stats().bytes_written() - before,
         chunks: chunks_total,
-        unique_chunks: hashed.unique,
+        unique_chunks: hashed.unique - hashed.reused_chunks,
+        bytes_reused: hashed.reused_bytes,
         packs: manifest.packs.len(),
     };
     Ok(Written {
@@ -669,7 +776,7 @@ async fn write_data(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<W
         stats,
         previous,
         single_parts,
-        new_names: pack_list.iter().map(|p| p.0.clone()).collect(),
+        new_names: new_pack_names,
         stored,
         tracker,
         before,

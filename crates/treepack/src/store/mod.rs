@@ -147,6 +147,9 @@ pub struct Location {
     /// opened even if a concurrent save replaces it (rename) under the same name.
     pinned: Option<Arc<std::fs::File>>,
     stats: Arc<IoStats>,
+    /// A tree of the repository at this location (`LOCATION@NAME`, crate::repo): its manifest
+    /// is found through the name's ref instead of `treepack.json`.
+    tree: Option<Arc<str>>,
 }
 
 fn memory_stores() -> &'static Mutex<std::collections::HashMap<String, Arc<InMemory>>> {
@@ -180,6 +183,9 @@ impl Location {
         if s.is_empty() {
             return Err(bad("empty location"));
         }
+        if let Some((repo, name)) = Self::split_tree(s) {
+            return Self::parse_with(repo, options)?.with_tree(name);
+        }
         let layout_for = |p: &str, is_file: bool| {
             if is_file || p.trim_end_matches('/').ends_with(&format!(".{SINGLE_FILE_EXT}")) {
                 Layout::SingleFile
@@ -206,6 +212,7 @@ impl Location {
                 remote: None,
                 pinned: None,
                 stats: Arc::default(),
+                tree: None,
             });
         }
         if let Some((scheme, _)) = s.split_once("://") {
@@ -221,6 +228,7 @@ impl Location {
                     remote: Some(tuning),
                     pinned: None,
                     stats: Arc::default(),
+                    tree: None,
                 });
             }
         }
@@ -240,7 +248,54 @@ impl Location {
             remote: None,
             pinned: None,
             stats: Arc::default(),
+            tree: None,
         })
+    }
+
+    /// `LOCATION@NAME` names the tree `NAME` of the repository at `LOCATION`
+    /// (docs/repositories.md): split there when the text after the last `@` is a valid tree
+    /// name, it lies in the path (not in a URL's `user@host`), and — for a local path — the
+    /// whole text is not itself an existing file or folder.
+    fn split_tree(s: &str) -> Option<(&str, &str)> {
+        let (loc, name) = s.rsplit_once('@')?;
+        if loc.is_empty() || crate::format::repo::validate_name(name).is_err() {
+            return None;
+        }
+        if let Some((scheme, rest)) = loc.split_once("://") {
+            // The `@` must come after the authority (the first `/` after `scheme://`).
+            if !rest.contains('/') && scheme != "file" && scheme != "memory" {
+                return None;
+            }
+        } else if Path::new(s).exists() {
+            return None;
+        }
+        Some((loc, name))
+    }
+
+    /// The tree name of a `LOCATION@NAME` location.
+    pub fn tree_name(&self) -> Option<&str> {
+        self.tree.as_deref()
+    }
+
+    /// The repository of a `LOCATION@NAME` location (itself otherwise).
+    pub fn repository(&self) -> Location {
+        let Some(name) = &self.tree else { return self.clone() };
+        let display = self.display[..self.display.len() - name.len() - 1].to_string();
+        Location { display, tree: None, ..self.clone() }
+    }
+
+    /// The tree `name` of the repository at this location.
+    ///
+    /// # Errors
+    /// [`Error::BadLocation`] for an invalid name or a single-file location.
+    pub fn with_tree(&self, name: &str) -> Result<Location> {
+        let bad = |r: String| Error::BadLocation { location: format!("{}@{name}", self.display), reason: r };
+        crate::format::repo::validate_name(name).map_err(bad)?;
+        if self.layout == Layout::SingleFile {
+            return Err(bad("a repository is a folder or an object-store prefix, not a single file".into()));
+        }
+        let base = self.repository();
+        Ok(Location { display: format!("{}@{name}", base.display), tree: Some(name.into()), ..base })
     }
 
     /// Whether the location is on a remote object store (S3, GCS, Azure, HTTP).
@@ -318,9 +373,10 @@ impl Location {
 
     /// Display name of a file inside the location (for error messages).
     pub fn file_name(&self, rel: &str) -> String {
-        match self.layout {
-            Layout::SingleFile => self.display.clone(),
-            Layout::Directory => format!("{}/{}", self.display.trim_end_matches('/'), rel),
+        match (self.layout, &self.tree) {
+            (Layout::SingleFile, _) => self.display.clone(),
+            (Layout::Directory, None) => format!("{}/{}", self.display.trim_end_matches('/'), rel),
+            (Layout::Directory, Some(_)) => self.repository().file_name(rel),
         }
     }
 
@@ -400,10 +456,15 @@ impl Location {
             if meta.len() > limit {
                 return Err(Error::limit("file size", limit, format!("{} is {} bytes", p.display(), meta.len())));
             }
-            let data =
-                maybe_spawn_blocking(move || std::fs::read(&p).map_err(|e| Error::Io { path: p, source: e })).await?;
-            self.stats.read(data.len() as u64);
-            return Ok(Some(Bytes::from(data)));
+            // Removed since the metadata call (a file another process replaces or deletes): gone.
+            let data = maybe_spawn_blocking(move || match std::fs::read(&p) {
+                Ok(d) => Ok(Some(d)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(Error::Io { path: p, source: e }),
+            })
+            .await?;
+            self.stats.read(data.as_ref().map_or(0, |d| d.len() as u64));
+            return Ok(data.map(Bytes::from));
         }
         match self.store.get(&self.obj(rel)).await {
             Ok(r) => {

@@ -35,7 +35,7 @@ pub fn encode(m: &Manifest, stats: &Value) -> Vec<u8> {
     s.into_bytes()
 }
 
-pub(super) fn write_str(s: &mut String, v: &str) {
+pub(crate) fn write_str(s: &mut String, v: &str) {
     s.push('"');
     // Runs of bytes that need no escape are copied whole (a char-by-char push cost ~20 % of
     // writing a manifest of short strings). Every byte that needs one is ASCII, so splitting
@@ -64,7 +64,7 @@ pub(super) fn write_str(s: &mut String, v: &str) {
     s.push('"');
 }
 
-pub(super) fn write_float(s: &mut String, f: f64) {
+pub(crate) fn write_float(s: &mut String, f: f64) {
     if f.is_finite() {
         let mut b = ryu::Buffer::new();
         s.push_str(b.format_finite(f));

@@ -1,0 +1,165 @@
+//! A save into a repository: a lease, the chunks already held, the new packs and their
+//! indexes, the manifest under its hash, then the name's ref (create-only) — in that order, so
+//! that whatever a crash leaves is either committed or garbage gc can tell apart.
+
+use super::*;
+use crate::format::codec::Codec;
+use crate::format::manifest::{ChunkRef, Entry};
+use crate::format::repo::{GcState, Lease};
+use crate::save::Reuse;
+use std::collections::{BTreeMap, HashSet};
+
+/// A unique id for this save: time and randomness (names its packs and its lease).
+fn save_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(now_ms());
+    h.write_u32(std::process::id());
+    format!("{:011x}{:016x}", now_ms() & 0xfff_ffff_ffff, h.finish())
+}
+
+/// Host and process, for a lease's `owner`; gc uses it to tell a dead local save.
+pub(super) fn owner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}:{}", host.trim(), std::process::id())
+}
+
+pub(super) async fn save(repo: &Repository, tree: &Node, name: &str, opts: &SaveOptions) -> Result<(SaveInfo, Hash32)> {
+    let target = repo.tree(name)?;
+    let loc = &repo.loc;
+    let ref_rel = layout::ref_path(name);
+    if !opts.overwrite && loc.exists(&ref_rel).await? {
+        return Err(Error::AlreadyExists { location: target.display().to_string() });
+    }
+    let id = save_id();
+    // The lease comes first: a gc that starts after it keeps every pack this save may reuse;
+    // one that started before has written its gc state, which the reuse below reads.
+    let lease_rel = format!("{}/{id}.json", layout::LEASES_DIR);
+    let lease = Lease { started_ms: now_ms(), name: name.to_string(), owner: owner() };
+    loc.put_tracked(&lease_rel, vec![Bytes::from(lease.encode())], true, false, None).await?;
+    let out = save_leased(repo, tree, name, opts, id).await;
+    // A lease left behind (a save cancelled or killed) only delays gc, until it expires or
+    // its process is found dead.
+    let _ = loc.delete(&lease_rel).await;
+    out
+}
+
+async fn save_leased(
+    repo: &Repository,
+    tree: &Node,
+    name: &str,
+    opts: &SaveOptions,
+    id: String,
+) -> Result<(SaveInfo, Hash32)> {
+    let target = repo.tree(name)?;
+    let loc = &repo.loc;
+    let ref_rel = layout::ref_path(name);
+    let before = loc.stats().bytes_written();
+    let reuse = Arc::new(reuse(repo, id).await?);
+    let w = crate::save::write_data(tree, loc, opts, Some(reuse)).await?;
+
+    // The new packs' indexes: which chunks each holds (what later saves may reuse).
+    let mut per_pack: BTreeMap<u32, BTreeMap<u64, (Hash32, u64, Codec)>> = BTreeMap::new();
+    let new: HashSet<u32> = w
+        .manifest
+        .packs
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| w.new_names.contains(&p.path))
+        .map(|(i, _)| i as u32)
+        .collect();
+    w.manifest.root.for_each_leaf_unpathed(&mut |e: &Entry| {
+        for c in e.chunks() {
+            let ChunkRef { pack, offset, length, codec, hash } = c;
+            if new.contains(pack) {
+                per_pack.entry(*pack).or_default().insert(*offset, (*hash, *length, *codec));
+            }
+        }
+    });
+    let indexes: Vec<(String, Vec<u8>)> = per_pack
+        .into_iter()
+        .filter_map(|(i, chunks)| {
+            let p = w.manifest.packs.get(i as usize)?;
+            let idx = PackIndex {
+                pack: p.path.clone(),
+                size: p.size,
+                chunks: chunks.into_iter().map(|(off, (h, len, codec))| (h, off, len, codec)).collect(),
+            };
+            Some((layout::index_path(&p.path)?, idx.encode()))
+        })
+        .collect();
+    if opts.durable && !new.is_empty() {
+        loc.sync_dir(crate::store::PACKS_DIR).await?;
+    }
+    futures::stream::iter(indexes)
+        .map(|(rel, bytes)| async move { loc.put_tracked(&rel, vec![Bytes::from(bytes)], true, opts.durable, None).await })
+        .buffer_unordered(READ_CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<()>>>()?;
+
+    // The manifest, named by its hash (an identical manifest already there is the same file).
+    let root = crate::format::merkle::root_hash(&w.manifest.root);
+    let mbytes = manifest::encode(&w.manifest, &w.stats);
+    let tree_rel = layout::tree_path(&Hash32::of(&mbytes));
+    match loc.put_tracked(&tree_rel, vec![Bytes::from(mbytes)], true, opts.durable, None).await {
+        Ok(()) | Err(Error::AlreadyExists { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    let info = SaveInfo {
+        location: target.display().to_string(),
+        bytes_written: loc.stats().bytes_written() - before,
+        ..w.info.clone()
+    };
+    let r = RefRecord {
+        tree: tree_rel,
+        root: root.to_hex(),
+        saved_ms: now_ms(),
+        bytes_written: info.bytes_written,
+        bytes_reused: info.bytes_reused,
+    };
+    // The commit: create-only, so of two savers of one name exactly one wins.
+    match loc.put_tracked(&ref_rel, vec![Bytes::from(r.encode())], !opts.overwrite, opts.durable, None).await {
+        Ok(()) => {}
+        Err(Error::AlreadyExists { .. }) => {
+            return Err(Error::AlreadyExists { location: target.display().to_string() })
+        }
+        Err(e) => return Err(e),
+    }
+    let bytes_written = loc.stats().bytes_written() - before;
+    Ok((SaveInfo { bytes_written, ..info }, root))
+}
+
+/// The chunks this save may refer to: every pack index, less the packs gc has condemned.
+async fn reuse(repo: &Repository, prefix: String) -> Result<Reuse> {
+    let loc = &repo.loc;
+    let condemned = match loc.get_opt(layout::GC_STATE, layout::MAX_SMALL_FILE).await? {
+        Some(b) => GcState::decode(&b).map_err(|r| Error::manifest(&loc.file_name(layout::GC_STATE), "", r))?.condemned,
+        None => BTreeMap::new(),
+    };
+    let listed: Vec<String> = loc.list(layout::INDEX_DIR).await?.into_iter().map(|(rel, _, _)| rel).collect();
+    if let Ok(mut m) = repo.indexes.lock() {
+        let keep: HashSet<&String> = listed.iter().collect();
+        m.retain(|k, _| keep.contains(k));
+    }
+    let read: Vec<Option<Arc<PackIndex>>> = futures::stream::iter(listed)
+        // An index that cannot be read is not reused (reuse only saves writing; `verify`
+        // reports the damage).
+        .map(|rel| async move { repo.read_index(&rel).await.ok() })
+        .buffered(READ_CONCURRENCY)
+        .collect()
+        .await;
+    let mut out = Reuse { prefix, ..Default::default() };
+    for idx in read.into_iter().flatten() {
+        if condemned.contains_key(&idx.pack) {
+            continue;
+        }
+        let i = out.packs.len() as u32;
+        out.packs.push((idx.pack.clone(), idx.size));
+        for &(h, off, len, codec) in &idx.chunks {
+            out.known.entry(h).or_insert((i, off, len, codec));
+        }
+    }
+    Ok(out)
+}

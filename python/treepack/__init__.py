@@ -31,11 +31,12 @@ from ._codec import File, Unloadable
 from ._core import CorruptError, FormatError, RootMismatchError, TreepackError
 from ._lazy import LazyArray, View, open
 from ._registry import Registration, register, registered
+from ._repo import CheckpointManager, Repository, TreeRef
 
 __version__ = _core.__version__
 
 __all__ = [
     "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",
     "register", "registered", "Registration", "File", "LeafInfo", "StructNode", "SaveInfo", "Unloadable",
-    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "RootMismatchError", "root_hash", "View", "LazyArray",
+    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "RootMismatchError", "root_hash", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
 ]

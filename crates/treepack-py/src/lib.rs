@@ -19,6 +19,7 @@ mod leaf_info;
 mod load;
 mod memory;
 mod reader;
+mod repo;
 mod results;
 mod structure;
 
@@ -38,6 +39,7 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use reader::*;
+use repo::*;
 use results::*;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -132,6 +134,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load_one_pass, m)?)?;
     m.add_function(wrap_pyfunction!(check_compression, m)?)?;
     m.add_class::<Reader>()?;
+    m.add_class::<Repository>()?;
     m.add_class::<BytesOwner>()?;
     m.add_class::<LeafInfo>()?;
     m.add_class::<SaveInfo>()?;

@@ -15,18 +15,26 @@ pub(crate) struct SaveInfo {
     /// Array leaves, and their bytes.
     pub(crate) arrays: usize,
     pub(crate) array_bytes: u64,
+    /// Stored bytes a repository already held (not written again); 0 elsewhere.
+    pub(crate) bytes_reused: u64,
+    /// The root hash, for saves into a repository (`treepack.root_hash` elsewhere).
+    pub(crate) root: Option<String>,
 }
 
 #[pymethods]
 impl SaveInfo {
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!(
-            "SaveInfo(leaves={}, bytes_written={}, location={}, arrays={}, array_bytes={})",
+            "SaveInfo(leaves={}, bytes_written={}, location={}, arrays={}, array_bytes={}{})",
             self.leaves,
             self.bytes_written,
             PyString::new(py, &self.location).repr()?,
             self.arrays,
-            self.array_bytes
+            self.array_bytes,
+            match &self.root {
+                Some(r) => format!(", bytes_reused={}, root='{r}'", self.bytes_reused),
+                None => String::new(),
+            }
         ))
     }
 }
@@ -39,6 +47,8 @@ impl From<treepack::SaveInfo> for SaveInfo {
             location: i.location,
             arrays: i.arrays,
             array_bytes: i.array_bytes,
+            bytes_reused: i.bytes_reused,
+            root: i.root.map(|h| h.to_hex()),
         }
     }
 }

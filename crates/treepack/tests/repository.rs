@@ -41,11 +41,13 @@ fn a_second_save_writes_only_what_changed_and_both_load() {
     let loc = dir.path().join("repo");
     let repo = Repository::create(loc.to_str().unwrap()).unwrap();
     let a = checkpoint(8, 0, 1);
-    let (ia, ra) = repo.save(&a, "step-1", &SaveOptions::default()).unwrap();
+    let ia = repo.save(&a, "step-1", &SaveOptions::default()).unwrap();
+    let ra = ia.root.unwrap();
     assert_eq!(ia.bytes_reused, 0);
     assert!(ia.bytes_written > 8 * 262144, "{ia:?}");
     let b = with_layer(checkpoint(8, 0, 2), 3, 9);
-    let (ib, rb) = repo.save(&b, "step-2", &SaveOptions::default()).unwrap();
+    let ib = repo.save(&b, "step-2", &SaveOptions::default()).unwrap();
+    let rb = ib.root.unwrap();
     // Seven layers reused, one written (plus the manifest, ref and index).
     assert_eq!(ib.bytes_reused, 7 * 262144, "{ib:?}");
     assert!(ib.bytes_written < 262144 + 16384, "{ib:?}");
@@ -110,7 +112,7 @@ fn of_concurrent_writers_of_one_name_one_wins_and_other_names_all_commit() {
     let loc = dir.path().join("r");
     Repository::create(loc.to_str().unwrap()).unwrap();
     let loc = loc.to_str().unwrap().to_string();
-    let results: Vec<(Result<(SaveInfo, Hash32)>, Node)> = std::thread::scope(|s| {
+    let results: Vec<(Result<SaveInfo>, Node)> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..6u8)
             .map(|i| {
                 let loc = loc.clone();
@@ -168,7 +170,7 @@ fn gc_frees_what_only_deleted_trees_used_and_keeps_the_rest() {
     assert_eq!(std::fs::read_dir(loc.join("packs")).unwrap().count(), 0);
     assert_eq!(std::fs::read_dir(loc.join("index")).unwrap().count(), 0);
     // And a new save after that writes everything again, correctly.
-    let (info, _) = repo.save(&a, "a", &SaveOptions::default()).unwrap();
+    let info = repo.save(&a, "a", &SaveOptions::default()).unwrap();
     assert_eq!(info.bytes_reused, 0);
     assert!(repo.load("a", &LoadOptions::default()).unwrap().exact_eq(&a));
 }
@@ -296,7 +298,7 @@ fn a_repository_in_an_object_store_shares_chunks_too() {
     let repo = Repository::create(loc).unwrap();
     let a = checkpoint(3, 2, 1);
     repo.save(&a, "a", &SaveOptions::default()).unwrap();
-    let (info, _) = repo.save(&with_layer(a.clone(), 1, 3), "b", &SaveOptions::default()).unwrap();
+    let info = repo.save(&with_layer(a.clone(), 1, 3), "b", &SaveOptions::default()).unwrap();
     assert_eq!(info.bytes_reused, 2 * 262144);
     assert!(load(format!("{loc}@a").as_str(), &LoadOptions::default()).unwrap().exact_eq(&a));
     repo.delete("a").unwrap();

@@ -80,6 +80,13 @@ fn lease_dead(l: &Lease, now: u64) -> bool {
     }
 }
 
+/// Whether a local staging file (`name#<pid>-<n>`) belongs to a process that no longer runs
+/// (staging files are local, so the pid is one of this host's).
+fn staging_owner_dead(rel: &str) -> bool {
+    let pid = rel.rsplit_once('#').and_then(|(_, t)| t.split_once('-')).and_then(|(p, _)| p.parse::<u32>().ok());
+    cfg!(target_os = "linux") && pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+}
+
 pub(super) async fn gc(repo: &Repository, grace: std::time::Duration) -> Result<RepoGcReport> {
     let loc = &repo.loc;
     loc.refuse_write()?;
@@ -155,13 +162,13 @@ pub(super) async fn gc(repo: &Repository, grace: std::time::Duration) -> Result<
             loc.delete(&rel).await?;
         }
     }
-    // Staging files of local saves that died mid-write (`name#N`): no save runs now, and one
-    // starting meanwhile writes fresh ones, so only old ones go.
+    // Staging files of local saves that died mid-write (`name#<pid>-<n>`): those of dead
+    // processes, and old ones (a save starting meanwhile writes fresh ones).
     let staging_ms = grace_ms.max(STAGING_GRACE_MS);
     for dir in [crate::store::PACKS_DIR, layout::TREES_DIR, layout::INDEX_DIR, layout::REFS_DIR, layout::LEASES_DIR] {
         for (rel, size, modified) in loc.list(dir).await? {
             let age = std::time::SystemTime::now().duration_since(modified).map(|d| d.as_millis() as u64).unwrap_or(0);
-            if rel.contains('#') && age >= staging_ms && loc.remove_local(&rel)? {
+            if rel.contains('#') && (age >= staging_ms || staging_owner_dead(&rel)) && loc.remove_local(&rel)? {
                 report.bytes_freed += size;
                 report.removed.push(rel);
             }

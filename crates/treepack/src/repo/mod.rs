@@ -123,21 +123,13 @@ impl Repository {
     }
 
     /// Save `tree` as `name`: only chunks the repository does not hold yet are written.
-    /// `SaveInfo::bytes_reused` tells what was found, `SaveInfo::bytes_written` what was not;
-    /// the name's root hash is [`Repository::root_hash`]. Create-only unless `opts.overwrite`:
-    /// of two writers of one name, one wins and the other gets [`Error::AlreadyExists`].
+    /// `SaveInfo::bytes_reused` tells what was found, `SaveInfo::bytes_written` what was not,
+    /// `SaveInfo::root` the tree's root hash. Create-only unless `opts.overwrite`: of two
+    /// writers of one name, one wins and the other gets [`Error::AlreadyExists`].
     ///
     /// # Errors
     /// [`Error::AlreadyExists`], [`Error::BadLocation`] for an invalid name, as [`crate::save`].
     pub async fn save_async(&self, tree: &Node, name: &str, opts: &SaveOptions) -> Result<SaveInfo> {
-        Ok(self.save_with_root(tree, name, opts).await?.0)
-    }
-
-    /// [`Repository::save_async`], also returning the tree's root hash.
-    ///
-    /// # Errors
-    /// As [`Repository::save_async`].
-    pub async fn save_with_root(&self, tree: &Node, name: &str, opts: &SaveOptions) -> Result<(SaveInfo, Hash32)> {
         save::save(self, tree, name, opts).await
     }
 
@@ -391,12 +383,12 @@ impl Repository {
         let loc = location.into_location()?;
         loc.clone().block_on(Repository::create_async(loc))
     }
-    /// Blocking [`Repository::save_with_root`].
+    /// Blocking [`Repository::save_async`].
     ///
     /// # Errors
     /// As [`Repository::save_async`].
-    pub fn save(&self, tree: &Node, name: &str, opts: &SaveOptions) -> Result<(SaveInfo, Hash32)> {
-        crate::block_on(self.save_with_root(tree, name, opts))
+    pub fn save(&self, tree: &Node, name: &str, opts: &SaveOptions) -> Result<SaveInfo> {
+        crate::block_on(self.save_async(tree, name, opts))
     }
     /// Blocking [`Repository::names_async`].
     ///

@@ -24,7 +24,7 @@ pub(super) fn owner() -> String {
     format!("{}:{}", host.trim(), std::process::id())
 }
 
-pub(super) async fn save(repo: &Repository, tree: &Node, name: &str, opts: &SaveOptions) -> Result<(SaveInfo, Hash32)> {
+pub(super) async fn save(repo: &Repository, tree: &Node, name: &str, opts: &SaveOptions) -> Result<SaveInfo> {
     let target = repo.tree(name)?;
     let loc = &repo.loc;
     let ref_rel = layout::ref_path(name);
@@ -44,13 +44,7 @@ pub(super) async fn save(repo: &Repository, tree: &Node, name: &str, opts: &Save
     out
 }
 
-async fn save_leased(
-    repo: &Repository,
-    tree: &Node,
-    name: &str,
-    opts: &SaveOptions,
-    id: String,
-) -> Result<(SaveInfo, Hash32)> {
+async fn save_leased(repo: &Repository, tree: &Node, name: &str, opts: &SaveOptions, id: String) -> Result<SaveInfo> {
     let target = repo.tree(name)?;
     let loc = &repo.loc;
     let ref_rel = layout::ref_path(name);
@@ -128,7 +122,7 @@ async fn save_leased(
         Err(e) => return Err(e),
     }
     let bytes_written = loc.stats().bytes_written() - before;
-    Ok((SaveInfo { bytes_written, ..info }, root))
+    Ok(SaveInfo { bytes_written, root: Some(root), ..info })
 }
 
 /// The chunks this save may refer to: every pack index, less the packs gc has condemned.

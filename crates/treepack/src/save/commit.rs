@@ -23,6 +23,7 @@ pub async fn save_part_async(tree: &Node, loc: &Location, opts: &SaveOptions) ->
                 .into(),
         });
     }
+    refuse_repository(loc)?;
     let w = write_data(tree, loc, opts, None).await?;
     let bytes = manifest::encode(&w.manifest, &w.stats);
     Ok((bytes, w.info))
@@ -37,6 +38,7 @@ pub async fn save_part_async(tree: &Node, loc: &Location, opts: &SaveOptions) ->
 /// overwriting; storage errors.
 pub async fn commit_parts_async(loc: &Location, parts: &[Vec<u8>], opts: &SaveOptions) -> Result<SaveInfo> {
     loc.refuse_write()?;
+    refuse_repository(loc)?;
     let decoded =
         parts.iter().enumerate().map(|(i, b)| manifest::decode(b, &format!("part {i}"))).collect::<Result<Vec<_>>>()?;
     let mut merged = crate::format::parts::merge(decoded)?;
@@ -91,10 +93,25 @@ pub async fn commit_parts_async(loc: &Location, parts: &[Vec<u8>], opts: &SaveOp
             unique_chunks: 0,
             packs: pack_count,
             bytes_reused: 0,
+            root: None,
         },
         _marker: None,
     };
     commit(loc, w, opts).await
+}
+
+/// Saves written in parts go to plain locations only (for now): a repository's saves take a
+/// lease and reuse its chunks, which the parts' writers would each have to do.
+fn refuse_repository(loc: &Location) -> Result<()> {
+    if loc.tree_name().is_some() {
+        return Err(Error::BadLocation {
+            location: loc.display().to_string(),
+            reason: "a save written by several processes (JAX, Dask) cannot go into a repository yet; save it to a \
+                     plain location, then copy it in (treepack cp SRC REPO@NAME)"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// Everything a save has written or decided before its commit.

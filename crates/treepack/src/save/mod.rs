@@ -118,6 +118,10 @@ pub struct SaveInfo {
     /// Stored bytes of chunks a repository already held, referred to instead of written
     /// (0 outside a repository).
     pub bytes_reused: u64,
+    /// The tree's root hash (docs/format.md section 9), for saves into a repository (a
+    /// repository records it with the name); `None` elsewhere, where
+    /// [`crate::root_hash`] computes it from the location.
+    pub root: Option<Hash32>,
 }
 
 /// A chunk waiting to be hashed and placed; referenced by index from the entry tree.
@@ -769,6 +773,7 @@ pub(crate) async fn write_data(
         chunks: chunks_total,
         unique_chunks: hashed.unique - hashed.reused_chunks,
         bytes_reused: hashed.reused_bytes,
+        root: None,
         packs: manifest.packs.len(),
     };
     Ok(Written {

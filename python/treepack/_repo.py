@@ -1,0 +1,237 @@
+"""Repositories (docs/repositories.md): many named trees in one location sharing chunks by hash,
+and the CheckpointManager built on them for training loops."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as _dt
+import os
+import re
+import threading
+from typing import Any, List, NamedTuple, Optional
+
+from . import _core
+from ._api import PathLike, StorageOptions, _opts, _path, load, load_structure, save
+from ._async import SaveHandle
+
+__all__ = ["Repository", "TreeRef", "CheckpointManager"]
+
+
+class TreeRef(NamedTuple):
+    """A committed name of a repository (what ``Repository.names()`` lists)."""
+
+    name: str
+    root: str
+    """The tree's root hash (``treepack.root_hash``)."""
+    saved: _dt.datetime
+    """When its save committed (UTC)."""
+    bytes_written: int
+    bytes_reused: int
+    """Stored bytes the save found already in the repository (not written again)."""
+
+
+class Repository:
+    """Many named trees in one location (a folder or an object-store prefix) sharing chunks by
+    BLAKE3 hash: a save writes only the chunks the repository does not hold yet.
+
+    ``Repository(location, create=True)`` creates it (or opens the one there). Every load option
+    works on a tree of it (``select``, ``like``, ``mmap``, ``trust``, ...), and so does every other
+    function that takes a location: ``repo.tree(name)`` is ``"LOCATION@NAME"``, which
+    ``treepack.load``, ``open``, ``load_structure``, ``verify``, ``root_hash`` and the CLI accept.
+    """
+
+    def __init__(self, location: PathLike, *, storage_options: StorageOptions = None, create: bool = False) -> None:
+        self.location = _path(location)
+        self.storage_options = storage_options
+        self._core = _core.Repository(self.location, _opts(storage_options), create)
+
+    def tree(self, name: str) -> str:
+        """``"LOCATION@NAME"``, the location of tree ``name`` (raises ``ValueError`` for a name
+        that is not 1-128 characters of ``A-Z a-z 0-9 . _ -``)."""
+        return self._core.tree(name)
+
+    def save(self, tree: Any, name: str, **save_kwargs: Any) -> Any:
+        """Save ``tree`` as ``name`` (``treepack.save``'s keywords: ``overwrite``, ``blocking``,
+        ``compression``, ``metadata``, ...). Returns a ``SaveInfo`` whose ``bytes_written`` and
+        ``bytes_reused`` say what was new and what the repository already held, and ``root`` the
+        tree's root hash. A name is committed create-only: of two savers of one name, one wins and
+        the other gets ``FileExistsError`` (``overwrite=True`` replaces it)."""
+        return save(tree, self.tree(name), storage_options=self.storage_options, **save_kwargs)
+
+    def load(self, name: str, **load_kwargs: Any) -> Any:
+        """Load tree ``name`` (``treepack.load``'s keywords)."""
+        return load(self.tree(name), storage_options=self.storage_options, **load_kwargs)
+
+    def load_structure(self, name: str) -> Any:
+        return load_structure(self.tree(name), storage_options=self.storage_options)
+
+    def open(self, name: str) -> Any:
+        """A lazy view of tree ``name`` (``treepack.open``)."""
+        from ._lazy import open as open_view
+
+        return open_view(self.tree(name), storage_options=self.storage_options)
+
+    def names(self) -> List[TreeRef]:
+        """Every committed name, sorted, with its root hash, save time and what its save wrote."""
+        return [
+            TreeRef(n, root, _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc), written, reused)
+            for n, root, ms, written, reused in self._core.names()
+        ]
+
+    def root_hash(self, name: str) -> str:
+        """The root hash recorded when ``name`` was saved (no manifest read)."""
+        return self._core.root_hash(name)
+
+    def delete(self, name: str) -> None:
+        """Delete the name (``FileNotFoundError`` if there is none). Its chunks stay until
+        ``gc`` finds no other tree uses them."""
+        self._core.delete(name)
+
+    def gc(self, grace_secs: float = 3600.0) -> int:
+        """Remove packs and manifests no committed name needs and that have been unreferenced for
+        ``grace_secs``; returns the bytes freed. Never removes what a save still running may
+        refer to (docs/repositories.md, "How gc stays safe")."""
+        removed, freed, waiting, running = self._core.gc(grace_secs)
+        return freed
+
+    def verify(self) -> Any:
+        """Re-hash every chunk of every tree and check every pack index; problems name the tree."""
+        return self._core.verify()
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and any(t.name == name for t in self.names())
+
+    def __repr__(self) -> str:
+        return f"Repository({self.location!r})"
+
+
+_STEP = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointManager:
+    """Checkpoints of a training loop in a repository: each ``save(step, tree)`` writes only the
+    chunks that changed since the checkpoints still kept, keeps the last ``keep_last`` steps (and
+    every step that is a multiple of ``keep_every``), deletes the rest and frees their bytes.
+
+    ``save(..., blocking=False)`` (the default) returns once the tree is snapshotted; the write,
+    the retention and the gc run on a background thread, one save at a time (a new save waits
+    for the previous one). Safe to resume after a crash: a new manager on the same location sees
+    every committed step, and what an interrupted save wrote is removed by the next gc.
+    """
+
+    def __init__(
+        self,
+        location: PathLike,
+        *,
+        keep_last: Optional[int] = 3,
+        keep_every: Optional[int] = None,
+        storage_options: StorageOptions = None,
+        gc_grace_secs: float = 0.0,
+    ) -> None:
+        if keep_last is not None and keep_last < 1:
+            raise ValueError("keep_last must be at least 1 (or None to keep every step)")
+        if keep_every is not None and keep_every < 1:
+            raise ValueError("keep_every must be a positive number of steps (or None)")
+        self.repository = Repository(location, storage_options=storage_options, create=True)
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.gc_grace_secs = gc_grace_secs
+        self._pending: Optional[concurrent.futures.Future] = None
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pool_pid = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def name(step: int) -> str:
+        """The tree name of a step: ``step-<n>``."""
+        return f"step-{int(step)}"
+
+    def all_steps(self) -> List[int]:
+        """Every committed step, ascending."""
+        return sorted(int(m.group(1)) for t in self.repository.names() if (m := _STEP.match(t.name)))
+
+    def latest_step(self) -> Optional[int]:
+        """The newest committed step, or ``None``."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        # One thread: saves, retention and gc run in order. A forked child starts its own.
+        if self._pool is None or self._pool_pid != os.getpid():
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="treepack-ckpt")
+            self._pool_pid = os.getpid()
+        return self._pool
+
+    def save(self, step: int, tree: Any, *, blocking: bool = False, **save_kwargs: Any) -> Any:
+        """Save ``tree`` as step ``step`` (``treepack.save``'s keywords). Returns the ``SaveInfo``
+        when ``blocking``, else a ``SaveHandle`` whose ``result()`` is the ``SaveInfo`` once the
+        save, the retention and the gc are done. Raises ``FileExistsError`` (from the handle) if
+        the step was already saved, unless ``overwrite=True``."""
+        name = self.name(step)
+        with self._lock:
+            self.wait_until_finished()
+            handle = self.repository.save(tree, name, blocking=False, **save_kwargs)
+
+            def finish() -> Any:
+                info = handle.result()
+                self._apply_retention()
+                return info
+
+            future = self._executor().submit(finish)
+            self._pending = future
+        out = SaveHandle(future, self.repository.tree(name))
+        if not blocking:
+            return out
+        try:
+            return out.result()
+        finally:
+            # Its outcome was delivered here: a later wait must not raise it again.
+            with self._lock:
+                if self._pending is future:
+                    self._pending = None
+
+    def _apply_retention(self) -> None:
+        steps = self.all_steps()
+        keep = set(steps[-self.keep_last:]) if self.keep_last is not None else set(steps)
+        if self.keep_every is not None:
+            keep |= {s for s in steps if s % self.keep_every == 0}
+        for s in steps:
+            if s not in keep:
+                try:
+                    self.repository.delete(self.name(s))
+                except FileNotFoundError:
+                    pass  # another manager deleted it first
+        self.repository.gc(self.gc_grace_secs)
+
+    def wait_until_finished(self) -> None:
+        """Wait for the save in progress (and its retention); re-raises its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def restore(self, step: Optional[int] = None, **load_kwargs: Any) -> Any:
+        """Load step ``step`` (default: the latest) with ``treepack.load``'s keywords
+        (``like=``, ``select=``, ``trust=``, ...). Waits for a save in progress first."""
+        self.wait_until_finished()
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"{self.repository.location}: no checkpoint saved yet")
+        return self.repository.load(self.name(step), **load_kwargs)
+
+    def close(self) -> None:
+        """Finish the save in progress."""
+        self.wait_until_finished()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __enter__(self) -> "CheckpointManager":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({self.repository.location!r}, keep_last={self.keep_last}, keep_every={self.keep_every})"
+

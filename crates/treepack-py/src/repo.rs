@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// One committed name as `names` hands it over: (name, root hex, saved ms, bytes written,
+/// bytes reused).
+type NameRow = (String, String, u64, u64, u64);
+
 /// A repository of trees sharing chunks (`treepack.Repository` wraps it).
 #[pyclass(frozen, module = "treepack._core")]
 pub(crate) struct Repository {
@@ -28,7 +32,7 @@ impl Repository {
     }
 
     /// Every name: (name, root hex, saved ms, bytes written, bytes reused), sorted by name.
-    fn names(&self, py: Python<'_>) -> PyResult<Vec<(String, String, u64, u64, u64)>> {
+    fn names(&self, py: Python<'_>) -> PyResult<Vec<NameRow>> {
         let v = py.detach(|| self.inner.names()).map_err(py_err)?;
         Ok(v.into_iter().map(|t| (t.name, t.root.to_hex(), t.saved_ms, t.bytes_written, t.bytes_reused)).collect())
     }

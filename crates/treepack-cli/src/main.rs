@@ -1,4 +1,5 @@
-//! `treepack`: inspect, list, print, hash, verify, copy and clean stored trees; write a demo tree.
+//! `treepack`: inspect, list, print, hash, verify, copy and clean stored trees; manage
+//! repositories; write a demo tree.
 
 mod show;
 
@@ -87,6 +88,10 @@ enum Cmd {
         #[arg(long, short)]
         quiet: bool,
     },
+    /// Repositories: many named trees sharing chunks (`LOCATION@NAME` names one tree of a
+    /// repository wherever a location is taken: inspect, ls, cat, hash, verify, cp).
+    #[command(subcommand)]
+    Repo(RepoCmd),
     /// Remove leftovers of interrupted saves (unreferenced packs, staging files).
     Gc {
         path: String,
@@ -94,6 +99,41 @@ enum Cmd {
         #[arg(long, default_value_t = 3600)]
         grace_secs: u64,
     },
+}
+
+#[derive(Subcommand)]
+enum RepoCmd {
+    /// Create a repository (a folder or an object-store prefix).
+    Init { location: String },
+    /// List the names: save time, root hash, bytes written and bytes reused by its save.
+    Ls {
+        location: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy the tree at SRC into the repository as NAME (only chunks it lacks are written).
+    SaveFrom {
+        location: String,
+        name: String,
+        src: String,
+        #[arg(long)]
+        overwrite: bool,
+        /// Compression policy of the copy (as for `cp`).
+        #[arg(long, default_value = "none")]
+        compression: String,
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Delete a name (its chunks go at the next gc that finds no other tree using them).
+    Rm { location: String, name: String },
+    /// Remove packs and manifests no name needs, unreferenced for at least --grace-secs.
+    Gc {
+        location: String,
+        #[arg(long, default_value_t = 3600)]
+        grace_secs: u64,
+    },
+    /// Re-hash every chunk of every tree and check every pack index.
+    Verify { location: String },
 }
 
 fn main() -> ExitCode {
@@ -140,6 +180,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Demo { dir, overwrite } => demo(&dir, so, overwrite),
         Cmd::Cp { src, dst, overwrite, compression, quiet } => copy(&src, &dst, so, overwrite, &compression, quiet),
+        Cmd::Repo(cmd) => repo(cmd, so),
         Cmd::Gc { path, grace_secs } => {
             let r = treepack::gc(location(&path, so)?, std::time::Duration::from_secs(grace_secs))?;
             for p in &r.removed {
@@ -152,6 +193,79 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn repo(cmd: RepoCmd, so: &StorageOptions) -> Result<ExitCode> {
+    let open_repo = |l: &str| -> Result<treepack::Repository> { Ok(treepack::Repository::open(location(l, so)?)?) };
+    match cmd {
+        RepoCmd::Init { location: l } => {
+            treepack::Repository::create(location(&l, so)?)?;
+            println!(
+                "repository ready at {l}; save into it with `treepack repo save-from {l} NAME SRC` or to {l}@NAME"
+            );
+        }
+        RepoCmd::Ls { location: l, json } => {
+            let names = open_repo(&l)?.names()?;
+            if json {
+                let v: Vec<_> = names
+                    .iter()
+                    .map(|t| json!({"name": t.name, "root": t.root.to_hex(), "saved_ms": t.saved_ms, "bytes_written": t.bytes_written, "bytes_reused": t.bytes_reused}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for t in &names {
+                    println!(
+                        "{}  {}  {}  written {}, reused {}",
+                        t.name,
+                        show::utc_time(t.saved_ms),
+                        &t.root.to_hex()[..16],
+                        human_bytes(t.bytes_written),
+                        human_bytes(t.bytes_reused)
+                    );
+                }
+                println!("{} tree{}", names.len(), if names.len() == 1 { "" } else { "s" });
+            }
+        }
+        RepoCmd::SaveFrom { location: l, name, src, overwrite, compression, quiet } => {
+            let dst = open_repo(&l)?.tree(&name)?.display().to_string();
+            return copy(&src, &dst, so, overwrite, &compression, quiet);
+        }
+        RepoCmd::Rm { location: l, name } => {
+            open_repo(&l)?.delete(&name)?;
+            println!("deleted {l}@{name}; `treepack repo gc {l}` frees what no other tree uses");
+        }
+        RepoCmd::Gc { location: l, grace_secs } => {
+            let r = open_repo(&l)?.gc(std::time::Duration::from_secs(grace_secs))?;
+            for p in &r.removed {
+                println!("removed {p}");
+            }
+            if r.saves_running > 0 {
+                println!("{} save(s) running: nothing deleted this time", r.saves_running);
+            }
+            println!(
+                "{} removed, {} freed, {} unreferenced kept (younger than {grace_secs}s, or saves running)",
+                r.removed.len(),
+                human_bytes(r.bytes_freed),
+                r.waiting.len()
+            );
+        }
+        RepoCmd::Verify { location: l } => {
+            let rep = open_repo(&l)?.verify()?;
+            for p in &rep.problems {
+                println!("CORRUPT {} {}: {}", p.file, p.key, p.reason);
+            }
+            println!(
+                "{}: {} chunks, {} checked, {} problem{}",
+                if rep.ok() { "OK" } else { "FAILED" },
+                rep.chunks_checked,
+                human_bytes(rep.bytes_checked),
+                rep.problems.len(),
+                if rep.problems.len() == 1 { "" } else { "s" }
+            );
+            return Ok(if rep.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) });
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn location(path: &str, so: &StorageOptions) -> Result<Location> {
@@ -191,8 +305,10 @@ fn copy(
     let compression = treepack::save::Compression::parse(compression)?;
     let r = open(src, so)?;
     let (bar, f) = progress_bar("read", quiet);
-    let tree = r.load(&LoadOptions { progress: Some(f), ..Default::default() })?;
+    let mut tree = r.load(&LoadOptions { progress: Some(f), ..Default::default() })?;
     bar.finish_and_clear();
+    // The copy keeps every array's chunk grid, so it has the source's root hash.
+    treepack::save::keep_chunk_shapes(&mut tree, &r.manifest().root);
     let m = r.manifest();
     let (bar, f) = progress_bar("write", quiet);
     let opts =
@@ -210,6 +326,9 @@ fn copy(
         human_bytes(stored),
         show::ratio(canonical, stored)
     );
+    if let Some(root) = info.root {
+        println!("{} already in the repository, reused; root {}", human_bytes(info.bytes_reused), root.to_hex());
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -240,3 +240,41 @@ fn ls_and_inspect_show_array_annotations() {
     assert_eq!(step["as"], serde_json::json!({"type": "torch.Tensor", "device": "cuda:0"}));
     assert_eq!(json["version"], serde_json::json!([1, 3]));
 }
+
+#[test]
+fn hash_and_repositories_from_the_command_line() {
+    let (d, ckpt) = demo("ckpt");
+    let root = run_ok(&["hash", &ckpt]).trim().to_string();
+    assert_eq!(root.len(), 64);
+    let tpk = d.path().join("copy.tpk").to_str().unwrap().to_string();
+    run_ok(&["cp", &ckpt, &tpk, "--compression", "zstd", "-q"]);
+    assert_eq!(run_ok(&["hash", &tpk]).trim(), root, "one root whatever the layout and codec");
+    assert_ne!(run_ok(&["hash", &ckpt, "--key", "params"]).trim(), root);
+
+    let repo = d.path().join("repo").to_str().unwrap().to_string();
+    let out = run_ok(&["repo", "init", &repo]);
+    assert!(out.contains("repository ready"), "{out}");
+    let out = run_ok(&["repo", "save-from", &repo, "v1", &ckpt, "-q"]);
+    assert!(out.contains(&format!("root {root}")), "{out}");
+    // The same tree again: every chunk is already there.
+    let out = run_ok(&["cp", &ckpt, &format!("{repo}@v2"), "-q"]);
+    assert!(out.contains("already in the repository, reused"), "{out}");
+    let v2 = format!("{repo}@v2");
+    // LOCATION@NAME wherever a location is taken.
+    assert_eq!(run_ok(&["hash", &v2]).trim(), root);
+    assert!(run_ok(&["inspect", &v2]).contains("kernel: float32[512, 256]"));
+    assert!(run_ok(&["ls", &v2, "params/**"]).contains("params/dense/kernel"));
+    assert!(run_ok(&["verify", &v2]).starts_with("OK"));
+    let out = run_ok(&["repo", "ls", &repo]);
+    assert!(out.contains("v1 ") && out.contains("v2 ") && out.contains("2 trees"), "{out}");
+    let listed: serde_json::Value = serde_json::from_str(&run_ok(&["repo", "ls", &repo, "--json"])).unwrap();
+    assert_eq!(listed[1]["root"], root.as_str());
+    assert!(listed[1]["bytes_reused"].as_u64().unwrap() > 600_000, "{listed}");
+    run_ok(&["repo", "rm", &repo, "v1"]);
+    let out = run_ok(&["repo", "gc", &repo, "--grace-secs", "0"]);
+    assert!(out.contains("removed trees/"), "v1's manifest goes, the shared packs stay: {out}");
+    assert!(run_ok(&["repo", "verify", &repo]).starts_with("OK"));
+    let out = tp().args(["inspect", &format!("{repo}@v1")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no tree named \"v1\""));
+}

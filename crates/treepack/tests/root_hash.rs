@@ -127,3 +127,21 @@ fn expect_root_refuses_another_tree_before_reading_data() {
         block_on(r.get_async("params", &LoadOptions { expect_root: Some(wrong), ..Default::default() })).unwrap_err();
     assert_eq!(err.kind(), "root_mismatch");
 }
+
+#[test]
+fn a_copy_that_keeps_chunk_grids_keeps_the_root() {
+    let src = golden_dir().join("demo");
+    let r = open(src.to_str().unwrap()).unwrap();
+    let mut tree = r.load(&LoadOptions::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // Saved with the default chunking (4 MiB chunks, not the golden 64 KiB): another root.
+    let plain = dir.path().join("plain");
+    save(&tree, plain.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    assert_ne!(root_hash(plain.to_str().unwrap()).unwrap(), r.root_hash());
+    // With the stored grids kept, the same root whatever the codec.
+    save::keep_chunk_shapes(&mut tree, &r.manifest().root);
+    let kept = dir.path().join("kept.tpk");
+    let opts = SaveOptions { compression: save::Compression::parse("zstd").unwrap(), ..Default::default() };
+    save(&tree, kept.to_str().unwrap(), &opts).unwrap();
+    assert_eq!(root_hash(kept.to_str().unwrap()).unwrap(), r.root_hash());
+}

@@ -122,9 +122,12 @@ pub struct ArrayData {
     /// A save hint, never stored: the blocks the array is held in (a JAX array's shards), which
     /// the chunk grid tiles so that each chunk lies in one block.
     block: Option<Box<[u64]>>,
+    /// A save hint, never stored: the chunk shape to save with (the one the array was stored
+    /// with, for a copy that keeps its chunk grid and so its root hash).
+    chunk_shape: Option<Box<[u64]>>,
 }
 
-/// Equal values: dtype, shape, bytes and annotation (the block hint is not part of the value).
+/// Equal values: dtype, shape, bytes and annotation (the save hints are not part of the value).
 impl PartialEq for ArrayData {
     fn eq(&self, other: &Self) -> bool {
         self.dtype == other.dtype
@@ -183,13 +186,13 @@ impl ArrayData {
                 ),
             ));
         }
-        Ok(ArrayData { dtype, shape, data, annotation: None, block: None })
+        Ok(ArrayData { dtype, shape, data, annotation: None, block: None, chunk_shape: None })
     }
 
     /// Wrap bytes whose length the caller has already made right.
     pub(crate) fn new_unchecked(dtype: DType, shape: Vec<u64>, data: Bytes) -> Self {
         debug_assert_eq!(shape_len(&shape).map(|n| n * dtype.itemsize()), Some(data.len() as u64));
-        ArrayData { dtype, shape, data, annotation: None, block: None }
+        ArrayData { dtype, shape, data, annotation: None, block: None, chunk_shape: None }
     }
 
     /// The same array, annotated with the array type it stands for (a torch tensor, a JAX
@@ -236,6 +239,30 @@ impl ArrayData {
         }
         self.block = block.map(Vec::into_boxed_slice);
         Ok(self)
+    }
+
+    /// The same array, to be saved on chunks of `chunk_shape` (a hint, not stored; a save's
+    /// `chunk_shapes` patterns still win). Copies set it to the stored grid so that the copy
+    /// has the same chunks, and so the same root hash (docs/format.md section 9).
+    ///
+    /// # Errors
+    /// [`Error::InvalidTree`] when it does not have the array's rank or has a zero entry.
+    pub fn with_chunk_shape(mut self, chunk_shape: Option<Vec<u64>>) -> Result<Self> {
+        if let Some(c) = &chunk_shape {
+            if c.len() != self.shape.len() || c.contains(&0) {
+                return Err(Error::invalid_tree(
+                    "<array>",
+                    format!("chunk shape {c:?} does not fit shape {:?} (one entry ≥ 1 per axis)", self.shape),
+                ));
+            }
+        }
+        self.chunk_shape = chunk_shape.map(Vec::into_boxed_slice);
+        Ok(self)
+    }
+
+    /// The chunk shape hint (see [`ArrayData::with_chunk_shape`]).
+    pub fn chunk_shape_hint(&self) -> Option<&[u64]> {
+        self.chunk_shape.as_deref()
     }
 
     /// The blocks the array is held in, if the writer said (see [`ArrayData::with_block`]).

@@ -267,9 +267,10 @@ impl Planner<'_> {
                 }
                 cs.clone()
             }
-            None => match a.block() {
-                Some(b) => grid::block_chunk_shape(&shape, b, dtype.itemsize(), self.opts.chunk_bytes),
-                None => grid::default_chunk_shape(&shape, dtype.itemsize(), self.opts.chunk_bytes),
+            None => match (a.chunk_shape_hint(), a.block()) {
+                (Some(c), _) => c.to_vec(),
+                (None, Some(b)) => grid::block_chunk_shape(&shape, b, dtype.itemsize(), self.opts.chunk_bytes),
+                (None, None) => grid::default_chunk_shape(&shape, dtype.itemsize(), self.opts.chunk_bytes),
             },
         };
         let grid =
@@ -287,6 +288,34 @@ impl Planner<'_> {
             preview,
             annotation: a.annotation().cloned(),
         })))
+    }
+}
+
+/// Give every array of `node` that `stored` (the manifest tree it was loaded from) keeps on a
+/// chunk grid that grid as its save hint ([`ArrayData::with_chunk_shape`]): saving the loaded
+/// tree again then writes the same chunks, and the copy has the same root hash. Places where
+/// the two trees differ (a partial load) are left alone.
+pub fn keep_chunk_shapes(node: &mut Node, stored: &Tree<Entry>) {
+    match (node, stored) {
+        (Tree::Leaf(Leaf::Array(a)), Tree::Leaf(Entry::Array(e))) => {
+            if let ArrayStorage::Chunked { chunk_shape, .. } = &e.storage {
+                if let Ok(with) = a.clone().with_chunk_shape(Some(chunk_shape.clone())) {
+                    *a = with;
+                }
+            }
+        }
+        (Tree::List(a), Tree::List(b)) | (Tree::Tuple(a), Tree::Tuple(b)) => {
+            a.iter_mut().zip(b).for_each(|(x, y)| crate::format::model::grow(|| keep_chunk_shapes(x, y)))
+        }
+        (Tree::Dict(a), Tree::Dict(b)) => {
+            a.iter_mut().zip(b).for_each(|((_, x), (_, y))| crate::format::model::grow(|| keep_chunk_shapes(x, y)))
+        }
+        (Tree::Record { fields: a, .. }, Tree::Record { fields: b, .. })
+        | (Tree::Custom { children: a, .. }, Tree::Custom { children: b, .. }) => {
+            a.iter_mut().zip(b).for_each(|((_, x), (_, y))| crate::format::model::grow(|| keep_chunk_shapes(x, y)))
+        }
+        (Tree::Shared { node: a, .. }, Tree::Shared { node: b, .. }) => keep_chunk_shapes(a, b),
+        _ => {}
     }
 }
 

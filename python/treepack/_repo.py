@@ -1,4 +1,4 @@
-"""Repositories (docs/repositories.md): many named trees in one location sharing chunks by hash,
+"""Repositories (docs/repository.md): many named trees in one location sharing chunks by hash,
 and the CheckpointManager built on them for training loops."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class Repository:
     def gc(self, grace_secs: float = 3600.0) -> int:
         """Remove packs and manifests no committed name needs and that have been unreferenced for
         ``grace_secs``; returns the bytes freed. Never removes what a save still running may
-        refer to (docs/repositories.md, "How gc stays safe")."""
+        refer to (docs/repository.md, "How gc stays safe")."""
         removed, freed, waiting, running = self._core.gc(grace_secs)
         return freed
 

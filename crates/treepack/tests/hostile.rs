@@ -105,6 +105,45 @@ fn good_tpk() -> Vec<u8> {
     std::fs::read(&p).unwrap()
 }
 
+/// The repository folder of a `repo-…@t` case path.
+fn repo_dir(p: &Path) -> PathBuf {
+    let name = p.file_name().unwrap().to_str().unwrap();
+    p.with_file_name(name.split('@').next().unwrap())
+}
+
+fn good_ref(manifest: &[u8]) -> Vec<u8> {
+    let h = Hash32::of(manifest).to_hex();
+    format!(r#"{{"tree":"trees/{h}.json","root":"{h}","saved_ms":1,"bytes_written":0,"bytes_reused":0}}"#).into_bytes()
+}
+
+/// A repository holding the good manifest (under its hash, when `with_tree`) and a ref `t`
+/// made by `make_ref` from the manifest's bytes.
+fn repo_case(make_ref: fn(&[u8]) -> Vec<u8>, with_tree: bool) -> Build {
+    Build::Custom(Box::new(move |p: &Path| {
+        let dir = repo_dir(p);
+        let m = good_manifest();
+        for sub in ["refs", "trees", "packs"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        std::fs::write(dir.join("treepack-repo.json"), treepack::format::repo::marker_bytes()).unwrap();
+        std::fs::write(dir.join("packs/p.tpp"), DATA).unwrap();
+        if with_tree {
+            std::fs::write(dir.join(format!("trees/{}.json", Hash32::of(&m).to_hex())), &m).unwrap();
+        }
+        std::fs::write(dir.join("refs/t.json"), make_ref(&m)).unwrap();
+    }))
+}
+
+impl Build {
+    /// The writer of a `Custom` build.
+    fn custom(self) -> Box<dyn Fn(&Path)> {
+        match self {
+            Build::Custom(f) => f,
+            _ => panic!("not a custom build"),
+        }
+    }
+}
+
 fn cases() -> Vec<Case> {
     let tpk = good_tpk();
     let n = tpk.len();
@@ -249,6 +288,29 @@ fn cases() -> Vec<Case> {
         case("tpk-footer-reserved.tpk", "not_treepack", "non-zero reserved footer bytes", Build::File(flip(n - 30, 1))),
         case("tpk-corrupt-chunk.tpk", "chunk_corrupt", "one data byte flipped", Build::File(flip(5000, 1))),
         case("tpk-not-a-tpk.tpk", "not_treepack", "an HDF5 signature", Build::File(b"\x89HDF\r\n\x1a\n and more bytes that are not treepack at all".repeat(3))),
+        // Repositories (docs/format.md section 10): the case is the tree `t` of the repository
+        // `repo-…` (the part before `@`).
+        case("repo-ref-traversal@t", "invalid_manifest", "a ref naming ../../etc/passwd", repo_case(|m| {
+            format!(r#"{{"tree":"../../etc/passwd","root":"{}","saved_ms":1,"bytes_written":0,"bytes_reused":0}}"#, Hash32::of(m).to_hex()).into_bytes()
+        }, true)),
+        case("repo-ref-not-json@t", "invalid_manifest", "a ref that is not JSON", repo_case(|_| b"\x00\xffnot a ref".to_vec(), true)),
+        case("repo-ref-huge@t", "limit_exceeded", "a 2 MiB ref", repo_case(|_| vec![b' '; 2 << 20], true)),
+        case("repo-ref-bad-root@t", "invalid_manifest", "a ref whose root is not 64 hex digits", repo_case(|m| {
+            format!(r#"{{"tree":"trees/{}.json","root":"zz","saved_ms":1,"bytes_written":0,"bytes_reused":0}}"#, Hash32::of(m).to_hex()).into_bytes()
+        }, true)),
+        case("repo-tree-swapped@t", "manifest_checksum", "a manifest whose bytes do not hash to its name", Build::Custom(Box::new(|p: &Path| {
+            // The good repository, then another valid manifest put in place of the named one.
+            (repo_case(|m| good_ref(m), true).custom())(p);
+            let other = seal(&body(PACKS, &array_root("[2]", "[2]", &chunk(0, 0, &DATA[..8]))));
+            let named = repo_dir(p).join(format!("trees/{}.json", Hash32::of(&good_manifest()).to_hex()));
+            std::fs::write(named, other).unwrap();
+        }))),
+        case("repo-tree-missing@t", "not_found", "a ref naming a manifest that is not there", repo_case(|m| good_ref(m), false)),
+        case("repo-no-such-name@t", "not_found", "a repository without the name", Build::Custom(Box::new(|p: &Path| {
+            let dir = repo_dir(p);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("treepack-repo.json"), treepack::format::repo::marker_bytes()).unwrap();
+        }))),
     ]
 }
 
@@ -344,8 +406,10 @@ fn every_hostile_case_fails_fast_with_its_error_kind() {
         let took = t.elapsed();
         assert_eq!(e.kind(), kind, "{name} ({what}): {e}");
         assert!(took < Duration::from_secs(1), "{name} took {took:?}");
-        // The message names the location, so users can find the bad file.
-        assert!(e.to_string().contains(name.as_str()), "{name}: {e}");
+        // The message names the location (a repository's, for a tree of one), so users can
+        // find the bad file.
+        let shown = name.split('@').next().unwrap();
+        assert!(e.to_string().contains(shown), "{name}: {e}");
         // The other entry points refuse it too (or, where only data is bad, read just the manifest).
         let t = Instant::now();
         match open(p) {

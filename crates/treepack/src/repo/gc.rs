@@ -1,5 +1,5 @@
 //! Repository gc: remove packs and manifests no committed name needs, never one a save in
-//! progress may still refer to (docs/repositories.md, "How gc stays safe").
+//! progress may still refer to (docs/repository.md, "How gc stays safe").
 //!
 //! The protocol. A save writes a lease, then reads the gc state, and reuses no pack the state
 //! condemns. gc (1) reads every ref and the packs their manifests name, (2) lists packs and

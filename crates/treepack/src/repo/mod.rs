@@ -1,4 +1,4 @@
-//! Repositories: many named trees in one location, sharing chunks by hash (docs/repositories.md,
+//! Repositories: many named trees in one location, sharing chunks by hash (docs/repository.md,
 //! docs/format.md section 10).
 //!
 //! A save into a repository writes only the chunks no committed tree holds yet, in a few new
@@ -263,7 +263,9 @@ impl Repository {
                 p
             }));
         }
-        for (rel, _, _) in self.loc.list(layout::INDEX_DIR).await? {
+        // Staging files (`…#pid-n`) are leftovers of killed writes, for gc, not indexes.
+        for (rel, _, _) in self.loc.list(layout::INDEX_DIR).await?.into_iter().filter(|(r, _, _)| r.ends_with(".json"))
+        {
             match self.read_index(&rel).await {
                 Ok(idx) => match self.loc.size(&idx.pack).await {
                     Ok(size) if size == idx.size => {}

@@ -132,7 +132,13 @@ async fn reuse(repo: &Repository, prefix: String) -> Result<Reuse> {
         Some(b) => GcState::decode(&b).map_err(|r| Error::manifest(&loc.file_name(layout::GC_STATE), "", r))?.condemned,
         None => BTreeMap::new(),
     };
-    let listed: Vec<String> = loc.list(layout::INDEX_DIR).await?.into_iter().map(|(rel, _, _)| rel).collect();
+    let listed: Vec<String> = loc
+        .list(layout::INDEX_DIR)
+        .await?
+        .into_iter()
+        .map(|(rel, _, _)| rel)
+        .filter(|r| r.ends_with(".json"))
+        .collect();
     if let Ok(mut m) = repo.indexes.lock() {
         let keep: HashSet<&String> = listed.iter().collect();
         m.retain(|k, _| keep.contains(k));

@@ -253,7 +253,7 @@ impl Location {
     }
 
     /// `LOCATION@NAME` names the tree `NAME` of the repository at `LOCATION`
-    /// (docs/repositories.md): split there when the text after the last `@` is a valid tree
+    /// (docs/repository.md): split there when the text after the last `@` is a valid tree
     /// name, it lies in the path (not in a URL's `user@host`), and — for a local path — the
     /// whole text is not itself an existing file or folder.
     fn split_tree(s: &str) -> Option<(&str, &str)> {

@@ -306,3 +306,30 @@ fn a_repository_in_an_object_store_shares_chunks_too() {
     assert_eq!(r.removed.len(), 1, "a's manifest; its pack still holds b's layers: {r:?}");
     assert!(repo.verify().unwrap().ok());
 }
+
+#[test]
+fn a_pack_deleted_by_hand_is_reported_for_every_tree_that_needs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = dir.path().join("r");
+    let repo = Repository::create(loc.to_str().unwrap()).unwrap();
+    let a = checkpoint(2, 0, 1);
+    repo.save(&a, "a", &SaveOptions::default()).unwrap();
+    repo.save(&with_layer(a.clone(), 1, 5), "b", &SaveOptions::default()).unwrap();
+    // a's pack holds layer0, which b shares.
+    let first = repo.names().unwrap();
+    let pack = open(format!("{}@a", loc.display()).as_str()).unwrap().manifest().packs[0].path.clone();
+    std::fs::remove_file(loc.join(&pack)).unwrap();
+    for name in ["a", "b"] {
+        let err = repo.load(name, &LoadOptions::default()).unwrap_err();
+        assert_eq!(err.kind(), "not_found", "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("@{name}")) && msg.contains(&pack), "{msg}");
+    }
+    let v = repo.verify().unwrap();
+    assert!(!v.ok());
+    let named: Vec<&str> = v.problems.iter().map(|p| p.file.as_str()).collect();
+    assert!(named.iter().any(|f| f.ends_with("@a")) && named.iter().any(|f| f.ends_with("@b")), "{named:?}");
+    // gc does not make it worse: names stay, nothing else is deleted.
+    repo.gc(Duration::ZERO).unwrap();
+    assert_eq!(repo.names().unwrap(), first);
+}

@@ -236,3 +236,20 @@ mgr.save(2, big, blocking=True)
     assert _du(loc / "packs") < base.nbytes + 100_000, _du(loc / "packs")
     np.testing.assert_array_equal(mgr.restore(1)["w"], base)
     assert mgr.repository.verify().ok
+
+
+def test_a_checkpoint_manager_restores_a_jax_state_onto_a_template(tmp_path):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    sharded = NamedSharding(mesh, P("x"))
+    state = {"w": jax.device_put(jnp.arange(64.0).reshape(16, 4), sharded), "step": 3}
+    mgr = treepack.CheckpointManager(tmp_path / "run", keep_last=1)
+    mgr.save(3, state)
+    template = {"w": jax.ShapeDtypeStruct((16, 4), jnp.float32, sharding=sharded), "step": 0}
+    back = mgr.restore(like=template)
+    assert back["w"].sharding == sharded and back["step"] == 3
+    np.testing.assert_array_equal(np.asarray(back["w"]), np.arange(64.0).reshape(16, 4))
+    mgr.close()

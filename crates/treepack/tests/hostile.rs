@@ -300,12 +300,12 @@ fn cases() -> Vec<Case> {
         }, true)),
         case("repo-tree-swapped@t", "manifest_checksum", "a manifest whose bytes do not hash to its name", Build::Custom(Box::new(|p: &Path| {
             // The good repository, then another valid manifest put in place of the named one.
-            (repo_case(|m| good_ref(m), true).custom())(p);
+            (repo_case(good_ref, true).custom())(p);
             let other = seal(&body(PACKS, &array_root("[2]", "[2]", &chunk(0, 0, &DATA[..8]))));
             let named = repo_dir(p).join(format!("trees/{}.json", Hash32::of(&good_manifest()).to_hex()));
             std::fs::write(named, other).unwrap();
         }))),
-        case("repo-tree-missing@t", "not_found", "a ref naming a manifest that is not there", repo_case(|m| good_ref(m), false)),
+        case("repo-tree-missing@t", "not_found", "a ref naming a manifest that is not there", repo_case(good_ref, false)),
         case("repo-no-such-name@t", "not_found", "a repository without the name", Build::Custom(Box::new(|p: &Path| {
             let dir = repo_dir(p);
             std::fs::create_dir_all(&dir).unwrap();

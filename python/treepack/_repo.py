@@ -55,7 +55,9 @@ class Repository:
         ``compression``, ``metadata``, ...). Returns a ``SaveInfo`` whose ``bytes_written`` and
         ``bytes_reused`` say what was new and what the repository already held, and ``root`` the
         tree's root hash. A name is committed create-only: of two savers of one name, one wins and
-        the other gets ``FileExistsError`` (``overwrite=True`` replaces it)."""
+        the other gets ``FileExistsError``. ``overwrite=True`` replaces it with a compare-and-swap:
+        if another writer replaced it while this save ran, nothing is replaced
+        (``FileExistsError``)."""
         return save(tree, self.tree(name), storage_options=self.storage_options, **save_kwargs)
 
     def load(self, name: str, **load_kwargs: Any) -> Any:

@@ -18,7 +18,7 @@ pub(crate) fn py_err(e: treepack::Error) -> PyErr {
     let msg = e.to_string();
     match e {
         E::NotFound { .. } => PyFileNotFoundError::new_err(msg),
-        E::AlreadyExists { .. } => PyFileExistsError::new_err(msg),
+        E::AlreadyExists { .. } | E::Conflict { .. } => PyFileExistsError::new_err(msg),
         E::KeyNotFound { .. } => PyKeyError::new_err(msg),
         E::BadKeyPath { .. }
         | E::BadSlice { .. }

@@ -37,6 +37,14 @@ pub enum Error {
         supported: u16,
     },
 
+    /// An overwrite found the name replaced by another writer since it began (a
+    /// compare-and-swap failed): nothing was replaced.
+    #[error("{location}: another writer replaced it while this save ran; nothing was replaced (the other tree stays); save again to replace it")]
+    Conflict {
+        /// The name (`LOCATION@NAME`) or location overwritten.
+        location: String,
+    },
+
     /// The bytes are not a treepack file at all (bad magic, truncated header/footer).
     #[error("{file}: not a treepack file: {reason}")]
     NotTreepack {
@@ -324,6 +332,7 @@ impl Error {
         match self {
             Error::NotFound { .. } => "not_found",
             Error::AlreadyExists { .. } => "already_exists",
+            Error::Conflict { .. } => "conflict",
             Error::UnsupportedVersion { .. } => "unsupported_version",
             Error::NotTreepack { .. } => "not_treepack",
             Error::InvalidManifest { .. } => "invalid_manifest",

@@ -46,7 +46,7 @@ pub use repo::{Repository, TreeRef};
 pub use runtime::block_on;
 pub use save::{SaveInfo, SaveOptions};
 pub use serde_tree::{from_tree, to_tree};
-pub use store::{IoStats, Layout, Location, StorageOptions};
+pub use store::{IoStats, Layout, Location, StorageOptions, Version};
 
 /// Anything that names a location: a string (parsed with [`Location::parse`], so cloud settings
 /// come from the environment) or a [`Location`] built with [`Location::parse_with`] and explicit

@@ -430,6 +430,14 @@ fn gcs(url: &str, path: &str) -> Location {
 /// What every backend's repository must do (docs/repository.md): cross-save reuse, names
 /// committed create-only (threads racing for one), `LOCATION@NAME` reads, delete + gc, verify.
 fn repo_conformance(loc: &Location) {
+    // Compare-and-swap (what overwrites of a name use): a stale version never replaces a newer.
+    let put = |b: &'static [u8]| vec![bytes::Bytes::from_static(b)];
+    assert!(block_on(loc.replace_if_unchanged("cas/x", put(b"one"), None, true)).unwrap());
+    assert!(!block_on(loc.replace_if_unchanged("cas/x", put(b"two"), None, true)).unwrap());
+    let (_, v1) = block_on(loc.get_versioned("cas/x", 1 << 20)).unwrap().unwrap();
+    assert!(block_on(loc.replace_if_unchanged("cas/x", put(b"two"), Some(&v1), true)).unwrap());
+    assert!(!block_on(loc.replace_if_unchanged("cas/x", put(b"three"), Some(&v1), true)).unwrap());
+    assert_eq!(block_on(loc.get_opt("cas/x", 1 << 20)).unwrap().unwrap().as_ref(), b"two");
     let repo = Repository::create(loc).unwrap();
     let a = tree(11);
     let first = repo.save(&a, "a", &SaveOptions::default()).unwrap();
@@ -461,6 +469,9 @@ fn repo_conformance(loc: &Location) {
     });
     assert_eq!(won.len(), 1, "exactly one writer of a name wins");
     assert!(repo.load("same", &LoadOptions::default()).unwrap().exact_eq(&tree(20 + won[0])));
+    let over = SaveOptions { overwrite: true, ..Default::default() };
+    repo.save(&tree(30), "same", &over).unwrap();
+    assert!(repo.load("same", &LoadOptions::default()).unwrap().exact_eq(&tree(30)));
     repo.delete("a").unwrap();
     repo.gc(std::time::Duration::ZERO).unwrap();
     assert_eq!(repo.names().unwrap().iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["b", "same"]);

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
 use treepack::*;
 
 /// A checkpoint-like tree: `layers` arrays of 256 KiB each (one chunk each), plus a step.
@@ -335,4 +336,50 @@ fn a_pack_deleted_by_hand_is_reported_for_every_tree_that_needs_it() {
     // gc does not make it worse: names stay, nothing else is deleted.
     repo.gc(Duration::ZERO).unwrap();
     assert_eq!(repo.names().unwrap(), first);
+}
+
+/// The compare-and-swap overwrites stand on: a replace of a version someone else replaced fails.
+pub fn compare_and_swap_replaces_only_the_version_read(loc: &Location) {
+    let put = |b: &'static [u8]| vec![bytes::Bytes::from_static(b)];
+    assert!(block_on(loc.replace_if_unchanged("cas/x", put(b"one"), None, false)).unwrap());
+    assert!(!block_on(loc.replace_if_unchanged("cas/x", put(b"two"), None, false)).unwrap(), "exists already");
+    let (_, v1) = block_on(loc.get_versioned("cas/x", 1 << 20)).unwrap().unwrap();
+    assert!(block_on(loc.replace_if_unchanged("cas/x", put(b"two"), Some(&v1), false)).unwrap());
+    // v1 is stale now: a writer that read it loses, and the newer bytes stay.
+    assert!(!block_on(loc.replace_if_unchanged("cas/x", put(b"three"), Some(&v1), false)).unwrap());
+    assert_eq!(block_on(loc.get_opt("cas/x", 1 << 20)).unwrap().unwrap().as_ref(), b"two");
+}
+
+#[test]
+fn overwrites_are_compare_and_swap() {
+    let dir = tempfile::tempdir().unwrap();
+    compare_and_swap_replaces_only_the_version_read(&Location::parse(dir.path().join("l").to_str().unwrap()).unwrap());
+    compare_and_swap_replaces_only_the_version_read(&Location::parse("memory://cas-test/p").unwrap());
+    // Writers overwriting one name at once: each wins or gets `conflict`, none is lost silently.
+    let loc = dir.path().join("r");
+    let repo = Repository::create(loc.to_str().unwrap()).unwrap();
+    repo.save(&checkpoint(1, 0, 0), "n", &SaveOptions::default()).unwrap();
+    let over = SaveOptions { overwrite: true, durable: false, ..Default::default() };
+    let outcomes: Vec<(u8, std::result::Result<SaveInfo, Error>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (1..=6u8)
+            .map(|i| {
+                let (repo, over) = (&repo, &over);
+                s.spawn(move || (i, repo.save(&checkpoint(1, i, i as i64), "n", over)))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut won = vec![];
+    for (i, r) in &outcomes {
+        match r {
+            Ok(_) => won.push(*i),
+            Err(e) => {
+                assert_eq!(e.kind(), "conflict", "{e}");
+                assert!(e.to_string().contains("another writer replaced it"), "{e}");
+            }
+        }
+    }
+    assert!(!won.is_empty());
+    let back = repo.load("n", &LoadOptions::default()).unwrap();
+    assert!(won.iter().any(|&i| back.exact_eq(&checkpoint(1, i, i as i64))), "the name holds a winner's tree");
 }

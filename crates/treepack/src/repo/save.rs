@@ -28,23 +28,35 @@ pub(super) async fn save(repo: &Repository, tree: &Node, name: &str, opts: &Save
     let target = repo.tree(name)?;
     let loc = &repo.loc;
     let ref_rel = layout::ref_path(name);
-    if !opts.overwrite && loc.exists(&ref_rel).await? {
+    // An overwrite replaces the version it finds now, or fails (compare-and-swap at the commit).
+    let was = if opts.overwrite {
+        loc.get_versioned(&ref_rel, layout::MAX_SMALL_FILE).await?.map(|(_, v)| v)
+    } else if loc.exists(&ref_rel).await? {
         return Err(Error::AlreadyExists { location: target.display().to_string() });
-    }
+    } else {
+        None
+    };
     let id = save_id();
     // The lease comes first: a gc that starts after it keeps every pack this save may reuse;
     // one that started before has written its gc state, which the reuse below reads.
     let lease_rel = format!("{}/{id}.json", layout::LEASES_DIR);
     let lease = Lease { started_ms: now_ms(), name: name.to_string(), owner: owner() };
     loc.put_tracked(&lease_rel, vec![Bytes::from(lease.encode())], true, false, None).await?;
-    let out = save_leased(repo, tree, name, opts, id).await;
+    let out = save_leased(repo, tree, name, opts, id, was).await;
     // A lease left behind (a save cancelled or killed) only delays gc, until it expires or
     // its process is found dead.
     let _ = loc.delete(&lease_rel).await;
     out
 }
 
-async fn save_leased(repo: &Repository, tree: &Node, name: &str, opts: &SaveOptions, id: String) -> Result<SaveInfo> {
+async fn save_leased(
+    repo: &Repository,
+    tree: &Node,
+    name: &str,
+    opts: &SaveOptions,
+    id: String,
+    was: Option<crate::store::Version>,
+) -> Result<SaveInfo> {
     let target = repo.tree(name)?;
     let loc = &repo.loc;
     let ref_rel = layout::ref_path(name);
@@ -113,13 +125,23 @@ async fn save_leased(repo: &Repository, tree: &Node, name: &str, opts: &SaveOpti
         bytes_written: info.bytes_written,
         bytes_reused: info.bytes_reused,
     };
-    // The commit: create-only, so of two savers of one name exactly one wins.
-    match loc.put_tracked(&ref_rel, vec![Bytes::from(r.encode())], !opts.overwrite, opts.durable, None).await {
-        Ok(()) => {}
-        Err(Error::AlreadyExists { .. }) => {
-            return Err(Error::AlreadyExists { location: target.display().to_string() })
+    // The commit: create-only, so of two savers of one name exactly one wins; an overwrite is
+    // a compare-and-swap against the version found when the save began.
+    let body = Bytes::from(r.encode());
+    let committed = if opts.overwrite {
+        loc.replace_if_unchanged(&ref_rel, vec![body.clone()], was.as_ref(), opts.durable).await?
+    } else {
+        match loc.put_tracked(&ref_rel, vec![body.clone()], true, opts.durable, None).await {
+            Ok(()) => true,
+            Err(Error::AlreadyExists { .. }) => false,
+            Err(e) => return Err(e),
         }
-        Err(e) => return Err(e),
+    };
+    // A conditional put retried after its response was lost finds its own write: the ref holds
+    // exactly these bytes (they carry this save's time and manifest), so this save won.
+    if !committed && loc.get_opt(&ref_rel, layout::MAX_SMALL_FILE).await?.as_ref() != Some(&body) {
+        let location = target.display().to_string();
+        return Err(if opts.overwrite { Error::Conflict { location } } else { Error::AlreadyExists { location } });
     }
     let bytes_written = loc.stats().bytes_written() - before;
     Ok(SaveInfo { bytes_written, root: Some(root), ..info })

@@ -177,6 +177,46 @@ impl Location {
         .await
     }
 
+    /// Replace a local file only if it still holds `expected` (or, for `None`, does not
+    /// exist): the read, the comparison and the replace happen under an exclusive `flock` of a
+    /// lock file beside it (`<name>.lock`), which every conditional replace of that file takes.
+    pub(super) async fn replace_local_if(
+        &self,
+        path: std::path::PathBuf,
+        parts: Vec<Bytes>,
+        expected: Option<Bytes>,
+        durable: bool,
+    ) -> Result<bool> {
+        maybe_spawn_blocking(move || {
+            let io = |p: &Path, e: io::Error| Error::Io { path: p.to_path_buf(), source: e };
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                create_dirs(parent, durable).map_err(|e| io(parent, e))?;
+            }
+            let mut lock_name = path.file_name().unwrap_or_default().to_os_string();
+            lock_name.push(".lock");
+            let lock_path = path.with_file_name(lock_name);
+            let lock = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&lock_path)
+                .map_err(|e| io(&lock_path, e))?;
+            lock_exclusive(&lock).map_err(|e| io(&lock_path, e))?;
+            let now = match std::fs::read(&path) {
+                Ok(b) => Some(b),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(io(&path, e)),
+            };
+            if now.as_deref() != expected.as_deref() {
+                return Ok(false);
+            }
+            put_file(&path, &parts, expected.is_none(), durable).map_err(|e| io(&path, e))?;
+            Ok(true)
+            // The lock is released when `lock` is closed here.
+        })
+        .await
+    }
+
     /// Make the names written so far in a local folder of the location durable (fsync the
     /// directory); a no-op elsewhere.
     pub async fn sync_dir(&self, rel_dir: &str) -> Result<()> {
@@ -258,4 +298,18 @@ pub mod journal {
     pub(crate) fn run<T>(f: impl FnOnce() -> std::io::Result<T>, _op: impl FnOnce() -> FsOp) -> std::io::Result<T> {
         f()
     }
+}
+
+/// Take an exclusive `flock` on `f`, waiting for other holders (no-op off Unix).
+fn lock_exclusive(f: &File) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid open descriptor; flock only changes the lock on its open file description.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    let _ = f;
+    Ok(())
 }

@@ -129,6 +129,15 @@ impl IoStats {
 /// Values given here override the environment.
 pub type StorageOptions = BTreeMap<String, String>;
 
+/// An object's version as read: what a compare-and-swap replace checks is still there.
+#[derive(Debug, Clone)]
+pub struct Version {
+    e_tag: Option<String>,
+    version: Option<String>,
+    /// The bytes read (local files are compared by content).
+    bytes: Bytes,
+}
+
 /// A place a tree is (or will be) stored.
 #[derive(Debug, Clone)]
 pub struct Location {
@@ -800,6 +809,84 @@ impl Location {
             t.advance(n);
         }
         Ok(())
+    }
+
+    /// Read a whole object with its version (what [`Location::replace_if_unchanged`] compares
+    /// against), or `None` if it does not exist.
+    ///
+    /// # Errors
+    /// As [`Location::get_opt`].
+    pub async fn get_versioned(&self, rel: &str, limit: u64) -> Result<Option<(Bytes, Version)>> {
+        if self.local.is_some() {
+            return Ok(self
+                .get_opt(rel, limit)
+                .await?
+                .map(|b| (b.clone(), Version { e_tag: None, version: None, bytes: b })));
+        }
+        match self.store.get(&self.obj(rel)).await {
+            Ok(r) => {
+                if r.meta.size > limit {
+                    return Err(Error::limit(
+                        "object size",
+                        limit,
+                        format!("{} is {} bytes", self.file_name(rel), r.meta.size),
+                    ));
+                }
+                let (e_tag, version) = (r.meta.e_tag.clone(), r.meta.version.clone());
+                let b = r.bytes().await.map_err(|e| self.store_err(rel, e))?;
+                self.stats.read(b.len() as u64);
+                Ok(Some((b.clone(), Version { e_tag, version, bytes: b })))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.store_err(rel, e)),
+        }
+    }
+
+    /// Replace an object only if it is still the version `was` (read by
+    /// [`Location::get_versioned`]; `None`: only if it still does not exist) — a
+    /// compare-and-swap: object stores' conditional put (`If-Match` on the ETag), a locked
+    /// compare-then-rename on local disk. Returns `false`, writing nothing, when another writer
+    /// changed it first.
+    ///
+    /// # Errors
+    /// Storage errors; [`Error::BadLocation`] on a store without conditional updates.
+    pub async fn replace_if_unchanged(
+        &self,
+        rel: &str,
+        parts: Vec<Bytes>,
+        was: Option<&Version>,
+        durable: bool,
+    ) -> Result<bool> {
+        self.refuse_write()?;
+        let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
+        if let Some(path) = self.local_file(rel) {
+            let ok = self.replace_local_if(path, parts, was.map(|v| v.bytes.clone()), durable).await?;
+            if ok {
+                self.stats.wrote(n);
+            }
+            return Ok(ok);
+        }
+        let mode = match was {
+            None => PutMode::Create,
+            Some(v) => {
+                PutMode::Update(object_store::UpdateVersion { e_tag: v.e_tag.clone(), version: v.version.clone() })
+            }
+        };
+        let payload: PutPayload = parts.into_iter().collect();
+        match self.store.put_opts(&self.obj(rel), payload, PutOptions { mode, ..Default::default() }).await {
+            Ok(_) => {
+                self.stats.wrote(n);
+                Ok(true)
+            }
+            Err(object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(object_store::Error::NotImplemented { .. }) => Err(Error::BadLocation {
+                location: self.display.clone(),
+                reason: "this store cannot replace an object conditionally (S3: set the storage option \
+                         conditional_put=etag)"
+                    .into(),
+            }),
+            Err(e) => Err(self.store_write_err(rel, e)),
+        }
     }
 
     /// Delete an object; a missing object is not an error.

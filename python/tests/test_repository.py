@@ -253,3 +253,20 @@ def test_a_checkpoint_manager_restores_a_jax_state_onto_a_template(tmp_path):
     assert back["w"].sharding == sharded and back["step"] == 3
     np.testing.assert_array_equal(np.asarray(back["w"]), np.arange(64.0).reshape(16, 4))
     mgr.close()
+
+
+def test_diff_reports_what_changed_between_checkpoints(tmp_path):
+    repo = treepack.Repository(tmp_path / "r", create=True)
+    w = np.arange(2_000_000, dtype=np.float32)
+    repo.save({"w": w, "lr": 0.1, "tags": ["a"]}, "v1")
+    w2 = w.copy()
+    w2[-1] = 0
+    repo.save({"w": w2, "lr": 0.05, "extra": None}, "v2")
+    d = treepack.diff(repo.tree("v1"), repo.tree("v2"))
+    assert d == [
+        {"path": "w", "op": "~", "old": "float32[2000000]", "new": "float32[2000000]", "chunks_differ": 1, "chunks": 2},
+        {"path": "lr", "op": "~", "old": "0.1", "new": "0.05"},
+        {"path": "tags", "op": "-", "old": "list (1 items)"},
+        {"path": "extra", "op": "+", "new": "null"},
+    ]
+    assert treepack.diff(repo.tree("v1"), repo.tree("v1")) == []

@@ -18,6 +18,7 @@ from ._api import (
     UntrustedTypeError,
     VerifyReport,
     _struct_node,
+    diff,
     gc,
     load,
     load_structure,
@@ -38,5 +39,5 @@ __version__ = _core.__version__
 __all__ = [
     "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",
     "register", "registered", "Registration", "File", "LeafInfo", "StructNode", "SaveInfo", "Unloadable",
-    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "RootMismatchError", "root_hash", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
+    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "RootMismatchError", "root_hash", "diff", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
 ]

@@ -490,6 +490,15 @@ def root_hash(path: PathLike, *, key: Optional[str] = None, storage_options: Sto
     return _core.Reader(_path(path), _opts(storage_options)).root_hash(key)
 
 
+def diff(a: PathLike, b: PathLike, *, storage_options: StorageOptions = None) -> List[Dict[str, Any]]:
+    """What differs between the trees at ``a`` and ``b``, from their manifests (no array data is
+    read): a list of ``{"path", "op", "old", "new"}`` dicts — ``op`` is ``"+"`` (only in ``b``),
+    ``"-"`` (only in ``a``) or ``"~"`` (changed); arrays with the same dtype, shape and chunk grid
+    also get ``"chunks_differ"`` and ``"chunks"``, counted by hash. Empty when the trees are equal.
+    """
+    return json.loads(_core.diff(_path(a), _path(b), _opts(storage_options)))
+
+
 def verify(path: PathLike, *, storage_options: StorageOptions = None) -> VerifyReport:
     """Re-hash every chunk; the report names corrupt chunks."""
     return _core.Reader(_path(path), _opts(storage_options)).verify()

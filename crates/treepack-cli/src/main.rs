@@ -1,4 +1,4 @@
-//! `treepack`: inspect, list, print, hash, verify, copy and clean stored trees; manage
+//! `treepack`: inspect, list, print, hash, diff, verify, copy and clean stored trees; manage
 //! repositories; write a demo tree.
 
 mod show;
@@ -64,6 +64,14 @@ enum Cmd {
         /// Hash the subtree at this key path instead.
         #[arg(long)]
         key: Option<String>,
+    },
+    /// What differs between two trees (key paths, dtypes, shapes, chunks by hash; no array data
+    /// read). Exit status 0 when identical, 1 when different, 2 on error (as `diff`).
+    Diff {
+        a: String,
+        b: String,
+        #[arg(long)]
+        json: bool,
     },
     /// Write an example tree with every leaf kind to DIR, inspect it, load it back and check it.
     Demo {
@@ -166,6 +174,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Ls { path, patterns } => ls(&path, so, &patterns),
         Cmd::Cat { path, key } => cat(&path, so, &key),
         Cmd::Verify { path, json } => verify(&path, so, json),
+        Cmd::Diff { a, b, json } => {
+            let d = treepack::diff(location(&a, so)?, location(&b, so)?)?;
+            if json {
+                let v: Vec<_> = d.iter().map(|x| x.to_json()).collect();
+                println!("{}", serde_json::to_string_pretty(&json!({"identical": d.is_empty(), "changes": v}))?);
+            } else {
+                for x in &d {
+                    println!("{}", x.line());
+                }
+                let count = |op: char| d.iter().filter(|x| x.op == op).count();
+                if d.is_empty() {
+                    println!("identical");
+                } else {
+                    println!("{} added, {} removed, {} changed", count('+'), count('-'), count('~'));
+                }
+            }
+            Ok(if d.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
         Cmd::Hash { path, key } => {
             let r = open(&path, so)?;
             let h = match key {

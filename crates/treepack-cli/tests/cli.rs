@@ -278,3 +278,24 @@ fn hash_and_repositories_from_the_command_line() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no tree named \"v1\""));
 }
+
+#[test]
+fn diff_exits_like_diff() {
+    let (d, ckpt) = demo("ckpt");
+    let copy = d.path().join("copy.tpk").to_str().unwrap().to_string();
+    run_ok(&["cp", &ckpt, &copy, "-q"]);
+    let out = tp().args(["diff", &ckpt, &copy]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "identical");
+    let other = d.path().join("other").to_str().unwrap().to_string();
+    run_ok(&["demo", &other]);
+    // The demo writes the same tree: equal. A different tree (the demo's params alone) differs.
+    assert_eq!(tp().args(["diff", &ckpt, &other]).output().unwrap().status.code(), Some(0));
+    let repo = d.path().join("r").to_str().unwrap().to_string();
+    run_ok(&["repo", "init", &repo]);
+    run_ok(&["cp", &ckpt, &format!("{repo}@a"), "-q"]);
+    let out = tp().args(["diff", &format!("{repo}@a"), &ckpt, "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "a copy in a repository is the same tree");
+    let out = tp().args(["diff", &ckpt, &format!("{ckpt}/../nothing")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

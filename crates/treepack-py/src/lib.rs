@@ -121,6 +121,16 @@ fn gc(py: Python<'_>, path: &str, grace_secs: f64, storage_options: Options) -> 
     Ok(r.removed)
 }
 
+/// What differs between two trees, as JSON text: `[{"path", "op", "old", "new", "chunks_differ",
+/// "chunks"}, …]`.
+#[pyfunction]
+#[pyo3(signature = (a, b, storage_options=None))]
+fn diff(py: Python<'_>, a: &str, b: &str, storage_options: Options) -> PyResult<String> {
+    let (la, lb) = (location(a, storage_options.clone())?, location(b, storage_options)?);
+    let d = py.detach(|| treepack::diff(la, lb)).map_err(py_err)?;
+    Ok(serde_json::Value::Array(d.iter().map(|x| x.to_json()).collect()).to_string())
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prepare, m)?)?;
@@ -128,6 +138,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(block_chunk_shape, m)?)?;
     m.add_class::<Prepared>()?;
     m.add_function(wrap_pyfunction!(gc, m)?)?;
+    m.add_function(wrap_pyfunction!(diff, m)?)?;
     m.add_function(wrap_pyfunction!(numpy_dtype_name, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_needs_ml_dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(structure_one_pass, m)?)?;

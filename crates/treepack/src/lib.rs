@@ -192,6 +192,20 @@ pub fn root_hash(location: impl IntoLocation) -> Result<format::hash::Hash32> {
     Ok(open(location)?.root_hash())
 }
 
+/// What differs between the trees at `a` and `b`: key paths added, removed or changed, dtypes
+/// and shapes, and for arrays the chunks that differ — compared by hash from the two manifests,
+/// reading no array data. Empty when the trees are equal.
+///
+/// # Errors
+/// As [`open`], for either location.
+pub fn diff(a: impl IntoLocation, b: impl IntoLocation) -> Result<Vec<format::diff::Difference>> {
+    let (ra, rb) = (open(a)?, open(b)?);
+    if ra.root_hash() == rb.root_hash() {
+        return Ok(vec![]);
+    }
+    Ok(format::diff::diff(&ra.manifest().root, &rb.manifest().root))
+}
+
 /// Open a lazy reader on a stored tree.
 ///
 /// # Errors

@@ -2,13 +2,14 @@
 //!
 //! [`model`] is the in-memory tree; [`dtype`], [`keypath`], [`grid`] (chunking and slicing),
 //! [`hash`] (BLAKE3 of canonical bytes), [`codec`] and [`preview`] describe its leaves;
-//! [`merkle`] is the root hash over a whole tree;
+//! [`merkle`] is the root hash over a whole tree, [`diff`] what differs between two;
 //! [`manifest`] writes and parses `treepack.json`; [`container`] is the single-file (`.tpk`)
 //! layout around it. Reading and writing bytes somewhere is the engine's job (`store`, `save`,
 //! `read`).
 
 pub mod codec;
 pub mod container;
+pub mod diff;
 pub mod dtype;
 pub mod grid;
 pub mod hash;

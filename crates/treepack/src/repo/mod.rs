@@ -128,7 +128,7 @@ impl Repository {
     /// writers of one name, one wins and the other gets [`Error::AlreadyExists`].
     ///
     /// # Errors
-    /// [`Error::AlreadyExists`], [`Error::BadLocation`] for an invalid name, as [`crate::save`].
+    /// [`Error::AlreadyExists`], [`Error::BadLocation`] for an invalid name, as [`crate::save()`].
     pub async fn save_async(&self, tree: &Node, name: &str, opts: &SaveOptions) -> Result<SaveInfo> {
         save::save(self, tree, name, opts).await
     }
@@ -219,7 +219,7 @@ impl Repository {
         self.loc.delete(&rel).await
     }
 
-    /// Remove what no committed name needs (see [`gc::gc`]).
+    /// Remove what no committed name needs (the protocol: docs/repository.md, "How gc stays safe").
     ///
     /// # Errors
     /// Storage errors; a damaged ref or manifest stops gc before it deletes anything.

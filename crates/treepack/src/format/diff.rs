@@ -240,7 +240,7 @@ pub fn describe(t: &Tree<Entry>) -> String {
         Tree::Tuple(v) => format!("tuple ({} items)", v.len()),
         Tree::Dict(v) => format!("dict ({} items)", v.len()),
         Tree::Record { type_name, .. } => format!("record {type_name}"),
-        Tree::Custom { type_name, .. } => format!("{type_name}"),
+        Tree::Custom { type_name, .. } => type_name.clone(),
         Tree::Shared { node, .. } => describe(node),
         Tree::Ref(id) => format!("ref to shared object {id}"),
     }

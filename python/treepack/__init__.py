@@ -32,6 +32,7 @@ from ._codec import File, Unloadable
 from ._core import CorruptError, FormatError, RootMismatchError, TreepackError
 from ._lazy import LazyArray, View, open
 from ._registry import Registration, register, registered
+from ._convert import convert
 from ._repo import CheckpointManager, Repository, TreeRef
 
 __version__ = _core.__version__
@@ -39,5 +40,5 @@ __version__ = _core.__version__
 __all__ = [
     "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",
     "register", "registered", "Registration", "File", "LeafInfo", "StructNode", "SaveInfo", "Unloadable",
-    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "RootMismatchError", "root_hash", "diff", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
+    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "RootMismatchError", "root_hash", "diff", "convert", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
 ]

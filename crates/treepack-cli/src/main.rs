@@ -1,4 +1,4 @@
-//! `treepack`: inspect, list, print, hash, diff, verify, copy and clean stored trees; manage
+//! `treepack`: inspect, list, print, hash, diff, verify, copy, convert and clean stored trees; manage
 //! repositories; write a demo tree.
 
 mod show;
@@ -64,6 +64,23 @@ enum Cmd {
         /// Hash the subtree at this key path instead.
         #[arg(long)]
         key: Option<String>,
+    },
+    /// Convert between treepack and safetensors (by extension, or --from/--to): nested keys
+    /// join into flat names with --separator ("." by default; "" keeps a flat dict's keys).
+    Convert {
+        src: String,
+        dst: String,
+        #[arg(long)]
+        from: Option<String>,
+        #[arg(long)]
+        to: Option<String>,
+        #[arg(long, default_value = ".")]
+        separator: String,
+        #[arg(long)]
+        overwrite: bool,
+        /// Compression policy of a treepack destination (as for `cp`).
+        #[arg(long, default_value = "none")]
+        compression: String,
     },
     /// What differs between two trees (key paths, dtypes, shapes, chunks by hash; no array data
     /// read). Exit status 0 when identical, 1 when different, 2 on error (as `diff`).
@@ -174,6 +191,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Ls { path, patterns } => ls(&path, so, &patterns),
         Cmd::Cat { path, key } => cat(&path, so, &key),
         Cmd::Verify { path, json } => verify(&path, so, json),
+        Cmd::Convert { src, dst, from, to, separator, overwrite, compression } => {
+            use treepack::convert::{ConvertOptions, Format};
+            let (f, t) = (Format::of(&src, from.as_deref())?, Format::of(&dst, to.as_deref())?);
+            let save = SaveOptions {
+                overwrite,
+                compression: treepack::save::Compression::parse(&compression)?,
+                ..Default::default()
+            };
+            let opts = ConvertOptions { separator: (!separator.is_empty()).then_some(separator), save };
+            let info = treepack::convert::convert(&location(&src, so)?, &location(&dst, so)?, f, t, &opts)
+                .with_context(|| format!("converting {src} to {dst}"))?;
+            println!("converted {} tensors ({}) from {src} to {dst}", info.tensors, human_bytes(info.bytes));
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Diff { a, b, json } => {
             let d = treepack::diff(location(&a, so)?, location(&b, so)?)?;
             if json {

@@ -299,3 +299,27 @@ fn diff_exits_like_diff() {
     let out = tp().args(["diff", &ckpt, &format!("{ckpt}/../nothing")]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn convert_to_and_from_safetensors() {
+    let (d, ckpt) = demo("ckpt");
+    // The demo tree holds complex numbers, strings and records: safetensors cannot, and the
+    // error says which leaf.
+    let st = d.path().join("m.safetensors").to_str().unwrap().to_string();
+    let out = tp().args(["convert", &ckpt, &st]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.contains("`dtypes/complex64`: safetensors has no complex64"), "{err}");
+    // Its params alone convert, and come back as the same tree.
+    let only = d.path().join("only.tpk").to_str().unwrap().to_string();
+    let tree = treepack::load(ckpt.as_str(), &treepack::LoadOptions::default()).unwrap();
+    let treepack::Tree::Dict(items) = tree else { panic!() };
+    let p = items.into_iter().find(|(k, _)| matches!(k, treepack::Key::Str(s) if s == "params")).unwrap().1;
+    treepack::save(&p, only.as_str(), &treepack::SaveOptions::default()).unwrap();
+    let out = run_ok(&["convert", &only, &st]);
+    assert!(out.contains("converted") && out.contains("tensors"), "{out}");
+    let back = d.path().join("back").to_str().unwrap().to_string();
+    run_ok(&["convert", &st, &back]);
+    let out = tp().args(["diff", &only, &back]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+}

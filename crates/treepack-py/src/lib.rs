@@ -131,6 +131,36 @@ fn diff(py: Python<'_>, a: &str, b: &str, storage_options: Options) -> PyResult<
     Ok(serde_json::Value::Array(d.iter().map(|x| x.to_json()).collect()).to_string())
 }
 
+/// Convert between treepack and safetensors (`from`/`to`: "treepack" or "safetensors"):
+/// (tensors, bytes).
+#[pyfunction]
+#[pyo3(signature = (src, dst, from_format, to_format, separator=None, overwrite=false, storage_options=None, compression=None, durable=true))]
+#[allow(clippy::too_many_arguments)]
+fn convert(
+    py: Python<'_>,
+    src: &str,
+    dst: &str,
+    from_format: &str,
+    to_format: &str,
+    separator: Option<String>,
+    overwrite: bool,
+    storage_options: Options,
+    compression: Option<String>,
+    durable: bool,
+) -> PyResult<(usize, u64)> {
+    use treepack::convert::{ConvertOptions, Format};
+    let (s, d) = (location(src, storage_options.clone())?, location(dst, storage_options)?);
+    let (f, t) =
+        (Format::of(src, Some(from_format)).map_err(py_err)?, Format::of(dst, Some(to_format)).map_err(py_err)?);
+    let mut save = SaveOptions { overwrite, durable, ..Default::default() };
+    if let Some(c) = compression {
+        save.compression = treepack::save::Compression::parse(&c).map_err(py_err)?;
+    }
+    let opts = ConvertOptions { separator, save };
+    let info = py.detach(|| treepack::convert::convert(&s, &d, f, t, &opts)).map_err(py_err)?;
+    Ok((info.tensors, info.bytes))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prepare, m)?)?;
@@ -139,6 +169,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Prepared>()?;
     m.add_function(wrap_pyfunction!(gc, m)?)?;
     m.add_function(wrap_pyfunction!(diff, m)?)?;
+    m.add_function(wrap_pyfunction!(convert, m)?)?;
     m.add_function(wrap_pyfunction!(numpy_dtype_name, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_needs_ml_dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(structure_one_pass, m)?)?;

@@ -22,6 +22,7 @@
 
 #![warn(missing_docs)]
 
+pub mod convert;
 pub mod demo;
 pub mod error;
 pub mod format;

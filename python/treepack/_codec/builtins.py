@@ -255,7 +255,12 @@ def _describe(obj: Any, where: str, allow_pickle: bool, omit_static: bool = Fals
     if allow_pickle:
         data = pickle.dumps(obj, protocol=5)
         return ("custom", "py.pickle", json.dumps({"class": reg.type_name(t)}), [("data", data)])
-    if isinstance(obj, np.ndarray):  # dtype=object (other arrays never get here)
+    if isinstance(obj, np.ndarray) and obj.dtype != object:  # a subclass not known here
+        raise TypeError(
+            f"cannot save `{where}`: {t.__module__}.{t.__qualname__} is a subclass of numpy.ndarray that treepack "
+            "does not know; save np.asarray(x) (its values), register the class, or pass allow_pickle=True"
+        )
+    if isinstance(obj, np.ndarray):  # dtype=object (plain arrays of numbers never get here)
         raise TypeError(
             f"cannot save `{where}`: numpy arrays of dtype {obj.dtype} hold Python objects, not array data; "
             "convert it to a list (obj.tolist()) or an array of a numeric, bytes or str dtype, "

@@ -104,6 +104,9 @@ def _encode(obj: Any, t: type) -> Optional[Description]:
         from .dtypes import _dtype_desc
 
         return ("custom", "py.npdtype", json.dumps({"dtype": _dtype_desc(obj)[0]}), [])
+    if t is np.memmap:
+        # A memory-mapped array is its values (no copy: the save reads the mapped pages).
+        return ("value", "", None, [("value", np.asarray(obj))])
     if isinstance(obj, np.ma.MaskedArray):
         if t is not np.ma.MaskedArray:
             return None

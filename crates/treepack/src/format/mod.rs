@@ -3,6 +3,7 @@
 //! [`model`] is the in-memory tree; [`dtype`], [`keypath`], [`grid`] (chunking and slicing),
 //! [`hash`] (BLAKE3 of canonical bytes), [`codec`] and [`preview`] describe its leaves;
 //! [`merkle`] is the root hash over a whole tree, [`diff`] what differs between two;
+//! [`safetensors`] reads and writes that format's header;
 //! [`manifest`] writes and parses `treepack.json`; [`container`] is the single-file (`.tpk`)
 //! layout around it. Reading and writing bytes somewhere is the engine's job (`store`, `save`,
 //! `read`).
@@ -21,3 +22,4 @@ pub mod parts;
 pub mod preview;
 pub mod refs;
 pub mod repo;
+pub mod safetensors;

@@ -1,0 +1,320 @@
+//! Converting trees to and from other formats (docs/convert.md). The Rust core handles
+//! safetensors; the Python package adds `.npy`/`.npz` through numpy.
+//!
+//! Conversion streams: a safetensors file is memory-mapped and each tensor becomes an array
+//! viewing the mapping (no copy; the save reads the pages as it writes them), and a tree is
+//! written to safetensors one leaf at a time, so memory stays bounded by the largest tensor.
+
+use crate::error::{Error, Result};
+use crate::format::dtype::DType;
+use crate::format::model::{ArrayData, Key, Node, Step, Tree};
+use crate::format::safetensors as st;
+use crate::format::{keypath, manifest::Entry};
+use crate::read::Reader;
+use crate::save::{SaveInfo, SaveOptions};
+use crate::store::Location;
+use bytes::Bytes;
+use std::collections::BTreeMap;
+
+/// Formats [`convert`] reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// A treepack location (directory, `.tpk`, object-store prefix, `LOCATION@NAME`).
+    Treepack,
+    /// A `.safetensors` file.
+    Safetensors,
+}
+
+impl Format {
+    /// The format of `path`: `explicit` (`treepack`, `safetensors`) if given, else by extension.
+    ///
+    /// # Errors
+    /// [`Error::BadLocation`] for an unknown explicit name.
+    pub fn of(path: &str, explicit: Option<&str>) -> Result<Format> {
+        match explicit {
+            Some("treepack" | "tpk") => Ok(Format::Treepack),
+            Some("safetensors") => Ok(Format::Safetensors),
+            Some(other) => Err(Error::BadLocation {
+                location: path.to_string(),
+                reason: format!("unknown format {other:?}: the Rust core converts treepack and safetensors (the Python package adds npy and npz)"),
+            }),
+            None if path.ends_with(".safetensors") => Ok(Format::Safetensors),
+            None => Ok(Format::Treepack),
+        }
+    }
+}
+
+/// How [`convert`] maps names and writes.
+#[derive(Debug, Clone)]
+pub struct ConvertOptions {
+    /// Joins nested keys into flat names (and splits them back): `"."` makes
+    /// `{"layers": {"0": {"w": …}}}` the tensor `layers.0.w`. `None`: names are the top-level
+    /// keys of a flat dict, as they are.
+    pub separator: Option<String>,
+    /// How the treepack side is saved (`overwrite`, `compression`, `durable`, …); `overwrite`
+    /// also applies to a safetensors destination.
+    pub save: SaveOptions,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions { separator: Some(".".into()), save: SaveOptions::default() }
+    }
+}
+
+/// What a conversion did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvertInfo {
+    /// Tensors (arrays) converted.
+    pub tensors: usize,
+    /// Bytes of tensor data converted.
+    pub bytes: u64,
+    /// For a treepack destination, what its save wrote.
+    pub saved: Option<SaveInfo>,
+}
+
+/// Convert `src` to `dst` (formats from `from`/`to` or the extensions: `.safetensors`, else a
+/// treepack location).
+///
+/// # Errors
+/// [`Error::InvalidTree`] naming the key path of what the target cannot hold (a string in
+/// safetensors, a dtype it lacks), format errors of the source, storage errors.
+pub fn convert(src: &Location, dst: &Location, from: Format, to: Format, opts: &ConvertOptions) -> Result<ConvertInfo> {
+    match (from, to) {
+        (Format::Safetensors, Format::Treepack) => {
+            let (tree, metadata) = read_safetensors(src, opts.separator.as_deref())?;
+            let (tensors, bytes) = count_arrays(&tree);
+            let save = SaveOptions { metadata: metadata.or(opts.save.metadata.clone()), ..opts.save.clone() };
+            let saved = crate::save(&tree, dst, &save)?;
+            Ok(ConvertInfo { tensors, bytes, saved: Some(saved) })
+        }
+        (Format::Treepack, Format::Safetensors) => {
+            let r = Reader::open(src.clone())?;
+            write_safetensors(&r, dst, opts.separator.as_deref(), opts.save.overwrite)
+        }
+        (Format::Treepack, Format::Treepack) => Err(Error::BadLocation {
+            location: dst.display().to_string(),
+            reason: "both sides are treepack locations: copy with `treepack cp` (or convert to .safetensors)".into(),
+        }),
+        (Format::Safetensors, Format::Safetensors) => Err(Error::BadLocation {
+            location: dst.display().to_string(),
+            reason: "both sides are safetensors files: nothing to convert".into(),
+        }),
+    }
+}
+
+fn count_arrays(t: &Node) -> (usize, u64) {
+    let (mut n, mut b) = (0, 0);
+    t.for_each_leaf_unpathed(&mut |l| {
+        if let crate::format::model::Leaf::Array(a) = l {
+            n += 1;
+            b += a.nbytes();
+        }
+    });
+    (n, b)
+}
+
+fn bad_file(loc: &Location, reason: String) -> Error {
+    Error::NotTreepack { file: loc.display().to_string(), reason: format!("not a valid safetensors file: {reason}") }
+}
+
+/// Read a safetensors file as a tree: tensors as arrays viewing a memory map of the file (a
+/// remote file is read whole), nested by `separator`; its `__metadata__` as JSON.
+///
+/// # Errors
+/// [`Error::NotTreepack`] for a damaged or hostile file (saying what is wrong),
+/// [`Error::InvalidTree`] when names collide once nested (`a` and `a.b`: pass no separator).
+pub fn read_safetensors(loc: &Location, separator: Option<&str>) -> Result<(Node, Option<serde_json::Value>)> {
+    let bytes: Bytes = match loc.mmap(".")? {
+        Some(b) => b,
+        None => {
+            loc.block_on(loc.get_opt(".", u64::MAX))?.ok_or_else(|| Error::no_tree(loc.display(), loc.display()))?
+        }
+    };
+    let n = st::header_len(&bytes, bytes.len() as u64).map_err(|r| bad_file(loc, r))?;
+    let header = st::parse_header(&bytes[8..8 + n as usize], bytes.len() as u64).map_err(|r| bad_file(loc, r))?;
+    let mut root = Builder::default();
+    for t in &header.tensors {
+        let data = bytes.slice((header.data_start + t.begin) as usize..(header.data_start + t.end) as usize);
+        let a = ArrayData::new(t.dtype.clone(), t.shape.clone(), data)?;
+        let parts: Vec<&str> = match separator {
+            Some(sep) if !sep.is_empty() => t.name.split(sep).collect(),
+            _ => vec![t.name.as_str()],
+        };
+        root.insert(&parts, Node::from(a), &t.name)?;
+    }
+    let md = header.metadata.map(|m| serde_json::Value::Object(m.into_iter().map(|(k, v)| (k, v.into())).collect()));
+    Ok((root.finish(), md))
+}
+
+/// Nested dicts built from split names, in first-seen order.
+#[derive(Default)]
+struct Builder {
+    items: Vec<(String, Slot)>,
+    index: std::collections::HashMap<String, usize>,
+}
+
+enum Slot {
+    Leaf(Node),
+    Dict(Builder),
+}
+
+impl Builder {
+    fn insert(&mut self, parts: &[&str], leaf: Node, name: &str) -> Result<()> {
+        let collide = || {
+            Error::invalid_tree(
+                name,
+                "this name and another one are a value and a group at once once split at the separator; convert with no separator (flat names)",
+            )
+        };
+        let (first, rest) = parts.split_first().ok_or_else(collide)?;
+        match self.index.get(*first).copied() {
+            None => {
+                let slot = if rest.is_empty() {
+                    Slot::Leaf(leaf)
+                } else {
+                    let mut b = Builder::default();
+                    b.insert(rest, leaf, name)?;
+                    Slot::Dict(b)
+                };
+                self.index.insert(first.to_string(), self.items.len());
+                self.items.push((first.to_string(), slot));
+                Ok(())
+            }
+            Some(i) => match (&mut self.items[i].1, rest.is_empty()) {
+                (Slot::Dict(d), false) => d.insert(rest, leaf, name),
+                _ => Err(collide()),
+            },
+        }
+    }
+
+    fn finish(self) -> Node {
+        Tree::Dict(
+            self.items
+                .into_iter()
+                .map(|(k, s)| {
+                    let v = match s {
+                        Slot::Leaf(n) => n,
+                        Slot::Dict(b) => b.finish(),
+                    };
+                    (Key::Str(k), v)
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The flat name of a leaf: its key-path segments joined by `separator`.
+fn flat_name(steps: &[Step<'_>], separator: Option<&str>) -> std::result::Result<String, String> {
+    let mut segs = Vec::with_capacity(steps.len());
+    for s in steps {
+        segs.push(match s {
+            Step::Index(i) => i.to_string(),
+            Step::Name(n) => n.to_string(),
+            Step::Key(Key::Str(k)) => k.clone(),
+            Step::Key(Key::Int(i)) => i.to_string(),
+            Step::Key(k) => {
+                return Err(format!("the key {} cannot be a tensor name", keypath::Segment::Key((*k).clone()).text()))
+            }
+        });
+    }
+    match separator {
+        Some(sep) => Ok(segs.join(sep)),
+        None if segs.len() == 1 => Ok(segs.remove(0)),
+        None => Err("a nested value needs a separator to be named in a flat file".into()),
+    }
+}
+
+/// Write the arrays of the tree `r` reads as a safetensors file at `dst`, one leaf at a time
+/// (staged, then renamed into place).
+///
+/// # Errors
+/// [`Error::InvalidTree`] naming the first leaf safetensors cannot hold (anything but an array,
+/// or a dtype it lacks), [`Error::AlreadyExists`] unless `overwrite`, storage errors.
+pub fn write_safetensors(r: &Reader, dst: &Location, separator: Option<&str>, overwrite: bool) -> Result<ConvertInfo> {
+    let mut tensors: Vec<(String, DType, Vec<u64>)> = vec![];
+    let mut paths: Vec<String> = vec![];
+    let mut problem: Option<Error> = None;
+    r.manifest().root.for_each_leaf_steps(&mut |steps, e| {
+        if problem.is_some() {
+            return;
+        }
+        let path = keypath::steps_text(steps);
+        match e {
+            Entry::Array(a) if st::dtype_name(&a.dtype).is_some() => match flat_name(steps, separator) {
+                Ok(name) => {
+                    tensors.push((name, a.dtype.clone(), a.shape.clone()));
+                    paths.push(path);
+                }
+                Err(why) => problem = Some(Error::invalid_tree(path, why)),
+            },
+            Entry::Array(a) => {
+                problem = Some(Error::invalid_tree(
+                    path,
+                    format!("safetensors has no {} dtype (it has bool, int8-64, uint8-64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2)", a.dtype.display()),
+                ))
+            }
+            other => {
+                problem = Some(Error::invalid_tree(
+                    path,
+                    format!("a {} cannot be stored in safetensors, which holds only arrays; leave it out (select) or keep this tree in treepack", other.kind()),
+                ))
+            }
+        }
+    });
+    if let Some(e) = problem {
+        return Err(e);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (name, ..) in &tensors {
+        if !seen.insert(name.as_str()) {
+            return Err(Error::invalid_tree(
+                name.clone(),
+                "two leaves get this tensor name; convert with another separator",
+            ));
+        }
+    }
+    let metadata: Option<BTreeMap<String, String>> =
+        r.manifest().metadata.as_ref().and_then(|m| m.as_object()).map(|m| {
+            m.iter().map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_string))).collect()
+        });
+    let (head, offsets) = st::write_header(&tensors, metadata.as_ref()).map_err(|r| Error::invalid_tree("", r))?;
+    let Some(path) = dst.local_path().map(std::path::Path::to_path_buf) else {
+        return Err(Error::BadLocation {
+            location: dst.display().to_string(),
+            reason: "safetensors files are written to local paths (copy the file to an object store after)".into(),
+        });
+    };
+    if path.exists() && !overwrite {
+        return Err(Error::AlreadyExists { location: dst.display().to_string() });
+    }
+    let mut staging = path.as_os_str().to_owned();
+    staging.push(format!("#{}", std::process::id()));
+    let staging = std::path::PathBuf::from(staging);
+    let io = |p: &std::path::Path, e: std::io::Error| Error::Io { path: p.to_path_buf(), source: e };
+    let written = (|| -> Result<u64> {
+        use std::io::Write;
+        let mut f =
+            std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&staging).map_err(|e| io(&staging, e))?);
+        f.write_all(&head).map_err(|e| io(&staging, e))?;
+        let mut total = 0u64;
+        for (p, (begin, end)) in paths.iter().zip(&offsets) {
+            let a = r.read_array(p, "...")?;
+            debug_assert_eq!(a.nbytes(), end - begin);
+            f.write_all(a.bytes()).map_err(|e| io(&staging, e))?;
+            total += end - begin;
+        }
+        let f = f.into_inner().map_err(|e| io(&staging, e.into_error()))?;
+        f.sync_all().map_err(|e| io(&staging, e))?;
+        Ok(total)
+    })();
+    let bytes = match written {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = std::fs::remove_file(&staging);
+            return Err(e);
+        }
+    };
+    std::fs::rename(&staging, &path).map_err(|e| io(&path, e))?;
+    Ok(ConvertInfo { tensors: tensors.len(), bytes, saved: None })
+}

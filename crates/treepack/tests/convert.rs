@@ -1,0 +1,160 @@
+//! Conversion to and from safetensors (issue 31): round trips of every dtype both formats have,
+//! names nested and flat, what safetensors cannot hold, hostile files.
+
+use treepack::convert::{convert, ConvertOptions, Format};
+use treepack::*;
+
+fn arr(dtype: DType, shape: Vec<u64>, seed: u8) -> Node {
+    let n: u64 = shape.iter().product::<u64>() * dtype.itemsize();
+    let data: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect();
+    let data = if dtype == DType::Bool { data.iter().map(|b| b & 1).collect() } else { data };
+    Node::from(ArrayData::new(dtype, shape, data).unwrap())
+}
+
+fn all_dtypes() -> Node {
+    let ds = [
+        DType::Bool,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::F8E4M3FN,
+        DType::F8E5M2,
+    ];
+    let mut items: Vec<(String, Node)> =
+        ds.iter().enumerate().map(|(i, d)| (format!("t{i}"), arr(d.clone(), vec![3, 5], i as u8))).collect();
+    items.push(("empty".into(), arr(DType::F32, vec![0, 4], 0)));
+    items.push(("scalar".into(), arr(DType::F64, vec![], 1)));
+    items.push((
+        "layers".into(),
+        Node::dict([
+            ("0", Node::dict([("w", arr(DType::F32, vec![64, 64], 2))])),
+            ("1", Node::dict([("w", arr(DType::F32, vec![64, 64], 3))])),
+        ]),
+    ));
+    Node::dict(items)
+}
+
+fn loc(p: &std::path::Path) -> Location {
+    Location::parse(p.to_str().unwrap()).unwrap()
+}
+
+#[test]
+fn trees_of_arrays_round_trip_through_safetensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = all_dtypes();
+    let src = dir.path().join("t");
+    let md = serde_json::json!({"format": "pt", "step": 3});
+    save(&tree, src.to_str().unwrap(), &SaveOptions { metadata: Some(md), ..Default::default() }).unwrap();
+    let st = dir.path().join("m.safetensors");
+    let info =
+        convert(&loc(&src), &loc(&st), Format::Treepack, Format::Safetensors, &ConvertOptions::default()).unwrap();
+    assert_eq!(info.tensors, 19);
+    // The header names nested tensors with dots, and keeps metadata as strings.
+    let bytes = std::fs::read(&st).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    assert_eq!(header["layers.1.w"]["dtype"], "F32");
+    assert_eq!(header["t10"]["dtype"], "BF16");
+    assert_eq!(header["__metadata__"], serde_json::json!({"format": "pt", "step": "3"}));
+    assert_eq!((8 + n) % 8, 0, "data 8-aligned");
+    let back = dir.path().join("back.tpk");
+    convert(&loc(&st), &loc(&back), Format::Safetensors, Format::Treepack, &ConvertOptions::default()).unwrap();
+    assert!(load(back.to_str().unwrap(), &LoadOptions::default()).unwrap().exact_eq(&tree));
+    // Flat names: one level, dotted keys kept.
+    let flat = dir.path().join("flat");
+    let opts = ConvertOptions { separator: None, ..Default::default() };
+    convert(&loc(&st), &loc(&flat), Format::Safetensors, Format::Treepack, &opts).unwrap();
+    let f = open(flat.to_str().unwrap()).unwrap();
+    assert!(f.read_array("layers.0.w", "").is_ok());
+    // Existing destinations are kept unless overwritten.
+    let e =
+        convert(&loc(&src), &loc(&st), Format::Treepack, Format::Safetensors, &ConvertOptions::default()).unwrap_err();
+    assert_eq!(e.kind(), "already_exists");
+}
+
+#[test]
+fn what_safetensors_cannot_hold_is_named_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("x.safetensors");
+    for (tree, says) in [
+        (
+            Node::dict([("w", arr(DType::F32, vec![2], 0)), ("cfg", Node::dict([("name", Node::from("run"))]))]),
+            "cfg/name",
+        ),
+        (Node::dict([("c", arr(DType::C64, vec![2], 0))]), "no complex64"),
+        (
+            Node::dict([("a", Node::dict([("b", arr(DType::F32, vec![1], 0))])), ("a.b", arr(DType::F32, vec![1], 0))]),
+            "two leaves",
+        ),
+    ] {
+        let src = dir.path().join(format!("s{}", says.len()));
+        save(&tree, src.to_str().unwrap(), &SaveOptions::default()).unwrap();
+        let e = convert(&loc(&src), &loc(&st), Format::Treepack, Format::Safetensors, &ConvertOptions::default())
+            .unwrap_err();
+        assert!(e.to_string().contains(says), "{e}");
+        assert!(!st.exists());
+    }
+}
+
+#[test]
+fn hostile_safetensors_files_fail_with_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = {
+        let src = dir.path().join("g");
+        save(
+            &Node::dict([("a", arr(DType::F32, vec![4], 0)), ("b", arr(DType::U8, vec![3], 1))]),
+            src.to_str().unwrap(),
+            &SaveOptions::default(),
+        )
+        .unwrap();
+        let st = dir.path().join("g.safetensors");
+        convert(&loc(&src), &loc(&st), Format::Treepack, Format::Safetensors, &ConvertOptions::default()).unwrap();
+        std::fs::read(&st).unwrap()
+    };
+    let n = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let with_header = |h: &str| {
+        let mut v = (h.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(h.as_bytes());
+        v.extend_from_slice(&good[8 + n..]);
+        v
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("truncated", good[..good.len() - 2].to_vec(), "the file has"),
+        ("short", good[..5].to_vec(), "8-byte"),
+        ("header-past-end", [&(1u64 << 40).to_le_bytes()[..], &good[8..]].concat(), "accepted"),
+        (
+            "giant-shape",
+            with_header(r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}}"#),
+            "do not hold",
+        ),
+        (
+            "overlap",
+            with_header(
+                r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"U8","shape":[3],"data_offsets":[2,5]}}"#,
+            ),
+            "gap or an overlap",
+        ),
+        ("bad-dtype", with_header(r#"{"a":{"dtype":"F4","shape":[4],"data_offsets":[0,19]}}"#), "not supported"),
+        ("not-json", with_header("nope nope"), "JSON"),
+    ];
+    for (name, bytes, says) in cases {
+        let p = dir.path().join(format!("{name}.safetensors"));
+        std::fs::write(&p, bytes).unwrap();
+        let out = dir.path().join(format!("out-{name}"));
+        let e = convert(&loc(&p), &loc(&out), Format::Safetensors, Format::Treepack, &ConvertOptions::default())
+            .unwrap_err();
+        assert_eq!(e.kind(), "not_treepack", "{name}: {e}");
+        let msg = e.to_string();
+        assert!(msg.contains("not a valid safetensors file") && msg.contains(says), "{name}: {msg}");
+        assert!(!out.exists(), "{name}");
+    }
+}

@@ -1,0 +1,190 @@
+"""Converting trees to and from other formats (docs/convert.md): safetensors through the Rust
+core, ``.npy`` and ``.npz`` through numpy (never with pickle)."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import _core
+from ._api import PathLike, StorageOptions, _opts, _path, save
+
+__all__ = ["convert"]
+
+_FORMATS = ("treepack", "safetensors", "npz", "npy")
+
+
+def _format_of(path: str, explicit: Optional[str]) -> str:
+    if explicit is not None:
+        if explicit not in _FORMATS:
+            raise ValueError(f"unknown format {explicit!r}: one of {', '.join(_FORMATS)}")
+        return explicit
+    for ext in ("safetensors", "npz", "npy"):
+        if path.endswith("." + ext):
+            return ext
+    return "treepack"
+
+
+def convert(
+    src: PathLike,
+    dst: PathLike,
+    *,
+    from_format: Optional[str] = None,
+    to_format: Optional[str] = None,
+    separator: Optional[str] = ".",
+    overwrite: bool = False,
+    storage_options: StorageOptions = None,
+    **save_kwargs: Any,
+) -> Dict[str, int]:
+    """Convert ``src`` to ``dst``; formats from the extensions (``.safetensors``, ``.npz``,
+    ``.npy``, anything else a treepack location) or ``from_format``/``to_format``.
+
+    - safetensors (read and write, streamed array by array; read zero-copy from a memory map):
+      nested keys join into flat names with ``separator`` (``"."``: ``{"layers": {"0": {"w"}}}``
+      is ``layers.0.w``; ``None`` keeps a flat dict's keys as they are), and its
+      ``__metadata__`` is the tree's metadata.
+    - ``.npz`` (read and write, the same naming) and ``.npy`` (one array): read with numpy's
+      ``allow_pickle=False`` (object arrays are refused), written one array at a time.
+
+    What the target cannot hold (a string in safetensors, a dtype it lacks) raises
+    ``ValueError`` naming the key path, before anything is written. ``save_kwargs``
+    (``compression=``, ``durable=``, ...) apply when the target is treepack. Returns
+    ``{"tensors": n, "bytes": n}``.
+    """
+    s, d = _path(src), _path(dst)
+    f, t = _format_of(s, from_format), _format_of(d, to_format)
+    if f == t:
+        hint = "copy it with `treepack cp`" if f == "treepack" else "nothing to convert"
+        raise ValueError(f"{s} and {d} are both {f}: {hint}")
+    if "safetensors" in (f, t) and "treepack" in (f, t):
+        unknown = set(save_kwargs) - {"compression", "durable"}
+        if unknown:
+            raise TypeError(f"convert() got unexpected keyword arguments {sorted(unknown)}")
+        from ._api import _compression_text
+
+        n, b = _core.convert(s, d, f, t, separator, overwrite, _opts(storage_options),
+                             _compression_text(save_kwargs.get("compression")), save_kwargs.get("durable", True))
+        return {"tensors": n, "bytes": b}
+    if f in ("npz", "npy") and t == "treepack":
+        tree = _read_numpy(s, f, separator)
+        save(tree, d, overwrite=overwrite, storage_options=storage_options, **save_kwargs)
+        return _count(tree)
+    if f == "treepack" and t in ("npz", "npy"):
+        return _write_numpy(s, d, t, separator, overwrite, storage_options)
+    # Between two foreign formats: through a tree in memory.
+    if f in ("npz", "npy"):
+        tree = _read_numpy(s, f, separator)
+    else:
+        raise ValueError(f"converting {f} to {t} is not supported; convert to treepack first")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        save(tree, os.path.join(tmp, "t"), durable=False)
+        return convert(os.path.join(tmp, "t"), d, to_format=t, separator=separator, overwrite=overwrite)
+
+
+def _count(tree: Any) -> Dict[str, int]:
+    n = b = 0
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, np.ndarray):
+            n += 1
+            b += x.nbytes
+    return {"tensors": n, "bytes": b}
+
+
+def _nest(flat: Dict[str, Any], separator: Optional[str]) -> Dict[str, Any]:
+    if not separator:
+        return dict(flat)
+    out: Dict[str, Any] = {}
+    for name, value in flat.items():
+        parts = name.split(separator)
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"{name!r}: a value and a group at once when split at {separator!r}; "
+                                 "convert with separator=None")
+        if parts[-1] in node:
+            raise ValueError(f"{name!r}: a value and a group at once when split at {separator!r}; "
+                             "convert with separator=None")
+        node[parts[-1]] = value
+    return out
+
+
+def _read_numpy(path: str, fmt: str, separator: Optional[str]) -> Any:
+    try:
+        if fmt == "npy":
+            return np.load(path, mmap_mode="r", allow_pickle=False)
+        with np.load(path, allow_pickle=False) as z:
+            return _nest({k: z[k] for k in z.files}, separator)
+    except ValueError as e:
+        if any(m in str(e) for m in ("allow_pickle", "Object arrays", "Python objects")):
+            raise ValueError(f"{path}: holds object arrays, which need pickle; treepack never unpickles "
+                             "(load it with numpy yourself if you trust it)") from None
+        raise
+
+
+def _write_numpy(src: str, dst: str, fmt: str, separator: Optional[str], overwrite: bool,
+                 storage_options: StorageOptions) -> Dict[str, int]:
+    from . import _codec
+    from ._api import _struct_node
+
+    if os.path.exists(dst) and not overwrite:
+        raise FileExistsError(f"{dst}: exists; pass overwrite=True to replace it")
+    r = _core.Reader(src, _opts(storage_options))
+    leaves: List[Tuple[str, List[str]]] = []
+
+    def walk(node: Any, names: List[str]) -> None:
+        if isinstance(node, dict):
+            items = node.items()
+        elif isinstance(node, (list, tuple)):
+            items = enumerate(node)
+        elif hasattr(node, "children") and not hasattr(node, "nbytes"):
+            items = node.children.items()  # records and custom nodes: their named children
+        else:
+            if getattr(node, "kind", None) != "array":
+                raise ValueError(f"`{node.path}`: a {node.kind} cannot be stored in .{fmt}, which holds arrays only")
+            leaves.append((node.path, names))
+            return
+        for k, v in items:
+            walk(v, names + [str(k)])
+
+    walk(r.structure(_struct_node), [])
+
+    def read(path: str) -> Any:  # one array in memory at a time, hashes checked
+        return r.read_array(path, "", _codec.np_dtype)
+
+    if fmt == "npy":
+        if len(leaves) != 1:
+            raise ValueError(f"{dst}: a .npy file holds one array and this tree has {len(leaves)}; use .npz")
+        a = read(leaves[0][0])
+        np.save(dst, a, allow_pickle=False)
+        return {"tensors": 1, "bytes": int(a.nbytes)}
+    tmp = dst + f"#{os.getpid()}"
+    total = 0
+    try:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+            names = set()
+            for path, segs in leaves:
+                if not separator and len(segs) > 1:
+                    raise ValueError(f"`{path}`: a nested value needs a separator to be named in a flat file")
+                name = (separator or "").join(segs)
+                if name in names:
+                    raise ValueError(f"`{path}`: another leaf gets the name {name!r}; convert with another separator")
+                names.add(name)
+                a = read(path)
+                with z.open(name + ".npy", "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, np.ascontiguousarray(a), allow_pickle=False)
+                total += a.nbytes
+        os.replace(tmp, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return {"tensors": len(leaves), "bytes": int(total)}

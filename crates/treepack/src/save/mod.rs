@@ -548,16 +548,17 @@ fn hash_and_min_max(p: &Pending, fused: bool) -> (Hash32, Option<(f64, f64)>) {
 }
 
 /// Write packs, `concurrency` at a time (each fsynced, when `durable`, while later ones are
-/// written and hashed).
+/// written and hashed); `create_only` in a repository, which never rewrites a pack.
 async fn write_packs(
     loc: &Location,
     packs: impl futures::Stream<Item = PackOut>,
     concurrency: usize,
     durable: bool,
+    create_only: bool,
     tracker: &Tracker,
 ) -> Result<()> {
     packs
-        .map(|(name, parts, _)| async move { loc.put_tracked(&name, parts, false, durable, Some(tracker)).await })
+        .map(|(name, parts, _)| async move { loc.put_tracked(&name, parts, create_only, durable, Some(tracker)).await })
         .buffer_unordered(concurrency)
         .try_collect::<Vec<()>>()
         .await
@@ -580,6 +581,7 @@ async fn hash_and_write_pipelined(
     use futures::SinkExt;
     // One finished pack may wait while the writers are busy: bounded memory is not at stake
     // (the packs borrow the caller's buffers), but hashing far ahead of the disk gains nothing.
+    let create_only = reuse.is_some();
     let (tx, rx) = futures::channel::mpsc::channel::<PackOut>(1);
     let (done_tx, done_rx) = futures::channel::oneshot::channel();
     std::thread::Builder::new()
@@ -599,7 +601,7 @@ async fn hash_and_write_pipelined(
         list.push((pack.0.clone(), pack.2));
         pack
     });
-    let written = write_packs(loc, names, concurrency, durable, tracker).await;
+    let written = write_packs(loc, names, concurrency, durable, create_only, tracker).await;
     // On a failed write the stream (and the channel) is dropped here, so the hashing thread
     // stops at its next pack; wait for it either way.
     let (hashed, pending) = done_rx.await.map_err(|_| Error::internal("the hashing thread stopped unexpectedly"))?;
@@ -717,7 +719,8 @@ pub(crate) async fn write_data(
             (hashed, list, packs.into_iter().next())
         } else {
             tracker.set_total(list.iter().map(|p| p.1).sum());
-            write_packs(loc, futures::stream::iter(packs), concurrency, opts.durable, &tracker).await?;
+            write_packs(loc, futures::stream::iter(packs), concurrency, opts.durable, reuse.is_some(), &tracker)
+                .await?;
             (hashed, list, None)
         }
     } else {

@@ -34,6 +34,27 @@ for v in $versions; do
   py=$(find_python "$v") || { echo "error: no CPython $v found under pyenv or on PATH (set TREEPACK_WHEEL_PYTHONS to build fewer)" >&2; exit 1; }
   pythons+=("$py")
 done
+# Test requirements: python/requirements-dev.txt minus the build tool.
+reqs=$(grep -v '^maturin' python/requirements-dev.txt)
+# The per-version venvs and their requirements are installed in the background while maturin
+# compiles (network, not CPU); each venv then only gets its wheel.
+prepare_venvs() {
+  local i=0 v py venv
+  for v in $versions; do
+    py=${pythons[$i]}; i=$((i + 1))
+    venv=".wheel-venvs/py$v"
+    rm -rf "$venv"
+    "$py" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
+    # shellcheck disable=SC2086
+    "$venv/bin/python" -m pip install -q $reqs
+  done
+}
+venvs_log=$(mktemp)
+if [ "${1:-}" != "--build" ]; then
+  prepare_venvs >"$venvs_log" 2>&1 &
+  venvs_pid=$!
+fi
 echo "== maturin build --release: one wheel per CPython ($versions), and the sdist, into dist/" >&2
 maturin=(env VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" .venv/bin/maturin)
 "${maturin[@]}" build -q --release --strip --out dist "${pythons[@]/#/--interpreter=}" >&2
@@ -41,20 +62,15 @@ maturin=(env VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" .venv/bin/matu
 ls -l dist >&2
 if [ "${1:-}" = "--build" ]; then exit 0; fi
 
-# Test requirements: python/requirements-dev.txt minus the build tool.
-reqs=$(grep -v '^maturin' python/requirements-dev.txt)
+if ! wait "$venvs_pid"; then cat "$venvs_log" >&2; echo "error: preparing the wheel test venvs failed" >&2; exit 1; fi
 root=$PWD
 i=0
 for v in $versions; do
   py=${pythons[$i]}; i=$((i + 1))
   wheel=$(ls dist/treepack-*-cp"${v/./}"-cp"${v/./}"-*.whl)
   venv=".wheel-venvs/py$v"
-  echo "== CPython $v ($py): fresh venv $venv, pip install $(basename "$wheel"), pytest" >&2
-  rm -rf "$venv"
-  "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-  # shellcheck disable=SC2086
-  "$venv/bin/python" -m pip install -q "$wheel" $reqs
+  echo "== CPython $v ($py): fresh venv $venv (requirements installed during the build), pip install $(basename "$wheel"), pytest" >&2
+  "$venv/bin/python" -m pip install -q --no-deps "$wheel"
   # From a directory outside the checkout, so that `import treepack` can only find the wheel.
   (cd /tmp && "$root/$venv/bin/python" - "$root" <<'EOF'
 import sys, treepack

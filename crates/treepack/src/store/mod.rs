@@ -475,6 +475,12 @@ impl Location {
             self.stats.read(data.as_ref().map_or(0, |d| d.len() as u64));
             return Ok(data.map(Bytes::from));
         }
+        Ok(self.get_remote(rel, limit).await?.map(|(b, _)| b))
+    }
+
+    /// Read a whole remote object and its metadata (ETag, version), or `None` if it does not
+    /// exist. `limit` caps the size accepted.
+    async fn get_remote(&self, rel: &str, limit: u64) -> Result<Option<(Bytes, object_store::ObjectMeta)>> {
         match self.store.get(&self.obj(rel)).await {
             Ok(r) => {
                 if r.meta.size > limit {
@@ -484,9 +490,10 @@ impl Location {
                         format!("{} is {} bytes", self.file_name(rel), r.meta.size),
                     ));
                 }
+                let meta = r.meta.clone();
                 let b = r.bytes().await.map_err(|e| self.store_err(rel, e))?;
                 self.stats.read(b.len() as u64);
-                Ok(Some(b))
+                Ok(Some((b, meta)))
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.store_err(rel, e)),
@@ -818,28 +825,13 @@ impl Location {
     /// As [`Location::get_opt`].
     pub async fn get_versioned(&self, rel: &str, limit: u64) -> Result<Option<(Bytes, Version)>> {
         if self.local.is_some() {
-            return Ok(self
-                .get_opt(rel, limit)
-                .await?
-                .map(|b| (b.clone(), Version { e_tag: None, version: None, bytes: b })));
+            let got = self.get_opt(rel, limit).await?;
+            return Ok(got.map(|b| (b.clone(), Version { e_tag: None, version: None, bytes: b })));
         }
-        match self.store.get(&self.obj(rel)).await {
-            Ok(r) => {
-                if r.meta.size > limit {
-                    return Err(Error::limit(
-                        "object size",
-                        limit,
-                        format!("{} is {} bytes", self.file_name(rel), r.meta.size),
-                    ));
-                }
-                let (e_tag, version) = (r.meta.e_tag.clone(), r.meta.version.clone());
-                let b = r.bytes().await.map_err(|e| self.store_err(rel, e))?;
-                self.stats.read(b.len() as u64);
-                Ok(Some((b.clone(), Version { e_tag, version, bytes: b })))
-            }
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(self.store_err(rel, e)),
-        }
+        Ok(self
+            .get_remote(rel, limit)
+            .await?
+            .map(|(b, m)| (b.clone(), Version { e_tag: m.e_tag, version: m.version, bytes: b })))
     }
 
     /// Replace an object only if it is still the version `was` (read by

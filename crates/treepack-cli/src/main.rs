@@ -81,6 +81,9 @@ enum Cmd {
         /// Compression policy of a treepack destination (as for `cp`).
         #[arg(long, default_value = "none")]
         compression: String,
+        /// No progress bar.
+        #[arg(long, short)]
+        quiet: bool,
     },
     /// What differs between two trees (key paths, dtypes, shapes, chunks by hash; no array data
     /// read). Exit status 0 when identical, 1 when different, 2 on error (as `diff`).
@@ -191,17 +194,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Ls { path, patterns } => ls(&path, so, &patterns),
         Cmd::Cat { path, key } => cat(&path, so, &key),
         Cmd::Verify { path, json } => verify(&path, so, json),
-        Cmd::Convert { src, dst, from, to, separator, overwrite, compression } => {
+        Cmd::Convert { src, dst, from, to, separator, overwrite, compression, quiet } => {
             use treepack::convert::{ConvertOptions, Format};
             let (f, t) = (Format::of(&src, from.as_deref())?, Format::of(&dst, to.as_deref())?);
-            let save = SaveOptions {
-                overwrite,
-                compression: treepack::save::Compression::parse(&compression)?,
-                ..Default::default()
-            };
+            let compression = treepack::save::Compression::parse(&compression)?;
+            let (bar, progress) = progress_bar("convert", quiet);
+            let save = SaveOptions { overwrite, compression, progress: Some(progress), ..Default::default() };
             let opts = ConvertOptions { separator: (!separator.is_empty()).then_some(separator), save };
             let info = treepack::convert::convert(&location(&src, so)?, &location(&dst, so)?, f, t, &opts)
                 .with_context(|| format!("converting {src} to {dst}"))?;
+            bar.finish_and_clear();
             println!("converted {} tensors ({}) from {src} to {dst}", info.tensors, human_bytes(info.bytes));
             Ok(ExitCode::SUCCESS)
         }

@@ -90,7 +90,7 @@ pub fn convert(src: &Location, dst: &Location, from: Format, to: Format, opts: &
         }
         (Format::Treepack, Format::Safetensors) => {
             let r = Reader::open(src.clone())?;
-            write_safetensors(&r, dst, opts.separator.as_deref(), opts.save.overwrite)
+            write_safetensors(&r, dst, opts.separator.as_deref(), opts.save.overwrite, opts.save.progress.clone())
         }
         (Format::Treepack, Format::Treepack) => Err(Error::BadLocation {
             location: dst.display().to_string(),
@@ -226,12 +226,18 @@ fn flat_name(steps: &[Step<'_>], separator: Option<&str>) -> std::result::Result
 }
 
 /// Write the arrays of the tree `r` reads as a safetensors file at `dst`, one leaf at a time
-/// (staged, then renamed into place).
+/// (staged, then renamed into place), reporting tensor bytes written to `progress`.
 ///
 /// # Errors
 /// [`Error::InvalidTree`] naming the first leaf safetensors cannot hold (anything but an array,
 /// or a dtype it lacks), [`Error::AlreadyExists`] unless `overwrite`, storage errors.
-pub fn write_safetensors(r: &Reader, dst: &Location, separator: Option<&str>, overwrite: bool) -> Result<ConvertInfo> {
+pub fn write_safetensors(
+    r: &Reader,
+    dst: &Location,
+    separator: Option<&str>,
+    overwrite: bool,
+    progress: Option<crate::progress::ProgressFn>,
+) -> Result<ConvertInfo> {
     let mut tensors: Vec<(String, DType, Vec<u64>)> = vec![];
     let mut paths: Vec<String> = vec![];
     let mut problem: Option<Error> = None;
@@ -298,11 +304,13 @@ pub fn write_safetensors(r: &Reader, dst: &Location, separator: Option<&str>, ov
             std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&staging).map_err(|e| io(&staging, e))?);
         f.write_all(&head).map_err(|e| io(&staging, e))?;
         let mut total = 0u64;
+        let tracker = crate::progress::Tracker::new(progress, offsets.last().map_or(0, |o| o.1));
         for (p, (begin, end)) in paths.iter().zip(&offsets) {
             let a = r.read_array(p, "...")?;
             debug_assert_eq!(a.nbytes(), end - begin);
             f.write_all(a.bytes()).map_err(|e| io(&staging, e))?;
             total += end - begin;
+            tracker.advance(end - begin);
         }
         let f = f.into_inner().map_err(|e| io(&staging, e.into_error()))?;
         f.sync_all().map_err(|e| io(&staging, e))?;

@@ -158,3 +158,24 @@ fn hostile_safetensors_files_fail_with_what_is_wrong() {
         assert!(!out.exists(), "{name}");
     }
 }
+
+#[test]
+fn conversions_report_progress_both_ways() {
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("t");
+    save(&all_dtypes(), src.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    for (from, to, a, b) in [
+        (Format::Treepack, Format::Safetensors, src.clone(), dir.path().join("m.safetensors")),
+        (Format::Safetensors, Format::Treepack, dir.path().join("m.safetensors"), dir.path().join("back")),
+    ] {
+        let seen = Arc::new(Mutex::new(vec![]));
+        let s2 = seen.clone();
+        let progress = ProgressFn::new(move |done, total| s2.lock().unwrap().push((done, total)));
+        let opts = ConvertOptions { save: SaveOptions { progress: Some(progress), ..Default::default() }, ..Default::default() };
+        convert(&loc(&a), &loc(&b), from, to, &opts).unwrap();
+        let seen = seen.lock().unwrap();
+        let last = *seen.last().unwrap();
+        assert!(seen.len() >= 2 && last.0 == last.1 && last.1 > 0, "{from:?} -> {to:?}: {seen:?}");
+    }
+}

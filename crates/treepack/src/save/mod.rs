@@ -666,8 +666,9 @@ pub(crate) async fn write_data(
     loc.refuse_write()?;
     let has_refs = check_tree(tree)?;
     let single = loc.layout() == Layout::SingleFile;
-    let (exists, marker, previous) = if reuse.is_some() {
-        (false, None, None)
+    // In a repository, the name (not a manifest here) is checked and committed by the caller.
+    let (marker, previous) = if reuse.is_some() {
+        (None, None)
     } else {
         let manifest_rel = if single { "." } else { MANIFEST_NAME };
         let exists = loc.exists(manifest_rel).await?;
@@ -676,9 +677,8 @@ pub(crate) async fn write_data(
         }
         let marker = loc.save_marker(opts.durable)?;
         let previous = if exists && !single { old_packs(loc).await } else { None };
-        (exists, marker, previous)
+        (marker, previous)
     };
-    let _ = exists;
 
     let globs = opts.chunk_shapes.iter().map(|(p, cs)| Ok((Glob::new(p)?, cs.clone()))).collect::<Result<Vec<_>>>()?;
     let mut planner = Planner {

@@ -172,7 +172,10 @@ fn conversions_report_progress_both_ways() {
         let seen = Arc::new(Mutex::new(vec![]));
         let s2 = seen.clone();
         let progress = ProgressFn::new(move |done, total| s2.lock().unwrap().push((done, total)));
-        let opts = ConvertOptions { save: SaveOptions { progress: Some(progress), ..Default::default() }, ..Default::default() };
+        let opts = ConvertOptions {
+            save: SaveOptions { progress: Some(progress), ..Default::default() },
+            ..Default::default()
+        };
         convert(&loc(&a), &loc(&b), from, to, &opts).unwrap();
         let seen = seen.lock().unwrap();
         let last = *seen.last().unwrap();

@@ -76,14 +76,8 @@ enum Cmd {
         to: Option<String>,
         #[arg(long, default_value = ".")]
         separator: String,
-        #[arg(long)]
-        overwrite: bool,
-        /// Compression policy of a treepack destination (as for `cp`).
-        #[arg(long, default_value = "none")]
-        compression: String,
-        /// No progress bar.
-        #[arg(long, short)]
-        quiet: bool,
+        #[command(flatten)]
+        out: WriteArgs,
     },
     /// What differs between two trees (key paths, dtypes, shapes, chunks by hash; no array data
     /// read). Exit status 0 when identical, 1 when different, 2 on error (as `diff`).
@@ -106,15 +100,8 @@ enum Cmd {
     Cp {
         src: String,
         dst: String,
-        #[arg(long)]
-        overwrite: bool,
-        /// Compression policy of the copy: none, auto, zstd, zstd:LEVEL, lz4, or a JSON list of
-        /// rules (docs/compression.md). Default: none.
-        #[arg(long, default_value = "none")]
-        compression: String,
-        /// No progress bars.
-        #[arg(long, short)]
-        quiet: bool,
+        #[command(flatten)]
+        out: WriteArgs,
     },
     /// Repositories: many named trees sharing chunks (`LOCATION@NAME` names one tree of a
     /// repository wherever a location is taken: inspect, ls, cat, hash, verify, cp).
@@ -127,6 +114,21 @@ enum Cmd {
         #[arg(long, default_value_t = 3600)]
         grace_secs: u64,
     },
+}
+
+/// How the commands that write a tree (`cp`, `convert`, `repo save-from`) write it.
+#[derive(clap::Args)]
+struct WriteArgs {
+    /// Replace what is already at the destination.
+    #[arg(long)]
+    overwrite: bool,
+    /// Compression policy of a treepack destination: none, auto, zstd, zstd:LEVEL, lz4, or a JSON
+    /// list of rules (docs/compression.md). Default: none.
+    #[arg(long, default_value = "none")]
+    compression: String,
+    /// No progress bars.
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 #[derive(Subcommand)]
@@ -144,13 +146,8 @@ enum RepoCmd {
         location: String,
         name: String,
         src: String,
-        #[arg(long)]
-        overwrite: bool,
-        /// Compression policy of the copy (as for `cp`).
-        #[arg(long, default_value = "none")]
-        compression: String,
-        #[arg(long, short)]
-        quiet: bool,
+        #[command(flatten)]
+        out: WriteArgs,
     },
     /// Delete a name (its chunks go at the next gc that finds no other tree using them).
     Rm { location: String, name: String },
@@ -194,7 +191,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Ls { path, patterns } => ls(&path, so, &patterns),
         Cmd::Cat { path, key } => cat(&path, so, &key),
         Cmd::Verify { path, json } => verify(&path, so, json),
-        Cmd::Convert { src, dst, from, to, separator, overwrite, compression, quiet } => {
+        Cmd::Convert { src, dst, from, to, separator, out: WriteArgs { overwrite, compression, quiet } } => {
             use treepack::convert::{ConvertOptions, Format};
             let (f, t) = (Format::of(&src, from.as_deref())?, Format::of(&dst, to.as_deref())?);
             let compression = treepack::save::Compression::parse(&compression)?;
@@ -238,7 +235,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Demo { dir, overwrite } => demo(&dir, so, overwrite),
-        Cmd::Cp { src, dst, overwrite, compression, quiet } => copy(&src, &dst, so, overwrite, &compression, quiet),
+        Cmd::Cp { src, dst, out } => copy(&src, &dst, so, &out),
         Cmd::Repo(cmd) => repo(cmd, so),
         Cmd::Gc { path, grace_secs } => {
             let r = treepack::gc(location(&path, so)?, std::time::Duration::from_secs(grace_secs))?;
@@ -285,9 +282,9 @@ fn repo(cmd: RepoCmd, so: &StorageOptions) -> Result<ExitCode> {
                 println!("{} tree{}", names.len(), if names.len() == 1 { "" } else { "s" });
             }
         }
-        RepoCmd::SaveFrom { location: l, name, src, overwrite, compression, quiet } => {
+        RepoCmd::SaveFrom { location: l, name, src, out } => {
             let dst = open_repo(&l)?.tree(&name)?.display().to_string();
-            return copy(&src, &dst, so, overwrite, &compression, quiet);
+            return copy(&src, &dst, so, &out);
         }
         RepoCmd::Rm { location: l, name } => {
             open_repo(&l)?.delete(&name)?;
@@ -352,15 +349,9 @@ fn progress_bar(label: &str, quiet: bool) -> (indicatif::ProgressBar, ProgressFn
     (bar, f)
 }
 
-fn copy(
-    src: &str,
-    dst: &str,
-    so: &StorageOptions,
-    overwrite: bool,
-    compression: &str,
-    quiet: bool,
-) -> Result<ExitCode> {
+fn copy(src: &str, dst: &str, so: &StorageOptions, out: &WriteArgs) -> Result<ExitCode> {
     // A bad policy is refused before anything is read.
+    let WriteArgs { overwrite, ref compression, quiet } = *out;
     let compression = treepack::save::Compression::parse(compression)?;
     let r = open(src, so)?;
     let (bar, f) = progress_bar("read", quiet);

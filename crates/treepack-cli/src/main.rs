@@ -310,18 +310,23 @@ fn repo(cmd: RepoCmd, so: &StorageOptions) -> Result<ExitCode> {
             for p in &rep.problems {
                 println!("CORRUPT {} {}: {}", p.file, p.key, p.reason);
             }
-            println!(
-                "{}: {} chunks, {} checked, {} problem{}",
-                if rep.ok() { "OK" } else { "FAILED" },
-                rep.chunks_checked,
-                human_bytes(rep.bytes_checked),
-                rep.problems.len(),
-                if rep.problems.len() == 1 { "" } else { "s" }
-            );
+            print_verify_summary(&rep);
             return Ok(if rep.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The last line of `verify` and `repo verify`: OK or FAILED, what was checked, problems.
+fn print_verify_summary(rep: &treepack::VerifyReport) {
+    println!(
+        "{}: {} chunks, {} checked, {} problem{}",
+        if rep.ok() { "OK" } else { "FAILED" },
+        rep.chunks_checked,
+        human_bytes(rep.bytes_checked),
+        rep.problems.len(),
+        if rep.problems.len() == 1 { "" } else { "s" }
+    );
 }
 
 fn location(path: &str, so: &StorageOptions) -> Result<Location> {
@@ -587,14 +592,7 @@ fn verify(path: &str, so: &StorageOptions, as_json: bool) -> Result<ExitCode> {
                 None => println!("CORRUPT {}: {}", p.file, p.reason),
             }
         }
-        println!(
-            "{}: {} chunks, {} checked, {} problem{}",
-            if rep.ok() { "OK" } else { "FAILED" },
-            rep.chunks_checked,
-            human_bytes(rep.bytes_checked),
-            rep.problems.len(),
-            if rep.problems.len() == 1 { "" } else { "s" }
-        );
+        print_verify_summary(&rep);
     }
     Ok(if rep.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

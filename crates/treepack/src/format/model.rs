@@ -229,16 +229,21 @@ impl ArrayData {
     /// # Errors
     /// [`Error::InvalidTree`] when `block` does not have the array's rank or has a zero entry.
     pub fn with_block(mut self, block: Option<Vec<u64>>) -> Result<Self> {
-        if let Some(b) = &block {
-            if b.len() != self.shape.len() || b.contains(&0) {
+        self.block = self.per_axis_hint("block", block)?;
+        Ok(self)
+    }
+
+    /// A save hint with one entry ≥ 1 per axis of this array, checked.
+    fn per_axis_hint(&self, what: &str, hint: Option<Vec<u64>>) -> Result<Option<Box<[u64]>>> {
+        if let Some(h) = &hint {
+            if h.len() != self.shape.len() || h.contains(&0) {
                 return Err(Error::invalid_tree(
                     "<array>",
-                    format!("block {b:?} does not fit shape {:?} (one entry ≥ 1 per axis)", self.shape),
+                    format!("{what} {h:?} does not fit shape {:?} (one entry ≥ 1 per axis)", self.shape),
                 ));
             }
         }
-        self.block = block.map(Vec::into_boxed_slice);
-        Ok(self)
+        Ok(hint.map(Vec::into_boxed_slice))
     }
 
     /// The same array, to be saved on chunks of `chunk_shape` (a hint, not stored; a save's
@@ -248,15 +253,7 @@ impl ArrayData {
     /// # Errors
     /// [`Error::InvalidTree`] when it does not have the array's rank or has a zero entry.
     pub fn with_chunk_shape(mut self, chunk_shape: Option<Vec<u64>>) -> Result<Self> {
-        if let Some(c) = &chunk_shape {
-            if c.len() != self.shape.len() || c.contains(&0) {
-                return Err(Error::invalid_tree(
-                    "<array>",
-                    format!("chunk shape {c:?} does not fit shape {:?} (one entry ≥ 1 per axis)", self.shape),
-                ));
-            }
-        }
-        self.chunk_shape = chunk_shape.map(Vec::into_boxed_slice);
+        self.chunk_shape = self.per_axis_hint("chunk shape", chunk_shape)?;
         Ok(self)
     }
 

@@ -34,6 +34,7 @@ mod runtime;
 pub mod save;
 pub mod serde_tree;
 pub mod store;
+pub mod transport;
 
 pub use error::{Error, Result};
 pub use format::dtype::{DType, Field};

@@ -3,7 +3,8 @@
 //! [`model`] is the in-memory tree; [`dtype`], [`keypath`], [`grid`] (chunking and slicing),
 //! [`hash`] (BLAKE3 of canonical bytes), [`codec`] and [`preview`] describe its leaves;
 //! [`merkle`] is the root hash over a whole tree, [`diff`] what differs between two;
-//! [`safetensors`] reads and writes that format's header;
+//! [`safetensors`] reads and writes that format's header; [`transport`] frames a tree as one
+//! JSON document and [`schema`] describes a tree's type as a JSON Schema;
 //! [`manifest`] writes and parses `treepack.json`; [`container`] is the single-file (`.tpk`)
 //! layout around it. Reading and writing bytes somewhere is the engine's job (`store`, `save`,
 //! `read`).
@@ -23,3 +24,5 @@ pub mod preview;
 pub mod refs;
 pub mod repo;
 pub mod safetensors;
+pub mod schema;
+pub mod transport;

@@ -360,6 +360,32 @@ impl Reader {
         Ok(out)
     }
 
+    /// Every stored chunk of the tree once, in the order first referenced (depth-first), with
+    /// its stored bytes, each decoded and checked against its hash: what an export copies.
+    pub(crate) async fn stored_chunks_async(&self) -> Result<Vec<(ChunkKey, Bytes)>> {
+        let mut seen = HashSet::new();
+        let mut order = Vec::new();
+        self.manifest.root.for_each_leaf(&mut |path, e| {
+            for (i, c) in e.chunks().iter().enumerate() {
+                if seen.insert((c.pack, c.offset, c.length)) {
+                    order.push((path.to_string(), i, c.clone(), e.chunk_canonical(i)));
+                }
+            }
+        });
+        let keys = order.iter().map(|(_, _, c, _)| (c.pack, c.offset, c.length)).collect();
+        let fetched = self.fetch_keys(keys, false, None, ReadMode::Buffered).await?;
+        order
+            .into_iter()
+            .map(|(path, i, c, canonical)| {
+                let key = (c.pack, c.offset, c.length);
+                // chunk_bytes decodes and verifies; the stored bytes are what travels.
+                self.chunk_bytes(&path, i, &c, &fetched, canonical, true)?;
+                let stored = fetched.get(&key).cloned().unwrap_or_default();
+                Ok((key, stored))
+            })
+            .collect()
+    }
+
     /// Fetch the stored bytes of chunks, grouped by pack (mmap views when asked and local).
     async fn fetch(&self, refs: &[ChunkRef], mmap: bool) -> Result<HashMap<ChunkKey, Bytes>> {
         let keys = refs.iter().map(|r| (r.pack, r.offset, r.length)).collect();

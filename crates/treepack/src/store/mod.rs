@@ -244,6 +244,9 @@ impl Location {
         let path_str = s.strip_prefix("file://").unwrap_or(s);
         let path = normalize_local(&std::path::absolute(Path::new(path_str)).map_err(|e| bad(&e.to_string()))?);
         let is_file = std::fs::metadata(&path).map(|m| m.is_file()).unwrap_or(false);
+        if is_file && crate::transport::is_document_file(&path) {
+            return crate::transport::read_document_file(&path, s);
+        }
         let layout = layout_for(path_str, is_file);
         let fs = object_store::local::LocalFileSystem::new();
         let base = ObjPath::from_absolute_path(&path).map_err(|e| bad(&e.to_string()))?;
@@ -259,6 +262,34 @@ impl Location {
             stats: Arc::default(),
             tree: None,
         })
+    }
+
+    /// A fresh in-memory location of its own (not reachable by a `memory://` name), shown as
+    /// `display`: where a transport document is unpacked to be read.
+    pub(crate) fn new_memory(display: &str) -> Location {
+        Location {
+            display: display.to_string(),
+            store: Arc::new(InMemory::new()),
+            base: ObjPath::default(),
+            layout: Layout::Directory,
+            local: None,
+            read_only: false,
+            remote: None,
+            pinned: None,
+            stats: Arc::default(),
+            tree: None,
+        }
+    }
+
+    /// This location, refusing writes from now on (a transport document's, once unpacked).
+    pub(crate) fn into_read_only(self) -> Location {
+        Location { read_only: true, ..self }
+    }
+
+    /// Drop the process-wide `memory://bucket` store and everything in it (its memory is
+    /// freed once no location uses it). Returns whether there was one.
+    pub fn forget_memory(bucket: &str) -> bool {
+        memory_stores().lock().map(|mut m| m.remove(bucket).is_some()).unwrap_or(false)
     }
 
     /// `LOCATION@NAME` names the tree `NAME` of the repository at `LOCATION`
@@ -767,7 +798,11 @@ impl Location {
         if self.read_only {
             return Err(Error::ReadOnly {
                 location: self.display.clone(),
-                reason: "HTTP(S) locations can only be read; save to s3://, gs://, az:// or a local path".into(),
+                reason: if self.remote.is_some() {
+                    "HTTP(S) locations can only be read; save to s3://, gs://, az:// or a local path".into()
+                } else {
+                    "a JSON transport document is read as a tree but not written to; save to a directory or a .tpk (`treepack import DOC DST` stores the document's tree)".into()
+                },
             });
         }
         Ok(())

@@ -98,7 +98,7 @@ pub(super) fn write_int(s: &mut String, i: &Int) {
     }
 }
 
-pub(super) fn write_key(s: &mut String, k: &Key) {
+pub(crate) fn write_key(s: &mut String, k: &Key) {
     match k {
         Key::None => s.push_str("null"),
         Key::Bool(b) => s.push_str(if *b { "true" } else { "false" }),

@@ -20,6 +20,14 @@ fn golden_dir() -> PathBuf {
 /// tensors: a chunked bfloat16 Parameter and an inline int64 tensor saved from a GPU).
 const NAMES: [&str; 6] = ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4", "demo-refs", "demo-torch"];
 
+/// The golden JSON transport document (docs/format.md section 11): `demo-zstd.tpk` exported
+/// with base85.
+const TRANSPORT: (&str, &str) = ("demo-zstd.json", "demo-zstd.tpk");
+
+fn transport_doc(src: &Path) -> String {
+    treepack::transport::export(src.to_str().unwrap(), &treepack::transport::ExportOptions::default()).unwrap()
+}
+
 /// The tree each golden location holds.
 fn tree_for(name: &str) -> Node {
     let tree = demo::example_tree();
@@ -89,6 +97,8 @@ fn hashes_text() -> String {
             s.push_str(&format!("{}  {}\n", hash::Hash32::of(&bytes).to_hex(), path));
         }
     }
+    let doc = std::fs::read(golden_dir().join(TRANSPORT.0)).unwrap_or_default();
+    s.push_str(&format!("{}  {}\n", hash::Hash32::of(&doc).to_hex(), TRANSPORT.0));
     s
 }
 
@@ -103,6 +113,7 @@ fn golden_files_are_reproduced_byte_for_byte() {
             let _ = std::fs::remove_file(g.join(name));
             save(&tree_for(name), g.join(name).to_str().unwrap(), &options(name)).unwrap();
         }
+        std::fs::write(g.join(TRANSPORT.0), transport_doc(&g.join(TRANSPORT.1))).unwrap();
         std::fs::write(g.join("BLAKE3SUMS"), hashes_text()).unwrap();
     }
     for name in NAMES {
@@ -120,6 +131,14 @@ fn golden_files_are_reproduced_byte_for_byte() {
             );
         }
     }
+    let doc = std::fs::read_to_string(golden_dir().join(TRANSPORT.0)).unwrap();
+    assert!(
+        doc == transport_doc(&tmp.path().join(TRANSPORT.1)),
+        "{}: the transport document changed; if deliberate, bump docs/format.md section 11 and re-bless",
+        TRANSPORT.0
+    );
+    let back = load(golden_dir().join(TRANSPORT.0).to_str().unwrap(), &LoadOptions::default()).unwrap();
+    assert!(back.exact_eq(&tree_for(TRANSPORT.1)));
     let listed = std::fs::read_to_string(golden_dir().join("BLAKE3SUMS")).unwrap();
     assert_eq!(listed, hashes_text(), "BLAKE3SUMS does not match the golden files");
 }

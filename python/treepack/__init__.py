@@ -34,11 +34,12 @@ from ._lazy import LazyArray, View, open
 from ._registry import Registration, register, registered
 from ._convert import convert
 from ._repo import CheckpointManager, Repository, TreeRef
+from ._transport import dumps, export_json, loads, schema
 
 __version__ = _core.__version__
 
 __all__ = [
     "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",
     "register", "registered", "Registration", "File", "LeafInfo", "StructNode", "SaveInfo", "Unloadable",
-    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "RootMismatchError", "root_hash", "diff", "convert", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
+    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "RootMismatchError", "root_hash", "diff", "convert", "dumps", "loads", "export_json", "schema", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
 ]

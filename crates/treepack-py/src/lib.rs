@@ -161,6 +161,46 @@ fn convert(
     Ok((info.tensors, info.bytes))
 }
 
+/// The tree at `path` as one JSON transport document (docs/transport.md).
+#[pyfunction]
+#[pyo3(signature = (path, encoding="base85", compression=None, storage_options=None))]
+fn export_json(
+    py: Python<'_>,
+    path: &str,
+    encoding: &str,
+    compression: Option<String>,
+    storage_options: Options,
+) -> PyResult<String> {
+    use treepack::transport::{Encoding, ExportOptions};
+    let encoding = Encoding::from_name(encoding).ok_or_else(|| {
+        pyo3::exceptions::PyValueError::new_err(format!("unknown encoding {encoding:?}: use \"base85\" or \"base64\""))
+    })?;
+    let compression = compression.map(|c| treepack::save::Compression::parse(&c)).transpose().map_err(py_err)?;
+    let loc = location(path, storage_options)?;
+    py.detach(|| treepack::transport::export(loc, &ExportOptions { encoding, compression })).map_err(py_err)
+}
+
+/// Put a transport document's tree at `location` (a `memory://` directory) to be read there.
+#[pyfunction]
+fn unpack_json(py: Python<'_>, doc: &[u8], path: &str) -> PyResult<()> {
+    let loc = location(path, None)?;
+    py.detach(|| loc.block_on(treepack::transport::unpack_async(doc, &loc, "the JSON document"))).map_err(py_err)
+}
+
+/// Drop the `memory://bucket` store (a document unpacked for one load).
+#[pyfunction]
+fn forget_memory(bucket: &str) -> bool {
+    treepack::Location::forget_memory(bucket)
+}
+
+/// The JSON Schema (2020-12) of the tree at `path`, as JSON text.
+#[pyfunction]
+#[pyo3(signature = (path, storage_options=None))]
+fn schema(py: Python<'_>, path: &str, storage_options: Options) -> PyResult<String> {
+    let loc = location(path, storage_options)?;
+    py.detach(|| treepack::transport::schema(loc)).map_err(py_err)
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prepare, m)?)?;
@@ -170,6 +210,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gc, m)?)?;
     m.add_function(wrap_pyfunction!(diff, m)?)?;
     m.add_function(wrap_pyfunction!(convert, m)?)?;
+    m.add_function(wrap_pyfunction!(export_json, m)?)?;
+    m.add_function(wrap_pyfunction!(unpack_json, m)?)?;
+    m.add_function(wrap_pyfunction!(forget_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(schema, m)?)?;
     m.add_function(wrap_pyfunction!(numpy_dtype_name, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_needs_ml_dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(structure_one_pass, m)?)?;

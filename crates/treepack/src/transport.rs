@@ -9,7 +9,8 @@
 use crate::error::{Error, Result};
 use crate::format::manifest::{self, ArrayStorage, Entry, Manifest, PackInfo, Stored};
 use crate::format::model::Tree;
-use crate::format::transport::{self as form, Encoding};
+use crate::format::transport as form;
+pub use crate::format::transport::Encoding;
 use crate::read::{LoadOptions, Reader};
 use crate::save::{SaveInfo, SaveOptions};
 use crate::store::{Location, MANIFEST_NAME};
@@ -22,17 +23,34 @@ use std::collections::HashMap;
 pub struct ExportOptions {
     /// How the chunk bytes are written as text (base85 by default).
     pub encoding: Encoding,
+    /// Re-encode the chunks under this policy first (docs/compression.md); `None` copies them
+    /// as stored. Chunk grids are kept, so the document has the tree's root hash either way.
+    pub compression: Option<crate::save::Compression>,
 }
 
 /// The tree at `location` as one JSON transport document. Chunks are copied as stored
-/// (compressed ones stay compressed: save or `treepack cp --compression` first to compress),
-/// each verified against its hash on the way.
+/// (compressed ones stay compressed), each verified against its hash on the way, unless
+/// `opts.compression` asks for them to be re-encoded.
 ///
 /// # Errors
 /// What opening and reading the tree can fail with ([`Error::NotFound`],
 /// [`Error::ChunkCorrupt`], storage errors).
 pub async fn export_async(location: Location, opts: &ExportOptions) -> Result<String> {
-    let reader = Reader::open_async(location).await?;
+    let mut reader = Reader::open_async(location).await?;
+    if let Some(compression) = &opts.compression {
+        let mut tree = reader.load_async(&LoadOptions::default()).await?;
+        crate::save::keep_chunk_shapes(&mut tree, &reader.manifest().root);
+        let mem = Location::new_memory("memory://(export)");
+        let m = reader.manifest();
+        let save = SaveOptions {
+            compression: compression.clone(),
+            metadata: m.metadata.clone(),
+            writer: m.writer.clone(),
+            ..SaveOptions::default()
+        };
+        crate::save_async(&tree, mem.clone(), &save).await?;
+        reader = Reader::open_async(mem).await?;
+    }
     let chunks = reader.stored_chunks_async().await?;
     let mut m: Manifest = reader.manifest().clone();
     let (offsets, size) = form::layout(chunks.iter().map(|(_, b)| b.len() as u64));

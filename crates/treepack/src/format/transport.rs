@@ -133,7 +133,9 @@ pub fn read(doc: &[u8], file: &str) -> Result<Document> {
     let doc = trim_ascii(doc);
     let prefix = format!("{{\"format\":\"{FORMAT_NAME}\",\"version\":[");
     let Some(rest) = doc.strip_prefix(prefix.as_bytes()) else {
-        let hint = if doc.starts_with(b"{\"format\":\"treepack\"") {
+        let hint = if doc.starts_with(&prefix.as_bytes()[..25]) || prefix.as_bytes().starts_with(doc) {
+            "the document is cut short or malformed before its version (it should begin {\"format\":\"treepack-json\",\"version\":[1,0])"
+        } else if doc.starts_with(b"{\"format\":\"treepack\"") {
             "this is a manifest (treepack.json), not a transport document; load its directory instead"
         } else {
             "a treepack JSON transport document begins with {\"format\":\"treepack-json\",\"version\":[ (write one with treepack.dumps or `treepack export`)"

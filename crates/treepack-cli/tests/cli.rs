@@ -323,3 +323,33 @@ fn convert_to_and_from_safetensors() {
     let out = tp().args(["diff", &only, &back]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
 }
+
+#[test]
+fn export_import_and_schema() {
+    let (d, ckpt) = demo("ckpt");
+    let doc = d.path().join("t.json").to_str().unwrap().to_string();
+    let err = run_ok(&["export", &ckpt, "--json", "--compression", "zstd", "--output", &doc]);
+    assert!(err.is_empty(), "nothing on stdout when writing a file: {err}");
+    // The document is a location: ls, hash (the tree's root), verify.
+    assert_eq!(run_ok(&["hash", &doc]), run_ok(&["hash", &ckpt]));
+    assert!(run_ok(&["ls", &doc]).contains("params/dense/kernel"));
+    assert!(run_ok(&["verify", &doc]).starts_with("OK"));
+    // To stdout, base64; and refused over an existing file without --overwrite.
+    let text = run_ok(&["export", &ckpt, "--encoding", "base64"]);
+    assert!(text.starts_with("{\"format\":\"treepack-json\"") && text.contains("\"encoding\":\"base64\""));
+    let out = tp().args(["export", &ckpt, "--output", &doc]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--overwrite"));
+    // Import stores it anywhere, same root; from stdin too.
+    let back = d.path().join("back.tpk").to_str().unwrap().to_string();
+    assert!(run_ok(&["import", &doc, &back]).starts_with("imported 41 leaves"));
+    assert_eq!(run_ok(&["hash", &back]), run_ok(&["hash", &ckpt]));
+    let piped = d.path().join("piped").to_str().unwrap().to_string();
+    assert!(tp().args(["import", "-", &piped]).write_stdin(text.clone()).output().unwrap().status.success());
+    assert_eq!(run_ok(&["hash", &piped]), run_ok(&["hash", &ckpt]));
+    // Writing to a document is refused with what to do.
+    let out = tp().args(["cp", &ckpt, &doc, "--overwrite", "-q"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("treepack import DOC DST"), "{out:?}");
+    let schema: serde_json::Value = serde_json::from_str(&run_ok(&["schema", &ckpt])).unwrap();
+    assert_eq!(schema["$schema"], "https://json-schema.org/draft/2020-12/schema");
+}

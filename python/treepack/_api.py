@@ -352,6 +352,14 @@ def load(
     while its manifest is read; the audit has nothing to refuse there.)
     """
     p = _path(path)
+    fmt = _foreign(p)
+    if fmt is not None:
+        from ._convert import load_foreign
+
+        kwargs = dict(select=select, like=like, trust=trust, allow_pickle=allow_pickle, on_missing=on_missing,
+                      mmap=mmap, verify=verify, storage_options=storage_options, progress=progress,
+                      map_location=map_location, numpy=numpy, dask=dask, expect_root=expect_root)
+        return load_foreign(p, fmt, kwargs)
     trust_t = tuple(trust)
     if on_missing not in ("error", "placeholder"):
         raise ValueError("on_missing must be 'error' or 'placeholder'")
@@ -381,6 +389,16 @@ def load(
             from .integrations.torch import missing_message
 
         raise ImportError(missing_message(paths)) from None
+
+
+def _foreign(p: str) -> Optional[str]:
+    """The foreign format of a local file or folder ``load`` was given (``.safetensors``,
+    ``.npz``, ``.npy``, ``.zarr``, ``.h5``), read by converting it; None for treepack locations."""
+    if "://" in p or not os.path.exists(p) or os.path.exists(os.path.join(p, "treepack.json")):
+        return None
+    from ._convert import foreign_format
+
+    return foreign_format(p)
 
 
 def _load(p: str, opts: Any, dec: Any, select: Any, like: Any, trust_t: Tuple[str, ...], allow_pickle: bool,

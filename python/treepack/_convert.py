@@ -1,5 +1,6 @@
 """Converting trees to and from other formats (docs/convert.md): safetensors through the Rust
-core, ``.npy`` and ``.npz`` through numpy (never with pickle)."""
+core, ``.npy`` and ``.npz`` through numpy (never with pickle), Zarr and HDF5 through
+zarr-python and h5py (``_hierarchy``)."""
 
 from __future__ import annotations
 
@@ -14,18 +15,42 @@ from ._api import PathLike, StorageOptions, _opts, _path, save
 
 __all__ = ["convert"]
 
-_FORMATS = ("treepack", "safetensors", "npz", "npy")
+_FORMATS = ("treepack", "safetensors", "npz", "npy", "zarr", "hdf5")
+_EXTENSIONS = {".safetensors": "safetensors", ".npz": "npz", ".npy": "npy", ".zarr": "zarr",
+               ".h5": "hdf5", ".hdf5": "hdf5", ".he5": "hdf5"}
 
 
 def _format_of(path: str, explicit: Optional[str]) -> str:
     if explicit is not None:
+        explicit = {"h5": "hdf5", "tpk": "treepack"}.get(explicit, explicit)
         if explicit not in _FORMATS:
             raise ValueError(f"unknown format {explicit!r}: one of {', '.join(_FORMATS)}")
         return explicit
-    for ext in ("safetensors", "npz", "npy"):
-        if path.endswith("." + ext):
-            return ext
-    return "treepack"
+    return foreign_format(path) or "treepack"
+
+
+def foreign_format(path: str) -> Optional[str]:
+    """The format another library writes that ``path``'s extension names, if any."""
+    return _EXTENSIONS.get(os.path.splitext(path.rstrip("/"))[1].lower())
+
+
+def load_foreign(path: str, fmt: str, load_kwargs: Dict[str, Any]) -> Any:
+    """``treepack.load`` of a file another library wrote: converted into memory, then loaded
+    with every ``load`` option."""
+    from ._api import load
+    from ._transport import _bucket
+
+    for bad in ("storage_options", "dask", "mmap"):
+        if load_kwargs.get(bad):
+            raise TypeError(f"load() of a .{fmt} file takes no {bad}=; convert it to treepack first "
+                            f"(treepack.convert({path!r}, 'x.tpk'))")
+    bucket = _bucket()
+    loc = f"memory://{bucket}/t"
+    try:
+        convert(path, loc, from_format=fmt, to_format="treepack", separator=load_kwargs.pop("separator", "."))
+        return load(loc, **load_kwargs)
+    finally:
+        _core.forget_memory(bucket)
 
 
 def convert(
@@ -40,7 +65,8 @@ def convert(
     **save_kwargs: Any,
 ) -> Dict[str, int]:
     """Convert ``src`` to ``dst``; formats from the extensions (``.safetensors``, ``.npz``,
-    ``.npy``, anything else a treepack location) or ``from_format``/``to_format``.
+    ``.npy``, ``.zarr``, ``.h5``/``.hdf5``, anything else a treepack location) or
+    ``from_format``/``to_format``.
 
     - safetensors (read and write, streamed array by array; read zero-copy from a memory map):
       nested keys join into flat names with ``separator`` (``"."``: ``{"layers": {"0": {"w"}}}``
@@ -48,6 +74,10 @@ def convert(
       ``__metadata__`` is the tree's metadata.
     - ``.npz`` (read and write, the same naming) and ``.npy`` (one array): read with numpy's
       ``allow_pickle=False`` (object arrays are refused), written one array at a time.
+
+    - Zarr (a ``.zarr`` folder: v3 written, v3 and v2 read, through zarr-python) and HDF5 (h5py):
+      dicts, lists and tuples are groups, arrays are arrays/datasets (the chunk grid kept,
+      compressed chunks written with zstd / gzip), other leaves attributes; see docs/convert.md.
 
     What the target cannot hold (a string in safetensors, a dtype it lacks) raises
     ``ValueError`` naming the key path, before anything is written. ``save_kwargs``
@@ -74,16 +104,21 @@ def convert(
         return _count(tree)
     if f == "treepack" and t in ("npz", "npy"):
         return _write_numpy(s, d, t, separator, overwrite, storage_options)
-    # Between two foreign formats: through a tree in memory.
-    if f in ("npz", "npy"):
-        tree = _read_numpy(s, f, separator)
-    else:
-        raise ValueError(f"converting {f} to {t} is not supported; convert to treepack first")
+    if f == "treepack" and t in ("zarr", "hdf5"):
+        from . import _hierarchy
+
+        return _hierarchy.write(s, d, t, overwrite, storage_options)
+    if f in ("zarr", "hdf5") and t == "treepack":
+        from . import _hierarchy
+
+        return _hierarchy.read_and_save(s, d, f, overwrite, storage_options, **save_kwargs)
+    # Between two foreign formats: through a treepack tree in a temporary folder.
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        save(tree, os.path.join(tmp, "t"), durable=False)
-        return convert(os.path.join(tmp, "t"), d, to_format=t, separator=separator, overwrite=overwrite)
+        mid = os.path.join(tmp, "t")
+        convert(s, mid, from_format=f, to_format="treepack", separator=separator, durable=False)
+        return convert(mid, d, to_format=t, separator=separator, overwrite=overwrite)
 
 
 def _count(tree: Any) -> Dict[str, int]:

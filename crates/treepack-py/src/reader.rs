@@ -156,6 +156,15 @@ impl Reader {
         }
     }
 
+    /// The codec names of the stored chunks of the array at `path` (empty when inline): what a
+    /// conversion maps to the target's codecs.
+    pub(crate) fn chunk_codecs(&self, path: &str) -> PyResult<Vec<String>> {
+        match self.inner.entry(path).map_err(py_err)? {
+            Tree::Leaf(e @ Entry::Array(_)) => Ok(e.chunks().iter().map(|c| c.codec.name().to_string()).collect()),
+            _ => Err(PyKeyError::new_err(format!("`{path}` is not an array"))),
+        }
+    }
+
     /// Read a numpy-style slice of the array at `path` (only the chunks it touches).
     #[pyo3(signature = (path, slice, np_dtype, verify=true))]
     pub(crate) fn read_array<'py>(

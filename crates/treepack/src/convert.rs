@@ -34,12 +34,27 @@ impl Format {
         match explicit {
             Some("treepack" | "tpk") => Ok(Format::Treepack),
             Some("safetensors") => Ok(Format::Safetensors),
-            Some(other) => Err(Error::BadLocation {
-                location: path.to_string(),
-                reason: format!("unknown format {other:?}: the Rust core converts treepack and safetensors (the Python package adds npy and npz)"),
-            }),
+            Some(other) => Err(Self::python_only(path, other)),
             None if path.ends_with(".safetensors") => Ok(Format::Safetensors),
-            None => Ok(Format::Treepack),
+            None => match PYTHON_FORMATS.iter().find(|(ext, _)| path.trim_end_matches('/').ends_with(ext)) {
+                Some((_, name)) => Err(Self::python_only(path, name)),
+                None => Ok(Format::Treepack),
+            },
+        }
+    }
+}
+
+/// Formats the Python package converts (through numpy, zarr-python and h5py), by extension.
+const PYTHON_FORMATS: [(&str, &str); 6] =
+    [(".npz", "npz"), (".npy", "npy"), (".zarr", "zarr"), (".h5", "hdf5"), (".hdf5", "hdf5"), (".he5", "hdf5")];
+
+impl Format {
+    fn python_only(path: &str, name: &str) -> Error {
+        Error::BadLocation {
+            location: path.to_string(),
+            reason: format!(
+                "{name:?}: the Rust core converts treepack and safetensors; npz, npy, Zarr and HDF5 go through the Python package: python -c \"import treepack; treepack.convert('SRC', 'DST')\" (docs/convert.md)"
+            ),
         }
     }
 }

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Iterator, List, Tuple
 import numpy as np
 
 from . import _codec, _core, integrations
+from .integrations import awkward as awkward_arrays
 from ._api import PathLike, StorageOptions, UntrustedTypeError, _opts, _path, _struct_node
 
 
@@ -138,9 +139,29 @@ class View:
         ck = self._r.kind(child)
         if ck == "array":
             return LazyArray(self._r, child, self._where)
+        if ck == "custom":
+            lazy = self._awkward(child)
+            if lazy is not None:
+                return lazy
         if ck in ("dict", "list", "tuple", "record", "custom"):
             return View(self._r, child, trust=self._opts[0], allow_pickle=self._opts[1], on_missing=self._opts[2], where=self._where)
         return self._read(child)
+
+    def _awkward(self, path: str) -> Any:
+        """An Awkward Array stored at ``path``, as a lazy array reading only the buffers its
+        operations need; None if the node is not one (or awkward is not installed)."""
+        rows = [row for row in self._r.types(None) if row[3] == path]
+        if not rows or rows[0][1] != awkward_arrays.NAME:
+            return None
+        try:
+            import awkward  # noqa: F401
+        except ImportError:
+            return None
+        data = json.loads(rows[0][2]) if rows[0][2] else None
+        base = f"{path}/buffers"
+        keys = [k for _, k in self._r.children(base)]
+        segs = {k: seg for seg, k in self._r.children(base)}
+        return awkward_arrays.lazy(data, lambda k: LazyArray(self._r, f"{base}/{segs[k]}", self._where).read(), keys)
 
     def _read(self, path: str) -> Any:
         trust, allow_pickle, on_missing = self._opts

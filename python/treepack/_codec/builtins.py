@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _registry as reg
+from ..integrations import awkward as awkward_arrays
 from ..integrations import pandas, pillow, pydantic
 from ..integrations import xarray as xarrays
 from .. import _parts
@@ -42,7 +43,7 @@ BUILTIN_TYPES = frozenset(
         "py.bytearray", "py.set", "py.frozenset", "py.range", "py.slice", "py.ellipsis",
         "py.datetime", "py.date", "py.time", "py.timedelta", "py.timezone", "py.decimal",
         "py.uuid", "py.path", "py.npscalar", "py.enum", "py.pickle", "py.image",
-        "py.dataframe", "py.series", "py.file",
+        "py.dataframe", "py.series", "py.file", "py.awkward",
     }
 ) | everyday.NAMES | xarrays.NAMES
 # Built-in types that `audit` accepts whatever their data says (enum and pickle name classes, and
@@ -188,6 +189,8 @@ def _describe(obj: Any, where: str, allow_pickle: bool, omit_static: bool = Fals
             return xarrays.encode(obj)
         except TypeError as e:
             raise TypeError(f"cannot save `{where}`: {e}") from None
+    if awkward_arrays.is_array(obj):
+        return awkward_arrays.encode(obj)
     if pandas.is_frame(obj):
         try:
             return pandas.encode(obj)
@@ -459,6 +462,11 @@ class Decoder:
                 return pandas.decode(t, kids)
             except LookupError as e:
                 return self._missing(t, None, str(e))
+        if t == awkward_arrays.NAME:
+            try:
+                return awkward_arrays.decode(data, kids)
+            except LookupError as e:
+                return self._missing(t, data, str(e))
         if t == "py.file":
             found = files.files_of(kids)
             if found is None or "content" not in found or not isinstance(data, dict) or not isinstance(data.get("name"), str):

@@ -1,0 +1,74 @@
+"""Awkward Arrays as built-in ``py.awkward`` nodes (docs/python.md, "Awkward Arrays"): the
+array's *form* (Awkward's own JSON description of its layout: ragged lists, records, options,
+unions, strings) and length as the node's data, and the flat buffers of ``ak.to_buffers`` as
+numpy arrays under ``buffers`` — so the data lies in packs like any array, deduplicated and
+compressible, and a lazy view reads only the buffers of the fields it touches.
+
+Strict: a form is data (``ak.forms.from_dict``); rebuilding runs ``ak.from_buffers``, which
+imports nothing and calls nothing the file names (behaviors are looked up by name among those
+this process registered). Used only when awkward is already imported (saving) or installed
+(loading): ``import treepack`` never imports it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+NAME = "py.awkward"
+
+Description = Tuple[str, str, Optional[str], List[Tuple[str, Any]]]
+
+
+def _ak() -> Any:
+    return sys.modules.get("awkward")
+
+
+def is_array(obj: Any) -> bool:
+    ak = _ak()
+    return ak is not None and type(obj) is ak.Array
+
+
+def encode(obj: Any) -> Description:
+    ak = _ak()
+    form, length, container = ak.to_buffers(obj)
+    data = {"form": form.to_dict(), "length": int(length)}
+    buffers = {key: np.asarray(buf) for key, buf in container.items()}
+    return ("custom", NAME, json.dumps(data), [("buffers", buffers)])
+
+
+def _awkward() -> Any:
+    try:
+        import awkward
+    except ImportError:
+        raise LookupError("awkward is not installed (pip install awkward)") from None
+    return awkward
+
+
+def _rebuild(data: Any, container: Dict[str, Any]) -> Any:
+    ak = _awkward()
+    if not isinstance(data, dict) or not isinstance(data.get("form"), dict) or not isinstance(data.get("length"), int) \
+            or data["length"] < 0:
+        raise ValueError(f"{NAME}: the node's data is not {{'form': {{...}}, 'length': n}}")
+    try:
+        form = ak.forms.from_dict(data["form"])
+        return ak.from_buffers(form, data["length"], container)
+    except Exception as e:  # awkward raises many types for a form or buffers that do not fit
+        raise ValueError(f"{NAME}: the stored form and buffers do not make an array: {e}") from None
+
+
+def decode(data: Any, kids: Dict[str, Any]) -> Any:
+    buffers = kids.get("buffers")
+    if not isinstance(buffers, dict) or not all(isinstance(v, np.ndarray) for v in buffers.values()):
+        raise ValueError(f"{NAME}: the node's buffers are not a dict of arrays")
+    return _rebuild(data, buffers)
+
+
+def lazy(data: Any, read: Callable[[str], np.ndarray], keys: List[str]) -> Any:
+    """An array whose buffers are read (by ``read(key)``) only when an operation needs them:
+    ``arr["x"]`` then computing with it reads the buffers of field ``x`` alone (Awkward's
+    virtual arrays)."""
+    container = {k: (lambda k=k: read(k)) for k in keys}
+    return _rebuild(data, container)

@@ -222,3 +222,16 @@ def test_safetensors_and_npz_load_directly(tmp_path):
     assert treepack.load(tmp_path / "d.npz", select=["a"])["a"].tolist() == [0, 1, 2]
     with pytest.raises(TypeError, match="mmap"):
         treepack.load(tmp_path / "d.npz", mmap=True)
+
+
+def test_giant_declared_shapes_are_refused_before_reading(tmp_path):
+    with h5py.File(tmp_path / "giant.h5", "w") as f:
+        f.create_dataset("x", shape=(10**7, 10**7), dtype="f8", chunks=(1000, 1000))  # 800 TB, nothing stored
+    with pytest.raises(ValueError, match="`x`: the arrays up to here declare 800000000000000 bytes"):
+        treepack.load(tmp_path / "giant.h5")
+    if zarr is not None:
+        root = zarr.open_group(str(tmp_path / "giant.zarr"), mode="w", zarr_format=3)
+        root.create_array("y", shape=(10**12,), dtype="int8", chunks=(10**6,))
+        with pytest.raises(ValueError, match="`y`: .*sparse array of fill values"):
+            treepack.convert(tmp_path / "giant.zarr", tmp_path / "out")
+        assert not (tmp_path / "out").exists()

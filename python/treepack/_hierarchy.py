@@ -12,6 +12,7 @@ the calling thread: the C library is not thread-safe). Each library is imported 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -23,6 +24,10 @@ from ._api import StorageOptions, _opts, _struct_node, load, save
 
 RESERVED = "treepack"
 """The attribute holding the mapping's own notes; a tree key of this name is refused."""
+
+SPARSE_LIMIT = 10_000
+"""A source array may declare at most this many times the bytes its whole store holds (plus
+1 GiB): more is a sparse array of fill values or a hostile shape, refused rather than expanded."""
 
 BLOCK_BYTES = 64 << 20
 """Arrays are copied in blocks of whole chunk rows of about this many bytes (bounded memory);
@@ -301,7 +306,11 @@ def read_and_save(src: str, dst: str, fmt: str, overwrite: bool, storage_options
     counts = {"tensors": 0, "bytes": 0}
     try:
         lazy = _dask_available()
+        stored = _stored_bytes(src)
+        counts["limit"] = SPARSE_LIMIT * stored + (1 << 30)
+        counts["stored"] = stored
         tree, notes = _read_group(b, root, "", counts, lazy)
+        del counts["limit"], counts["stored"]
         kwargs = dict(save_kwargs)
         if "metadata" in notes and "metadata" not in kwargs:
             kwargs["metadata"] = notes["metadata"]
@@ -316,6 +325,12 @@ def read_and_save(src: str, dst: str, fmt: str, overwrite: bool, storage_options
     finally:
         b.close(root)
     return counts
+
+
+def _stored_bytes(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 def _dask_available() -> bool:
@@ -353,11 +368,15 @@ def _read_array(b: Any, a: Any, path: str, counts: Dict[str, int], lazy: bool) -
         raise ValueError(f"`{path}`: an array of Python objects (variable-length strings?) has no fixed "
                          "dtype; treepack stores fixed-size dtypes (convert it to fixed-width strings first)")
     counts["tensors"] += 1
-    counts["bytes"] += int(np.prod(a.shape, dtype=np.int64)) * dtype.itemsize
+    counts["bytes"] += math.prod(int(d) for d in a.shape) * dtype.itemsize
+    if counts["bytes"] > counts.get("limit", counts["bytes"]):
+        raise ValueError(f"`{path}`: the arrays up to here declare {counts['bytes']} bytes but the whole store "
+                         f"holds {counts['stored']}: a sparse array of fill values or a damaged shape; "
+                         f"read the parts you need with {b.name}'s library yourself")
     if notes.get("kind") == "bytes":
         return np.asarray(a[...], np.uint8).tobytes()
     view = _codec.np_dtype(json.dumps(notes["dtype"])) if "dtype" in notes else None
-    nbytes = int(np.prod(a.shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(int(d) for d in a.shape) * dtype.itemsize
     if lazy and nbytes > BLOCK_BYTES and a.ndim > 0:
         import dask.array as da
 

@@ -131,3 +131,16 @@ def test_memmaps_save_as_their_values_and_unknown_subclasses_are_named(tmp_path)
 
     with pytest.raises(TypeError, match=r"Mine is a subclass of numpy.ndarray.*np.asarray"):
         treepack.save({"x": np.ones(3).view(Mine)}, tmp_path / "u")
+
+
+def test_damaged_npy_and_npz_files_fail_clearly(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(10))
+    b = (tmp_path / "a.npy").read_bytes()
+    (tmp_path / "giant.npy").write_bytes(b.replace(b"'shape': (10,)", b"'shape': (99999999999,)"))
+    with pytest.raises(ValueError, match="giant.npy: not a readable .npy file"):
+        treepack.load(tmp_path / "giant.npy")
+    np.savez(tmp_path / "z.npz", a=np.arange(1000))
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "z.npz").read_bytes()[:300])
+    with pytest.raises(ValueError, match="cut.npz: not a readable .npz file"):
+        treepack.convert(tmp_path / "cut.npz", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -163,7 +163,11 @@ def _read_numpy(path: str, fmt: str, separator: Optional[str]) -> Any:
         if any(m in str(e) for m in ("allow_pickle", "Object arrays", "Python objects")):
             raise ValueError(f"{path}: holds object arrays, which need pickle; treepack never unpickles "
                              "(load it with numpy yourself if you trust it)") from None
-        raise
+        raise ValueError(f"{path}: not a readable .{fmt} file: {e}") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"{path}: not a readable .{fmt} file: {e}") from None
 
 
 def _write_numpy(src: str, dst: str, fmt: str, separator: Optional[str], overwrite: bool,

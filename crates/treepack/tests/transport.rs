@@ -20,7 +20,7 @@ fn every_golden_tree_travels_as_a_document_with_its_values_and_root() {
         let p = golden(name);
         let p = p.to_str().unwrap();
         for encoding in [Encoding::Base85, Encoding::Base64] {
-            let doc = transport::export(p, &ExportOptions { encoding }).unwrap();
+            let doc = transport::export(p, &ExportOptions { encoding, ..Default::default() }).unwrap();
             assert!(doc.starts_with(
                 "{\"format\":\"treepack-json\",\"version\":[1,0],\n\"manifest\":{\"format\":\"treepack\""
             ));
@@ -41,6 +41,20 @@ fn every_golden_tree_travels_as_a_document_with_its_values_and_root() {
             assert_eq!(codecs(r.manifest()), codecs(open(p).unwrap().manifest()), "{name}");
         }
     }
+}
+
+#[test]
+fn export_can_recompress_and_keeps_the_root() {
+    let p = golden("demo");
+    let p = p.to_str().unwrap();
+    let plain = transport::export(p, &ExportOptions::default()).unwrap();
+    let opts = ExportOptions { compression: Some(save::Compression::parse("zstd").unwrap()), ..Default::default() };
+    let z = transport::export(p, &opts).unwrap();
+    assert!(z.len() * 10 < plain.len(), "{} vs {}", z.len(), plain.len());
+    let r = transport::open(z.as_bytes()).unwrap();
+    assert_eq!(r.root_hash(), root_hash(p).unwrap());
+    assert!(r.load(&LoadOptions::default()).unwrap().exact_eq(&loaded(p)));
+    assert_eq!(r.manifest().writer, "treepack-golden");
 }
 
 #[test]
@@ -125,7 +139,9 @@ fn malformed_documents_fail_with_what_is_wrong() {
     let swap = |from: &str, to: &str| doc.replacen(from, to, 1).into_bytes();
     let cut = doc.len() / 2;
     let cases: Vec<(&str, Vec<u8>, &str, &str)> = vec![
-        ("empty", vec![], "not_treepack", "begins with"),
+        ("empty", vec![], "not_treepack", "is empty"),
+        ("cut in the signature", doc.as_bytes()[..12].to_vec(), "not_treepack", "cut short"),
+        ("not JSON", b"[1, 2]".to_vec(), "not_treepack", "begins with"),
         ("a manifest", std::fs::read(p.join("treepack.json")).unwrap(), "not_treepack", "this is a manifest"),
         ("future major", swap("[1,0],\n\"manifest\"", "[2,0],\n\"manifest\""), "unsupported_version", "2.0"),
         ("truncated", doc.as_bytes()[..cut].to_vec(), "not_treepack", ""),

@@ -131,6 +131,9 @@ pub fn read(doc: &[u8], file: &str) -> Result<Document> {
         return Err(Error::limit("transport document", MAX_DOCUMENT_BYTES, format!("{file} is {} bytes", doc.len())));
     }
     let doc = trim_ascii(doc);
+    if doc.is_empty() {
+        return Err(bad("the document is empty"));
+    }
     let prefix = format!("{{\"format\":\"{FORMAT_NAME}\",\"version\":[");
     let Some(rest) = doc.strip_prefix(prefix.as_bytes()) else {
         let hint = if doc.starts_with(&prefix.as_bytes()[..25]) || prefix.as_bytes().starts_with(doc) {

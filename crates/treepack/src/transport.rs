@@ -135,7 +135,7 @@ pub(crate) fn read_document_file(path: &std::path::Path, display: &str) -> Resul
     unpack(&doc, display)
 }
 
-/// Store a document's tree at `dst` (any location; `opts` as for [`crate::save`]: overwrite,
+/// Store a document's tree at `dst` (any location; `opts` as for [`crate::save()`]: overwrite,
 /// compression, durability). Arrays keep their chunk grids, so the stored tree has the
 /// document's root hash.
 ///

@@ -211,18 +211,7 @@ impl Location {
                 .or_insert_with(|| Arc::new(InMemory::new()))
                 .clone();
             let base = ObjPath::parse(prefix.trim_matches('/')).map_err(|e| bad(&e.to_string()))?;
-            return Ok(Location {
-                display: s.to_string(),
-                store,
-                base,
-                layout: layout_for(prefix, false),
-                local: None,
-                read_only: false,
-                remote: None,
-                pinned: None,
-                stats: Arc::default(),
-                tree: None,
-            });
+            return Ok(Self::in_memory(s, store, base, layout_for(prefix, false)));
         }
         if let Some((scheme, _)) = s.split_once("://") {
             if scheme != "file" {
@@ -267,11 +256,15 @@ impl Location {
     /// A fresh in-memory location of its own (not reachable by a `memory://` name), shown as
     /// `display`: where a transport document is unpacked to be read.
     pub(crate) fn new_memory(display: &str) -> Location {
+        Self::in_memory(display, Arc::new(InMemory::new()), ObjPath::default(), Layout::Directory)
+    }
+
+    fn in_memory(display: &str, store: Arc<InMemory>, base: ObjPath, layout: Layout) -> Location {
         Location {
             display: display.to_string(),
-            store: Arc::new(InMemory::new()),
-            base: ObjPath::default(),
-            layout: Layout::Directory,
+            store,
+            base,
+            layout,
             local: None,
             read_only: false,
             remote: None,

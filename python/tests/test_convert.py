@@ -144,3 +144,24 @@ def test_damaged_npy_and_npz_files_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="cut.npz: not a readable .npz file"):
         treepack.convert(tmp_path / "cut.npz", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_progress_and_the_python_command(tmp_path):
+    import subprocess
+    import sys
+
+    treepack.save({"a": np.arange(100_000.0), "b": {"c": np.ones((300, 300), np.float32)}}, tmp_path / "t")
+    total = 100_000 * 8 + 300 * 300 * 4
+    exts = ["npz", "safetensors", "h5"] + (["zarr"] if sys.version_info >= (3, 11) else [])
+    for ext in exts:
+        seen = []
+        treepack.convert(tmp_path / "t", tmp_path / f"o.{ext}", progress=lambda d, t: seen.append((d, t)))
+        assert seen and seen[-1] == (total, total), (ext, seen[-3:])
+        seen.clear()
+        treepack.convert(tmp_path / f"o.{ext}", tmp_path / f"back-{ext}", progress=lambda d, t: seen.append((d, t)))
+        assert seen and seen[-1][0] == seen[-1][1] >= total, (ext, seen[-3:])
+    cmd = [sys.executable, "-m", "treepack", "convert"]
+    out = subprocess.run(cmd + [str(tmp_path / "t"), str(tmp_path / "cli.h5")], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("converted 2 arrays"), out
+    out = subprocess.run(cmd + [str(tmp_path / "t"), str(tmp_path / "cli.h5")], capture_output=True, text=True)
+    assert out.returncode == 2 and "exists; pass overwrite" in out.stderr, out

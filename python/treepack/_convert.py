@@ -62,6 +62,7 @@ def convert(
     separator: Optional[str] = ".",
     overwrite: bool = False,
     storage_options: StorageOptions = None,
+    progress: Any = None,
     **save_kwargs: Any,
 ) -> Dict[str, int]:
     """Convert ``src`` to ``dst``; formats from the extensions (``.safetensors``, ``.npz``,
@@ -79,12 +80,28 @@ def convert(
       dicts, lists and tuples are groups, arrays are arrays/datasets (the chunk grid kept,
       compressed chunks written with zstd / gzip), other leaves attributes; see docs/convert.md.
 
+    ``progress``: ``True`` for a tqdm bar, or a callback ``progress(bytes_done, bytes_total)``
+    (as for :func:`save`). ``python -m treepack convert SRC DST`` is the same from a shell.
+
     What the target cannot hold (a string in safetensors, a dtype it lacks) raises
     ``ValueError`` naming the key path, before anything is written. ``save_kwargs``
     (``compression=``, ``durable=``, ...) apply when the target is treepack. Returns
     ``{"tensors": n, "bytes": n}``.
     """
     s, d = _path(src), _path(dst)
+    if progress is None or progress is False:
+        return _convert(s, d, from_format, to_format, separator, overwrite, storage_options, None, save_kwargs)
+    from ._api import _progress_callback
+
+    report, done = _progress_callback(progress, f"convert {os.path.basename(s.rstrip('/'))}")
+    try:
+        return _convert(s, d, from_format, to_format, separator, overwrite, storage_options, report, save_kwargs)
+    finally:
+        done()
+
+
+def _convert(s: str, d: str, from_format: Optional[str], to_format: Optional[str], separator: Optional[str],
+             overwrite: bool, storage_options: StorageOptions, report: Any, save_kwargs: Dict[str, Any]) -> Dict[str, int]:
     f, t = _format_of(s, from_format), _format_of(d, to_format)
     if f == t:
         hint = "copy it with `treepack cp`" if f == "treepack" else "nothing to convert"
@@ -96,29 +113,29 @@ def convert(
         from ._api import _compression_text
 
         n, b = _core.convert(s, d, f, t, separator, overwrite, _opts(storage_options),
-                             _compression_text(save_kwargs.get("compression")), save_kwargs.get("durable", True))
+                             _compression_text(save_kwargs.get("compression")), save_kwargs.get("durable", True), report)
         return {"tensors": n, "bytes": b}
     if f in ("npz", "npy") and t == "treepack":
         tree = _read_numpy(s, f, separator)
-        save(tree, d, overwrite=overwrite, storage_options=storage_options, **save_kwargs)
+        save(tree, d, overwrite=overwrite, storage_options=storage_options, progress=report, **save_kwargs)
         return _count(tree)
     if f == "treepack" and t in ("npz", "npy"):
-        return _write_numpy(s, d, t, separator, overwrite, storage_options)
+        return _write_numpy(s, d, t, separator, overwrite, storage_options, report)
     if f == "treepack" and t in ("zarr", "hdf5"):
         from . import _hierarchy
 
-        return _hierarchy.write(s, d, t, overwrite, storage_options)
+        return _hierarchy.write(s, d, t, overwrite, storage_options, report)
     if f in ("zarr", "hdf5") and t == "treepack":
         from . import _hierarchy
 
-        return _hierarchy.read_and_save(s, d, f, overwrite, storage_options, **save_kwargs)
+        return _hierarchy.read_and_save(s, d, f, overwrite, storage_options, progress=report, **save_kwargs)
     # Between two foreign formats: through a treepack tree in a temporary folder.
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         mid = os.path.join(tmp, "t")
         convert(s, mid, from_format=f, to_format="treepack", separator=separator, durable=False)
-        return convert(mid, d, to_format=t, separator=separator, overwrite=overwrite)
+        return convert(mid, d, to_format=t, separator=separator, overwrite=overwrite, progress=report)
 
 
 def _count(tree: Any) -> Dict[str, int]:
@@ -171,7 +188,7 @@ def _read_numpy(path: str, fmt: str, separator: Optional[str]) -> Any:
 
 
 def _write_numpy(src: str, dst: str, fmt: str, separator: Optional[str], overwrite: bool,
-                 storage_options: StorageOptions) -> Dict[str, int]:
+                 storage_options: StorageOptions, progress: Any = None) -> Dict[str, int]:
     from . import _codec
     from ._api import _struct_node
 
@@ -208,6 +225,8 @@ def _write_numpy(src: str, dst: str, fmt: str, separator: Optional[str], overwri
         return {"tensors": 1, "bytes": int(a.nbytes)}
     tmp = dst + f"#{os.getpid()}"
     total = 0
+    everything = sum(int(np.prod(r.array_info(path)[1], dtype=np.int64)) * _codec.np_dtype(r.array_info(path)[0]).itemsize
+                     for path, _ in leaves)
     try:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
             names = set()
@@ -222,6 +241,8 @@ def _write_numpy(src: str, dst: str, fmt: str, separator: Optional[str], overwri
                 with z.open(name + ".npy", "w", force_zip64=True) as f:
                     np.lib.format.write_array(f, np.ascontiguousarray(a), allow_pickle=False)
                 total += a.nbytes
+                if progress is not None:
+                    progress(total, everything)
         os.replace(tmp, dst)
     finally:
         if os.path.exists(tmp):

@@ -170,7 +170,8 @@ def _mask(node: Any) -> Any:
     return getattr(node, "kind", None) not in ("array", None)
 
 
-def write(src: str, dst: str, fmt: str, overwrite: bool, storage_options: StorageOptions) -> Dict[str, int]:
+def write(src: str, dst: str, fmt: str, overwrite: bool, storage_options: StorageOptions,
+          progress: Any = None) -> Dict[str, int]:
     b = backend(fmt)
     if os.path.exists(dst) and not overwrite:
         raise FileExistsError(f"{dst}: exists; pass overwrite=True to replace it")
@@ -184,7 +185,7 @@ def write(src: str, dst: str, fmt: str, overwrite: bool, storage_options: Storag
     tmp = dst.rstrip("/") + f"#{os.getpid()}"
     _remove(tmp)
     root = b.create(tmp)
-    counts = {"tensors": 0, "bytes": 0}
+    counts: Dict[str, Any] = {"tensors": 0, "bytes": 0, "total": _array_bytes(structure), "progress": progress}
     try:
         notes: Dict[str, Any] = {}
         md = r.metadata()
@@ -193,6 +194,7 @@ def write(src: str, dst: str, fmt: str, overwrite: bool, storage_options: Storag
         _write_group(b, r, root, structure, values, notes, counts)
     finally:
         b.close(root)
+    del counts["total"], counts["progress"]
     try:
         if os.path.exists(dst):
             _remove(dst)
@@ -200,6 +202,14 @@ def write(src: str, dst: str, fmt: str, overwrite: bool, storage_options: Storag
     finally:
         _remove(tmp)
     return counts
+
+
+def _array_bytes(node: Any) -> int:
+    if isinstance(node, dict):
+        return sum(_array_bytes(v) for v in node.values())
+    if isinstance(node, (list, tuple)):
+        return sum(_array_bytes(v) for v in node)
+    return int(getattr(node, "nbytes", 0)) if getattr(node, "kind", None) == "array" else 0
 
 
 def _remove(p: str) -> None:
@@ -276,6 +286,7 @@ def _write_array(b: Any, r: Any, g: Any, name: str, path: str, counts: Dict[str,
     if len(shape) == 0 or not all(shape):
         data = r.read_array(path, "", _codec.np_dtype)
         a[...] = data.view(target) if target is not dtype else data
+        _report(counts, data.nbytes)
     else:
         row = int(np.prod(shape[1:], dtype=np.int64)) * itemsize
         step = max(1, BLOCK_BYTES // max(row, 1))
@@ -285,10 +296,17 @@ def _write_array(b: Any, r: Any, g: Any, name: str, path: str, counts: Dict[str,
             stop = min(shape[0], start + step)
             block = r.read_array(path, f"{start}:{stop}", _codec.np_dtype)
             a[start:stop] = block.view(target) if target is not dtype else block
+            _report(counts, block.nbytes)
     if notes:
         b.set_attrs(a, {}, notes)
     counts["tensors"] += 1
-    counts["bytes"] += int(np.prod(shape, dtype=np.int64)) * itemsize
+
+
+def _report(counts: Dict[str, Any], n: int) -> None:
+    counts["bytes"] += n
+    cb = counts["progress"]
+    if cb is not None:
+        cb(counts["bytes"], counts["total"])
 
 
 # ---------------------------------------------------------------- Zarr / HDF5 -> treepack

@@ -134,7 +134,7 @@ fn diff(py: Python<'_>, a: &str, b: &str, storage_options: Options) -> PyResult<
 /// Convert between treepack and safetensors (`from`/`to`: "treepack" or "safetensors"):
 /// (tensors, bytes).
 #[pyfunction]
-#[pyo3(signature = (src, dst, from_format, to_format, separator=None, overwrite=false, storage_options=None, compression=None, durable=true))]
+#[pyo3(signature = (src, dst, from_format, to_format, separator=None, overwrite=false, storage_options=None, compression=None, durable=true, progress=None))]
 #[allow(clippy::too_many_arguments)]
 fn convert(
     py: Python<'_>,
@@ -147,12 +147,13 @@ fn convert(
     storage_options: Options,
     compression: Option<String>,
     durable: bool,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<(usize, u64)> {
     use treepack::convert::{ConvertOptions, Format};
     let (s, d) = (location(src, storage_options.clone())?, location(dst, storage_options)?);
     let (f, t) =
         (Format::of(src, Some(from_format)).map_err(py_err)?, Format::of(dst, Some(to_format)).map_err(py_err)?);
-    let mut save = SaveOptions { overwrite, durable, ..Default::default() };
+    let mut save = SaveOptions { overwrite, durable, progress: progress_fn(progress), ..Default::default() };
     if let Some(c) = compression {
         save.compression = treepack::save::Compression::parse(&c).map_err(py_err)?;
     }

@@ -53,7 +53,7 @@ impl Format {
         Error::BadLocation {
             location: path.to_string(),
             reason: format!(
-                "{name:?}: the Rust core converts treepack and safetensors; npz, npy, Zarr and HDF5 go through the Python package: python -c \"import treepack; treepack.convert('SRC', 'DST')\" (docs/convert.md)"
+                "{name:?}: the Rust core converts treepack and safetensors; npz, npy, Zarr and HDF5 go through the Python package: python -m treepack convert SRC DST (pip install treepack; docs/convert.md)"
             ),
         }
     }

@@ -1,0 +1,55 @@
+"""``python -m treepack convert SRC DST``: the conversions that go through Python libraries
+(npz, npy, Zarr, HDF5; safetensors too), with a progress bar — what the Rust ``treepack``
+command points to for those formats (docs/convert.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from . import convert
+from ._core import TreepackError
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m treepack", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("convert", help="convert between treepack, safetensors, npz, npy, Zarr and HDF5 "
+                                       "(formats by extension: .safetensors .npz .npy .zarr .h5 .hdf5; else treepack)")
+    c.add_argument("src")
+    c.add_argument("dst")
+    c.add_argument("--from", dest="from_format", help="the source's format, when its extension does not say")
+    c.add_argument("--to", dest="to_format", help="the destination's format, when its extension does not say")
+    c.add_argument("--separator", default=".", help='joins nested keys into flat names (npz, safetensors); "" keeps a flat dict\'s keys')
+    c.add_argument("--overwrite", action="store_true", help="replace what is at DST")
+    c.add_argument("--compression", default=None, help="compression policy of a treepack destination (none, auto, zstd, lz4, ...)")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    a = p.parse_args(argv)
+    kwargs = {}
+    if a.compression is not None:
+        kwargs["compression"] = a.compression
+    try:
+        info = convert(a.src, a.dst, from_format=a.from_format, to_format=a.to_format,
+                       separator=a.separator or None, overwrite=a.overwrite,
+                       progress=None if a.quiet else _bar(), **kwargs)
+    except (ValueError, TypeError, OSError, ImportError, TreepackError) as e:
+        print(f"treepack: error: {e}", file=sys.stderr)
+        return 2
+    print(f"converted {info['tensors']} arrays ({info['bytes']} bytes) from {a.src} to {a.dst}")
+    return 0
+
+
+def _bar() -> object:
+    """tqdm's bar on a terminal if tqdm is installed, else none."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        import tqdm  # noqa: F401
+    except ImportError:
+        return None
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,8 +34,10 @@ for v in $versions; do
   py=$(find_python "$v") || { echo "error: no CPython $v found under pyenv or on PATH (set TREEPACK_WHEEL_PYTHONS to build fewer)" >&2; exit 1; }
   pythons+=("$py")
 done
-# Test requirements: python/requirements-dev.txt minus the build tool.
-reqs=$(grep -v '^maturin' python/requirements-dev.txt)
+# Test requirements: python/requirements-dev.txt minus the build tool (as a file: lines carry
+# environment markers with spaces).
+reqs=$(mktemp)
+grep -v '^maturin' python/requirements-dev.txt >"$reqs"
 # The per-version venvs and their requirements are installed in the background while maturin
 # compiles (network, not CPU); each venv then only gets its wheel.
 prepare_venvs() {
@@ -46,8 +48,7 @@ prepare_venvs() {
     rm -rf "$venv"
     "$py" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-    # shellcheck disable=SC2086
-    "$venv/bin/python" -m pip install -q $reqs
+    "$venv/bin/python" -m pip install -q -r "$reqs"
   done
 }
 venvs_log=$(mktemp)

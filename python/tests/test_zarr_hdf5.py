@@ -261,3 +261,16 @@ def test_every_dtype_reads_the_same_in_the_library_and_back(tmp_path, ext):
     back = treepack.load(tmp_path / f"lib.{ext}")
     for k, v in native.items():
         assert back[k].dtype == v.dtype and back[k].tobytes() == v.tobytes(), k
+
+
+@pytest.mark.parametrize("ext", EXTS)
+def test_a_state_dict_converts_as_a_group_and_comes_back_ordered(tmp_path, ext):
+    import collections
+
+    sd = collections.OrderedDict([("0.weight", np.ones((3, 4), np.float32)), ("0.bias", np.zeros(3, np.float32)),
+                                  ("2.weight", np.ones((1, 3), np.float32))])
+    treepack.save({"model": sd, "step": 3}, tmp_path / "ck")
+    treepack.convert(tmp_path / "ck", tmp_path / f"ck.{ext}")
+    back = treepack.load(tmp_path / f"ck.{ext}")
+    assert type(back["model"]) is collections.OrderedDict and list(back["model"]) == list(sd)
+    assert same(dict(back["model"]), dict(sd)) and back["step"] == 3

@@ -11,6 +11,7 @@ the calling thread: the C library is not thread-safe). Each library is imported 
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from . import _codec, _core
+from . import _codec, _core, _like
 from ._api import StorageOptions, _opts, _struct_node, load, save
 
 RESERVED = "treepack"
@@ -161,8 +162,20 @@ def backend(fmt: str) -> Any:
 # ---------------------------------------------------------------- treepack -> Zarr / HDF5
 
 
+def _mapping(node: Any) -> Optional[Dict[Any, Any]]:
+    """The items of a stored mapping: a dict, or an OrderedDict / Counter / defaultdict with
+    string keys (a torch ``state_dict()``), which are groups like a dict."""
+    if isinstance(node, dict):
+        return node
+    if getattr(node, "type_name", None) in _like._MAPPINGS and not (node.data or {}).get("items"):
+        return node.children
+    return None
+
+
 def _mask(node: Any) -> Any:
     """``like=`` for the leaves that become attributes (everything but arrays)."""
+    if _mapping(node) is not None:
+        node = _mapping(node)
     if isinstance(node, dict):
         return {k: _mask(v) for k, v in node.items()}
     if isinstance(node, (list, tuple)):
@@ -177,7 +190,7 @@ def write(src: str, dst: str, fmt: str, overwrite: bool, storage_options: Storag
         raise FileExistsError(f"{dst}: exists; pass overwrite=True to replace it")
     r = _core.Reader(src, _opts(storage_options))
     structure = r.structure(_struct_node)
-    if not isinstance(structure, (dict, list, tuple)):
+    if not isinstance(structure, (dict, list, tuple)) and _mapping(structure) is None:
         raise ValueError(f"{src}: the tree is a single {getattr(structure, 'kind', 'value')}; "
                          f"{b.name} holds a group of arrays: save it in a dict")
     _check_representable(structure, b.name)
@@ -221,6 +234,8 @@ def _remove(p: str) -> None:
 
 def _check_representable(node: Any, target: str) -> None:
     """Refuse what the target cannot hold before anything is written, naming the key path."""
+    if _mapping(node) is not None:
+        node = _mapping(node)
     if isinstance(node, dict):
         for k, v in node.items():
             where = getattr(v, "path", None) or f"{k}"
@@ -244,17 +259,21 @@ def _check_representable(node: Any, target: str) -> None:
 
 def _write_group(b: Any, r: Any, g: Any, structure: Any, values: Any, notes: Dict[str, Any],
                  counts: Dict[str, int]) -> None:
-    if isinstance(structure, dict):
-        items = list(structure.items())
-        vals = [values[k] for k, _ in items]
+    mapping = _mapping(structure)
+    if mapping is not None:
+        items = list(mapping.items())
+        # A subtree with nothing but arrays below it is not built by the load (None).
+        vals = [values[k] if values is not None else None for k, _ in items]
         notes = {**notes, "order": [k for k, _ in items]}
+        if structure.__class__ is not dict and structure.type_name == "py.ordereddict":
+            notes["kind"] = "ordereddict"
     else:
         items = [(str(i), v) for i, v in enumerate(structure)]
-        vals = list(values)
+        vals = list(values) if values is not None else [None] * len(items)
         notes = {**notes, "kind": "tuple" if isinstance(structure, tuple) else "list"}
     attrs: Dict[str, Any] = {}
     for (name, st), v in zip(items, vals):
-        if isinstance(st, (dict, list, tuple)):
+        if isinstance(st, (dict, list, tuple)) or _mapping(st) is not None:
             _write_group(b, r, b.group(g, name), st, v, {}, counts)
         elif st.kind == "array":
             _write_array(b, r, g, name, st.path, counts)
@@ -376,6 +395,8 @@ def _read_group(b: Any, g: Any, path: str, counts: Dict[str, int], lazy: bool) -
     order = notes.get("order")
     if isinstance(order, list) and sorted(map(str, order)) == sorted(kids):
         kids = {k: kids[k] for k in order}
+    if kind == "ordereddict":
+        return collections.OrderedDict(kids), notes
     return kids, notes
 
 

@@ -49,11 +49,12 @@ class _Zarr:
             raise ImportError("Zarr conversion needs zarr-python 3 (pip install 'zarr>=3'; it needs Python 3.11+)") from None
         self.zarr = zarr
 
+    # A LocalStore, not the path string: newer zarr-python reads strings as URLs.
     def create(self, path: str) -> Any:
-        return self.zarr.open_group(store=path, mode="w", zarr_format=3)
+        return self.zarr.open_group(store=self.zarr.storage.LocalStore(path), mode="w", zarr_format=3)
 
     def open(self, path: str) -> Any:
-        return self.zarr.open_group(store=path, mode="r")
+        return self.zarr.open_group(store=self.zarr.storage.LocalStore(path, read_only=True), mode="r")
 
     def group(self, parent: Any, name: str) -> Any:
         return parent.create_group(name)
@@ -195,7 +196,7 @@ def write(src: str, dst: str, fmt: str, overwrite: bool, storage_options: Storag
                          f"{b.name} holds a group of arrays: save it in a dict")
     _check_representable(structure, b.name)
     values = load(src, like=_mask(structure), storage_options=storage_options)
-    tmp = dst.rstrip("/") + f"#{os.getpid()}"
+    tmp = dst.rstrip("/") + f".partial-{os.getpid()}"
     _remove(tmp)
     root = b.create(tmp)
     counts: Dict[str, Any] = {"tensors": 0, "bytes": 0, "total": _array_bytes(structure), "progress": progress}

@@ -194,3 +194,56 @@ def test_paths_are_embedded_on_request_and_files_carry_bytes(tmp_path):
     assert treepack.load(q)["doc"] == report
     with pytest.raises(TypeError, match=r"cannot save `f`: .*nope.txt cannot be read"):
         treepack.save({"f": treepack.File(tmp_path / "nope.txt")}, str(tmp_path / "bad"))
+
+
+def test_wave_audio_is_a_built_in_file_backed_object(tmp_path):
+    import io
+    import os
+    import wave
+
+    import numpy as np
+
+    def clip(seed):
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(2)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes(np.random.default_rng(seed).integers(-2**15, 2**15, 32000, dtype=np.int16).tobytes())
+        return buf.getvalue()
+
+    clips = [clip(i) for i in range(10)]
+    # 1,000 rows, 10 distinct clips, each row its own reader (content dedup, not identity).
+    rows = [{"audio": wave.open(io.BytesIO(clips[i % 10]), "rb"), "label": i} for i in range(1000)]
+    rows[0]["audio"].readframes(100)  # a reader part-way through: saved whole, position kept
+    treepack.save(rows, tmp_path / "ds")
+    assert rows[0]["audio"].tell() == 100
+    stored = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tmp_path / "ds" / "packs") for f in fs)
+    assert stored <= 1.1 * sum(len(c) for c in clips), stored
+    back = treepack.load(tmp_path / "ds")
+    for i in (0, 7, 999):
+        w = back[i]["audio"]
+        assert isinstance(w, wave.Wave_read) and w.tell() == 0
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()) == (2, 2, 16000, 16000)
+        assert w.readframes(w.getnframes()) == wave.open(io.BytesIO(clips[i % 10])).readframes(16000)
+    s = treepack.load_structure(tmp_path / "ds")[3]["audio"]
+    assert s.type_name == "py.audio" and s.data["framerate"] == 16000
+
+
+def test_damaged_audio_bytes_fail_clearly(tmp_path, monkeypatch):
+    import io
+    import wave
+
+    from treepack.integrations import audio
+
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(1)
+        w.setframerate(8000)
+        w.writeframes(b"\x80" * 100)
+    monkeypatch.setattr(audio, "encode", lambda r: ({"format": "WAV"}, b"RIFF not really"))
+    treepack.save({"a": wave.open(io.BytesIO(buf.getvalue()), "rb")}, tmp_path / "t")
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="py.audio: the stored bytes are not a WAV file"):
+        treepack.load(tmp_path / "t")

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _registry as reg
+from ..integrations import audio
 from ..integrations import awkward as awkward_arrays
 from ..integrations import pandas, pillow, pydantic
 from ..integrations import xarray as xarrays
@@ -43,7 +44,7 @@ BUILTIN_TYPES = frozenset(
         "py.bytearray", "py.set", "py.frozenset", "py.range", "py.slice", "py.ellipsis",
         "py.datetime", "py.date", "py.time", "py.timedelta", "py.timezone", "py.decimal",
         "py.uuid", "py.path", "py.npscalar", "py.enum", "py.pickle", "py.image",
-        "py.dataframe", "py.series", "py.file", "py.awkward",
+        "py.dataframe", "py.series", "py.file", "py.awkward", "py.audio",
     }
 ) | everyday.NAMES | xarrays.NAMES
 # Built-in types that `audit` accepts whatever their data says (enum and pickle name classes, and
@@ -142,7 +143,7 @@ def encode_other(
     if embed and isinstance(obj, pathlib.Path) and obj.is_file():
         obj = files.File(obj)
     d = _describe(obj, where, allow_pickle, omit_static)
-    if memo is not None and (d[1] in ("py.image", "py.file") or not d[1].startswith("py.")) and d[0] == "custom":
+    if memo is not None and (d[1] in ("py.image", "py.file", "py.audio") or not d[1].startswith("py.")) and d[0] == "custom":
         memo[id(obj)] = (obj, d)  # the object is kept alive, so its id is not reused meanwhile
     return d
 
@@ -196,6 +197,9 @@ def _describe(obj: Any, where: str, allow_pickle: bool, omit_static: bool = Fals
             return pandas.encode(obj)
         except TypeError as e:
             raise TypeError(f"cannot save `{where}`: {e}") from None
+    if audio.is_audio(obj):
+        data, wav = audio.encode(obj)
+        return ("custom", audio.NAME, json.dumps(data), [("files", {"audio.wav": wav})])
     if pillow.is_image(obj):
         try:
             data, image = pillow.encode(obj)
@@ -474,6 +478,11 @@ class Decoder:
             f = files.File(data=found["content"], name=data["name"])
             f.path = data.get("path") if isinstance(data.get("path"), str) else None
             return f
+        if t == audio.NAME:
+            found = files.files_of(kids)
+            if found is None or "audio.wav" not in found:
+                raise ValueError(f"{audio.NAME}: the node has no audio.wav file")
+            return audio.decode(data, found["audio.wav"])
         if t == "py.image":
             found = files.files_of(kids)
             if found is None or "image" not in found or not isinstance(data, dict):

@@ -16,21 +16,21 @@ finish_setup() {
   if ! wait "$setup_pid"; then cat "$setup_log" >&2; echo "error: installing the test servers or requirements failed" >&2; exit 1; fi
   cat "$setup_log"
 }
-echo "== cargo fmt --check"
+echo "== [${SECONDS}s] cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy (all crates, all targets)"
+echo "== [${SECONDS}s] cargo clippy (all crates, all targets)"
 cargo clippy --workspace --all-targets --features treepack/failpoints -j2 -- -D warnings
-echo "== cargo doc (the library's API docs: every public item documented, no broken links)"
+echo "== [${SECONDS}s] cargo doc (the library's API docs: every public item documented, no broken links)"
 RUSTDOCFLAGS="-D warnings" cargo doc -p treepack --no-deps -j2 --quiet
-echo "== cargo package (the crates as crates.io would get them; \`cargo package\` without --no-verify also builds them, about 2.5 min)"
+echo "== [${SECONDS}s] cargo package (the crates as crates.io would get them; \`cargo package\` without --no-verify also builds them, about 2.5 min)"
 cargo package -p treepack -p treepack-alloc -p treepack-cli --allow-dirty --no-verify --quiet
-echo "== local object-store servers for the remote tests (moto, azurite, fake-gcs-server, gcp-storage-emulator), installed in the background"
+echo "== [${SECONDS}s] local object-store servers for the remote tests (moto, azurite, fake-gcs-server, gcp-storage-emulator), installed in the background"
 finish_setup
-echo "== cargo test (core + CLI; remote tests start their servers on 127.0.0.1; crash tests need the failpoints feature)"
+echo "== [${SECONDS}s] cargo test (core + CLI; remote tests start their servers on 127.0.0.1; crash tests need the failpoints feature)"
 cargo test -j2 --features treepack/failpoints
-echo "== python package: build into .venv"
+echo "== [${SECONDS}s] python package: build into .venv"
 py=$(bash scripts/python-env.sh)
-echo "== pytest"
+echo "== [${SECONDS}s] pytest"
 "$py" -m pytest -q python/tests
-echo "== the wheels: built (release, one per CPython 3.10-3.13), each installed into a fresh venv, pytest there"
+echo "== [${SECONDS}s] the wheels: built (release, one per CPython 3.10-3.13), each installed into a fresh venv, pytest there"
 bash scripts/wheels.sh

@@ -38,19 +38,15 @@ def load_foreign(path: str, fmt: str, load_kwargs: Dict[str, Any]) -> Any:
     """``treepack.load`` of a file another library wrote: converted into memory, then loaded
     with every ``load`` option."""
     from ._api import load
-    from ._transport import _bucket
+    from ._transport import memory_location
 
     for bad in ("storage_options", "dask", "mmap"):
         if load_kwargs.get(bad):
             raise TypeError(f"load() of a .{fmt} file takes no {bad}=; convert it to treepack first "
                             f"(treepack.convert({path!r}, 'x.tpk'))")
-    bucket = _bucket()
-    loc = f"memory://{bucket}/t"
-    try:
+    with memory_location() as loc:
         convert(path, loc, from_format=fmt, to_format="treepack", separator=load_kwargs.pop("separator", "."))
         return load(loc, **load_kwargs)
-    finally:
-        _core.forget_memory(bucket)
 
 
 def convert(

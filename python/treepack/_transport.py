@@ -9,10 +9,11 @@ location: ``treepack.load("tree.json")``, ``treepack.open("tree.json")``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
-from typing import Any, Dict, Union
+from typing import Any, Dict, Iterator, Union
 
 from . import _core
 from ._api import Compression, PathLike, StorageOptions, _compression_text, _opts, _path, load, save
@@ -20,8 +21,14 @@ from ._api import Compression, PathLike, StorageOptions, _compression_text, _opt
 _ids = itertools.count()
 
 
-def _bucket() -> str:
-    return f"treepack-json-{os.getpid()}-{next(_ids)}"
+@contextlib.contextmanager
+def memory_location() -> Iterator[str]:
+    """A fresh ``memory://`` location for one save or load, dropped (memory freed) afterwards."""
+    bucket = f"treepack-mem-{os.getpid()}-{next(_ids)}"
+    try:
+        yield f"memory://{bucket}/t"
+    finally:
+        _core.forget_memory(bucket)
 
 
 def dumps(tree: Any, *, encoding: str = "base85", compression: Compression = None, **save_kwargs: Any) -> str:
@@ -36,13 +43,9 @@ def dumps(tree: Any, *, encoding: str = "base85", compression: Compression = Non
     for bad in ("storage_options", "overwrite", "blocking"):
         if bad in save_kwargs:
             raise TypeError(f"dumps() takes no {bad}=: the document is returned, not stored")
-    bucket = _bucket()
-    loc = f"memory://{bucket}/t"
-    try:
+    with memory_location() as loc:
         save(tree, loc, compression=compression, **save_kwargs)
         return _core.export_json(loc, encoding)
-    finally:
-        _core.forget_memory(bucket)
 
 
 def loads(document: Union[str, bytes, bytearray, memoryview], **load_kwargs: Any) -> Any:
@@ -55,13 +58,9 @@ def loads(document: Union[str, bytes, bytearray, memoryview], **load_kwargs: Any
         if load_kwargs.get(bad):
             raise TypeError(f"loads() takes no {bad}=: the document is already in memory")
     doc = document.encode("utf-8") if isinstance(document, str) else bytes(document)
-    bucket = _bucket()
-    loc = f"memory://{bucket}/t"
-    try:
+    with memory_location() as loc:
         _core.unpack_json(doc, loc)
         return load(loc, **load_kwargs)
-    finally:
-        _core.forget_memory(bucket)
 
 
 def export_json(path: PathLike, *, encoding: str = "base85", compression: Compression = None,

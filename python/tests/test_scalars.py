@@ -5,11 +5,16 @@ one kept helper thread, lent to one parse at a time (docs/design.md, decision 48
 load such trees from several threads at once, after a fork, and with strings that need every
 kind of JSON escape."""
 
+import dataclasses
 import os
+import random
 import subprocess
 import sys
 import textwrap
 import threading
+
+import numpy as np
+import pytest
 
 import treepack
 
@@ -91,3 +96,102 @@ def test_a_forked_child_loads_with_its_own_parse_helper(tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "t"), here], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------- text fragments
+# A save writes plain subtrees (lists, tuples, dicts with str keys, inline scalars) as manifest
+# text while it walks them (`Fragment`, docs/design.md decision 59) instead of building a node
+# per value. The manifest must be byte for byte what the node path writes, for every tree.
+
+
+@dataclasses.dataclass
+class Rec:
+    a: object
+    b: object
+
+
+def _random_tree(rng: random.Random, depth: int = 0):
+    """Trees mixing everything the text path writes with everything it must leave to nodes."""
+    scalars = [
+        lambda: None, lambda: True, lambda: False, lambda: rng.randint(-10**6, 10**6), lambda: 2**64 + rng.randint(0, 9),
+        lambda: -(2**70), lambda: rng.random(), lambda: float("nan"), lambda: float("-inf"), lambda: -0.0,
+        lambda: rng.choice(ODD), lambda: "s" * rng.choice([0, 1, 4096, 4097]), lambda: b"bytes",
+        lambda: np.arange(rng.randint(0, 40), dtype=np.float32), lambda: np.int16(7), lambda: 1 + 2j,
+    ]
+    if depth > 4 or rng.random() < 0.3:
+        return rng.choice(scalars)()
+    n = rng.randint(0, 6)
+    kind = rng.random()
+    kids = [_random_tree(rng, depth + 1) for _ in range(n)]
+    if kind < 0.3:
+        return kids
+    if kind < 0.45:
+        return tuple(kids)
+    if kind < 0.55:
+        return Rec(kids[0] if kids else 1, {"x": kids})
+    keys = [rng.choice([f"k{i}", ODD[i % 6] + str(i), i, (i, "t"), None if i == 0 else f"n{i}"]) for i in range(n)]
+    return dict(zip(keys, kids))
+
+
+def _manifests(tree, tmp_path, name, **kw):
+    """The manifest bytes of `tree` saved with text fragments and with nodes only."""
+    from treepack import _api
+
+    orig = _api._core.prepare
+    out = []
+    for text in (True, False):
+        _api._core.prepare = lambda *a, _t=text, **k: orig(*a, text=_t, **k)
+        try:
+            p = tmp_path / f"{name}-{text}"
+            treepack.save(tree, p, **kw)
+            out.append((p / "treepack.json").read_bytes())
+        finally:
+            _api._core.prepare = orig
+    return out
+
+
+def test_text_fragments_write_the_same_manifest_as_nodes(tmp_path):
+    rng = random.Random(34)
+    for i in range(300):
+        tree = {"t": _random_tree(rng), "i": i}
+        with_text, nodes = _manifests(tree, tmp_path, str(i))
+        assert with_text == nodes, f"tree {i}: {tree!r}"[:2000]
+        back = treepack.load(tmp_path / f"{i}-True", trust=[f"{Rec.__module__}.Rec"])
+        treepack.save(back, tmp_path / f"{i}-again")
+        assert (tmp_path / f"{i}-again" / "treepack.json").read_bytes() == with_text, i
+
+
+def test_shared_plain_objects_are_one_object_after_a_text_walk(tmp_path):
+    # A dict of plain values written as text, then met again: the walk starts over with nodes
+    # (its text carries no shared id), and the copy loads as one object.
+    cfg = {"lr": 0.1, "layers": [1, 2, 3]}
+    tree = {"a": cfg, "b": [cfg, cfg["layers"]], "c": (1, [cfg])}
+    with_text, nodes = _manifests(tree, tmp_path, "shared")
+    assert with_text == nodes and b'"t":"shared"' in with_text
+    back = treepack.load(tmp_path / "shared-True")
+    assert back["a"] is back["b"][0] is back["c"][1][0] and back["b"][1] is back["a"]["layers"]
+    loop = [1, {"k": "v"}]
+    loop.append(loop)
+    with_text, nodes = _manifests({"loop": loop}, tmp_path, "cycle")
+    assert with_text == nodes
+    back = treepack.load(tmp_path / "cycle-True")["loop"]
+    assert back[2] is back and back[1] == {"k": "v"}
+
+
+def test_text_walk_errors_name_the_place(tmp_path):
+    with pytest.raises(TypeError, match=r"a/1/b`: string is not valid Unicode"):
+        treepack.save({"a": [1, {"b": "x\udc80"}]}, tmp_path / "s")
+    with pytest.raises(TypeError, match=r"a/0/b.*not supported"):
+        treepack.save({"a": [{"b": object()}]}, tmp_path / "o")
+    deep: list = []
+    x = deep
+    for _ in range(1100):
+        x.append([])
+        x = x[0]
+    with pytest.raises(ValueError, match="nested deeper than 1000"):
+        treepack.save(deep, tmp_path / "d")
+    loop: list = [1]
+    loop.append({"again": loop})
+    with pytest.raises(ValueError, match="reference cycle at `<root>`: it contains itself at `1/again`"):
+        treepack.save(loop, tmp_path / "c", shared=False)
+    assert not any(tmp_path.iterdir())

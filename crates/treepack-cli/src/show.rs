@@ -74,6 +74,7 @@ pub fn entry_summary(e: &Entry) -> String {
             format!("str ({}, in pack{})", human_bytes(*size), codec_summary(std::slice::from_ref(chunk), *size))
         }
         Entry::Bytes(Stored::Inline(b)) => format!("bytes ({} B)", b.len()),
+        Entry::Fragment(f) => format!("subtree ({} leaves)", f.leaves()),
         Entry::Bytes(Stored::Blob { size, chunk }) => {
             format!("bytes ({}, in pack{})", human_bytes(*size), codec_summary(std::slice::from_ref(chunk), *size))
         }

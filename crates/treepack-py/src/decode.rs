@@ -157,6 +157,7 @@ impl<'py> Decoder<'py> {
             Leaf::Str(s) => PyString::new(py, &s).into_any(),
             Leaf::Bytes(b) => PyBytes::new(py, &b).into_any(),
             Leaf::Array(a) => self.array(a)?,
+            Leaf::Fragment(_) => return Err(PyValueError::new_err("treepack bug: a fragment in a loaded tree")),
         })
     }
 
@@ -225,6 +226,7 @@ impl<'py> Decoder<'py> {
             Entry::Str(Stored::Blob { .. }) | Entry::Bytes(Stored::Blob { .. }) => {
                 return Err(PyValueError::new_err("blob was not read"))
             }
+            Entry::Fragment(_) => return Err(PyValueError::new_err("treepack bug: a fragment in a read manifest")),
         })
     }
 }

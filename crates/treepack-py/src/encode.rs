@@ -1,6 +1,7 @@
 //! Python tree -> `Node`: the walker with exact-type fast paths; anything else goes to Python's `encode_other`.
 
 use super::*;
+use treepack::format::manifest::{FragmentWriter, Mark};
 
 /// What `encode_other` returns: (kind, type name, data JSON, named children).
 pub(crate) type NodeDescription<'py> = (String, String, Option<String>, Vec<(String, Bound<'py, PyAny>)>);
@@ -42,7 +43,28 @@ pub(crate) struct Encoder<'py> {
     /// may not close there (a loader cannot put the object into a tuple or a custom type's
     /// data before it exists).
     pub(crate) fragile: bool,
+    /// Plain subtrees (lists, tuples, dicts with str keys, inline scalars) are written here as
+    /// manifest text while they are walked, with no `Node` per value (see `Fragment`: a second
+    /// tree cost more than the text for trees of plain values). `None`: nodes only.
+    pub(crate) text: Option<FragmentWriter>,
+    /// Strings of at most this many UTF-8 bytes are written as text (the writer's inline limit).
+    pub(crate) inline_str: usize,
+    /// Where each child of the containers being written as text begins and ends, so that a
+    /// container holding something text cannot (an array) becomes a node made of its earlier
+    /// children's texts.
+    pub(crate) marks: Vec<Mark>,
+    /// Per ordinal: that node ended as text. A second reference to it cannot become a ref (its
+    /// text has no shared id), so the walk starts over without text (`restart`).
+    pub(crate) texted: Vec<bool>,
+    pub(crate) restart: bool,
+    /// Reference counts are exact (not a free-threaded build, whose counts are biased).
+    pub(crate) plain_counts: bool,
+    /// Texts of recent dict keys (see [`Encoder::key_text`]), `KEY_SLOTS` slots by address.
+    pub(crate) keys: Vec<Option<(Bound<'py, PyAny>, String)>>,
 }
+
+/// Slots of the key text cache.
+const KEY_SLOTS: usize = 512;
 
 /// One step of the key path [`Encoder`] is at.
 pub(crate) enum PathStep<'py> {
@@ -77,6 +99,9 @@ impl<'py> Encoder<'py> {
     fn begin(&mut self, obj: Option<&Bound<'py, PyAny>>) -> u64 {
         let o = self.ordinal;
         self.ordinal += 1;
+        if self.share && self.text.is_some() {
+            self.texted.push(false);
+        }
         if let (true, Some(obj)) = (self.share, obj) {
             self.seen.insert(obj.as_ptr() as usize, (o, obj.clone()));
         }
@@ -90,6 +115,10 @@ impl<'py> Encoder<'py> {
         }
         let Some((o, _)) = self.seen.get(&(obj.as_ptr() as usize)) else { return Ok(None) };
         let o = *o;
+        if self.texted.get(o as usize) == Some(&true) {
+            self.restart = true;
+            return Err(PyValueError::new_err("treepack: a shared object was written as text; starting over"));
+        }
         if fragile && self.open.contains(&o) {
             return Err(PyValueError::new_err(format!(
                 "cannot save `{}`: an object contains itself through a tuple or a registered type's data \
@@ -176,6 +205,11 @@ impl<'py> Encoder<'py> {
     }
 
     pub(crate) fn child(&mut self, seg: PathStep<'py>, v: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
+        if self.text.is_some() {
+            // Plain containers anywhere (a record's dict field too) become text.
+            let fragile = self.fragile;
+            return self.child_piece(seg, v, depth, fragile);
+        }
         if depth < treepack::format::manifest::MAX_DEPTH {
             if let Some(leaf) = scalar(v) {
                 // Most nodes of a big tree: no key path step, no stack check (a leaf recurses
@@ -318,6 +352,358 @@ impl<'py> Encoder<'py> {
         self.other(obj, depth, fragile)
     }
 
+    /// Write an exact None, bool, int (64-bit), float or inline str as text; false for
+    /// anything else (the writer unchanged).
+    fn scalar_text(&mut self, obj: &Bound<'py, PyAny>) -> bool {
+        let inline_str = self.inline_str;
+        let Some(w) = self.text.as_mut() else { return false };
+        if obj.is_none() {
+            w.none();
+        } else if let Ok(s) = obj.cast_exact::<PyString>() {
+            match s.to_str() {
+                Ok(v) if v.len() <= inline_str => w.str(v),
+                _ => return false,
+            }
+        } else if let Ok(i) = obj.cast_exact::<PyInt>() {
+            match i.extract::<i64>() {
+                Ok(v) => w.int(v),
+                Err(_) => match int_of(obj) {
+                    Ok(big) => w.big_int(&big),
+                    Err(_) => return false,
+                },
+            }
+        } else if let Ok(f) = obj.cast_exact::<PyFloat>() {
+            w.float(f.value());
+        } else if let Ok(b) = obj.cast_exact::<PyBool>() {
+            w.bool(b.is_true());
+        } else {
+            return false;
+        }
+        true
+    }
+
+    /// `obj` (at `depth`, as [`Encoder::node`] takes it) written as text when all of it can
+    /// be: `None`. Otherwise the text is as it was, and the node comes back (containers made of
+    /// the texts of their plain children).
+    pub(crate) fn text_or_node(
+        &mut self,
+        obj: &Bound<'py, PyAny>,
+        depth: usize,
+        fragile: bool,
+    ) -> PyResult<Option<Node>> {
+        if self.text.is_none() || depth > treepack::format::manifest::MAX_DEPTH {
+            self.fragile = fragile;
+            return self.node(obj, depth).map(Some);
+        }
+        if self.scalar_text(obj) {
+            return Ok(None);
+        }
+        if let Ok(l) = obj.cast_exact::<PyList>() {
+            return self.seq_text(obj, l.len(), l.iter(), false, depth, fragile);
+        }
+        if let Ok(t) = obj.cast_exact::<PyTuple>() {
+            return self.seq_text(obj, t.len(), t.iter(), true, depth, fragile);
+        }
+        if let Ok(d) = obj.cast_exact::<PyDict>() {
+            return self.dict_text(obj, d, depth, fragile);
+        }
+        self.fragile = fragile;
+        self.node(obj, depth).map(Some)
+    }
+
+    /// A child of a container being walked with text: a scalar written in place, a container
+    /// one level deeper (as [`Encoder::child`] steps).
+    fn child_text(
+        &mut self,
+        seg: PathStep<'py>,
+        v: &Bound<'py, PyAny>,
+        depth: usize,
+        fragile: bool,
+    ) -> PyResult<Option<Node>> {
+        if depth < treepack::format::manifest::MAX_DEPTH && self.scalar_text(v) {
+            return Ok(None);
+        }
+        self.path.push(seg);
+        let r = treepack::format::model::grow(|| self.text_or_node(v, depth + 1, fragile));
+        if r.is_ok() {
+            self.path.pop();
+        }
+        r
+    }
+
+    /// A child of a container that became a node: a scalar leaf, a plain container as a
+    /// fragment, anything else a node.
+    fn child_piece(
+        &mut self,
+        seg: PathStep<'py>,
+        v: &Bound<'py, PyAny>,
+        depth: usize,
+        fragile: bool,
+    ) -> PyResult<Node> {
+        if depth < treepack::format::manifest::MAX_DEPTH {
+            if let Some(leaf) = scalar(v) {
+                return Ok(Tree::Leaf(leaf));
+            }
+        }
+        let Some(m) = self.text.as_ref().map(FragmentWriter::mark) else {
+            self.fragile = fragile;
+            return self.child(seg, v, depth);
+        };
+        self.fragile = false;
+        match self.child_text(seg, v, depth, fragile)? {
+            None => Ok(self.fragment_node(m, None)),
+            Some(n) => Ok(n),
+        }
+    }
+
+    /// The text written since `from` (to `to`, or to the end, which is then dropped) as a leaf.
+    fn fragment_node(&mut self, from: Mark, to: Option<Mark>) -> Node {
+        let Some(w) = self.text.as_mut() else { return Node::none() };
+        Tree::Leaf(Leaf::Fragment(match to {
+            Some(to) => w.fragment(from, to),
+            None => w.split_off(from),
+        }))
+    }
+
+    /// The first `n` children of a container being written as text, as nodes (scalars as
+    /// leaves, containers as fragments of their texts); `get(j)` gives child `j`'s object.
+    /// The container's text, from `start`, is dropped.
+    fn texts_to_nodes<T>(
+        &mut self,
+        start: Mark,
+        base: usize,
+        n: usize,
+        mut get: impl FnMut(&mut Self, usize) -> PyResult<(T, Bound<'py, PyAny>)>,
+    ) -> PyResult<Vec<(T, Node)>> {
+        let mut out = Vec::with_capacity(n);
+        for j in 0..n {
+            let (k, x) = get(self, j)?;
+            let node = match scalar(&x) {
+                Some(leaf) => Tree::Leaf(leaf),
+                None => {
+                    let (from, to) = (self.marks[base + 2 * j], self.marks[base + 2 * j + 1]);
+                    self.fragment_node(from, Some(to))
+                }
+            };
+            out.push((k, node));
+        }
+        self.marks.truncate(base);
+        if let Some(w) = self.text.as_mut() {
+            w.truncate(start);
+        }
+        Ok(out)
+    }
+
+    /// The slot of `keys` holding the text that begins a pair with key `k`, a plain `str`
+    /// (`None` for any other key). Dicts of records repeat the same key objects, so their
+    /// texts are escaped once. A slot keeps its key object alive, so no other object can take
+    /// its address while the text is cached.
+    fn key_text(&mut self, k: &Bound<'py, PyAny>) -> Option<usize> {
+        let s = k.cast_exact::<PyString>().ok()?;
+        let addr = k.as_ptr() as usize;
+        let slot = (addr >> 4).wrapping_mul(0x9e37_79b9) % KEY_SLOTS;
+        if self.keys.is_empty() {
+            self.keys.resize_with(KEY_SLOTS, || None);
+        }
+        if !matches!(&self.keys[slot], Some((o, _)) if o.as_ptr() as usize == addr) {
+            let text = FragmentWriter::pair_begin_text(s.to_str().ok()?);
+            self.keys[slot] = Some((k.clone(), text));
+        }
+        Some(slot)
+    }
+
+    /// Whether `obj`, a container met as an item of the container being walked (the walk holds
+    /// it through one reference of its own), may be met again: shared objects are found by
+    /// keeping every container met in `seen`, which cost ~10 % of a walk of plain values. An
+    /// object whose only other reference is the one its parent holds cannot be anywhere else
+    /// in the tree, nor contain itself, so it is not kept. Conservative wherever the count is
+    /// not the plain one: the root, and free-threaded builds (whose counts are biased).
+    fn maybe_shared(&self, obj: &Bound<'py, PyAny>) -> bool {
+        if !self.share {
+            return false;
+        }
+        if !self.plain_counts || obj.as_ptr() == self.root.as_ptr() {
+            return true;
+        }
+        // SAFETY: `obj` is a live object (we hold a reference); reading its count has no effect.
+        unsafe { pyo3::ffi::Py_REFCNT(obj.as_ptr()) > 2 }
+    }
+
+    /// Finish a container that ended as text.
+    fn texted_end(&mut self, o: u64, base: usize) {
+        self.marks.truncate(base);
+        self.open.pop();
+        if let Some(t) = self.texted.get_mut(o as usize) {
+            *t = true;
+        }
+    }
+
+    fn seq_text(
+        &mut self,
+        obj: &Bound<'py, PyAny>,
+        len: usize,
+        items: impl Iterator<Item = Bound<'py, PyAny>>,
+        tuple: bool,
+        depth: usize,
+        fragile: bool,
+    ) -> PyResult<Option<Node>> {
+        // The empty tuple is one object in CPython and holds nothing: never a shared node.
+        let tracked = !(tuple && len == 0) && self.maybe_shared(obj);
+        if tracked {
+            if let Some(r) = self.again(obj, fragile)? {
+                return Ok(Some(r));
+            }
+        }
+        let o = self.begin(tracked.then_some(obj));
+        self.open.push(o);
+        let base = self.marks.len();
+        let Some(w) = self.text.as_mut() else { return Err(PyValueError::new_err("treepack bug: no text writer")) };
+        let start = w.mark();
+        if tuple {
+            w.tuple_begin();
+        } else {
+            w.list_begin();
+        }
+        let mut nodes: Option<Vec<Node>> = None;
+        for (i, x) in items.enumerate() {
+            if let Some(nodes) = nodes.as_mut() {
+                nodes.push(self.child_piece(PathStep::Index(i), &x, depth, tuple)?);
+                continue;
+            }
+            let w = self.text.as_mut().map(|w| {
+                if i > 0 {
+                    w.comma();
+                }
+                w.mark()
+            });
+            if let Some(m) = w {
+                self.marks.push(m);
+            }
+            match self.child_text(PathStep::Index(i), &x, depth, tuple)? {
+                None => {
+                    if let Some(end) = self.text.as_ref().map(FragmentWriter::mark) {
+                        self.marks.push(end);
+                    }
+                }
+                Some(node) => {
+                    self.marks.pop();
+                    let mut done = self.texts_to_nodes(start, base, i, |_, j| Ok(((), obj.get_item(j)?)))?;
+                    let mut v: Vec<Node> = done.drain(..).map(|(_, n)| n).collect();
+                    v.reserve(len.saturating_sub(i));
+                    v.push(node);
+                    nodes = Some(v);
+                }
+            }
+        }
+        match nodes {
+            None => {
+                if let Some(w) = self.text.as_mut() {
+                    if tuple {
+                        w.items_end();
+                    } else {
+                        w.list_end();
+                    }
+                }
+                self.texted_end(o, base);
+                Ok(None)
+            }
+            Some(v) => {
+                self.open.pop();
+                Ok(Some(if tuple { Tree::Tuple(v) } else { Tree::List(v) }))
+            }
+        }
+    }
+
+    fn dict_text(
+        &mut self,
+        obj: &Bound<'py, PyAny>,
+        d: &Bound<'py, PyDict>,
+        depth: usize,
+        fragile: bool,
+    ) -> PyResult<Option<Node>> {
+        let tracked = self.maybe_shared(obj);
+        if tracked {
+            if let Some(r) = self.again(obj, fragile)? {
+                return Ok(Some(r));
+            }
+        }
+        let o = self.begin(tracked.then_some(obj));
+        self.open.push(o);
+        let base = self.marks.len();
+        let Some(w) = self.text.as_mut() else { return Err(PyValueError::new_err("treepack bug: no text writer")) };
+        let start = w.mark();
+        w.dict_begin();
+        let mut pairs: Option<Vec<(Key, Node)>> = None;
+        for (i, (k, v)) in d.iter().enumerate() {
+            if let Some(pairs) = pairs.as_mut() {
+                let key = self.key(&k)?;
+                pairs.push((key, self.child_piece(PathStep::Key(k), &v, depth, false)?));
+                continue;
+            }
+            let r = match (self.key_text(&k), self.text.as_mut()) {
+                (Some(slot), Some(w)) => {
+                    if i > 0 {
+                        w.comma();
+                    }
+                    if let Some((_, text)) = &self.keys[slot] {
+                        w.pair_begin_with(text);
+                    }
+                    self.marks.push(w.mark());
+                    match self.child_text(PathStep::Key(k.clone()), &v, depth, false)? {
+                        None => {
+                            if let Some(w) = self.text.as_mut() {
+                                self.marks.push(w.mark());
+                                w.pair_end();
+                            }
+                            continue;
+                        }
+                        Some(node) => {
+                            self.marks.pop();
+                            Some(node)
+                        }
+                    }
+                }
+                // A key that is not a plain str: the dict is a node.
+                _ => None,
+            };
+            let firsts: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> = d.iter().take(i).collect();
+            let mut done = self.texts_to_nodes(start, base, i, |enc, j| {
+                let (k, v) = &firsts[j];
+                Ok((enc.key(k)?, v.clone()))
+            })?;
+            let key = self.key(&k)?;
+            let node = match r {
+                Some(node) => node,
+                None => self.child_piece(PathStep::Key(k), &v, depth, false)?,
+            };
+            done.reserve(d.len().saturating_sub(i));
+            done.push((key, node));
+            pairs = Some(done);
+        }
+        match pairs {
+            None => {
+                if let Some(w) = self.text.as_mut() {
+                    w.items_end();
+                }
+                self.texted_end(o, base);
+                Ok(None)
+            }
+            Some(p) => {
+                self.open.pop();
+                Ok(Some(Tree::Dict(p)))
+            }
+        }
+    }
+
+    /// The whole tree: text where it can be (a fragment), nodes elsewhere.
+    fn top(&mut self, tree: &Bound<'py, PyAny>) -> PyResult<Node> {
+        let Some(m) = self.text.as_ref().map(FragmentWriter::mark) else { return self.node(tree, 0) };
+        match self.text_or_node(tree, 0, false)? {
+            None => Ok(self.fragment_node(m, None)),
+            Some(n) => Ok(n),
+        }
+    }
+
     pub(crate) fn array(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<ArrayData> {
         let arr = obj.cast::<PyUntypedArray>()?;
         let descr = arr.dtype();
@@ -458,6 +844,11 @@ fn share_refs(node: Node, refd: &rustc_hash::FxHashSet<u64>) -> PyResult<Node> {
         ids: HashMap<u64, u64>,
     }
     fn walk(t: Node, st: &mut St<'_>) -> PyResult<Node> {
+        if let Tree::Leaf(Leaf::Fragment(f)) = &t {
+            // Its containers were counted by the encoder as it wrote them.
+            st.ordinal += f.containers();
+            return Ok(t);
+        }
         let ord = counted(&t).then(|| {
             st.ordinal += 1;
             st.ordinal - 1
@@ -524,6 +915,20 @@ fn scalar(obj: &Bound<'_, PyAny>) -> Option<Leaf> {
     None
 }
 
+/// Whether this interpreter is a free-threaded build (`sys.abiflags` holds `t`).
+fn free_threaded(py: Python<'_>) -> bool {
+    static FREE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FREE.get_or_init(|| {
+        py.import("sys")
+            .and_then(|s| s.getattr("abiflags"))
+            .and_then(|f| f.extract::<String>())
+            .map_or(true, |f| f.contains('t'))
+    })
+}
+
+/// Room the text writer starts with: about the size of the last tree that was all text.
+static TEXT_HINT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(64 << 10);
+
 /// A Python tree converted to treepack's model, ready to be written (possibly on another thread).
 #[pyclass(frozen)]
 pub(crate) struct Prepared {
@@ -531,8 +936,10 @@ pub(crate) struct Prepared {
 }
 
 /// Convert a Python tree (with the GIL held). With `snapshot`, array bytes are copied.
+/// `text=False` builds a node for every value (tests compare the two ways' manifests).
 #[pyfunction]
-#[pyo3(signature = (tree, encode_other, encode_array, snapshot=false, fast_datetime=false, shared=true))]
+#[pyo3(signature = (tree, encode_other, encode_array, snapshot=false, fast_datetime=false, shared=true, text=true))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn prepare(
     py: Python<'_>,
     tree: &Bound<'_, PyAny>,
@@ -541,14 +948,17 @@ pub(crate) fn prepare(
     snapshot: bool,
     fast_datetime: bool,
     shared: bool,
+    text: bool,
 ) -> PyResult<Prepared> {
     let np = py.import("numpy")?;
-    let mut enc = Encoder {
+    let (ndarray, generic) = (np.getattr("ndarray")?, np.getattr("generic")?);
+    let plain_counts = !free_threaded(py);
+    let new = |text: bool| Encoder {
         py,
-        ndarray: np.getattr("ndarray")?,
-        generic: np.getattr("generic")?,
-        encode_other,
-        encode_array,
+        ndarray: ndarray.clone(),
+        generic: generic.clone(),
+        encode_other: encode_other.clone(),
+        encode_array: encode_array.clone(),
         path: vec![],
         snapshot,
         fast_datetime,
@@ -560,8 +970,29 @@ pub(crate) fn prepare(
         refd: Default::default(),
         open: Default::default(),
         fragile: false,
+        text: text.then(|| FragmentWriter::with_capacity(TEXT_HINT.load(std::sync::atomic::Ordering::Relaxed))),
+        inline_str: SaveOptions::default().inline_str_bytes,
+        marks: Vec::new(),
+        texted: Vec::new(),
+        restart: false,
+        keys: Vec::new(),
+        plain_counts,
     };
-    let mut node = enc.node(tree, 0)?;
+    let mut enc = new(text);
+    let mut node = match enc.top(tree) {
+        // An object written as text was met again (a shared dict of plain values): its text
+        // cannot carry a shared id, so the tree is walked again as nodes.
+        Err(_) if enc.restart => {
+            enc = new(false);
+            enc.top(tree)?
+        }
+        r => r?,
+    };
+    if let Tree::Leaf(Leaf::Fragment(f)) = &node {
+        // The next save of a tree like this one (a logging loop) starts with room for its text.
+        let hint = (f.text().len() + f.text().len() / 8).min(256 << 20);
+        TEXT_HINT.store(hint, std::sync::atomic::Ordering::Relaxed);
+    }
     if !enc.refd.is_empty() {
         let refd = std::mem::take(&mut enc.refd);
         drop(enc);

@@ -561,6 +561,9 @@ impl<'de> de::Deserializer<'de> for TreeDeserializer<'_> {
             Tree::Leaf(Leaf::Array(_)) => Err(Error::Serde(
                 "an array leaf needs a field annotated #[serde(with = \"treepack::serde_tree::array\")]".into(),
             )),
+            Tree::Leaf(Leaf::Fragment(_)) => {
+                Err(Error::Serde("a fragment: call `Node::expand_fragments` on the tree first".into()))
+            }
             Tree::List(v) | Tree::Tuple(v) => visitor.visit_seq(SeqAcc(v.iter())),
             Tree::Dict(items) => {
                 visitor.visit_map(MapAcc { items: items.iter().map(|(k, v)| (key_node(k), v)).collect(), pos: 0 })

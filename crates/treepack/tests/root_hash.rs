@@ -145,3 +145,52 @@ fn a_copy_that_keeps_chunk_grids_keeps_the_root() {
     save(&tree, kept.to_str().unwrap(), &opts).unwrap();
     assert_eq!(root_hash(kept.to_str().unwrap()).unwrap(), r.root_hash());
 }
+
+/// A tree holding subtrees already written as text (`Leaf::Fragment`, what the Python encoder
+/// makes of plain values) saves exactly as the same tree of nodes: the same manifest, with the
+/// default inline limit (fragments written as they are) and a lower one (expanded first), and
+/// the same root in a repository (which hashes nodes).
+#[test]
+fn fragments_save_as_the_nodes_they_stand_for() {
+    use treepack::format::manifest::FragmentWriter;
+    let mut w = FragmentWriter::new();
+    let m = w.mark();
+    w.dict_begin();
+    w.pair_begin("name");
+    w.str("a string of some length");
+    w.pair_end();
+    w.comma();
+    w.pair_begin("xs");
+    w.list_begin();
+    w.int(1);
+    w.comma();
+    w.float(-0.0);
+    w.list_end();
+    w.pair_end();
+    w.items_end();
+    let frag = w.split_off(m);
+    let arr = ArrayData::new(DType::F32, vec![64], vec![0u8; 256]).unwrap();
+    let with = Node::dict([("cfg", Tree::Leaf(Leaf::Fragment(frag.clone()))), ("w", Node::from(arr.clone()))]);
+    let nodes = Node::dict([("cfg", frag.to_node().unwrap()), ("w", Node::from(arr))]);
+    assert!(with.expand_fragments().unwrap().exact_eq(&nodes));
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = |tree: &Node, name: &str, opts: &SaveOptions| {
+        let loc = dir.path().join(name);
+        save(tree, loc.to_str().unwrap(), opts).unwrap();
+        std::fs::read(loc.join("treepack.json")).unwrap()
+    };
+    let default = SaveOptions::default();
+    let a = manifest(&with, "a", &default);
+    assert_eq!(a, manifest(&nodes, "b", &default));
+    assert!(String::from_utf8_lossy(&a).contains(r#"["cfg",{"t":"dict","items":[["name","a string of some length"]"#));
+    let low = SaveOptions { inline_str_bytes: 8, ..Default::default() };
+    let c = manifest(&with, "c", &low);
+    assert_eq!(c, manifest(&nodes, "d", &low));
+    assert!(String::from_utf8_lossy(&c).contains(r#"["name",{"t":"str","size":23,"blob""#));
+    let repo = dir.path().join("repo");
+    Repository::create(repo.to_str().unwrap()).unwrap();
+    let r1 = save(&with, format!("{}@f", repo.display()).as_str(), &default).unwrap();
+    let r2 = save(&nodes, format!("{}@n", repo.display()).as_str(), &default).unwrap();
+    assert_eq!(r1.root, r2.root);
+    assert_eq!(r1.root, Some(root_hash(dir.path().join("a").to_str().unwrap()).unwrap()));
+}

@@ -30,6 +30,10 @@ pub fn node_hash(t: &Tree<Entry>) -> Hash32 {
 /// [`node_hash`] (a child that is a leaf is written in place).
 pub fn canonical(s: &mut String, t: &Tree<Entry>) {
     match t {
+        Tree::Leaf(Entry::Fragment(f)) => match f.parse() {
+            Ok(t) => canonical(s, &t),
+            Err(_) => unparsed(s, f),
+        },
         Tree::Leaf(e) => leaf(s, e),
         Tree::List(items) => {
             s.push('[');
@@ -90,8 +94,19 @@ pub fn canonical(s: &mut String, t: &Tree<Entry>) {
 }
 
 /// A child in its parent's encoding: a leaf in place, a container by its hash.
+/// A fragment is hashed as the nodes it stands for (a save expands fragments before it hashes;
+/// this keeps any other caller's hash right too). Text that does not parse, which a fragment
+/// writer never makes, is hashed as the text.
+fn unparsed(s: &mut String, f: &crate::format::manifest::Fragment) {
+    content(s, "fragment", f.text().len() as u64, &Hash32::of(f.text().as_bytes()));
+}
+
 fn child(s: &mut String, t: &Tree<Entry>) {
     match t {
+        Tree::Leaf(Entry::Fragment(f)) => match f.parse() {
+            Ok(t) => child(s, &t),
+            Err(_) => unparsed(s, f),
+        },
         Tree::Leaf(e) => leaf(s, e),
         Tree::Ref(_) => canonical(s, t),
         _ => {
@@ -148,6 +163,10 @@ fn leaf(s: &mut String, e: &Entry) {
         }
         Entry::Str(Stored::Inline(v)) => content(s, "str", v.len() as u64, &Hash32::of(v.as_bytes())),
         Entry::Bytes(Stored::Inline(v)) => content(s, "bytes", v.len() as u64, &Hash32::of(v)),
+        Entry::Fragment(f) => match f.parse() {
+            Ok(t) => canonical(s, &t),
+            Err(_) => unparsed(s, f),
+        },
         Entry::Str(Stored::Blob { size, chunk }) => content(s, "str", *size, &chunk.hash),
         Entry::Bytes(Stored::Blob { size, chunk }) => content(s, "bytes", *size, &chunk.hash),
         Entry::Array(a) => {

@@ -812,5 +812,6 @@ fn inline_leaf_ref(e: &Entry, file: &str, path: &dyn Fn() -> String) -> Result<L
         Entry::Str(Stored::Blob { .. }) | Entry::Bytes(Stored::Blob { .. }) => {
             return Err(Error::manifest(file, path(), "blob was not read"))
         }
+        Entry::Fragment(f) => Leaf::Fragment(f.clone()),
     })
 }

@@ -136,7 +136,8 @@ pub(crate) struct Written {
 /// remove the packs only a replaced tree used.
 pub(super) async fn commit(loc: &Location, w: Written, opts: &SaveOptions) -> Result<SaveInfo> {
     let single = loc.layout() == Layout::SingleFile;
-    let mbytes = manifest::encode(&w.manifest, &w.stats);
+    let mparts = manifest::encode_parts(&w.manifest, &w.stats);
+    let mlen: u64 = mparts.iter().map(|p| p.len() as u64).sum();
     let minor = w.manifest.version.1;
     let leaves = w.info.leaves;
     let pack_count = w.manifest.packs.len();
@@ -147,7 +148,6 @@ pub(super) async fn commit(loc: &Location, w: Written, opts: &SaveOptions) -> Re
     }
     let tracker = &w.tracker;
     if single {
-        let mlen = mbytes.len() as u64;
         let mut parts = vec![Bytes::copy_from_slice(&container::header(minor))];
         let mut end = container::HEADER_LEN;
         if let Some((_, p, size)) = w.single_parts {
@@ -155,18 +155,18 @@ pub(super) async fn commit(loc: &Location, w: Written, opts: &SaveOptions) -> Re
             end = size;
         }
         tracker.set_total(end + mlen + container::FOOTER_LEN);
-        parts.push(Bytes::from(mbytes));
+        parts.extend(mparts);
         parts.push(Bytes::copy_from_slice(&container::footer(end, mlen)));
         loc.put_tracked(".", parts, !opts.overwrite, opts.durable, Some(tracker)).await?;
     } else {
-        tracker.set_total(w.stored + mbytes.len() as u64);
+        tracker.set_total(w.stored + mlen);
         // Commit protocol: the packs' names are made durable before the manifest that names
         // them; the manifest (fsynced, renamed, its directory fsynced) before any pack of the
         // tree it replaces is removed.
         if opts.durable && pack_count > 0 {
             loc.sync_dir(PACKS_DIR).await?;
         }
-        loc.put_tracked(MANIFEST_NAME, vec![Bytes::from(mbytes)], !opts.overwrite, opts.durable, Some(tracker)).await?;
+        loc.put_tracked(MANIFEST_NAME, mparts, !opts.overwrite, opts.durable, Some(tracker)).await?;
         if let Some(old) = w.previous {
             for p in old
                 .into_iter()

@@ -231,6 +231,8 @@ impl Planner<'_> {
                 Entry::Bytes(Stored::Blob { size: b.len() as u64, chunk })
             }
             Leaf::Array(a) => self.array(path, a)?,
+            // `write_data` expanded any fragment whose strings this save would not inline.
+            Leaf::Fragment(f) => Entry::Fragment(f.clone()),
         })
     }
 
@@ -638,6 +640,18 @@ fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
     out
 }
 
+/// Whether `tree` holds a fragment that a save with this inline limit (or into a repository,
+/// `all`) must turn into nodes.
+fn needs_expansion(tree: &Node, inline_str_bytes: usize, all: bool) -> bool {
+    let mut found = false;
+    tree.for_each_leaf_unpathed(&mut |l| {
+        if let Leaf::Fragment(f) = l {
+            found |= all || f.longest_str() > inline_str_bytes;
+        }
+    });
+    found
+}
+
 /// Read an existing manifest's pack list (for cleanup after an overwrite); errors are ignored
 /// because a damaged old tree must not prevent replacing it.
 /// Save `tree` at `loc`.
@@ -664,6 +678,16 @@ pub(crate) async fn write_data(
     reuse: Option<std::sync::Arc<Reuse>>,
 ) -> Result<Written> {
     loc.refuse_write()?;
+    // Fragments (subtrees written as text by the caller's walk) are saved as they are, unless
+    // this save inlines fewer string bytes than they do, or computes a root hash over nodes (a
+    // repository): then they become nodes first.
+    let expanded;
+    let tree = if needs_expansion(tree, opts.inline_str_bytes, reuse.is_some()) {
+        expanded = tree.expand_fragments()?;
+        &expanded
+    } else {
+        tree
+    };
     let has_refs = check_tree(tree)?;
     let single = loc.layout() == Layout::SingleFile;
     // In a repository, the name (not a manifest here) is checked and committed by the caller.
@@ -742,7 +766,10 @@ pub(crate) async fn write_data(
     let mut root = entries;
     let mut leaves = 0usize;
     root.for_each_leaf_mut(&mut |e| {
-        leaves += 1;
+        leaves += match e {
+            Entry::Fragment(f) => f.leaves(),
+            _ => 1,
+        };
         match e {
             Entry::Str(Stored::Blob { chunk, .. }) | Entry::Bytes(Stored::Blob { chunk, .. }) => {
                 *chunk = hashed.refs[chunk.offset as usize].clone();

@@ -25,6 +25,7 @@ use std::collections::HashSet;
 use std::fmt::{self, Write as _};
 
 mod build;
+mod fragment;
 mod members;
 mod nodes;
 pub mod outline;
@@ -37,6 +38,7 @@ mod validate;
 mod write;
 
 pub use build::*;
+pub use fragment::*;
 use members::*;
 use nodes::*;
 pub use parse::*;

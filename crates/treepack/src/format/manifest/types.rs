@@ -128,6 +128,9 @@ pub enum Entry {
     /// Boxed: arrays are the largest variant, and keeping `Entry` small keeps 100k-leaf
     /// manifest trees compact (less memory to fill and move while parsing).
     Array(Box<ArrayEntry>),
+    /// A subtree already written as manifest text: only in trees a writer builds, between its
+    /// walk of the caller's objects and the manifest; parsing never makes one ([`Fragment`]).
+    Fragment(Fragment),
 }
 
 impl Entry {
@@ -143,6 +146,7 @@ impl Entry {
             Entry::Str(_) => "str",
             Entry::Bytes(_) => "bytes",
             Entry::Array(_) => "array",
+            Entry::Fragment(_) => "fragment",
         }
     }
 

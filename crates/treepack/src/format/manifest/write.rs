@@ -4,13 +4,55 @@ use super::*;
 
 /// Serialise a manifest to its exact on-storage bytes (including the trailing hash member).
 pub fn encode(m: &Manifest, stats: &Value) -> Vec<u8> {
+    let parts = encode_parts(m, stats);
+    if parts.len() == 1 {
+        return parts.into_iter().next().map(Vec::from).unwrap_or_default();
+    }
+    parts.concat()
+}
+
+/// [`encode`] as the parts to write one after the other: a tree that is one [`Fragment`] (a
+/// tree of plain values the caller's walk wrote as text) is not copied into the manifest, but
+/// written from the fragment's own buffer (megabytes for a big tree of plain values).
+pub fn encode_parts(m: &Manifest, stats: &Value) -> Vec<Bytes> {
+    let Tree::Leaf(Entry::Fragment(root)) = &m.root else { return vec![Bytes::from(encode_one(m, stats))] };
+    let mut head = String::with_capacity(4096);
+    write_head(&mut head, m, stats);
+    let body = root.bytes();
+    let mut h = blake3::Hasher::new();
+    h.update(head.as_bytes());
+    if body.len() >= 1 << 20 {
+        // As `Hash32::of`: a big text is hashed on every core.
+        crate::runtime::parallel(|| h.update_rayon(&body));
+    } else {
+        h.update(&body);
+    }
+    let mut tail = String::with_capacity(HASH_TRAILER_LEN);
+    tail.push_str(HASH_PREFIX);
+    tail.push_str(&Hash32(*h.finalize().as_bytes()).to_hex());
+    tail.push_str(HASH_SUFFIX);
+    vec![Bytes::from(head), body, Bytes::from(tail)]
+}
+
+fn encode_one(m: &Manifest, stats: &Value) -> Vec<u8> {
     // Room for ~256 bytes a leaf up front: the buffer never moves while it grows (a 4.7 MB
     // manifest grown by doubling touched ~3x its size in fresh pages), and reserved pages that
     // are never written cost nothing.
     let leaves = stats.get("leaves").and_then(Value::as_u64).unwrap_or(0).min(1 << 22) as usize;
     let mut s = String::with_capacity(4096 + leaves * 256);
+    write_head(&mut s, m, stats);
+    write_node(&mut s, &m.root);
+    let hash = Hash32::of(s.as_bytes()).to_hex();
+    s.push_str(HASH_PREFIX);
+    s.push_str(&hash);
+    s.push_str(HASH_SUFFIX);
+    s.into_bytes()
+}
+
+/// Every member before the root's node, up to `"root":`.
+fn write_head(s: &mut String, m: &Manifest, stats: &Value) {
     let _ = write!(s, "{{\"format\":\"{FORMAT_NAME}\",\"version\":[{},{}],\n\"writer\":", m.version.0, m.version.1);
-    write_str(&mut s, &m.writer);
+    write_str(s, &m.writer);
     if let Some(md) = &m.metadata {
         s.push_str(",\n\"metadata\":");
         s.push_str(&md.to_string());
@@ -23,45 +65,70 @@ pub fn encode(m: &Manifest, stats: &Value) -> Vec<u8> {
             s.push(',');
         }
         s.push_str("{\"path\":");
-        write_str(&mut s, &p.path);
+        write_str(s, &p.path);
         let _ = write!(s, ",\"size\":{}}}", p.size);
     }
     s.push_str("],\n\"root\":");
-    write_node(&mut s, &m.root);
-    let hash = Hash32::of(s.as_bytes()).to_hex();
-    s.push_str(HASH_PREFIX);
-    s.push_str(&hash);
-    s.push_str(HASH_SUFFIX);
-    s.into_bytes()
 }
 
 pub(crate) fn write_str(s: &mut String, v: &str) {
     s.push('"');
     // Runs of bytes that need no escape are copied whole (a char-by-char push cost ~20 % of
-    // writing a manifest of short strings). Every byte that needs one is ASCII, so splitting
-    // the `str` at it never cuts a character.
+    // writing a manifest of short strings), found eight bytes at a time. Every byte that needs
+    // an escape is ASCII, so splitting the `str` at it never cuts a character.
     let bytes = v.as_bytes();
+    let n = bytes.len();
     let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let esc = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0..0x20 | 0x7f => "",
-            _ => continue,
-        };
-        s.push_str(&v[start..i]);
-        if esc.is_empty() {
-            let _ = write!(s, "\\u{:04x}", b);
-        } else {
-            s.push_str(esc);
+    let mut i = 0;
+    while i < n {
+        while i + 8 <= n {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(&bytes[i..i + 8]);
+            if word_needs_escape(u64::from_le_bytes(word)) {
+                break;
+            }
+            i += 8;
         }
-        start = i + 1;
+        let stop = (i + 8).min(n);
+        while i < stop {
+            let b = bytes[i];
+            let esc = match b {
+                b'"' => "\\\"",
+                b'\\' => "\\\\",
+                b'\n' => "\\n",
+                b'\r' => "\\r",
+                b'\t' => "\\t",
+                0..0x20 | 0x7f => "",
+                _ => {
+                    i += 1;
+                    continue;
+                }
+            };
+            s.push_str(&v[start..i]);
+            if esc.is_empty() {
+                let _ = write!(s, "\\u{:04x}", b);
+            } else {
+                s.push_str(esc);
+            }
+            i += 1;
+            start = i;
+        }
     }
     s.push_str(&v[start..]);
     s.push('"');
+}
+
+/// Whether any of the eight bytes of `w` needs an escape in a JSON string as the writer
+/// escapes them: below 0x20, `"`, `\\` or 0x7f (SWAR: a zero byte of `w ^ c` is a byte equal to
+/// `c`; `(x - 0x01..) & !x & 0x80..` is non-zero exactly when `x` has a zero byte, and with
+/// 0x20 in place of 0x01 when it has a byte below 0x20).
+#[inline]
+fn word_needs_escape(w: u64) -> bool {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let zero = |x: u64| x.wrapping_sub(LO) & !x & HI;
+    let control = w.wrapping_sub(LO * 0x20) & !w & HI;
+    (control | zero(w ^ (LO * b'"' as u64)) | zero(w ^ (LO * b'\\' as u64)) | zero(w ^ (LO * 0x7f))) != 0
 }
 
 pub(crate) fn write_float(s: &mut String, f: f64) {
@@ -173,6 +240,13 @@ pub(super) fn write_named(s: &mut String, items: &[(String, Tree<Entry>)]) {
     s.push(']');
 }
 
+/// The opening of a tuple node, up to its first item.
+pub(super) const TUPLE_BEGIN: &str = "{\"t\":\"tuple\",\"items\":[";
+/// The opening of a dict node, up to its first pair.
+pub(super) const DICT_BEGIN: &str = "{\"t\":\"dict\",\"items\":[";
+/// The end of a tuple or a dict node.
+pub(super) const ITEMS_END: &str = "]}";
+
 pub(super) fn write_node(s: &mut String, t: &Tree<Entry>) {
     match t {
         // Leaves recurse no further: no stack check for most nodes.
@@ -203,17 +277,17 @@ pub(super) fn write_node_inner(s: &mut String, t: &Tree<Entry>) {
             s.push(']');
         }
         Tree::Tuple(v) => {
-            s.push_str("{\"t\":\"tuple\",\"items\":[");
+            s.push_str(TUPLE_BEGIN);
             for (i, c) in v.iter().enumerate() {
                 if i > 0 {
                     s.push(',');
                 }
                 write_node(s, c);
             }
-            s.push_str("]}");
+            s.push_str(ITEMS_END);
         }
         Tree::Dict(v) => {
-            s.push_str("{\"t\":\"dict\",\"items\":[");
+            s.push_str(DICT_BEGIN);
             for (i, (k, c)) in v.iter().enumerate() {
                 if i > 0 {
                     s.push(',');
@@ -224,7 +298,7 @@ pub(super) fn write_node_inner(s: &mut String, t: &Tree<Entry>) {
                 write_node(s, c);
                 s.push(']');
             }
-            s.push_str("]}");
+            s.push_str(ITEMS_END);
         }
         Tree::Record { type_name, fields } => {
             s.push_str("{\"t\":\"record\",\"type\":");
@@ -264,6 +338,7 @@ pub(super) fn write_entry(s: &mut String, e: &Entry) {
             s.push_str("]}");
         }
         Entry::Str(Stored::Inline(v)) => write_str(s, v),
+        Entry::Fragment(f) => s.push_str(f.text()),
         Entry::Str(Stored::Blob { size, chunk }) => {
             s.push_str("{\"t\":\"str\",\"size\":");
             push_int(s, *size);

@@ -140,6 +140,8 @@ fn kind_code(e: &Entry) -> u8 {
         Entry::Str(_) => STR,
         Entry::Bytes(_) => 6,
         Entry::Array(_) => ARRAY,
+        // Outlines are read from manifest text, which holds no fragments.
+        Entry::Fragment(_) => REF,
     }
 }
 

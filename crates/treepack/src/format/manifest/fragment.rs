@@ -1,0 +1,378 @@
+//! `Fragment`: a subtree already written as manifest JSON, and the `FragmentWriter` that writes
+//! one straight from another walk of the tree (the Python encoder's).
+//!
+//! Why: for trees of plain values (configs, metrics, traced calls) a save that first builds a
+//! `Node` for every value and then a manifest tree from it spends most of its time allocating
+//! and copying; writing the text during the one walk of the caller's objects leaves only the
+//! text. A fragment holds lists, tuples, dicts with string keys, and leaves stored inline
+//! (None, bool, int, float, short strings): nothing that needs a pack, a chunk reference or a
+//! shared id, so its text is final the moment it is written, and byte for byte what the
+//! manifest writer makes of the same subtree as a tree (`write_node`).
+
+use super::*;
+use std::sync::Arc;
+
+/// A subtree as its manifest text (docs/format.md section 4); see the module docs. Made only by
+/// a [`FragmentWriter`], so the text is always one well-formed node. Readers never produce one:
+/// it exists between a writer's walk of the caller's objects and the manifest.
+#[derive(Clone, PartialEq)]
+pub struct Fragment {
+    /// `Arc<String>`, not `Arc<str>`: a whole writer's text becomes a fragment without a copy.
+    text: Arc<String>,
+    leaves: usize,
+    containers: u64,
+    longest_str: usize,
+}
+
+impl fmt::Debug for Fragment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fragment({} bytes, {} leaves)", self.text.len(), self.leaves)
+    }
+}
+
+impl Fragment {
+    /// The node's manifest JSON.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+    /// The text as bytes that share the fragment's buffer (no copy).
+    pub fn bytes(&self) -> Bytes {
+        /// Lends the text's bytes to `Bytes`.
+        struct Text(Arc<String>);
+        impl AsRef<[u8]> for Text {
+            fn as_ref(&self) -> &[u8] {
+                self.0.as_bytes()
+            }
+        }
+        Bytes::from_owner(Text(self.text.clone()))
+    }
+    /// Leaves inside (what a save's `leaves` statistic counts).
+    pub fn leaves(&self) -> usize {
+        self.leaves
+    }
+    /// Lists, tuples and dicts inside, the node itself included: the nodes a writer numbering
+    /// shared objects in document order counts here.
+    pub fn containers(&self) -> u64 {
+        self.containers
+    }
+    /// UTF-8 bytes of the longest string value inside (keys are always inline): a writer whose inline limit
+    /// is lower must store the subtree as a tree instead ([`Fragment::parse`]).
+    pub fn longest_str(&self) -> usize {
+        self.longest_str
+    }
+
+    /// The subtree as a manifest tree, through the manifest parser (for the rare consumers
+    /// that need the nodes: a repository's root hash, a lower inline limit).
+    ///
+    /// # Errors
+    /// [`Error::InvalidManifest`] if the text is not one node, which a [`FragmentWriter`]
+    /// never makes.
+    pub fn parse(&self) -> Result<Tree<Entry>> {
+        let doc = format!(
+            "{{\"format\":\"{FORMAT_NAME}\",\"version\":[{VERSION_MAJOR},0],\"writer\":\"\",\"packs\":[],\"root\":{}}}",
+            self.text
+        );
+        parse_with(doc.as_bytes(), "<fragment>", false).map(|m| m.root)
+    }
+
+    /// The subtree as in-memory nodes (every leaf of a fragment is inline).
+    ///
+    /// # Errors
+    /// As [`Fragment::parse`].
+    pub fn to_node(&self) -> Result<crate::format::model::Node> {
+        use crate::format::model::Leaf;
+        self.parse()?.try_map(&mut |path, e| {
+            Ok(match e {
+                Entry::None => Leaf::None,
+                Entry::Bool(b) => Leaf::Bool(b),
+                Entry::Int(i) => Leaf::Int(i),
+                Entry::Float(f) => Leaf::Float(f),
+                Entry::Complex(a, b) => Leaf::Complex(a, b),
+                Entry::Str(Stored::Inline(s)) => Leaf::Str(s),
+                other => {
+                    return Err(Error::manifest("<fragment>", path.to_string(), format!("a {} leaf", other.kind())))
+                }
+            })
+        })
+    }
+}
+
+/// A position in a [`FragmentWriter`]'s text, to cut fragments at or go back to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    pos: usize,
+    leaves: usize,
+    containers: u64,
+}
+
+/// Writes nodes as manifest JSON, exactly as the manifest writer does. The caller walks its
+/// tree and calls the methods in document order; it places the commas ([`FragmentWriter::comma`])
+/// and closes what it opens. Text can be cut into [`Fragment`]s at [`Mark`]s, or dropped back
+/// to a mark (a subtree that turned out to hold something a fragment cannot).
+#[derive(Debug, Default)]
+pub struct FragmentWriter {
+    buf: String,
+    leaves: usize,
+    containers: u64,
+    longest_str: usize,
+}
+
+impl FragmentWriter {
+    /// An empty writer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// An empty writer with room for `bytes` of text (a caller that saves trees of the same
+    /// size again and again avoids growing the buffer each time).
+    pub fn with_capacity(bytes: usize) -> Self {
+        FragmentWriter { buf: String::with_capacity(bytes), ..Self::default() }
+    }
+    /// Where the text is now.
+    pub fn mark(&self) -> Mark {
+        Mark { pos: self.buf.len(), leaves: self.leaves, containers: self.containers }
+    }
+    /// Drop everything written after `m`.
+    pub fn truncate(&mut self, m: Mark) {
+        self.buf.truncate(m.pos);
+        self.leaves = m.leaves;
+        self.containers = m.containers;
+    }
+    /// The text from `m` to the end as a fragment, removed from the writer. The caller must
+    /// have written exactly one node since `m`.
+    pub fn split_off(&mut self, m: Mark) -> Fragment {
+        let end = self.mark();
+        if m.pos == 0 {
+            // All of the text (a tree that is one fragment): moved, not copied.
+            let text = std::mem::take(&mut self.buf);
+            self.truncate(m);
+            return Fragment {
+                text: Arc::new(text),
+                leaves: end.leaves - m.leaves,
+                containers: end.containers - m.containers,
+                longest_str: self.longest_str,
+            };
+        }
+        let f = self.fragment(m, end);
+        self.truncate(m);
+        f
+    }
+    /// A copy of the text between two marks as a fragment (exactly one node between them).
+    pub fn fragment(&self, from: Mark, to: Mark) -> Fragment {
+        Fragment {
+            text: Arc::new(self.buf[from.pos..to.pos].to_string()),
+            leaves: to.leaves - from.leaves,
+            containers: to.containers - from.containers,
+            // Not tracked per range: the longest of the writer's life is an upper bound.
+            longest_str: self.longest_str,
+        }
+    }
+    /// The separator before every item but the first.
+    pub fn comma(&mut self) {
+        self.buf.push(',');
+    }
+    /// A None leaf.
+    pub fn none(&mut self) {
+        self.leaves += 1;
+        self.buf.push_str("null");
+    }
+    /// A bool leaf.
+    pub fn bool(&mut self, v: bool) {
+        self.leaves += 1;
+        self.buf.push_str(if v { "true" } else { "false" });
+    }
+    /// An int leaf.
+    pub fn int(&mut self, v: i64) {
+        self.leaves += 1;
+        push_int(&mut self.buf, v);
+    }
+    /// An int leaf of any size.
+    pub fn big_int(&mut self, v: &Int) {
+        self.leaves += 1;
+        write_int(&mut self.buf, v);
+    }
+    /// A float leaf.
+    pub fn float(&mut self, v: f64) {
+        self.leaves += 1;
+        write_float_node(&mut self.buf, v);
+    }
+    /// An inline string leaf (the caller keeps it within its inline limit).
+    pub fn str(&mut self, v: &str) {
+        self.leaves += 1;
+        self.longest_str = self.longest_str.max(v.len());
+        write_str(&mut self.buf, v);
+    }
+    /// `[` of a list.
+    pub fn list_begin(&mut self) {
+        self.containers += 1;
+        self.buf.push('[');
+    }
+    /// `]` of a list.
+    pub fn list_end(&mut self) {
+        self.buf.push(']');
+    }
+    /// The opening of a tuple.
+    pub fn tuple_begin(&mut self) {
+        self.containers += 1;
+        self.buf.push_str(TUPLE_BEGIN);
+    }
+    /// The opening of a dict.
+    pub fn dict_begin(&mut self) {
+        self.containers += 1;
+        self.buf.push_str(DICT_BEGIN);
+    }
+    /// The end of a tuple or a dict.
+    pub fn items_end(&mut self) {
+        self.buf.push_str(ITEMS_END);
+    }
+    /// The start of a dict's `[key, value]` pair with a string key; the value follows, then
+    /// [`FragmentWriter::pair_end`].
+    pub fn pair_begin(&mut self, key: &str) {
+        self.buf.push('[');
+        write_str(&mut self.buf, key);
+        self.buf.push(',');
+    }
+    /// What [`FragmentWriter::pair_begin`] writes for `key`, for callers that keep it for keys
+    /// they meet again and again (the same few keys in every record of a log).
+    pub fn pair_begin_text(key: &str) -> String {
+        let mut s = String::with_capacity(key.len() + 4);
+        s.push('[');
+        write_str(&mut s, key);
+        s.push(',');
+        s
+    }
+    /// [`FragmentWriter::pair_begin`] with its text made by [`FragmentWriter::pair_begin_text`].
+    pub fn pair_begin_with(&mut self, text: &str) {
+        self.buf.push_str(text);
+    }
+    /// The end of a pair.
+    pub fn pair_end(&mut self) {
+        self.buf.push(']');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::model::{Leaf, Node};
+
+    /// The escape rule written plainly, one char at a time.
+    fn reference_str(v: &str) -> String {
+        let mut s = String::from("\"");
+        for c in v.chars() {
+            match c {
+                '"' => s.push_str("\\\""),
+                '\\' => s.push_str("\\\\"),
+                '\n' => s.push_str("\\n"),
+                '\r' => s.push_str("\\r"),
+                '\t' => s.push_str("\\t"),
+                c if (c as u32) < 0x20 || c as u32 == 0x7f => s.push_str(&format!("\\u{:04x}", c as u32)),
+                c => s.push(c),
+            }
+        }
+        s.push('"');
+        s
+    }
+
+    #[test]
+    fn strings_are_escaped_as_the_plain_rule_says_at_every_position() {
+        let pieces =
+            ["a", "\"", "\\", "\n", "\r", "\t", "\u{1}", "\u{1f}", "\u{7f}", " ", "é", "✓", "😀", "\u{80}", "~"];
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for len in 0..48 {
+            for _ in 0..40 {
+                let v: String = (0..len)
+                    .map(|_| {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        // Mostly plain letters, so escapes land at every offset of a word.
+                        if seed.is_multiple_of(5) {
+                            pieces[(seed >> 8) as usize % pieces.len()]
+                        } else {
+                            "x"
+                        }
+                    })
+                    .collect();
+                let mut s = String::new();
+                write_str(&mut s, &v);
+                assert_eq!(s, reference_str(&v), "{v:?}");
+            }
+        }
+    }
+
+    /// `{"a": [1, 2.5, None, True, "x\n"], "t": (), "big": 2**70, "d": {"k": [[]]}}`, written
+    /// by the fragment writer.
+    fn sample(w: &mut FragmentWriter) {
+        w.dict_begin();
+        w.pair_begin("a");
+        w.list_begin();
+        w.int(1);
+        w.comma();
+        w.float(2.5);
+        w.comma();
+        w.none();
+        w.comma();
+        w.bool(true);
+        w.comma();
+        w.str("x\n");
+        w.list_end();
+        w.pair_end();
+        w.comma();
+        w.pair_begin("t");
+        w.tuple_begin();
+        w.items_end();
+        w.pair_end();
+        w.comma();
+        w.pair_begin("big");
+        w.big_int(&Int::parse("1180591620717411303424").unwrap_or(Int::Small(0)));
+        w.pair_end();
+        w.comma();
+        w.pair_begin("d");
+        w.dict_begin();
+        w.pair_begin("k");
+        w.list_begin();
+        w.list_begin();
+        w.list_end();
+        w.list_end();
+        w.pair_end();
+        w.items_end();
+        w.pair_end();
+        w.items_end();
+    }
+
+    fn sample_node() -> Node {
+        Node::dict([
+            ("a", Node::list([Node::from(1i64), Node::from(2.5), Node::none(), Node::from(true), Node::from("x\n")])),
+            ("t", Node::tuple([])),
+            ("big", Tree::Leaf(Leaf::Int(Int::parse("1180591620717411303424").unwrap_or(Int::Small(0))))),
+            ("d", Node::dict([("k", Node::list([Node::list([])]))])),
+        ])
+    }
+
+    #[test]
+    fn fragments_are_the_text_the_manifest_writer_makes() {
+        let mut w = FragmentWriter::new();
+        w.list_begin();
+        let m = w.mark();
+        sample(&mut w);
+        let f = w.fragment(m, w.mark());
+        w.list_end();
+        assert_eq!((f.leaves(), f.containers(), f.longest_str()), (6, 6, 2));
+        let tree = f.parse().expect("fragment parses");
+        let mut s = String::new();
+        write_node(&mut s, &tree);
+        assert_eq!(s, f.text());
+        assert!(f.to_node().expect("to node").exact_eq(&sample_node()));
+        // Cut out of a longer text, or the whole text moved out: the same fragment.
+        let whole = w.split_off(Mark { pos: 0, leaves: 0, containers: 0 });
+        assert_eq!(whole.text(), format!("[{}]", f.text()));
+        assert_eq!(w.mark(), Mark { pos: 0, leaves: 0, containers: 0 });
+        // Dropping back to a mark forgets what came after.
+        w.list_begin();
+        let m = w.mark();
+        w.int(5);
+        w.truncate(m);
+        w.list_end();
+        assert_eq!(w.split_off(Mark { pos: 0, leaves: 0, containers: 0 }).text(), "[]");
+    }
+}

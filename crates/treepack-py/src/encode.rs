@@ -57,6 +57,10 @@ pub(crate) struct Encoder<'py> {
     /// text has no shared id), so the walk starts over without text (`restart`).
     pub(crate) texted: Vec<bool>,
     pub(crate) restart: bool,
+    /// Try text for the next container child of the container being walked; false after a
+    /// sibling container had to become a node (see [`Encoder::missed`]). Each container's
+    /// walk starts with it true and restores its parent's value.
+    pub(crate) text_hint: bool,
     /// Reference counts are exact (not a free-threaded build, whose counts are biased).
     pub(crate) plain_counts: bool,
     /// Texts of recent dict keys (see [`Encoder::key_text`]), `KEY_SLOTS` slots by address.
@@ -205,7 +209,7 @@ impl<'py> Encoder<'py> {
     }
 
     pub(crate) fn child(&mut self, seg: PathStep<'py>, v: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
-        if self.text.is_some() {
+        if self.text.is_some() && self.text_hint {
             // Plain containers anywhere (a record's dict field too) become text.
             let fragile = self.fragile;
             return self.child_piece(seg, v, depth, fragile);
@@ -275,9 +279,11 @@ impl<'py> Encoder<'py> {
             let o = self.begin(Some(obj));
             self.open.push(o);
             let mut out = Vec::with_capacity(l.len());
+            let hint = std::mem::replace(&mut self.text_hint, true);
             for (i, x) in l.iter().enumerate() {
                 out.push(self.child(PathStep::Index(i), &x, depth)?);
             }
+            self.text_hint = hint;
             self.open.pop();
             return Ok(Tree::List(out));
         }
@@ -291,10 +297,12 @@ impl<'py> Encoder<'py> {
             let o = self.begin((!t.is_empty()).then_some(obj));
             self.open.push(o);
             let mut out = Vec::with_capacity(t.len());
+            let hint = std::mem::replace(&mut self.text_hint, true);
             for (i, x) in t.iter().enumerate() {
                 self.fragile = true;
                 out.push(self.child(PathStep::Index(i), &x, depth)?);
             }
+            self.text_hint = hint;
             self.open.pop();
             return Ok(Tree::Tuple(out));
         }
@@ -305,10 +313,12 @@ impl<'py> Encoder<'py> {
             let o = self.begin(Some(obj));
             self.open.push(o);
             let mut out = Vec::with_capacity(d.len());
+            let hint = std::mem::replace(&mut self.text_hint, true);
             for (k, v) in d.iter() {
                 let key = self.key(&k)?;
                 out.push((key, self.child(PathStep::Key(k), &v, depth)?));
             }
+            self.text_hint = hint;
             self.open.pop();
             return Ok(Tree::Dict(out));
         }
@@ -445,14 +455,32 @@ impl<'py> Encoder<'py> {
                 return Ok(Tree::Leaf(leaf));
             }
         }
-        let Some(m) = self.text.as_ref().map(FragmentWriter::mark) else {
-            self.fragile = fragile;
-            return self.child(seg, v, depth);
+        let m = match self.text.as_ref().map(FragmentWriter::mark) {
+            Some(m) if self.text_hint && plain_container(v) => m,
+            _ => {
+                self.fragile = fragile;
+                let hint = std::mem::replace(&mut self.text_hint, false);
+                let r = self.child(seg, v, depth);
+                self.text_hint = hint;
+                return r;
+            }
         };
         self.fragile = false;
         match self.child_text(seg, v, depth, fragile)? {
             None => Ok(self.fragment_node(m, None)),
-            Some(n) => Ok(n),
+            Some(n) => {
+                self.missed(v);
+                Ok(n)
+            }
+        }
+    }
+
+    /// A child that came back as a node: if it is a plain container that held something text
+    /// cannot, its next siblings (records of one shape, as a list of them holds) are walked as
+    /// nodes straight away, not written as text and then undone item by item.
+    fn missed(&mut self, v: &Bound<'py, PyAny>) {
+        if plain_container(v) {
+            self.text_hint = false;
         }
     }
 
@@ -564,6 +592,7 @@ impl<'py> Encoder<'py> {
         } else {
             w.list_begin();
         }
+        let hint = std::mem::replace(&mut self.text_hint, true);
         let mut nodes: Option<Vec<Node>> = None;
         for (i, x) in items.enumerate() {
             if let Some(nodes) = nodes.as_mut() {
@@ -587,6 +616,7 @@ impl<'py> Encoder<'py> {
                 }
                 Some(node) => {
                     self.marks.pop();
+                    self.missed(&x);
                     let mut done = self.texts_to_nodes(start, base, i, |_, j| Ok(((), obj.get_item(j)?)))?;
                     let mut v: Vec<Node> = done.drain(..).map(|(_, n)| n).collect();
                     v.reserve(len.saturating_sub(i));
@@ -605,10 +635,12 @@ impl<'py> Encoder<'py> {
                     }
                 }
                 self.texted_end(o, base);
+                self.text_hint = hint;
                 Ok(None)
             }
             Some(v) => {
                 self.open.pop();
+                self.text_hint = hint;
                 Ok(Some(if tuple { Tree::Tuple(v) } else { Tree::List(v) }))
             }
         }
@@ -633,6 +665,7 @@ impl<'py> Encoder<'py> {
         let Some(w) = self.text.as_mut() else { return Err(PyValueError::new_err("treepack bug: no text writer")) };
         let start = w.mark();
         w.dict_begin();
+        let hint = std::mem::replace(&mut self.text_hint, true);
         let mut pairs: Option<Vec<(Key, Node)>> = None;
         for (i, (k, v)) in d.iter().enumerate() {
             if let Some(pairs) = pairs.as_mut() {
@@ -659,6 +692,7 @@ impl<'py> Encoder<'py> {
                         }
                         Some(node) => {
                             self.marks.pop();
+                            self.missed(&v);
                             Some(node)
                         }
                     }
@@ -686,10 +720,12 @@ impl<'py> Encoder<'py> {
                     w.items_end();
                 }
                 self.texted_end(o, base);
+                self.text_hint = hint;
                 Ok(None)
             }
             Some(p) => {
                 self.open.pop();
+                self.text_hint = hint;
                 Ok(Some(Tree::Dict(p)))
             }
         }
@@ -787,6 +823,7 @@ impl<'py> Encoder<'py> {
             self.open.push(o);
         }
         let mut kids = Vec::with_capacity(children.len());
+        let hint = std::mem::replace(&mut self.text_hint, true);
         for (name, v) in children {
             let step = PathStep::Name(name.clone());
             // A record's fields are set on the object after it exists; a custom type's data
@@ -794,6 +831,7 @@ impl<'py> Encoder<'py> {
             self.fragile = kind == "custom";
             kids.push((name, self.child(step, &v, depth)?));
         }
+        self.text_hint = hint;
         self.fragile = false;
         if o.is_some() {
             self.open.pop();
@@ -895,6 +933,11 @@ fn share_refs(node: Node, refd: &rustc_hash::FxHashSet<u64>) -> PyResult<Node> {
     Ok(out)
 }
 
+/// An exact dict, list or tuple: what may be written as text.
+fn plain_container(v: &Bound<'_, PyAny>) -> bool {
+    v.is_exact_instance_of::<PyDict>() || v.is_exact_instance_of::<PyList>() || v.is_exact_instance_of::<PyTuple>()
+}
+
 /// The leaf of an exact `None`, `bool`, `int`, `float` or `str`, when it converts as is.
 fn scalar(obj: &Bound<'_, PyAny>) -> Option<Leaf> {
     if obj.is_none() {
@@ -977,6 +1020,7 @@ pub(crate) fn prepare(
         restart: false,
         keys: Vec::new(),
         plain_counts,
+        text_hint: true,
     };
     let mut enc = new(text);
     let mut node = match enc.top(tree) {

@@ -176,6 +176,19 @@ def test_shared_plain_objects_are_one_object_after_a_text_walk(tmp_path):
     assert with_text == nodes
     back = treepack.load(tmp_path / "cycle-True")["loop"]
     assert back[2] is back and back[1] == {"k": "v"}
+    # Held only by the tree (no variable refers to them): the walk keeps out of its memo the
+    # containers only their parent holds, and these are held twice.
+    row = {"k": [1, 2]}
+    rows = [row, {"other": row["k"]}, row]
+    ring = [0]
+    ring.append(ring)
+    tree = {"rows": rows, "ring": ring}
+    del row, rows, ring
+    with_text, nodes = _manifests(tree, tmp_path, "held")
+    assert with_text == nodes
+    back = treepack.load(tmp_path / "held-True")
+    assert back["rows"][0] is back["rows"][2] and back["rows"][1]["other"] is back["rows"][0]["k"]
+    assert back["ring"][1] is back["ring"]
 
 
 def test_text_walk_errors_name_the_place(tmp_path):

@@ -67,6 +67,17 @@ pub(crate) struct Encoder<'py> {
     pub(crate) keys: Vec<Option<(Bound<'py, PyAny>, String)>>,
 }
 
+/// A container begun as text ([`Encoder::open_text`]).
+pub(crate) struct Opened {
+    ordinal: u64,
+    /// Where its children's marks begin in `Encoder::marks`.
+    base: usize,
+    /// Where its text begins.
+    start: Mark,
+    /// The parent's `text_hint`, restored at the end.
+    hint: bool,
+}
+
 /// Slots of the key text cache.
 const KEY_SLOTS: usize = 512;
 
@@ -183,6 +194,10 @@ impl<'py> Encoder<'py> {
     }
 
     pub(crate) fn key(&self, k: &Bound<'py, PyAny>) -> PyResult<Key> {
+        // Nearly every key is a str: checked first.
+        if let Ok(s) = k.cast_exact::<PyString>() {
+            return Ok(Key::Str(s.to_str()?.to_owned()));
+        }
         if k.is_none() {
             return Ok(Key::None);
         }
@@ -194,9 +209,6 @@ impl<'py> Encoder<'py> {
         }
         if k.is_exact_instance_of::<PyFloat>() {
             return Ok(Key::Float(k.extract()?));
-        }
-        if k.is_exact_instance_of::<PyString>() {
-            return Ok(Key::Str(k.extract()?));
         }
         if let Ok(t) = k.cast_exact::<PyTuple>() {
             return Ok(Key::Tuple(t.iter().map(|x| self.key(&x)).collect::<PyResult<_>>()?));
@@ -557,13 +569,49 @@ impl<'py> Encoder<'py> {
         unsafe { pyo3::ffi::Py_REFCNT(obj.as_ptr()) > 2 }
     }
 
-    /// Finish a container that ended as text.
-    fn texted_end(&mut self, o: u64, base: usize) {
-        self.marks.truncate(base);
+    /// Begin a container as text (`begin` writes its opening): `Err` with a ref when the
+    /// object was met before (only looked for when `may_share` and it may be: see
+    /// [`Encoder::maybe_shared`]).
+    fn open_text(
+        &mut self,
+        obj: &Bound<'py, PyAny>,
+        may_share: bool,
+        fragile: bool,
+        begin: fn(&mut FragmentWriter),
+    ) -> PyResult<std::result::Result<Opened, Node>> {
+        let tracked = may_share && self.maybe_shared(obj);
+        if tracked {
+            if let Some(r) = self.again(obj, fragile)? {
+                return Ok(Err(r));
+            }
+        }
+        let ordinal = self.begin(tracked.then_some(obj));
+        self.open.push(ordinal);
+        let base = self.marks.len();
+        let w = self.text.as_mut().ok_or_else(|| PyValueError::new_err("treepack bug: no text writer"))?;
+        let start = w.mark();
+        begin(w);
+        let hint = std::mem::replace(&mut self.text_hint, true);
+        Ok(Ok(Opened { ordinal, base, start, hint }))
+    }
+
+    /// Finish a container that ended as text (`end` writes its closing).
+    fn close_text(&mut self, c: Opened, end: fn(&mut FragmentWriter)) {
+        if let Some(w) = self.text.as_mut() {
+            end(w);
+        }
+        self.marks.truncate(c.base);
         self.open.pop();
-        if let Some(t) = self.texted.get_mut(o as usize) {
+        if let Some(t) = self.texted.get_mut(c.ordinal as usize) {
             *t = true;
         }
+        self.text_hint = c.hint;
+    }
+
+    /// Finish a container begun as text that became a node.
+    fn close_node(&mut self, c: Opened) {
+        self.open.pop();
+        self.text_hint = c.hint;
     }
 
     fn seq_text(
@@ -576,23 +624,12 @@ impl<'py> Encoder<'py> {
         fragile: bool,
     ) -> PyResult<Option<Node>> {
         // The empty tuple is one object in CPython and holds nothing: never a shared node.
-        let tracked = !(tuple && len == 0) && self.maybe_shared(obj);
-        if tracked {
-            if let Some(r) = self.again(obj, fragile)? {
-                return Ok(Some(r));
-            }
-        }
-        let o = self.begin(tracked.then_some(obj));
-        self.open.push(o);
-        let base = self.marks.len();
-        let Some(w) = self.text.as_mut() else { return Err(PyValueError::new_err("treepack bug: no text writer")) };
-        let start = w.mark();
-        if tuple {
-            w.tuple_begin();
-        } else {
-            w.list_begin();
-        }
-        let hint = std::mem::replace(&mut self.text_hint, true);
+        let begin = if tuple { FragmentWriter::tuple_begin } else { FragmentWriter::list_begin };
+        let c = match self.open_text(obj, !(tuple && len == 0), fragile, begin)? {
+            Ok(c) => c,
+            Err(r) => return Ok(Some(r)),
+        };
+        let (base, start) = (c.base, c.start);
         let mut nodes: Option<Vec<Node>> = None;
         for (i, x) in items.enumerate() {
             if let Some(nodes) = nodes.as_mut() {
@@ -627,20 +664,11 @@ impl<'py> Encoder<'py> {
         }
         match nodes {
             None => {
-                if let Some(w) = self.text.as_mut() {
-                    if tuple {
-                        w.items_end();
-                    } else {
-                        w.list_end();
-                    }
-                }
-                self.texted_end(o, base);
-                self.text_hint = hint;
+                self.close_text(c, if tuple { FragmentWriter::items_end } else { FragmentWriter::list_end });
                 Ok(None)
             }
             Some(v) => {
-                self.open.pop();
-                self.text_hint = hint;
+                self.close_node(c);
                 Ok(Some(if tuple { Tree::Tuple(v) } else { Tree::List(v) }))
             }
         }
@@ -653,19 +681,11 @@ impl<'py> Encoder<'py> {
         depth: usize,
         fragile: bool,
     ) -> PyResult<Option<Node>> {
-        let tracked = self.maybe_shared(obj);
-        if tracked {
-            if let Some(r) = self.again(obj, fragile)? {
-                return Ok(Some(r));
-            }
-        }
-        let o = self.begin(tracked.then_some(obj));
-        self.open.push(o);
-        let base = self.marks.len();
-        let Some(w) = self.text.as_mut() else { return Err(PyValueError::new_err("treepack bug: no text writer")) };
-        let start = w.mark();
-        w.dict_begin();
-        let hint = std::mem::replace(&mut self.text_hint, true);
+        let c = match self.open_text(obj, true, fragile, FragmentWriter::dict_begin)? {
+            Ok(c) => c,
+            Err(r) => return Ok(Some(r)),
+        };
+        let (base, start) = (c.base, c.start);
         let mut pairs: Option<Vec<(Key, Node)>> = None;
         for (i, (k, v)) in d.iter().enumerate() {
             if let Some(pairs) = pairs.as_mut() {
@@ -716,16 +736,11 @@ impl<'py> Encoder<'py> {
         }
         match pairs {
             None => {
-                if let Some(w) = self.text.as_mut() {
-                    w.items_end();
-                }
-                self.texted_end(o, base);
-                self.text_hint = hint;
+                self.close_text(c, FragmentWriter::items_end);
                 Ok(None)
             }
             Some(p) => {
-                self.open.pop();
-                self.text_hint = hint;
+                self.close_node(c);
                 Ok(Some(Tree::Dict(p)))
             }
         }

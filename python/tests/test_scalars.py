@@ -208,3 +208,30 @@ def test_text_walk_errors_name_the_place(tmp_path):
     with pytest.raises(ValueError, match="reference cycle at `<root>`: it contains itself at `1/again`"):
         treepack.save(loop, tmp_path / "c", shared=False)
     assert not any(tmp_path.iterdir())
+
+
+ONE_CORE_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    sys.path.insert(0, sys.argv[2])
+    import treepack
+    from test_scalars import big_tree
+
+    p = sys.argv[1]
+    treepack.save(big_tree(5), p)
+    assert os.path.getsize(os.path.join(p, "treepack.json")) > 1 << 20
+    assert treepack.load(p) == big_tree(5)
+    print("ok")
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_a_one_core_process_parses_big_manifests_on_its_own(tmp_path):
+    # One core: no parse helper, and no scan of the items ahead of parsing them.
+    script = tmp_path / "one.py"
+    script.write_text(ONE_CORE_SCRIPT)
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "t"), here], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr

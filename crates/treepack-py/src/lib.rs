@@ -14,6 +14,7 @@
 mod datetime;
 mod decode;
 mod encode;
+mod encode_text;
 mod errors;
 mod leaf_info;
 mod load;

@@ -1,0 +1,409 @@
+//! The text walk: plain subtrees written as manifest text while the Python tree is walked
+//! (`Fragment`, docs/design.md decision 59), and the containers that turn out to hold
+//! something else made into nodes of their earlier children's texts. The node walk is in
+//! `encode.rs`; both are one `Encoder`.
+
+use super::*;
+use treepack::format::manifest::{FragmentWriter, Mark};
+
+/// A container begun as text ([`Encoder::open_text`]).
+pub(crate) struct Opened {
+    ordinal: u64,
+    /// Where its children's marks begin in `Encoder::marks`.
+    base: usize,
+    /// Where its text begins.
+    start: Mark,
+    /// The parent's `text_hint`, restored at the end.
+    hint: bool,
+}
+
+/// Slots of the key text cache.
+const KEY_SLOTS: usize = 512;
+
+impl<'py> Encoder<'py> {
+    /// Write an exact None, bool, int (64-bit), float or inline str as text; false for
+    /// anything else (the writer unchanged).
+    fn scalar_text(&mut self, obj: &Bound<'py, PyAny>) -> bool {
+        let inline_str = self.inline_str;
+        let Some(w) = self.text.as_mut() else { return false };
+        if obj.is_none() {
+            w.none();
+        } else if let Ok(s) = obj.cast_exact::<PyString>() {
+            match s.to_str() {
+                Ok(v) if v.len() <= inline_str => w.str(v),
+                _ => return false,
+            }
+        } else if let Ok(i) = obj.cast_exact::<PyInt>() {
+            match i.extract::<i64>() {
+                Ok(v) => w.int(v),
+                Err(_) => match int_of(obj) {
+                    Ok(big) => w.big_int(&big),
+                    Err(_) => return false,
+                },
+            }
+        } else if let Ok(f) = obj.cast_exact::<PyFloat>() {
+            w.float(f.value());
+        } else if let Ok(b) = obj.cast_exact::<PyBool>() {
+            w.bool(b.is_true());
+        } else {
+            return false;
+        }
+        true
+    }
+
+    /// `obj` (at `depth`, as [`Encoder::node`] takes it) written as text when all of it can
+    /// be: `None`. Otherwise the text is as it was, and the node comes back (containers made of
+    /// the texts of their plain children).
+    pub(crate) fn text_or_node(
+        &mut self,
+        obj: &Bound<'py, PyAny>,
+        depth: usize,
+        fragile: bool,
+    ) -> PyResult<Option<Node>> {
+        if self.text.is_none() || depth > treepack::format::manifest::MAX_DEPTH {
+            self.fragile = fragile;
+            return self.node(obj, depth).map(Some);
+        }
+        if self.scalar_text(obj) {
+            return Ok(None);
+        }
+        if let Ok(l) = obj.cast_exact::<PyList>() {
+            return self.seq_text(obj, l.len(), l.iter(), false, depth, fragile);
+        }
+        if let Ok(t) = obj.cast_exact::<PyTuple>() {
+            return self.seq_text(obj, t.len(), t.iter(), true, depth, fragile);
+        }
+        if let Ok(d) = obj.cast_exact::<PyDict>() {
+            return self.dict_text(obj, d, depth, fragile);
+        }
+        self.fragile = fragile;
+        self.node(obj, depth).map(Some)
+    }
+
+    /// A child of a container being walked with text: a scalar written in place, a container
+    /// one level deeper (as [`Encoder::child`] steps).
+    fn child_text(
+        &mut self,
+        seg: PathStep<'py>,
+        v: &Bound<'py, PyAny>,
+        depth: usize,
+        fragile: bool,
+    ) -> PyResult<Option<Node>> {
+        if depth < treepack::format::manifest::MAX_DEPTH && self.scalar_text(v) {
+            return Ok(None);
+        }
+        self.path.push(seg);
+        let r = treepack::format::model::grow(|| self.text_or_node(v, depth + 1, fragile));
+        if r.is_ok() {
+            self.path.pop();
+        }
+        r
+    }
+
+    /// A child of a container that became a node: a scalar leaf, a plain container as a
+    /// fragment, anything else a node.
+    pub(crate) fn child_piece(
+        &mut self,
+        seg: PathStep<'py>,
+        v: &Bound<'py, PyAny>,
+        depth: usize,
+        fragile: bool,
+    ) -> PyResult<Node> {
+        if depth < treepack::format::manifest::MAX_DEPTH {
+            if let Some(leaf) = scalar(v) {
+                return Ok(Tree::Leaf(leaf));
+            }
+        }
+        let m = match self.text.as_ref().map(FragmentWriter::mark) {
+            Some(m) if self.text_hint && plain_container(v) => m,
+            _ => {
+                self.fragile = fragile;
+                let hint = std::mem::replace(&mut self.text_hint, false);
+                let r = self.child(seg, v, depth);
+                self.text_hint = hint;
+                return r;
+            }
+        };
+        self.fragile = false;
+        match self.child_text(seg, v, depth, fragile)? {
+            None => Ok(self.fragment_node(m, None)),
+            Some(n) => {
+                self.missed(v);
+                Ok(n)
+            }
+        }
+    }
+
+    /// A child that came back as a node: if it is a plain container that held something text
+    /// cannot, its next siblings (records of one shape, as a list of them holds) are walked as
+    /// nodes straight away, not written as text and then undone item by item.
+    fn missed(&mut self, v: &Bound<'py, PyAny>) {
+        if plain_container(v) {
+            self.text_hint = false;
+        }
+    }
+
+    /// The text written since `from` (to `to`, or to the end, which is then dropped) as a leaf.
+    fn fragment_node(&mut self, from: Mark, to: Option<Mark>) -> Node {
+        let Some(w) = self.text.as_mut() else { return Node::none() };
+        Tree::Leaf(Leaf::Fragment(match to {
+            Some(to) => w.fragment(from, to),
+            None => w.split_off(from),
+        }))
+    }
+
+    /// The first `n` children of a container being written as text, as nodes (scalars as
+    /// leaves, containers as fragments of their texts); `get(j)` gives child `j`'s object.
+    /// The container's text, from `start`, is dropped.
+    fn texts_to_nodes<T>(
+        &mut self,
+        start: Mark,
+        base: usize,
+        n: usize,
+        mut get: impl FnMut(&mut Self, usize) -> PyResult<(T, Bound<'py, PyAny>)>,
+    ) -> PyResult<Vec<(T, Node)>> {
+        let mut out = Vec::with_capacity(n);
+        for j in 0..n {
+            let (k, x) = get(self, j)?;
+            let node = match scalar(&x) {
+                Some(leaf) => Tree::Leaf(leaf),
+                None => {
+                    let (from, to) = (self.marks[base + 2 * j], self.marks[base + 2 * j + 1]);
+                    self.fragment_node(from, Some(to))
+                }
+            };
+            out.push((k, node));
+        }
+        self.marks.truncate(base);
+        if let Some(w) = self.text.as_mut() {
+            w.truncate(start);
+        }
+        Ok(out)
+    }
+
+    /// The slot of `keys` holding the text that begins a pair with key `k`, a plain `str`
+    /// (`None` for any other key). Dicts of records repeat the same key objects, so their
+    /// texts are escaped once. A slot keeps its key object alive, so no other object can take
+    /// its address while the text is cached.
+    fn key_text(&mut self, k: &Bound<'py, PyAny>) -> Option<usize> {
+        let s = k.cast_exact::<PyString>().ok()?;
+        let addr = k.as_ptr() as usize;
+        let slot = (addr >> 4).wrapping_mul(0x9e37_79b9) % KEY_SLOTS;
+        if self.keys.is_empty() {
+            self.keys.resize_with(KEY_SLOTS, || None);
+        }
+        if !matches!(&self.keys[slot], Some((o, _)) if o.as_ptr() as usize == addr) {
+            let text = FragmentWriter::pair_begin_text(s.to_str().ok()?);
+            self.keys[slot] = Some((k.clone(), text));
+        }
+        Some(slot)
+    }
+
+    /// Whether `obj`, a container met as an item of the container being walked (the walk holds
+    /// it through one reference of its own), may be met again: shared objects are found by
+    /// keeping every container met in `seen`, which cost ~10 % of a walk of plain values. An
+    /// object whose only other reference is the one its parent holds cannot be anywhere else
+    /// in the tree, nor contain itself, so it is not kept. Conservative wherever the count is
+    /// not the plain one: the root, and free-threaded builds (whose counts are biased).
+    fn maybe_shared(&self, obj: &Bound<'py, PyAny>) -> bool {
+        if !self.share {
+            return false;
+        }
+        if !self.plain_counts || obj.as_ptr() == self.root.as_ptr() {
+            return true;
+        }
+        // SAFETY: `obj` is a live object (we hold a reference); reading its count has no effect.
+        unsafe { pyo3::ffi::Py_REFCNT(obj.as_ptr()) > 2 }
+    }
+
+    /// Begin a container as text (`begin` writes its opening): `Err` with a ref when the
+    /// object was met before (only looked for when `may_share` and it may be: see
+    /// [`Encoder::maybe_shared`]).
+    fn open_text(
+        &mut self,
+        obj: &Bound<'py, PyAny>,
+        may_share: bool,
+        fragile: bool,
+        begin: fn(&mut FragmentWriter),
+    ) -> PyResult<std::result::Result<Opened, Node>> {
+        let tracked = may_share && self.maybe_shared(obj);
+        if tracked {
+            if let Some(r) = self.again(obj, fragile)? {
+                return Ok(Err(r));
+            }
+        }
+        let ordinal = self.begin(tracked.then_some(obj));
+        self.open.push(ordinal);
+        let base = self.marks.len();
+        let w = self.text.as_mut().ok_or_else(|| PyValueError::new_err("treepack bug: no text writer"))?;
+        let start = w.mark();
+        begin(w);
+        let hint = std::mem::replace(&mut self.text_hint, true);
+        Ok(Ok(Opened { ordinal, base, start, hint }))
+    }
+
+    /// Finish a container that ended as text (`end` writes its closing).
+    fn close_text(&mut self, c: Opened, end: fn(&mut FragmentWriter)) {
+        if let Some(w) = self.text.as_mut() {
+            end(w);
+        }
+        self.marks.truncate(c.base);
+        self.open.pop();
+        if let Some(t) = self.texted.get_mut(c.ordinal as usize) {
+            *t = true;
+        }
+        self.text_hint = c.hint;
+    }
+
+    /// Finish a container begun as text that became a node.
+    fn close_node(&mut self, c: Opened) {
+        self.open.pop();
+        self.text_hint = c.hint;
+    }
+
+    fn seq_text(
+        &mut self,
+        obj: &Bound<'py, PyAny>,
+        len: usize,
+        items: impl Iterator<Item = Bound<'py, PyAny>>,
+        tuple: bool,
+        depth: usize,
+        fragile: bool,
+    ) -> PyResult<Option<Node>> {
+        // The empty tuple is one object in CPython and holds nothing: never a shared node.
+        let begin = if tuple { FragmentWriter::tuple_begin } else { FragmentWriter::list_begin };
+        let c = match self.open_text(obj, !(tuple && len == 0), fragile, begin)? {
+            Ok(c) => c,
+            Err(r) => return Ok(Some(r)),
+        };
+        let (base, start) = (c.base, c.start);
+        let mut nodes: Option<Vec<Node>> = None;
+        for (i, x) in items.enumerate() {
+            if let Some(nodes) = nodes.as_mut() {
+                nodes.push(self.child_piece(PathStep::Index(i), &x, depth, tuple)?);
+                continue;
+            }
+            let w = self.text.as_mut().map(|w| {
+                if i > 0 {
+                    w.comma();
+                }
+                w.mark()
+            });
+            if let Some(m) = w {
+                self.marks.push(m);
+            }
+            match self.child_text(PathStep::Index(i), &x, depth, tuple)? {
+                None => {
+                    if let Some(end) = self.text.as_ref().map(FragmentWriter::mark) {
+                        self.marks.push(end);
+                    }
+                }
+                Some(node) => {
+                    self.marks.pop();
+                    self.missed(&x);
+                    let mut done = self.texts_to_nodes(start, base, i, |_, j| Ok(((), obj.get_item(j)?)))?;
+                    let mut v: Vec<Node> = done.drain(..).map(|(_, n)| n).collect();
+                    v.reserve(len.saturating_sub(i));
+                    v.push(node);
+                    nodes = Some(v);
+                }
+            }
+        }
+        match nodes {
+            None => {
+                self.close_text(c, if tuple { FragmentWriter::items_end } else { FragmentWriter::list_end });
+                Ok(None)
+            }
+            Some(v) => {
+                self.close_node(c);
+                Ok(Some(if tuple { Tree::Tuple(v) } else { Tree::List(v) }))
+            }
+        }
+    }
+
+    fn dict_text(
+        &mut self,
+        obj: &Bound<'py, PyAny>,
+        d: &Bound<'py, PyDict>,
+        depth: usize,
+        fragile: bool,
+    ) -> PyResult<Option<Node>> {
+        let c = match self.open_text(obj, true, fragile, FragmentWriter::dict_begin)? {
+            Ok(c) => c,
+            Err(r) => return Ok(Some(r)),
+        };
+        let (base, start) = (c.base, c.start);
+        let mut pairs: Option<Vec<(Key, Node)>> = None;
+        for (i, (k, v)) in d.iter().enumerate() {
+            if let Some(pairs) = pairs.as_mut() {
+                let key = self.key(&k)?;
+                pairs.push((key, self.child_piece(PathStep::Key(k), &v, depth, false)?));
+                continue;
+            }
+            let r = match (self.key_text(&k), self.text.as_mut()) {
+                (Some(slot), Some(w)) => {
+                    if i > 0 {
+                        w.comma();
+                    }
+                    if let Some((_, text)) = &self.keys[slot] {
+                        w.pair_begin_with(text);
+                    }
+                    self.marks.push(w.mark());
+                    match self.child_text(PathStep::Key(k.clone()), &v, depth, false)? {
+                        None => {
+                            if let Some(w) = self.text.as_mut() {
+                                self.marks.push(w.mark());
+                                w.pair_end();
+                            }
+                            continue;
+                        }
+                        Some(node) => {
+                            self.marks.pop();
+                            self.missed(&v);
+                            Some(node)
+                        }
+                    }
+                }
+                // A key that is not a plain str: the dict is a node.
+                _ => None,
+            };
+            let firsts: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> = d.iter().take(i).collect();
+            let mut done = self.texts_to_nodes(start, base, i, |enc, j| {
+                let (k, v) = &firsts[j];
+                Ok((enc.key(k)?, v.clone()))
+            })?;
+            let key = self.key(&k)?;
+            let node = match r {
+                Some(node) => node,
+                None => self.child_piece(PathStep::Key(k), &v, depth, false)?,
+            };
+            done.reserve(d.len().saturating_sub(i));
+            done.push((key, node));
+            pairs = Some(done);
+        }
+        match pairs {
+            None => {
+                self.close_text(c, FragmentWriter::items_end);
+                Ok(None)
+            }
+            Some(p) => {
+                self.close_node(c);
+                Ok(Some(Tree::Dict(p)))
+            }
+        }
+    }
+
+    /// The whole tree: text where it can be (a fragment), nodes elsewhere.
+    pub(crate) fn top(&mut self, tree: &Bound<'py, PyAny>) -> PyResult<Node> {
+        let Some(m) = self.text.as_ref().map(FragmentWriter::mark) else { return self.node(tree, 0) };
+        match self.text_or_node(tree, 0, false)? {
+            None => Ok(self.fragment_node(m, None)),
+            Some(n) => Ok(n),
+        }
+    }
+}
+
+/// An exact dict, list or tuple: what may be written as text.
+pub(crate) fn plain_container(v: &Bound<'_, PyAny>) -> bool {
+    v.is_exact_instance_of::<PyDict>() || v.is_exact_instance_of::<PyList>() || v.is_exact_instance_of::<PyTuple>()
+}

@@ -245,3 +245,16 @@ def test_small_blocks_are_merged_into_a_few_packs(loc):
     m = manifest(loc)
     assert len(m["packs"]) <= 2  # the merged block's pack (+ the client's, when it writes any)
     assert np.array_equal(treepack.load(loc)["x"], np.arange(400_000, dtype=np.float64).reshape(4000, 100))
+
+
+def test_a_dask_save_with_a_plain_dict_at_two_places(loc):
+    # The plain dict is written as text the first time and met again: the save walks the tree a
+    # second time as nodes, and the Dask arrays the first walk counted are forgotten.
+    meta = {"n": 3, "tags": ["a", "b"]}
+    x = da.arange(40, chunks=10)
+    tree = {"meta": meta, "x": x, "again": meta, "y": da.ones(7, chunks=3)}
+    treepack.save(tree, loc)
+    out = treepack.load(loc)
+    assert out["meta"] is out["again"] and out["meta"] == meta
+    assert np.array_equal(out["x"], np.arange(40)) and np.array_equal(out["y"], np.ones(7))
+    assert "treepack.shards" not in json.dumps(manifest(loc))

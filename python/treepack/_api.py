@@ -211,9 +211,11 @@ def save(
     md = _metadata_json(metadata) if metadata is not None else None
 
     def prepare(t: Any) -> Any:
+        # A tree holding a plain dict or list at two places may be walked twice (the first
+        # walk wrote it as text): the Dask arrays met are counted again from zero.
         return _core.prepare(
             t, enc, _codec.encode_array, snapshot=not blocking, fast_datetime=_registry.lookup_class(_dt.datetime) is None,
-            shared=shared,
+            shared=shared, reset=found.arrays.clear,
         )
 
     if jax_like.spans_processes(tree):

@@ -72,9 +72,18 @@ def check_compression(policy: str) -> None:
     """Raise ``ValueError`` if a compression policy (as text) cannot be used."""
 
 def prepare(
-    tree: Any, encode_other: EncodeOther, encode_array: EncodeArray, snapshot: bool = False, fast_datetime: bool = False
+    tree: Any,
+    encode_other: EncodeOther,
+    encode_array: EncodeArray,
+    snapshot: bool = False,
+    fast_datetime: bool = False,
+    shared: bool = True,
+    text: bool = True,
+    reset: Optional[Callable[[], Any]] = None,
 ) -> Prepared:
-    """Convert a tree; with ``snapshot`` array bytes are copied so the caller may mutate them."""
+    """Convert a tree; with ``snapshot`` array bytes are copied so the caller may mutate them.
+    Plain subtrees are written as manifest text during the walk unless ``text=False``; ``reset``
+    is called before a second walk (a plain container met twice after it was written as text)."""
 
 def gc(path: str, grace_secs: float = 3600.0, storage_options: StorageOptions = None) -> List[str]: ...
 def numpy_dtype_name(kind: str, itemsize: int, name: str) -> Optional[Tuple[str, bool]]: ...

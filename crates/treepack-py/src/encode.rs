@@ -595,9 +595,11 @@ pub(crate) struct Prepared {
 }
 
 /// Convert a Python tree (with the GIL held). With `snapshot`, array bytes are copied.
-/// `text=False` builds a node for every value (tests compare the two ways' manifests).
+/// `text=False` builds a node for every value (tests compare the two ways' manifests). `reset`
+/// is called before the tree is walked a second time (see below): what `encode_other` gathered
+/// in order during the first walk (a save's Dask arrays) must be forgotten.
 #[pyfunction]
-#[pyo3(signature = (tree, encode_other, encode_array, snapshot=false, fast_datetime=false, shared=true, text=true))]
+#[pyo3(signature = (tree, encode_other, encode_array, snapshot=false, fast_datetime=false, shared=true, text=true, reset=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn prepare(
     py: Python<'_>,
@@ -608,6 +610,7 @@ pub(crate) fn prepare(
     fast_datetime: bool,
     shared: bool,
     text: bool,
+    reset: Option<Bound<'_, PyAny>>,
 ) -> PyResult<Prepared> {
     let np = py.import("numpy")?;
     let (ndarray, generic) = (np.getattr("ndarray")?, np.getattr("generic")?);
@@ -643,6 +646,9 @@ pub(crate) fn prepare(
         // An object written as text was met again (a shared dict of plain values): its text
         // cannot carry a shared id, so the tree is walked again as nodes.
         Err(_) if enc.restart => {
+            if let Some(reset) = &reset {
+                reset.call0()?;
+            }
             enc = new(false);
             enc.top(tree)?
         }

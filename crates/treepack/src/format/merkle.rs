@@ -94,9 +94,9 @@ pub fn canonical(s: &mut String, t: &Tree<Entry>) {
 }
 
 /// A child in its parent's encoding: a leaf in place, a container by its hash.
-/// A fragment is hashed as the nodes it stands for (a save expands fragments before it hashes;
-/// this keeps any other caller's hash right too). Text that does not parse, which a fragment
-/// writer never makes, is hashed as the text.
+/// A fragment is hashed as the nodes it stands for (parsed here: a repository save of a tree
+/// of plain values hashes it this way). Text that does not parse, which a fragment writer
+/// never makes, is hashed as the text.
 fn unparsed(s: &mut String, f: &crate::format::manifest::Fragment) {
     content(s, "fragment", f.text().len() as u64, &Hash32::of(f.text().as_bytes()));
 }

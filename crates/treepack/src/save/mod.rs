@@ -640,13 +640,12 @@ fn coalesce(parts: Vec<Bytes>) -> Vec<Bytes> {
     out
 }
 
-/// Whether `tree` holds a fragment that a save with this inline limit (or into a repository,
-/// `all`) must turn into nodes.
-fn needs_expansion(tree: &Node, inline_str_bytes: usize, all: bool) -> bool {
+/// Whether `tree` holds a fragment that a save with this inline limit must turn into nodes.
+fn needs_expansion(tree: &Node, inline_str_bytes: usize) -> bool {
     let mut found = false;
     tree.for_each_leaf_unpathed(&mut |l| {
         if let Leaf::Fragment(f) = l {
-            found |= all || f.longest_str() > inline_str_bytes;
+            found |= f.longest_str() > inline_str_bytes;
         }
     });
     found
@@ -679,10 +678,10 @@ pub(crate) async fn write_data(
 ) -> Result<Written> {
     loc.refuse_write()?;
     // Fragments (subtrees written as text by the caller's walk) are saved as they are, unless
-    // this save inlines fewer string bytes than they do, or computes a root hash over nodes (a
-    // repository): then they become nodes first.
+    // this save inlines fewer string bytes than they do: then they become nodes first. (A
+    // repository's root hash parses them, merkle.rs.)
     let expanded;
-    let tree = if needs_expansion(tree, opts.inline_str_bytes, reuse.is_some()) {
+    let tree = if needs_expansion(tree, opts.inline_str_bytes) {
         expanded = tree.expand_fragments()?;
         &expanded
     } else {

@@ -90,12 +90,18 @@ FORK_SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_forked_child_loads_with_its_own_parse_helper(tmp_path):
-    script = tmp_path / "fork.py"
-    script.write_text(FORK_SCRIPT)
+def run_script(tmp_path, text: str) -> None:
+    """Run `text` in a fresh interpreter with (a scratch location, this folder) as arguments;
+    it must print `ok`."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
     here = os.path.dirname(os.path.abspath(__file__))
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "t"), here], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+def test_a_forked_child_loads_with_its_own_parse_helper(tmp_path):
+    run_script(tmp_path, FORK_SCRIPT)
 
 
 # ---------------------------------------------------------------- text fragments
@@ -230,11 +236,7 @@ ONE_CORE_SCRIPT = textwrap.dedent(
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
 def test_a_one_core_process_parses_big_manifests_on_its_own(tmp_path):
     # One core: no parse helper, and no scan of the items ahead of parsing them.
-    script = tmp_path / "one.py"
-    script.write_text(ONE_CORE_SCRIPT)
-    here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "t"), here], capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+    run_script(tmp_path, ONE_CORE_SCRIPT)
 
 
 def test_a_big_list_root_loads_shared_objects_cycles_and_stored_strings(tmp_path):

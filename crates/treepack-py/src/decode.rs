@@ -42,10 +42,13 @@ impl<'py> Decoder<'py> {
     }
 
     /// A dict of built values, keys through the key cache.
-    pub(crate) fn dict_of(&self, pairs: Vec<(Key, Bound<'py, PyAny>)>) -> PyResult<Bound<'py, PyAny>> {
+    pub(crate) fn dict_of<K: std::borrow::Borrow<Key>>(
+        &self,
+        pairs: Vec<(K, Bound<'py, PyAny>)>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let d = PyDict::new(self.py);
         for (k, v) in pairs {
-            d.set_item(self.key(&k)?, v)?;
+            d.set_item(self.key(k.borrow())?, v)?;
         }
         Ok(d.into_any())
     }

@@ -69,6 +69,7 @@ impl<'py, 'a> LoadBuilder<'py, 'a> {
 impl<'py> Build for LoadBuilder<'py, '_> {
     type Node = Bound<'py, PyAny>;
     const HELPER: bool = true;
+    const PATHS: bool = false;
     fn leaf_ref(&self, e: &Entry) -> Result<Self::Node, String> {
         let r = self.dec.borrow_mut().inline_entry(e);
         self.py_ok(r)
@@ -108,20 +109,10 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         Ok(list)
     }
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> Result<Self::Node, String> {
-        let cyclic =
-            !self.open.borrow().is_empty() && !self.placeholders(pairs.iter().map(|(_, v)| ((), v))).is_empty();
-        let r = self.dec.borrow().dict_of(pairs);
-        let d = self.py_ok(r)?;
-        if cyclic {
-            let items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> =
-                self.py_ok(d.cast::<PyDict>().map_err(PyErr::from).map(|d| d.iter().collect()))?;
-            for (k, v) in items {
-                if let Some(id) = self.placeholder_id(&v) {
-                    self.put(id, Slot::Value(d.clone(), k));
-                }
-            }
-        }
-        Ok(d)
+        self.make_dict(pairs)
+    }
+    fn dict_ref(&self, pairs: Vec<(&Key, Self::Node)>) -> Result<Self::Node, String> {
+        self.make_dict(pairs)
     }
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> Result<Self::Node, String> {
         if self.free.is_some() {
@@ -211,6 +202,28 @@ impl<'py> Build for LoadBuilder<'py, '_> {
 }
 
 impl<'py> LoadBuilder<'py, '_> {
+    /// A dict of built values (keys owned or borrowed); a cycle's placeholders among the
+    /// values are noted, to be patched when their object is complete.
+    fn make_dict<K: std::borrow::Borrow<Key>>(
+        &self,
+        pairs: Vec<(K, Bound<'py, PyAny>)>,
+    ) -> Result<Bound<'py, PyAny>, String> {
+        let cyclic =
+            !self.open.borrow().is_empty() && !self.placeholders(pairs.iter().map(|(_, v)| ((), v))).is_empty();
+        let r = self.dec.borrow().dict_of(pairs);
+        let d = self.py_ok(r)?;
+        if cyclic {
+            let items: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> =
+                self.py_ok(d.cast::<PyDict>().map_err(PyErr::from).map(|d| d.iter().collect()))?;
+            for (k, v) in items {
+                if let Some(id) = self.placeholder_id(&v) {
+                    self.put(id, Slot::Value(d.clone(), k));
+                }
+            }
+        }
+        Ok(d)
+    }
+
     /// The id of the shared object `v` stands for, if `v` is a cycle's placeholder.
     fn placeholder_id(&self, v: &Bound<'py, PyAny>) -> Option<u64> {
         self.open.borrow().iter().find(|(_, (p, _))| p.as_ptr() == v.as_ptr()).map(|(id, _)| *id)

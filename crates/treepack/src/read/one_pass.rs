@@ -91,6 +91,7 @@ impl<B: Build> OnePass<'_, B> {
 impl<B: Build> Build for OnePass<'_, B> {
     type Node = B::Node;
     const HELPER: bool = B::HELPER;
+    const PATHS: bool = B::PATHS;
     fn leaf_ref(&self, e: &Entry) -> std::result::Result<Self::Node, String> {
         if e.chunks().is_empty() {
             return self.inner.leaf_ref(e);
@@ -108,6 +109,9 @@ impl<B: Build> Build for OnePass<'_, B> {
     }
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> std::result::Result<Self::Node, String> {
         self.inner.dict(pairs)
+    }
+    fn dict_ref(&self, pairs: Vec<(&Key, Self::Node)>) -> std::result::Result<Self::Node, String> {
+        self.inner.dict_ref(pairs)
     }
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> std::result::Result<Self::Node, String> {
         self.inner.record(type_name, fields)

@@ -5,8 +5,8 @@ use super::*;
 
 pub(super) async fn old_packs(loc: &Location) -> Option<Vec<String>> {
     let bytes = loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await.ok()??;
-    let m = manifest::decode(&bytes, MANIFEST_NAME).ok()?;
-    Some(m.packs.into_iter().map(|p| p.path).collect())
+    let packs = manifest::packs_of(&bytes, MANIFEST_NAME).ok()?;
+    Some(packs.into_iter().map(|p| p.path).collect())
 }
 
 /// Write one process's part of a save that many processes share (format::parts): its packs,

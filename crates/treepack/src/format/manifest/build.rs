@@ -27,10 +27,13 @@ pub trait Build {
     /// Big containers are parsed on several threads, as owned trees that `owned` then converts.
     /// Only builders whose conversion is free should say yes.
     const PARALLEL: bool = false;
-    /// Builders that must stay on the calling thread (Python objects) but take owned subtrees
-    /// through [`replay`]: the items of a big container near the root of a large manifest are
-    /// then parsed by this thread and one helper thread together (see `parse_items_helped`).
+    /// Builders that must stay on the calling thread (Python objects): a big manifest is then
+    /// parsed on a helper thread onto [`Tape`]s this thread replays as they come (see
+    /// `build_streamed`).
     const HELPER: bool = false;
+    /// The builder uses [`Build::enter`]/[`Build::exit`] (key paths). Builders that say no
+    /// spare the helper of a helped parse recording every step for them.
+    const PATHS: bool = true;
     /// A leaf, borrowed: builders that only read the entry (Python objects) need no copy, and
     /// leaves of a tree being [`replay`]ed are lent.
     fn leaf_ref(&self, e: &Entry) -> std::result::Result<Self::Node, String>;
@@ -47,6 +50,11 @@ pub trait Build {
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> std::result::Result<Self::Node, String>;
     /// A dict of built values, pairs in stored (insertion) order.
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> std::result::Result<Self::Node, String>;
+    /// [`Build::dict`] with borrowed keys (a [`Tape`]'s, an owned tree's): builders that only
+    /// read the keys override it and skip a copy of each.
+    fn dict_ref(&self, pairs: Vec<(&Key, Self::Node)>) -> std::result::Result<Self::Node, String> {
+        self.dict(pairs.into_iter().map(|(k, v)| (k.clone(), v)).collect())
+    }
     /// A record of the named type, fields in stored order.
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> std::result::Result<Self::Node, String>;
     /// A custom node of the named type, with its JSON `data` (null when absent) and named children
@@ -136,7 +144,7 @@ pub fn replay_with<B: Build, T>(
         }
         Tree::Dict(pairs) => {
             let built = replay_each(b, pairs.iter().map(|(k, c)| (Step::Key(k), c)), leaf)?;
-            b.dict(pairs.iter().map(|(k, _)| k.clone()).zip(built).collect())
+            b.dict_ref(pairs.iter().map(|(k, _)| k).zip(built).collect())
         }
         Tree::Record { type_name, fields: named } | Tree::Custom { type_name, children: named, .. } => {
             let built = replay_each(b, named.iter().map(|(n, c)| (Step::Name(n), c)), leaf)?;

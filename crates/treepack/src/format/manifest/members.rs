@@ -467,6 +467,11 @@ pub(super) trait TopSink<'de> {
     fn bad_pack(&mut self) {}
     /// The `root` member's value.
     fn root<A: MapAccess<'de>>(&mut self, map: &mut A) -> std::result::Result<Self::Root, A::Error>;
+    /// `root` must be the last member (before the trailing hash), as writers put it: the
+    /// one-pass parse needs it (see `build_streamed`), whatever the manifest's size.
+    fn root_last(&self) -> bool {
+        false
+    }
 }
 
 /// What [`read_top_members`] read.
@@ -486,6 +491,11 @@ pub(super) fn read_top_members<'de, A: MapAccess<'de>, S: TopSink<'de>>(
     let mut seen: HashSet<String> = HashSet::new();
     let (mut version, mut writer, mut metadata, mut packs, mut root) = (None, None, None, None, None);
     while let Some(k) = map.next_key::<String>()? {
+        if root.is_some() && k != "manifest_hash" && sink.root_last() {
+            return Err(de::Error::custom(format!(
+                "member `{k}` after `root`: a one-pass parse needs `root` last, as writers put it (`decode` reads any order)"
+            )));
+        }
         if !seen.insert(k.clone()) {
             return Err(de::Error::custom(format!("duplicate member `{k}`")));
         }

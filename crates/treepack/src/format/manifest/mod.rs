@@ -5,7 +5,7 @@
 //! The normative description is docs/format.md; this module is its reference implementation:
 //! [`types`](self) and limits (`types.rs`), the writer (`write.rs`), the checks (`validate.rs`),
 //! and two readers of one grammar — the one-pass parser that drives a [`Build`]er (`parse.rs`,
-//! `nodes.rs`, `split.rs` for big containers on more threads, `build.rs`) and the structure-only
+//! `nodes.rs`, `split.rs` for big containers on more threads with `tape.rs`, `build.rs`) and the structure-only
 //! [`outline`] — sharing the member readers in `members.rs`.
 
 use crate::error::{Error, Result};
@@ -31,6 +31,7 @@ mod nodes;
 pub mod outline;
 mod parse;
 mod split;
+mod tape;
 #[cfg(test)]
 pub(crate) mod tests;
 mod types;
@@ -43,6 +44,7 @@ use members::*;
 use nodes::*;
 pub use parse::*;
 use split::*;
+pub use tape::*;
 pub use types::*;
 pub use validate::*;
 pub use write::*;

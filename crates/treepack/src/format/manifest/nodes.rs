@@ -45,6 +45,10 @@ impl<'de, B: Build> TopSink<'de> for StrictTop<'_, '_, B> {
         let t = self.0;
         map.next_value_seed(NodeSeed { depth: 0, ctx: t.ctx, split: t.split, b: t.b })
     }
+    fn root_last(&self) -> bool {
+        // The one-pass parse (`build`) checks leaves inline; `decode` reads any order.
+        self.0.ctx.packs.is_some()
+    }
 }
 
 pub(super) struct NodeSeed<'a, B> {
@@ -248,30 +252,6 @@ pub(super) fn read_items<'de, A: SeqAccess<'de>, B: Build>(
         let owned = parse_items_split(node, seq, |n, de| n.child().deserialize(de), true)?;
         return owned.into_iter().map(|t| node.b.owned(t).map_err(de::Error::custom)).collect();
     }
-    if node.split {
-        return parse_items_helped(
-            node,
-            seq,
-            |i, n, de| {
-                n.ctx.path.borrow_mut().push(PathSeg::Index(i));
-                n.b.enter(Step::Index(i));
-                let v = n.child().deserialize(de);
-                n.b.exit();
-                if v.is_ok() {
-                    n.ctx.path.borrow_mut().pop();
-                }
-                v
-            },
-            |n, de| n.child().deserialize(de),
-            |i, t: &Tree<Entry>| {
-                node.b.enter(Step::Index(i));
-                let v = replay(node.b, t);
-                node.b.exit();
-                v
-            },
-            true,
-        );
-    }
     let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
     loop {
         node.ctx.path.borrow_mut().push(PathSeg::Index(out.len()));
@@ -363,26 +343,7 @@ impl<'de, K: PairKey, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
         f.write_str("an array of [key, node] pairs")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
-        // A dict at the root is read directly, its members' containers being the ones worth
-        // splitting: roots are mostly a few named parts (`params`, `opt_state`, `step`), and
-        // scanning one first would tokenize the whole manifest twice.
-        let helped = self.node.split && !B::PARALLEL && self.node.depth > 0;
-        let out: Vec<(K, B::Node)> = if helped {
-            let b = self.node.b;
-            parse_items_helped(
-                self.node,
-                seq,
-                |_, n, de| PairSeed::<K, B> { node: n, _key: std::marker::PhantomData }.deserialize(de),
-                |n, de| PairSeed::<K, OwnedTree> { node: n, _key: std::marker::PhantomData }.deserialize(de),
-                |_, (k, t): &(K, Tree<Entry>)| {
-                    b.enter(k.step());
-                    let v = replay(b, t);
-                    b.exit();
-                    v.map(|v| (k.clone(), v))
-                },
-                false,
-            )?
-        } else if self.node.split && B::PARALLEL {
+        let out: Vec<(K, B::Node)> = if self.node.split && B::PARALLEL {
             let owned = parse_items_split(
                 self.node,
                 seq,

@@ -19,9 +19,9 @@ pub fn parse_unchecked(bytes: &[u8], file: &str) -> Result<Manifest> {
 
 /// Manifests at least this large parse the items of big containers near the root in parallel.
 pub(super) const SPLIT_MIN_BYTES: usize = 1 << 20;
-/// Manifests at least this large get the parse helper when built into objects that must stay
-/// on the calling thread ([`Build::HELPER`]). Lower than [`SPLIT_MIN_BYTES`]: the helper is
-/// a kept thread (nothing to start), so a 10k-leaf manifest of ~300 KiB already gains.
+/// Manifests at least this large are parsed on the parse helper when built into objects that
+/// must stay on the calling thread ([`Build::HELPER`]). Lower than [`SPLIT_MIN_BYTES`]: the
+/// helper is a kept thread (nothing to start), so a 10k-leaf manifest of ~300 KiB already gains.
 pub(super) const HELP_MIN_BYTES: usize = 128 << 10;
 /// Containers this deep or deeper are always parsed on one thread.
 pub(super) const SPLIT_DEPTH: usize = 3;
@@ -39,8 +39,9 @@ pub(super) fn parse_with(bytes: &[u8], file: &str, split: bool) -> Result<Manife
 
 /// Check a manifest's size, signature, version and trailing hash, then parse it into whatever
 /// `builder` builds, in one pass with no owned tree in between. Each leaf is validated as it is
-/// read (the checks [`validate`] makes), which needs `packs` before `root` (as every writer puts
-/// them); a manifest in another member order gets an error here and must go through [`decode`].
+/// read (the checks [`validate`] makes), which needs `packs` before `root`, and `root` last (a
+/// big manifest's root is parsed on a helper thread, see `build_streamed`), as every writer puts
+/// them; a manifest in another member order gets an error here and must go through [`decode`].
 ///
 /// This is the fast path for callers that turn the tree into something else at once (the Python
 /// bindings build their objects here). Its errors are terse: on any error, call [`decode`] to
@@ -49,15 +50,33 @@ pub(super) fn parse_with(bytes: &[u8], file: &str, split: bool) -> Result<Manife
 /// # Errors
 /// As [`decode`], with less precise messages.
 pub fn build<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B::Node>> {
-    check(bytes, file)?;
+    let stored = check_frame(bytes, file)?;
     // Pack paths are checked as they are read (before any builder sees them), leaves as each
-    // is read: nothing is left for a `validate` pass.
-    // Only the helped split: it checks every leaf inline, where the parallel split of owned
-    // trees leaves the checks to `validate` (which `decode` runs and this does not).
-    // On one core there is no helper: the helped split would scan every item and then parse
-    // it again (a one-core load of 100k plain leaves spent 11 % of its time scanning).
-    let split = B::HELPER && !B::PARALLEL && bytes.len() >= HELP_MIN_BYTES && crate::runtime::threads() >= 2;
-    parse_generic(bytes, file, builder, split, true)
+    // is read: nothing is left for a `validate` pass. Big manifests built on this thread alone
+    // ([`Build::HELPER`]) are parsed on the helper thread (`build_streamed`), which hashes the
+    // manifest on this thread meanwhile; on one core there is no helper.
+    if B::HELPER && bytes.len() >= HELP_MIN_BYTES && crate::runtime::threads() >= 2 {
+        if let Some(parsed) = build_streamed(bytes, file, builder, &stored) {
+            return parsed;
+        }
+    }
+    check_body(bytes, &stored, false, file)?;
+    parse_generic(bytes, file, builder, false, true)
+}
+
+/// The packs a manifest names, checked as [`decode`] checks them, without parsing its tree
+/// when the manifest is in the writer's layout (`root` last): what a save that replaces a tree
+/// needs to remove the old packs. A 100k-leaf tree overwritten in a loop spent two thirds of
+/// each save decoding the tree it replaced.
+///
+/// # Errors
+/// As [`decode`].
+pub fn packs_of(bytes: &[u8], file: &str) -> Result<Vec<PackInfo>> {
+    check(bytes, file)?;
+    match std::str::from_utf8(bytes).ok().and_then(|text| split_root(text, file)) {
+        Some((head, _)) => Ok(head.packs),
+        None => Ok(parse_unchecked(bytes, file)?.packs),
+    }
 }
 
 /// [`build`] on this thread alone (tests compare it with the helped parse).
@@ -79,7 +98,7 @@ pub(super) fn parse_generic<B: Build>(
     let path = RefCell::new(Vec::<PathSeg>::new());
     let packs = RefCell::new(None);
     let refs = RefCell::new(RefCheck::default());
-    let split = split && (B::PARALLEL || B::HELPER);
+    let split = split && B::PARALLEL;
     // Shared ids are checked as they are read, except where parts of the manifest are parsed on
     // other threads (then `validate`'s `check_refs`, or the builder, checks them in order).
     let refs = (!split).then_some(&refs);

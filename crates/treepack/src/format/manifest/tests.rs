@@ -179,6 +179,14 @@ impl Build for Helped {
         self.here();
         OwnedTree.custom(n, d, c)
     }
+    fn shared(&self, id: u64, node: Tree<Entry>) -> std::result::Result<Tree<Entry>, String> {
+        self.here();
+        OwnedTree.shared(id, node)
+    }
+    fn reference(&self, id: u64) -> std::result::Result<Tree<Entry>, String> {
+        self.here();
+        OwnedTree.reference(id)
+    }
     fn enter(&self, step: Step<'_>) {
         let mut t = String::new();
         crate::format::keypath::push_step_text(&mut t, &step);
@@ -200,6 +208,92 @@ fn rehash(text: &[u8]) -> Vec<u8> {
 /// The parse helper is lent to one parse at a time: the tests of helped parses take turns, so
 /// each finds it free.
 static HELPED_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A manifest over the streaming threshold with every kind of node: records, custom nodes with
+/// data, shared nodes and refs to them (one a cycle), big ints, complex numbers, bytes, tuples
+/// and typed keys.
+fn every_node_kind() -> Manifest {
+    let mut m = sample();
+    let items = (0..2000u64)
+        .map(|i| {
+            let record = Tree::Record {
+                type_name: "m.Rec".into(),
+                fields: vec![
+                    ("big".into(), Tree::Leaf(Entry::Int(Int::from_big(num_bigint::BigInt::from(u64::MAX) * (i + 1))))),
+                    ("z".into(), Tree::Leaf(Entry::Complex(i as f64, -0.5))),
+                    ("b".into(), Tree::Leaf(Entry::Bytes(Stored::Inline(bytes::Bytes::from(vec![i as u8; 3]))))),
+                    ("back".into(), Tree::Ref(2 * i)),
+                ],
+            };
+            let custom = Tree::Custom {
+                type_name: "m.Obj".into(),
+                data: serde_json::json!({"n": i, "s": "d\"q"}),
+                children: vec![(
+                    "kid".into(),
+                    Tree::Tuple(vec![Tree::Leaf(Entry::None), Tree::Leaf(Entry::Bool(true))]),
+                )],
+            };
+            Tree::Shared {
+                id: 2 * i,
+                node: Box::new(Tree::List(vec![
+                    Tree::Shared { id: 2 * i + 1, node: Box::new(record) },
+                    Tree::Ref(2 * i + 1),
+                    custom,
+                    Tree::Dict(vec![(Key::Int(Int::Small(i as i64)), Tree::Leaf(Entry::Float(0.1)))]),
+                ])),
+            }
+        })
+        .collect();
+    m.root = Tree::List(items);
+    m
+}
+
+#[test]
+fn streamed_build_equals_the_one_thread_build_for_every_node_kind() {
+    let _turn = HELPED_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+    let bytes = encode(&every_node_kind(), &serde_json::json!({}));
+    assert!(bytes.len() >= HELP_MIN_BYTES, "{}", bytes.len());
+    let (one, helped) = (Helped::new(), Helped::new());
+    let a = build_one_thread(&bytes, "t", &one).unwrap();
+    let before = REPLAYED.with(|n| n.get());
+    let b = build(&bytes, "t", &helped).unwrap();
+    if std::thread::available_parallelism().map_or(1, |p| p.get()) > 1 {
+        assert!(REPLAYED.with(|n| n.get()) > before + 10, "the root was not streamed");
+    }
+    for p in [a, b] {
+        let m = Manifest { version: p.version, writer: p.writer, metadata: p.metadata, packs: p.packs, root: p.root };
+        assert!(encode(&m, &serde_json::json!({})) == bytes, "streamed parse differs");
+    }
+    let (x, y) = (one.leaves.into_inner(), helped.leaves.into_inner());
+    assert!(x.len() > 10_000, "{}", x.len());
+    assert_eq!(x, y, "the same key paths in the same order");
+}
+
+/// The one-pass parse streams a big root from the writer's layout: `root` after a line break,
+/// last before the hash. A manifest with a member after `root` is refused at any size (`decode`
+/// reads it); a line break before a `"root":` that is not the top-level member changes nothing.
+#[test]
+fn streamed_build_needs_root_last_and_finds_the_top_level_root() {
+    let _turn = HELPED_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+    for m in [sample(), big(false)] {
+        let text = String::from_utf8(encode(&m, &serde_json::json!({}))).unwrap();
+        let body_end = text.len() - HASH_TRAILER_LEN;
+        let after = rehash(format!("{},\"extra\":1{}", &text[..body_end], &text[body_end..]).as_bytes());
+        assert!(decode(&after, "t").is_ok());
+        for r in [build(&after, "t", &Helped::new()), build_one_thread(&after, "t", &Helped::new())] {
+            let e = r.expect_err("a member after root");
+            assert!(e.to_string().contains("member `extra` after `root`"), "{e}");
+        }
+        let nested = text.replacen("\"metadata\":{\"step\":3}", "\"metadata\":{\n\"root\":{\n\"root\":2}}", 1);
+        assert_ne!(nested, text);
+        let nested = rehash(nested.as_bytes());
+        let p = build(&nested, "t", &Helped::new()).unwrap();
+        assert_eq!(p.metadata, Some(serde_json::json!({"root": {"root": 2}})));
+        let m2 = Manifest { version: p.version, writer: p.writer, metadata: p.metadata, packs: p.packs, root: p.root };
+        let d = decode(&nested, "t").unwrap();
+        assert!(encode(&m2, &serde_json::json!({})) == encode(&d, &serde_json::json!({})));
+    }
+}
 
 #[test]
 fn helped_build_equals_the_one_thread_build() {
@@ -429,4 +523,30 @@ fn strings_are_escaped_exactly_where_json_requires() {
     let mut s = String::new();
     super::write::write_str(&mut s, "a\u{1}b\"");
     assert_eq!(s, r#""a\u0001b\"""#);
+}
+
+/// `packs_of` (what an overwrite reads of the tree it replaces) names the packs `decode` does,
+/// from the members alone in the writer's layout and through the whole parse otherwise, and
+/// refuses what `decode` refuses.
+#[test]
+fn packs_of_reads_the_members_and_checks_as_decode_does() {
+    for m in [sample(), big(false)] {
+        let bytes = encode(&m, &serde_json::json!({}));
+        assert_eq!(packs_of(&bytes, "t").unwrap(), m.packs);
+        // `root` not last (another writer's member order): the whole parse reads it.
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        let body_end = text.len() - HASH_TRAILER_LEN;
+        let after = rehash(format!("{},\"extra\":1{}", &text[..body_end], &text[body_end..]).as_bytes());
+        assert_eq!(packs_of(&after, "t").unwrap(), m.packs);
+        // A damaged body fails the hash, as in `decode`.
+        let mut bad = bytes.clone();
+        let i = bad.len() / 2;
+        bad[i] ^= 1;
+        let (a, b) = (packs_of(&bad, "t").unwrap_err(), decode(&bad, "t").unwrap_err());
+        assert_eq!(a.to_string(), b.to_string());
+        // A pack path outside `packs/` is refused in the members, as in `decode`.
+        let evil = rehash(text.replacen("packs/a-0.tpp", "../a-0.tpp", 1).as_bytes());
+        assert!(decode(&evil, "t").is_err());
+        assert!(packs_of(&evil, "t").is_err());
+    }
 }

@@ -7,6 +7,13 @@ use super::*;
 /// # Errors
 /// As [`decode`], for everything but the parse.
 pub fn check(bytes: &[u8], file: &str) -> Result<()> {
+    let stored = check_frame(bytes, file)?;
+    check_body(bytes, &stored, false, file)
+}
+
+/// [`check`] less the hash of the body: size, signature, version and the trailer's shape.
+/// Returns the hash the trailer states, for [`check_body`].
+pub(super) fn check_frame(bytes: &[u8], file: &str) -> Result<Hash32> {
     if bytes.len() as u64 > MAX_MANIFEST_BYTES {
         return Err(Error::limit("manifest size", MAX_MANIFEST_BYTES, format!("{file} is {} bytes", bytes.len())));
     }
@@ -23,7 +30,7 @@ pub fn check(bytes: &[u8], file: &str) -> Result<()> {
         return Err(Error::NotTreepack { file: file.into(), reason: "manifest is truncated".into() });
     }
     let split = bytes.len() - HASH_TRAILER_LEN;
-    let (body, trailer) = bytes.split_at(split);
+    let trailer = &bytes[split..];
     let ok_shape = trailer.starts_with(HASH_PREFIX.as_bytes()) && trailer.ends_with(HASH_SUFFIX.as_bytes());
     let stored =
         std::str::from_utf8(&trailer[HASH_PREFIX.len()..HASH_PREFIX.len() + 64]).ok().and_then(Hash32::from_hex);
@@ -36,8 +43,16 @@ pub fn check(bytes: &[u8], file: &str) -> Result<()> {
             })
         }
     };
-    let actual = Hash32::of(body);
-    if actual != stored {
+    Ok(stored)
+}
+
+/// The rest of [`check`]: the body's BLAKE3 against the trailer's `stored` hash (`bytes` passed
+/// [`check_frame`]). `here`: hashed on this thread alone, as while the parse helper has the
+/// other core (see `build_streamed`).
+pub(super) fn check_body(bytes: &[u8], stored: &Hash32, here: bool, file: &str) -> Result<()> {
+    let body = &bytes[..bytes.len() - HASH_TRAILER_LEN];
+    let actual = if here { Hash32(*blake3::hash(body).as_bytes()) } else { Hash32::of(body) };
+    if actual != *stored {
         return Err(Error::ManifestChecksum { file: file.into(), expected: stored.to_hex(), actual: actual.to_hex() });
     }
     Ok(())

@@ -1,0 +1,318 @@
+//! Tapes: what the parse helper hands the builder's thread. A tape is a stretch of parsed
+//! manifest kept as the flat, post-order list of the [`Build`] calls it makes, with the values
+//! those calls take in a few arrays, so a helper thread parses and the builder's thread only
+//! builds (`replay_tape`). Owned trees did the same job at a cost: an allocation per node and
+//! per string on the helper, a walk that clones every dict key on the builder's thread, and a
+//! free of each node; a 100k-leaf load then waited on the helper.
+
+use super::*;
+
+/// One builder call, in the order the parser made it (children before their container).
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    /// An inline string: the next `len` bytes of [`Tape::text`].
+    Str(usize),
+    /// Any other leaf: the next of [`Tape::entries`].
+    Entry,
+    /// A list or tuple of the last `n` nodes built.
+    List(usize, bool),
+    /// A dict of the last `n` nodes built, keyed by the next `n` of [`Tape::keys`].
+    Dict(usize),
+    /// A record or custom node: the next of [`Tape::named`], its children the last ones built.
+    Named,
+    SharedBegin(u64),
+    Shared(u64),
+    Ref(u64),
+    /// `enter(Step::Index(i))` (recorded only for builders that keep key paths).
+    EnterIndex(usize),
+    /// `enter` of the next of [`Tape::steps`].
+    Enter,
+    Exit,
+}
+
+/// A record's or custom node's own values (its children are nodes on the tape).
+#[derive(Debug)]
+struct Named {
+    custom: bool,
+    type_name: String,
+    data: Value,
+    names: Vec<String>,
+}
+
+/// A key-path step kept for replay.
+#[derive(Debug)]
+enum OwnedStep {
+    Key(Key),
+    Name(String),
+}
+
+/// A parsed stretch of manifest (see the module doc); made by a [`TapeBuilder`].
+#[derive(Debug, Default)]
+pub struct Tape {
+    ops: Vec<Op>,
+    text: String,
+    keys: Vec<Key>,
+    entries: Vec<Entry>,
+    named: Vec<Named>,
+    steps: Vec<OwnedStep>,
+}
+
+impl Tape {
+    /// The tape emptied, its buffers kept for the next stretch.
+    pub fn cleared(mut self) -> Tape {
+        self.ops.clear();
+        self.text.clear();
+        self.keys.clear();
+        self.entries.clear();
+        self.named.clear();
+        self.steps.clear();
+        self
+    }
+}
+
+/// Hands a full tape over and returns an empty one to go on with (an `Err` stops the parse).
+pub type HandOver<'a> = dyn Fn(Tape) -> std::result::Result<Tape, String> + 'a;
+
+/// The builder that records a [`Tape`]; `paths` also records `enter`/`exit` (for builders
+/// whose [`Build::PATHS`] says they use them).
+pub struct TapeBuilder<'a> {
+    tape: RefCell<Tape>,
+    paths: bool,
+    /// With `hand_over`: the tape is handed over once it holds this many ops.
+    full_at: usize,
+    hand_over: Option<&'a HandOver<'a>>,
+}
+
+impl<'a> TapeBuilder<'a> {
+    /// An empty tape; `paths`: record `enter`/`exit` calls.
+    pub fn new(paths: bool) -> Self {
+        TapeBuilder { tape: RefCell::default(), paths, full_at: usize::MAX, hand_over: None }
+    }
+
+    /// A tape handed to `hand_over` whenever it holds `full_at` ops (between two nodes), so
+    /// another thread can replay it while the parse goes on.
+    pub fn streaming(paths: bool, full_at: usize, hand_over: &'a HandOver<'a>) -> Self {
+        TapeBuilder { tape: RefCell::default(), paths, full_at, hand_over: Some(hand_over) }
+    }
+
+    /// The tape recorded (since the last hand-over).
+    pub fn into_tape(self) -> Tape {
+        self.tape.into_inner()
+    }
+
+    fn op(&self, op: Op) {
+        self.tape.borrow_mut().ops.push(op);
+    }
+
+    /// After each node: hand the tape over if it is full.
+    fn done(&self) -> std::result::Result<(), String> {
+        let Some(hand_over) = self.hand_over else { return Ok(()) };
+        if self.tape.borrow().ops.len() < self.full_at {
+            return Ok(());
+        }
+        let full = std::mem::take(&mut *self.tape.borrow_mut());
+        *self.tape.borrow_mut() = hand_over(full)?;
+        Ok(())
+    }
+}
+
+impl Build for TapeBuilder<'_> {
+    type Node = ();
+    fn leaf_ref(&self, e: &Entry) -> std::result::Result<(), String> {
+        self.leaf(e.clone())
+    }
+    fn leaf(&self, e: Entry) -> std::result::Result<(), String> {
+        let mut t = self.tape.borrow_mut();
+        let op = match e {
+            Entry::None => Op::None,
+            Entry::Bool(v) => Op::Bool(v),
+            Entry::Int(Int::Small(v)) => Op::Int(v),
+            Entry::Float(v) => Op::Float(v),
+            Entry::Str(Stored::Inline(s)) => {
+                t.text.push_str(&s);
+                Op::Str(s.len())
+            }
+            e => {
+                t.entries.push(e);
+                Op::Entry
+            }
+        };
+        t.ops.push(op);
+        drop(t);
+        self.done()
+    }
+    fn str_leaf(&self, v: &str) -> std::result::Result<(), String> {
+        let mut t = self.tape.borrow_mut();
+        t.text.push_str(v);
+        t.ops.push(Op::Str(v.len()));
+        drop(t);
+        self.done()
+    }
+    fn list(&self, items: Vec<()>, tuple: bool) -> std::result::Result<(), String> {
+        self.op(Op::List(items.len(), tuple));
+        self.done()
+    }
+    fn dict(&self, pairs: Vec<(Key, ())>) -> std::result::Result<(), String> {
+        let mut t = self.tape.borrow_mut();
+        t.ops.push(Op::Dict(pairs.len()));
+        t.keys.extend(pairs.into_iter().map(|(k, ())| k));
+        drop(t);
+        self.done()
+    }
+    fn record(&self, type_name: String, fields: Vec<(String, ())>) -> std::result::Result<(), String> {
+        let names = fields.into_iter().map(|(n, ())| n).collect();
+        let mut t = self.tape.borrow_mut();
+        t.named.push(Named { custom: false, type_name, data: Value::Null, names });
+        t.ops.push(Op::Named);
+        drop(t);
+        self.done()
+    }
+    fn custom(&self, type_name: String, data: Value, children: Vec<(String, ())>) -> std::result::Result<(), String> {
+        let names = children.into_iter().map(|(n, ())| n).collect();
+        let mut t = self.tape.borrow_mut();
+        t.named.push(Named { custom: true, type_name, data, names });
+        t.ops.push(Op::Named);
+        drop(t);
+        self.done()
+    }
+    fn shared_begin(&self, id: u64) {
+        self.op(Op::SharedBegin(id));
+    }
+    fn shared(&self, id: u64, _node: ()) -> std::result::Result<(), String> {
+        self.op(Op::Shared(id));
+        self.done()
+    }
+    fn reference(&self, id: u64) -> std::result::Result<(), String> {
+        self.op(Op::Ref(id));
+        self.done()
+    }
+    fn enter(&self, step: Step<'_>) {
+        if !self.paths {
+            return;
+        }
+        let mut t = self.tape.borrow_mut();
+        let op = match step {
+            Step::Index(i) => Op::EnterIndex(i),
+            Step::Key(k) => {
+                t.steps.push(OwnedStep::Key(k.clone()));
+                Op::Enter
+            }
+            Step::Name(n) => {
+                t.steps.push(OwnedStep::Name(n.to_string()));
+                Op::Enter
+            }
+        };
+        t.ops.push(op);
+    }
+    fn exit(&self) {
+        if self.paths {
+            self.op(Op::Exit);
+        }
+    }
+}
+
+/// Makes a builder's nodes from tapes: the same calls, in the same order, the parse that
+/// recorded them would have made of the builder (`enter`/`exit` only if recorded). A tape
+/// handed over mid-parse ends between two nodes, so the nodes built so far wait here for the
+/// container that takes them.
+pub struct Replay<N> {
+    stack: Vec<N>,
+}
+
+impl<N> Default for Replay<N> {
+    fn default() -> Self {
+        Replay { stack: Vec::new() }
+    }
+}
+
+impl<N> Replay<N> {
+    /// The nodes of the top level built so far (a whole root: one).
+    pub fn finish(self) -> Vec<N> {
+        self.stack
+    }
+
+    /// Build what `t` records with `b`.
+    ///
+    /// # Errors
+    /// The first error `b` returns, or a tape that does not hold together (never one a
+    /// [`TapeBuilder`] recorded).
+    pub fn feed<B: Build<Node = N>>(&mut self, b: &B, t: &Tape) -> std::result::Result<(), String> {
+        fn next<'t, T>(xs: &'t [T], at: &mut usize) -> std::result::Result<&'t T, String> {
+            let x = xs.get(*at).ok_or("a tape ends early")?;
+            *at += 1;
+            Ok(x)
+        }
+        fn top<N>(stack: &mut Vec<N>, n: usize) -> std::result::Result<Vec<N>, String> {
+            let at = stack.len().checked_sub(n).ok_or("a tape's container has more items than were built")?;
+            Ok(stack.split_off(at))
+        }
+        #[cfg(test)]
+        tests::REPLAYED.with(|n| n.set(n.get() + 1));
+        let stack = &mut self.stack;
+        let (mut text, mut keys, mut entries, mut named, mut steps) = (0, 0, 0, 0, 0);
+        for op in &t.ops {
+            let node = match *op {
+                Op::None => b.leaf_ref(&Entry::None)?,
+                Op::Bool(v) => b.leaf_ref(&Entry::Bool(v))?,
+                Op::Int(v) => b.leaf_ref(&Entry::Int(Int::Small(v)))?,
+                Op::Float(v) => b.leaf_ref(&Entry::Float(v))?,
+                Op::Str(n) => {
+                    let s = t.text.get(text..text + n).ok_or("a tape's string ends early")?;
+                    text += n;
+                    b.str_leaf(s)?
+                }
+                Op::Entry => b.leaf_ref(next(&t.entries, &mut entries)?)?,
+                Op::List(n, tuple) => {
+                    let items = top(stack, n)?;
+                    b.list(items, tuple)?
+                }
+                Op::Dict(n) => {
+                    let values = top(stack, n)?;
+                    let ks = t.keys.get(keys..keys + n).ok_or("a tape's keys end early")?;
+                    keys += n;
+                    b.dict_ref(ks.iter().zip(values).collect())?
+                }
+                Op::Named => {
+                    let nm = next(&t.named, &mut named)?;
+                    let kids = top(stack, nm.names.len())?;
+                    let kids = nm.names.iter().cloned().zip(kids).collect();
+                    if nm.custom {
+                        b.custom(nm.type_name.clone(), nm.data.clone(), kids)?
+                    } else {
+                        b.record(nm.type_name.clone(), kids)?
+                    }
+                }
+                Op::SharedBegin(id) => {
+                    b.shared_begin(id);
+                    continue;
+                }
+                Op::Shared(id) => {
+                    let v = stack.pop().ok_or("a tape's shared node has no value")?;
+                    b.shared(id, v)?
+                }
+                Op::Ref(id) => b.reference(id)?,
+                Op::EnterIndex(i) => {
+                    b.enter(Step::Index(i));
+                    continue;
+                }
+                Op::Enter => {
+                    match next(&t.steps, &mut steps)? {
+                        OwnedStep::Key(k) => b.enter(Step::Key(k)),
+                        OwnedStep::Name(n) => b.enter(Step::Name(n)),
+                    }
+                    continue;
+                }
+                Op::Exit => {
+                    b.exit();
+                    continue;
+                }
+            };
+            stack.push(node);
+        }
+        Ok(())
+    }
+}

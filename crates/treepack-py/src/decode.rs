@@ -2,6 +2,7 @@
 //! straight from the read buffers. The tree around them is walked by `load::LoadBuilder`.
 
 use super::*;
+use treepack::format::manifest::KeyRef;
 
 pub(crate) struct Decoder<'py> {
     pub(crate) py: Python<'py>,
@@ -41,14 +42,17 @@ impl<'py> Decoder<'py> {
         }
     }
 
-    /// A dict of built values, keys through the key cache.
-    pub(crate) fn dict_of<K: std::borrow::Borrow<Key>>(
-        &self,
-        pairs: Vec<(K, Bound<'py, PyAny>)>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    /// A dict of built values, keys through the key cache (string keys as the parser lends
+    /// them: no copy).
+    pub(crate) fn dict_of(&self, pairs: Vec<(KeyRef<'_>, Bound<'py, PyAny>)>) -> PyResult<Bound<'py, PyAny>> {
         let d = PyDict::new(self.py);
         for (k, v) in pairs {
-            d.set_item(self.key(k.borrow())?, v)?;
+            let k = match k {
+                KeyRef::Str(s) => self.key_str(s),
+                KeyRef::Key(k) => self.key(k)?,
+                KeyRef::Owned(k) => self.key(&k)?,
+            };
+            d.set_item(k, v)?;
         }
         Ok(d.into_any())
     }

@@ -3,7 +3,7 @@
 //! from a loaded `Node` (selections). Which path runs is the core's decision.
 
 use super::*;
-use treepack::format::manifest::{Build, Stored};
+use treepack::format::manifest::{Build, KeyRef, Stored};
 
 /// (is str, pack, offset, length) of a stored str/bytes blob.
 type BlobKey = (bool, u32, u64, u64);
@@ -109,9 +109,9 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         Ok(list)
     }
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> Result<Self::Node, String> {
-        self.make_dict(pairs)
+        self.dict_ref(pairs.into_iter().map(|(k, v)| (KeyRef::Owned(k), v)).collect())
     }
-    fn dict_ref(&self, pairs: Vec<(&Key, Self::Node)>) -> Result<Self::Node, String> {
+    fn dict_ref(&self, pairs: Vec<(KeyRef<'_>, Self::Node)>) -> Result<Self::Node, String> {
         self.make_dict(pairs)
     }
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> Result<Self::Node, String> {
@@ -202,12 +202,9 @@ impl<'py> Build for LoadBuilder<'py, '_> {
 }
 
 impl<'py> LoadBuilder<'py, '_> {
-    /// A dict of built values (keys owned or borrowed); a cycle's placeholders among the
-    /// values are noted, to be patched when their object is complete.
-    fn make_dict<K: std::borrow::Borrow<Key>>(
-        &self,
-        pairs: Vec<(K, Bound<'py, PyAny>)>,
-    ) -> Result<Bound<'py, PyAny>, String> {
+    /// A dict of built values; a cycle's placeholders among the values are noted, to be
+    /// patched when their object is complete.
+    fn make_dict(&self, pairs: Vec<(KeyRef<'_>, Bound<'py, PyAny>)>) -> Result<Bound<'py, PyAny>, String> {
         let cyclic =
             !self.open.borrow().is_empty() && !self.placeholders(pairs.iter().map(|(_, v)| ((), v))).is_empty();
         let r = self.dec.borrow().dict_of(pairs);

@@ -21,7 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..runs {
         let t = Instant::now();
         let hand_over = |t: Tape| Ok(t.cleared());
-        let b = TapeBuilder::streaming(false, 4096, &hand_over);
+        let b = TapeBuilder::<false>::streaming(4096, &hand_over);
         build_one_thread(&bytes, "m", &b)?;
         tape = tape.min(t.elapsed().as_secs_f64() * 1e3);
         drop(b);

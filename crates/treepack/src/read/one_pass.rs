@@ -7,7 +7,7 @@
 //! [`crate::load`], the Python bindings make Python objects.
 
 use super::*;
-use crate::format::manifest::{Build, PackInfo, Parsed};
+use crate::format::manifest::{Build, KeyRef, PackInfo, Parsed};
 use crate::format::model::{Key, Step};
 use serde_json::Value;
 use std::cell::{Cell, RefCell};
@@ -110,7 +110,7 @@ impl<B: Build> Build for OnePass<'_, B> {
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> std::result::Result<Self::Node, String> {
         self.inner.dict(pairs)
     }
-    fn dict_ref(&self, pairs: Vec<(&Key, Self::Node)>) -> std::result::Result<Self::Node, String> {
+    fn dict_ref(&self, pairs: Vec<(KeyRef<'_>, Self::Node)>) -> std::result::Result<Self::Node, String> {
         self.inner.dict_ref(pairs)
     }
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> std::result::Result<Self::Node, String> {

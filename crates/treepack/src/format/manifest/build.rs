@@ -17,6 +17,46 @@ pub struct Parsed<N> {
     pub root: N,
 }
 
+/// A dict key as a [`Build`]er gets it (see [`Build::dict_ref`]).
+#[derive(Debug, Clone)]
+pub enum KeyRef<'a> {
+    /// A string key, borrowed from the manifest's text or a [`Tape`]'s.
+    Str(&'a str),
+    /// Any key, borrowed (an owned tree's, a tape's typed key).
+    Key(&'a Key),
+    /// Any key the parser made (typed keys; strings with escapes).
+    Owned(Key),
+}
+
+impl KeyRef<'_> {
+    /// The key, owned.
+    pub fn into_key(self) -> Key {
+        match self {
+            KeyRef::Str(s) => Key::Str(s.to_string()),
+            KeyRef::Key(k) => k.clone(),
+            KeyRef::Owned(k) => k,
+        }
+    }
+
+    /// The key when it is a string.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            KeyRef::Str(s) => Some(s),
+            KeyRef::Key(Key::Str(s)) | KeyRef::Owned(Key::Str(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Call `f` with the key as a [`Key`] (a string key is copied).
+    pub fn with_key<R>(&self, f: impl FnOnce(&Key) -> R) -> R {
+        match self {
+            KeyRef::Str(s) => f(&Key::Str(s.to_string())),
+            KeyRef::Key(k) => f(k),
+            KeyRef::Owned(k) => f(k),
+        }
+    }
+}
+
 /// What the manifest parser builds from the nodes it reads, bottom-up: the owned manifest tree
 /// ([`OwnedTree`]), or, in the Python bindings, Python objects with no tree in between (a
 /// 100k-leaf tree costs ~20 MB and 300k allocations as an owned tree). The parser has checked
@@ -31,9 +71,10 @@ pub trait Build {
     /// parsed on a helper thread onto [`Tape`]s this thread replays as they come (see
     /// `build_streamed`).
     const HELPER: bool = false;
-    /// The builder uses [`Build::enter`]/[`Build::exit`] (key paths). Builders that say no
-    /// spare the helper of a helped parse recording every step for them.
-    const PATHS: bool = true;
+    /// The builder uses [`Build::enter`]/[`Build::exit`] (key paths): only then does the
+    /// parser make those calls (a string key's step costs a copy of the key) and a streamed
+    /// parse record them.
+    const PATHS: bool = false;
     /// A leaf, borrowed: builders that only read the entry (Python objects) need no copy, and
     /// leaves of a tree being [`replay`]ed are lent.
     fn leaf_ref(&self, e: &Entry) -> std::result::Result<Self::Node, String>;
@@ -50,10 +91,11 @@ pub trait Build {
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> std::result::Result<Self::Node, String>;
     /// A dict of built values, pairs in stored (insertion) order.
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> std::result::Result<Self::Node, String>;
-    /// [`Build::dict`] with borrowed keys (a [`Tape`]'s, an owned tree's): builders that only
-    /// read the keys override it and skip a copy of each.
-    fn dict_ref(&self, pairs: Vec<(&Key, Self::Node)>) -> std::result::Result<Self::Node, String> {
-        self.dict(pairs.into_iter().map(|(k, v)| (k.clone(), v)).collect())
+    /// [`Build::dict`] as the parser, a [`Tape`] or [`replay`] calls it: string keys borrowed
+    /// from the text (nearly every key), others as they come. Builders that only read the keys
+    /// (Python objects, tapes) override it and copy none.
+    fn dict_ref(&self, pairs: Vec<(KeyRef<'_>, Self::Node)>) -> std::result::Result<Self::Node, String> {
+        self.dict(pairs.into_iter().map(|(k, v)| (k.into_key(), v)).collect())
     }
     /// A record of the named type, fields in stored order.
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> std::result::Result<Self::Node, String>;
@@ -144,7 +186,7 @@ pub fn replay_with<B: Build, T>(
         }
         Tree::Dict(pairs) => {
             let built = replay_each(b, pairs.iter().map(|(k, c)| (Step::Key(k), c)), leaf)?;
-            b.dict_ref(pairs.iter().map(|(k, _)| k).zip(built).collect())
+            b.dict_ref(pairs.iter().map(|(k, _)| KeyRef::Key(k)).zip(built).collect())
         }
         Tree::Record { type_name, fields: named } | Tree::Custom { type_name, children: named, .. } => {
             let built = replay_each(b, named.iter().map(|(n, c)| (Step::Name(n), c)), leaf)?;

@@ -143,10 +143,10 @@ impl<'de, B: Build> Visitor<'de> for NodeSeed<'_, B> {
 
 /// The one-pass reader's side of [`read_tagged_node`]: children built by the builder as they
 /// are read, the container built from them at its end.
-struct StrictNode<'a, B: Build> {
+struct StrictNode<'a, 'de, B: Build> {
     node: NodeSeed<'a, B>,
     items: Option<Vec<B::Node>>,
-    pairs: Option<Vec<(Key, B::Node)>>,
+    pairs: Option<Vec<(KeyRef<'de>, B::Node)>>,
     named: Option<Vec<(String, B::Node)>>,
     value: Option<B::Node>,
 }
@@ -157,7 +157,7 @@ pub(super) fn check_shared_value<E: de::Error>(ctx: &Ctx<'_>, depth: usize, tag:
     RefCheck::value(ctx.shared_value.get() == Some(depth) && matches!(tag, Tag::Shared | Tag::Ref)).map_err(E::custom)
 }
 
-impl<'de, B: Build> NodeSink<'de> for StrictNode<'_, B> {
+impl<'de, B: Build> NodeSink<'de> for StrictNode<'_, 'de, B> {
     type Out = B::Node;
     fn begin<E: de::Error>(&mut self, tag: &Tag) -> std::result::Result<(), E> {
         check_shared_value(self.node.ctx, self.node.depth, tag)
@@ -193,7 +193,7 @@ impl<'de, B: Build> NodeSink<'de> for StrictNode<'_, B> {
     }
     fn items<A: MapAccess<'de>>(&mut self, map: &mut A, dict: bool) -> std::result::Result<(), A::Error> {
         if dict {
-            self.pairs = Some(map.next_value_seed(PairsSeed::<Key, B>::new(self.node))?);
+            self.pairs = Some(map.next_value_seed(PairsSeed::<KeyRef<'de>, B>::new(self.node))?);
         } else {
             self.items = Some(map.next_value_seed(ItemsSeed(self.node))?);
         }
@@ -206,7 +206,7 @@ impl<'de, B: Build> NodeSink<'de> for StrictNode<'_, B> {
     fn end_items<E: de::Error>(&mut self, dict: bool) -> std::result::Result<B::Node, E> {
         let b = self.node.b;
         let built = if dict {
-            b.dict(self.pairs.take().unwrap_or_default())
+            b.dict_ref(self.pairs.take().unwrap_or_default())
         } else {
             b.list(self.items.take().unwrap_or_default(), true)
         };
@@ -255,9 +255,13 @@ pub(super) fn read_items<'de, A: SeqAccess<'de>, B: Build>(
     let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
     loop {
         node.ctx.path.borrow_mut().push(PathSeg::Index(out.len()));
-        node.b.enter(Step::Index(out.len()));
+        if B::PATHS {
+            node.b.enter(Step::Index(out.len()));
+        }
         let next = seq.next_element_seed(node.child());
-        node.b.exit();
+        if B::PATHS {
+            node.b.exit();
+        }
         match next? {
             Some(v) => {
                 node.ctx.path.borrow_mut().pop();
@@ -272,11 +276,15 @@ pub(super) fn read_items<'de, A: SeqAccess<'de>, B: Build>(
 }
 
 /// The first item of a `[key, node]` pair: a dict key, or a record field / custom child name.
-pub(super) trait PairKey: Sized + Send + Clone {
+pub(super) trait PairKey<'de>: Sized + Send {
     /// Read the key as the next element of the pair.
-    fn read<'de, A: SeqAccess<'de>, B>(seq: &mut A, node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error>;
-    /// The step this key makes in a key path.
-    fn step(&self) -> Step<'_>;
+    fn read<A: SeqAccess<'de>, B>(seq: &mut A, node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error>;
+    /// The key type the parallel split parses (its items are parsed from their own texts, so
+    /// their keys cannot borrow from this parse's).
+    type Owned: for<'x> PairKey<'x>;
+    fn from_owned(k: Self::Owned) -> Self;
+    /// `b.enter` the step this key makes in a key path.
+    fn enter<B: Build>(&self, b: &B);
     /// The escaped key-path segment text (only computed for errors and typed keys).
     fn text(&self) -> String;
     /// The key itself when it is a string. Two string keys name the same path exactly when the
@@ -285,13 +293,36 @@ pub(super) trait PairKey: Sized + Send + Clone {
     fn plain(&self) -> Option<&str>;
 }
 
-impl PairKey for Key {
-    fn read<'de, A: SeqAccess<'de>, B>(seq: &mut A, node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error> {
+impl<'de> PairKey<'de> for KeyRef<'de> {
+    type Owned = Key;
+    fn from_owned(k: Key) -> Self {
+        KeyRef::Owned(k)
+    }
+    fn read<A: SeqAccess<'de>, B>(seq: &mut A, node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error> {
         let k = seq.next_element_seed(KeySeed(node.key_seed()))?.ok_or_else(|| empty_pair(false))?;
         Ok(k)
     }
-    fn step(&self) -> Step<'_> {
-        Step::Key(self)
+    fn enter<B: Build>(&self, b: &B) {
+        self.with_key(|k| b.enter(Step::Key(k)));
+    }
+    fn text(&self) -> String {
+        self.with_key(crate::format::keypath::key_segment_text)
+    }
+    fn plain(&self) -> Option<&str> {
+        self.as_str()
+    }
+}
+
+impl<'de> PairKey<'de> for Key {
+    type Owned = Key;
+    fn from_owned(k: Key) -> Self {
+        k
+    }
+    fn read<A: SeqAccess<'de>, B>(seq: &mut A, node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error> {
+        KeyRef::read(seq, node).map(KeyRef::into_key)
+    }
+    fn enter<B: Build>(&self, b: &B) {
+        b.enter(Step::Key(self));
     }
     fn text(&self) -> String {
         crate::format::keypath::key_segment_text(self)
@@ -304,12 +335,16 @@ impl PairKey for Key {
     }
 }
 
-impl PairKey for String {
-    fn read<'de, A: SeqAccess<'de>, B>(seq: &mut A, _node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error> {
+impl<'de> PairKey<'de> for String {
+    type Owned = String;
+    fn from_owned(k: String) -> Self {
+        k
+    }
+    fn read<A: SeqAccess<'de>, B>(seq: &mut A, _node: NodeSeed<'_, B>) -> std::result::Result<Self, A::Error> {
         seq.next_element::<String>()?.ok_or_else(|| empty_pair(true))
     }
-    fn step(&self) -> Step<'_> {
-        Step::Name(self)
+    fn enter<B: Build>(&self, b: &B) {
+        b.enter(Step::Name(self));
     }
     fn text(&self) -> String {
         crate::format::keypath::name_segment_text(self)
@@ -330,14 +365,14 @@ impl<'a, K, B> PairsSeed<'a, K, B> {
     }
 }
 
-impl<'de, K: PairKey, B: Build> DeserializeSeed<'de> for PairsSeed<'_, K, B> {
+impl<'de, K: PairKey<'de>, B: Build> DeserializeSeed<'de> for PairsSeed<'_, K, B> {
     type Value = Vec<(K, B::Node)>;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         d.deserialize_seq(self)
     }
 }
 
-impl<'de, K: PairKey, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
+impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
     type Value = Vec<(K, B::Node)>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an array of [key, node] pairs")
@@ -347,14 +382,14 @@ impl<'de, K: PairKey, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
             let owned = parse_items_split(
                 self.node,
                 seq,
-                |n, de| PairSeed::<K, OwnedTree> { node: n, _key: std::marker::PhantomData }.deserialize(de),
+                |n, de| PairSeed::<K::Owned, OwnedTree> { node: n, _key: std::marker::PhantomData }.deserialize(de),
                 // A pair that fails names its key itself (first segment of its path).
                 false,
             )?;
             let b = self.node.b;
             owned
                 .into_iter()
-                .map(|(k, t)| b.owned(t).map(|v| (k, v)))
+                .map(|(k, t)| b.owned(t).map(|v| (K::from_owned(k), v)))
                 .collect::<std::result::Result<_, _>>()
                 .map_err(de::Error::custom)?
         } else {
@@ -381,14 +416,14 @@ pub(super) struct PairSeed<'a, K, B> {
     pub(super) _key: std::marker::PhantomData<K>,
 }
 
-impl<'de, K: PairKey, B: Build> DeserializeSeed<'de> for PairSeed<'_, K, B> {
+impl<'de, K: PairKey<'de>, B: Build> DeserializeSeed<'de> for PairSeed<'_, K, B> {
     type Value = (K, B::Node);
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         d.deserialize_seq(self)
     }
 }
 
-impl<'de, K: PairKey, B: Build> Visitor<'de> for PairSeed<'_, K, B> {
+impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairSeed<'_, K, B> {
     type Value = (K, B::Node);
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a [key, node] pair")
@@ -407,9 +442,13 @@ impl<'de, K: PairKey, B: Build> Visitor<'de> for PairSeed<'_, K, B> {
             }
             e
         };
-        self.node.b.enter(key.step());
+        if B::PATHS {
+            key.enter(self.node.b);
+        }
         let v = seq.next_element_seed(self.node.child());
-        self.node.b.exit();
+        if B::PATHS {
+            self.node.b.exit();
+        }
         let v = v.and_then(|v| v.ok_or_else(pair_without_value)).map_err(name_here)?;
         end_of_pair(&mut seq).map_err(name_here)?;
         self.node.ctx.path.borrow_mut().pop();
@@ -417,48 +456,52 @@ impl<'de, K: PairKey, B: Build> Visitor<'de> for PairSeed<'_, K, B> {
     }
 }
 
-/// A dict key. String keys (nearly all of them) become `Key::Str` straight from the text; the
-/// others are read as the nodes they are written as, then converted (`entry_to_key`).
+/// A dict key. String keys (nearly all of them) are borrowed from the text where they have no
+/// escapes; the others are read as the nodes they are written as, then converted
+/// (`entry_to_key`).
 pub(super) struct KeySeed<'a>(pub(super) NodeSeed<'a, OwnedTree>);
 
 impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
-    type Value = Key;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Key, D::Error> {
+    type Value = KeyRef<'de>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<KeyRef<'de>, D::Error> {
         d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for KeySeed<'_> {
-    type Value = Key;
+    type Value = KeyRef<'de>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a dict key")
     }
-    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Key, E> {
-        Ok(Key::Str(v.to_string()))
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> std::result::Result<Self::Value, E> {
+        Ok(KeyRef::Str(v))
     }
-    fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<Key, E> {
-        Ok(Key::Str(v))
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Self::Value, E> {
+        Ok(KeyRef::Owned(Key::Str(v.to_string())))
     }
-    fn visit_unit<E: de::Error>(self) -> std::result::Result<Key, E> {
-        self.0.visit_unit().and_then(entry_to_key)
+    fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<Self::Value, E> {
+        Ok(KeyRef::Owned(Key::Str(v)))
     }
-    fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<Key, E> {
-        self.0.visit_bool(v).and_then(entry_to_key)
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
+        self.0.visit_unit().and_then(entry_to_key).map(KeyRef::Owned)
     }
-    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Key, E> {
-        self.0.visit_i64(v).and_then(entry_to_key)
+    fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<Self::Value, E> {
+        self.0.visit_bool(v).and_then(entry_to_key).map(KeyRef::Owned)
     }
-    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Key, E> {
-        self.0.visit_u64(v).and_then(entry_to_key)
+    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Self::Value, E> {
+        self.0.visit_i64(v).and_then(entry_to_key).map(KeyRef::Owned)
     }
-    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Key, E> {
-        self.0.visit_f64(v).and_then(entry_to_key)
+    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Self::Value, E> {
+        self.0.visit_u64(v).and_then(entry_to_key).map(KeyRef::Owned)
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Key, A::Error> {
-        crate::format::model::grow(|| self.0.visit_seq(seq)).and_then(entry_to_key)
+    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Self::Value, E> {
+        self.0.visit_f64(v).and_then(entry_to_key).map(KeyRef::Owned)
     }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Key, A::Error> {
-        crate::format::model::grow(|| self.0.visit_map(map)).and_then(entry_to_key)
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Self::Value, A::Error> {
+        crate::format::model::grow(|| self.0.visit_seq(seq)).and_then(entry_to_key).map(KeyRef::Owned)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Self::Value, A::Error> {
+        crate::format::model::grow(|| self.0.visit_map(map)).and_then(entry_to_key).map(KeyRef::Owned)
     }
 }
 

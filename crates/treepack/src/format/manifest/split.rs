@@ -87,8 +87,22 @@ pub(super) fn split_root<'t>(text: &'t str, file: &str) -> Option<(Parsed<()>, &
     const ROOT: &str = "\n\"root\":";
     let at = text.get(..body_end)?.find(ROOT)? + ROOT.len();
     let members = [&text[..at], "null", &text[body_end..]].concat();
-    let head = parse_generic(members.as_bytes(), file, &TapeBuilder::new(false), false, true).ok()?;
+    let head = parse_generic(members.as_bytes(), file, &TapeBuilder::<false>::new(), false, true).ok()?;
     Some((head, &text[at..body_end]))
+}
+
+/// The helper's side of [`build_streamed`]: one node's text parsed onto tapes, each handed to
+/// `hand_over` as it fills; returns the last (`PATHS`: with `enter`/`exit` recorded).
+fn parse_onto_tapes<const PATHS: bool>(
+    text: &str,
+    ctx: &Ctx<'_>,
+    hand_over: &HandOver<'_>,
+) -> serde_json::Result<Tape> {
+    let tape = TapeBuilder::<PATHS>::streaming(STREAM_OPS, hand_over);
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.disable_recursion_limit();
+    NodeSeed { depth: 0, ctx, split: false, b: &tape }.deserialize(&mut de).and_then(|()| de.end())?;
+    Ok(tape.into_tape())
 }
 
 /// [`build`] of a big manifest for a builder that must stay on this thread ([`Build::HELPER`]:
@@ -136,13 +150,14 @@ pub(super) fn build_streamed<B: Build>(
             let _ = tx.send(Streamed::Tape(full));
             Ok(back_rx.try_recv().map(Tape::cleared).unwrap_or_default())
         };
-        let tape = TapeBuilder::streaming(B::PATHS, STREAM_OPS, &hand_over);
-        let mut de = serde_json::Deserializer::from_str(root_text);
-        de.disable_recursion_limit();
-        let seed = NodeSeed { depth: 0, ctx: &ctx, split: false, b: &tape };
-        let end = match seed.deserialize(&mut de).and_then(|()| de.end()) {
-            Ok(()) => {
-                let _ = tx.send(Streamed::Tape(tape.into_tape()));
+        let parsed = if B::PATHS {
+            parse_onto_tapes::<true>(root_text, &ctx, &hand_over)
+        } else {
+            parse_onto_tapes::<false>(root_text, &ctx, &hand_over)
+        };
+        let end = match parsed {
+            Ok(last) => {
+                let _ = tx.send(Streamed::Tape(last));
                 Ok(())
             }
             Err(e) => Err((path.take(), item_message(&e))),
@@ -179,7 +194,7 @@ pub(super) fn build_streamed<B: Build>(
                     // The root's text was parsed alone, so an error at its end (a member after
                     // it) reads "trailing characters": the one-thread parse (of text only, no
                     // builder) says what the manifest's error is, as in any other load.
-                    if let Err(e) = parse_generic(bytes, file, &TapeBuilder::new(false), false, true) {
+                    if let Err(e) = parse_generic(bytes, file, &TapeBuilder::<false>::new(), false, true) {
                         stop.store(true, Ordering::Relaxed);
                         return Err(e);
                     }

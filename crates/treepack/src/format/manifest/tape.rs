@@ -43,6 +43,14 @@ struct Named {
     names: Vec<String>,
 }
 
+/// A dict key on a tape: a string key's text is the next `len` bytes of [`Tape::text`] (no
+/// allocation per key), any other key is kept as it is.
+#[derive(Debug)]
+enum TapeKey {
+    Str(usize),
+    Key(Key),
+}
+
 /// A key-path step kept for replay.
 #[derive(Debug)]
 enum OwnedStep {
@@ -55,7 +63,7 @@ enum OwnedStep {
 pub struct Tape {
     ops: Vec<Op>,
     text: String,
-    keys: Vec<Key>,
+    keys: Vec<TapeKey>,
     entries: Vec<Entry>,
     named: Vec<Named>,
     steps: Vec<OwnedStep>,
@@ -77,26 +85,25 @@ impl Tape {
 /// Hands a full tape over and returns an empty one to go on with (an `Err` stops the parse).
 pub type HandOver<'a> = dyn Fn(Tape) -> std::result::Result<Tape, String> + 'a;
 
-/// The builder that records a [`Tape`]; `paths` also records `enter`/`exit` (for builders
+/// The builder that records a [`Tape`]; `PATHS` also records `enter`/`exit` (for builders
 /// whose [`Build::PATHS`] says they use them).
-pub struct TapeBuilder<'a> {
+pub struct TapeBuilder<'a, const PATHS: bool> {
     tape: RefCell<Tape>,
-    paths: bool,
     /// With `hand_over`: the tape is handed over once it holds this many ops.
     full_at: usize,
     hand_over: Option<&'a HandOver<'a>>,
 }
 
-impl<'a> TapeBuilder<'a> {
-    /// An empty tape; `paths`: record `enter`/`exit` calls.
-    pub fn new(paths: bool) -> Self {
-        TapeBuilder { tape: RefCell::default(), paths, full_at: usize::MAX, hand_over: None }
+impl<'a, const PATHS: bool> TapeBuilder<'a, PATHS> {
+    /// An empty tape.
+    pub fn new() -> Self {
+        TapeBuilder { tape: RefCell::default(), full_at: usize::MAX, hand_over: None }
     }
 
     /// A tape handed to `hand_over` whenever it holds `full_at` ops (between two nodes), so
     /// another thread can replay it while the parse goes on.
-    pub fn streaming(paths: bool, full_at: usize, hand_over: &'a HandOver<'a>) -> Self {
-        TapeBuilder { tape: RefCell::default(), paths, full_at, hand_over: Some(hand_over) }
+    pub fn streaming(full_at: usize, hand_over: &'a HandOver<'a>) -> Self {
+        TapeBuilder { tape: RefCell::default(), full_at, hand_over: Some(hand_over) }
     }
 
     /// The tape recorded (since the last hand-over).
@@ -120,8 +127,15 @@ impl<'a> TapeBuilder<'a> {
     }
 }
 
-impl Build for TapeBuilder<'_> {
+impl<const PATHS: bool> Default for TapeBuilder<'_, PATHS> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const P: bool> Build for TapeBuilder<'_, P> {
     type Node = ();
+    const PATHS: bool = P;
     fn leaf_ref(&self, e: &Entry) -> std::result::Result<(), String> {
         self.leaf(e.clone())
     }
@@ -157,9 +171,22 @@ impl Build for TapeBuilder<'_> {
         self.done()
     }
     fn dict(&self, pairs: Vec<(Key, ())>) -> std::result::Result<(), String> {
+        self.dict_ref(pairs.into_iter().map(|(k, ())| (KeyRef::Owned(k), ())).collect())
+    }
+    fn dict_ref(&self, pairs: Vec<(KeyRef<'_>, ())>) -> std::result::Result<(), String> {
         let mut t = self.tape.borrow_mut();
         t.ops.push(Op::Dict(pairs.len()));
-        t.keys.extend(pairs.into_iter().map(|(k, ())| k));
+        for (k, ()) in pairs {
+            let k = match k {
+                KeyRef::Str(s) => {
+                    t.text.push_str(s);
+                    TapeKey::Str(s.len())
+                }
+                KeyRef::Key(k) => TapeKey::Key(k.clone()),
+                KeyRef::Owned(k) => TapeKey::Key(k),
+            };
+            t.keys.push(k);
+        }
         drop(t);
         self.done()
     }
@@ -191,7 +218,7 @@ impl Build for TapeBuilder<'_> {
         self.done()
     }
     fn enter(&self, step: Step<'_>) {
-        if !self.paths {
+        if !P {
             return;
         }
         let mut t = self.tape.borrow_mut();
@@ -209,7 +236,7 @@ impl Build for TapeBuilder<'_> {
         t.ops.push(op);
     }
     fn exit(&self) {
-        if self.paths {
+        if P {
             self.op(Op::Exit);
         }
     }
@@ -274,7 +301,19 @@ impl<N> Replay<N> {
                     let values = top(stack, n)?;
                     let ks = t.keys.get(keys..keys + n).ok_or("a tape's keys end early")?;
                     keys += n;
-                    b.dict_ref(ks.iter().zip(values).collect())?
+                    let mut pairs = Vec::with_capacity(n);
+                    for (k, v) in ks.iter().zip(values) {
+                        let k = match k {
+                            TapeKey::Str(n) => {
+                                let s = t.text.get(text..text + n).ok_or("a tape's key ends early")?;
+                                text += n;
+                                KeyRef::Str(s)
+                            }
+                            TapeKey::Key(k) => KeyRef::Key(k),
+                        };
+                        pairs.push((k, v));
+                    }
+                    b.dict_ref(pairs)?
                 }
                 Op::Named => {
                     let nm = next(&t.named, &mut named)?;

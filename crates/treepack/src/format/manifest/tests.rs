@@ -158,6 +158,7 @@ impl Helped {
 impl Build for Helped {
     type Node = Tree<Entry>;
     const HELPER: bool = true;
+    const PATHS: bool = true;
     fn leaf_ref(&self, e: &Entry) -> std::result::Result<Tree<Entry>, String> {
         self.here();
         self.leaves.borrow_mut().push(self.path.borrow().join("/"));

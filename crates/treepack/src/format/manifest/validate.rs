@@ -95,7 +95,7 @@ pub(crate) fn first_duplicate_name<V>(named: &[(String, V)]) -> Option<usize> {
 
 /// Index of the first pair whose key names the same path as an earlier one. Small containers
 /// (the common case) are compared pairwise; large ones through a hash set of borrowed keys.
-pub(super) fn first_duplicate<K: PairKey, V>(pairs: &[(K, V)]) -> Option<usize> {
+pub(super) fn first_duplicate<'de, K: PairKey<'de>, V>(pairs: &[(K, V)]) -> Option<usize> {
     if pairs.len() < 2 {
         return None;
     }

@@ -763,25 +763,25 @@ impl<'de> Visitor<'de> for OKey<'_, '_> {
         Ok(None)
     }
     fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
-        self.strict().visit_unit().map(Some)
+        self.strict().visit_unit().map(|k| Some(k.into_key()))
     }
     fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<Self::Value, E> {
-        self.strict().visit_bool(v).map(Some)
+        self.strict().visit_bool(v).map(|k| Some(k.into_key()))
     }
     fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Self::Value, E> {
-        self.strict().visit_i64(v).map(Some)
+        self.strict().visit_i64(v).map(|k| Some(k.into_key()))
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Self::Value, E> {
-        self.strict().visit_u64(v).map(Some)
+        self.strict().visit_u64(v).map(|k| Some(k.into_key()))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Self::Value, E> {
-        self.strict().visit_f64(v).map(Some)
+        self.strict().visit_f64(v).map(|k| Some(k.into_key()))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Self::Value, A::Error> {
-        self.strict().visit_seq(seq).map(Some)
+        self.strict().visit_seq(seq).map(|k| Some(k.into_key()))
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Self::Value, A::Error> {
-        self.strict().visit_map(map).map(Some)
+        self.strict().visit_map(map).map(|k| Some(k.into_key()))
     }
 }
 

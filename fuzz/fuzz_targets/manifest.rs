@@ -17,6 +17,31 @@ fuzz_target!(|data: &[u8]| {
         (Err(e), Ok(_)) => assert!(e.to_string().contains("duplicate key"), "the outline accepted: {e}"),
         _ => {}
     }
+    // The streamed parse (a big manifest's in a Python load: the root parsed onto tapes on a
+    // helper thread, replayed here) accepts, builds and refuses exactly what the one-thread
+    // parse does.
+    let streamed =
+        treepack::format::manifest::build_streamed_any_size(&sealed, "fuzz", &treepack::format::manifest::OwnedTree);
+    match (&strict, streamed) {
+        (_, None) => {}
+        (Ok(a), Some(Ok(b))) => {
+            let whole = |p: &treepack::format::manifest::Parsed<
+                treepack::format::model::Tree<treepack::format::manifest::Entry>,
+            >| {
+                let m = treepack::format::manifest::Manifest {
+                    version: p.version,
+                    writer: p.writer.clone(),
+                    metadata: p.metadata.clone(),
+                    packs: p.packs.clone(),
+                    root: p.root.clone(),
+                };
+                treepack::format::manifest::encode(&m, &serde_json::Value::Null)
+            };
+            assert!(whole(a) == whole(&b), "the streamed parse built another tree");
+        }
+        (Err(a), Some(Err(b))) => assert_eq!(a.to_string(), b.to_string(), "the streamed parse refused otherwise"),
+        (a, Some(b)) => panic!("the streamed parse disagrees: one thread {:?}, streamed {:?}", a.is_ok(), b.is_ok()),
+    }
     if let Ok(m) = treepack::format::manifest::decode(&sealed, "fuzz") {
         let _ = m.structure();
         let stats = serde_json::Value::Null;

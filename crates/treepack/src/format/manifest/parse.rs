@@ -79,6 +79,17 @@ pub fn packs_of(bytes: &[u8], file: &str) -> Result<Vec<PackInfo>> {
     }
 }
 
+/// [`build`]'s streamed parse (see `build_streamed`) at any size: `None` where it does not
+/// apply (the manifest is not in the writer's layout, or no helper thread is free). The fuzz
+/// target checks that it accepts, builds and refuses exactly what [`build_one_thread`] does.
+#[doc(hidden)]
+pub fn build_streamed_any_size<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Option<Result<Parsed<B::Node>>> {
+    match check_frame(bytes, file) {
+        Ok(stored) => build_streamed(bytes, file, builder, &stored),
+        Err(e) => Some(Err(e)),
+    }
+}
+
 /// [`build`] on this thread alone (tests compare it with the helped parse).
 #[doc(hidden)]
 pub fn build_one_thread<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B::Node>> {

@@ -43,13 +43,9 @@ struct Named {
     names: Vec<String>,
 }
 
-/// A dict key on a tape: a string key's text is the next `len` bytes of [`Tape::text`] (no
-/// allocation per key), any other key is kept as it is.
-#[derive(Debug)]
-enum TapeKey {
-    Str(usize),
-    Key(Key),
-}
+/// In [`Tape::keys`]: the key is the next of [`Tape::typed_keys`] (a string key this long, or
+/// longer, is kept there too).
+const TYPED_KEY: u32 = u32::MAX;
 
 /// A key-path step kept for replay.
 #[derive(Debug)]
@@ -63,7 +59,10 @@ enum OwnedStep {
 pub struct Tape {
     ops: Vec<Op>,
     text: String,
-    keys: Vec<TapeKey>,
+    /// Dict keys: a string key is the next this-many bytes of `text` (no allocation per key);
+    /// [`TYPED_KEY`] stands for the next of `typed_keys`.
+    keys: Vec<u32>,
+    typed_keys: Vec<Key>,
     entries: Vec<Entry>,
     named: Vec<Named>,
     steps: Vec<OwnedStep>,
@@ -75,6 +74,7 @@ impl Tape {
         self.ops.clear();
         self.text.clear();
         self.keys.clear();
+        self.typed_keys.clear();
         self.entries.clear();
         self.named.clear();
         self.steps.clear();
@@ -177,15 +177,16 @@ impl<const P: bool> Build for TapeBuilder<'_, P> {
         let mut t = self.tape.borrow_mut();
         t.ops.push(Op::Dict(pairs.len()));
         for (k, ()) in pairs {
-            let k = match k {
-                KeyRef::Str(s) => {
+            let typed = match k {
+                KeyRef::Str(s) if s.len() < TYPED_KEY as usize => {
                     t.text.push_str(s);
-                    TapeKey::Str(s.len())
+                    t.keys.push(s.len() as u32);
+                    continue;
                 }
-                KeyRef::Key(k) => TapeKey::Key(k.clone()),
-                KeyRef::Owned(k) => TapeKey::Key(k),
+                k => k.into_key(),
             };
-            t.keys.push(k);
+            t.keys.push(TYPED_KEY);
+            t.typed_keys.push(typed);
         }
         drop(t);
         self.done()
@@ -280,7 +281,7 @@ impl<N> Replay<N> {
         #[cfg(test)]
         tests::REPLAYED.with(|n| n.set(n.get() + 1));
         let stack = &mut self.stack;
-        let (mut text, mut keys, mut entries, mut named, mut steps) = (0, 0, 0, 0, 0);
+        let (mut text, mut keys, mut typed_keys, mut entries, mut named, mut steps) = (0, 0, 0, 0, 0, 0);
         for op in &t.ops {
             let node = match *op {
                 Op::None => b.leaf_ref(&Entry::None)?,
@@ -302,14 +303,13 @@ impl<N> Replay<N> {
                     let ks = t.keys.get(keys..keys + n).ok_or("a tape's keys end early")?;
                     keys += n;
                     let mut pairs = Vec::with_capacity(n);
-                    for (k, v) in ks.iter().zip(values) {
-                        let k = match k {
-                            TapeKey::Str(n) => {
-                                let s = t.text.get(text..text + n).ok_or("a tape's key ends early")?;
-                                text += n;
-                                KeyRef::Str(s)
-                            }
-                            TapeKey::Key(k) => KeyRef::Key(k),
+                    for (&len, v) in ks.iter().zip(values) {
+                        let k = if len == TYPED_KEY {
+                            KeyRef::Key(next(&t.typed_keys, &mut typed_keys)?)
+                        } else {
+                            let s = t.text.get(text..text + len as usize).ok_or("a tape's key ends early")?;
+                            text += len as usize;
+                            KeyRef::Str(s)
                         };
                         pairs.push((k, v));
                     }

@@ -370,6 +370,16 @@ fn helped_build_refuses_what_the_one_thread_build_refuses() {
                 .collect();
             assert_eq!(errs[0], errs[1], "{to}");
         }
+        // Damage the hash does not cover: the streamed build hashes while its helper parses,
+        // and reports the checksum as the one-thread build does, having built nothing.
+        let mut bad = text.clone().into_bytes();
+        let at = bad.len() / 2;
+        bad[at] = if bad[at] == b'1' { b'2' } else { b'1' };
+        let helped = Helped::new();
+        let (a, b) = (build(&bad, "t", &helped).unwrap_err(), build_one_thread(&bad, "t", &Helped::new()).unwrap_err());
+        assert!(matches!(a, Error::ManifestChecksum { .. }), "{a}");
+        assert_eq!(a.to_string(), b.to_string());
+        assert!(helped.leaves.into_inner().is_empty(), "the builder was fed a damaged manifest");
     }
 }
 

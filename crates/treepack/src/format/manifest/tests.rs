@@ -240,7 +240,12 @@ fn every_node_kind() -> Manifest {
                     Tree::Shared { id: 2 * i + 1, node: Box::new(record) },
                     Tree::Ref(2 * i + 1),
                     custom,
-                    Tree::Dict(vec![(Key::Int(Int::Small(i as i64)), Tree::Leaf(Entry::Float(0.1)))]),
+                    Tree::Dict(vec![
+                        (Key::Int(Int::Small(i as i64)), Tree::Leaf(Entry::Float(0.1))),
+                        // Strings without escapes (lent by the parser) and with them (made by it).
+                        (Key::Str(format!("s{i}")), Tree::Leaf(Entry::Str(Stored::Inline(format!("plain {i}"))))),
+                        (Key::Str("e\"k".into()), Tree::Leaf(Entry::Str(Stored::Inline(format!("tab\t{i}\u{e9}"))))),
+                    ]),
                 ])),
             }
         })

@@ -1,7 +1,7 @@
 //! Tapes: what the parse helper hands the builder's thread. A tape is a stretch of parsed
 //! manifest kept as the flat, post-order list of the [`Build`] calls it makes, with the values
 //! those calls take in a few arrays, so a helper thread parses and the builder's thread only
-//! builds (`replay_tape`). Owned trees did the same job at a cost: an allocation per node and
+//! builds ([`Replay::feed`]). Owned trees did the same job at a cost: an allocation per node and
 //! per string on the helper, a walk that clones every dict key on the builder's thread, and a
 //! free of each node; a 100k-leaf load then waited on the helper.
 

@@ -282,6 +282,7 @@ pub(super) trait PairKey<'de>: Sized + Send {
     /// The key type the parallel split parses (its items are parsed from their own texts, so
     /// their keys cannot borrow from this parse's).
     type Owned: for<'x> PairKey<'x>;
+    /// This key type's value of a key parsed as [`PairKey::Owned`].
     fn from_owned(k: Self::Owned) -> Self;
     /// `b.enter` the step this key makes in a key path.
     fn enter<B: Build>(&self, b: &B);

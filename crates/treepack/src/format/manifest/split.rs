@@ -193,8 +193,11 @@ pub(super) fn build_streamed<B: Build>(
                 Streamed::End(Err((path, msg))) => {
                     // The root's text was parsed alone, so an error at its end (a member after
                     // it) reads "trailing characters": the one-thread parse (of text only, no
-                    // builder) says what the manifest's error is, as in any other load.
-                    if let Err(e) = parse_generic(bytes, file, &TapeBuilder::<false>::new(), false, true) {
+                    // builder; its tapes dropped as they fill) says what the manifest's error
+                    // is, as in any other load.
+                    let discard = |t: Tape| Ok(t.cleared());
+                    let text_only = TapeBuilder::<false>::streaming(STREAM_OPS, &discard);
+                    if let Err(e) = parse_generic(bytes, file, &text_only, false, true) {
                         stop.store(true, Ordering::Relaxed);
                         return Err(e);
                     }

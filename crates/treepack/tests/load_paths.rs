@@ -1,7 +1,7 @@
 //! The load-path policy (`read::one_pass`): which path a whole load takes, and that both give
 //! the same tree and the same errors.
 
-use treepack::read::one_pass::{load_one_pass, NodeBuild, ONE_PASS_FETCHES};
+use treepack::read::one_pass::{load_one_pass, NodeBuild, ONE_PASS_FETCHES, ONE_PASS_PACK_BYTES};
 use treepack::*;
 
 fn blob(i: u8) -> Node {
@@ -21,11 +21,19 @@ fn small_trees_load_in_one_pass_and_others_through_the_reader_alike() {
     let few = Node::dict(
         (0..ONE_PASS_FETCHES as u8).map(|i| (format!("b{i}"), blob(i))).chain([("n".into(), Node::from(7i64))]),
     );
-    let many = Node::list((0..=ONE_PASS_FETCHES as u8).map(blob));
+    // Past ONE_PASS_FETCHES distinct leaves the small packs are read whole (a dataset of images).
+    let many = Node::list((0..=4 * ONE_PASS_FETCHES as u8).map(blob));
     // One blob shared by 10k records is read once: one distinct stored leaf.
     let shared = Node::list((0..10_000).map(|i| Node::dict([("i", Node::from(i as i64)), ("b", blob(1))])));
+    // Packs bigger than ONE_PASS_PACK_BYTES in all: the Reader reads them in parallel batches.
+    let big = Node::dict([
+        ("n", Node::from(1i64)),
+        ("b", Tree::Leaf(Leaf::Bytes(bytes::Bytes::from(vec![3u8; ONE_PASS_PACK_BYTES as usize + 1])))),
+    ]);
     for name in ["d", "f.tpk"] {
-        for (tag, tree, pass) in [("few", &few, true), ("many", &many, false), ("shared", &shared, true)] {
+        for (tag, tree, pass) in
+            [("few", &few, true), ("many", &many, true), ("shared", &shared, true), ("big", &big, false)]
+        {
             let p = dir.path().join(format!("{tag}-{name}"));
             let p = p.to_str().unwrap();
             save(tree, p, &SaveOptions::default()).unwrap();
@@ -76,4 +84,38 @@ fn a_damaged_stored_leaf_stops_the_one_pass_and_load_names_it() {
     let (m, file) = loc.block_on(read::manifest_bytes(&loc)).unwrap();
     let got = load_one_pass(&loc, &m, &file, &NodeBuild { file: &file }, false).unwrap();
     assert!(!got.exact_eq(&tree));
+}
+
+#[test]
+fn leaves_taken_from_packs_read_whole_are_verified_and_a_short_pack_goes_to_the_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 3 * ONE_PASS_FETCHES as u8;
+    let tree = Node::list((0..n).map(blob));
+    for name in ["d", "f.tpk"] {
+        let p = dir.path().join(name);
+        let ps = p.to_str().unwrap();
+        save(&tree, ps, &SaveOptions::default()).unwrap();
+        let pack = if name == "d" {
+            std::fs::read_dir(p.join("packs")).unwrap().next().unwrap().unwrap().path()
+        } else {
+            p.clone()
+        };
+        let good = std::fs::read(&pack).unwrap();
+        // A leaf past the first ONE_PASS_FETCHES (so taken from the whole pack) damaged.
+        let mut bytes = good.clone();
+        let at = bytes.windows(64).position(|w| w.iter().all(|&b| b == n - 2)).unwrap();
+        bytes[at + 10] ^= 0xff;
+        std::fs::write(&pack, &bytes).unwrap();
+        assert!(one_pass(ps).is_none(), "{name}");
+        let e = load(ps, &LoadOptions::default()).unwrap_err();
+        let want = format!("{}", n - 2);
+        assert!(matches!(&e, Error::ChunkCorrupt { key, .. } if *key == want), "{name}: {e}");
+        // A pack cut short (the directory's; the single file's end holds its manifest).
+        if name == "d" {
+            std::fs::write(&pack, &good[..good.len() - 100]).unwrap();
+            assert!(one_pass(ps).is_none());
+            let e = load(ps, &LoadOptions::default()).unwrap_err();
+            assert!(e.to_string().contains(&pack.file_name().unwrap().to_string_lossy().to_string()), "{e}");
+        }
+    }
 }

@@ -12,14 +12,17 @@ use crate::format::model::{Key, Step};
 use serde_json::Value;
 use std::cell::{Cell, RefCell};
 
-/// Distinct stored leaves a one-pass load reads on the spot before it gives up (the caller then
-/// loads through a [`Reader`]).
+/// Distinct stored leaves a one-pass load reads one by one; past them it reads the tree's
+/// (small, see [`ONE_PASS_PACK_BYTES`]) packs whole, once, and takes every further leaf from
+/// memory. A tree with a few stored leaves in a big shared pack reads only those leaves; a
+/// dataset of 100 images in one small pack reads it in one go instead of 100 reads (a W3i load
+/// went through the Reader, parsing its manifest twice, before this).
 pub const ONE_PASS_FETCHES: usize = 16;
 
 /// A one-pass load reads stored leaves on the spot only from packs holding at most this much
-/// in all. Giving up discards what was read, and the Reader reads big trees in parallel
-/// batches with read-ahead: a checkpoint's first 16 arrays read one by one, then again, cost a
-/// cold W1 load a quarter of its time.
+/// in all (the most it reads when it reads them whole). Bigger trees go to the Reader, which
+/// reads them in parallel batches with read-ahead: a checkpoint's first 16 arrays read one by
+/// one, then again, cost a cold W1 load a quarter of its time.
 pub const ONE_PASS_PACK_BYTES: u64 = 16 << 20;
 
 /// Whether a load with these options may take the one-pass path: a whole tree, read into
@@ -29,9 +32,9 @@ pub fn one_pass_applies(opts: &LoadOptions) -> bool {
 }
 
 /// Build the whole tree from manifest bytes read from `loc`, in one pass: `b` gets every node
-/// as it is parsed, and the few stored leaves (at most [`ONE_PASS_FETCHES`] distinct ones,
-/// local trees only, packs of at most [`ONE_PASS_PACK_BYTES`]) are read on the spot, verified
-/// when `verify`. `None` whenever this path does not apply or anything fails (a damaged
+/// as it is parsed, and the stored leaves (local trees only, packs of at most
+/// [`ONE_PASS_PACK_BYTES`] in all) are read on the spot, verified when `verify`: the first
+/// [`ONE_PASS_FETCHES`] distinct ones one by one, the rest from the packs read whole. `None` whenever this path does not apply or anything fails (a damaged
 /// manifest, a builder that says no): the caller then loads through
 /// a [`Reader`] over the bytes already read, which gives the result or the full error.
 pub fn load_one_pass<B: Build>(loc: &Location, bytes: &[u8], file: &str, b: &B, verify: bool) -> Option<B::Node> {
@@ -41,6 +44,7 @@ pub fn load_one_pass<B: Build>(loc: &Location, bytes: &[u8], file: &str, b: &B, 
         file,
         reader: RefCell::new(None),
         fetched: RefCell::new(HashSet::new()),
+        whole: RefCell::new(None),
         fetches_left: Cell::new(if loc.local_path().is_some() { ONE_PASS_FETCHES } else { 0 }),
         header_checked: Cell::new(false),
         opts: LoadOptions { verify, ..Default::default() },
@@ -60,6 +64,9 @@ struct OnePass<'a, B> {
     reader: RefCell<Option<Reader>>,
     /// The chunks read so far, to count distinct stored leaves.
     fetched: RefCell<HashSet<ChunkKey>>,
+    /// The packs read whole (by pack index), once more than [`ONE_PASS_FETCHES`] distinct
+    /// leaves were asked for.
+    whole: RefCell<Option<HashMap<u32, Bytes>>>,
     fetches_left: Cell<usize>,
     header_checked: Cell<bool>,
     opts: LoadOptions,
@@ -75,16 +82,19 @@ impl<B: Build> OnePass<'_, B> {
             return Err("compressed leaves are decoded by the Reader".into());
         }
         let key = e.chunks().first().map(|c| (c.pack, c.offset, c.length)).unwrap_or_default();
-        if !self.fetched.borrow().contains(&key) {
+        if self.whole.borrow().is_none() && !self.fetched.borrow().contains(&key) {
             let left = self.fetches_left.get();
             if left == 0 {
-                return Err("many stored leaves: load through the Reader".into());
+                let packs = self.loc.block_on(r.read_packs_whole()).map_err(|e| e.to_string())?;
+                *self.whole.borrow_mut() = Some(packs);
+            } else {
+                self.fetches_left.set(left - 1);
+                self.fetched.borrow_mut().insert(key);
             }
-            self.fetches_left.set(left - 1);
-            self.fetched.borrow_mut().insert(key);
         }
         let check_header = !self.header_checked.replace(true) && self.loc.layout() == Layout::SingleFile;
-        self.loc.block_on(r.fetch_entry(e, &self.opts, check_header)).map_err(|e| e.to_string())
+        let whole = self.whole.borrow();
+        self.loc.block_on(r.fetch_entry(e, &self.opts, check_header, whole.as_ref())).map_err(|e| e.to_string())
     }
 }
 
@@ -195,20 +205,55 @@ impl Build for NodeBuild<'_> {
 }
 
 impl Reader {
-    /// One stored leaf, read and (if `opts.verify`) verified; `check_header` also checks a
-    /// single file's header.
-    async fn fetch_entry(&self, e: &Entry, opts: &LoadOptions, check_header: bool) -> Result<Leaf> {
+    /// One stored leaf, read (or taken from `whole`, packs read whole by
+    /// [`Reader::read_packs_whole`]) and, if `opts.verify`, verified; `check_header` also checks
+    /// a single file's header.
+    async fn fetch_entry(
+        &self,
+        e: &Entry,
+        opts: &LoadOptions,
+        check_header: bool,
+        whole: Option<&HashMap<u32, Bytes>>,
+    ) -> Result<Leaf> {
         let job = Job { id: 0, path: String::new(), entry: e };
         let mut keys = self.job_keys(&job, false);
         let header = (0u32, 0u64, container::HEADER_LEN);
         if check_header {
             keys.push(header);
         }
-        let fetched = self.fetch_keys(keys, false, None, ReadMode::Buffered).await?;
+        let fetched = match whole {
+            Some(packs) => keys.into_iter().map(|k| Ok((k, self.slice_of_pack(packs, k)?))).collect::<Result<_>>()?,
+            None => self.fetch_keys(keys, false, None, ReadMode::Buffered).await?,
+        };
         if check_header {
             container::check_header(fetched.get(&header).map(|b| b.as_ref()).unwrap_or_default(), &self.manifest_file)?;
         }
         self.assemble(&job, &fetched, opts, opts.verify)
+    }
+
+    /// Every pack of the tree, read whole: one read each (the one-pass load's, for small packs).
+    async fn read_packs_whole(&self) -> Result<HashMap<u32, Bytes>> {
+        let keys = self.manifest.packs.iter().enumerate().map(|(i, p)| (i as u32, 0, p.size)).collect();
+        Ok(self
+            .fetch_keys(keys, false, None, ReadMode::Buffered)
+            .await?
+            .into_iter()
+            .map(|((p, _, _), b)| (p, b))
+            .collect())
+    }
+
+    /// The bytes `(pack, offset, length)` of packs read whole.
+    fn slice_of_pack(&self, packs: &HashMap<u32, Bytes>, (pack, off, len): ChunkKey) -> Result<Bytes> {
+        let b = packs.get(&pack);
+        let end = off.checked_add(len);
+        match (b, end) {
+            (Some(b), Some(end)) if end <= b.len() as u64 => Ok(b.slice(off as usize..end as usize)),
+            _ => Err(Error::OutOfBounds {
+                file: self.manifest.packs.get(pack as usize).map(|p| p.path.clone()).unwrap_or_default(),
+                key: String::new(),
+                reason: format!("bytes {off}+{len} are past the end of the pack as read"),
+            }),
+        }
     }
 
     /// Build the whole tree through `b` from this reader's manifest and `leaves`, the stored

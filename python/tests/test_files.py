@@ -145,6 +145,38 @@ def test_images_from_files_keep_their_bytes_and_modified_ones_become_png(tmp_pat
     assert back["changed"].format == "PNG" and back["changed"].tobytes() == changed.tobytes()
 
 
+def test_images_of_every_mode_round_trip_exactly_and_keep_what_pillow_would_write(tmp_path, monkeypatch):
+    from treepack import _core
+
+    encoded = []
+    rust = _core.encode_png
+    monkeypatch.setattr(_core, "encode_png", lambda b, w, h, m: (encoded.append(m), rust(b, w, h, m))[1])
+    rng = np.random.default_rng(5)
+    made = {  # the modes encoded in Rust (odd sizes: rows of 1-bit images end mid-byte)
+        "1": PIL.fromarray(rng.random((13, 21)) < 0.5),
+        "L": PIL.fromarray(rng.integers(0, 256, (17, 9), dtype=np.uint8)),
+        "LA": PIL.fromarray(rng.integers(0, 256, (5, 7, 2), dtype=np.uint8), "LA"),
+        "RGB": PIL.fromarray(rng.integers(0, 256, (31, 33, 3), dtype=np.uint8)),
+        "RGBA": PIL.fromarray(rng.integers(0, 256, (3, 64, 4), dtype=np.uint8)),
+        "I;16": PIL.fromarray(rng.integers(0, 65536, (11, 6), dtype=np.uint16)),
+    }
+    # Left to Pillow: a palette with a transparency key, an image carrying an ICC profile.
+    pal = made["L"].convert("P")
+    pal.info["transparency"] = 3
+    icc = made["RGB"].copy()
+    icc.info["icc_profile"] = b"not really a profile, kept as given"
+    p = str(tmp_path / "modes")
+    treepack.save({**made, "pal": pal, "icc": icc}, p)
+    assert sorted(encoded) == sorted(made), encoded
+    back = treepack.load(p)
+    for name, im in {**made, "pal": pal, "icc": icc}.items():
+        got = back[name]
+        assert (got.format, got.mode, got.size) == ("PNG", im.mode, im.size), name
+        assert got.tobytes() == im.tobytes(), name
+    assert back["pal"].info["transparency"] == 3 and back["pal"].getpalette() == pal.getpalette()
+    assert back["icc"].info["icc_profile"] == icc.info["icc_profile"]
+
+
 def test_image_loads_allow_only_safe_formats_and_keep_the_bomb_limit(tmp_path, monkeypatch, rewrite_manifest):
     p = str(tmp_path / "b")
     treepack.save({"im": _image(2, (60, 60))}, p)

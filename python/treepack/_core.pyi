@@ -89,6 +89,10 @@ def gc(path: str, grace_secs: float = 3600.0, storage_options: StorageOptions = 
 def numpy_dtype_name(kind: str, itemsize: int, name: str) -> Optional[Tuple[str, bool]]: ...
 def dtype_needs_ml_dtypes(name: str) -> bool: ...
 
+def encode_png(pixels: bytes, width: int, height: int, mode: str) -> Optional[bytes]:
+    """The PNG file of a Pillow image's raw bytes (``tobytes()``); None for modes left to Pillow."""
+    ...
+
 def load_one_pass(
     path: str,
     decode_other: Any,

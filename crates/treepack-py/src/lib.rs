@@ -8,7 +8,7 @@
 //!
 //! One concern per module: [`errors`], [`memory`] (owners behind zero-copy buffers),
 //! [`leaf_info`], [`encode`] (Python -> tree), [`decode`] (tree -> Python), [`datetime`],
-//! [`reader`] (the `Reader` class), [`results`] (typed results), [`structure`] (`load_structure`'s builders) and [`one_pass`]
+//! [`reader`] (the `Reader` class), [`results`] (typed results), [`structure`] (`load_structure`'s builders), [`image`] (PNG of images made in memory) and [`one_pass`]
 //! (whole loads of small trees). They share the imports below through `use super::*`.
 
 mod datetime;
@@ -16,6 +16,7 @@ mod decode;
 mod encode;
 mod encode_text;
 mod errors;
+mod image;
 mod leaf_info;
 mod load;
 mod memory;
@@ -29,6 +30,7 @@ use datetime::*;
 use decode::*;
 use encode::*;
 use errors::*;
+use image::encode_png;
 use leaf_info::*;
 use load::*;
 use memory::*;
@@ -220,6 +222,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dtype_needs_ml_dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(structure_one_pass, m)?)?;
     m.add_function(wrap_pyfunction!(load_one_pass, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_png, m)?)?;
     m.add_function(wrap_pyfunction!(check_compression, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<Repository>()?;

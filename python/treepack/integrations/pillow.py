@@ -46,6 +46,14 @@ def _source_bytes(img: Any) -> Optional[Tuple[bytes, str]]:
 
 
 def _png(img: Any) -> Tuple[bytes, str]:
+    if not img.info:
+        # Pixels and nothing else (no palette, transparency key, ICC profile or other info
+        # Pillow would write): encoded in Rust, 3-4x faster than Pillow's encoder.
+        from .. import _core
+
+        b = _core.encode_png(img.tobytes(), img.width, img.height, img.mode)
+        if b is not None:
+            return b, "PNG"
     buf = io.BytesIO()
     try:
         img.save(buf, format="PNG")

@@ -197,6 +197,89 @@ def test_shared_plain_objects_are_one_object_after_a_text_walk(tmp_path):
     assert back["ring"][1] is back["ring"]
 
 
+def _share_randomly(rng: random.Random, tree):
+    """`tree` with some of its containers, arrays and records placed again elsewhere (and a
+    few made to hold themselves): shared objects everywhere the text walk writes."""
+    pool = []
+
+    def collect(t):
+        if isinstance(t, (list, dict, np.ndarray, Rec)) or (isinstance(t, tuple) and t):
+            pool.append(t)
+        kids = t if isinstance(t, (list, tuple)) else t.values() if isinstance(t, dict) else [t.a, t.b] if isinstance(t, Rec) else []
+        for k in kids:
+            collect(k)
+
+    collect(tree)
+    if not pool:
+        return tree
+    holders = [t for t in pool if isinstance(t, (list, dict))]
+    for _ in range(rng.randint(1, 4)):
+        target, holder = rng.choice(pool), rng.choice(holders) if holders else None
+        if holder is None:
+            break
+        if isinstance(holder, list):
+            holder.insert(rng.randint(0, len(holder)), target)  # may be itself: a cycle
+        else:
+            holder[f"again{rng.randint(0, 99)}"] = target
+    return {"tree": tree, "tail": rng.choice(pool)}
+
+
+def test_shared_objects_written_as_text_give_the_same_manifest_as_nodes(tmp_path):
+    # A plain container met again after it was written as text: the first walk finds every
+    # object met again, the second writes their shared nodes and refs as text with their final
+    # ids. Byte for byte what the node path writes, and the objects load as one.
+    rng = random.Random(2611)
+    shared = 0
+    for i in range(300):
+        tree = _share_randomly(rng, {"t": _random_tree(rng), "i": i})
+        with_text, nodes = _manifests(tree, tmp_path, f"s{i}")
+        assert with_text == nodes, f"tree {i}: {tree!r}"[:2000]
+        shared += b'"t":"shared"' in with_text
+        back = treepack.load(tmp_path / f"s{i}-True", trust=[f"{Rec.__module__}.Rec"])
+        treepack.save(back, tmp_path / f"s{i}-again")
+        assert (tmp_path / f"s{i}-again" / "treepack.json").read_bytes() == with_text, i
+    assert shared > 200, shared
+
+
+class Box:
+    """Saved (below) by an encoder with a cache: a new list per call in the first walk, the
+    same list afterwards, which the second walk did not expect to meet twice."""
+
+
+def test_an_object_met_again_only_in_the_second_walk_sends_the_save_to_nodes(tmp_path):
+    from treepack import _codec, _core
+
+    calls, cached = [], [7, 8]
+
+    def encode_other(obj, where):
+        if not isinstance(obj, Box):
+            return _codec.encode_other(obj, where, False)
+        calls.append(where)
+        return ("record", f"{Rec.__module__}:Rec", None, [("a", len(calls)), ("b", [7, 8] if len(calls) <= 2 else cached)])
+
+    cfg = {"lr": 0.1}
+    tree = {"a": cfg, "b": cfg, "boxes": [Box(), Box()]}
+    _core.prepare(tree, encode_other, _codec.encode_array).write(str(tmp_path / "t"))
+    assert len(calls) == 6  # three walks: text, text knowing `cfg`, nodes
+    back = treepack.load(tmp_path / "t", trust=[f"{Rec.__module__}.Rec"])
+    assert back["a"] is back["b"] and back["a"] == cfg
+    r1, r2 = back["boxes"]
+    assert (r1.a, r2.a, r1.b) == (5, 6, [7, 8]) and r1.b is r2.b
+    # An encoder making a new list every time: the second walk is the last (four calls), with
+    # the shared node and refs as text, byte for byte what the node path writes.
+    def fresh(obj, where):
+        if not isinstance(obj, Box):
+            return _codec.encode_other(obj, where, False)
+        calls.append(where)
+        return ("record", f"{Rec.__module__}:Rec", None, [("a", 1), ("b", [7, 8])])
+
+    calls.clear()
+    _core.prepare(tree, fresh, _codec.encode_array).write(str(tmp_path / "two"))
+    assert len(calls) == 4
+    _core.prepare(tree, fresh, _codec.encode_array, text=False).write(str(tmp_path / "nodes"))
+    assert (tmp_path / "two" / "treepack.json").read_bytes() == (tmp_path / "nodes" / "treepack.json").read_bytes()
+
+
 def test_text_walk_errors_name_the_place(tmp_path):
     with pytest.raises(TypeError, match=r"a/1/b`: string is not valid Unicode"):
         treepack.save({"a": [1, {"b": "x\udc80"}]}, tmp_path / "s")

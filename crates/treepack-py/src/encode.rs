@@ -37,6 +37,18 @@ pub(crate) struct Encoder<'py> {
     pub(crate) seen: rustc_hash::FxHashMap<usize, (u64, Bound<'py, PyAny>)>,
     /// Ordinals of the nodes a ref points at.
     pub(crate) refd: rustc_hash::FxHashSet<u64>,
+    /// Objects met more than once in this walk, by address: what a second walk must know
+    /// when this one met again an object it had written as text (see `prepare`).
+    pub(crate) again_met: rustc_hash::FxHashSet<usize>,
+    /// In a second walk, the objects the first met more than once: each is given its shared
+    /// id (`ids`) as it begins, so the ids are final as they are written, text included.
+    pub(crate) known: Option<rustc_hash::FxHashSet<usize>>,
+    /// In a second walk, the shared ids given so far (0, 1, 2, ... in document order).
+    pub(crate) ids: rustc_hash::FxHashMap<usize, u64>,
+    /// Refs made so far by a first walk writing text (see [`TEXT_REFS`]).
+    pub(crate) text_refs: usize,
+    /// Shared objects a second walk made nodes at their first place (an image, an array).
+    pub(crate) shared_firsts: u64,
     /// Ordinals of the objects being encoded, outermost first (a ref to one of them is a cycle):
     /// the containers on the current path, so a stack.
     pub(crate) open: Vec<u64>,
@@ -105,28 +117,71 @@ impl<'py> Encoder<'py> {
             self.texted.push(false);
         }
         if let (true, Some(obj)) = (self.share, obj) {
-            self.seen.insert(obj.as_ptr() as usize, (o, obj.clone()));
+            let addr = obj.as_ptr() as usize;
+            self.seen.insert(addr, (o, obj.clone()));
+            if self.known.as_ref().is_some_and(|k| k.contains(&addr)) {
+                self.ids.insert(addr, self.ids.len() as u64);
+            }
         }
         o
     }
 
-    /// A ref, if `obj` was met before.
+    /// The shared id `obj` was given as it began (second walk, an object met again later).
+    pub(crate) fn shared_id(&self, obj: &Bound<'py, PyAny>) -> Option<u64> {
+        self.known.as_ref()?;
+        self.ids.get(&(obj.as_ptr() as usize)).copied()
+    }
+
+    /// `n`, the node of `obj` just built, as a shared node if `obj` is one (second walk).
+    pub(crate) fn wrap_shared(&mut self, obj: &Bound<'py, PyAny>, n: Node) -> Node {
+        match self.shared_id(obj) {
+            Some(id) => {
+                self.shared_firsts += 1;
+                Tree::Shared { id, node: Box::new(n) }
+            }
+            None => n,
+        }
+    }
+
+    /// A ref, if `obj` was met before. In a first walk, its ordinal (renumbered at the end,
+    /// `share_refs`); in a second, its final id. An object the walk wrote as text and meets
+    /// again cannot become a ref (its text has no shared id): a first walk notes it and goes
+    /// on to the end, finding every object met again, for a second walk to number as it goes;
+    /// a second walk that meets an object the first did not see twice starts over without text.
     pub(crate) fn again(&mut self, obj: &Bound<'py, PyAny>, fragile: bool) -> PyResult<Option<Node>> {
         if !self.share {
             return Ok(None);
         }
-        let Some((o, _)) = self.seen.get(&(obj.as_ptr() as usize)) else { return Ok(None) };
+        let addr = obj.as_ptr() as usize;
+        let Some((o, _)) = self.seen.get(&addr) else { return Ok(None) };
         let o = *o;
-        if self.texted.get(o as usize) == Some(&true) {
-            self.restart = true;
-            return Err(PyValueError::new_err("treepack: a shared object was written as text; starting over"));
-        }
         if fragile && self.open.contains(&o) {
             return Err(PyValueError::new_err(format!(
                 "cannot save `{}`: an object contains itself through a tuple or a registered type's data \
                  here; loading could not rebuild that cycle. Hold it in a list or a dict there instead",
                 self.here()
             )));
+        }
+        if self.known.is_some() {
+            return match self.ids.get(&addr) {
+                Some(&id) => Ok(Some(Tree::Ref(id))),
+                None => {
+                    self.restart = true;
+                    Err(PyValueError::new_err(
+                        "treepack: an object not known to be shared was met again; starting over",
+                    ))
+                }
+            };
+        }
+        self.again_met.insert(addr);
+        if self.texted.get(o as usize) == Some(&true) {
+            self.restart = true;
+        }
+        if self.text.is_some() {
+            self.text_refs += 1;
+            if self.text_refs >= TEXT_REFS {
+                self.restart = true;
+            }
         }
         self.refd.insert(o);
         Ok(Some(Tree::Ref(o)))
@@ -208,11 +263,16 @@ impl<'py> Encoder<'py> {
     }
 
     pub(crate) fn child(&mut self, seg: PathStep<'py>, v: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
-        if self.text.is_some() && self.text_hint {
+        if self.text.is_some() && (self.text_hint || self.restart) {
             // Plain containers anywhere (a record's dict field too) become text.
             let fragile = self.fragile;
             return self.child_piece(seg, v, depth, fragile);
         }
+        self.child_node(seg, v, depth)
+    }
+
+    /// A child as a node (a scalar as a leaf), whatever the text hint says.
+    pub(crate) fn child_node(&mut self, seg: PathStep<'py>, v: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
         if depth < treepack::format::manifest::MAX_DEPTH {
             if let Some(leaf) = scalar(v) {
                 // Most nodes of a big tree: no key path step, no stack check (a leaf recurses
@@ -284,7 +344,7 @@ impl<'py> Encoder<'py> {
             }
             self.text_hint = hint;
             self.open.pop();
-            return Ok(Tree::List(out));
+            return Ok(self.wrap_shared(obj, Tree::List(out)));
         }
         if let Ok(t) = obj.cast_exact::<PyTuple>() {
             // The empty tuple is one object in CPython and holds nothing: never a shared node.
@@ -303,7 +363,7 @@ impl<'py> Encoder<'py> {
             }
             self.text_hint = hint;
             self.open.pop();
-            return Ok(Tree::Tuple(out));
+            return Ok(self.wrap_shared(obj, Tree::Tuple(out)));
         }
         if let Ok(d) = obj.cast_exact::<PyDict>() {
             if let Some(r) = self.again(obj, fragile)? {
@@ -319,7 +379,7 @@ impl<'py> Encoder<'py> {
             }
             self.text_hint = hint;
             self.open.pop();
-            return Ok(Tree::Dict(out));
+            return Ok(self.wrap_shared(obj, Tree::Dict(out)));
         }
         if obj.get_type().is(&self.ndarray) {
             if matches!(obj.cast::<PyUntypedArray>()?.dtype().kind(), b'O' | b'M' | b'm') {
@@ -331,7 +391,8 @@ impl<'py> Encoder<'py> {
                 return Ok(r);
             }
             self.begin(Some(obj));
-            return self.array(obj).map(Node::from);
+            let a = self.array(obj)?;
+            return Ok(self.wrap_shared(obj, Node::from(a)));
         }
         if self.fast_datetime {
             if let Ok(d) = obj.cast_exact::<pyo3::types::PyDateTime>() {
@@ -396,6 +457,12 @@ impl<'py> Encoder<'py> {
         if let Some(r) = self.again(obj, fragile)? {
             return Ok(r);
         }
+        let n = self.other_new(obj, depth)?;
+        Ok(self.wrap_shared(obj, n))
+    }
+
+    /// An object of another kind met for the first time: described by `encode_other`.
+    fn other_new(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
         let here = self.here();
         let desc = self.encode_other.call1((obj, here)).map_err(|e| {
             if e.is_instance_of::<PyTypeError>(self.py) {
@@ -585,6 +652,15 @@ fn free_threaded(py: Python<'_>) -> bool {
     })
 }
 
+/// Refs after which a first walk writing text gives way to a second (see `prepare`). A ref
+/// made before the ids are known is a node, and so is every container holding one, with its
+/// siblings: a list of records each holding a ref to one of a few objects (W3i's 10k rows and
+/// 100 images, a log whose records share an array) became nodes record by record, ~3x the
+/// cost of the same records as text (W11 100k, each record holding one shared array: 72 ms
+/// against 21). A second walk writes those refs as text; it costs about one walk of text, so
+/// it is worth it for many refs only, and a tree with a few shared objects keeps one walk.
+const TEXT_REFS: usize = 64;
+
 /// Room the text writer starts with: about the size of the last tree that was all text.
 static TEXT_HINT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(64 << 10);
 
@@ -630,6 +706,11 @@ pub(crate) fn prepare(
         ordinal: 0,
         seen: Default::default(),
         refd: Default::default(),
+        again_met: Default::default(),
+        known: None,
+        ids: Default::default(),
+        text_refs: 0,
+        shared_firsts: 0,
         open: Default::default(),
         fragile: false,
         text: text.then(|| FragmentWriter::with_capacity(TEXT_HINT.load(std::sync::atomic::Ordering::Relaxed))),
@@ -642,17 +723,29 @@ pub(crate) fn prepare(
         text_hint: true,
     };
     let mut enc = new(text);
-    let mut node = match enc.top(tree) {
+    let first = enc.top(tree);
+    let mut node = if !enc.restart {
+        first?
+    } else {
         // An object written as text was met again (a shared dict of plain values): its text
-        // cannot carry a shared id, so the tree is walked again as nodes.
-        Err(_) if enc.restart => {
-            if let Some(reset) = &reset {
-                reset.call0()?;
+        // has no shared id; or many refs were made as nodes ([`TEXT_REFS`]). The first walk
+        // went on to the end to find every object met again; the second gives each its id
+        // as it begins (document order), so shared nodes and refs are written as text too. Should it meet anything else again (an object
+        // made by `encode_other` during the walk), the tree is walked a third time as nodes.
+        drop(first);
+        let known = std::mem::take(&mut enc.again_met);
+        let forget = || reset.as_ref().map_or(Ok(()), |r| r.call0().map(drop));
+        forget()?;
+        enc = new(text);
+        enc.known = Some(known);
+        match enc.top(tree) {
+            Err(_) if enc.restart => {
+                forget()?;
+                enc = new(false);
+                enc.top(tree)?
             }
-            enc = new(false);
-            enc.top(tree)?
+            r => r?,
         }
-        r => r?,
     };
     if let Tree::Leaf(Leaf::Fragment(f)) = &node {
         // The next save of a tree like this one (a logging loop) starts with room for its text.

@@ -9,6 +9,9 @@ use treepack::format::manifest::{FragmentWriter, Mark};
 /// A container begun as text ([`Encoder::open_text`]).
 pub(crate) struct Opened {
     ordinal: u64,
+    /// Its shared id, when a second walk knows it is shared (its text is wrapped in a shared
+    /// node, or its node is).
+    shared: Option<u64>,
     /// Where its children's marks begin in `Encoder::marks`.
     base: usize,
     /// Where its text begins.
@@ -76,6 +79,15 @@ impl<'py> Encoder<'py> {
         if let Ok(d) = obj.cast_exact::<PyDict>() {
             return self.dict_text(obj, d, depth, fragile);
         }
+        if self.refs_as_text() {
+            // An object (an image, an array) met again in a second walk: its ref is text.
+            if let Some(Tree::Ref(id)) = self.again(obj, fragile)? {
+                if let Some(w) = self.text.as_mut() {
+                    w.reference(id);
+                    return Ok(None);
+                }
+            }
+        }
         self.fragile = fragile;
         self.node(obj, depth).map(Some)
     }
@@ -115,20 +127,23 @@ impl<'py> Encoder<'py> {
             }
         }
         let m = match self.text.as_ref().map(FragmentWriter::mark) {
-            Some(m) if self.text_hint && plain_container(v) => m,
+            // A first walk that will be walked again writes text wherever it can (it only
+            // looks for objects met again, and text is the fastest way through).
+            Some(m) if (self.text_hint || self.restart) && plain_container(v) => m,
             _ => {
                 self.fragile = fragile;
                 let hint = std::mem::replace(&mut self.text_hint, false);
-                let r = self.child(seg, v, depth);
+                let r = self.child_node(seg, v, depth);
                 self.text_hint = hint;
                 return r;
             }
         };
         self.fragile = false;
+        let before = self.shared_firsts;
         match self.child_text(seg, v, depth, fragile)? {
             None => Ok(self.fragment_node(m, None)),
             Some(n) => {
-                self.missed(v);
+                self.missed(v, before);
                 Ok(n)
             }
         }
@@ -136,9 +151,11 @@ impl<'py> Encoder<'py> {
 
     /// A child that came back as a node: if it is a plain container that held something text
     /// cannot, its next siblings (records of one shape, as a list of them holds) are walked as
-    /// nodes straight away, not written as text and then undone item by item.
-    fn missed(&mut self, v: &Bound<'py, PyAny>) {
-        if plain_container(v) {
+    /// nodes straight away, not written as text and then undone item by item. Not when what
+    /// it held was the first place of a shared object (`before`: the count of those before it,
+    /// see [`Encoder::wrap_shared`]): the next siblings hold refs to it, which are text.
+    fn missed(&mut self, v: &Bound<'py, PyAny>, before: u64) {
+        if plain_container(v) && self.shared_firsts == before {
             self.text_hint = false;
         }
     }
@@ -199,6 +216,13 @@ impl<'py> Encoder<'py> {
         Some(slot)
     }
 
+    /// Whether refs are written as text: in a second walk (their ids are final), and in a
+    /// first that will be walked again (its output is dropped: it only finds what is met again,
+    /// and text keeps it as fast as the second).
+    fn refs_as_text(&self) -> bool {
+        self.known.is_some() || self.restart
+    }
+
     /// Whether `obj`, a container met as an item of the container being walked (the walk holds
     /// it through one reference of its own), may be met again: shared objects are found by
     /// keeping every container met in `seen`, which cost ~10 % of a walk of plain values. An
@@ -218,34 +242,48 @@ impl<'py> Encoder<'py> {
 
     /// Begin a container as text (`begin` writes its opening): `Err` with a ref when the
     /// object was met before (only looked for when `may_share` and it may be: see
-    /// [`Encoder::maybe_shared`]).
+    /// [`Encoder::maybe_shared`]), `Err(None)` when that ref was written as text (its id is
+    /// final: a second walk).
     fn open_text(
         &mut self,
         obj: &Bound<'py, PyAny>,
         may_share: bool,
         fragile: bool,
         begin: fn(&mut FragmentWriter),
-    ) -> PyResult<std::result::Result<Opened, Node>> {
+    ) -> PyResult<std::result::Result<Opened, Option<Node>>> {
         let tracked = may_share && self.maybe_shared(obj);
         if tracked {
             if let Some(r) = self.again(obj, fragile)? {
-                return Ok(Err(r));
+                if let (Tree::Ref(id), true) = (&r, self.refs_as_text()) {
+                    if let Some(w) = self.text.as_mut() {
+                        w.reference(*id);
+                        return Ok(Err(None));
+                    }
+                }
+                return Ok(Err(Some(r)));
             }
         }
         let ordinal = self.begin(tracked.then_some(obj));
+        let shared = if tracked { self.shared_id(obj) } else { None };
         self.open.push(ordinal);
         let base = self.marks.len();
         let w = self.text.as_mut().ok_or_else(|| PyValueError::new_err("treepack bug: no text writer"))?;
         let start = w.mark();
+        if let Some(id) = shared {
+            w.shared_begin(id);
+        }
         begin(w);
         let hint = std::mem::replace(&mut self.text_hint, true);
-        Ok(Ok(Opened { ordinal, base, start, hint }))
+        Ok(Ok(Opened { ordinal, shared, base, start, hint }))
     }
 
     /// Finish a container that ended as text (`end` writes its closing).
     fn close_text(&mut self, c: Opened, end: fn(&mut FragmentWriter)) {
         if let Some(w) = self.text.as_mut() {
             end(w);
+            if c.shared.is_some() {
+                w.shared_end();
+            }
         }
         self.marks.truncate(c.base);
         self.open.pop();
@@ -255,10 +293,18 @@ impl<'py> Encoder<'py> {
         self.text_hint = c.hint;
     }
 
-    /// Finish a container begun as text that became a node.
-    fn close_node(&mut self, c: Opened) {
+    /// Finish a container begun as text that became node `n` (its text, the shared node's
+    /// opening included, was dropped).
+    fn close_node(&mut self, c: Opened, n: Node) -> Node {
         self.open.pop();
         self.text_hint = c.hint;
+        match c.shared {
+            Some(id) => {
+                self.shared_firsts += 1;
+                Tree::Shared { id, node: Box::new(n) }
+            }
+            None => n,
+        }
     }
 
     fn seq_text(
@@ -274,7 +320,7 @@ impl<'py> Encoder<'py> {
         let begin = if tuple { FragmentWriter::tuple_begin } else { FragmentWriter::list_begin };
         let c = match self.open_text(obj, !(tuple && len == 0), fragile, begin)? {
             Ok(c) => c,
-            Err(r) => return Ok(Some(r)),
+            Err(r) => return Ok(r),
         };
         let (base, start) = (c.base, c.start);
         let mut nodes: Option<Vec<Node>> = None;
@@ -292,6 +338,7 @@ impl<'py> Encoder<'py> {
             if let Some(m) = w {
                 self.marks.push(m);
             }
+            let before = self.shared_firsts;
             match self.child_text(PathStep::Index(i), &x, depth, tuple)? {
                 None => {
                     if let Some(end) = self.text.as_ref().map(FragmentWriter::mark) {
@@ -300,7 +347,7 @@ impl<'py> Encoder<'py> {
                 }
                 Some(node) => {
                     self.marks.pop();
-                    self.missed(&x);
+                    self.missed(&x, before);
                     let mut done = self.texts_to_nodes(start, base, i, |_, j| Ok(((), obj.get_item(j)?)))?;
                     let mut v: Vec<Node> = done.drain(..).map(|(_, n)| n).collect();
                     v.reserve(len.saturating_sub(i));
@@ -314,10 +361,7 @@ impl<'py> Encoder<'py> {
                 self.close_text(c, if tuple { FragmentWriter::items_end } else { FragmentWriter::list_end });
                 Ok(None)
             }
-            Some(v) => {
-                self.close_node(c);
-                Ok(Some(if tuple { Tree::Tuple(v) } else { Tree::List(v) }))
-            }
+            Some(v) => Ok(Some(self.close_node(c, if tuple { Tree::Tuple(v) } else { Tree::List(v) }))),
         }
     }
 
@@ -330,7 +374,7 @@ impl<'py> Encoder<'py> {
     ) -> PyResult<Option<Node>> {
         let c = match self.open_text(obj, true, fragile, FragmentWriter::dict_begin)? {
             Ok(c) => c,
-            Err(r) => return Ok(Some(r)),
+            Err(r) => return Ok(r),
         };
         let (base, start) = (c.base, c.start);
         let mut pairs: Option<Vec<(Key, Node)>> = None;
@@ -349,6 +393,7 @@ impl<'py> Encoder<'py> {
                         w.pair_begin_with(text);
                     }
                     self.marks.push(w.mark());
+                    let before = self.shared_firsts;
                     match self.child_text(PathStep::Key(k.clone()), &v, depth, false)? {
                         None => {
                             if let Some(w) = self.text.as_mut() {
@@ -359,7 +404,7 @@ impl<'py> Encoder<'py> {
                         }
                         Some(node) => {
                             self.marks.pop();
-                            self.missed(&v);
+                            self.missed(&v, before);
                             Some(node)
                         }
                     }
@@ -386,10 +431,7 @@ impl<'py> Encoder<'py> {
                 self.close_text(c, FragmentWriter::items_end);
                 Ok(None)
             }
-            Some(p) => {
-                self.close_node(c);
-                Ok(Some(Tree::Dict(p)))
-            }
+            Some(p) => Ok(Some(self.close_node(c, Tree::Dict(p)))),
         }
     }
 

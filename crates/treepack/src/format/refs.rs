@@ -13,6 +13,25 @@ pub struct RefCheck {
 }
 
 impl RefCheck {
+    /// The check of a part of a tree after whose start `next` shared nodes have begun (a
+    /// fragment of manifest text, parsed on its own).
+    pub fn after(next: u64) -> Self {
+        RefCheck { next }
+    }
+
+    /// The shared nodes `ids` begin, one after the other (a fragment's, whose text was
+    /// written in order).
+    ///
+    /// # Errors
+    /// The reason, when they do not start at the next id.
+    pub fn begin_all(&mut self, ids: std::ops::Range<u64>) -> Result<(), String> {
+        if !ids.is_empty() {
+            self.begin(ids.start)?;
+            self.next = ids.end;
+        }
+        Ok(())
+    }
+
     /// A shared node `id` begins.
     ///
     /// # Errors
@@ -62,20 +81,39 @@ fn is_ref<L>(t: &Tree<L>) -> bool {
 /// # Errors
 /// The key path and the reason.
 pub fn check_refs<L>(root: &Tree<L>) -> Result<(), (String, String)> {
-    fn walk<'a, L>(t: &'a Tree<L>, path: &mut Vec<Step<'a>>, rc: &mut RefCheck) -> Result<(), (String, String)> {
+    check_refs_with(root, RefCheck::default(), &|_| None)
+}
+
+/// [`check_refs`] from `rc`'s state, for trees whose leaves may hold shared nodes of their own:
+/// `ids` gives a leaf's (a fragment of manifest text written in order), begun where it stands.
+///
+/// # Errors
+/// The key path and the reason.
+pub fn check_refs_with<L>(
+    root: &Tree<L>,
+    rc: RefCheck,
+    ids: &dyn Fn(&L) -> Option<std::ops::Range<u64>>,
+) -> Result<(), (String, String)> {
+    type Ids<'i, L> = &'i dyn Fn(&L) -> Option<std::ops::Range<u64>>;
+    fn walk<'a, L>(
+        t: &'a Tree<L>,
+        path: &mut Vec<Step<'a>>,
+        rc: &mut RefCheck,
+        ids: Ids<'_, L>,
+    ) -> Result<(), (String, String)> {
         let here = |path: &Vec<Step<'a>>, r: String| (crate::format::keypath::steps_text(path), r);
         match t {
-            Tree::Leaf(_) => Ok(()),
+            Tree::Leaf(l) => ids(l).map_or(Ok(()), |r| rc.begin_all(r).map_err(|r| here(path, r))),
             Tree::Ref(id) => rc.reference(*id).map_err(|r| here(path, r)),
             Tree::Shared { id, node } => {
                 rc.begin(*id).map_err(|r| here(path, r))?;
                 RefCheck::value(is_ref(node)).map_err(|r| here(path, r))?;
-                grow(|| walk(node, path, rc))
+                grow(|| walk(node, path, rc, ids))
             }
             t => grow(|| {
                 for (step, c) in t.children() {
                     path.push(step);
-                    walk(c, path, rc)?;
+                    walk(c, path, rc, ids)?;
                     path.pop();
                 }
                 Ok(())
@@ -84,20 +122,23 @@ pub fn check_refs<L>(root: &Tree<L>) -> Result<(), (String, String)> {
     }
     /// The same walk without key paths (no allocation per node): the path is found only for
     /// an error.
-    fn fast<L>(t: &Tree<L>, rc: &mut RefCheck) -> bool {
+    fn fast<L>(t: &Tree<L>, rc: &mut RefCheck, ids: Ids<'_, L>) -> bool {
         grow(|| match t {
-            Tree::Leaf(_) => true,
+            Tree::Leaf(l) => ids(l).is_none_or(|r| rc.begin_all(r).is_ok()),
             Tree::Ref(id) => rc.reference(*id).is_ok(),
-            Tree::Shared { id, node } => rc.begin(*id).is_ok() && !is_ref(node) && fast(node, rc),
-            Tree::List(v) | Tree::Tuple(v) => v.iter().all(|c| fast(c, rc)),
-            Tree::Dict(v) => v.iter().all(|(_, c)| fast(c, rc)),
-            Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => v.iter().all(|(_, c)| fast(c, rc)),
+            Tree::Shared { id, node } => rc.begin(*id).is_ok() && !is_ref(node) && fast(node, rc, ids),
+            Tree::List(v) | Tree::Tuple(v) => v.iter().all(|c| fast(c, rc, ids)),
+            Tree::Dict(v) => v.iter().all(|(_, c)| fast(c, rc, ids)),
+            Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => {
+                v.iter().all(|(_, c)| fast(c, rc, ids))
+            }
         })
     }
-    if fast(root, &mut RefCheck::default()) {
+    if fast(root, &mut rc.clone(), ids) {
         return Ok(());
     }
-    walk(root, &mut Vec::new(), &mut RefCheck::default())
+    let mut rc = rc;
+    walk(root, &mut Vec::new(), &mut rc, ids)
 }
 
 /// The object at `node`: the target of a [`Tree::Ref`] (found in `root`), the inside of a

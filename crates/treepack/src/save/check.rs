@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::format::keypath;
 use crate::format::manifest::{self, MAX_DEPTH};
-use crate::format::model::{Node, Step, Tree};
+use crate::format::model::{Leaf, Node, Step, Tree};
 
 /// Depth, key uniqueness and shared ids; whether the tree holds shared nodes or refs.
 pub(super) fn check_tree(tree: &Node) -> Result<bool> {
@@ -12,7 +12,14 @@ pub(super) fn check_tree(tree: &Node) -> Result<bool> {
     let mut has_refs = false;
     check_node(tree, 0, &mut path, &mut has_refs)?;
     if has_refs {
-        crate::format::refs::check_refs(tree).map_err(|(path, r)| Error::invalid_tree(path, r))?;
+        // Fragments of text may hold shared nodes (written with their final ids): they begin
+        // where the fragment stands.
+        let ids = |l: &Leaf| match l {
+            Leaf::Fragment(f) if f.has_refs() => Some(f.shared_ids()),
+            _ => None,
+        };
+        crate::format::refs::check_refs_with(tree, Default::default(), &ids)
+            .map_err(|(path, r)| Error::invalid_tree(path, r))?;
     }
     Ok(has_refs)
 }
@@ -25,6 +32,10 @@ fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>, has_refs:
         return Err(Error::limit("tree depth", MAX_DEPTH as u64, "nest containers less deeply"));
     }
     let dup = match t {
+        Tree::Leaf(Leaf::Fragment(f)) => {
+            *has_refs |= f.has_refs();
+            return Ok(());
+        }
         Tree::Leaf(_) => return Ok(()),
         Tree::Ref(_) => {
             *has_refs = true;

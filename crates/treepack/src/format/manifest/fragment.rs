@@ -22,6 +22,11 @@ pub struct Fragment {
     leaves: usize,
     containers: u64,
     longest_str: usize,
+    /// The ids of the shared nodes inside, in order (consecutive: ids are numbered in
+    /// document order).
+    shared: std::ops::Range<u64>,
+    /// Shared nodes or refs inside.
+    refs: bool,
 }
 
 impl fmt::Debug for Fragment {
@@ -55,6 +60,14 @@ impl Fragment {
     pub fn containers(&self) -> u64 {
         self.containers
     }
+    /// The ids of the shared nodes inside (empty for most fragments).
+    pub fn shared_ids(&self) -> std::ops::Range<u64> {
+        self.shared.clone()
+    }
+    /// Whether shared nodes or refs are inside (the manifest is then at least version 1.2).
+    pub fn has_refs(&self) -> bool {
+        self.refs
+    }
     /// UTF-8 bytes of the longest string value inside (keys are always inline): a writer whose inline limit
     /// is lower must store the subtree as a tree instead ([`Fragment::parse`]).
     pub fn longest_str(&self) -> usize {
@@ -69,10 +82,12 @@ impl Fragment {
     /// never makes.
     pub fn parse(&self) -> Result<Tree<Entry>> {
         let doc = format!(
-            "{{\"format\":\"{FORMAT_NAME}\",\"version\":[{VERSION_MAJOR},0],\"writer\":\"\",\"packs\":[],\"root\":{}}}",
+            "{{\"format\":\"{FORMAT_NAME}\",\"version\":[{VERSION_MAJOR},{}],\"writer\":\"\",\"packs\":[],\"root\":{}}}",
+            if self.refs { 2 } else { 0 },
             self.text
         );
-        parse_with(doc.as_bytes(), "<fragment>", false).map(|m| m.root)
+        // Its refs may name shared nodes before it: ids are checked from its first one on.
+        parse_with_ids(doc.as_bytes(), "<fragment>", false, self.shared.start).map(|m| m.root)
     }
 
     /// The subtree as in-memory nodes (every leaf of a fragment is inline).
@@ -103,6 +118,9 @@ pub struct Mark {
     pos: usize,
     leaves: usize,
     containers: u64,
+    /// Shared nodes and refs written before it.
+    shared: usize,
+    refs: u64,
 }
 
 /// Writes nodes as manifest JSON, exactly as the manifest writer does. The caller walks its
@@ -115,6 +133,10 @@ pub struct FragmentWriter {
     leaves: usize,
     containers: u64,
     longest_str: usize,
+    /// The ids of the shared nodes written, in order.
+    ids: Vec<u64>,
+    /// Shared nodes and refs written.
+    refs: u64,
 }
 
 impl FragmentWriter {
@@ -129,13 +151,29 @@ impl FragmentWriter {
     }
     /// Where the text is now.
     pub fn mark(&self) -> Mark {
-        Mark { pos: self.buf.len(), leaves: self.leaves, containers: self.containers }
+        Mark {
+            pos: self.buf.len(),
+            leaves: self.leaves,
+            containers: self.containers,
+            shared: self.ids.len(),
+            refs: self.refs,
+        }
     }
     /// Drop everything written after `m`.
     pub fn truncate(&mut self, m: Mark) {
         self.buf.truncate(m.pos);
         self.leaves = m.leaves;
         self.containers = m.containers;
+        self.ids.truncate(m.shared);
+        self.refs = m.refs;
+    }
+    /// The shared ids written between two marks.
+    fn shared_between(&self, from: Mark, to: Mark) -> std::ops::Range<u64> {
+        match self.ids.get(from.shared..to.shared) {
+            Some([first, .., last]) => *first..*last + 1,
+            Some([only]) => *only..*only + 1,
+            _ => 0..0,
+        }
     }
     /// The text from `m` to the end as a fragment, removed from the writer. The caller must
     /// have written exactly one node since `m`.
@@ -143,6 +181,7 @@ impl FragmentWriter {
         let end = self.mark();
         if m.pos == 0 {
             // All of the text (a tree that is one fragment): moved, not copied.
+            let shared = self.shared_between(m, end);
             let text = std::mem::take(&mut self.buf);
             self.truncate(m);
             return Fragment {
@@ -150,6 +189,8 @@ impl FragmentWriter {
                 leaves: end.leaves - m.leaves,
                 containers: end.containers - m.containers,
                 longest_str: self.longest_str,
+                shared,
+                refs: end.refs > m.refs,
             };
         }
         let f = self.fragment(m, end);
@@ -164,7 +205,25 @@ impl FragmentWriter {
             containers: to.containers - from.containers,
             // Not tracked per range: the longest of the writer's life is an upper bound.
             longest_str: self.longest_str,
+            shared: self.shared_between(from, to),
+            refs: to.refs > from.refs,
         }
+    }
+    /// The opening of shared node `id` (the next in document order); its object follows, then
+    /// [`FragmentWriter::shared_end`].
+    pub fn shared_begin(&mut self, id: u64) {
+        self.ids.push(id);
+        self.refs += 1;
+        let _ = write!(self.buf, "{{\"t\":\"shared\",\"id\":{id},\"v\":");
+    }
+    /// The end of a shared node.
+    pub fn shared_end(&mut self) {
+        self.buf.push('}');
+    }
+    /// A ref to shared node `id`.
+    pub fn reference(&mut self, id: u64) {
+        self.refs += 1;
+        let _ = write!(self.buf, "{{\"t\":\"ref\",\"id\":{id}}}");
     }
     /// The separator before every item but the first.
     pub fn comma(&mut self) {
@@ -364,15 +423,57 @@ mod tests {
         assert_eq!(s, f.text());
         assert!(f.to_node().expect("to node").exact_eq(&sample_node()));
         // Cut out of a longer text, or the whole text moved out: the same fragment.
-        let whole = w.split_off(Mark { pos: 0, leaves: 0, containers: 0 });
+        let whole = w.split_off(Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0 });
         assert_eq!(whole.text(), format!("[{}]", f.text()));
-        assert_eq!(w.mark(), Mark { pos: 0, leaves: 0, containers: 0 });
+        assert_eq!(w.mark(), Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0 });
         // Dropping back to a mark forgets what came after.
         w.list_begin();
         let m = w.mark();
         w.int(5);
         w.truncate(m);
         w.list_end();
-        assert_eq!(w.split_off(Mark { pos: 0, leaves: 0, containers: 0 }).text(), "[]");
+        assert_eq!(w.split_off(Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0 }).text(), "[]");
+    }
+
+    #[test]
+    fn fragments_with_shared_nodes_know_their_ids_and_parse_after_earlier_ones() {
+        // [ {"t":"shared","id":3,"v":[1]}, {"t":"ref","id":3}, {"t":"ref","id":0} ] where ids
+        // 0-2 began before this text.
+        let mut w = FragmentWriter::new();
+        w.list_begin();
+        let from = w.mark();
+        w.shared_begin(3);
+        w.list_begin();
+        w.int(1);
+        w.list_end();
+        w.shared_end();
+        let mid = w.mark();
+        w.comma();
+        w.reference(3);
+        w.comma();
+        w.reference(0);
+        w.list_end();
+        let to = w.mark();
+        let inner = w.fragment(from, mid);
+        assert_eq!(inner.text(), r#"{"t":"shared","id":3,"v":[1]}"#);
+        assert_eq!((inner.shared_ids(), inner.has_refs()), (3..4, true));
+        let whole = w.fragment(Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0 }, to);
+        assert_eq!((whole.shared_ids(), whole.has_refs()), (3..4, true));
+        let tree = whole.parse().expect("parses with ids from 3 on");
+        let mut s = String::new();
+        write_node(&mut s, &tree);
+        assert_eq!(s, whole.text());
+        // Plain text has neither; dropping back to a mark forgets the ids written after it.
+        w.truncate(from);
+        w.int(2);
+        let plain = w.fragment(from, w.mark());
+        assert_eq!((plain.shared_ids(), plain.has_refs()), (0..0, false));
+        // Read as a whole manifest (ids from 0), the same text is refused: 3 is out of order.
+        let doc = format!(
+            "{{\"format\":\"{FORMAT_NAME}\",\"version\":[1,2],\"writer\":\"\",\"packs\":[],\"root\":{}}}",
+            whole.text()
+        );
+        let e = parse_with(doc.as_bytes(), "<doc>", false).expect_err("ids must start at 0");
+        assert!(e.to_string().contains("out of order"), "{e}");
     }
 }

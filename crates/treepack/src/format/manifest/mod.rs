@@ -15,7 +15,7 @@ use crate::format::grid::ChunkGrid;
 use crate::format::hash::Hash32;
 use crate::format::keypath::KeyPath;
 use crate::format::model::{shape_len, Int, Key, Step, Tree};
-use crate::format::refs::{check_refs, RefCheck};
+use crate::format::refs::{check_refs_with, RefCheck};
 use base64::Engine;
 use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};

@@ -31,9 +31,15 @@ pub(super) const SPLIT_MIN_ITEMS: usize = 256;
 /// Parse with or without splitting big containers across threads (the result is the same;
 /// tests compare both).
 pub(super) fn parse_with(bytes: &[u8], file: &str, split: bool) -> Result<Manifest> {
-    let p = parse_generic(bytes, file, &OwnedTree, split, false)?;
+    parse_with_ids(bytes, file, split, 0)
+}
+
+/// [`parse_with`] of a document whose shared ids start at `first_shared` (a fragment's: its
+/// refs may name shared nodes before it).
+pub(super) fn parse_with_ids(bytes: &[u8], file: &str, split: bool, first_shared: u64) -> Result<Manifest> {
+    let p = parse_generic(bytes, file, &OwnedTree, split, false, first_shared)?;
     let m = Manifest { version: p.version, writer: p.writer, metadata: p.metadata, packs: p.packs, root: p.root };
-    validate(&m, file)?;
+    validate_from(&m, file, RefCheck::after(first_shared))?;
     Ok(m)
 }
 
@@ -61,7 +67,7 @@ pub fn build<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B
         }
     }
     check_body(bytes, &stored, false, file)?;
-    parse_generic(bytes, file, builder, false, true)
+    parse_generic(bytes, file, builder, false, true, 0)
 }
 
 /// The packs a manifest names, checked as [`decode`] checks them, without parsing its tree
@@ -94,7 +100,7 @@ pub fn build_streamed_any_size<B: Build>(bytes: &[u8], file: &str, builder: &B) 
 #[doc(hidden)]
 pub fn build_one_thread<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B::Node>> {
     check(bytes, file)?;
-    parse_generic(bytes, file, builder, false, true)
+    parse_generic(bytes, file, builder, false, true, 0)
 }
 
 /// Parse with `builder`; `inline_checks` validates each leaf as it is read (against the packs,
@@ -105,10 +111,11 @@ pub(super) fn parse_generic<B: Build>(
     builder: &B,
     split: bool,
     inline_checks: bool,
+    first_shared: u64,
 ) -> Result<Parsed<B::Node>> {
     let path = RefCell::new(Vec::<PathSeg>::new());
     let packs = RefCell::new(None);
-    let refs = RefCell::new(RefCheck::default());
+    let refs = RefCell::new(RefCheck::after(first_shared));
     let split = split && B::PARALLEL;
     // Shared ids are checked as they are read, except where parts of the manifest are parsed on
     // other threads (then `validate`'s `check_refs`, or the builder, checks them in order).

@@ -87,7 +87,7 @@ pub(super) fn split_root<'t>(text: &'t str, file: &str) -> Option<(Parsed<()>, &
     const ROOT: &str = "\n\"root\":";
     let at = text.get(..body_end)?.find(ROOT)? + ROOT.len();
     let members = [&text[..at], "null", &text[body_end..]].concat();
-    let head = parse_generic(members.as_bytes(), file, &TapeBuilder::<false>::new(), false, true).ok()?;
+    let head = parse_generic(members.as_bytes(), file, &TapeBuilder::<false>::new(), false, true, 0).ok()?;
     Some((head, &text[at..body_end]))
 }
 
@@ -197,7 +197,7 @@ pub(super) fn build_streamed<B: Build>(
                     // is, as in any other load.
                     let discard = |t: Tape| Ok(t.cleared());
                     let text_only = TapeBuilder::<false>::streaming(STREAM_OPS, &discard);
-                    if let Err(e) = parse_generic(bytes, file, &text_only, false, true) {
+                    if let Err(e) = parse_generic(bytes, file, &text_only, false, true, 0) {
                         stop.store(true, Ordering::Relaxed);
                         return Err(e);
                     }

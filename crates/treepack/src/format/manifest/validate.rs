@@ -126,6 +126,11 @@ pub(super) fn first_duplicate<'de, K: PairKey<'de>, V>(pairs: &[(K, V)]) -> Opti
 /// # Errors
 /// [`Error::InvalidManifest`] or [`Error::OutOfBounds`] naming the key path.
 pub fn validate(m: &Manifest, file: &str) -> Result<()> {
+    validate_from(m, file, RefCheck::default())
+}
+
+/// [`validate`] with shared ids checked from `refs`' state (a fragment's, parsed on its own).
+pub(super) fn validate_from(m: &Manifest, file: &str, refs: RefCheck) -> Result<()> {
     if m.version.0 != VERSION_MAJOR {
         return Err(Error::UnsupportedVersion {
             file: file.into(),
@@ -138,7 +143,7 @@ pub fn validate(m: &Manifest, file: &str) -> Result<()> {
     }
     // Shared nodes and refs (1.2): checked whatever the minor says, since a file may lie about
     // it (one walk with no allocation per node).
-    check_refs(&m.root)
+    check_refs_with(&m.root, refs, &|_| None)
         .map_err(|(path, r)| Error::manifest(file, if path.is_empty() { "<root>".into() } else { path }, r))?;
     // Fast pass without key paths (building a path per leaf costs more than the checks); only if
     // it finds a problem does the second pass run with paths, to name where the problem is.

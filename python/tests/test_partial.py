@@ -282,8 +282,14 @@ def test_one_pass_load_equals_the_audited_reader_load(tmp_path):
         assert fast is not None
         assert fast["a"].tolist() == few["a"].tolist() and fast["recs"][49]["img"] == img
         assert fast["recs"][0]["img"] is fast["recs"][49]["img"]  # one object, as the Reader path gives
+    # More than 16 stored leaves: the packs (16 MiB at most) are read whole, once.
+    many = {f"a{i}": np.full(2000, i, np.float32) for i in range(20)}
+    p = str(tmp_path / "many")
+    treepack.save(many, p)
+    fast = _core.load_one_pass(p, _codec.Decoder((), False, False), _codec.np_dtype, _codec.AUDIT_FREE)
+    assert fast is not None and [fast[f"a{i}"][0] for i in range(20)] == list(range(20))
     needs_reader = {
-        "stored": {f"a{i}": np.full(2000, i, np.float32) for i in range(20)},  # more than 16 to read
+        "stored": {"big": np.random.default_rng(0).random((16 << 20) // 4 + 1, np.float32), "n": 1},  # packs > 16 MiB
         "enum": {"c": Color.RED},  # py.enum names a class: the audit decides
         "record": {"p": __import__("collections").namedtuple("P", "x")(1)},
     }
@@ -291,7 +297,7 @@ def test_one_pass_load_equals_the_audited_reader_load(tmp_path):
         p = str(tmp_path / name)
         treepack.save(t, p)
         assert _core.load_one_pass(p, _codec.Decoder((), False, False), _codec.np_dtype, _codec.AUDIT_FREE) is None, name
-    assert treepack.load(str(tmp_path / "stored"))["a19"][0] == 19
+    assert treepack.load(str(tmp_path / "stored"))["n"] == 1
 
 
 @pytest.mark.slow

@@ -10,8 +10,10 @@ pub(crate) struct Decoder<'py> {
     pub(crate) np_dtype: Bound<'py, PyAny>,
     pub(crate) dtypes: HashMap<DType, Bound<'py, PyArrayDescr>>,
     pub(crate) readonly: bool,
-    /// Python strings of short dict keys already seen (FxHash: these lookups are per node).
-    pub(crate) keys: std::cell::RefCell<rustc_hash::FxHashMap<String, Bound<'py, PyAny>>>,
+    /// Python strings of short dict keys already seen. The keys come from the file: a keyed
+    /// hash (aHash, seeded at random per process), so that no file can make them all collide
+    /// and each lookup scan the whole cache (FxHash is unkeyed); aHash is about as fast.
+    pub(crate) keys: std::cell::RefCell<HashMap<String, Bound<'py, PyAny>, ahash::RandomState>>,
 }
 
 impl<'py> Decoder<'py> {

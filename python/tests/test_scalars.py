@@ -195,6 +195,10 @@ def test_shared_plain_objects_are_one_object_after_a_text_walk(tmp_path):
     back = treepack.load(tmp_path / "held-True")
     assert back["rows"][0] is back["rows"][2] and back["rows"][1]["other"] is back["rows"][0]["k"]
     assert back["ring"][1] is back["ring"]
+    # The first walk of such a tree skips its scalars once it knows it will be walked again:
+    # an unsaveable one is reported by the second, at its place.
+    with pytest.raises(TypeError, match="cannot save `rows/0/s`: string is not valid Unicode"):
+        treepack.save({"a": cfg, "b": cfg, "rows": [{"s": "\ud800"}]}, tmp_path / "bad")
 
 
 def _share_randomly(rng: random.Random, tree):

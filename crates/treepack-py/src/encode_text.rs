@@ -27,6 +27,15 @@ impl<'py> Encoder<'py> {
     /// Write an exact None, bool, int (64-bit), float or inline str as text; false for
     /// anything else (the writer unchanged).
     fn scalar_text(&mut self, obj: &Bound<'py, PyAny>) -> bool {
+        if self.restart && self.known.is_none() {
+            // A first walk that will be walked again only looks for objects met again, and
+            // scalars are never shared: skipped unwritten (their errors are the second's).
+            return obj.is_none()
+                || obj.is_exact_instance_of::<PyString>()
+                || obj.is_exact_instance_of::<PyInt>()
+                || obj.is_exact_instance_of::<PyFloat>()
+                || obj.is_exact_instance_of::<PyBool>();
+        }
         let inline_str = self.inline_str;
         let Some(w) = self.text.as_mut() else { return false };
         if obj.is_none() {

@@ -175,6 +175,9 @@ def test_images_of_every_mode_round_trip_exactly_and_keep_what_pillow_would_writ
         assert got.tobytes() == im.tobytes(), name
     assert back["pal"].info["transparency"] == 3 and back["pal"].getpalette() == pal.getpalette()
     assert back["icc"].info["icc_profile"] == icc.info["icc_profile"]
+    # An empty image has no PNG: refused, saying so.
+    with pytest.raises(TypeError, match=r"cannot save `empty`: an empty Pillow image \(0x4\) has no PNG file"):
+        treepack.save({"empty": PIL.new("RGB", (0, 4))}, tmp_path / "empty")
 
 
 def test_image_loads_allow_only_safe_formats_and_keep_the_bomb_limit(tmp_path, monkeypatch, rewrite_manifest):

@@ -23,7 +23,7 @@ fn layout(mode: &str) -> Option<(png::ColorType, png::BitDepth)> {
 }
 
 /// The PNG file of an image given as Pillow's raw bytes (`tobytes()`), its size and mode; None
-/// for a mode this encoder leaves to Pillow. The GIL is released while encoding.
+/// for a mode this encoder leaves to Pillow, or an empty image. The GIL is released while encoding.
 ///
 /// # Errors
 /// `ValueError` when `pixels` is not `height` rows of `width` pixels of `mode`.
@@ -35,10 +35,11 @@ pub(crate) fn encode_png<'py>(
     height: u32,
     mode: &str,
 ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-    let Some((color, depth)) = layout(mode) else { return Ok(None) };
+    // Empty images too are Pillow's (it refuses them: PNG has no empty image).
+    let Some((color, depth)) = layout(mode).filter(|_| width > 0 && height > 0) else { return Ok(None) };
     let bits = color.samples() as u64 * depth as u64;
     let row = (width as u64 * bits).div_ceil(8);
-    if width == 0 || height == 0 || row * height as u64 != pixels.len() as u64 {
+    if row * height as u64 != pixels.len() as u64 {
         return Err(PyValueError::new_err(format!(
             "a {width}x{height} image of mode {mode} has {} bytes of pixels, not {}",
             row * height as u64,

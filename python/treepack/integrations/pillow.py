@@ -46,6 +46,8 @@ def _source_bytes(img: Any) -> Optional[Tuple[bytes, str]]:
 
 
 def _png(img: Any) -> Tuple[bytes, str]:
+    if img.width == 0 or img.height == 0:
+        raise TypeError(f"an empty Pillow image ({img.width}x{img.height}) has no PNG file and cannot be stored")
     if not img.info:
         # Pixels and nothing else (no palette, transparency key, ICC profile or other info
         # Pillow would write): encoded in Rust, 3-4x faster than Pillow's encoder.

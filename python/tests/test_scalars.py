@@ -284,6 +284,33 @@ def test_an_object_met_again_only_in_the_second_walk_sends_the_save_to_nodes(tmp
     assert (tmp_path / "two" / "treepack.json").read_bytes() == (tmp_path / "nodes" / "treepack.json").read_bytes()
 
 
+def test_many_refs_among_few_containers_take_a_second_walk_and_few_do_not(tmp_path):
+    # Records each holding a ref to one of a few objects kept as nodes (W3i's images): a first
+    # walk would make every record a node; a second writes the refs as text. A big tree with
+    # a few dozen refs keeps one walk. Either way the manifest is the node path's.
+    import fractions
+
+    from treepack import _codec, _core
+
+    calls = []
+
+    def counting(obj, where):
+        calls.append(where)
+        return _codec.encode_other(obj, where, False)
+
+    few = [fractions.Fraction(i, 7) for i in range(10)]
+    rows = [{"i": i, "f": few[i % 10]} for i in range(1000)]
+    big = {"rows": [{"i": i, "s": "x"} for i in range(5000)], "refs": [few[i % 10] for i in range(70)]}
+    for name, tree, walks in (("rows", rows, 2), ("big", big, 1)):
+        calls.clear()
+        _core.prepare(tree, counting, _codec.encode_array).write(str(tmp_path / name))
+        assert len(calls) == 10 * walks, (name, len(calls))
+        _core.prepare(tree, counting, _codec.encode_array, text=False).write(str(tmp_path / f"{name}-nodes"))
+        assert (tmp_path / name / "treepack.json").read_bytes() == (tmp_path / f"{name}-nodes" / "treepack.json").read_bytes()
+    back = treepack.load(tmp_path / "rows")
+    assert back[0]["f"] is back[10]["f"] == fractions.Fraction(0, 7)
+
+
 def test_text_walk_errors_name_the_place(tmp_path):
     with pytest.raises(TypeError, match=r"a/1/b`: string is not valid Unicode"):
         treepack.save({"a": [1, {"b": "x\udc80"}]}, tmp_path / "s")

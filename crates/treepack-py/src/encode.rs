@@ -179,7 +179,8 @@ impl<'py> Encoder<'py> {
         }
         if self.text.is_some() {
             self.text_refs += 1;
-            if self.text_refs >= TEXT_REFS {
+            // Many refs, and many for the containers met (one per 16 at least).
+            if self.text_refs >= TEXT_REFS && self.text_refs as u64 * 16 >= self.ordinal {
                 self.restart = true;
             }
         }
@@ -652,13 +653,14 @@ fn free_threaded(py: Python<'_>) -> bool {
     })
 }
 
-/// Refs after which a first walk writing text gives way to a second (see `prepare`). A ref
-/// made before the ids are known is a node, and so is every container holding one, with its
-/// siblings: a list of records each holding a ref to one of a few objects (W3i's 10k rows and
-/// 100 images, a log whose records share an array) became nodes record by record, ~3x the
-/// cost of the same records as text (W11 100k, each record holding one shared array: 72 ms
-/// against 21). A second walk writes those refs as text; it costs about one walk of text, so
-/// it is worth it for many refs only, and a tree with a few shared objects keeps one walk.
+/// Refs after which a first walk writing text gives way to a second (see `prepare`), when
+/// they are also at least one per 16 containers met. A ref made before the ids are known is a
+/// node, and so is every container holding one, with its siblings: a list of records each
+/// holding a ref to one of a few objects (W3i's 10k rows and 100 images, a log whose records
+/// share an array) became nodes record by record, ~3x the cost of the same records as text
+/// (W11 100k, each record holding one shared array: 412 M instructions against 100 M). A
+/// second walk writes those refs as text; it costs about one walk of text, so it is worth it
+/// for many refs among few containers only: a big tree with a few dozen refs keeps one walk.
 const TEXT_REFS: usize = 64;
 
 /// Room the text writer starts with: about the size of the last tree that was all text.

@@ -120,7 +120,13 @@ impl<'py> Encoder<'py> {
             let addr = obj.as_ptr() as usize;
             self.seen.insert(addr, (o, obj.clone()));
             if self.known.as_ref().is_some_and(|k| k.contains(&addr)) {
-                self.ids.insert(addr, self.ids.len() as u64);
+                let id = self.ids.len() as u64;
+                self.ids.insert(addr, id);
+                if let Some(w) = self.text.as_mut() {
+                    // Text written after it may refer to it (a node kept out of the text, or
+                    // a container whose text `shared_begin` opens next).
+                    w.shared_elsewhere(id);
+                }
             }
         }
         o

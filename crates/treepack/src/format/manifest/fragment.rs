@@ -25,6 +25,8 @@ pub struct Fragment {
     /// The ids of the shared nodes inside, in order (consecutive: ids are numbered in
     /// document order).
     shared: std::ops::Range<u64>,
+    /// Shared nodes begun before it in the whole tree (its refs may name any of them).
+    shared_before: u64,
     /// Shared nodes or refs inside.
     refs: bool,
 }
@@ -86,8 +88,8 @@ impl Fragment {
             if self.refs { 2 } else { 0 },
             self.text
         );
-        // Its refs may name shared nodes before it: ids are checked from its first one on.
-        parse_with_ids(doc.as_bytes(), "<fragment>", false, self.shared.start).map(|m| m.root)
+        // Its refs may name shared nodes before it: ids are checked from there on.
+        parse_with_ids(doc.as_bytes(), "<fragment>", false, self.shared_before).map(|m| m.root)
     }
 
     /// The subtree as in-memory nodes (every leaf of a fragment is inline).
@@ -121,6 +123,8 @@ pub struct Mark {
     /// Shared nodes and refs written before it.
     shared: usize,
     refs: u64,
+    /// The next shared id in the whole tree at this point.
+    next_id: u64,
 }
 
 /// Writes nodes as manifest JSON, exactly as the manifest writer does. The caller walks its
@@ -137,6 +141,9 @@ pub struct FragmentWriter {
     ids: Vec<u64>,
     /// Shared nodes and refs written.
     refs: u64,
+    /// The next shared id in document order, counting shared nodes kept out of the text
+    /// ([`FragmentWriter::shared_elsewhere`]). Never rolled back: ids given stay given.
+    next_id: u64,
 }
 
 impl FragmentWriter {
@@ -157,6 +164,7 @@ impl FragmentWriter {
             containers: self.containers,
             shared: self.ids.len(),
             refs: self.refs,
+            next_id: self.next_id,
         }
     }
     /// Drop everything written after `m`.
@@ -190,6 +198,7 @@ impl FragmentWriter {
                 containers: end.containers - m.containers,
                 longest_str: self.longest_str,
                 shared,
+                shared_before: m.next_id,
                 refs: end.refs > m.refs,
             };
         }
@@ -206,13 +215,20 @@ impl FragmentWriter {
             // Not tracked per range: the longest of the writer's life is an upper bound.
             longest_str: self.longest_str,
             shared: self.shared_between(from, to),
+            shared_before: from.next_id,
             refs: to.refs > from.refs,
         }
+    }
+    /// Shared node `id` begins outside the text (a node the caller keeps: an array, an
+    /// image), so that fragments cut after it know their refs may name it.
+    pub fn shared_elsewhere(&mut self, id: u64) {
+        self.next_id = self.next_id.max(id + 1);
     }
     /// The opening of shared node `id` (the next in document order); its object follows, then
     /// [`FragmentWriter::shared_end`].
     pub fn shared_begin(&mut self, id: u64) {
         self.ids.push(id);
+        self.next_id = self.next_id.max(id + 1);
         self.refs += 1;
         let _ = write!(self.buf, "{{\"t\":\"shared\",\"id\":{id},\"v\":");
     }
@@ -423,16 +439,16 @@ mod tests {
         assert_eq!(s, f.text());
         assert!(f.to_node().expect("to node").exact_eq(&sample_node()));
         // Cut out of a longer text, or the whole text moved out: the same fragment.
-        let whole = w.split_off(Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0 });
+        let whole = w.split_off(Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0, next_id: 0 });
         assert_eq!(whole.text(), format!("[{}]", f.text()));
-        assert_eq!(w.mark(), Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0 });
+        assert_eq!(w.mark(), Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0, next_id: 0 });
         // Dropping back to a mark forgets what came after.
         w.list_begin();
         let m = w.mark();
         w.int(5);
         w.truncate(m);
         w.list_end();
-        assert_eq!(w.split_off(Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0 }).text(), "[]");
+        assert_eq!(w.split_off(Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0, next_id: 0 }).text(), "[]");
     }
 
     #[test]
@@ -440,6 +456,8 @@ mod tests {
         // [ {"t":"shared","id":3,"v":[1]}, {"t":"ref","id":3}, {"t":"ref","id":0} ] where ids
         // 0-2 began before this text.
         let mut w = FragmentWriter::new();
+        w.shared_elsewhere(2); // ids 0-2 given to nodes kept out of the text
+        let begin = w.mark();
         w.list_begin();
         let from = w.mark();
         w.shared_begin(3);
@@ -451,14 +469,21 @@ mod tests {
         w.comma();
         w.reference(3);
         w.comma();
+        let before_ref = w.mark();
         w.reference(0);
+        let after_ref = w.mark();
         w.list_end();
         let to = w.mark();
         let inner = w.fragment(from, mid);
         assert_eq!(inner.text(), r#"{"t":"shared","id":3,"v":[1]}"#);
         assert_eq!((inner.shared_ids(), inner.has_refs()), (3..4, true));
-        let whole = w.fragment(Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0 }, to);
+        let whole = w.fragment(begin, to);
         assert_eq!((whole.shared_ids(), whole.has_refs()), (3..4, true));
+        // A ref alone, to an id given before it: parsed knowing the ids before it.
+        let last = w.fragment(before_ref, after_ref);
+        assert!(last.has_refs() && last.shared_ids().is_empty());
+        assert!(matches!(last.parse().expect("a ref to an earlier id"), Tree::Ref(0)));
+        assert!(matches!(w.fragment(from, mid).parse().expect("parses"), Tree::Shared { id: 3, .. }));
         let tree = whole.parse().expect("parses with ids from 3 on");
         let mut s = String::new();
         write_node(&mut s, &tree);

@@ -45,7 +45,7 @@ pub(crate) struct Encoder<'py> {
     pub(crate) known: Option<rustc_hash::FxHashSet<usize>>,
     /// In a second walk, the shared ids given so far (0, 1, 2, ... in document order).
     pub(crate) ids: rustc_hash::FxHashMap<usize, u64>,
-    /// Refs made so far by a first walk writing text (see [`TEXT_REFS`]).
+    /// Refs made so far by a first walk writing text (see `encode_shared::TEXT_REFS`).
     pub(crate) text_refs: usize,
     /// Shared objects a second walk made nodes at their first place (an image, an array).
     pub(crate) shared_firsts: u64,
@@ -108,92 +108,6 @@ impl<'py> Encoder<'py> {
 }
 
 impl<'py> Encoder<'py> {
-    /// A node of a counted kind (see [`counted`]) begins: its ordinal; `obj`, when given, may
-    /// be referred to again.
-    pub(crate) fn begin(&mut self, obj: Option<&Bound<'py, PyAny>>) -> u64 {
-        let o = self.ordinal;
-        self.ordinal += 1;
-        if self.share && self.text.is_some() {
-            self.texted.push(false);
-        }
-        if let (true, Some(obj)) = (self.share, obj) {
-            let addr = obj.as_ptr() as usize;
-            self.seen.insert(addr, (o, obj.clone()));
-            if self.known.as_ref().is_some_and(|k| k.contains(&addr)) {
-                let id = self.ids.len() as u64;
-                self.ids.insert(addr, id);
-                if let Some(w) = self.text.as_mut() {
-                    // Text written after it may refer to it (a node kept out of the text, or
-                    // a container whose text `shared_begin` opens next).
-                    w.shared_elsewhere(id);
-                }
-            }
-        }
-        o
-    }
-
-    /// The shared id `obj` was given as it began (second walk, an object met again later).
-    pub(crate) fn shared_id(&self, obj: &Bound<'py, PyAny>) -> Option<u64> {
-        self.known.as_ref()?;
-        self.ids.get(&(obj.as_ptr() as usize)).copied()
-    }
-
-    /// `n`, the node of `obj` just built, as a shared node if `obj` is one (second walk).
-    pub(crate) fn wrap_shared(&mut self, obj: &Bound<'py, PyAny>, n: Node) -> Node {
-        match self.shared_id(obj) {
-            Some(id) => {
-                self.shared_firsts += 1;
-                Tree::Shared { id, node: Box::new(n) }
-            }
-            None => n,
-        }
-    }
-
-    /// A ref, if `obj` was met before. In a first walk, its ordinal (renumbered at the end,
-    /// `share_refs`); in a second, its final id. An object the walk wrote as text and meets
-    /// again cannot become a ref (its text has no shared id): a first walk notes it and goes
-    /// on to the end, finding every object met again, for a second walk to number as it goes;
-    /// a second walk that meets an object the first did not see twice starts over without text.
-    pub(crate) fn again(&mut self, obj: &Bound<'py, PyAny>, fragile: bool) -> PyResult<Option<Node>> {
-        if !self.share {
-            return Ok(None);
-        }
-        let addr = obj.as_ptr() as usize;
-        let Some((o, _)) = self.seen.get(&addr) else { return Ok(None) };
-        let o = *o;
-        if fragile && self.open.contains(&o) {
-            return Err(PyValueError::new_err(format!(
-                "cannot save `{}`: an object contains itself through a tuple or a registered type's data \
-                 here; loading could not rebuild that cycle. Hold it in a list or a dict there instead",
-                self.here()
-            )));
-        }
-        if self.known.is_some() {
-            return match self.ids.get(&addr) {
-                Some(&id) => Ok(Some(Tree::Ref(id))),
-                None => {
-                    self.restart = true;
-                    Err(PyValueError::new_err(
-                        "treepack: an object not known to be shared was met again; starting over",
-                    ))
-                }
-            };
-        }
-        self.again_met.insert(addr);
-        if self.texted.get(o as usize) == Some(&true) {
-            self.restart = true;
-        }
-        if self.text.is_some() {
-            self.text_refs += 1;
-            // Many refs, and many for the containers met (one per 16 at least).
-            if self.text_refs >= TEXT_REFS && self.text_refs as u64 * 16 >= self.ordinal {
-                self.restart = true;
-            }
-        }
-        self.refd.insert(o);
-        Ok(Some(Tree::Ref(o)))
-    }
-
     pub(crate) fn here(&self) -> String {
         self.text_of(&self.path)
     }
@@ -554,80 +468,6 @@ pub(crate) fn int_of(obj: &Bound<'_, PyAny>) -> PyResult<Int> {
     Ok(Int::from_big(obj.extract::<num_bigint::BigInt>()?))
 }
 
-/// Whether the encoder counted this node (it counts every node of these kinds as it begins
-/// it, in document order; [`share_refs`] counts the same nodes the same way).
-fn counted(t: &Node) -> bool {
-    matches!(
-        t,
-        Tree::List(_)
-            | Tree::Tuple(_)
-            | Tree::Dict(_)
-            | Tree::Record { .. }
-            | Tree::Custom { .. }
-            | Tree::Leaf(Leaf::Array(_))
-    )
-}
-
-/// The encoder's refs made format 1.2: each node a ref points at (by its ordinal) wrapped as
-/// a shared node, ids 0, 1, 2, ... in document order, and the refs renumbered to match.
-fn share_refs(node: Node, refd: &rustc_hash::FxHashSet<u64>) -> PyResult<Node> {
-    struct St<'a> {
-        refd: &'a rustc_hash::FxHashSet<u64>,
-        ordinal: u64,
-        ids: HashMap<u64, u64>,
-    }
-    fn walk(t: Node, st: &mut St<'_>) -> PyResult<Node> {
-        if let Tree::Leaf(Leaf::Fragment(f)) = &t {
-            // Its containers were counted by the encoder as it wrote them.
-            st.ordinal += f.containers();
-            return Ok(t);
-        }
-        let ord = counted(&t).then(|| {
-            st.ordinal += 1;
-            st.ordinal - 1
-        });
-        let wrap = ord.filter(|o| st.refd.contains(o)).map(|o| {
-            let id = st.ids.len() as u64;
-            st.ids.insert(o, id);
-            id
-        });
-        let named = |v: Vec<(String, Node)>, st: &mut St<'_>| -> PyResult<Vec<(String, Node)>> {
-            v.into_iter().map(|(k, c)| Ok((k, treepack::format::model::grow(|| walk(c, st))?))).collect()
-        };
-        let t = match t {
-            Tree::List(v) => Tree::List(
-                v.into_iter().map(|c| treepack::format::model::grow(|| walk(c, st))).collect::<PyResult<_>>()?,
-            ),
-            Tree::Tuple(v) => Tree::Tuple(
-                v.into_iter().map(|c| treepack::format::model::grow(|| walk(c, st))).collect::<PyResult<_>>()?,
-            ),
-            Tree::Dict(v) => Tree::Dict(
-                v.into_iter()
-                    .map(|(k, c)| Ok((k, treepack::format::model::grow(|| walk(c, st))?)))
-                    .collect::<PyResult<_>>()?,
-            ),
-            Tree::Record { type_name, fields } => Tree::Record { type_name, fields: named(fields, st)? },
-            Tree::Custom { type_name, data, children } => {
-                Tree::Custom { type_name, data, children: named(children, st)? }
-            }
-            Tree::Ref(o) => Tree::Ref(*st.ids.get(&o).ok_or_else(|| {
-                PyValueError::new_err(format!("treepack bug: a ref to node {o}, which was not met before it"))
-            })?),
-            t => t,
-        };
-        Ok(match wrap {
-            Some(id) => Tree::Shared { id, node: Box::new(t) },
-            None => t,
-        })
-    }
-    let mut st = St { refd, ordinal: 0, ids: HashMap::new() };
-    let out = walk(node, &mut st)?;
-    if st.ids.len() != refd.len() {
-        return Err(PyValueError::new_err("treepack bug: shared objects were not all found"));
-    }
-    Ok(out)
-}
-
 /// The leaf of an exact `None`, `bool`, `int`, `float` or `str`, when it converts as is.
 pub(crate) fn scalar(obj: &Bound<'_, PyAny>) -> Option<Leaf> {
     if obj.is_none() {
@@ -658,16 +498,6 @@ fn free_threaded(py: Python<'_>) -> bool {
             .map_or(true, |f| f.contains('t'))
     })
 }
-
-/// Refs after which a first walk writing text gives way to a second (see `prepare`), when
-/// they are also at least one per 16 containers met. A ref made before the ids are known is a
-/// node, and so is every container holding one, with its siblings: a list of records each
-/// holding a ref to one of a few objects (W3i's 10k rows and 100 images, a log whose records
-/// share an array) became nodes record by record, ~3x the cost of the same records as text
-/// (W11 100k, each record holding one shared array: 412 M instructions against 100 M). A
-/// second walk writes those refs as text; it costs about one walk of text, so it is worth it
-/// for many refs among few containers only: a big tree with a few dozen refs keeps one walk.
-const TEXT_REFS: usize = 64;
 
 /// Room the text writer starts with: about the size of the last tree that was all text.
 static TEXT_HINT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(64 << 10);
@@ -736,10 +566,11 @@ pub(crate) fn prepare(
         first?
     } else {
         // An object written as text was met again (a shared dict of plain values): its text
-        // has no shared id; or many refs were made as nodes ([`TEXT_REFS`]). The first walk
+        // has no shared id; or many refs were made as nodes (`TEXT_REFS`). The first walk
         // went on to the end to find every object met again; the second gives each its id
-        // as it begins (document order), so shared nodes and refs are written as text too. Should it meet anything else again (an object
-        // made by `encode_other` during the walk), the tree is walked a third time as nodes.
+        // as it begins (document order), so shared nodes and refs are written as text too.
+        // Should it meet anything else again (an object made by `encode_other` during the
+        // walk), the tree is walked a third time as nodes.
         drop(first);
         let known = std::mem::take(&mut enc.again_met);
         let forget = || reset.as_ref().map_or(Ok(()), |r| r.call0().map(drop));

@@ -7,13 +7,16 @@
 //! The GIL is released for all storage I/O and hashing.
 //!
 //! One concern per module: [`errors`], [`memory`] (owners behind zero-copy buffers),
-//! [`leaf_info`], [`encode`] (Python -> tree), [`decode`] (tree -> Python), [`datetime`],
-//! [`reader`] (the `Reader` class), [`results`] (typed results), [`structure`] (`load_structure`'s builders), [`image`] (PNG of images made in memory) and [`one_pass`]
-//! (whole loads of small trees). They share the imports below through `use super::*`.
+//! [`leaf_info`], [`encode`] (Python -> tree; [`encode_text`] its text walk, [`encode_shared`]
+//! shared objects), [`decode`] (tree -> Python), [`datetime`], [`reader`] (the `Reader`
+//! class), [`results`] (typed results), [`structure`] (`load_structure`'s builders), [`image`]
+//! (PNG of images made in memory) and [`one_pass`] (whole loads of small trees). They share the
+//! imports below through `use super::*`.
 
 mod datetime;
 mod decode;
 mod encode;
+mod encode_shared;
 mod encode_text;
 mod errors;
 mod image;
@@ -29,6 +32,7 @@ use bytes::Bytes;
 use datetime::*;
 use decode::*;
 use encode::*;
+use encode_shared::share_refs;
 use errors::*;
 use image::encode_png;
 use leaf_info::*;

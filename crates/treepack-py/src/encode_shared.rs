@@ -18,6 +18,7 @@ const TEXT_REFS: usize = 64;
 impl<'py> Encoder<'py> {
     /// A node of a counted kind (see [`counted`]) begins: its ordinal; `obj`, when given, may
     /// be referred to again.
+    #[inline]
     pub(crate) fn begin(&mut self, obj: Option<&Bound<'py, PyAny>>) -> u64 {
         let o = self.ordinal;
         self.ordinal += 1;
@@ -41,12 +42,14 @@ impl<'py> Encoder<'py> {
     }
 
     /// The shared id `obj` was given as it began (second walk, an object met again later).
+    #[inline]
     pub(crate) fn shared_id(&self, obj: &Bound<'py, PyAny>) -> Option<u64> {
         self.known.as_ref()?;
         self.ids.get(&(obj.as_ptr() as usize)).copied()
     }
 
     /// `n`, the node of `obj` just built, as a shared node if `obj` is one (second walk).
+    #[inline]
     pub(crate) fn wrap_shared(&mut self, obj: &Bound<'py, PyAny>, n: Node) -> Node {
         match self.shared_id(obj) {
             Some(id) => {
@@ -62,6 +65,7 @@ impl<'py> Encoder<'py> {
     /// again cannot become a ref (its text has no shared id): a first walk notes it and goes
     /// on to the end, finding every object met again, for a second walk to number as it goes;
     /// a second walk that meets an object the first did not see twice starts over without text.
+    #[inline]
     pub(crate) fn again(&mut self, obj: &Bound<'py, PyAny>, fragile: bool) -> PyResult<Option<Node>> {
         if !self.share {
             return Ok(None);

@@ -27,9 +27,10 @@ impl<'py> Encoder<'py> {
     /// Write an exact None, bool, int (64-bit), float or inline str as text; false for
     /// anything else (the writer unchanged).
     fn scalar_text(&mut self, obj: &Bound<'py, PyAny>) -> bool {
-        if self.restart && self.known.is_none() {
-            // A first walk that will be walked again only looks for objects met again, and
-            // scalars are never shared: skipped unwritten (their errors are the second's).
+        if self.restart {
+            // A walk that will be walked again (a first that only looks for objects met again,
+            // or a second giving way to a third): scalars are never shared, and are skipped
+            // unwritten (their errors are the next walk's).
             return obj.is_none()
                 || obj.is_exact_instance_of::<PyString>()
                 || obj.is_exact_instance_of::<PyInt>()

@@ -120,10 +120,9 @@ pub struct Mark {
     pos: usize,
     leaves: usize,
     containers: u64,
-    /// Shared nodes and refs written before it.
-    shared: usize,
-    refs: u64,
-    /// The next shared id in the whole tree at this point.
+    /// The next shared id in the whole tree at this point: the shared nodes of a fragment cut
+    /// between two marks are those the ids between them were given to (nodes kept out of the
+    /// text are never inside a fragment).
     next_id: u64,
 }
 
@@ -137,10 +136,9 @@ pub struct FragmentWriter {
     leaves: usize,
     containers: u64,
     longest_str: usize,
-    /// The ids of the shared nodes written, in order.
-    ids: Vec<u64>,
-    /// Shared nodes and refs written.
-    refs: u64,
+    /// A shared node or a ref was written: fragments cut from now on say they may hold refs
+    /// (an over-approximation only in trees that have refs).
+    wrote_refs: bool,
     /// The next shared id in document order, counting shared nodes kept out of the text
     /// ([`FragmentWriter::shared_elsewhere`]). Never rolled back: ids given stay given.
     next_id: u64,
@@ -158,30 +156,14 @@ impl FragmentWriter {
     }
     /// Where the text is now.
     pub fn mark(&self) -> Mark {
-        Mark {
-            pos: self.buf.len(),
-            leaves: self.leaves,
-            containers: self.containers,
-            shared: self.ids.len(),
-            refs: self.refs,
-            next_id: self.next_id,
-        }
+        Mark { pos: self.buf.len(), leaves: self.leaves, containers: self.containers, next_id: self.next_id }
     }
-    /// Drop everything written after `m`.
+    /// Drop everything written after `m`. Shared ids given after it stay given (they may live
+    /// on in fragments cut before): cut no fragment across a truncation.
     pub fn truncate(&mut self, m: Mark) {
         self.buf.truncate(m.pos);
         self.leaves = m.leaves;
         self.containers = m.containers;
-        self.ids.truncate(m.shared);
-        self.refs = m.refs;
-    }
-    /// The shared ids written between two marks.
-    fn shared_between(&self, from: Mark, to: Mark) -> std::ops::Range<u64> {
-        match self.ids.get(from.shared..to.shared) {
-            Some([first, .., last]) => *first..*last + 1,
-            Some([only]) => *only..*only + 1,
-            _ => 0..0,
-        }
     }
     /// The text from `m` to the end as a fragment, removed from the writer. The caller must
     /// have written exactly one node since `m`.
@@ -189,7 +171,6 @@ impl FragmentWriter {
         let end = self.mark();
         if m.pos == 0 {
             // All of the text (a tree that is one fragment): moved, not copied.
-            let shared = self.shared_between(m, end);
             let text = std::mem::take(&mut self.buf);
             self.truncate(m);
             return Fragment {
@@ -197,9 +178,9 @@ impl FragmentWriter {
                 leaves: end.leaves - m.leaves,
                 containers: end.containers - m.containers,
                 longest_str: self.longest_str,
-                shared,
+                shared: m.next_id..end.next_id,
                 shared_before: m.next_id,
-                refs: end.refs > m.refs,
+                refs: self.wrote_refs,
             };
         }
         let f = self.fragment(m, end);
@@ -214,9 +195,9 @@ impl FragmentWriter {
             containers: to.containers - from.containers,
             // Not tracked per range: the longest of the writer's life is an upper bound.
             longest_str: self.longest_str,
-            shared: self.shared_between(from, to),
+            shared: from.next_id..to.next_id,
             shared_before: from.next_id,
-            refs: to.refs > from.refs,
+            refs: self.wrote_refs,
         }
     }
     /// Shared node `id` begins outside the text (a node the caller keeps: an array, an
@@ -227,9 +208,8 @@ impl FragmentWriter {
     /// The opening of shared node `id` (the next in document order); its object follows, then
     /// [`FragmentWriter::shared_end`].
     pub fn shared_begin(&mut self, id: u64) {
-        self.ids.push(id);
+        self.wrote_refs = true;
         self.next_id = self.next_id.max(id + 1);
-        self.refs += 1;
         let _ = write!(self.buf, "{{\"t\":\"shared\",\"id\":{id},\"v\":");
     }
     /// The end of a shared node.
@@ -238,7 +218,7 @@ impl FragmentWriter {
     }
     /// A ref to shared node `id`.
     pub fn reference(&mut self, id: u64) {
-        self.refs += 1;
+        self.wrote_refs = true;
         let _ = write!(self.buf, "{{\"t\":\"ref\",\"id\":{id}}}");
     }
     /// The separator before every item but the first.
@@ -439,16 +419,16 @@ mod tests {
         assert_eq!(s, f.text());
         assert!(f.to_node().expect("to node").exact_eq(&sample_node()));
         // Cut out of a longer text, or the whole text moved out: the same fragment.
-        let whole = w.split_off(Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0, next_id: 0 });
+        let whole = w.split_off(Mark { pos: 0, leaves: 0, containers: 0, next_id: 0 });
         assert_eq!(whole.text(), format!("[{}]", f.text()));
-        assert_eq!(w.mark(), Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0, next_id: 0 });
+        assert_eq!(w.mark(), Mark { pos: 0, leaves: 0, containers: 0, next_id: 0 });
         // Dropping back to a mark forgets what came after.
         w.list_begin();
         let m = w.mark();
         w.int(5);
         w.truncate(m);
         w.list_end();
-        assert_eq!(w.split_off(Mark { pos: 0, leaves: 0, containers: 0, shared: 0, refs: 0, next_id: 0 }).text(), "[]");
+        assert_eq!(w.split_off(Mark { pos: 0, leaves: 0, containers: 0, next_id: 0 }).text(), "[]");
     }
 
     #[test]
@@ -488,11 +468,19 @@ mod tests {
         let mut s = String::new();
         write_node(&mut s, &tree);
         assert_eq!(s, whole.text());
-        // Plain text has neither; dropping back to a mark forgets the ids written after it.
+        // Dropping back to a mark keeps the ids given (they may live on in fragments cut
+        // before): text written after it holds none of them. A writer that wrote refs says its
+        // fragments may hold some; one that did not, that they hold none.
         w.truncate(from);
+        let again = w.mark();
         w.int(2);
-        let plain = w.fragment(from, w.mark());
-        assert_eq!((plain.shared_ids(), plain.has_refs()), (0..0, false));
+        let plain = w.fragment(again, w.mark());
+        assert!(plain.shared_ids().is_empty() && plain.has_refs());
+        let mut fresh = FragmentWriter::new();
+        let m = fresh.mark();
+        fresh.int(2);
+        let f = fresh.fragment(m, fresh.mark());
+        assert!(f.shared_ids().is_empty() && !f.has_refs());
         // Read as a whole manifest (ids from 0), the same text is refused: 3 is out of order.
         let doc = format!(
             "{{\"format\":\"{FORMAT_NAME}\",\"version\":[1,2],\"writer\":\"\",\"packs\":[],\"root\":{}}}",

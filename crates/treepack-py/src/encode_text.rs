@@ -90,12 +90,9 @@ impl<'py> Encoder<'py> {
             return self.dict_text(obj, d, depth, fragile);
         }
         if self.refs_as_text() {
-            // An object (an image, an array) met again in a second walk: its ref is text.
-            if let Some(Tree::Ref(id)) = self.again(obj, fragile)? {
-                if let Some(w) = self.text.as_mut() {
-                    w.reference(id);
-                    return Ok(None);
-                }
+            // An object kept as a node (an image, an array) met again: its ref is text.
+            if let Some(r) = self.again_as_text(obj, fragile)? {
+                return Ok(r);
             }
         }
         self.fragile = fragile;
@@ -233,6 +230,19 @@ impl<'py> Encoder<'py> {
         self.known.is_some() || self.restart
     }
 
+    /// `obj` met again: its ref, written as text when refs are ([`Encoder::refs_as_text`]:
+    /// `Some(None)`), else as a node; `None` the first time.
+    fn again_as_text(&mut self, obj: &Bound<'py, PyAny>, fragile: bool) -> PyResult<Option<Option<Node>>> {
+        let Some(r) = self.again(obj, fragile)? else { return Ok(None) };
+        if let (Tree::Ref(id), true) = (&r, self.refs_as_text()) {
+            if let Some(w) = self.text.as_mut() {
+                w.reference(*id);
+                return Ok(Some(None));
+            }
+        }
+        Ok(Some(Some(r)))
+    }
+
     /// Whether `obj`, a container met as an item of the container being walked (the walk holds
     /// it through one reference of its own), may be met again: shared objects are found by
     /// keeping every container met in `seen`, which cost ~10 % of a walk of plain values. An
@@ -263,14 +273,8 @@ impl<'py> Encoder<'py> {
     ) -> PyResult<std::result::Result<Opened, Option<Node>>> {
         let tracked = may_share && self.maybe_shared(obj);
         if tracked {
-            if let Some(r) = self.again(obj, fragile)? {
-                if let (Tree::Ref(id), true) = (&r, self.refs_as_text()) {
-                    if let Some(w) = self.text.as_mut() {
-                        w.reference(*id);
-                        return Ok(Err(None));
-                    }
-                }
-                return Ok(Err(Some(r)));
+            if let Some(r) = self.again_as_text(obj, fragile)? {
+                return Ok(Err(r));
             }
         }
         let ordinal = self.begin(tracked.then_some(obj));

@@ -34,9 +34,10 @@ pub fn one_pass_applies(opts: &LoadOptions) -> bool {
 /// Build the whole tree from manifest bytes read from `loc`, in one pass: `b` gets every node
 /// as it is parsed, and the stored leaves (local trees only, packs of at most
 /// [`ONE_PASS_PACK_BYTES`] in all) are read on the spot, verified when `verify`: the first
-/// [`ONE_PASS_FETCHES`] distinct ones one by one, the rest from the packs read whole. `None` whenever this path does not apply or anything fails (a damaged
-/// manifest, a builder that says no): the caller then loads through
-/// a [`Reader`] over the bytes already read, which gives the result or the full error.
+/// [`ONE_PASS_FETCHES`] distinct ones one by one, the rest from the packs read whole. `None`
+/// whenever this path does not apply or anything fails (a damaged manifest, a builder that
+/// says no): the caller then loads through a [`Reader`] over the bytes already read, which
+/// gives the result or the full error.
 pub fn load_one_pass<B: Build>(loc: &Location, bytes: &[u8], file: &str, b: &B, verify: bool) -> Option<B::Node> {
     let pass = OnePass {
         inner: b,
@@ -222,7 +223,13 @@ impl Reader {
             keys.push(header);
         }
         let fetched = match whole {
-            Some(packs) => keys.into_iter().map(|k| Ok((k, self.slice_of_pack(packs, k)?))).collect::<Result<_>>()?,
+            Some(packs) => keys
+                .into_iter()
+                .map(|(p, off, len)| {
+                    let pack = packs.get(&p).ok_or_else(|| Error::internal("a pack was not read whole"))?;
+                    Ok(((p, off, len), self.map_range(p, pack, off, len)?))
+                })
+                .collect::<Result<_>>()?,
             None => self.fetch_keys(keys, false, None, ReadMode::Buffered).await?,
         };
         if check_header {
@@ -240,20 +247,6 @@ impl Reader {
             .into_iter()
             .map(|((p, _, _), b)| (p, b))
             .collect())
-    }
-
-    /// The bytes `(pack, offset, length)` of packs read whole.
-    fn slice_of_pack(&self, packs: &HashMap<u32, Bytes>, (pack, off, len): ChunkKey) -> Result<Bytes> {
-        let b = packs.get(&pack);
-        let end = off.checked_add(len);
-        match (b, end) {
-            (Some(b), Some(end)) if end <= b.len() as u64 => Ok(b.slice(off as usize..end as usize)),
-            _ => Err(Error::OutOfBounds {
-                file: self.manifest.packs.get(pack as usize).map(|p| p.path.clone()).unwrap_or_default(),
-                key: String::new(),
-                reason: format!("bytes {off}+{len} are past the end of the pack as read"),
-            }),
-        }
     }
 
     /// Build the whole tree through `b` from this reader's manifest and `leaves`, the stored

@@ -39,7 +39,7 @@ impl<'de, B: Build> TopSink<'de> for StrictTop<'_, '_, B> {
         self.0.b.packs(packs);
     }
     fn bad_pack(&mut self) {
-        self.0.ctx.path.borrow_mut().push(PathSeg::Text("packs".into()));
+        self.0.ctx.path(|p| p.push(PathSeg::Text("packs".into())));
     }
     fn root<A: MapAccess<'de>>(&mut self, map: &mut A) -> std::result::Result<B::Node, A::Error> {
         let t = self.0;
@@ -254,7 +254,7 @@ pub(super) fn read_items<'de, A: SeqAccess<'de>, B: Build>(
     }
     let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
     loop {
-        node.ctx.path.borrow_mut().push(PathSeg::Index(out.len()));
+        node.ctx.path(|p| p.push(PathSeg::Index(out.len())));
         if B::PATHS {
             node.b.enter(Step::Index(out.len()));
         }
@@ -264,11 +264,11 @@ pub(super) fn read_items<'de, A: SeqAccess<'de>, B: Build>(
         }
         match next? {
             Some(v) => {
-                node.ctx.path.borrow_mut().pop();
+                node.ctx.path(|p| drop(p.pop()));
                 out.push(v)
             }
             None => {
-                node.ctx.path.borrow_mut().pop();
+                node.ctx.path(|p| drop(p.pop()));
                 return Ok(out);
             }
         }
@@ -394,7 +394,9 @@ impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
                 .collect::<std::result::Result<_, _>>()
                 .map_err(de::Error::custom)?
         } else {
-            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+            // serde_json gives no size hint; most dicts hold a few pairs, and growing from
+            // empty reallocated twice for each (~6 % of a parse of small records).
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(8).min(4096));
             while let Some(pair) =
                 seq.next_element_seed(PairSeed::<K, B> { node: self.node, _key: std::marker::PhantomData })?
             {
@@ -405,7 +407,7 @@ impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
         if let Some(i) = first_duplicate(&out) {
             let text = out[i].0.text();
             let msg = format!("duplicate key `{text}`");
-            self.node.ctx.path.borrow_mut().push(PathSeg::Text(text));
+            self.node.ctx.path(|p| p.push(PathSeg::Text(text)));
             return Err(de::Error::custom(msg));
         }
         Ok(out)
@@ -432,15 +434,17 @@ impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairSeed<'_, K, B> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
         let key = K::read(&mut seq, self.node)?;
         // The key's path text is only formatted if parsing the value fails.
-        let at = {
-            let mut p = self.node.ctx.path.borrow_mut();
+        let mut at = 0;
+        self.node.ctx.path(|p| {
             p.push(PathSeg::Pending);
-            p.len() - 1
-        };
+            at = p.len() - 1;
+        });
         let name_here = |e: A::Error| {
-            if let Some(seg) = self.node.ctx.path.borrow_mut().get_mut(at) {
-                *seg = PathSeg::Text(key.text());
-            }
+            self.node.ctx.path(|p| {
+                if let Some(seg) = p.get_mut(at) {
+                    *seg = PathSeg::Text(key.text());
+                }
+            });
             e
         };
         if B::PATHS {
@@ -452,7 +456,7 @@ impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairSeed<'_, K, B> {
         }
         let v = v.and_then(|v| v.ok_or_else(pair_without_value)).map_err(name_here)?;
         end_of_pair(&mut seq).map_err(name_here)?;
-        self.node.ctx.path.borrow_mut().pop();
+        self.node.ctx.path(|p| drop(p.pop()));
         Ok((key, v))
     }
 }

@@ -224,7 +224,7 @@ pub fn outline_reusing(
         spare,
         stopped: false,
     });
-    let key_ctx = Ctx { path: &key_path, packs: None, file, shared_value: Default::default(), refs: None };
+    let key_ctx = Ctx { path: Some(&key_path), packs: None, file, shared_value: Default::default(), refs: None };
     let top = OTop { st: &st, key_ctx: &key_ctx };
     // Text checked as UTF-8 once is read without checking each string again (~7 % of the
     // parse). Bytes that are not UTF-8 are read as bytes: the strict parser skips some

@@ -145,6 +145,34 @@ def test_images_from_files_keep_their_bytes_and_modified_ones_become_png(tmp_pat
     assert back["changed"].format == "PNG" and back["changed"].tobytes() == changed.tobytes()
 
 
+def test_images_opened_from_file_objects_keep_their_bytes(tmp_path):
+    # Image.open(io.BytesIO(data)): how images fetched over HTTP or read from archives arrive.
+    # Before their pixels are loaded Pillow holds the file object, and its bytes are stored as
+    # they are (a JPEG stays a JPEG, not a PNG several times its size); once loaded, Pillow
+    # lets go of it and the pixels are stored as PNG, as for any image made in memory.
+    stored = {}
+    for fmt in ("JPEG", "PNG", "WEBP"):
+        buf = io.BytesIO()
+        _image(2, (40, 30)).save(buf, format=fmt, **({"lossless": True} if fmt == "WEBP" else {}))
+        stored[fmt] = buf.getvalue()
+    lazy = {fmt: PIL.open(io.BytesIO(b)) for fmt, b in stored.items()}
+    reader = io.BytesIO(stored["JPEG"])
+    positioned = PIL.open(reader)
+    reader.seek(7)  # wherever the caller left it: the image is read from the start
+    loaded = PIL.open(io.BytesIO(stored["JPEG"]))
+    loaded.load()
+    p = str(tmp_path / "t")
+    treepack.save({"lazy": lazy, "positioned": positioned, "loaded": loaded}, p)
+    raw = treepack.open(p)
+    for fmt, b in stored.items():
+        assert raw["lazy"][fmt]["files"]["image"] == b
+    assert raw["positioned"]["files"]["image"] == stored["JPEG"]
+    back = treepack.load(p)
+    for fmt in stored:
+        assert back["lazy"][fmt].format == fmt and back["lazy"][fmt].tobytes() == lazy[fmt].tobytes()
+    assert back["loaded"].format == "PNG" and back["loaded"].tobytes() == loaded.tobytes()
+
+
 def test_images_of_every_mode_round_trip_exactly_and_keep_what_pillow_would_write(tmp_path, monkeypatch):
     from treepack import _core
 

@@ -1,7 +1,9 @@
 """pandas DataFrames and Series as built-in ``py.dataframe`` / ``py.series`` nodes: each column a
 numpy array where it has one (numbers, bools, datetime64 and timedelta64), categoricals as codes
 and categories, time zones as zone names, nullable columns (``Int64``, ``boolean``, strings) as
-values plus a mask, the index (a range, any index, a MultiIndex) and the labels kept. Nothing a
+values plus a mask, periods as ordinals and their frequency, intervals as their two bounds,
+sparse columns as their stored points, the index (a range, any index, a MultiIndex, with a date
+range's frequency), the labels and ``attrs`` kept. Nothing a
 file names is imported or evaluated: dtypes are rebuilt from a fixed list. Used only when pandas
 is already imported (saving) or installed (loading): ``import treepack`` never imports it."""
 
@@ -37,14 +39,20 @@ def encode(obj: Any) -> Description:
     pd = _pd()
     if type(obj) is pd.Series:
         kids = [("name", obj.name), ("index", _index(obj.index)), ("values", _column(obj))]
-        return ("custom", "py.series", None, kids)
+        return ("custom", "py.series", None, kids + _attrs(obj))
     cols = list(obj.columns)
     kids = [
         ("columns", _index(obj.columns)),
         ("index", _index(obj.index)),
         ("values", [_column(obj.iloc[:, i]) for i in range(len(cols))]),
     ]
-    return ("custom", "py.dataframe", None, kids)
+    return ("custom", "py.dataframe", None, kids + _attrs(obj))
+
+
+def _attrs(obj: Any) -> List[Tuple[str, Any]]:
+    """`obj.attrs` (pandas' per-object metadata dict, which pickle keeps), as a child only
+    when there is any: frames without it are stored as before."""
+    return [("attrs", dict(obj.attrs))] if obj.attrs else []
 
 
 def _column(s: Any) -> Dict[str, Any]:
@@ -57,6 +65,21 @@ def _column(s: Any) -> Dict[str, Any]:
     if isinstance(dt, pd.DatetimeTZDtype):
         utc = s.dt.tz_convert(None) if isinstance(s, pd.Series) else s.tz_convert(None)
         return {"kind": "datetimetz", "values": np.asarray(utc.to_numpy()), "tz": str(dt.tz)}
+    if isinstance(dt, pd.PeriodDtype):
+        # Ordinals since the epoch in the period's unit (NaT the int64 minimum, as pandas keeps
+        # them); the unit is the alias pandas prints, `period[<freq>]`.
+        arr = s.array
+        return {"kind": "period", "freq": str(dt)[len("period["):-1], "ordinals": np.asarray(arr.asi8)}
+    if isinstance(dt, pd.IntervalDtype):
+        arr = s.array
+        return {"kind": "interval", "closed": arr.closed, "left": _column(arr.left), "right": _column(arr.right)}
+    if isinstance(dt, pd.SparseDtype):
+        # The stored points and where they are; the fill value is everywhere else.
+        arr = s.array
+        return {
+            "kind": "sparse", "length": len(arr), "fill": arr.fill_value,
+            "indices": np.asarray(arr.sp_index.indices, dtype=np.int64), "values": np.asarray(arr.sp_values),
+        }
     name = str(dt)
     if name in _MASKED:
         mask = np.asarray(s.isna())
@@ -105,7 +128,12 @@ def _index(idx: Any) -> Dict[str, Any]:
             "codes": [np.asarray(c) for c in idx.codes],
             "names": list(idx.names),
         }
-    return {"kind": "index", "values": _column(idx), "name": idx.name}
+    out = {"kind": "index", "values": _column(idx), "name": idx.name}
+    if isinstance(idx, (pd.DatetimeIndex, pd.TimedeltaIndex)) and idx.freq is not None:
+        # The frequency of a date_range/timedelta_range index (pickle keeps it; the values
+        # alone do not say it): its pandas alias, checked against the values when loaded.
+        out["freq"] = idx.freqstr
+    return out
 
 
 # ---------------------------------------------------------------- loading
@@ -117,7 +145,8 @@ def decode(t: str, kids: Dict[str, Any]) -> Any:
     except ImportError:
         raise LookupError("loading pandas objects needs pandas (pip install pandas)") from None
     if t == "py.series":
-        return pd.Series(_array(pd, kids["values"]), index=_index_back(pd, kids["index"]), name=kids["name"], copy=False)
+        s = pd.Series(_array(pd, kids["values"]), index=_index_back(pd, kids["index"]), name=kids["name"], copy=False)
+        return _attrs_back(s, kids)
     columns = _index_back(pd, kids["columns"])
     values = kids["values"]
     if not isinstance(values, list) or len(values) != len(columns):
@@ -126,7 +155,16 @@ def decode(t: str, kids: Dict[str, Any]) -> Any:
     data = {i: _array(pd, v) for i, v in enumerate(values)}
     df = pd.DataFrame(data, index=index, copy=False) if data else pd.DataFrame(index=index)
     df.columns = columns
-    return df
+    return _attrs_back(df, kids)
+
+
+def _attrs_back(obj: Any, kids: Dict[str, Any]) -> Any:
+    attrs = kids.get("attrs")
+    if attrs is not None:
+        if not isinstance(attrs, dict):
+            raise ValueError(f"py.dataframe: `attrs` must be a dict, not {type(attrs).__name__}")
+        obj.attrs.update(attrs)
+    return obj
 
 
 def _array(pd: Any, c: Dict[str, Any]) -> Any:
@@ -159,6 +197,40 @@ def _array(pd: Any, c: Dict[str, Any]) -> Any:
         for i in np.flatnonzero(mask).tolist():
             values[i] = None
         return pd.array(values, dtype=pd.StringDtype(c["storage"], na_value=na))
+    if kind == "period":
+        freq, ordinals = c["freq"], c["ordinals"]
+        if not isinstance(freq, str) or not isinstance(ordinals, np.ndarray) or ordinals.dtype != np.int64:
+            raise ValueError("py.dataframe: a period column needs a str `freq` and int64 `ordinals`")
+        try:
+            dtype = pd.PeriodDtype(freq)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"py.dataframe: bad period frequency {freq!r} ({e})") from None
+        return pd.arrays.PeriodArray(ordinals, dtype=dtype)
+    if kind == "interval":
+        closed = c["closed"]
+        if closed not in ("left", "right", "both", "neither"):
+            raise ValueError(f"py.dataframe: bad interval side {closed!r}")
+        left, right = _array(pd, c["left"]), _array(pd, c["right"])
+        try:
+            return pd.arrays.IntervalArray.from_arrays(left, right, closed=closed)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"py.dataframe: an interval column's bounds do not fit ({e})") from None
+    if kind == "sparse":
+        n, idx, vals, fill = c["length"], c["indices"], c["values"], c["fill"]
+        ok = isinstance(n, int) and 0 <= n and isinstance(idx, np.ndarray) and idx.dtype == np.int64
+        ok = ok and isinstance(vals, np.ndarray) and idx.shape == vals.shape and vals.ndim == 1
+        if not ok or (len(idx) and (idx.min() < 0 or idx.max() >= n or (np.diff(idx) <= 0).any())):
+            raise ValueError("py.dataframe: a sparse column's points do not fit its length")
+        if len(idx) and idx.max() >= 2**31:
+            raise ValueError("py.dataframe: a sparse column's points are past what pandas indexes (2**31)")
+        # Built from its points, never as a dense array (a file's length costs nothing here).
+        dtype = pd.SparseDtype(vals.dtype, fill)
+        SparseArray = pd.arrays.SparseArray
+        if hasattr(SparseArray, "from_indices"):  # pandas >= 3.1
+            return SparseArray.from_indices(vals, idx, n, fill_value=fill, dtype=vals.dtype)
+        from pandas._libs.sparse import IntIndex
+
+        return SparseArray(vals, sparse_index=IntIndex(n, idx.astype(np.int32)), fill_value=fill, dtype=dtype)
     raise ValueError(f"py.dataframe: unknown column kind {kind!r}")
 
 
@@ -178,6 +250,15 @@ def _index_back(pd: Any, d: Dict[str, Any]) -> Any:
         levels = [_index_back(pd, level) for level in d["levels"]]
         return pd.MultiIndex(levels=levels, codes=d["codes"], names=d["names"])
     if kind == "index":
-        return pd.Index(_array(pd, d["values"]), name=d["name"], copy=False)
+        idx = pd.Index(_array(pd, d["values"]), name=d["name"], copy=False)
+        freq = d.get("freq")
+        if freq is None:
+            return idx
+        if not isinstance(freq, str) or not isinstance(idx, (pd.DatetimeIndex, pd.TimedeltaIndex)):
+            raise ValueError(f"py.dataframe: a `freq` of {freq!r} on an index of {idx.dtype}")
+        try:
+            return type(idx)(idx, freq=freq, name=d["name"])
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"py.dataframe: the index's freq {freq!r} does not fit its values ({e})") from None
     raise ValueError(f"py.dataframe: unknown index kind {kind!r}")
 

@@ -1,5 +1,6 @@
 """Pillow images as built-in file-backed objects (``py.image``): the image's file bytes are stored
-as they came (PNG, JPEG or WebP read from a file, when its pixels are still those of the file),
+as they came (PNG, JPEG or WebP read from a file or a file object, when its pixels are still
+those of the file),
 otherwise the pixels as PNG — lossless either way. Loading opens the bytes with Pillow, allowing
 only those three formats and keeping Pillow's decompression-bomb limit; pixels are decoded when
 first used, as ``Image.open`` does. Used only when Pillow is already imported (saving) or
@@ -28,21 +29,43 @@ def encode(img: Any) -> Tuple[Dict[str, Any], bytes]:
 
 
 def _source_bytes(img: Any) -> Optional[Tuple[bytes, str]]:
-    """The file the image was opened from, if its format is allowed and its pixels are unchanged."""
-    path = getattr(img, "filename", "")
+    """The file the image was opened from, if its format is allowed and its pixels are unchanged:
+    a path, or a file object (``Image.open(io.BytesIO(data))``, as images fetched over HTTP or
+    read from archives are) that Pillow still holds, i.e. before the pixels were loaded."""
     fmt = getattr(img, "format", None)
-    if fmt not in FORMATS or not isinstance(path, str) or not path or not os.path.isfile(path):
+    if fmt not in FORMATS:
+        return None
+    b = _file_bytes(img)
+    if b is None:
         return None
     from PIL import Image
 
-    with open(path, "rb") as f:
-        b = f.read()
     try:
         with Image.open(io.BytesIO(b), formats=[fmt]) as again:
             same = again.mode == img.mode and again.size == img.size and again.tobytes() == img.tobytes()
     except Exception:
         return None
     return (b, fmt) if same else None
+
+
+def _file_bytes(img: Any) -> Optional[bytes]:
+    path = getattr(img, "filename", "")
+    if isinstance(path, str) and path and os.path.isfile(path):
+        with open(path, "rb") as f:
+            return f.read()
+    fp = getattr(img, "fp", None)
+    if fp is None or not hasattr(fp, "seek") or not hasattr(fp, "read"):
+        return None
+    # Image.open read the image from the file object's start (it seeks to 0 first); the
+    # position is put back for Pillow's lazy decoder.
+    try:
+        at = fp.tell()
+        fp.seek(0)
+        b = fp.read()
+        fp.seek(at)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return b if isinstance(b, bytes) else None
 
 
 def _png(img: Any) -> Tuple[bytes, str]:

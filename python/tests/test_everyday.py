@@ -128,6 +128,22 @@ def test_numpy_dtype_objects(tmp_path):
         assert got == want.newbyteorder("<") if want.byteorder == ">" else got == want, (got, want)
 
 
+def test_object_arrays_keep_shape_elements_and_identity(tmp_path):
+    a = np.empty((2, 3), dtype=object)
+    shared = [1, 2]
+    a[0] = [shared, "s", None]  # an element that is a list stays one element
+    a[1] = [np.arange(3), {"k": fractions.Fraction(1, 3)}, shared]
+    back, _ = roundtrip(tmp_path, {"a": a, "empty": np.empty((0, 4), dtype=object), "zero_d": np.array(5, dtype=object),
+                                   "strided": np.array([[1], [2]], dtype=object).T})
+    got = back["a"]
+    assert got.dtype == object and got.shape == (2, 3)
+    assert got[0, 0] == [1, 2] and got[0, 0] is got[1, 2] and got[0, 1] == "s" and got[0, 2] is None
+    assert np.array_equal(got[1, 0], np.arange(3)) and got[1, 1] == {"k": fractions.Fraction(1, 3)}
+    assert back["empty"].shape == (0, 4) and back["empty"].dtype == object
+    assert back["zero_d"].shape == () and back["zero_d"][()] == 5
+    assert back["strided"].tolist() == [[1, 2]]
+
+
 def test_everyday_nodes_are_plain_data_in_the_manifest(tmp_path):
     p = str(tmp_path / "m")
     treepack.save({"f": fractions.Fraction(1, 3), "t": np.array(["2020-01-01"], dtype="M8[D]")}, p)
@@ -141,10 +157,12 @@ def test_hostile_everyday_data_is_refused(tmp_path, rewrite_manifest):
     # A manifest whose py.datetime64 names a unit numpy would parse into something else, or whose
     # dtype text is not a time dtype: refused with a clear error, nothing evaluated.
     for i, (old, new, says) in enumerate(
-        [(b'"unit":"s"', b'"unit":"s]1"', "bad datetime64"), (b'"time":"<M8[s]"', b'"time":"O"', "bad numpy time dtype")]
+        [(b'"unit":"s"', b'"unit":"s]1"', "bad datetime64"), (b'"time":"<M8[s]"', b'"time":"O"', "bad numpy time dtype"),
+         (b'"shape":[2]', b'"shape":[1000000,1000000]', r"object array of shape \(1000000, 1000000\) cannot hold 2 items"),
+         (b'"shape":[2]', b'"shape":[-2]', "needs a list of dimensions")]
     ):
         p = str(tmp_path / f"h{i}")
-        treepack.save({"t": np.array([1], dtype="M8[s]"), "d": np.dtype("M8[s]")}, p)
+        treepack.save({"t": np.array([1], dtype="M8[s]"), "d": np.dtype("M8[s]"), "o": np.array([1, "x"], dtype=object)}, p)
         rewrite_manifest(p, old, new)
         with pytest.raises(ValueError, match=says):
             treepack.load(p)

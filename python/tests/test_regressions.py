@@ -326,13 +326,24 @@ def test_a_reference_cycle_is_named_once(tmp_path):
     assert back["self"] is back
 
 
-def test_object_arrays_are_pickled_when_allowed(tmp_path):
+class Opaque:
+    """A class treepack cannot store without pickle (module level: pickle needs to find it)."""
+
+
+def test_object_arrays_are_stored_element_by_element(tmp_path):
+    # They were refused (or pickled whole with allow_pickle=True); now each element is a tree
+    # value, so only an element nothing else can store needs allow_pickle, and says where it is.
     a = np.array([1, "two", None], dtype=object)
-    with pytest.raises(TypeError, match=r"`o`: numpy arrays of dtype object .* allow_pickle=True"):
-        treepack.save({"o": a}, tmp_path / "t")
-    treepack.save({"o": a}, tmp_path / "t", allow_pickle=True)  # what the message suggests works
-    back = treepack.load(tmp_path / "t", allow_pickle=True)["o"]
+    treepack.save({"o": a}, tmp_path / "t")
+    back = treepack.load(tmp_path / "t")["o"]
     assert back.dtype == object and back.tolist() == [1, "two", None]
+
+    b = np.array([1, Opaque()], dtype=object)
+    with pytest.raises(TypeError, match=r"`o/items/1`: objects of type .*Opaque are not supported.*allow_pickle=True"):
+        treepack.save({"o": b}, tmp_path / "u")
+    treepack.save({"o": b}, tmp_path / "u", allow_pickle=True)  # what the message suggests works
+    back = treepack.load(tmp_path / "u", allow_pickle=True)["o"]
+    assert back.dtype == object and back[0] == 1 and type(back[1]).__name__ == "Opaque"
 
 
 def test_metadata_that_is_not_json_names_the_argument_and_path(tmp_path):

@@ -1,6 +1,6 @@
 """The everyday types pickle handles that are not plain trees: ``collections`` mappings and
-deques, fractions, memoryviews and numpy's datetime64/timedelta64 arrays, masked arrays and dtype
-objects. Each is a ``py.<name>`` custom node built from data alone: no code named by the file
+deques, fractions, memoryviews and numpy's datetime64/timedelta64 arrays, masked arrays, dtype
+objects and object arrays (their shape and their elements as tree values). Each is a ``py.<name>`` custom node built from data alone: no code named by the file
 runs (a ``defaultdict`` whose factory is a class needs that class trusted)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ _FACTORY_NAMES = {t: n for n, t in FACTORIES.items()}
 
 NAMES = frozenset(
     {"py.ordereddict", "py.counter", "py.defaultdict", "py.deque", "py.fraction", "py.datetime64",
-     "py.masked", "py.npdtype"}
+     "py.masked", "py.npdtype", "py.objarray"}
 )
 
 _UNITS = frozenset({"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as", "generic"})
@@ -115,6 +115,9 @@ def _encode(obj: Any, t: type) -> Optional[Description]:
         kids.append(("mask", np.ma.getmaskarray(obj) if mask is not np.ma.nomask else False))
         kids.append(("fill_value", obj.fill_value))
         return ("custom", "py.masked", json.dumps({"hard_mask": bool(obj.hardmask)}), kids)
+    if t is np.ndarray and obj.dtype == object:
+        # Each element is a value of the tree like any other (strict: no pickle), in C order.
+        return ("custom", "py.objarray", json.dumps({"shape": list(obj.shape)}), [("items", obj.ravel().tolist())])
     if isinstance(obj, (np.ndarray, np.datetime64, np.timedelta64)) and obj.dtype.kind in "Mm":
         if isinstance(obj, np.ndarray) and t is not np.ndarray:
             return None
@@ -164,6 +167,19 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
         return np_dtype(json.dumps(data["dtype"], separators=(",", ":")))
     if t == "py.masked":
         return np.ma.MaskedArray(kids["data"], mask=kids["mask"], fill_value=kids["fill_value"], hard_mask=data["hard_mask"])
+    if t == "py.objarray":
+        shape, items = data.get("shape") if isinstance(data, dict) else None, kids.get("items")
+        if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape) or not isinstance(items, list):
+            raise ValueError("an object array needs a list of dimensions and a list of items")
+        n = 1
+        for d in shape:
+            n *= d
+        if n != len(items) or len(shape) > 64:
+            raise ValueError(f"an object array of shape {tuple(shape)} cannot hold {len(items)} items")
+        out = np.empty(len(items), dtype=object)
+        for i, v in enumerate(items):  # one by one: a list item must stay one element
+            out[i] = v
+        return out.reshape(shape)
     if t == "py.datetime64":
         dt = _time_dtype(data["kind"], data["unit"], data["count"])
         values = kids["values"]

@@ -210,7 +210,6 @@ def test_map_location(loc):
 
 def test_tensors_that_cannot_be_stored_are_refused_with_what_to_do(loc):
     cases = {
-        "sparse": (torch.eye(3).to_sparse(), r"sparse_coo tensor.*to_dense\(\)"),
         "quantized": (torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8), r"quantized tensor.*dequantize"),
         "complex32": (torch.zeros(2, dtype=torch.complex32), r"complex32 has no treepack dtype.*complex64"),
         "meta": (torch.empty(2, device="meta"), "meta device has no data"),
@@ -218,6 +217,43 @@ def test_tensors_that_cannot_be_stored_are_refused_with_what_to_do(loc):
     for name, (t, msg) in cases.items():
         with pytest.raises(TypeError, match=rf"cannot save `x/{name}`: .*{msg}"):
             treepack.save({"x": {name: t}}, loc)
+
+
+def test_sparse_tensors_of_every_layout_round_trip(loc):
+    i = torch.tensor([[0, 1, 1, 1], [2, 0, 2, 2]])
+    coo = torch.sparse_coo_tensor(i, torch.tensor([3.0, 4.0, 5.0, 1.0]), (2, 3))  # uncoalesced: (1, 2) twice
+    dense = torch.arange(12.0).reshape(3, 4)
+    dense[dense % 3 != 0] = 0
+    tree = {
+        "coo": coo, "coalesced": coo.coalesce(), "hybrid": torch.randn(3, 4, 2).to_sparse(1),
+        "csr": dense.to_sparse_csr(), "csc": dense.to_sparse_csc(), "bsr": dense.to_sparse_bsr((1, 2)),
+        "bsc": dense.to_sparse_bsc((3, 1)), "grad": coo.coalesce().double().requires_grad_(True),
+        "empty": torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (5, 5)),
+    }
+    treepack.save(tree, loc)
+    back = treepack.load(loc)
+    for k, t in tree.items():
+        b = back[k]
+        assert b.layout == t.layout and b.shape == t.shape and b.dtype == t.dtype, k
+        assert torch.equal(b.to_dense(), t.to_dense()) and b._nnz() == t._nnz(), k
+        assert b.requires_grad == t.requires_grad, k
+    assert not back["coo"].is_coalesced() and back["coalesced"].is_coalesced()
+    assert torch.equal(back["coo"]._indices(), coo._indices())  # the duplicate is kept as stored
+    s = treepack.load_structure(loc)["csr"]
+    assert s.type_name == "py.torch_sparse" and s.data == {"layout": "csr", "size": [3, 4]}
+
+
+def test_hostile_sparse_tensors_are_refused(loc, rewrite_manifest):
+    treepack.save({"s": torch.sparse_coo_tensor(torch.tensor([[0], [2]]), torch.tensor([1.0]), (2, 3))}, loc)
+    rewrite_manifest(loc, b'"size":[2,3]', b'"size":[2,2]')
+    with pytest.raises(ValueError, match="stored coo tensor does not hold together"):
+        treepack.load(loc)
+    rewrite_manifest(loc, b'"size":[2,2]', b'"size":[2,-3]')
+    with pytest.raises(ValueError, match="needs a list of sizes"):
+        treepack.load(loc)
+    rewrite_manifest(loc, b'"layout":"coo","size":[2,-3]', b'"layout":"xyz","size":[2,3]')
+    with pytest.raises(ValueError, match="unknown sparse layout 'xyz'"):
+        treepack.load(loc)
 
 
 def test_without_torch_the_error_names_the_leaves_and_placeholder_gives_numpy(loc):

@@ -44,7 +44,7 @@ BUILTIN_TYPES = frozenset(
         "py.bytearray", "py.set", "py.frozenset", "py.range", "py.slice", "py.ellipsis",
         "py.datetime", "py.date", "py.time", "py.timedelta", "py.timezone", "py.decimal",
         "py.uuid", "py.path", "py.npscalar", "py.enum", "py.pickle", "py.image",
-        "py.dataframe", "py.series", "py.file", "py.awkward", "py.audio",
+        "py.dataframe", "py.series", "py.file", "py.awkward", "py.audio", torch_tensors.SPARSE,
     }
 ) | everyday.NAMES | xarrays.NAMES
 # Built-in types that `audit` accepts whatever their data says (enum and pickle name classes, and
@@ -461,6 +461,8 @@ class Decoder:
                 return xarrays.decode(t, kids)
             except LookupError as e:
                 return self._missing(t, None, str(e))
+        if t == torch_tensors.SPARSE:
+            return torch_tensors.decode_sparse(data, kids)
         if t in ("py.dataframe", "py.series"):
             try:
                 return pandas.decode(t, kids)

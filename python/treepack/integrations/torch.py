@@ -62,10 +62,7 @@ def encode(t: Any, where: str) -> Tuple[str, str, str, list]:
     import torch
 
     if t.layout != torch.strided:
-        raise TypeError(
-            f"cannot save `{where}`: a {t.layout} tensor; only dense (strided) tensors are supported. "
-            "Convert it with .to_dense(), or save its indices and values as separate tensors"
-        )
+        return _encode_sparse(t, where)
     if t.is_quantized:
         raise TypeError(f"cannot save `{where}`: a quantized tensor ({t.dtype}); {_HINTS['qint8']}")
     if getattr(t, "is_nested", False):
@@ -107,6 +104,70 @@ def encode(t: Any, where: str) -> Tuple[str, str, str, list]:
         hint = _HINTS.get(name, "convert it to a supported dtype first (e.g. .to(torch.float32))")
         raise TypeError(f"cannot save `{where}`: torch dtype {name} has no treepack dtype; {hint}")
     return ("array", "", json.dumps(ann, separators=(",", ":")), [("value", view)])
+
+
+SPARSE = "py.torch_sparse"
+#: Sparse layouts by name; compressed ones: (compressed indices, plain indices) accessors.
+_COMPRESSED = {
+    "csr": ("crow_indices", "col_indices"),
+    "csc": ("ccol_indices", "row_indices"),
+    "bsr": ("crow_indices", "col_indices"),
+    "bsc": ("ccol_indices", "row_indices"),
+}
+
+
+def _encode_sparse(t: Any, where: str) -> Tuple[str, str, str, list]:
+    """A sparse tensor as ``py.torch_sparse``: its layout and size as data, its index and value
+    tensors (dense, each stored as any tensor is) as children. An uncoalesced COO tensor is kept
+    as it is (duplicates included)."""
+    import torch
+
+    name = str(t.layout).rpartition("_")[2]  # torch.sparse_coo -> coo
+    data: Dict[str, Any] = {"layout": name, "size": list(t.shape)}
+    if t.requires_grad:
+        data["requires_grad"] = True
+    t = t.detach()
+    if t.layout == torch.sparse_coo:
+        data["coalesced"] = bool(t.is_coalesced())
+        kids = [("indices", t._indices()), ("values", t._values())]
+    elif name in _COMPRESSED:
+        comp, plain = _COMPRESSED[name]
+        kids = [("compressed_indices", getattr(t, comp)()), ("plain_indices", getattr(t, plain)()), ("values", t.values())]
+    else:
+        raise TypeError(f"cannot save `{where}`: a {t.layout} tensor; convert it with .to_dense() or .to_sparse()")
+    return ("custom", SPARSE, json.dumps(data, separators=(",", ":")), kids)
+
+
+def decode_sparse(data: Any, kids: Dict[str, Any]) -> Any:
+    """The sparse tensor a ``py.torch_sparse`` node describes, its invariants checked by torch
+    (indices inside the size, compressed indices ordered) before anything uses it."""
+    import torch
+
+    layout = data.get("layout") if isinstance(data, dict) else None
+    size = data.get("size") if isinstance(data, dict) else None
+    if not isinstance(size, list) or not all(type(n) is int and n >= 0 for n in size):
+        raise ValueError(f"{SPARSE}: a sparse tensor needs a list of sizes, not {size!r}")
+    tensors = [v for k, v in kids.items() if k in ("indices", "values", "compressed_indices", "plain_indices")]
+    if not all(isinstance(v, torch.Tensor) for v in tensors):
+        raise ValueError(f"{SPARSE}: the indices and values of a sparse tensor must be tensors")
+    try:
+        if layout == "coo":
+            out = torch.sparse_coo_tensor(kids["indices"], kids["values"], size, check_invariants=True)
+            # The file's word is not taken for it: coalescing sorts and sums, and is checked.
+            if data.get("coalesced"):
+                out = out.coalesce()
+        elif layout in _COMPRESSED:
+            out = torch.sparse_compressed_tensor(
+                kids["compressed_indices"], kids["plain_indices"], kids["values"], size,
+                layout=getattr(torch, f"sparse_{layout}"), check_invariants=True,
+            )
+        else:
+            raise ValueError(f"{SPARSE}: unknown sparse layout {layout!r}")
+    except (RuntimeError, KeyError, TypeError) as e:
+        raise ValueError(f"{SPARSE}: the stored {layout} tensor does not hold together ({e})") from None
+    if data.get("requires_grad"):
+        out.requires_grad_(True)
+    return out
 
 
 class Loader:

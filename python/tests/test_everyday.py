@@ -144,6 +144,15 @@ def test_object_arrays_keep_shape_elements_and_identity(tmp_path):
     assert back["strided"].tolist() == [[1, 2]]
 
 
+def test_strings_with_lone_surrogates_round_trip(tmp_path):
+    # os.fsdecode of a file name that is not UTF-8 (pickle keeps these; JSON cannot hold them).
+    names = [os.fsdecode(b"caf\xe9.txt"), "\ud800", "ok", "x\udfff\ud800y"]
+    back, p = roundtrip(tmp_path, {"names": names, "one": names[1]})
+    assert back["names"] == names and back["one"] == "\ud800"
+    text = open(os.path.join(p, "treepack.json")).read()
+    assert '"type":"py.str"' in text and '"ok"' in text  # only the odd ones are py.str nodes
+
+
 def test_everyday_nodes_are_plain_data_in_the_manifest(tmp_path):
     p = str(tmp_path / "m")
     treepack.save({"f": fractions.Fraction(1, 3), "t": np.array(["2020-01-01"], dtype="M8[D]")}, p)

@@ -159,7 +159,15 @@ impl<'py> Encoder<'py> {
     pub(crate) fn key(&self, k: &Bound<'py, PyAny>) -> PyResult<Key> {
         // Nearly every key is a str: checked first.
         if let Ok(s) = k.cast_exact::<PyString>() {
-            return Ok(Key::Str(s.to_str()?.to_owned()));
+            return match s.to_str() {
+                Ok(v) => Ok(Key::Str(v.to_owned())),
+                Err(_) => Err(self.err(format!(
+                    "dict key {} is not valid Unicode (it holds lone surrogates, as os.fsdecode makes of file \
+                     names that are not UTF-8), and keys are stored as JSON strings: re-encode it \
+                     (os.fsencode(key).decode('latin-1')), or keep such names in values, where they are kept",
+                    k.repr().map(|r| r.to_string()).unwrap_or_default()
+                ))),
+            };
         }
         if k.is_none() {
             return Ok(Key::None);
@@ -245,9 +253,13 @@ impl<'py> Encoder<'py> {
             return Ok(Tree::Leaf(Leaf::Complex(c.real(), c.imag())));
         }
         if obj.is_exact_instance_of::<PyString>() {
-            let s: String =
-                obj.extract().map_err(|_| self.err("string is not valid Unicode (it contains lone surrogates)"))?;
-            return Ok(Node::from(s));
+            return match obj.extract::<String>() {
+                Ok(s) => Ok(Node::from(s)),
+                // Lone surrogates (`os.fsdecode` of a file name that is not UTF-8): described
+                // by `encode_other` (a `py.str` of its surrogatepass bytes), each place its own
+                // node, as strings are values.
+                Err(_) => self.other_new(obj, depth),
+            };
         }
         if let Ok(b) = obj.cast_exact::<PyBytes>() {
             return Ok(Tree::Leaf(Leaf::Bytes(self.bytes(b))));

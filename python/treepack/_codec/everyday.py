@@ -25,7 +25,7 @@ _FACTORY_NAMES = {t: n for n, t in FACTORIES.items()}
 
 NAMES = frozenset(
     {"py.ordereddict", "py.counter", "py.defaultdict", "py.deque", "py.fraction", "py.datetime64",
-     "py.masked", "py.npdtype", "py.objarray"}
+     "py.masked", "py.npdtype", "py.objarray", "py.str"}
 )
 
 _UNITS = frozenset({"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as", "generic"})
@@ -74,6 +74,10 @@ def encode(obj: Any, t: type, where: str) -> Optional[Description]:
 
 
 def _encode(obj: Any, t: type) -> Optional[Description]:
+    if t is str:
+        # Only strings JSON cannot hold reach here: lone surrogates, as `os.fsdecode` makes of
+        # file names that are not UTF-8 (pickle keeps them too). Their surrogatepass bytes.
+        return ("custom", "py.str", None, [("utf8", obj.encode("utf-8", "surrogatepass"))])
     if t is collections.OrderedDict:
         return ("custom", "py.ordereddict", *_mapping(obj, {}))
     if t is collections.Counter:
@@ -167,6 +171,14 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
         return np_dtype(json.dumps(data["dtype"], separators=(",", ":")))
     if t == "py.masked":
         return np.ma.MaskedArray(kids["data"], mask=kids["mask"], fill_value=kids["fill_value"], hard_mask=data["hard_mask"])
+    if t == "py.str":
+        b = kids.get("utf8")
+        if not isinstance(b, bytes):
+            raise ValueError("py.str: the string's bytes must be a bytes leaf")
+        try:
+            return b.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"py.str: the bytes are not UTF-8, even with lone surrogates ({e})") from None
     if t == "py.objarray":
         shape, items = data.get("shape") if isinstance(data, dict) else None, kids.get("items")
         if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape) or not isinstance(items, list):

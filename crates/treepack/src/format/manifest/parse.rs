@@ -120,7 +120,8 @@ pub(super) fn parse_generic<B: Build>(
     // Shared ids are checked as they are read, except where parts of the manifest are parsed on
     // other threads (then `validate`'s `check_refs`, or the builder, checks them in order).
     let refs = (!split).then_some(&refs);
-    let ctx = Ctx { path: Some(&path), packs: inline_checks.then_some(&packs), file, shared_value: Default::default(), refs };
+    let ctx =
+        Ctx { path: Some(&path), packs: inline_checks.then_some(&packs), file, shared_value: Default::default(), refs };
     // Text checked as UTF-8 once is read without checking each string again (a slice reader
     // checks every string it meets, ~3 % of a one-pass load of short strings). Bytes that are
     // not UTF-8 are read as bytes, as before: strings skipped unread are not checked, and the

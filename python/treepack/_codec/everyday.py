@@ -183,11 +183,11 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
         shape, items = data.get("shape") if isinstance(data, dict) else None, kids.get("items")
         if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape) or not isinstance(items, list):
             raise ValueError("an object array needs a list of dimensions and a list of items")
-        n = 1
-        for d in shape:
-            n *= d
-        if n != len(items) or len(shape) > 64:
-            raise ValueError(f"an object array of shape {tuple(shape)} cannot hold {len(items)} items")
+        n = 0 if 0 in shape else 1
+        for d in shape if len(shape) <= 64 else [-1]:  # numpy's limit is 64 dimensions
+            n = n * d if 0 < n <= len(items) else n  # stops growing once too big: no huge products
+        if n != len(items):
+            raise ValueError(f"an object array of shape {tuple(shape[:65])} cannot hold {len(items)} items")
         out = np.empty(len(items), dtype=object)
         for i, v in enumerate(items):  # one by one: a list item must stay one element
             out[i] = v

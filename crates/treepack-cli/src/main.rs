@@ -9,7 +9,7 @@ use serde_json::json;
 use show::{entry_summary, human_bytes};
 use std::process::ExitCode;
 use treepack::format::manifest::Entry;
-use treepack::{LoadOptions, Location, ProgressFn, Reader, SaveOptions, StorageOptions, Tree};
+use treepack::{LoadOptions, Location, Place, ProgressFn, Reader, SaveOptions, StorageOptions, Tree};
 
 /// mimalloc: trees of many small leaves are allocation-bound; measured on the 100k-leaf
 /// workload (crates/treepack/examples/profile_small_leaves.rs) it cut building the structure
@@ -541,10 +541,18 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>) ->
             }
             leaves.push(o);
         });
+        // The other places of shared objects, with the place each stands for.
+        let targets = Targets::of(&m.root);
+        let mut refs = vec![];
+        node.for_each_place(&mut |p, place| {
+            if let Place::Ref(id) = place {
+                refs.push(json!({"path": path_text(p), "shared": id, "target": targets.0.get(&id)}));
+            }
+        });
         let out = json!({
             "location": path, "layout": format!("{:?}", r.location().layout()).to_lowercase(),
             "version": [m.version.0, m.version.1], "writer": m.writer, "metadata": m.metadata,
-            "leaves": leaves,
+            "leaves": leaves, "refs": refs,
             "totals": {"leaves": t.leaves, "arrays": t.arrays, "array_bytes": t.array_bytes, "stored_bytes": stored, "packs": m.packs.len(),
                        "chunk_bytes": chunks.0, "chunk_stored_bytes": chunks.1},
         });
@@ -565,7 +573,8 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>) ->
         println!("metadata: {md}");
     }
     let mut lines = vec![];
-    render(node, key.unwrap_or("<root>").to_string(), "", true, true, &mut lines);
+    let targets = Targets::of(&m.root);
+    render(node, key.unwrap_or("<root>").to_string(), "", true, true, &targets, &mut lines);
     for l in lines {
         println!("{l}");
     }
@@ -587,7 +596,31 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>) ->
     Ok(ExitCode::SUCCESS)
 }
 
-fn container_label(t: &Tree<Entry>) -> String {
+/// Where each shared object is first held (key paths from the root), to show a ref as the
+/// place it stands for.
+struct Targets(std::collections::HashMap<u64, String>);
+
+impl Targets {
+    fn of(root: &Tree<Entry>) -> Targets {
+        Targets(root.shared_paths().into_iter().map(|(id, p)| (id, path_text(&p))).collect())
+    }
+    fn ref_text(&self, id: u64) -> String {
+        match self.0.get(&id) {
+            Some(p) => format!("ref -> {p} (shared #{id}, stored once)"),
+            None => format!("ref #{id} (the object shared as #{id}, stored once)"),
+        }
+    }
+}
+
+fn path_text(p: &treepack::format::keypath::KeyPath) -> String {
+    if p.is_root() {
+        "<root>".to_string()
+    } else {
+        p.to_string()
+    }
+}
+
+fn container_label(t: &Tree<Entry>, targets: &Targets) -> String {
     match t {
         Tree::List(v) => format!("list[{}]", v.len()),
         Tree::Tuple(v) => format!("tuple[{}]", v.len()),
@@ -599,12 +632,20 @@ fn container_label(t: &Tree<Entry>) -> String {
         }
         Tree::Leaf(e) => entry_summary(e),
         // An object at several places: its first place says `shared #N`, the others `ref #N`.
-        Tree::Shared { id, node } => format!("{} (shared #{id})", container_label(node)),
-        Tree::Ref(id) => format!("ref #{id} (the object shared as #{id}, stored once)"),
+        Tree::Shared { id, node } => format!("{} (shared #{id})", container_label(node, targets)),
+        Tree::Ref(id) => targets.ref_text(*id),
     }
 }
 
-fn render(t: &Tree<Entry>, name: String, prefix: &str, last: bool, root: bool, out: &mut Vec<String>) {
+fn render(
+    t: &Tree<Entry>,
+    name: String,
+    prefix: &str,
+    last: bool,
+    root: bool,
+    targets: &Targets,
+    out: &mut Vec<String>,
+) {
     let (branch, next_prefix) = if root {
         (String::new(), String::new())
     } else if last {
@@ -612,12 +653,12 @@ fn render(t: &Tree<Entry>, name: String, prefix: &str, last: bool, root: bool, o
     } else {
         (format!("{prefix}├── "), format!("{prefix}│   "))
     };
-    out.push(format!("{branch}{name}: {}", container_label(t)));
+    out.push(format!("{branch}{name}: {}", container_label(t, targets)));
     let kids = t.children();
     let n = kids.len();
     for (i, (step, child)) in kids.into_iter().enumerate() {
         let seg = treepack::format::keypath::Segment::from_step_pub(&step).text();
-        render(child, seg, &next_prefix, i + 1 == n, false, out);
+        render(child, seg, &next_prefix, i + 1 == n, false, targets, out);
     }
 }
 
@@ -625,11 +666,19 @@ fn ls(path: &str, so: &StorageOptions, patterns: &[String]) -> Result<ExitCode> 
     let r = open(path, so)?;
     let sel = treepack::format::keypath::Selection::new(patterns)?;
     let mut n = 0;
-    r.manifest().root.for_each_leaf(&mut |p, e| {
+    let root = &r.manifest().root;
+    let targets = Targets::of(root);
+    // Refs are listed too (as the place they stand for): a leaf reached through a ref has
+    // that key path as well, and a glob may name it.
+    root.for_each_place(&mut |p, place| {
+        let text = match place {
+            Place::Leaf(e) => entry_summary(e),
+            Place::Ref(id) => targets.ref_text(id),
+            Place::Shared(_) => return,
+        };
         if sel.selects(p) {
             n += 1;
-            let path = if p.is_root() { "<root>".to_string() } else { p.to_string() };
-            println!("{path}\t{}", entry_summary(e));
+            println!("{}\t{text}", path_text(p));
         }
     });
     if n == 0 && !patterns.is_empty() {

@@ -353,3 +353,22 @@ fn export_import_and_schema() {
     let schema: serde_json::Value = serde_json::from_str(&run_ok(&["schema", &ckpt])).unwrap();
     assert_eq!(schema["$schema"], "https://json-schema.org/draft/2020-12/schema");
 }
+
+#[test]
+fn refs_show_the_place_they_stand_for() {
+    // tests/golden/demo-refs holds the demo tree at `model` and again at `again`, and a list
+    // that holds itself at `cycle/1`.
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/golden/demo-refs");
+    let out = run_ok(&["inspect", golden]);
+    assert!(out.contains("├── model: dict[7] (shared #0)"), "{out}");
+    assert!(out.contains("again: ref -> model (shared #0, stored once)"), "{out}");
+    let ls = run_ok(&["ls", golden]);
+    assert!(ls.contains("\nagain\tref -> model (shared #0, stored once)\n"), "{ls}");
+    assert!(ls.contains("\ncycle/1\tref -> cycle (shared #1, stored once)\n"), "{ls}");
+    assert_eq!(run_ok(&["ls", golden, "again"]).trim(), "again\tref -> model (shared #0, stored once)");
+    let json: serde_json::Value = serde_json::from_str(&run_ok(&["inspect", "--json", golden])).unwrap();
+    assert_eq!(
+        json["refs"],
+        serde_json::json!([{"path": "again", "shared": 0, "target": "model"}, {"path": "cycle/1", "shared": 1, "target": "cycle"}])
+    );
+}

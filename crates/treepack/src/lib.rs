@@ -40,7 +40,7 @@ pub use error::{Error, Result};
 pub use format::dtype::{DType, Field};
 pub use format::hash::Hash32;
 pub use format::manifest::{Entry, LeafInfo, Manifest};
-pub use format::model::{ArrayData, Int, Key, Leaf, Node, Tree};
+pub use format::model::{ArrayData, Int, Key, Leaf, Node, Place, Tree};
 pub use gc::GcReport;
 pub use progress::ProgressFn;
 pub use read::{LoadOptions, Problem, Reader, VerifyReport};

@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::format::dtype::DType;
 use bytes::Bytes;
 use num_bigint::BigInt;
+use std::collections::HashMap;
 use std::fmt;
 
 /// An exact integer of any size. Values that fit in `i64` are kept unboxed.
@@ -353,6 +354,17 @@ impl Leaf {
     }
 }
 
+/// What [`Tree::for_each_place`] meets at a key path.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Place<'a, L> {
+    /// A leaf.
+    Leaf(&'a L),
+    /// The first place of the shared object with this id (its contents are visited next).
+    Shared(u64),
+    /// Another place of the shared object with this id.
+    Ref(u64),
+}
+
 /// A tree: containers over leaves of type `L`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Tree<L> {
@@ -633,18 +645,43 @@ impl<L> Tree<L> {
 
     /// Visit every leaf with its key path, in tree order.
     pub fn for_each_leaf<'a>(&'a self, f: &mut impl FnMut(&crate::format::keypath::KeyPath, &'a L)) {
+        self.for_each_place(&mut |p, place| {
+            if let Place::Leaf(l) = place {
+                f(p, l)
+            }
+        });
+    }
+
+    /// Visit every leaf and every place of a shared object with its key path, in tree order:
+    /// what tools that show refs by the place holding the object need (`ref #0` is `x`).
+    pub fn for_each_place<'a>(&'a self, f: &mut impl FnMut(&crate::format::keypath::KeyPath, Place<'a, L>)) {
         let mut path = crate::format::keypath::KeyPath::root();
         self.visit(&mut path, f);
+    }
+
+    /// The key path of each shared object's first place, by id.
+    pub fn shared_paths(&self) -> HashMap<u64, crate::format::keypath::KeyPath> {
+        let mut out = HashMap::new();
+        self.for_each_place(&mut |p, place| {
+            if let Place::Shared(id) = place {
+                out.entry(id).or_insert_with(|| p.clone());
+            }
+        });
+        out
     }
 
     fn visit<'a>(
         &'a self,
         path: &mut crate::format::keypath::KeyPath,
-        f: &mut impl FnMut(&crate::format::keypath::KeyPath, &'a L),
+        f: &mut impl FnMut(&crate::format::keypath::KeyPath, Place<'a, L>),
     ) {
         match self {
-            Tree::Leaf(l) => return f(path, l),
-            Tree::Shared { node, .. } => return grow(|| node.visit(path, f)),
+            Tree::Leaf(l) => return f(path, Place::Leaf(l)),
+            Tree::Shared { id, node } => {
+                f(path, Place::Shared(*id));
+                return grow(|| node.visit(path, f));
+            }
+            Tree::Ref(id) => return f(path, Place::Ref(*id)),
             _ => {}
         }
         grow(|| {

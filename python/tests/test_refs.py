@@ -68,6 +68,17 @@ def test_structure_selection_and_lazy_views_go_through_refs(tmp_path):
     treepack.save({"a": obj, "b": obj, "n": 3}, p)
     s = treepack.load_structure(p)
     assert s["b"].kind == "ref" and s["a"]["x"].kind == "array"
+    # A ref names the place that holds the object; other leaves have no target.
+    assert s["b"].target == "a" and s["a"]["x"].target is None
+    assert repr(s["b"]) == "LeafInfo(path='b', kind='ref', dtype=None, shape=None, nbytes=0, inline=True, target='a')"
+    assert eval(repr(s["b"]), {"LeafInfo": treepack.LeafInfo}) == s["b"]
+    # Big manifests are listed by the outline on a helper thread, in blocks: a ref far from
+    # its object still names it.
+    rows = [{"i": i, "cfg": obj if i % 1000 == 0 else {"k": i}} for i in range(20_000)]
+    big = str(tmp_path / "big")
+    treepack.save({"first": obj, "rows": rows}, big)
+    s = treepack.load_structure(big)
+    assert s["rows"][19000]["cfg"].target == "first" and s["rows"][19001]["cfg"]["k"].target is None
     # Selecting only the ref's place still loads the object (at its own place too).
     back = treepack.load(p, select=["b"])
     assert back["b"] is back["a"] and np.array_equal(back["b"]["x"], np.arange(10))
@@ -157,3 +168,20 @@ def test_cycles_through_tuples_round_trip_or_are_refused_at_save(tmp_path):
     m.me = m
     with pytest.raises(ValueError, match=r"cannot save `m/data`: .* registered type's data"):
         treepack.save({"m": m}, str(tmp_path / "c"))
+
+
+def test_structure_listings_that_would_take_gigabytes_are_refused(tmp_path):
+    # 20k zeros under 20 levels of 1000-byte keys: a 61 KB manifest whose leaves' key paths
+    # (each leaf holds its own) would take 390 MB. Refused with a clear error; loading works.
+    t = [0] * 20_000
+    for i in range(20):
+        t = {"k" * 1000 + str(i): t}
+    p = str(tmp_path / "deep")
+    treepack.save(t, p)
+    with pytest.raises(treepack.FormatError, match="would copy more key-path text than the manifest allows") as e:
+        treepack.load_structure(p)
+    assert len(str(e.value)) < 1000  # the place is named, shortened
+    back = treepack.load(p)
+    for i in reversed(range(20)):
+        back = back["k" * 1000 + str(i)]
+    assert back == [0] * 20_000

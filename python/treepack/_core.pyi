@@ -116,7 +116,11 @@ class LeafInfo:
     shape: Optional[Tuple[int, ...]]
     nbytes: int
     inline: bool
-    def __init__(self, path: str, kind: str, dtype: Optional[str] = None, shape: Optional[Sequence[int]] = None, nbytes: int = 0, inline: bool = True) -> None: ...
+    target: Optional[str]
+    def __init__(
+        self, path: str, kind: str, dtype: Optional[str] = None, shape: Optional[Sequence[int]] = None, nbytes: int = 0,
+        inline: bool = True, target: Optional[str] = None,
+    ) -> None: ...
 
 class BytesOwner: ...
 

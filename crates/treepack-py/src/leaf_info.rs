@@ -21,6 +21,7 @@ pub(crate) struct OwnLeaf {
     pub(crate) shape: Option<Vec<u64>>,
     pub(crate) nbytes: u64,
     pub(crate) inline: bool,
+    pub(crate) target: Option<String>,
 }
 
 /// The fields of a `LeafInfo`, whichever way it holds them.
@@ -32,6 +33,7 @@ pub(crate) struct LeafFields<'a> {
     pub(crate) shape: Option<&'a [u64]>,
     pub(crate) nbytes: u64,
     pub(crate) inline: bool,
+    pub(crate) target: Option<&'a str>,
 }
 
 impl PartialEq for LeafInfo {
@@ -58,6 +60,7 @@ impl LeafInfo {
                 shape: o.shape.as_deref(),
                 nbytes: o.nbytes,
                 inline: o.inline,
+                target: o.target.as_deref(),
             },
             LeafRepr::Row(t, i) => match t.get(*i as usize) {
                 Some(v) => LeafFields {
@@ -67,9 +70,18 @@ impl LeafInfo {
                     shape: v.shape,
                     nbytes: v.nbytes,
                     inline: v.inline,
+                    target: v.target,
                 },
                 // Never: rows are checked when the object is made.
-                None => LeafFields { path: "", kind: "none", dtype: None, shape: None, nbytes: 0, inline: true },
+                None => LeafFields {
+                    path: "",
+                    kind: "none",
+                    dtype: None,
+                    shape: None,
+                    nbytes: 0,
+                    inline: true,
+                    target: None,
+                },
             },
         }
     }
@@ -78,7 +90,7 @@ impl LeafInfo {
 #[pymethods]
 impl LeafInfo {
     #[new]
-    #[pyo3(signature = (path, kind, dtype=None, shape=None, nbytes=0, inline=true))]
+    #[pyo3(signature = (path, kind, dtype=None, shape=None, nbytes=0, inline=true, target=None))]
     pub(crate) fn new(
         path: String,
         kind: String,
@@ -86,8 +98,17 @@ impl LeafInfo {
         shape: Option<Vec<u64>>,
         nbytes: u64,
         inline: bool,
+        target: Option<String>,
     ) -> Self {
-        LeafInfo(LeafRepr::Own(Box::new(OwnLeaf { path, kind: Cow::Owned(kind), dtype, shape, nbytes, inline })))
+        LeafInfo(LeafRepr::Own(Box::new(OwnLeaf {
+            path,
+            kind: Cow::Owned(kind),
+            dtype,
+            shape,
+            nbytes,
+            inline,
+            target,
+        })))
     }
     /// The leaf's key path.
     #[getter]
@@ -109,7 +130,13 @@ impl LeafInfo {
     pub(crate) fn shape<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         self.fields().shape.map(|s| PyTuple::new(py, s.iter().copied())).transpose()
     }
-    /// Bytes of the value (UTF-8 bytes for strings).
+    /// For a `ref` (another place of a shared object): the key path of the place that holds
+    /// the object. None for other leaves.
+    #[getter]
+    pub(crate) fn target(&self) -> Option<&str> {
+        self.fields().target
+    }
+    /// Bytes of the value (UTF-8 bytes for strings; a `ref`'s shared object id).
     #[getter]
     pub(crate) fn nbytes(&self) -> u64 {
         self.fields().nbytes
@@ -129,8 +156,13 @@ impl LeafInfo {
         };
         let text = |s: &str| Some(PyString::new(py, s).into_any());
         let f = self.fields();
+        // Only refs have a target: other leaves' reprs are as they were.
+        let target = match f.target {
+            Some(t) => format!(", target={}", repr(text(t))?),
+            None => String::new(),
+        };
         Ok(format!(
-            "LeafInfo(path={}, kind={}, dtype={}, shape={}, nbytes={}, inline={})",
+            "LeafInfo(path={}, kind={}, dtype={}, shape={}, nbytes={}, inline={}{target})",
             repr(text(f.path))?,
             repr(text(f.kind))?,
             repr(f.dtype.as_deref().and_then(text))?,

@@ -90,11 +90,19 @@ impl Reader {
     pub(crate) fn structure<'py>(&self, py: Python<'py>, make_node: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let m = self.inner.manifest();
         let file = self.inner.location().display().to_string();
+        let mut failed = None;
         let run = |sink: &mut dyn FnMut(Block) -> bool| {
-            treepack::format::manifest::outline::outline_tree(&m.root, &m.packs, &file, sink).is_ok()
+            let r = treepack::format::manifest::outline::outline_tree(&m.root, &m.packs, &file, sink);
+            r.map_err(|e| failed = Some(e)).is_ok()
         };
-        without_gc(py, || Ok(structure_here(py, &make_node, true, run)))?
-            .ok_or_else(|| PyValueError::new_err(format!("{file}: the structure could not be built (a treepack bug)")))
+        let built = without_gc(py, || Ok(structure_here(py, &make_node, true, run)))?;
+        match (built, failed) {
+            (Some(b), _) => Ok(b),
+            (None, Some(e)) => Err(py_err(e)),
+            (None, None) => {
+                Err(PyValueError::new_err(format!("{file}: the structure could not be built (a treepack bug)")))
+            }
+        }
     }
 
     /// Kind of the node at a key path: a container kind or a leaf kind.

@@ -57,7 +57,9 @@ fn manifest(c: &mut Criterion) {
     g.bench_function("structure_by_outline", |b| {
         b.iter(|| read::structure::by_outline(&bytes, "bench", Layout::Directory).unwrap())
     });
-    g.bench_function("structure_by_decode", |b| b.iter(|| manifest::decode(&bytes, "bench").unwrap().structure()));
+    g.bench_function("structure_by_decode", |b| {
+        b.iter(|| manifest::decode(&bytes, "bench").unwrap().structure().unwrap())
+    });
     g.finish();
 }
 

@@ -70,7 +70,7 @@ fn main() -> Result<()> {
         let r = open(p)?;
         let t_open = t.elapsed();
         let t = Instant::now();
-        let s = r.structure();
+        let s = r.structure().unwrap();
         let t_struct = t.elapsed();
         let t = Instant::now();
         let back = r.load(&LoadOptions::default())?;

@@ -312,7 +312,7 @@ impl Error {
     }
 
     pub(crate) fn manifest(file: &str, key: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::InvalidManifest { file: file.to_string(), key: key.into(), reason: reason.into() }
+        Error::InvalidManifest { file: file.to_string(), key: shortened(key.into()), reason: reason.into() }
     }
 
     pub(crate) fn invalid_tree(key: impl Into<String>, reason: impl Into<String>) -> Self {
@@ -358,4 +358,16 @@ impl Error {
             Error::Internal(_) => "internal",
         }
     }
+}
+
+/// A key path to show in an error, cut in its middle when it is very long: a hostile manifest
+/// can nest a thousand levels of long keys, and a message should stay a message.
+fn shortened(key: String) -> String {
+    const KEEP: usize = 200;
+    if key.len() <= 2 * KEEP {
+        return key;
+    }
+    let head = key.char_indices().map(|(i, _)| i).take_while(|&i| i <= KEEP).last().unwrap_or(0);
+    let tail = key.char_indices().map(|(i, _)| i).find(|&i| i >= key.len() - KEEP).unwrap_or(key.len());
+    format!("{}…({} bytes)…{}", &key[..head], tail - head, &key[tail..])
 }

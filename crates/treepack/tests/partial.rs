@@ -118,7 +118,7 @@ fn single_file_with_large_manifest_needs_two_requests() {
     let loc = Location::parse(p).unwrap();
     let r = Reader::open(loc.clone()).unwrap();
     assert_eq!(loc.stats().read_requests(), 2);
-    assert_eq!(r.structure().leaf_count(), 40_000);
+    assert_eq!(r.structure().unwrap().leaf_count(), 40_000);
 }
 
 #[test]

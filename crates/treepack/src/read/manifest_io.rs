@@ -79,5 +79,5 @@ pub(super) fn locate_manifest(tail: Bytes, size: u64, file: &str) -> Result<Tail
 /// # Errors
 /// As [`Reader::open_async`].
 pub async fn load_structure_async(loc: Location) -> Result<Tree<LeafInfo>> {
-    Ok(Reader::open_async(loc).await?.structure())
+    Reader::open_async(loc).await?.structure()
 }

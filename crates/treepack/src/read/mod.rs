@@ -260,8 +260,17 @@ impl Reader {
         })
     }
     /// The tree with a [`LeafInfo`] at each leaf (no data read).
-    pub fn structure(&self) -> Tree<LeafInfo> {
-        self.manifest.structure()
+    ///
+    /// # Errors
+    /// [`Error::InvalidManifest`] when the leaves' key paths would take far more memory than
+    /// the manifest (see [`Manifest::structure`](crate::format::manifest::Manifest::structure)).
+    pub fn structure(&self) -> Result<Tree<LeafInfo>> {
+        self.manifest.structure().map_err(|e| match e {
+            Error::InvalidManifest { file, key, reason } if file.is_empty() => {
+                Error::InvalidManifest { file: self.loc.display().to_string(), key, reason }
+            }
+            e => e,
+        })
     }
     /// The stored node at a key path.
     ///

@@ -226,20 +226,26 @@ pub struct Manifest {
 
 impl Manifest {
     /// The structure with a [`LeafInfo`] at each leaf.
-    pub fn structure(&self) -> Tree<LeafInfo> {
-        let r: std::result::Result<_, std::convert::Infallible> = self.root.map_ref_steps(&mut |p, e| {
+    ///
+    /// # Errors
+    /// [`Error::InvalidManifest`] when the leaves' key paths would take far more memory than
+    /// the tree (each leaf holds its whole path: a small hostile manifest nesting a long list
+    /// under long keys would otherwise take gigabytes; see `outline::path_budget`).
+    pub fn structure(&self) -> Result<Tree<LeafInfo>> {
+        let mut budget = super::outline::tree_path_budget(&self.root);
+        self.root.map_ref_steps(&mut |p, e| {
+            let path = crate::format::keypath::steps_text(p);
+            budget = budget
+                .checked_sub(path.len())
+                .ok_or_else(|| Error::manifest("", path.as_str(), super::outline::PATHS_TOO_LONG))?;
             Ok(LeafInfo {
-                path: crate::format::keypath::steps_text(p),
+                path,
                 kind: e.kind(),
                 dtype: if let Entry::Array(a) = e { Some(a.dtype.clone()) } else { None },
                 shape: if let Entry::Array(a) = e { Some(a.shape.clone()) } else { None },
                 nbytes: e.nbytes(),
             })
-        });
-        match r {
-            Ok(t) => t,
-            Err(e) => match e {},
-        }
+        })
     }
 }
 

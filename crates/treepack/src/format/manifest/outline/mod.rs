@@ -15,6 +15,7 @@
 //! map and must then refuse it); record field and custom child names are checked here.
 
 use super::*;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 mod tree;
@@ -105,6 +106,7 @@ pub struct LeafTable {
 struct Row {
     path_start: u32,
     path_end: u32,
+    /// For a ref: where its target's key path ends in `paths` (it starts at `path_end`).
     dims_start: u32,
     /// `NO_SHAPE` for leaves that are not arrays.
     ndim: u8,
@@ -118,7 +120,7 @@ struct Row {
 const NO_SHAPE: u8 = u8::MAX;
 
 /// `Entry::kind` names, indexed by `Row::kind`; then `ref`, a place of a shared object (its
-/// row's `nbytes` holds the object's id).
+/// row's `nbytes` holds the object's id, and its target's key path follows its own in `paths`).
 const KINDS: [&str; 9] = ["none", "bool", "int", "float", "complex", "str", "bytes", "array", "ref"];
 
 const NONE: u8 = 0;
@@ -160,6 +162,9 @@ pub struct LeafView<'a> {
     pub nbytes: u64,
     /// Stored in the manifest itself (no pack read needed).
     pub inline: bool,
+    /// For a ref: the key path of the place that holds the shared object (`None` for other
+    /// leaves, and for a ref whose object was not met before it).
+    pub target: Option<&'a str>,
 }
 
 impl LeafTable {
@@ -178,7 +183,12 @@ impl LeafTable {
             NO_SHAPE => None,
             n => Some(self.dims.get(r.dims_start as usize..r.dims_start as usize + n as usize)?),
         };
+        let target = match r.kind {
+            REF if r.dims_start > r.path_end => Some(self.paths.get(r.path_end as usize..r.dims_start as usize)?),
+            _ => None,
+        };
         Some(LeafView {
+            target,
             path: self.paths.get(r.path_start as usize..r.path_end as usize)?,
             kind: KINDS.get(r.kind as usize).copied().unwrap_or("none"),
             dtype: if r.dtype == 0 { None } else { Some(self.dtypes.get(r.dtype as usize - 1)?) },
@@ -216,6 +226,8 @@ pub fn outline_reusing(
         table: LeafTable::default(),
         path: String::new(),
         starts: Vec::new(),
+        path_budget: path_budget(bytes.len()),
+        shared: HashMap::new(),
         names: Vec::new(),
         packs: None,
         scratch: ArrayBufs::default(),
@@ -256,6 +268,10 @@ struct State<'s> {
     /// Key path of the node being read, and where each open step began in it.
     path: String,
     starts: Vec<usize>,
+    /// Bytes of key paths the tables may still take (see [`path_budget`]).
+    path_budget: usize,
+    /// The key path of each shared object's place, by id: what its refs stand for.
+    shared: HashMap<u64, String>,
     /// Field/child names of each open record or custom node, to refuse repeats.
     names: Vec<Names>,
     packs: Option<Vec<PackInfo>>,
@@ -334,6 +350,7 @@ impl State<'_> {
         type_name: String,
         data: Option<String>,
     ) -> std::result::Result<(), E> {
+        self.charge(self.path.len())?;
         let node = NamedNode { custom, type_name, data, path: self.path.clone() };
         self.room()?;
         let i = u32_of(self.block.named.len())?;
@@ -357,6 +374,7 @@ impl State<'_> {
     ) -> std::result::Result<(), E> {
         self.packs_read::<E>()?;
         self.room()?;
+        self.charge(self.path.len())?;
         let t = &mut self.table;
         let path_start = u32_of(t.paths.len())?;
         t.paths.push_str(&self.path);
@@ -392,6 +410,35 @@ impl State<'_> {
         let i = u32_of(t.rows.len())?;
         t.rows.push(row);
         self.block.events.push(Event::Leaf(i));
+        Ok(())
+    }
+
+    /// Take `n` bytes of key paths from the budget.
+    fn charge<E: de::Error>(&mut self, n: usize) -> std::result::Result<(), E> {
+        self.path_budget = self.path_budget.checked_sub(n).ok_or_else(|| E::custom(PATHS_TOO_LONG))?;
+        Ok(())
+    }
+
+    /// The place of shared object `id` begins here.
+    fn shared_begin<E: de::Error>(&mut self, id: u64) -> std::result::Result<(), E> {
+        if !self.shared.contains_key(&id) {
+            self.charge(self.path.len())?;
+            self.shared.insert(id, self.path.clone());
+        }
+        Ok(())
+    }
+
+    /// Another place of shared object `id`: a `ref` row, its target's key path right after its
+    /// own (a ref has no shape, so `dims_start` says where that path ends).
+    fn reference<E: de::Error>(&mut self, id: u64) -> std::result::Result<(), E> {
+        self.leaf(REF, None, None, id, true)?;
+        let Some(n) = self.shared.get(&id).map(String::len) else { return Ok(()) };
+        self.charge(n)?;
+        let t = &mut self.table;
+        t.paths.push_str(&self.shared[&id]);
+        if let Some(row) = t.rows.last_mut() {
+            row.dims_start = u32_of(t.paths.len())?;
+        }
         Ok(())
     }
 
@@ -431,6 +478,40 @@ impl Names {
         true
     }
 }
+
+/// How many bytes of key paths an outline of a manifest of `len` bytes may copy into its tables.
+/// Each leaf's row holds its whole key path, so a small hostile manifest (a list of 20k zeros
+/// under 20 levels of 1000-byte keys: 61 KB) would otherwise take 390 MB; trees people save
+/// take about their manifest's size or less (W2: 3 MB of paths for a 4 MB manifest).
+pub(super) fn path_budget(len: usize) -> usize {
+    (64 << 20).max(len.saturating_mul(64))
+}
+
+/// [`path_budget`] for a tree already parsed: that of the smallest manifest that could hold it
+/// (every node at least two bytes, plus its key or name).
+pub(crate) fn tree_path_budget<L>(root: &Tree<L>) -> usize {
+    fn floor<L>(t: &Tree<L>) -> usize {
+        crate::format::model::grow(|| {
+            t.children()
+                .into_iter()
+                .map(|(step, c)| {
+                    let own = match step {
+                        Step::Key(Key::Str(s)) => s.len(),
+                        Step::Name(n) => n.len(),
+                        _ => 1,
+                    };
+                    own.saturating_add(2).saturating_add(floor(c))
+                })
+                .fold(2usize, usize::saturating_add)
+        })
+    }
+    path_budget(floor(root))
+}
+
+/// The error of a structure listing past its [`path_budget`].
+pub(crate) const PATHS_TOO_LONG: &str =
+    "listing this tree's structure would copy more key-path text than the manifest \
+     allows (leaves nested deep under long keys); load it, or open() it and go down to a subtree, instead";
 
 fn u32_of<E: de::Error>(n: usize) -> std::result::Result<u32, E> {
     u32::try_from(n).map_err(|_| E::custom("block too large"))
@@ -596,8 +677,8 @@ impl<'de> NodeSink<'de> for OSink<'_, '_> {
             _ => Ok(()),
         }
     }
-    fn shared_begin<E: de::Error>(&mut self, _id: u64) -> std::result::Result<(), E> {
-        Ok(())
+    fn shared_begin<E: de::Error>(&mut self, id: u64) -> std::result::Result<(), E> {
+        self.0.st.borrow_mut().shared_begin(id)
     }
     fn shared_value<A: MapAccess<'de>>(&mut self, map: &mut A, _id: u64) -> std::result::Result<(), A::Error> {
         // The object, at this place: the shared wrapper is no place of its own.
@@ -611,7 +692,7 @@ impl<'de> NodeSink<'de> for OSink<'_, '_> {
         Ok(())
     }
     fn reference<E: de::Error>(&mut self, id: u64) -> std::result::Result<(), E> {
-        self.0.st.borrow_mut().leaf(REF, None, None, id, true)
+        self.0.st.borrow_mut().reference(id)
     }
     fn leaf<A: MapAccess<'de>>(&mut self, tag: Tag, map: &mut A) -> std::result::Result<(), A::Error> {
         if tag == Tag::Array {

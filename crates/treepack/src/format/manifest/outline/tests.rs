@@ -417,3 +417,59 @@ fn outline_stops_when_the_reader_does() {
     assert!(r.is_err());
     assert_eq!(n, 2);
 }
+
+#[test]
+fn refs_name_the_place_they_stand_for() {
+    // `rich()` ends with a shared list at `cycle` holding a ref to itself, then a ref at `again`;
+    // the text and the parsed tree give the same targets, across any block boundary.
+    let m = rich();
+    let bytes = encode(&m, &serde_json::json!({}));
+    let mut from_tree = Vec::new();
+    outline_tree(&m.root, &m.packs, "t", &mut |b| {
+        from_tree.push(b);
+        true
+    })
+    .unwrap();
+    for blocks in [blocks_of(&bytes).unwrap(), from_tree] {
+        let refs: Vec<(String, Option<String>, u64)> = blocks
+            .iter()
+            .flat_map(|b| (0..b.leaves.len()).filter_map(|i| b.leaves.get(i)))
+            .filter(|l| l.kind == "ref")
+            .map(|l| (l.path.to_string(), l.target.map(str::to_string), l.nbytes))
+            .collect();
+        assert_eq!(refs, vec![("cycle/1".into(), Some("cycle".into()), 0), ("again".into(), Some("cycle".into()), 0)]);
+    }
+}
+
+#[test]
+fn key_paths_past_the_budget_are_refused_not_allocated() {
+    // 20k zeros under 20 levels of 1000-byte keys: a 61 KB manifest whose leaves' paths would
+    // take 390 MB. The outline, the parsed tree's outline and `Manifest::structure` all refuse
+    // it (within the budget: nothing near that size is allocated); `decode` and loads are fine.
+    let mut root = Tree::List((0..20_000).map(|_| Tree::Leaf(Entry::Int(Int::Small(0)))).collect());
+    for i in 0..20 {
+        root = Tree::Dict(vec![(Key::Str(format!("{}{i}", "k".repeat(1000))), root)]);
+    }
+    let m = Manifest { version: (1, 0), writer: "t".into(), metadata: None, packs: vec![], root };
+    let bytes = encode(&m, &serde_json::json!({}));
+    assert!(bytes.len() < 70_000, "{}", bytes.len());
+    let e = blocks_of(&bytes).unwrap_err();
+    assert!(e.contains("would copy more key-path text than the manifest allows"), "{e}");
+    assert!(e.len() < 1000, "the message names the place, shortened: {e}");
+    let e = outline_tree(&m.root, &m.packs, "t", &mut |_| true).unwrap_err().to_string();
+    assert!(e.contains("would copy more key-path text"), "{e}");
+    let parsed = decode(&bytes, "t").unwrap();
+    let e = parsed.structure().unwrap_err().to_string();
+    assert!(e.contains("would copy more key-path text"), "{e}");
+    // A tree of the same shape with short keys lists fine.
+    let mut root = Tree::List((0..20_000).map(|_| Tree::Leaf(Entry::Int(Int::Small(0)))).collect());
+    for i in 0..20 {
+        root = Tree::Dict(vec![(Key::Str(format!("k{i}")), root)]);
+    }
+    let m = Manifest { version: (1, 0), writer: "t".into(), metadata: None, packs: vec![], root };
+    assert_eq!(
+        blocks_of(&encode(&m, &serde_json::json!({}))).unwrap().iter().map(|b| b.leaves.len()).sum::<usize>(),
+        20_000
+    );
+    assert_eq!(m.structure().unwrap().leaf_count(), 20_000);
+}

@@ -2,6 +2,7 @@
 //! text, for one structure builder whatever the source.
 
 use super::*;
+use std::collections::HashMap;
 
 /// The blocks [`outline()`] would stream for a manifest already parsed (a reader's tree and
 /// packs): one structure builder serves the text and the tree alike. Leaves are checked again
@@ -21,6 +22,8 @@ pub fn outline_tree(
         table: LeafTable::default(),
         path: String::new(),
         starts: Vec::new(),
+        path_budget: super::tree_path_budget(root),
+        shared: HashMap::new(),
         names: Vec::new(),
         packs: Some(packs.to_vec()),
         scratch: ArrayBufs::default(),
@@ -42,8 +45,11 @@ fn walk_tree<E: de::Error>(st: &mut State<'_>, t: &Tree<Entry>) -> std::result::
     crate::format::model::grow(|| {
         match t {
             Tree::Leaf(e) => return st.entry(e),
-            Tree::Shared { node, .. } => return walk_tree(st, node),
-            Tree::Ref(id) => return st.leaf(super::REF, None, None, *id, true),
+            Tree::Shared { id, node } => {
+                st.shared_begin(*id)?;
+                return walk_tree(st, node);
+            }
+            Tree::Ref(id) => return st.reference(*id),
             Tree::List(items) | Tree::Tuple(items) => {
                 st.event(if matches!(t, Tree::List(_)) { Event::List } else { Event::Tuple })?;
                 for (i, c) in items.iter().enumerate() {

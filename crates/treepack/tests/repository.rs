@@ -60,7 +60,7 @@ fn a_second_save_writes_only_what_changed_and_both_load() {
     assert!(repo.load("step-2", &LoadOptions::default()).unwrap().exact_eq(&b));
     assert_eq!(load_structure(lb.as_str()).unwrap(), {
         let r = open(lb.as_str()).unwrap();
-        r.structure()
+        r.structure().unwrap()
     });
     let part = open(lb.as_str()).unwrap().read_array("layer3", "0:2, 0:2").unwrap();
     assert_eq!(part.shape(), &[2, 2]);

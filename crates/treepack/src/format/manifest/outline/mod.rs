@@ -432,12 +432,17 @@ impl State<'_> {
     /// own (a ref has no shape, so `dims_start` says where that path ends).
     fn reference<E: de::Error>(&mut self, id: u64) -> std::result::Result<(), E> {
         self.leaf(REF, None, None, id, true)?;
-        let Some(n) = self.shared.get(&id).map(String::len) else { return Ok(()) };
+        let n = self.shared.get(&id).map_or(0, String::len);
         self.charge(n)?;
         let t = &mut self.table;
-        t.paths.push_str(&self.shared[&id]);
+        if let Some(target) = self.shared.get(&id) {
+            t.paths.push_str(target);
+        }
+        // No target (a ref to an object not met before it, which the strict parser refuses):
+        // an empty range, never the dims index `leaf` left there.
+        let end = u32_of(t.paths.len())?;
         if let Some(row) = t.rows.last_mut() {
-            row.dims_start = u32_of(t.paths.len())?;
+            row.dims_start = end;
         }
         Ok(())
     }

@@ -473,3 +473,28 @@ fn key_paths_past_the_budget_are_refused_not_allocated() {
     );
     assert_eq!(m.structure().unwrap().leaf_count(), 20_000);
 }
+
+#[test]
+fn a_ref_to_an_object_not_met_has_no_target() {
+    // The outline leaves id checks to the strict parser; a dangling ref still lists, with no
+    // target (not a stretch of the table picked by the row's unused dims index).
+    let a = |n: u64| {
+        Tree::Leaf(Entry::Array(Box::new(ArrayEntry {
+            dtype: DType::U8,
+            shape: vec![1; n as usize],
+            storage: ArrayStorage::Inline(Bytes::from_static(&[7])),
+            preview: None,
+            annotation: None,
+        })))
+    };
+    let root = Tree::List(vec![a(60), a(60), Tree::Ref(9)]);
+    let mut blocks = Vec::new();
+    outline_tree(&root, &[], "t", &mut |b| {
+        blocks.push(b);
+        true
+    })
+    .unwrap();
+    let t = &blocks[0].leaves;
+    let r = t.get(2).unwrap();
+    assert_eq!((r.kind, r.path, r.target, r.nbytes), ("ref", "2", None, 9));
+}

@@ -2,6 +2,7 @@
 (the same id()) is stored once and loads as one object; cycles round-trip; selections and lazy
 views go through refs; `shared=False` keeps plain trees; hostile refs are refused clearly."""
 
+import collections
 import dataclasses
 import json
 import os
@@ -185,3 +186,45 @@ def test_structure_listings_that_would_take_gigabytes_are_refused(tmp_path):
     for i in reversed(range(20)):
         back = back["k" * 1000 + str(i)]
     assert back == [0] * 20_000
+
+
+def test_partial_loads_build_objects_whole_or_not_at_all(tmp_path):
+    pd = pytest.importorskip("pandas")
+    torch = pytest.importorskip("torch")
+    from PIL import Image
+
+    img = Image.new("RGB", (4, 4), (1, 2, 3))
+    sp = torch.eye(3).to_sparse()
+    df = pd.DataFrame({"x": [1, 2]})
+    sd = collections.OrderedDict(w=torch.ones(2), b=torch.zeros(2))
+    p = str(tmp_path / "o")
+    treepack.save({"img": img, "img2": img, "sp": sp, "sp2": sp, "df": df, "df2": df.copy(), "sd": sd, "n": 1}, p)
+    # A ref selected loads its object whole (at its own place too); objects not selected are
+    # None at every place (their refs too), whatever comes before them.
+    back = treepack.load(p, select="sp2")
+    assert back["sp2"] is back["sp"] and torch.equal(back["sp"].to_dense(), torch.eye(3))
+    assert back["img"] is None and back["img2"] is None and back["df"] is None and back["n"] is None
+    # Part of an object selected: the whole object (a DataFrame or a sparse tensor cannot be
+    # built from part of it). df2 shares its column labels with df: df comes too.
+    back = treepack.load(p, select=["df2/values/0/values", "sp/values"])
+    pd.testing.assert_frame_equal(back["df2"], df)
+    pd.testing.assert_frame_equal(back["df"], df)
+    assert torch.equal(back["sp"].to_dense(), torch.eye(3)) and back["img"] is None
+    # A state_dict (an OrderedDict) may come in part: one tensor selected, the others None.
+    back = treepack.load(p, select="sd/w")
+    assert list(back["sd"]) == ["w", "b"] and torch.equal(back["sd"]["w"], torch.ones(2)) and back["sd"]["b"] is None
+
+
+def test_a_record_reached_only_through_a_selected_ref_is_audited(tmp_path):
+    obj = Person("shared")
+    p = str(tmp_path / "r")
+    treepack.save({"a": obj, "b": obj, "n": 1}, p)
+    with pytest.raises(treepack.UntrustedTypeError, match="Person"):
+        treepack.load(p, select="b")
+    # A record held at two places is audited at its place (it was skipped, and the load
+    # failed late with a bare LookupError).
+    with pytest.raises(treepack.UntrustedTypeError, match=r"test_refs:Person: at a\n"):
+        treepack.load(p)
+    assert treepack.untrusted_types(p) == {__name__ + ":Person": ["a"]}
+    back = treepack.load(p, select="b", trust=TRUST)
+    assert back["b"] is back["a"] and back["a"].name == "shared" and back["n"] is None

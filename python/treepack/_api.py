@@ -298,7 +298,7 @@ def _metadata_json(metadata: Any) -> str:
 def _check(reader: Any, p: str, trust: Tuple[str, ...], allow_pickle: bool, on_missing: str, select: Any = None, keep: Any = None) -> None:
     # Only what this load will construct is audited: records and custom objects with nothing
     # selected below them come back as None (never built), so they need no trust.
-    bad = _codec.audit(reader.types(_codec.AUDIT_FREE, select, keep), trust, allow_pickle)
+    bad = _codec.audit(reader.types(_codec.AUDIT_FREE, select, keep, _codec.PARTIAL_TYPES), trust, allow_pickle)
     if bad and on_missing == "error":
         raise UntrustedTypeError(p, bad)
 
@@ -377,7 +377,7 @@ def load(
 
         def rest(keep: Any, decoder: Any) -> Any:
             _check(r, p, trust_t, allow_pickle, on_missing, None, keep)
-            return r.load(decoder, _codec.np_dtype, keep=keep, verify=verify)
+            return r.load(decoder, _codec.np_dtype, keep=keep, verify=verify, partial_types=_codec.PARTIAL_TYPES)
 
         return dask_arrays.load_lazy(r, p, storage_options, r.structure(_struct_node), dec, rest, verify)
     try:
@@ -449,9 +449,11 @@ def _load(p: str, opts: Any, dec: Any, select: Any, like: Any, trust_t: Tuple[st
 
                 for path, t in into.items():
                     torch_tensors.read_into(r, path, t, verify)
-                out = r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback)
+                out = r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback,
+                             partial_types=_codec.PARTIAL_TYPES)
                 return _like.graft(out, like, structure, {id(t) for t in into.values()})
-            return r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback)
+            return r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback,
+                          partial_types=_codec.PARTIAL_TYPES)
         except FileNotFoundError:
             # A pack gone missing: an overwrite replaced the tree after its manifest was read
             # (it removes the packs only the old tree used). Start over on the new tree.

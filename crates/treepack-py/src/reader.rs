@@ -24,16 +24,20 @@ impl Reader {
     /// Every record/custom node a load with `select`/`keep` would build: (kind, type, data JSON
     /// or None, key path), leaving out custom nodes whose type is in `skip` (types the caller
     /// accepts whatever their data, so 10k datetimes cost no rows). Constructs nothing.
-    #[pyo3(signature = (skip=None, select=None, keep=None))]
+    /// `partial_types` as [`LoadOptions::partial_types`]: the selection is closed as the load
+    /// closes it, so the rows are exactly what it builds.
+    #[pyo3(signature = (skip=None, select=None, keep=None, partial_types=None))]
     pub(crate) fn types(
         &self,
         skip: Option<HashSet<String>>,
         select: Option<Vec<String>>,
         keep: Option<HashSet<String>>,
+        partial_types: Option<HashSet<String>>,
     ) -> PyResult<Vec<TypeRow>> {
         let root = &self.inner.manifest().root;
-        let opts = LoadOptions { select: select.unwrap_or_default(), keep, ..Default::default() };
-        let unbuilt = treepack::read::unbuilt_objects(root, "", &opts).map_err(py_err)?;
+        let opts = LoadOptions { select: select.unwrap_or_default(), keep, partial_types, ..Default::default() };
+        let closed = treepack::read::close_selection(root, "", &opts).map_err(py_err)?;
+        let unbuilt = treepack::read::unbuilt_objects(root, "", closed.as_ref().unwrap_or(&opts)).map_err(py_err)?;
         let mut out = vec![];
         walk_types(root, &mut vec![], &skip.unwrap_or_default(), &mut out);
         if !unbuilt.is_empty() {
@@ -43,7 +47,7 @@ impl Reader {
     }
 
     /// Load the tree (or the subtree at `subpath`).
-    #[pyo3(signature = (decode_other, np_dtype, select=None, keep=None, mmap=false, verify=true, subpath=None, progress=None))]
+    #[pyo3(signature = (decode_other, np_dtype, select=None, keep=None, mmap=false, verify=true, subpath=None, progress=None, partial_types=None))]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn load<'py>(
         &self,
@@ -56,6 +60,7 @@ impl Reader {
         verify: bool,
         subpath: Option<String>,
         progress: Option<Py<PyAny>>,
+        partial_types: Option<HashSet<String>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let opts = LoadOptions {
             select: select.unwrap_or_default(),
@@ -63,6 +68,7 @@ impl Reader {
             mmap,
             verify,
             progress: progress_fn(progress),
+            partial_types,
             ..Default::default()
         };
         let b = LoadBuilder::new(Decoder::new(py, Some(decode_other), Some(np_dtype), mmap), None);
@@ -269,6 +275,9 @@ pub(crate) fn walk_types<'a>(
     let text = |path: &[treepack::format::model::Step<'_>]| treepack::format::keypath::steps_text(path);
     match t {
         Tree::Leaf(_) => return,
+        // A shared object is audited at its place like any other (it was skipped: a record
+        // held at two places went unaudited, and its load failed late with a LookupError).
+        Tree::Shared { node, .. } => return treepack::format::model::grow(|| walk_types(node, path, skip, out)),
         Tree::Record { type_name, .. } => out.push(("record".into(), type_name.clone(), None, text(path))),
         Tree::Custom { type_name, .. } if skip.contains(type_name) => {}
         Tree::Custom { type_name, data, .. } => out.push((

@@ -108,3 +108,60 @@ fn small_trees_with_refs_still_load_in_one_pass() {
     let got = load_one_pass(&loc, &bytes, &file, &NodeBuild { file: &file }, true).expect("one pass");
     assert!(got.exact_eq(&tree()));
 }
+
+/// `{"img": <shared 0: custom image>, "img2": ref 0, "sp": <shared 1: custom sparse {values,
+/// indices}>, "sp2": ref 1, "od": custom ordereddict {w, b}}`: objects a partial load must build
+/// whole or not at all, and one it may build in part.
+fn objects() -> Node {
+    let custom = |t: &str, kids: Vec<(&str, Node)>| Tree::Custom {
+        type_name: t.into(),
+        data: serde_json::Value::Null,
+        children: kids.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+    };
+    let img = custom("py.image", vec![("files", Node::dict([("image", Node::from(vec![1u8, 2, 3]))]))]);
+    let sp = custom("py.torch_sparse", vec![("indices", arr(&[0, 1])), ("values", arr(&[5, 6]))]);
+    Node::dict([
+        ("img", Tree::Shared { id: 0, node: Box::new(img) }),
+        ("img2", Tree::Ref(0)),
+        ("sp", Tree::Shared { id: 1, node: Box::new(sp) }),
+        ("sp2", Tree::Ref(1)),
+        ("od", custom("py.ordereddict", vec![("w", arr(&[1])), ("b", arr(&[2]))])),
+    ])
+}
+
+#[test]
+fn partial_loads_build_whole_objects_and_drop_refs_to_objects_not_built() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t");
+    let p = p.to_str().unwrap();
+    save(&objects(), p, &SaveOptions::default()).unwrap();
+    let partial: std::collections::HashSet<String> = ["py.ordereddict".to_string()].into();
+    let opts = |sel: &[&str]| LoadOptions {
+        select: sel.iter().map(|s| s.to_string()).collect(),
+        partial_types: Some(partial.clone()),
+        ..Default::default()
+    };
+    // The ref `sp2` selected: the sparse tensor comes whole (its own place too); the image not
+    // selected is None at both its places, and the ids left are numbered from 0 again.
+    let back = load(p, &opts(&["sp2"])).unwrap();
+    let Tree::Dict(items) = &back else { panic!() };
+    assert!(matches!(items[0].1, Tree::Leaf(Leaf::None)) && matches!(items[1].1, Tree::Leaf(Leaf::None)), "{back:?}");
+    let Tree::Shared { id: 0, node } = &items[2].1 else { panic!("{back:?}") };
+    let Tree::Custom { children, .. } = &**node else { panic!() };
+    assert!(children.iter().all(|(_, c)| c.as_array().is_some()), "whole: {back:?}");
+    assert!(matches!(items[3].1, Tree::Ref(0)), "{back:?}");
+    // Part of a custom node selected: all of it comes; an ordereddict may come in part.
+    let back = load(p, &opts(&["sp/values", "od/w"])).unwrap();
+    let Tree::Dict(items) = &back else { panic!() };
+    let Tree::Shared { node, .. } = &items[2].1 else { panic!("{back:?}") };
+    let Tree::Custom { children, .. } = &**node else { panic!() };
+    assert!(children.iter().all(|(_, c)| c.as_array().is_some()), "whole: {back:?}");
+    let Tree::Custom { children, .. } = &items[4].1 else { panic!("{back:?}") };
+    assert!(children[0].1.as_array().is_some() && matches!(children[1].1, Tree::Leaf(Leaf::None)), "{back:?}");
+    // Without partial_types (the Rust default) custom nodes are data and may come in part.
+    let back = load(p, &LoadOptions { select: vec!["sp/values".into()], ..Default::default() }).unwrap();
+    let Tree::Dict(items) = &back else { panic!() };
+    let Tree::Shared { node, .. } = &items[2].1 else { panic!("{back:?}") };
+    let Tree::Custom { children, .. } = &**node else { panic!() };
+    assert!(matches!(children[0].1, Tree::Leaf(Leaf::None)) && children[1].1.as_array().is_some(), "{back:?}");
+}

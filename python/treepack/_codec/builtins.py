@@ -47,6 +47,13 @@ BUILTIN_TYPES = frozenset(
         "py.dataframe", "py.series", "py.file", "py.awkward", "py.audio", torch_tensors.SPARSE,
     }
 ) | everyday.NAMES | xarrays.NAMES
+#: Custom node types a partial load may build with some children None (containers: an
+#: OrderedDict state_dict with one tensor selected, a pytree with some leaves). Any other custom
+#: node is built whole once anything in it is selected (a DataFrame, a sparse tensor, an image,
+#: a registered type cannot be built from part of its children).
+PARTIAL_TYPES = frozenset(
+    {jax_arrays.PYTREE, "py.ordereddict", "py.counter", "py.defaultdict", "py.deque", "py.objarray"}
+)
 # Built-in types that `audit` accepts whatever their data says (enum and pickle name classes, and
 # a defaultdict's factory may).
 AUDIT_FREE = BUILTIN_TYPES - {"py.enum", "py.pickle", "py.defaultdict"}

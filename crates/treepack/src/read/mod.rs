@@ -50,6 +50,11 @@ pub struct LoadOptions {
     /// If set, the load fails with [`Error::RootMismatch`] unless the tree's root hash
     /// (docs/format.md section 9) is this one, checked from the manifest before any data is read.
     pub expect_root: Option<crate::format::hash::Hash32>,
+    /// With `Some`, a partial load builds a custom node whole once anything in it is selected,
+    /// unless its type is in this set (types that may come back with some children `None`, as
+    /// an `OrderedDict` of tensors may; a DataFrame cannot). `None` (the default): custom nodes
+    /// are data, and may come back in part. See [`close_selection`].
+    pub partial_types: Option<std::collections::HashSet<String>>,
 }
 
 impl Default for LoadOptions {
@@ -62,6 +67,7 @@ impl Default for LoadOptions {
             batch_bytes: 64 << 20,
             progress: None,
             expect_root: None,
+            partial_types: None,
         }
     }
 }
@@ -310,7 +316,7 @@ impl Reader {
     }
 
     async fn materialize(&self, subtree: &Tree<Entry>, prefix: String, opts: &LoadOptions) -> Result<Node> {
-        let closed = close_under_refs(subtree, &prefix, opts)?;
+        let closed = close_selection(subtree, &prefix, opts)?;
         let opts = closed.as_ref().unwrap_or(opts);
         let sel = Selection::new(&opts.select)?;
         let everything = sel.is_all() && opts.keep.is_none();

@@ -61,51 +61,89 @@ pub(super) fn mark_unbuilt<L>(
     any
 }
 
-/// `n` with the records and custom nodes at the paths in `unbuilt` replaced by `None`.
+/// `n` with the records and custom nodes at the paths in `unbuilt` replaced by `None`, and the
+/// refs to the shared objects that goes with them too (a selected ref place would have selected
+/// its object: see [`close_selection`]). The shared objects left are numbered again 0, 1, 2,
+/// ... in document order, as a builder expects them.
 pub(super) fn prune(n: Node, path: &mut String, unbuilt: &HashSet<String>) -> Node {
-    fn below(path: &mut String, step: Step<'_>, c: Node, unbuilt: &HashSet<String>) -> Node {
+    prune_at(n, path, unbuilt, &mut Renumber::default())
+}
+
+/// Shared ids while pruning: those dropped, and the new id of each kept.
+#[derive(Default)]
+struct Renumber {
+    gone: HashSet<u64>,
+    ids: HashMap<u64, u64>,
+}
+
+impl Renumber {
+    /// Every shared id inside `t`, dropped with it.
+    fn drop_all(&mut self, t: &Node) {
+        if let Tree::Shared { id, .. } = t {
+            self.gone.insert(*id);
+        }
+        for (_, c) in t.children() {
+            crate::format::model::grow(|| self.drop_all(c));
+        }
+    }
+}
+
+fn prune_at(n: Node, path: &mut String, unbuilt: &HashSet<String>, ids: &mut Renumber) -> Node {
+    let below = |path: &mut String, step: Step<'_>, c: Node, ids: &mut Renumber| -> Node {
         let len = path.len();
         if len > 0 {
             path.push('/');
         }
         keypath::push_step_text(path, &step);
-        let out = crate::format::model::grow(|| prune(c, path, unbuilt));
+        let out = crate::format::model::grow(|| prune_at(c, path, unbuilt, ids));
         path.truncate(len);
         out
-    }
-    let named = |v: Vec<(String, Node)>, path: &mut String| -> Vec<(String, Node)> {
-        v.into_iter()
-            .map(|(k, c)| {
-                let c = below(path, Step::Name(&k), c, unbuilt);
-                (k, c)
-            })
-            .collect()
     };
+    let object_gone =
+        |t: &Node, path: &str| matches!(t, Tree::Record { .. } | Tree::Custom { .. }) && unbuilt.contains(path);
     match n {
-        Tree::Record { .. } | Tree::Custom { .. } if unbuilt.contains(path.as_str()) => Tree::Leaf(Leaf::None),
+        t if object_gone(&t, path) => {
+            ids.drop_all(&t);
+            Tree::Leaf(Leaf::None)
+        }
         Tree::Leaf(l) => Tree::Leaf(l),
         Tree::List(v) => {
-            Tree::List(v.into_iter().enumerate().map(|(i, c)| below(path, Step::Index(i), c, unbuilt)).collect())
+            Tree::List(v.into_iter().enumerate().map(|(i, c)| below(path, Step::Index(i), c, ids)).collect())
         }
         Tree::Tuple(v) => {
-            Tree::Tuple(v.into_iter().enumerate().map(|(i, c)| below(path, Step::Index(i), c, unbuilt)).collect())
+            Tree::Tuple(v.into_iter().enumerate().map(|(i, c)| below(path, Step::Index(i), c, ids)).collect())
         }
         Tree::Dict(v) => Tree::Dict(
             v.into_iter()
                 .map(|(k, c)| {
-                    let c = below(path, Step::Key(&k), c, unbuilt);
+                    let c = below(path, Step::Key(&k), c, ids);
                     (k, c)
                 })
                 .collect(),
         ),
-        Tree::Record { type_name, fields } => Tree::Record { type_name, fields: named(fields, path) },
-        Tree::Custom { type_name, data, children } => Tree::Custom { type_name, data, children: named(children, path) },
-        Tree::Shared { id, node } => match prune(*node, path, unbuilt) {
-            // An object not built is no object: nothing to share.
-            Tree::Leaf(Leaf::None) => Tree::Leaf(Leaf::None),
-            node => Tree::Shared { id, node: Box::new(node) },
+        Tree::Record { type_name, fields } => Tree::Record {
+            type_name,
+            fields: fields.into_iter().map(|(k, c)| (k.clone(), below(path, Step::Name(&k), c, ids))).collect(),
         },
-        Tree::Ref(id) => Tree::Ref(id),
+        Tree::Custom { type_name, data, children } => Tree::Custom {
+            type_name,
+            data,
+            children: children.into_iter().map(|(k, c)| (k.clone(), below(path, Step::Name(&k), c, ids))).collect(),
+        },
+        Tree::Shared { id, node } => {
+            if object_gone(&node, path) {
+                // An object not built is no object: nothing to share.
+                ids.drop_all(&node);
+                ids.gone.insert(id);
+                return Tree::Leaf(Leaf::None);
+            }
+            // Numbered as it begins (document order), before what it holds.
+            let new = ids.ids.len() as u64;
+            ids.ids.insert(id, new);
+            Tree::Shared { id: new, node: Box::new(prune_at(*node, path, unbuilt, ids)) }
+        }
+        Tree::Ref(id) if ids.gone.contains(&id) => Tree::Leaf(Leaf::None),
+        Tree::Ref(id) => Tree::Ref(ids.ids.get(&id).copied().unwrap_or(id)),
     }
 }
 
@@ -118,72 +156,136 @@ pub(super) fn is_selected(sel: &Selection, opts: &LoadOptions, path: &str) -> bo
     sel.is_all() || sel.selects_texts(&keypath::split(path).unwrap_or_default())
 }
 
-/// A partial load of a tree with shared nodes, closed under refs: `opts` with the selection
-/// replaced by the exact leaves to read (`keep`), where a selected ref place (or a selected
-/// place below one) also selects the whole object it refers to, wherever that object sits. So
-/// a selection that picks only a ref still loads the object, which then comes back at its own
-/// place too (the one place a shared object is stored). `None` when nothing changes (a whole
-/// load, or no refs).
+/// A partial load closed under what must come whole: `opts` with the selection replaced by
+/// the exact places to read (`keep`), where
+/// - a selected ref place (or a selected place below one) also selects the whole object it
+///   refers to, wherever that object sits: a selection that picks only a ref still loads the
+///   object, which then comes back at its own place too (the one place a shared object is
+///   stored);
+/// - with [`LoadOptions::partial_types`] set, anything selected inside a custom node selects
+///   all of it, unless its type may be built in part (a DataFrame or a sparse tensor with some
+///   of its parts `None` cannot be built; an `OrderedDict` of tensors can).
+///
+/// Records and custom nodes without children are places of their own. `None` when nothing
+/// changes (a whole load, or nothing to close over).
 ///
 /// # Errors
 /// [`Error::BadKeyPath`] for a malformed selection glob.
-pub fn close_under_refs<L>(subtree: &Tree<L>, prefix: &str, opts: &LoadOptions) -> Result<Option<LoadOptions>> {
+pub fn close_selection<L>(subtree: &Tree<L>, prefix: &str, opts: &LoadOptions) -> Result<Option<LoadOptions>> {
     let sel = Selection::new(&opts.select)?;
-    if (sel.is_all() && opts.keep.is_none()) || !subtree.has_refs() {
+    if sel.is_all() && opts.keep.is_none() {
         return Ok(None);
     }
-    // Every leaf and ref place with its path; the shared nodes' paths by id.
-    let mut places: Vec<(String, Option<u64>)> = Vec::new();
-    let mut shared: HashMap<u64, String> = HashMap::new();
-    fn walk<L>(
-        t: &Tree<L>,
-        path: &mut String,
-        places: &mut Vec<(String, Option<u64>)>,
-        shared: &mut HashMap<u64, String>,
-    ) {
-        match t {
-            Tree::Leaf(_) => places.push((path.clone(), None)),
-            Tree::Ref(id) => places.push((path.clone(), Some(*id))),
-            Tree::Shared { id, node } => {
-                shared.insert(*id, path.clone());
-                crate::format::model::grow(|| walk(node, path, places, shared));
+    let mut w = Places { partial: opts.partial_types.as_ref(), ..Places::default() };
+    w.walk(subtree, &mut prefix.to_string());
+    if w.shared.is_empty() && w.whole.is_empty() {
+        return Ok(None);
+    }
+    let n = w.places.len();
+    let mut kept: Vec<bool> = w.places.iter().map(|p| is_selected(&sel, opts, &p.path)).collect();
+    let mut queue: Vec<usize> = (0..n).filter(|&i| kept[i]).collect();
+    let mut expanded = vec![false; w.whole.len()];
+    let mut done: HashSet<u64> = HashSet::new();
+    // Each place, once kept, keeps the object its ref names and the whole nodes around it; each
+    // object and node is expanded once, so the work is linear in the places they span.
+    let keep_range = |(s, e): (usize, usize), kept: &mut Vec<bool>, queue: &mut Vec<usize>| {
+        for j in s..e.min(n) {
+            if !kept[j] {
+                kept[j] = true;
+                queue.push(j);
             }
-            t => {
-                for (step, c) in t.children() {
-                    let len = path.len();
-                    if len > 0 {
-                        path.push('/');
-                    }
-                    keypath::push_step_text(path, &step);
-                    crate::format::model::grow(|| walk(c, path, places, shared));
-                    path.truncate(len);
+        }
+    };
+    while let Some(i) = queue.pop() {
+        if let Some(id) = w.places[i].refers {
+            if done.insert(id) {
+                if let Some(&range) = w.shared.get(&id) {
+                    keep_range(range, &mut kept, &mut queue);
                 }
             }
         }
-    }
-    walk(subtree, &mut prefix.to_string(), &mut places, &mut shared);
-    let mut keep: HashSet<String> = HashSet::new();
-    let mut objects: Vec<u64> = Vec::new();
-    for (p, r) in &places {
-        if is_selected(&sel, opts, p) {
-            keep.insert(p.clone());
-            objects.extend(*r);
+        let mut a = w.places[i].inside;
+        while let Some(x) = a {
+            if expanded[x] {
+                break;
+            }
+            expanded[x] = true;
+            keep_range(w.whole[x].range, &mut kept, &mut queue);
+            a = w.whole[x].parent;
         }
     }
-    // Whole objects of selected refs, and of refs inside those objects, to a fixpoint.
-    let mut done: HashSet<u64> = HashSet::new();
-    while let Some(id) = objects.pop() {
-        if !done.insert(id) {
-            continue;
-        }
-        let Some(root) = shared.get(&id) else { continue };
-        let inside = |p: &str| root.is_empty() || p == root || p.starts_with(&format!("{root}/"));
-        for (p, r) in places.iter().filter(|(p, _)| inside(p)) {
-            keep.insert(p.clone());
-            objects.extend(*r);
-        }
-    }
+    let keep = w.places.into_iter().zip(kept).filter(|(_, k)| *k).map(|(p, _)| p.path).collect();
     Ok(Some(LoadOptions { select: vec![], keep: Some(keep), ..opts.clone() }))
+}
+
+/// One place of a [`close_selection`] walk: a leaf, a ref, or a record/custom node without
+/// children.
+struct Place {
+    path: String,
+    /// The shared object a ref names.
+    refers: Option<u64>,
+    /// The innermost custom node around it that comes whole (an index into `Places::whole`).
+    inside: Option<usize>,
+}
+
+/// A custom node that is built whole: the places it spans and the one around it.
+struct Whole {
+    range: (usize, usize),
+    parent: Option<usize>,
+}
+
+#[derive(Default)]
+struct Places<'a> {
+    places: Vec<Place>,
+    /// The places each shared object spans, by id.
+    shared: HashMap<u64, (usize, usize)>,
+    whole: Vec<Whole>,
+    open: Vec<usize>,
+    partial: Option<&'a HashSet<String>>,
+}
+
+impl Places<'_> {
+    fn place(&mut self, path: &str, refers: Option<u64>) {
+        self.places.push(Place { path: path.to_string(), refers, inside: self.open.last().copied() });
+    }
+
+    fn walk<L>(&mut self, t: &Tree<L>, path: &mut String) {
+        match t {
+            Tree::Leaf(_) => return self.place(path, None),
+            Tree::Ref(id) => return self.place(path, Some(*id)),
+            Tree::Shared { id, node } => {
+                let s = self.places.len();
+                crate::format::model::grow(|| self.walk(node, path));
+                self.shared.insert(*id, (s, self.places.len()));
+                return;
+            }
+            Tree::Record { fields, .. } if fields.is_empty() => return self.place(path, None),
+            Tree::Custom { children, .. } if children.is_empty() => return self.place(path, None),
+            _ => {}
+        }
+        let whole = match (t, self.partial) {
+            (Tree::Custom { type_name, .. }, Some(partial)) if !partial.contains(type_name) => {
+                let x = self.whole.len();
+                self.whole.push(Whole { range: (self.places.len(), usize::MAX), parent: self.open.last().copied() });
+                self.open.push(x);
+                Some(x)
+            }
+            _ => None,
+        };
+        for (step, c) in t.children() {
+            let len = path.len();
+            if len > 0 {
+                path.push('/');
+            }
+            keypath::push_step_text(path, &step);
+            crate::format::model::grow(|| self.walk(c, path));
+            path.truncate(len);
+        }
+        if let Some(x) = whole {
+            self.open.pop();
+            self.whole[x].range.1 = self.places.len();
+        }
+    }
 }
 
 /// `place` (a subtree of `root`) made self-contained: a ref inside it to an object stored

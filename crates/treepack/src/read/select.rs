@@ -189,9 +189,9 @@ pub fn close_selection<L>(subtree: &Tree<L>, prefix: &str, opts: &LoadOptions) -
     // Each place, once kept, keeps the object its ref names and the whole nodes around it; each
     // object and node is expanded once, so the work is linear in the places they span.
     let keep_range = |(s, e): (usize, usize), kept: &mut Vec<bool>, queue: &mut Vec<usize>| {
-        for j in s..e.min(n) {
-            if !kept[j] {
-                kept[j] = true;
+        for (j, k) in kept.iter_mut().enumerate().take(e.min(n)).skip(s) {
+            if !*k {
+                *k = true;
                 queue.push(j);
             }
         }

@@ -4,6 +4,7 @@ views go through refs; `shared=False` keeps plain trees; hostile refs are refuse
 
 import collections
 import dataclasses
+import fractions
 import json
 import os
 
@@ -179,13 +180,18 @@ def test_structure_listings_that_would_take_gigabytes_are_refused(tmp_path):
         t = {"k" * 1000 + str(i): t}
     p = str(tmp_path / "deep")
     treepack.save(t, p)
-    with pytest.raises(treepack.FormatError, match="would copy more key-path text than the manifest allows") as e:
+    with pytest.raises(treepack.FormatError, match="key paths would take more memory than the manifest allows") as e:
         treepack.load_structure(p)
     assert len(str(e.value)) < 1000  # the place is named, shortened
     back = treepack.load(p)
     for i in reversed(range(20)):
         back = back["k" * 1000 + str(i)]
     assert back == [0] * 20_000
+    # A selection that must place every leaf (the tree holds an object that comes whole) is
+    # bounded alike, and says so naming the file.
+    treepack.save({"deep": t, "z": collections.Counter(a=1), "o": fractions.Fraction(1, 3)}, p, overwrite=True)
+    with pytest.raises(treepack.FormatError, match=r"deep.*: invalid manifest.*key paths would take more memory"):
+        treepack.load(p, select="o")
 
 
 def test_partial_loads_build_objects_whole_or_not_at_all(tmp_path):

@@ -36,7 +36,7 @@ impl Reader {
     ) -> PyResult<Vec<TypeRow>> {
         let root = &self.inner.manifest().root;
         let opts = LoadOptions { select: select.unwrap_or_default(), keep, partial_types, ..Default::default() };
-        let closed = treepack::read::close_selection(root, "", &opts).map_err(py_err)?;
+        let closed = self.inner.close_selection(&opts).map_err(py_err)?;
         let unbuilt = treepack::read::unbuilt_objects(root, "", closed.as_ref().unwrap_or(&opts)).map_err(py_err)?;
         let mut out = vec![];
         walk_types(root, &mut vec![], &skip.unwrap_or_default(), &mut out);

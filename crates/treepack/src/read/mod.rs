@@ -271,12 +271,26 @@ impl Reader {
     /// [`Error::InvalidManifest`] when the leaves' key paths would take far more memory than
     /// the manifest (see [`Manifest::structure`](crate::format::manifest::Manifest::structure)).
     pub fn structure(&self) -> Result<Tree<LeafInfo>> {
-        self.manifest.structure().map_err(|e| match e {
+        self.manifest.structure().map_err(|e| self.in_file(e))
+    }
+
+    /// [`close_selection`] of the whole tree, errors naming this tree's manifest: what a load
+    /// with `opts` reads and builds (bindings audit exactly that).
+    ///
+    /// # Errors
+    /// As [`close_selection`].
+    pub fn close_selection(&self, opts: &LoadOptions) -> Result<Option<LoadOptions>> {
+        close_selection(&self.manifest.root, "", opts).map_err(|e| self.in_file(e))
+    }
+
+    /// An error about this tree's manifest found without its file name, given it.
+    fn in_file(&self, e: Error) -> Error {
+        match e {
             Error::InvalidManifest { file, key, reason } if file.is_empty() => {
                 Error::InvalidManifest { file: self.loc.display().to_string(), key, reason }
             }
             e => e,
-        })
+        }
     }
     /// The stored node at a key path.
     ///
@@ -316,7 +330,7 @@ impl Reader {
     }
 
     async fn materialize(&self, subtree: &Tree<Entry>, prefix: String, opts: &LoadOptions) -> Result<Node> {
-        let closed = close_selection(subtree, &prefix, opts)?;
+        let closed = close_selection(subtree, &prefix, opts).map_err(|e| self.in_file(e))?;
         let opts = closed.as_ref().unwrap_or(opts);
         let sel = Selection::new(&opts.select)?;
         let everything = sel.is_all() && opts.keep.is_none();

@@ -176,8 +176,13 @@ pub fn close_selection<L>(subtree: &Tree<L>, prefix: &str, opts: &LoadOptions) -
     if sel.is_all() && opts.keep.is_none() {
         return Ok(None);
     }
-    let mut w = Places { partial: opts.partial_types.as_ref(), ..Places::default() };
+    let budget = crate::format::manifest::outline::tree_path_budget(subtree);
+    let mut w = Places { partial: opts.partial_types.as_ref(), budget, ..Places::default() };
     w.walk(subtree, &mut prefix.to_string());
+    if w.over_budget {
+        // Each place holds its key path, as a structure listing's rows do (and is bounded alike).
+        return Err(Error::manifest("", prefix, crate::format::manifest::outline::PATHS_TOO_LONG));
+    }
     if w.shared.is_empty() && w.whole.is_empty() {
         return Ok(None);
     }
@@ -242,10 +247,20 @@ struct Places<'a> {
     whole: Vec<Whole>,
     open: Vec<usize>,
     partial: Option<&'a HashSet<String>>,
+    /// Bytes of key paths the places may still take.
+    budget: usize,
+    over_budget: bool,
 }
 
 impl Places<'_> {
     fn place(&mut self, path: &str, refers: Option<u64>) {
+        match self.budget.checked_sub(path.len()) {
+            Some(left) if !self.over_budget => self.budget = left,
+            _ => {
+                self.over_budget = true;
+                return;
+            }
+        }
         self.places.push(Place { path: path.to_string(), refers, inside: self.open.last().copied() });
     }
 

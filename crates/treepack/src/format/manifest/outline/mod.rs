@@ -513,10 +513,9 @@ pub(crate) fn tree_path_budget<L>(root: &Tree<L>) -> usize {
     path_budget(floor(root))
 }
 
-/// The error of a structure listing past its [`path_budget`].
-pub(crate) const PATHS_TOO_LONG: &str =
-    "listing this tree's structure would copy more key-path text than the manifest \
-     allows (leaves nested deep under long keys); load it, or open() it and go down to a subtree, instead";
+/// The error of a structure listing (or a selection) past its [`path_budget`].
+pub(crate) const PATHS_TOO_LONG: &str = "its leaves' key paths would take more memory than the manifest allows \
+     (leaves nested deep under long keys): load it whole, or open() it and go down to a subtree";
 
 fn u32_of<E: de::Error>(n: usize) -> std::result::Result<u32, E> {
     u32::try_from(n).map_err(|_| E::custom("block too large"))

@@ -454,13 +454,13 @@ fn key_paths_past_the_budget_are_refused_not_allocated() {
     let bytes = encode(&m, &serde_json::json!({}));
     assert!(bytes.len() < 70_000, "{}", bytes.len());
     let e = blocks_of(&bytes).unwrap_err();
-    assert!(e.contains("would copy more key-path text than the manifest allows"), "{e}");
+    assert!(e.contains("key paths would take more memory than the manifest allows"), "{e}");
     assert!(e.len() < 1000, "the message names the place, shortened: {e}");
     let e = outline_tree(&m.root, &m.packs, "t", &mut |_| true).unwrap_err().to_string();
-    assert!(e.contains("would copy more key-path text"), "{e}");
+    assert!(e.contains("key paths would take more memory"), "{e}");
     let parsed = decode(&bytes, "t").unwrap();
     let e = parsed.structure().unwrap_err().to_string();
-    assert!(e.contains("would copy more key-path text"), "{e}");
+    assert!(e.contains("key paths would take more memory"), "{e}");
     // A tree of the same shape with short keys lists fine.
     let mut root = Tree::List((0..20_000).map(|_| Tree::Leaf(Entry::Int(Int::Small(0)))).collect());
     for i in 0..20 {

@@ -163,7 +163,7 @@ def decode_sparse(data: Any, kids: Dict[str, Any]) -> Any:
             )
         else:
             raise ValueError(f"{SPARSE}: unknown sparse layout {layout!r}")
-    except (RuntimeError, KeyError, TypeError) as e:
+    except (RuntimeError, KeyError, TypeError, OverflowError, ValueError) as e:
         raise ValueError(f"{SPARSE}: the stored {layout} tensor does not hold together ({e})") from None
     if data.get("requires_grad"):
         out.requires_grad_(True)

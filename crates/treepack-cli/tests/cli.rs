@@ -176,7 +176,7 @@ fn recompress_inspect_shows_codecs_and_ratios_and_loads_back() {
     assert!(out.contains("copied 41 leaves"), "{out}");
     assert!(out.contains("chunks ") && out.contains("x)"), "{out}");
     let out = run_ok(&["inspect", z]);
-    assert!(out.contains("format 1.1"), "{out}");
+    assert!(out.contains("format 1.4"), "{out}");
     // The demo kernel is a repeating pattern: it compresses.
     let kernel = out.lines().find(|l| l.contains("kernel: float32[512, 256]")).unwrap();
     assert!(kernel.contains("zstd ") && kernel.contains("x "), "{kernel}");
@@ -185,10 +185,11 @@ fn recompress_inspect_shows_codecs_and_ratios_and_loads_back() {
     let t = &v["totals"];
     assert!(t["chunk_stored_bytes"].as_u64().unwrap() * 2 < t["chunk_bytes"].as_u64().unwrap(), "{t}");
     assert!(run_ok(&["verify", z]).starts_with("OK: "));
-    // Back to raw: byte-identical to the original save's chunks (format 1.0 again).
+    // Back to raw: byte-identical to the original save's chunks (format 1.4 for its dicts, not
+    // for codecs).
     let raw = d.path().join("raw");
     run_ok(&["cp", z, raw.to_str().unwrap()]);
-    assert!(run_ok(&["inspect", raw.to_str().unwrap()]).contains("format 1.0"));
+    assert!(run_ok(&["inspect", raw.to_str().unwrap()]).contains("format 1.4"));
     // A bad policy is refused before anything is read or written.
     let bad = d.path().join("bad");
     let out = tp().args(["cp", &ckpt, bad.to_str().unwrap(), "--compression", "zstd:99"]).output().unwrap();
@@ -238,7 +239,7 @@ fn ls_and_inspect_show_array_annotations() {
     let leaves = json["leaves"].as_array().unwrap();
     let step = leaves.iter().find(|l| l["path"] == "step").unwrap();
     assert_eq!(step["as"], serde_json::json!({"type": "torch.Tensor", "device": "cuda:0"}));
-    assert_eq!(json["version"], serde_json::json!([1, 3]));
+    assert_eq!(json["version"], serde_json::json!([1, 4]));
 }
 
 #[test]

@@ -398,7 +398,10 @@ impl<'py> Encoder<'py> {
                 pairs.push((key, self.child_piece(PathStep::Key(k), &v, depth, false)?));
                 continue;
             }
-            let r = match (self.key_text(&k), self.text.as_mut()) {
+            // A dict whose first key is "t" cannot be an object (it would read as a tagged
+            // node): it stays a node, written in the `items` form.
+            let slot = if i == 0 && is_t(&k) { None } else { self.key_text(&k) };
+            let r = match (slot, self.text.as_mut()) {
                 (Some(slot), Some(w)) => {
                     if i > 0 {
                         w.comma();
@@ -412,7 +415,6 @@ impl<'py> Encoder<'py> {
                         None => {
                             if let Some(w) = self.text.as_mut() {
                                 self.marks.push(w.mark());
-                                w.pair_end();
                             }
                             continue;
                         }
@@ -442,7 +444,7 @@ impl<'py> Encoder<'py> {
         }
         match pairs {
             None => {
-                self.close_text(c, FragmentWriter::items_end);
+                self.close_text(c, FragmentWriter::dict_end);
                 Ok(None)
             }
             Some(p) => Ok(Some(self.close_node(c, Tree::Dict(p)))),
@@ -457,6 +459,11 @@ impl<'py> Encoder<'py> {
             Some(n) => Ok(n),
         }
     }
+}
+
+/// Whether `k` is the str `"t"`.
+fn is_t(k: &Bound<'_, PyAny>) -> bool {
+    k.cast_exact::<PyString>().ok().is_some_and(|s| s.to_str().ok() == Some("t"))
 }
 
 /// An exact dict, list or tuple: what may be written as text.

@@ -1,6 +1,8 @@
 //! Golden files: the demo tree saved with fixed options must produce exactly the committed bytes,
 //! and the committed files must load to the demo tree. A format change therefore shows up as a
 //! failing test; regenerate deliberately with `TREEPACK_BLESS=1 cargo test --test golden`.
+//! The files earlier writers made (`tests/golden/v1.3/`: formats 1.0 to 1.3, as written before
+//! format 1.4) are kept as they were and must still load.
 
 use std::path::{Path, PathBuf};
 use treepack::format::*;
@@ -13,11 +15,14 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden")
 }
 
-/// The golden locations: format 1.0 (raw chunks) in both layouts, format 1.1 with each codec
-/// (`demo-zstd.tpk`: shuffle+zstd and zstd; `demo-lz4`: shuffle+lz4 and lz4), and format 1.2
-/// (`demo-refs`: the demo tree as a shared object referred to again, and a cycle), and format
-/// 1.3 (`demo-torch`: the demo tree beside annotated arrays, as the Python package writes torch
-/// tensors: a chunked bfloat16 Parameter and an inline int64 tensor saved from a GPU).
+/// The golden locations, all format 1.4 (the demo tree's dicts are written as JSON objects):
+/// raw chunks in both layouts, each codec (`demo-zstd.tpk`: shuffle+zstd and zstd; `demo-lz4`:
+/// shuffle+lz4 and lz4), shared nodes (`demo-refs`: the demo tree as a shared object referred to
+/// again, and a cycle), and annotated arrays (`demo-torch`: the demo tree beside arrays as the
+/// Python package writes torch tensors: a chunked bfloat16 Parameter and an inline int64 tensor
+/// saved from a GPU). `tests/golden/v1.3/` holds the same locations as writers of formats 1.0
+/// (`demo`, `demo.tpk`), 1.1 (`demo-zstd.tpk`, `demo-lz4`), 1.2 (`demo-refs`) and 1.3
+/// (`demo-torch`) made them.
 const NAMES: [&str; 6] = ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4", "demo-refs", "demo-torch"];
 
 /// The golden JSON transport document (docs/format.md section 11): `demo-zstd.tpk` exported
@@ -90,14 +95,19 @@ fn files(root: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 fn hashes_text() -> String {
+    hashes_text_of(&golden_dir())
+}
+
+/// BLAKE3SUMS of the golden locations in `dir`.
+fn hashes_text_of(dir: &Path) -> String {
     let mut s = String::new();
     for name in NAMES {
-        for (rel, bytes) in files(&golden_dir().join(name)) {
+        for (rel, bytes) in files(&dir.join(name)) {
             let path = if rel.is_empty() { name.to_string() } else { format!("{name}/{rel}") };
             s.push_str(&format!("{}  {}\n", hash::Hash32::of(&bytes).to_hex(), path));
         }
     }
-    let doc = std::fs::read(golden_dir().join(TRANSPORT.0)).unwrap_or_default();
+    let doc = std::fs::read(dir.join(TRANSPORT.0)).unwrap_or_default();
     s.push_str(&format!("{}  {}\n", hash::Hash32::of(&doc).to_hex(), TRANSPORT.0));
     s
 }
@@ -145,9 +155,30 @@ fn golden_files_are_reproduced_byte_for_byte() {
 
 #[test]
 fn golden_files_load_to_the_demo_tree() {
+    golden_files_in_load_to_the_demo_tree(&golden_dir(), |_| 4);
+}
+
+/// Files written by earlier versions (the golden files of format 1.3, before dicts were
+/// written as objects) load unchanged, and are still the bytes those writers made.
+#[test]
+fn files_of_earlier_versions_still_load() {
+    let dir = golden_dir().join("v1.3");
+    golden_files_in_load_to_the_demo_tree(&dir, |name| match name {
+        "demo-torch" => 3,
+        "demo-refs" => 2,
+        n if n.contains('-') => 1,
+        _ => 0,
+    });
+    let listed = std::fs::read_to_string(dir.join("BLAKE3SUMS")).unwrap();
+    assert_eq!(listed, hashes_text_of(&dir), "tests/golden/v1.3 must stay as earlier writers made it");
+    let back = load(dir.join(TRANSPORT.0).to_str().unwrap(), &LoadOptions::default()).unwrap();
+    assert!(back.exact_eq(&tree_for(TRANSPORT.1)));
+}
+
+fn golden_files_in_load_to_the_demo_tree(dir: &Path, minor_of: impl Fn(&str) -> u16) {
     for name in NAMES {
         let tree = tree_for(name);
-        let p = golden_dir().join(name);
+        let p = dir.join(name);
         let r = open(p.to_str().unwrap()).unwrap();
         let codecs: std::collections::BTreeSet<&str> = {
             let mut v = std::collections::BTreeSet::new();
@@ -160,13 +191,7 @@ fn golden_files_load_to_the_demo_tree() {
             _ => &["raw"],
         };
         assert_eq!(codecs.into_iter().collect::<Vec<_>>(), want, "{name}: the codecs it covers");
-        let minor = match name {
-            "demo-torch" => 3,
-            "demo-refs" => 2,
-            n if n.contains('-') => 1,
-            _ => 0,
-        };
-        assert_eq!(r.manifest().version, (1, minor), "{name}");
+        assert_eq!(r.manifest().version, (1, minor_of(name)), "{name}");
         let back = load(p.to_str().unwrap(), &LoadOptions::default()).unwrap();
         assert!(back.exact_eq(&tree), "{name}");
         assert!(open(p.to_str().unwrap()).unwrap().verify().unwrap().ok());

@@ -30,7 +30,8 @@ fn shared_objects_and_cycles_round_trip_as_format_1_2() {
         let p = p.to_str().unwrap();
         save(&tree(), p, &SaveOptions::default()).unwrap();
         let r = open(p).unwrap();
-        assert_eq!(r.manifest().version, (1, 2));
+        // 1.4: its dicts are objects (the shared nodes alone make 1.2, see below).
+        assert_eq!(r.manifest().version, (1, 4));
         let back = load(p, &LoadOptions::default()).unwrap();
         assert!(back.exact_eq(&tree()), "{name}: {back:?}");
         assert!(r.load(&LoadOptions::default()).unwrap().exact_eq(&tree()), "{name}");
@@ -41,7 +42,7 @@ fn shared_objects_and_cycles_round_trip_as_format_1_2() {
         assert_eq!(r.read_array("c/0/x", "1:").unwrap().len(), 2);
     }
     let text = std::fs::read_to_string(d.path().join("dir/treepack.json")).unwrap();
-    assert!(text.contains(r#"["b",{"t":"ref","id":0}]"#), "{text}");
+    assert!(text.contains(r#""b":{"t":"ref","id":0}"#), "{text}");
     assert!(text.contains(r#"{"t":"shared","id":1,"v":[7,{"t":"ref","id":1}]}"#), "{text}");
     // The array is stored once.
     assert_eq!(text.matches("\"t\":\"array\"").count(), 1);
@@ -92,8 +93,13 @@ fn bad_ids_are_refused_when_saving() {
 fn trees_without_refs_are_still_written_as_before() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("plain");
-    save(&Node::dict([("a", arr(&[1]))]), p.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    save(&Node::list([arr(&[1])]), p.to_str().unwrap(), &SaveOptions::default()).unwrap();
     assert_eq!(open(p.to_str().unwrap()).unwrap().manifest().version, (1, 0));
+    // Shared nodes without object dicts: 1.2.
+    let p = d.path().join("shared");
+    let shared = Node::list([Tree::Shared { id: 0, node: Box::new(Node::list([arr(&[1])])) }, Tree::Ref(0)]);
+    save(&shared, p.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    assert_eq!(open(p.to_str().unwrap()).unwrap().manifest().version, (1, 2));
 }
 
 #[test]

@@ -192,8 +192,12 @@ fn the_schema_describes_the_tree_type() {
     assert_eq!(v["$schema"], "https://json-schema.org/draft/2020-12/schema");
     assert_eq!(v["properties"]["format"]["const"], "treepack-json");
     let root = &v["properties"]["manifest"]["properties"]["root"];
-    assert_eq!(root["properties"]["t"]["const"], "dict");
-    assert_eq!(root["properties"]["items"]["prefixItems"][0]["prefixItems"][0]["const"], "model");
-    assert_eq!(root["properties"]["items"]["prefixItems"][1]["prefixItems"][1]["properties"]["t"]["const"], "ref");
+    // A dict of string keys: an object (format 1.4), or the `items` form earlier writers made.
+    let (object, items) = (&root["anyOf"][0], &root["anyOf"][1]);
+    assert_eq!(object["required"], serde_json::json!(["again", "cycle", "model"]));
+    assert_eq!(object["properties"]["again"]["properties"]["t"]["const"], "ref");
+    assert_eq!(items["properties"]["t"]["const"], "dict");
+    assert_eq!(items["properties"]["items"]["prefixItems"][0]["prefixItems"][0]["const"], "model");
+    assert_eq!(items["properties"]["items"]["prefixItems"][1]["prefixItems"][1]["properties"]["t"]["const"], "ref");
     assert!(s.contains("\"treepackShape\""), "{s}");
 }

@@ -168,14 +168,28 @@ fn node(t: &Tree<Entry>) -> Value {
         Tree::Leaf(e) => leaf(e),
         Tree::List(items) => sequence(items.iter().map(node).collect()),
         Tree::Tuple(items) => tagged("tuple", vec![("items", sequence(items.iter().map(node).collect()))], None),
-        Tree::Dict(kv) => tagged(
-            "dict",
-            vec![(
-                "items",
-                pairs(kv.iter().map(|(k, _)| key_json(k)).collect(), kv.iter().map(|(_, v)| node(v)).collect()),
-            )],
-            None,
-        ),
+        Tree::Dict(kv) => {
+            let values: Vec<Value> = kv.iter().map(|(_, v)| node(v)).collect();
+            let items = tagged(
+                "dict",
+                vec![("items", pairs(kv.iter().map(|(k, _)| key_json(k)).collect(), values.clone()))],
+                None,
+            );
+            if !crate::format::manifest::object_form(kv) {
+                return items;
+            }
+            // Written as an object since format 1.4; documents of earlier writers have `items`.
+            let mut props = Map::new();
+            for ((k, _), v) in kv.iter().zip(values) {
+                if let Key::Str(k) = k {
+                    props.insert(k.clone(), v);
+                }
+            }
+            let keys: Vec<Value> = props.keys().map(|k| json!(k)).collect();
+            let object =
+                json!({"type": "object", "required": keys, "properties": props, "additionalProperties": false});
+            json!({"anyOf": [object, items]})
+        }
         Tree::Record { type_name, fields } => tagged(
             "record",
             vec![("type", json!({"const": type_name})), ("fields", children(fields))],

@@ -801,8 +801,10 @@ pub(crate) async fn write_data(
     // by them); 1.1, which adds codecs, otherwise.
     // 1.2 adds shared nodes and refs: a tree without them is written as before.
     let compressed = hashed.refs.iter().any(|r| !r.codec.is_identity());
-    // 1.3 adds array annotations (`as`).
-    let minor = if planner.annotated {
+    // 1.3 adds array annotations (`as`); 1.4 dicts written as JSON objects.
+    let minor = if manifest::has_object_dicts(&root) {
+        4
+    } else if planner.annotated {
         3
     } else if has_refs {
         2

@@ -29,6 +29,8 @@ pub struct Fragment {
     shared_before: u64,
     /// Shared nodes or refs inside.
     refs: bool,
+    /// Dicts inside (all written as objects, format 1.4).
+    dicts: u64,
 }
 
 impl fmt::Debug for Fragment {
@@ -69,6 +71,11 @@ impl Fragment {
     /// Whether shared nodes or refs are inside (the manifest is then at least version 1.2).
     pub fn has_refs(&self) -> bool {
         self.refs
+    }
+    /// Whether dicts are inside: a fragment writes every dict as an object (the manifest is
+    /// then version 1.4).
+    pub fn has_dicts(&self) -> bool {
+        self.dicts > 0
     }
     /// UTF-8 bytes of the longest string value inside (keys are always inline): a writer whose inline limit
     /// is lower must store the subtree as a tree instead ([`Fragment::parse`]).
@@ -120,6 +127,7 @@ pub struct Mark {
     pos: usize,
     leaves: usize,
     containers: u64,
+    dicts: u64,
     /// The next shared id in the whole tree at this point: the shared nodes of a fragment cut
     /// between two marks are those the ids between them were given to (nodes kept out of the
     /// text are never inside a fragment).
@@ -135,6 +143,7 @@ pub struct FragmentWriter {
     buf: String,
     leaves: usize,
     containers: u64,
+    dicts: u64,
     longest_str: usize,
     /// A shared node or a ref was written: fragments cut from now on say they may hold refs
     /// (an over-approximation only in trees that have refs).
@@ -156,7 +165,13 @@ impl FragmentWriter {
     }
     /// Where the text is now.
     pub fn mark(&self) -> Mark {
-        Mark { pos: self.buf.len(), leaves: self.leaves, containers: self.containers, next_id: self.next_id }
+        Mark {
+            pos: self.buf.len(),
+            leaves: self.leaves,
+            containers: self.containers,
+            dicts: self.dicts,
+            next_id: self.next_id,
+        }
     }
     /// Drop everything written after `m`. Shared ids given after it stay given (they may live
     /// on in fragments cut before): cut no fragment across a truncation.
@@ -164,6 +179,7 @@ impl FragmentWriter {
         self.buf.truncate(m.pos);
         self.leaves = m.leaves;
         self.containers = m.containers;
+        self.dicts = m.dicts;
     }
     /// The text from `m` to the end as a fragment, removed from the writer. The caller must
     /// have written exactly one node since `m`.
@@ -181,6 +197,7 @@ impl FragmentWriter {
                 shared: m.next_id..end.next_id,
                 shared_before: m.next_id,
                 refs: self.wrote_refs,
+                dicts: end.dicts - m.dicts,
             };
         }
         let f = self.fragment(m, end);
@@ -198,6 +215,7 @@ impl FragmentWriter {
             shared: from.next_id..to.next_id,
             shared_before: from.next_id,
             refs: self.wrote_refs,
+            dicts: to.dicts - from.dicts,
         }
     }
     /// Shared node `id` begins outside the text (a node the caller keeps: an array, an
@@ -270,38 +288,37 @@ impl FragmentWriter {
         self.containers += 1;
         self.buf.push_str(TUPLE_BEGIN);
     }
-    /// The opening of a dict.
+    /// The opening of a dict, written as a JSON object (format 1.4, see [`object_form`]):
+    /// its keys are strings, the first not `"t"` (the caller keeps any other dict as a node).
     pub fn dict_begin(&mut self) {
         self.containers += 1;
-        self.buf.push_str(DICT_BEGIN);
+        self.dicts += 1;
+        self.buf.push('{');
     }
-    /// The end of a tuple or a dict.
+    /// The end of a dict.
+    pub fn dict_end(&mut self) {
+        self.buf.push('}');
+    }
+    /// The end of a tuple.
     pub fn items_end(&mut self) {
         self.buf.push_str(ITEMS_END);
     }
-    /// The start of a dict's `[key, value]` pair with a string key; the value follows, then
-    /// [`FragmentWriter::pair_end`].
+    /// The key of a dict's next item (the value follows).
     pub fn pair_begin(&mut self, key: &str) {
-        self.buf.push('[');
         write_str(&mut self.buf, key);
-        self.buf.push(',');
+        self.buf.push(':');
     }
     /// What [`FragmentWriter::pair_begin`] writes for `key`, for callers that keep it for keys
     /// they meet again and again (the same few keys in every record of a log).
     pub fn pair_begin_text(key: &str) -> String {
-        let mut s = String::with_capacity(key.len() + 4);
-        s.push('[');
+        let mut s = String::with_capacity(key.len() + 3);
         write_str(&mut s, key);
-        s.push(',');
+        s.push(':');
         s
     }
     /// [`FragmentWriter::pair_begin`] with its text made by [`FragmentWriter::pair_begin_text`].
     pub fn pair_begin_with(&mut self, text: &str) {
         self.buf.push_str(text);
-    }
-    /// The end of a pair.
-    pub fn pair_end(&mut self) {
-        self.buf.push(']');
     }
 }
 
@@ -371,16 +388,13 @@ mod tests {
         w.comma();
         w.str("x\n");
         w.list_end();
-        w.pair_end();
         w.comma();
         w.pair_begin("t");
         w.tuple_begin();
         w.items_end();
-        w.pair_end();
         w.comma();
         w.pair_begin("big");
         w.big_int(&Int::parse("1180591620717411303424").unwrap_or(Int::Small(0)));
-        w.pair_end();
         w.comma();
         w.pair_begin("d");
         w.dict_begin();
@@ -389,10 +403,8 @@ mod tests {
         w.list_begin();
         w.list_end();
         w.list_end();
-        w.pair_end();
-        w.items_end();
-        w.pair_end();
-        w.items_end();
+        w.dict_end();
+        w.dict_end();
     }
 
     fn sample_node() -> Node {
@@ -412,23 +424,23 @@ mod tests {
         sample(&mut w);
         let f = w.fragment(m, w.mark());
         w.list_end();
-        assert_eq!((f.leaves(), f.containers(), f.longest_str()), (6, 6, 2));
+        assert_eq!((f.leaves(), f.containers(), f.longest_str(), f.has_dicts()), (6, 6, 2, true));
         let tree = f.parse().expect("fragment parses");
         let mut s = String::new();
         write_node(&mut s, &tree);
         assert_eq!(s, f.text());
         assert!(f.to_node().expect("to node").exact_eq(&sample_node()));
         // Cut out of a longer text, or the whole text moved out: the same fragment.
-        let whole = w.split_off(Mark { pos: 0, leaves: 0, containers: 0, next_id: 0 });
+        let whole = w.split_off(Mark { pos: 0, leaves: 0, containers: 0, dicts: 0, next_id: 0 });
         assert_eq!(whole.text(), format!("[{}]", f.text()));
-        assert_eq!(w.mark(), Mark { pos: 0, leaves: 0, containers: 0, next_id: 0 });
+        assert_eq!(w.mark(), Mark { pos: 0, leaves: 0, containers: 0, dicts: 0, next_id: 0 });
         // Dropping back to a mark forgets what came after.
         w.list_begin();
         let m = w.mark();
         w.int(5);
         w.truncate(m);
         w.list_end();
-        assert_eq!(w.split_off(Mark { pos: 0, leaves: 0, containers: 0, next_id: 0 }).text(), "[]");
+        assert_eq!(w.split_off(Mark { pos: 0, leaves: 0, containers: 0, dicts: 0, next_id: 0 }).text(), "[]");
     }
 
     #[test]

@@ -572,15 +572,13 @@ pub(super) trait NodeSink<'de> {
     ) -> std::result::Result<Self::Out, E>;
 }
 
-/// A tagged node object (`{"t": ..., ...}`): `t` first, then the members its tag allows, each
+/// A tagged node object (`{"t": ..., ...}`) after its `t` key, which the caller read (to tell
+/// it from a dict written as an object, format 1.4): the tag, then the members it allows, each
 /// at most once, unknown members skipped.
 pub(super) fn read_tagged_node<'de, A: MapAccess<'de>, S: NodeSink<'de>>(
     mut map: A,
     sink: &mut S,
 ) -> std::result::Result<S::Out, A::Error> {
-    if map.next_key_seed(MemberSeed)? != Some(Member::T) {
-        return Err(de::Error::custom("a tagged node object must begin with its \"t\" member"));
-    }
     let tag = map.next_value_seed(TagSeed)?;
     sink.begin(&tag)?;
     match tag {

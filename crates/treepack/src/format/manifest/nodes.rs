@@ -133,12 +133,108 @@ impl<'de, B: Build> Visitor<'de> for NodeSeed<'_, B> {
             self.b.list(items, false).map_err(de::Error::custom)
         })
     }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<B::Node, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<B::Node, A::Error> {
         self.check_depth()?;
-        crate::format::model::grow(|| {
-            read_tagged_node(map, &mut StrictNode { node: self, items: None, pairs: None, named: None, value: None })
+        crate::format::model::grow(|| match map.next_key_seed(StrKeySeed)? {
+            Some(k) if k.as_str() == Some("t") => read_tagged_node(
+                map,
+                &mut StrictNode { node: self, items: None, pairs: None, named: None, value: None },
+            ),
+            first => {
+                let pairs = read_object_dict(self, map, first)?;
+                self.b.dict_ref(pairs).map_err(de::Error::custom)
+            }
         })
     }
+}
+
+/// The pairs of a dict written as a JSON object (format 1.4: string keys, in order), whose
+/// first key (`None`: the empty dict) the caller has read to tell it from a tagged node.
+/// Checked as the `items` form is: unique keys, each value under its key's path.
+fn read_object_dict<'de, A: MapAccess<'de>, B: Build>(
+    node: NodeSeed<'_, B>,
+    mut map: A,
+    first: Option<KeyRef<'de>>,
+) -> std::result::Result<Vec<(KeyRef<'de>, B::Node)>, A::Error> {
+    let pairs = if node.split && B::PARALLEL {
+        let mut keys = Vec::new();
+        let mut raws: Vec<&'de serde_json::value::RawValue> = Vec::new();
+        let mut key = first;
+        while let Some(k) = key {
+            keys.push(k);
+            raws.push(map.next_value()?);
+            key = map.next_key_seed(StrKeySeed)?;
+        }
+        let owned =
+            parse_raws(node, &raws, |n, de| n.child().deserialize(de), |i| Some(PathSeg::Text(keys[i].text())))?;
+        let b = node.b;
+        keys.into_iter()
+            .zip(owned)
+            .map(|(k, t)| b.owned(t).map(|v| (k, v)))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(de::Error::custom)?
+    } else {
+        // Most dicts hold a few pairs (serde_json gives no size hint).
+        let mut out = Vec::with_capacity(8);
+        let mut key = first;
+        while let Some(k) = key {
+            let v = under_key(node, &k, || map.next_value_seed(node.child()))?;
+            out.push((k, v));
+            key = map.next_key_seed(StrKeySeed)?;
+        }
+        out
+    };
+    check_unique(node, &pairs)?;
+    Ok(pairs)
+}
+
+/// Parse a pair's value with `read`, under its key: the key path an error names ends with the
+/// key (its text made only then), and builders that keep key paths enter it.
+fn under_key<'de, K: PairKey<'de>, B: Build, T, E>(
+    node: NodeSeed<'_, B>,
+    key: &K,
+    read: impl FnOnce() -> std::result::Result<T, E>,
+) -> std::result::Result<T, E> {
+    let mut at = 0;
+    node.ctx.path(|p| {
+        p.push(PathSeg::Pending);
+        at = p.len() - 1;
+    });
+    if B::PATHS {
+        key.enter(node.b);
+    }
+    let v = read();
+    if B::PATHS {
+        node.b.exit();
+    }
+    match v {
+        Ok(v) => {
+            node.ctx.path(|p| drop(p.pop()));
+            Ok(v)
+        }
+        Err(e) => {
+            node.ctx.path(|p| {
+                if let Some(seg) = p.get_mut(at) {
+                    *seg = PathSeg::Text(key.text());
+                }
+            });
+            Err(e)
+        }
+    }
+}
+
+/// No key twice in a dict (or name in a record or custom node).
+fn check_unique<'de, K: PairKey<'de>, B, V, E: de::Error>(
+    node: NodeSeed<'_, B>,
+    pairs: &[(K, V)],
+) -> std::result::Result<(), E> {
+    if let Some(i) = first_duplicate(pairs) {
+        let text = pairs[i].0.text();
+        let msg = format!("duplicate key `{text}`");
+        node.ctx.path(|p| p.push(PathSeg::Text(text)));
+        return Err(E::custom(msg));
+    }
+    Ok(())
 }
 
 /// The one-pass reader's side of [`read_tagged_node`]: children built by the builder as they
@@ -404,12 +500,7 @@ impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
             }
             out
         };
-        if let Some(i) = first_duplicate(&out) {
-            let text = out[i].0.text();
-            let msg = format!("duplicate key `{text}`");
-            self.node.ctx.path(|p| p.push(PathSeg::Text(text)));
-            return Err(de::Error::custom(msg));
-        }
+        check_unique(self.node, &out)?;
         Ok(out)
     }
 }
@@ -433,30 +524,11 @@ impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairSeed<'_, K, B> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
         let key = K::read(&mut seq, self.node)?;
-        // The key's path text is only formatted if parsing the value fails.
-        let mut at = 0;
-        self.node.ctx.path(|p| {
-            p.push(PathSeg::Pending);
-            at = p.len() - 1;
-        });
-        let name_here = |e: A::Error| {
-            self.node.ctx.path(|p| {
-                if let Some(seg) = p.get_mut(at) {
-                    *seg = PathSeg::Text(key.text());
-                }
-            });
-            e
-        };
-        if B::PATHS {
-            key.enter(self.node.b);
-        }
-        let v = seq.next_element_seed(self.node.child());
-        if B::PATHS {
-            self.node.b.exit();
-        }
-        let v = v.and_then(|v| v.ok_or_else(pair_without_value)).map_err(name_here)?;
-        end_of_pair(&mut seq).map_err(name_here)?;
-        self.node.ctx.path(|p| drop(p.pop()));
+        let v = under_key(self.node, &key, || {
+            let v = seq.next_element_seed(self.node.child()).and_then(|v| v.ok_or_else(pair_without_value))?;
+            end_of_pair(&mut seq)?;
+            Ok(v)
+        })?;
         Ok((key, v))
     }
 }
@@ -528,3 +600,26 @@ pub(super) fn entry_to_key<E: de::Error>(t: Tree<Entry>) -> std::result::Result<
 }
 
 // ---------------------------------------------------------------- validation
+
+/// A string key of an object-form dict (or a tagged node's `t`), borrowed where it can be.
+pub(super) struct StrKeySeed;
+
+impl<'de> DeserializeSeed<'de> for StrKeySeed {
+    type Value = KeyRef<'de>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<KeyRef<'de>, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StrKeySeed {
+    type Value = KeyRef<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string key")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> std::result::Result<Self::Value, E> {
+        Ok(KeyRef::Str(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Self::Value, E> {
+        Ok(KeyRef::Owned(Key::Str(v.to_string())))
+    }
+}

@@ -24,14 +24,34 @@ where
         ) -> serde_json::Result<T>
         + Sync,
 {
-    use rayon::prelude::*;
-    // Items parsed apart build owned trees and are not checked inline (see `parse_generic`).
-    debug_assert!(node.ctx.packs.is_none());
-    let (depth, split, file) = (node.depth, node.split, node.ctx.file);
     let mut raws: Vec<&'de serde_json::value::RawValue> = Vec::new();
     while let Some(r) = seq.next_element::<&'de serde_json::value::RawValue>()? {
         raws.push(r);
     }
+    parse_raws(node, &raws, parse, |i| indexed.then_some(PathSeg::Index(i)))
+}
+
+/// The second half of [`parse_items_split`] (and of a big dict written as an object): each of
+/// `raws` parsed on its own, in parallel when there are many. An item that fails reports its
+/// path below the container, `segment(i)` first when it has one.
+pub(super) fn parse_raws<T, F, B, E: de::Error>(
+    node: NodeSeed<'_, B>,
+    raws: &[&serde_json::value::RawValue],
+    parse: F,
+    segment: impl Fn(usize) -> Option<PathSeg>,
+) -> std::result::Result<Vec<T>, E>
+where
+    T: Send,
+    F: for<'r> Fn(
+            NodeSeed<'_, OwnedTree>,
+            &mut serde_json::Deserializer<serde_json::de::StrRead<'r>>,
+        ) -> serde_json::Result<T>
+        + Sync,
+{
+    use rayon::prelude::*;
+    // Items parsed apart build owned trees and are not checked inline (see `parse_generic`).
+    debug_assert!(node.ctx.packs.is_none());
+    let (depth, split, file) = (node.depth, node.split, node.ctx.file);
     let one = |i: usize, raw: &serde_json::value::RawValue| -> std::result::Result<T, (usize, Vec<PathSeg>, String)> {
         let path = RefCell::new(Vec::new());
         let ctx = Ctx { path: Some(&path), packs: None, file, shared_value: Default::default(), refs: None };
@@ -47,12 +67,10 @@ where
     };
     parsed.map_err(|(i, inner, msg)| {
         node.ctx.path(|p| {
-            if indexed {
-                p.push(PathSeg::Index(i));
-            }
+            p.extend(segment(i));
             p.extend(inner);
         });
-        de::Error::custom(msg)
+        E::custom(msg)
     })
 }
 

@@ -236,7 +236,10 @@ pub fn outline_reusing(
         spare,
         stopped: false,
     });
-    let key_ctx = Ctx { path: Some(&key_path), packs: None, file, shared_value: Default::default(), refs: None };
+    // Shared ids are checked as the strict parser checks them (a ref to an object not begun
+    // before it is refused).
+    let refs = RefCell::new(RefCheck::default());
+    let key_ctx = Ctx { path: Some(&key_path), packs: None, file, shared_value: Default::default(), refs: Some(&refs) };
     let top = OTop { st: &st, key_ctx: &key_ctx };
     // Text checked as UTF-8 once is read without checking each string again (~7 % of the
     // parse). Bytes that are not UTF-8 are read as bytes: the strict parser skips some
@@ -656,9 +659,27 @@ impl<'de> Visitor<'de> for ONode<'_, '_> {
             self.st.borrow_mut().event(Event::End)
         })
     }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<(), A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
         self.check_depth()?;
-        crate::format::model::grow(|| read_tagged_node(map, &mut OSink(self)))
+        crate::format::model::grow(|| match map.next_key_seed(StrKeySeed)? {
+            Some(k) if k.as_str() == Some("t") => read_tagged_node(map, &mut OSink(self)),
+            first => {
+                // A dict written as an object (format 1.4): string keys, as `OKey` records them.
+                self.st.borrow_mut().event(Event::Dict)?;
+                let mut key = first;
+                while let Some(k) = key {
+                    let k = k.as_str().unwrap_or_default();
+                    let mut s = self.st.borrow_mut();
+                    s.key_text(k)?;
+                    s.enter(Step::Name(k));
+                    drop(s);
+                    map.next_value_seed(self.child())?;
+                    self.st.borrow_mut().exit();
+                    key = map.next_key_seed(StrKeySeed)?;
+                }
+                self.st.borrow_mut().event(Event::End)
+            }
+        })
     }
 }
 
@@ -682,6 +703,9 @@ impl<'de> NodeSink<'de> for OSink<'_, '_> {
         }
     }
     fn shared_begin<E: de::Error>(&mut self, id: u64) -> std::result::Result<(), E> {
+        if let Some(rc) = self.0.key_ctx.refs {
+            rc.borrow_mut().begin(id).map_err(E::custom)?;
+        }
         self.0.st.borrow_mut().shared_begin(id)
     }
     fn shared_value<A: MapAccess<'de>>(&mut self, map: &mut A, _id: u64) -> std::result::Result<(), A::Error> {
@@ -696,6 +720,9 @@ impl<'de> NodeSink<'de> for OSink<'_, '_> {
         Ok(())
     }
     fn reference<E: de::Error>(&mut self, id: u64) -> std::result::Result<(), E> {
+        if let Some(rc) = self.0.key_ctx.refs {
+            rc.borrow().reference(id).map_err(E::custom)?;
+        }
         self.0.st.borrow_mut().reference(id)
     }
     fn leaf<A: MapAccess<'de>>(&mut self, tag: Tag, map: &mut A) -> std::result::Result<(), A::Error> {

@@ -51,7 +51,7 @@ def test_threaded_save_writes_blocks_as_parts_and_loads_back(loc, small_blocks):
     info = treepack.save(tree, loc, chunk_bytes=100_000)
     assert info.arrays == 4
     m = manifest(loc)
-    xs = dict(m["root"]["items"])["x"]
+    xs = m["root"]["x"]
     assert xs["shape"] == [1000, 600] and all(b % c == 0 for b, c in zip((250, 300), xs["chunk_shape"]))
     assert "treepack.shards" not in json.dumps(m)
     # One pack per block (4 x 2 of x, 4 of y, 3 of z after the rechunk) and one for the client's
@@ -196,7 +196,7 @@ def test_a_larger_than_client_array_never_lands_on_the_client(tmp_path):
     _, before, peak, ok = next(ln for ln in r.stdout.splitlines() if ln.startswith("PEAK")).split()
     assert ok == "True"
     assert int(peak) < 400 << 20, f"client peak RSS {int(peak) >> 20} MiB"
-    assert manifest(loc)["root"]["items"][0][1]["shape"] == [16384, 16384]
+    assert next(iter(manifest(loc)["root"].values()))["shape"] == [16384, 16384]
 
 
 def test_xarray_datasets_round_trip_with_lazy_variables(loc):
@@ -232,7 +232,7 @@ def test_a_dask_save_uses_the_compression_policy(loc):
     x = da.zeros((2048, 256), chunks=(512, 256), dtype=np.float32)
     treepack.save({"x": x}, loc, compression="zstd")
     m = manifest(loc)
-    chunks = dict(m["root"]["items"])["x"]["chunks"]
+    chunks = m["root"]["x"]["chunks"]
     assert {c["codec"] for c in chunks} == {"zstd"} and sum(c["length"] for c in chunks) < 2048 * 256 * 4 // 50
     assert np.array_equal(treepack.load(loc)["x"], np.zeros((2048, 256), np.float32))
 

@@ -39,7 +39,7 @@ def manifest(path):
 def node(m, *keys):
     n = m["root"]
     for k in keys:
-        n = dict(n["items"])[k] if n["t"] == "dict" else n
+        n = n[k]  # dicts of string keys are JSON objects (format 1.4)
     return n
 
 
@@ -73,7 +73,7 @@ def test_arrays_of_every_dtype_round_trip_as_jax_arrays(loc):
         assert same(out[k], v), k
     m = manifest(loc)
     assert node(m, "bf16")["as"] == {"type": "jax.Array"} and node(m, "bf16")["dtype"] == "bfloat16"
-    assert m["version"] == [1, 3]
+    assert m["version"] == [1, 4]  # annotations (1.3), dicts as objects (1.4)
     # A reader without the JAX layer sees plain arrays (open() reads numpy).
     assert isinstance(treepack.open(loc)["f32"][1:], np.ndarray)
 
@@ -396,7 +396,7 @@ def test_processes_of_a_jax_job_save_one_checkpoint(tmp_path, nproc):
     assert same(out["params"]["m"], e["m"]) and same(out["r"], e["r"]) and same(out["bf"], e["bf"])
     assert out["step"] == 7 and out["name"] == "run"
     w = node(m, "params")
-    assert dict(w["items"])["w"]["as"]["sharding"] == {"mesh": {"axes": ["d"], "shape": [2 * nproc]}, "spec": ["d"]}
+    assert w["w"]["as"]["sharding"] == {"mesh": {"axes": ["d"], "shape": [2 * nproc]}, "spec": ["d"]}
     assert treepack.verify(loc).ok
 
 

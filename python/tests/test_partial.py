@@ -435,13 +435,16 @@ def test_a_big_manifest_the_outline_refuses_gets_the_full_answer(tmp_path):
     assert manifest.stat().st_size >= 256 << 10
     text = manifest.read_bytes()
     # A repeated key: refused by the full parse with the key named.
-    manifest.write_bytes(text.replace(b'["p1",', b'["p0",', 1))
+    manifest.write_bytes(text.replace(b'"p1":', b'"p0":', 1))
     _reseal(manifest)
     before = _core._outline_builds()
     with pytest.raises(treepack.TreepackError, match="duplicate key `p0`"):
         treepack.load_structure(str(p))
-    # Keys Python takes for one (1 and 1.0) but the format does not: the one-pass result.
-    manifest.write_bytes(text.replace(b'["p0",', b"[1,", 1).replace(b'["p1",', b"[1.0,", 1))
+    # Keys Python takes for one (1 and 1.0) but the format does not: the one-pass result (int
+    # keys keep the `items` form).
+    treepack.save({"many": {i: v for i, v in enumerate(tree["many"].values())}}, str(p), overwrite=True)
+    text = manifest.read_bytes()
+    manifest.write_bytes(text.replace(b"[0,{", b"[1.0,{", 1))
     _reseal(manifest)
     s = treepack.load_structure(str(p))
     assert s == _core.Reader(str(p), None).structure(treepack._struct_node)
@@ -459,15 +462,15 @@ def test_a_small_manifest_with_keys_python_merges_reads_alike_by_every_path(tmp_
     path answers, with the same merged dict a load gives; a real repeated key is refused."""
     p = tmp_path / "d"
     manifest = p / "treepack.json"
-    treepack.save({"m": {"a": 1, "b": 2, "c": 3}}, str(p))
+    treepack.save({"m": {0: 1, 2: 2, "c": 3}}, str(p))  # int keys: the `items` form
     text = manifest.read_bytes()
-    manifest.write_bytes(text.replace(b'["a",', b"[1,", 1).replace(b'["b",', b"[1.0,", 1))
+    manifest.write_bytes(text.replace(b"[0,1]", b"[1,1]", 1).replace(b"[2,2]", b"[1.0,2]", 1))
     _reseal(manifest)
     s = treepack.load_structure(str(p))
     assert s == _core.Reader(str(p), None).structure(treepack._struct_node)
     assert len(s["m"]) == 2 and s["m"][1].kind == "int" and s["m"]["c"].path == "m/c"
     assert treepack.load(str(p)) == {"m": {1: 2, "c": 3}}
-    manifest.write_bytes(text.replace(b'["b",', b'["a",', 1))
+    manifest.write_bytes(text.replace(b"[2,2]", b"[0,2]", 1))
     _reseal(manifest)
-    with pytest.raises(treepack.TreepackError, match="duplicate key `a`"):
+    with pytest.raises(treepack.TreepackError, match="duplicate key `~i0`"):
         treepack.load_structure(str(p))

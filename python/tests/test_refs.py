@@ -35,7 +35,7 @@ def test_one_object_at_several_places_loads_as_one_object(tmp_path):
     tree = {"enc": {"w": w, "cfg": cfg}, "dec": {"w": w, "cfg": cfg}, "all": [layers, layers], "tied": (w, w)}
     p = str(tmp_path / "t")
     treepack.save(tree, p)
-    assert manifest(p)["version"] == [1, 2]
+    assert manifest(p)["version"] == [1, 4]  # shared nodes (1.2), dicts as objects (1.4)
     back = treepack.load(p)
     assert back["enc"]["w"] is back["dec"]["w"] is back["tied"][0] is back["tied"][1]
     assert back["enc"]["cfg"] is back["dec"]["cfg"] and back["all"][0] is back["all"][1]
@@ -97,8 +97,11 @@ def test_structure_selection_and_lazy_views_go_through_refs(tmp_path):
 def test_shared_false_stores_copies_and_reads_as_before(tmp_path):
     obj = [1, 2]
     p = str(tmp_path / "plain")
-    treepack.save({"a": obj, "b": obj}, p, shared=False)
+    treepack.save([obj, obj], p, shared=False)
     assert manifest(p)["version"] == [1, 0]
+    assert treepack.load(p) == [obj, obj]
+    treepack.save({"a": obj, "b": obj}, p, shared=False, overwrite=True)
+    assert manifest(p)["version"] == [1, 4]  # no shared node (1.2): only its dict's object form
     back = treepack.load(p)
     assert back["a"] == back["b"] and back["a"] is not back["b"]
 

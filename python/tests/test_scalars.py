@@ -395,7 +395,7 @@ def test_a_damaged_item_of_a_big_list_root_is_named(tmp_path):
     m = p / "treepack.json"
     text = m.read_text()
     body = text[: text.rindex(',\n"manifest_hash":')]
-    bad = body.replace('["i",2718]', '["i",{"t":"bogus"}]', 1)
+    bad = body.replace('{"i":2718,', '{"i":{"t":"bogus"},', 1)
     assert bad != body
     m.write_text(bad + ',\n"manifest_hash":"' + blake3.blake3(bad.encode()).hexdigest() + '"}\n')
     with pytest.raises(treepack.FormatError, match=r"invalid manifest at `2718/i`: unknown node type \"bogus\""):

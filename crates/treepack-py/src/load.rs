@@ -13,6 +13,7 @@ type BlobKey = (bool, u32, u64, u64);
 /// like); a record or any other custom type stops it, and the caller audits, then loads
 /// through the `Reader`.
 pub(crate) struct LoadBuilder<'py, 'a> {
+    py: Python<'py>,
     pub(crate) dec: std::cell::RefCell<Decoder<'py>>,
     /// Objects of the stored str/bytes already built, by (is str, pack, offset, length) of
     /// their blob: shared, as pickle's memo shares an object referenced many times.
@@ -42,6 +43,7 @@ enum Slot<'py> {
 impl<'py, 'a> LoadBuilder<'py, 'a> {
     pub(crate) fn new(dec: Decoder<'py>, free: Option<&'a HashSet<String>>) -> Self {
         LoadBuilder {
+            py: dec.py,
             dec: std::cell::RefCell::new(dec),
             shared: Default::default(),
             free,
@@ -75,7 +77,19 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         self.py_ok(r)
     }
     fn str_leaf(&self, v: &str) -> Result<Self::Node, String> {
-        Ok(PyString::new(self.dec.borrow().py, v).into_any())
+        Ok(PyString::new(self.py, v).into_any())
+    }
+    fn none_leaf(&self) -> Result<Self::Node, String> {
+        Ok(self.py.None().into_bound(self.py))
+    }
+    fn bool_leaf(&self, v: bool) -> Result<Self::Node, String> {
+        Ok(PyBool::new(self.py, v).to_owned().into_any())
+    }
+    fn int_leaf(&self, v: i64) -> Result<Self::Node, String> {
+        Ok(v.into_pyobject(self.py).map_or_else(|e| match e {}, Bound::into_any))
+    }
+    fn float_leaf(&self, v: f64) -> Result<Self::Node, String> {
+        Ok(PyFloat::new(self.py, v).into_any())
     }
     fn value(&self, l: Leaf) -> Result<Self::Node, String> {
         let r = self.dec.borrow_mut().leaf(l);

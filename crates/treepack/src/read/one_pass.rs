@@ -115,6 +115,21 @@ impl<B: Build> Build for OnePass<'_, B> {
         }
         self.inner.stored(&e, &mut || self.fetch(&e))
     }
+    fn none_leaf(&self) -> std::result::Result<Self::Node, String> {
+        self.inner.none_leaf()
+    }
+    fn bool_leaf(&self, v: bool) -> std::result::Result<Self::Node, String> {
+        self.inner.bool_leaf(v)
+    }
+    fn int_leaf(&self, v: i64) -> std::result::Result<Self::Node, String> {
+        self.inner.int_leaf(v)
+    }
+    fn float_leaf(&self, v: f64) -> std::result::Result<Self::Node, String> {
+        self.inner.float_leaf(v)
+    }
+    fn str_leaf(&self, v: &str) -> std::result::Result<Self::Node, String> {
+        self.inner.str_leaf(v)
+    }
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> std::result::Result<Self::Node, String> {
         self.inner.list(items, tuple)
     }

@@ -26,13 +26,17 @@ pub enum KeyRef<'a> {
     Key(&'a Key),
     /// Any key the parser made (typed keys; strings with escapes).
     Owned(Key),
+    /// A string key a streamed parse numbered (see `Tape`): the same `id` for the same text
+    /// throughout one parse, so a builder can make each distinct key once and find it by
+    /// index (a log's records repeat the same few keys).
+    Interned(u32, &'a str),
 }
 
 impl KeyRef<'_> {
     /// The key, owned.
     pub fn into_key(self) -> Key {
         match self {
-            KeyRef::Str(s) => Key::Str(s.to_string()),
+            KeyRef::Str(s) | KeyRef::Interned(_, s) => Key::Str(s.to_string()),
             KeyRef::Key(k) => k.clone(),
             KeyRef::Owned(k) => k,
         }
@@ -41,7 +45,7 @@ impl KeyRef<'_> {
     /// The key when it is a string.
     pub fn as_str(&self) -> Option<&str> {
         match self {
-            KeyRef::Str(s) => Some(s),
+            KeyRef::Str(s) | KeyRef::Interned(_, s) => Some(s),
             KeyRef::Key(Key::Str(s)) | KeyRef::Owned(Key::Str(s)) => Some(s),
             _ => None,
         }
@@ -50,7 +54,7 @@ impl KeyRef<'_> {
     /// Call `f` with the key as a [`Key`] (a string key is copied).
     pub fn with_key<R>(&self, f: impl FnOnce(&Key) -> R) -> R {
         match self {
-            KeyRef::Str(s) => f(&Key::Str(s.to_string())),
+            KeyRef::Str(s) | KeyRef::Interned(_, s) => f(&Key::Str(s.to_string())),
             KeyRef::Key(k) => f(k),
             KeyRef::Owned(k) => f(k),
         }
@@ -81,6 +85,24 @@ pub trait Build {
     /// A leaf the parser owns; builders that keep the entry (owned trees) take it without a copy.
     fn leaf(&self, e: Entry) -> std::result::Result<Self::Node, String> {
         self.leaf_ref(&e)
+    }
+    /// A None leaf from a [`Tape`] (as [`Build::leaf_ref`] of [`Entry::None`]): builders that
+    /// make values straight from scalars (Python objects) skip the entry, a third of the
+    /// leaves of a tree of records.
+    fn none_leaf(&self) -> std::result::Result<Self::Node, String> {
+        self.leaf_ref(&Entry::None)
+    }
+    /// A bool leaf from a [`Tape`] (see [`Build::none_leaf`]).
+    fn bool_leaf(&self, v: bool) -> std::result::Result<Self::Node, String> {
+        self.leaf_ref(&Entry::Bool(v))
+    }
+    /// An int leaf of 64 bits from a [`Tape`] (see [`Build::none_leaf`]).
+    fn int_leaf(&self, v: i64) -> std::result::Result<Self::Node, String> {
+        self.leaf_ref(&Entry::Int(Int::Small(v)))
+    }
+    /// A float leaf from a [`Tape`] (see [`Build::none_leaf`]).
+    fn float_leaf(&self, v: f64) -> std::result::Result<Self::Node, String> {
+        self.leaf_ref(&Entry::Float(v))
     }
     /// An inline string leaf, borrowed from the manifest text: builders that copy it anyway
     /// (Python strings) skip the owned copy the parser would otherwise make for each.

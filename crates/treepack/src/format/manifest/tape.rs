@@ -46,6 +46,17 @@ struct Named {
 /// In [`Tape::keys`]: the key is the next of [`Tape::typed_keys`] (a string key this long, or
 /// longer, is kept there too).
 const TYPED_KEY: u32 = u32::MAX;
+/// In [`Tape::keys`], with the key's number in the low bits: a string key numbered earlier in
+/// the parse (its text is not on the tape again).
+const KEY_ID: u32 = 1 << 31;
+/// In [`Tape::keys`], with the key's length in the low bits: a string key numbered here, the
+/// next number of the parse; its text follows in [`Tape::text`].
+const NEW_KEY_ID: u32 = 1 << 30;
+/// String keys a parse numbers: at most this many, of at most [`KEY_ID_BYTES`] bytes each
+/// (records repeat a few short keys; other keys go on the tape as text each time).
+const KEY_IDS: usize = 4096;
+/// See [`KEY_IDS`].
+const KEY_ID_BYTES: usize = 64;
 
 /// A key-path step kept for replay.
 #[derive(Debug)]
@@ -59,8 +70,9 @@ enum OwnedStep {
 pub struct Tape {
     ops: Vec<Op>,
     text: String,
-    /// Dict keys: a string key is the next this-many bytes of `text` (no allocation per key);
-    /// [`TYPED_KEY`] stands for the next of `typed_keys`.
+    /// Dict keys: a string key is the next this-many bytes of `text` (no allocation per key),
+    /// or a number ([`KEY_ID`], [`NEW_KEY_ID`]); [`TYPED_KEY`] stands for the next of
+    /// `typed_keys`.
     keys: Vec<u32>,
     typed_keys: Vec<Key>,
     entries: Vec<Entry>,
@@ -106,6 +118,9 @@ pub type HandOver<'a> = dyn Fn(Tape) -> std::result::Result<Tape, String> + 'a;
 /// whose [`Build::PATHS`] says they use them).
 pub struct TapeBuilder<'a, const PATHS: bool> {
     tape: RefCell<Tape>,
+    /// The string keys numbered so far in this parse (see [`KEY_IDS`]): the builder's thread
+    /// then makes each once and finds it by number, instead of hashing its text at every use.
+    key_ids: RefCell<std::collections::HashMap<Box<str>, u32, ahash::RandomState>>,
     /// With `hand_over`: the tape is handed over once it holds this many ops.
     full_at: usize,
     hand_over: Option<&'a HandOver<'a>>,
@@ -114,13 +129,13 @@ pub struct TapeBuilder<'a, const PATHS: bool> {
 impl<'a, const PATHS: bool> TapeBuilder<'a, PATHS> {
     /// An empty tape.
     pub fn new() -> Self {
-        TapeBuilder { tape: RefCell::default(), full_at: usize::MAX, hand_over: None }
+        TapeBuilder { tape: RefCell::default(), key_ids: RefCell::default(), full_at: usize::MAX, hand_over: None }
     }
 
     /// A tape handed to `hand_over` whenever it holds `full_at` ops (between two nodes), so
     /// another thread can replay it while the parse goes on.
     pub fn streaming(full_at: usize, hand_over: &'a HandOver<'a>) -> Self {
-        TapeBuilder { tape: RefCell::default(), full_at, hand_over: Some(hand_over) }
+        TapeBuilder { tape: RefCell::default(), key_ids: RefCell::default(), full_at, hand_over: Some(hand_over) }
     }
 
     /// The tape recorded (since the last hand-over).
@@ -192,10 +207,25 @@ impl<const P: bool> Build for TapeBuilder<'_, P> {
     }
     fn dict_ref(&self, pairs: Vec<(KeyRef<'_>, ())>) -> std::result::Result<(), String> {
         let mut t = self.tape.borrow_mut();
+        let mut ids = self.key_ids.borrow_mut();
         t.ops.push(Op::Dict(pairs.len()));
         for (k, ()) in pairs {
             let typed = match k {
-                KeyRef::Str(s) if s.len() < TYPED_KEY as usize => {
+                KeyRef::Str(s) if s.len() <= KEY_ID_BYTES => {
+                    if let Some(&id) = ids.get(s) {
+                        t.keys.push(KEY_ID | id);
+                    } else if ids.len() < KEY_IDS {
+                        let id = ids.len() as u32;
+                        ids.insert(s.into(), id);
+                        t.text.push_str(s);
+                        t.keys.push(NEW_KEY_ID | s.len() as u32);
+                    } else {
+                        t.text.push_str(s);
+                        t.keys.push(s.len() as u32);
+                    }
+                    continue;
+                }
+                KeyRef::Str(s) if s.len() < NEW_KEY_ID as usize => {
                     t.text.push_str(s);
                     t.keys.push(s.len() as u32);
                     continue;
@@ -205,7 +235,7 @@ impl<const P: bool> Build for TapeBuilder<'_, P> {
             t.keys.push(TYPED_KEY);
             t.typed_keys.push(typed);
         }
-        drop(t);
+        drop((t, ids));
         self.done()
     }
     fn record(&self, type_name: String, fields: Vec<(String, ())>) -> std::result::Result<(), String> {
@@ -266,11 +296,13 @@ impl<const P: bool> Build for TapeBuilder<'_, P> {
 /// container that takes them.
 pub struct Replay<N> {
     stack: Vec<N>,
+    /// The texts of the string keys the parse numbered, by number.
+    key_ids: Vec<Box<str>>,
 }
 
 impl<N> Default for Replay<N> {
     fn default() -> Self {
-        Replay { stack: Vec::new() }
+        Replay { stack: Vec::new(), key_ids: Vec::new() }
     }
 }
 
@@ -297,14 +329,14 @@ impl<N> Replay<N> {
         }
         #[cfg(test)]
         tests::REPLAYED.with(|n| n.set(n.get() + 1));
-        let stack = &mut self.stack;
+        let (stack, key_ids) = (&mut self.stack, &mut self.key_ids);
         let (mut text, mut keys, mut typed_keys, mut entries, mut named, mut steps) = (0, 0, 0, 0, 0, 0);
         for op in &t.ops {
             let node = match *op {
-                Op::None => b.leaf_ref(&Entry::None)?,
-                Op::Bool(v) => b.leaf_ref(&Entry::Bool(v))?,
-                Op::Int(v) => b.leaf_ref(&Entry::Int(Int::Small(v)))?,
-                Op::Float(v) => b.leaf_ref(&Entry::Float(v))?,
+                Op::None => b.none_leaf()?,
+                Op::Bool(v) => b.bool_leaf(v)?,
+                Op::Int(v) => b.int_leaf(v)?,
+                Op::Float(v) => b.float_leaf(v)?,
                 Op::Str(n) => {
                     let s = t.text.get(text..text + n).ok_or("a tape's string ends early")?;
                     text += n;
@@ -319,15 +351,39 @@ impl<N> Replay<N> {
                     let at = stack.len().checked_sub(n).ok_or("a tape's dict has more items than were built")?;
                     let ks = t.keys.get(keys..keys + n).ok_or("a tape's keys end early")?;
                     keys += n;
+                    // Keys numbered here are noted first: the pairs then borrow every key's text.
+                    let first_new = key_ids.len();
+                    let mut at_text = text;
+                    for &k in ks {
+                        if k != TYPED_KEY && k & KEY_ID == 0 {
+                            let len = (k & !NEW_KEY_ID) as usize;
+                            if k & NEW_KEY_ID != 0 {
+                                key_ids
+                                    .push(t.text.get(at_text..at_text + len).ok_or("a tape's key ends early")?.into());
+                            }
+                            at_text += len;
+                        }
+                    }
+                    let mut new = first_new;
                     // The values move straight into the pairs (no Vec of their own).
                     let mut pairs = Vec::with_capacity(n);
-                    for (&len, v) in ks.iter().zip(stack.drain(at..)) {
-                        let k = if len == TYPED_KEY {
+                    for (&k, v) in ks.iter().zip(stack.drain(at..)) {
+                        let k = if k == TYPED_KEY {
                             KeyRef::Key(next(&t.typed_keys, &mut typed_keys)?)
+                        } else if k & KEY_ID != 0 {
+                            let id = k & !KEY_ID;
+                            let s = key_ids.get(id as usize).ok_or("a tape's key number was never given")?;
+                            KeyRef::Interned(id, s)
                         } else {
-                            let s = t.text.get(text..text + len as usize).ok_or("a tape's key ends early")?;
-                            text += len as usize;
-                            KeyRef::Str(s)
+                            let len = (k & !NEW_KEY_ID) as usize;
+                            let s = t.text.get(text..text + len).ok_or("a tape's key ends early")?;
+                            text += len;
+                            if k & NEW_KEY_ID != 0 {
+                                new += 1;
+                                KeyRef::Interned((new - 1) as u32, s)
+                            } else {
+                                KeyRef::Str(s)
+                            }
                         };
                         pairs.push((k, v));
                     }

@@ -104,20 +104,22 @@ impl<'de, B: Build> Visitor<'de> for NodeSeed<'_, B> {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a tree node")
     }
+    // Scalars have nothing to check against the packs (and a one-pass parse refuses a
+    // manifest whose `packs` come after `root` when it meets that member, or its absence).
     fn visit_unit<E: de::Error>(self) -> std::result::Result<B::Node, E> {
-        self.leaf(Entry::None)
+        self.b.none_leaf().map_err(E::custom)
     }
     fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<B::Node, E> {
-        self.leaf(Entry::Bool(v))
+        self.b.bool_leaf(v).map_err(E::custom)
     }
     fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<B::Node, E> {
-        self.leaf(Entry::Int(Int::Small(v)))
+        self.b.int_leaf(v).map_err(E::custom)
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<B::Node, E> {
         self.leaf(Entry::Int(Int::from_big(v.into())))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<B::Node, E> {
-        self.leaf(Entry::Float(v))
+        self.b.float_leaf(v).map_err(E::custom)
     }
     fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<B::Node, E> {
         // An inline string has nothing to check against the packs.

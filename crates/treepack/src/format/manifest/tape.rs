@@ -147,12 +147,22 @@ impl<'a, const PATHS: bool> TapeBuilder<'a, PATHS> {
         self.tape.borrow_mut().ops.push(op);
     }
 
-    /// After each node: hand the tape over if it is full.
-    fn done(&self) -> std::result::Result<(), String> {
-        let Some(hand_over) = self.hand_over else { return Ok(()) };
-        if self.tape.borrow().ops.len() < self.full_at {
+    /// A node's op, then [`TapeBuilder::done`].
+    fn node(&self, op: Op) -> std::result::Result<(), String> {
+        let mut t = self.tape.borrow_mut();
+        t.ops.push(op);
+        self.done(t)
+    }
+
+    /// After each node, with the tape still borrowed (one borrow per node: this runs for
+    /// every value of a manifest): hand the tape over if it is full.
+    #[inline]
+    fn done(&self, t: std::cell::RefMut<'_, Tape>) -> std::result::Result<(), String> {
+        if t.ops.len() < self.full_at {
             return Ok(());
         }
+        drop(t);
+        let Some(hand_over) = self.hand_over else { return Ok(()) };
         let full = std::mem::take(&mut *self.tape.borrow_mut());
         *self.tape.borrow_mut() = hand_over(full)?;
         Ok(())
@@ -188,19 +198,28 @@ impl<const P: bool> Build for TapeBuilder<'_, P> {
             }
         };
         t.ops.push(op);
-        drop(t);
-        self.done()
+        self.done(t)
+    }
+    fn none_leaf(&self) -> std::result::Result<(), String> {
+        self.node(Op::None)
+    }
+    fn bool_leaf(&self, v: bool) -> std::result::Result<(), String> {
+        self.node(Op::Bool(v))
+    }
+    fn int_leaf(&self, v: i64) -> std::result::Result<(), String> {
+        self.node(Op::Int(v))
+    }
+    fn float_leaf(&self, v: f64) -> std::result::Result<(), String> {
+        self.node(Op::Float(v))
     }
     fn str_leaf(&self, v: &str) -> std::result::Result<(), String> {
         let mut t = self.tape.borrow_mut();
         t.text.push_str(v);
         t.ops.push(Op::Str(v.len()));
-        drop(t);
-        self.done()
+        self.done(t)
     }
     fn list(&self, items: Vec<()>, tuple: bool) -> std::result::Result<(), String> {
-        self.op(Op::List(items.len(), tuple));
-        self.done()
+        self.node(Op::List(items.len(), tuple))
     }
     fn dict(&self, pairs: Vec<(Key, ())>) -> std::result::Result<(), String> {
         self.dict_ref(pairs.into_iter().map(|(k, ())| (KeyRef::Owned(k), ())).collect())
@@ -235,35 +254,31 @@ impl<const P: bool> Build for TapeBuilder<'_, P> {
             t.keys.push(TYPED_KEY);
             t.typed_keys.push(typed);
         }
-        drop((t, ids));
-        self.done()
+        drop(ids);
+        self.done(t)
     }
     fn record(&self, type_name: String, fields: Vec<(String, ())>) -> std::result::Result<(), String> {
         let names = fields.into_iter().map(|(n, ())| n).collect();
         let mut t = self.tape.borrow_mut();
         t.named.push(Named { custom: false, type_name, data: Value::Null, names });
         t.ops.push(Op::Named);
-        drop(t);
-        self.done()
+        self.done(t)
     }
     fn custom(&self, type_name: String, data: Value, children: Vec<(String, ())>) -> std::result::Result<(), String> {
         let names = children.into_iter().map(|(n, ())| n).collect();
         let mut t = self.tape.borrow_mut();
         t.named.push(Named { custom: true, type_name, data, names });
         t.ops.push(Op::Named);
-        drop(t);
-        self.done()
+        self.done(t)
     }
     fn shared_begin(&self, id: u64) {
         self.op(Op::SharedBegin(id));
     }
     fn shared(&self, id: u64, _node: ()) -> std::result::Result<(), String> {
-        self.op(Op::Shared(id));
-        self.done()
+        self.node(Op::Shared(id))
     }
     fn reference(&self, id: u64) -> std::result::Result<(), String> {
-        self.op(Op::Ref(id));
-        self.done()
+        self.node(Op::Ref(id))
     }
     fn enter(&self, step: Step<'_>) {
         if !P {

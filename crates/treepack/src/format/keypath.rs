@@ -126,8 +126,9 @@ fn float_text(f: f64) -> String {
     } else if f.is_infinite() {
         if f > 0.0 { "inf" } else { "-inf" }.into()
     } else {
-        let mut b = ryu::Buffer::new();
-        b.format_finite(f).to_string()
+        let mut s = String::new();
+        crate::format::manifest::push_finite_float(&mut s, f);
+        s
     }
 }
 

@@ -559,3 +559,24 @@ fn packs_of_reads_the_members_and_checks_as_decode_does() {
         assert!(packs_of(&evil, "t").is_err());
     }
 }
+
+/// Floats are written by zmij as Ryu writes them (the format's reference text, golden files and
+/// key paths): the same digits, `e16` and not `e+16`.
+#[test]
+fn floats_are_written_as_ryu_writes_them() {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut vals =
+        vec![0.0, -0.0, 1.0, 0.1, 0.3, 1e-5, 1e-7, 1e15, 1e16, 1e21, 1e22, f64::MAX, f64::MIN_POSITIVE, 5e-324];
+    for i in 0..200_000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        vals.extend([f64::from_bits(x), 1.0 / (i as f64 + 1.0), (x % 1_000_000) as f64 * 1e-3, -(x as f64)]);
+    }
+    let mut r = ryu::Buffer::new();
+    for v in vals.into_iter().filter(|v| v.is_finite()) {
+        let mut s = String::new();
+        push_finite_float(&mut s, v);
+        assert_eq!(s, r.format_finite(v), "{v:e}");
+    }
+}

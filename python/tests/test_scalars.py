@@ -400,3 +400,51 @@ def test_a_damaged_item_of_a_big_list_root_is_named(tmp_path):
     m.write_text(bad + ',\n"manifest_hash":"' + blake3.blake3(bad.encode()).hexdigest() + '"}\n')
     with pytest.raises(treepack.FormatError, match=r"invalid manifest at `2718/i`: unknown node type \"bogus\""):
         treepack.load(p)
+
+
+def test_format_1_4_writes_string_keyed_dicts_as_objects_and_reads_every_form(tmp_path):
+    """Format 1.4: a dict of string keys is a JSON object; a dict whose first key is "t" (an
+    object beginning with "t" is a tagged node) or with another key type keeps the items form.
+    Every form loads back, in whole, in part and as a structure listing."""
+    import json
+
+    tree = {
+        "rec": {"u": 1, "t": "later t is a plain member", "esc\"/~*": [1.5, None], "": {}},
+        "tfirst": {"t": 1, "u": 2},
+        "typed": {7: "int key", (1, "a"): "tuple key"},
+        "empty": {},
+    }
+    p = str(tmp_path / "f")
+    treepack.save(tree, p)
+    text = open(os.path.join(p, "treepack.json")).read()
+    m = json.loads(text)
+    assert m["version"] == [1, 4]
+    root = m["root"]
+    assert root["rec"] == {"u": 1, "t": "later t is a plain member", "esc\"/~*": [1.5, None], "": {}}
+    assert root["tfirst"] == {"t": "dict", "items": [["t", 1], ["u", 2]]}
+    assert root["typed"]["t"] == "dict" and root["typed"]["items"][0] == [7, "int key"]
+    assert root["empty"] == {} and list(root) == ["rec", "tfirst", "typed", "empty"]
+    assert treepack.load(p) == tree
+    assert treepack.load(p, select=["rec/esc\"~1~0~2"]) == {
+        "rec": {"u": None, "t": None, "esc\"/~*": [1.5, None], "": {}},
+        "tfirst": {"t": None, "u": None}, "typed": {7: None, (1, "a"): None}, "empty": {},
+    }
+    s = treepack.load_structure(p)
+    assert s["rec"]["esc\"/~*"][0].path == "rec/esc\"~1~0~2/0" and s["tfirst"]["t"].kind == "int"
+
+
+def test_many_distinct_and_long_keys_load_through_the_numbered_key_path(tmp_path):
+    """The parse helper numbers at most 4096 keys of at most 64 bytes; keys past either limit
+    go as text. A big manifest (the streamed parse) with 6000 distinct keys, long keys and keys
+    repeated across records loads exactly."""
+    rows = [
+        {f"k{i % 6000}": i, "same": i, ("long-" * 20) + str(i % 3): float(i), f"k{(i * 7) % 6000}x": "v" * (i % 5)}
+        for i in range(24000)
+    ]
+    p = str(tmp_path / "keys")
+    treepack.save(rows, p)
+    assert os.path.getsize(os.path.join(p, "treepack.json")) > 1 << 20
+    back = treepack.load(p)
+    assert back == rows
+    # Equal short keys are one object, as pickle's memo makes them.
+    assert list(back[1])[1] is list(back[2])[1] is list(back[23999])[1]

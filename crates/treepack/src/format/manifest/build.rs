@@ -28,7 +28,8 @@ pub enum KeyRef<'a> {
     Owned(Key),
     /// A string key a streamed parse numbered (see `Tape`): the same `id` for the same text
     /// throughout one parse, so a builder can make each distinct key once and find it by
-    /// index (a log's records repeat the same few keys).
+    /// index (a log's records repeat the same few keys). Numbers are per parse: a builder
+    /// that keeps them serves one parse (every load makes its own builder).
     Interned(u32, &'a str),
 }
 

@@ -168,7 +168,7 @@ fn read_object_dict<'de, A: MapAccess<'de>, B: Build>(
             key = map.next_key_seed(StrKeySeed)?;
         }
         let owned =
-            parse_raws(node, &raws, |n, de| n.child().deserialize(de), |i| Some(PathSeg::Text(keys[i].text())))?;
+            parse_raws(node, &raws, &|n, de| n.child().deserialize(de), |i| Some(PathSeg::Text(keys[i].text())))?;
         let b = node.b;
         keys.into_iter()
             .zip(owned)
@@ -347,7 +347,7 @@ pub(super) fn read_items<'de, A: SeqAccess<'de>, B: Build>(
     mut seq: A,
 ) -> std::result::Result<Vec<B::Node>, A::Error> {
     if node.split && B::PARALLEL {
-        let owned = parse_items_split(node, seq, |n, de| n.child().deserialize(de), true)?;
+        let owned = parse_items_split(node, seq, &|n, de| n.child().deserialize(de), true)?;
         return owned.into_iter().map(|t| node.b.owned(t).map_err(de::Error::custom)).collect();
     }
     let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
@@ -481,7 +481,7 @@ impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
             let owned = parse_items_split(
                 self.node,
                 seq,
-                |n, de| PairSeed::<K::Owned, OwnedTree> { node: n, _key: std::marker::PhantomData }.deserialize(de),
+                &|n, de| PairSeed::<K::Owned, OwnedTree> { node: n, _key: std::marker::PhantomData }.deserialize(de),
                 // A pair that fails names its key itself (first segment of its path).
                 false,
             )?;

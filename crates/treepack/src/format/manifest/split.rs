@@ -2,6 +2,15 @@
 
 use super::*;
 
+/// How one item of a split container is parsed from its own text (as an owned tree, on any
+/// thread of the pool).
+pub(super) type ItemParser<'f, T> = dyn for<'r> Fn(
+        NodeSeed<'_, OwnedTree>,
+        &mut serde_json::Deserializer<serde_json::de::StrRead<'r>>,
+    ) -> serde_json::Result<T>
+    + Sync
+    + 'f;
+
 /// Parse the items of a container: first only their extent (a fast scan that keeps borrowed
 /// slices of the input), then each item on its own, in parallel when there are many. Big
 /// manifests are mostly one or two huge containers near the root, so this spreads most of the
@@ -9,20 +18,15 @@ use super::*;
 /// reports its key path below the container (`indexed`: list items, whose index is their
 /// segment; pairs name their key themselves) and the message without the item-relative line and
 /// column.
-pub(super) fn parse_items_split<'de, A, T, F, B>(
+pub(super) fn parse_items_split<'de, A, T, B>(
     node: NodeSeed<'_, B>,
     mut seq: A,
-    parse: F,
+    parse: &ItemParser<'_, T>,
     indexed: bool,
 ) -> std::result::Result<Vec<T>, A::Error>
 where
     A: SeqAccess<'de>,
     T: Send,
-    F: for<'r> Fn(
-            NodeSeed<'_, OwnedTree>,
-            &mut serde_json::Deserializer<serde_json::de::StrRead<'r>>,
-        ) -> serde_json::Result<T>
-        + Sync,
 {
     let mut raws: Vec<&'de serde_json::value::RawValue> = Vec::new();
     while let Some(r) = seq.next_element::<&'de serde_json::value::RawValue>()? {
@@ -34,20 +38,12 @@ where
 /// The second half of [`parse_items_split`] (and of a big dict written as an object): each of
 /// `raws` parsed on its own, in parallel when there are many. An item that fails reports its
 /// path below the container, `segment(i)` first when it has one.
-pub(super) fn parse_raws<T, F, B, E: de::Error>(
+pub(super) fn parse_raws<T: Send, B, E: de::Error>(
     node: NodeSeed<'_, B>,
     raws: &[&serde_json::value::RawValue],
-    parse: F,
+    parse: &ItemParser<'_, T>,
     segment: impl Fn(usize) -> Option<PathSeg>,
-) -> std::result::Result<Vec<T>, E>
-where
-    T: Send,
-    F: for<'r> Fn(
-            NodeSeed<'_, OwnedTree>,
-            &mut serde_json::Deserializer<serde_json::de::StrRead<'r>>,
-        ) -> serde_json::Result<T>
-        + Sync,
-{
+) -> std::result::Result<Vec<T>, E> {
     use rayon::prelude::*;
     // Items parsed apart build owned trees and are not checked inline (see `parse_generic`).
     debug_assert!(node.ctx.packs.is_none());

@@ -43,8 +43,8 @@ struct Named {
     names: Vec<String>,
 }
 
-/// In [`Tape::keys`]: the key is the next of [`Tape::typed_keys`] (a string key this long, or
-/// longer, is kept there too).
+/// In [`Tape::keys`]: the key is the next of [`Tape::typed_keys`] (a string key of
+/// [`NEW_KEY_ID`] bytes or more, whose length the other entries cannot hold, is kept there too).
 const TYPED_KEY: u32 = u32::MAX;
 /// In [`Tape::keys`], with the key's number in the low bits: a string key numbered earlier in
 /// the parse (its text is not on the tape again).

@@ -77,7 +77,7 @@ pub(crate) struct Encoder<'py> {
     /// Reference counts are exact (not a free-threaded build, whose counts are biased).
     pub(crate) plain_counts: bool,
     /// Texts of recent dict keys (see [`Encoder::key_text`]), `KEY_SLOTS` slots by address.
-    pub(crate) keys: Vec<Option<(Bound<'py, PyAny>, String)>>,
+    pub(crate) keys: Vec<Option<(Bound<'py, PyAny>, treepack::format::manifest::PairText)>>,
 }
 
 /// One step of the key path [`Encoder`] is at.

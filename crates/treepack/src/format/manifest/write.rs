@@ -74,15 +74,14 @@ fn write_head(s: &mut String, m: &Manifest, stats: &Value) {
 pub(crate) fn write_str(s: &mut String, v: &str) {
     s.reserve(v.len() + 2);
     s.push('"');
-    // Runs of bytes that need no escape are copied whole (a char-by-char push cost ~20 % of
-    // writing a manifest of short strings). Every byte that needs an escape is ASCII, so
-    // splitting the `str` at it never cuts a character.
+    // The run of bytes that need no escape (all of most strings) is scanned and copied in one
+    // pass, sixteen bytes at a time ([`copy_plain`]): a scan then a `push_str` paid a `memcpy`
+    // call per string, a fifth of writing a record's short strings.
     let bytes = v.as_bytes();
-    let mut start = 0;
-    loop {
-        let i = next_escape(bytes, start);
-        s.push_str(&v[start..i]);
-        let Some(&b) = bytes.get(i) else { break };
+    let mut start = copy_plain(s, bytes);
+    // Every byte that needs an escape is ASCII, so splitting the `str` at it never cuts a
+    // character.
+    while let Some(&b) = bytes.get(start) {
         match b {
             b'"' => s.push_str("\\\""),
             b'\\' => s.push_str("\\\\"),
@@ -93,9 +92,69 @@ pub(crate) fn write_str(s: &mut String, v: &str) {
                 let _ = write!(s, "\\u{:04x}", b);
             }
         }
-        start = i + 1;
+        let i = next_escape(bytes, start + 1);
+        s.push_str(&v[start + 1..i]);
+        start = i;
     }
     s.push('"');
+}
+
+/// Append the bytes of `b` up to the first that needs an escape ([`needs_escape`]) to `s`,
+/// whose spare capacity must hold all of `b`; the count appended. Each 16-byte block is
+/// stored whole before its bytes are checked: a store past the escape lands in the spare
+/// capacity and is not kept.
+#[inline]
+fn copy_plain(s: &mut String, b: &[u8]) -> usize {
+    let len = s.len();
+    assert!(s.capacity() - len >= b.len(), "copy_plain: no room reserved");
+    // SAFETY: the bytes kept (set_len) are `b[..i]`, none of which needs an escape, and `b`
+    // is the start of a `str` cut only before an ASCII byte (or at its end): `s` stays UTF-8.
+    let out = unsafe { s.as_mut_vec() };
+    let dst = out.as_mut_ptr().wrapping_add(len);
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        // SAFETY: SSE2 is in the x86-64 baseline; each load reads `b[i..i + 16]` and each
+        // store writes `dst[i..i + 16]`, both inside the bounds the loop condition and the
+        // assert above keep.
+        unsafe {
+            let (quote, backslash) = (_mm_set1_epi8(b'"' as i8), _mm_set1_epi8(b'\\' as i8));
+            let (del, below_space) = (_mm_set1_epi8(0x7f), _mm_set1_epi8(0x1f));
+            while i + 16 <= b.len() {
+                let x = _mm_loadu_si128(b.as_ptr().add(i).cast::<__m128i>());
+                _mm_storeu_si128(dst.add(i).cast::<__m128i>(), x);
+                let control = _mm_cmpeq_epi8(_mm_min_epu8(x, below_space), x);
+                let special = _mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, backslash));
+                let hits = _mm_or_si128(_mm_or_si128(control, special), _mm_cmpeq_epi8(x, del));
+                let mask = _mm_movemask_epi8(hits) as u32;
+                if mask != 0 {
+                    i += mask.trailing_zeros() as usize;
+                    out.set_len(len + i);
+                    return i;
+                }
+                i += 16;
+            }
+        }
+    }
+    while i + 8 <= b.len() {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&b[i..i + 8]);
+        if word_needs_escape(u64::from_le_bytes(word)) {
+            break;
+        }
+        // SAFETY: `dst[i..i + 8]` is inside the room asserted above.
+        unsafe { std::ptr::write_unaligned(dst.add(i).cast::<[u8; 8]>(), word) };
+        i += 8;
+    }
+    while let Some(&c) = b.get(i).filter(|&&c| !needs_escape(c)) {
+        // SAFETY: as above.
+        unsafe { dst.add(i).write(c) };
+        i += 1;
+    }
+    // SAFETY: `dst[..i]` were written above with bytes of `b` that need no escape.
+    unsafe { out.set_len(len + i) };
+    i
 }
 
 /// The index of the first byte of `b` at or after `i` that needs an escape ([`needs_escape`]),

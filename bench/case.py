@@ -190,6 +190,14 @@ def peer_save(peer, tree, path, wl):
     elif peer == "pickle":
         with open(path, "wb") as f:
             pickle.dump(tree, f, protocol=5)
+    elif peer == "pickle-fsync":
+        # pickle made as durable as treepack's default (issue 32): the file and its directory
+        # fsynced, so that a power cut after the save returns cannot lose it.
+        if not wl.startswith("W11"):
+            raise NA("durability peer: W11 only")
+        with open(path, "wb") as f:
+            pickle.dump(tree, f, protocol=5)
+        _fsync(path)
     elif peer in ("json", "orjson", "msgpack"):
         if not wl.startswith("W11"):
             raise NA("scalar trees only")
@@ -321,7 +329,7 @@ def _fsync_dir(d):
 
 
 def peer_load(peer, path, wl):
-    if peer in ("treepack-nosync", "safetensors-fsync", "raw-fsync"):
+    if peer in ("treepack-nosync", "safetensors-fsync", "raw-fsync", "pickle-fsync"):
         raise NA("loads as its durable/plain twin")
     if peer in ("treepack", "treepack-tpk", "treepack-lz4", "treepack-auto"):
         import treepack

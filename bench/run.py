@@ -56,7 +56,7 @@ PLAN_W3I = [("W3i", "save", PEERS_W3I), ("W3i", "load", PEERS_W3I)]
 # W11, scalar-only trees (issue 34) at 10k, 100k and 1M leaves, is its own suite too:
 # `--workloads W11`. Its cases time each operation several times in one process with a warm
 # page cache (a logging loop's saves and loads), and report the median.
-PEERS_W11 = ["treepack", "treepack-nosync", "treepack-tpk", "pickle", "json", "orjson", "msgpack", "flax-msgpack"]
+PEERS_W11 = ["treepack", "treepack-nosync", "treepack-tpk", "pickle", "pickle-fsync", "json", "orjson", "msgpack", "flax-msgpack"]
 W11_NAMES = ["W11-10k", "W11-100k", "W11-1M"]
 PLAN_W11 = [(w, o, PEERS_W11) for w in W11_NAMES for o in ("save", "load")]
 WARM_WORKLOADS = set(W11_NAMES)
@@ -401,6 +401,12 @@ def targets(meta, by):
                 if t(w, o, "treepack"):
                     row(f"{w} {o} ≥ 1.0× pickle", *versus(w, o, "pickle", 1.0))
                     row(f"{w} {o} ≥ 1.5× json", *versus(w, o, "json", 1.5))
+                    if o == "save" and t(w, o, "pickle-fsync"):
+                        # Like for like: treepack's durable default against pickle fsynced, and
+                        # durable=False against plain pickle (what neither target row shows).
+                        row(f"{w} save (durable) vs pickle + fsync", *versus(w, o, "pickle-fsync", 1.0))
+                    if o == "save" and t(w, o, "treepack-nosync"):
+                        row(f"{w} save, durable=False vs pickle", *versus(w, o, "pickle", 1.0, me="treepack-nosync"))
     if t("W3i", "load", "treepack"):
         # The W3i suite (objects, issue 26): a dataset of 10k rows holding 100 distinct images.
         for o in ("save", "load"):

@@ -188,13 +188,17 @@ def test_shared_plain_objects_are_one_object_after_a_text_walk(tmp_path):
     rows = [row, {"other": row["k"]}, row]
     ring = [0]
     ring.append(ring)
-    tree = {"rows": rows, "ring": ring}
-    del row, rows, ring
+    # A list and a tuple held twice by the tree only (the walk's own iterator over them must
+    # not count as a holder, nor hide the second).
+    tup = ("x", [9])
+    tree = {"rows": rows, "ring": ring, "tups": [tup, [tup[1], tup]]}
+    del row, rows, ring, tup
     with_text, nodes = _manifests(tree, tmp_path, "held")
     assert with_text == nodes
     back = treepack.load(tmp_path / "held-True")
     assert back["rows"][0] is back["rows"][2] and back["rows"][1]["other"] is back["rows"][0]["k"]
     assert back["ring"][1] is back["ring"]
+    assert back["tups"][0] is back["tups"][1][1] and back["tups"][1][0] is back["tups"][0][1]
     # The first walk of such a tree skips its scalars once it knows it will be walked again: a
     # string JSON cannot hold (lone surrogates) is met by the second, which stores it (`py.str`).
     odd = {"a": cfg, "b": cfg, "rows": [{"s": "\ud800"}, {"s": "\ud800", "t": "x\udce9"}]}

@@ -83,11 +83,14 @@ impl<'py> Encoder<'py> {
         if self.scalar_text(obj) {
             return Ok(None);
         }
+        // The items' iterator is made once the container is begun: it holds a reference of its
+        // own, which `maybe_shared` would count (every list in a record was kept as possibly
+        // shared: ~4 % of a W11 walk).
         if let Ok(l) = obj.cast_exact::<PyList>() {
-            return self.seq_text(obj, l.len(), l.iter(), false, depth, fragile);
+            return self.seq_text(obj, l.len(), || l.iter(), false, depth, fragile);
         }
         if let Ok(t) = obj.cast_exact::<PyTuple>() {
-            return self.seq_text(obj, t.len(), t.iter(), true, depth, fragile);
+            return self.seq_text(obj, t.len(), || t.iter(), true, depth, fragile);
         }
         if let Ok(d) = obj.cast_exact::<PyDict>() {
             return self.dict_text(obj, d, depth, fragile);
@@ -332,11 +335,11 @@ impl<'py> Encoder<'py> {
         }
     }
 
-    fn seq_text(
+    fn seq_text<I: Iterator<Item = Bound<'py, PyAny>>>(
         &mut self,
         obj: &Bound<'py, PyAny>,
         len: usize,
-        items: impl Iterator<Item = Bound<'py, PyAny>>,
+        items: impl FnOnce() -> I,
         tuple: bool,
         depth: usize,
         fragile: bool,
@@ -349,7 +352,7 @@ impl<'py> Encoder<'py> {
         };
         let (base, start) = (c.base, c.start);
         let mut nodes: Option<Vec<Node>> = None;
-        for (i, x) in items.enumerate() {
+        for (i, x) in items().enumerate() {
             if let Some(nodes) = nodes.as_mut() {
                 nodes.push(self.child_piece(PathStep::Index(i), &x, depth, tuple)?);
                 continue;

@@ -158,7 +158,7 @@ impl<'py> Encoder<'py> {
 
     pub(crate) fn key(&self, k: &Bound<'py, PyAny>) -> PyResult<Key> {
         // Nearly every key is a str: checked first.
-        if let Ok(s) = k.cast_exact::<PyString>() {
+        if let Some(s) = exact::<PyString>(k) {
             return match s.to_str() {
                 Ok(v) => Ok(Key::Str(v.to_owned())),
                 Err(_) => Err(self.err(format!(
@@ -181,7 +181,7 @@ impl<'py> Encoder<'py> {
         if k.is_exact_instance_of::<PyFloat>() {
             return Ok(Key::Float(k.extract()?));
         }
-        if let Ok(t) = k.cast_exact::<PyTuple>() {
+        if let Some(t) = exact::<PyTuple>(k) {
             return Ok(Key::Tuple(t.iter().map(|x| self.key(&x)).collect::<PyResult<_>>()?));
         }
         Err(self.err(format!(
@@ -249,7 +249,7 @@ impl<'py> Encoder<'py> {
         if obj.is_exact_instance_of::<PyFloat>() {
             return Ok(Node::from(obj.extract::<f64>()?));
         }
-        if let Ok(c) = obj.cast_exact::<PyComplex>() {
+        if let Some(c) = exact::<PyComplex>(obj) {
             return Ok(Tree::Leaf(Leaf::Complex(c.real(), c.imag())));
         }
         if obj.is_exact_instance_of::<PyString>() {
@@ -261,10 +261,10 @@ impl<'py> Encoder<'py> {
                 Err(_) => self.other_new(obj, depth),
             };
         }
-        if let Ok(b) = obj.cast_exact::<PyBytes>() {
+        if let Some(b) = exact::<PyBytes>(obj) {
             return Ok(Tree::Leaf(Leaf::Bytes(self.bytes(b))));
         }
-        if let Ok(l) = obj.cast_exact::<PyList>() {
+        if let Some(l) = exact::<PyList>(obj) {
             if let Some(r) = self.again(obj, fragile)? {
                 return Ok(r);
             }
@@ -279,7 +279,7 @@ impl<'py> Encoder<'py> {
             self.open.pop();
             return Ok(self.wrap_shared(obj, Tree::List(out)));
         }
-        if let Ok(t) = obj.cast_exact::<PyTuple>() {
+        if let Some(t) = exact::<PyTuple>(obj) {
             // The empty tuple is one object in CPython and holds nothing: never a shared node.
             if !t.is_empty() {
                 if let Some(r) = self.again(obj, fragile)? {
@@ -298,7 +298,7 @@ impl<'py> Encoder<'py> {
             self.open.pop();
             return Ok(self.wrap_shared(obj, Tree::Tuple(out)));
         }
-        if let Ok(d) = obj.cast_exact::<PyDict>() {
+        if let Some(d) = exact::<PyDict>(obj) {
             if let Some(r) = self.again(obj, fragile)? {
                 return Ok(r);
             }
@@ -328,7 +328,7 @@ impl<'py> Encoder<'py> {
             return Ok(self.wrap_shared(obj, Node::from(a)));
         }
         if self.fast_datetime {
-            if let Ok(d) = obj.cast_exact::<pyo3::types::PyDateTime>() {
+            if let Some(d) = exact::<pyo3::types::PyDateTime>(obj) {
                 if let Some(n) = datetime_node(self.py, d)? {
                     self.begin(None);
                     return Ok(n);

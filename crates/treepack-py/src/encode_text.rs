@@ -44,12 +44,12 @@ impl<'py> Encoder<'py> {
         let Some(w) = self.text.as_mut() else { return false };
         if obj.is_none() {
             w.none();
-        } else if let Ok(s) = obj.cast_exact::<PyString>() {
+        } else if let Some(s) = exact::<PyString>(obj) {
             match s.to_str() {
                 Ok(v) if v.len() <= inline_str => w.str(v),
                 _ => return false,
             }
-        } else if let Ok(i) = obj.cast_exact::<PyInt>() {
+        } else if let Some(i) = exact::<PyInt>(obj) {
             match i.extract::<i64>() {
                 Ok(v) => w.int(v),
                 Err(_) => match int_of(obj) {
@@ -57,9 +57,9 @@ impl<'py> Encoder<'py> {
                     Err(_) => return false,
                 },
             }
-        } else if let Ok(f) = obj.cast_exact::<PyFloat>() {
+        } else if let Some(f) = exact::<PyFloat>(obj) {
             w.float(f.value());
-        } else if let Ok(b) = obj.cast_exact::<PyBool>() {
+        } else if let Some(b) = exact::<PyBool>(obj) {
             w.bool(b.is_true());
         } else {
             return false;
@@ -86,13 +86,13 @@ impl<'py> Encoder<'py> {
         // The items' iterator is made once the container is begun: it holds a reference of its
         // own, which `maybe_shared` would count (every list in a record was kept as possibly
         // shared: ~4 % of a W11 walk).
-        if let Ok(l) = obj.cast_exact::<PyList>() {
+        if let Some(l) = exact::<PyList>(obj) {
             return self.seq_text(obj, l.len(), || l.iter(), false, depth, fragile);
         }
-        if let Ok(t) = obj.cast_exact::<PyTuple>() {
+        if let Some(t) = exact::<PyTuple>(obj) {
             return self.seq_text(obj, t.len(), || t.iter(), true, depth, fragile);
         }
-        if let Ok(d) = obj.cast_exact::<PyDict>() {
+        if let Some(d) = exact::<PyDict>(obj) {
             return self.dict_text(obj, d, depth, fragile);
         }
         if self.refs_as_text() {
@@ -107,9 +107,11 @@ impl<'py> Encoder<'py> {
 
     /// A child of a container being walked with text: a scalar written in place, a container
     /// one level deeper (as [`Encoder::child`] steps).
+    /// `seg` makes the path step only for a child walked further (a dict key's step holds a
+    /// reference to the key: taking one for every scalar cost an increment and a decrement).
     fn child_text(
         &mut self,
-        seg: PathStep<'py>,
+        seg: impl FnOnce() -> PathStep<'py>,
         v: &Bound<'py, PyAny>,
         depth: usize,
         fragile: bool,
@@ -117,7 +119,7 @@ impl<'py> Encoder<'py> {
         if depth < treepack::format::manifest::MAX_DEPTH && self.scalar_text(v) {
             return Ok(None);
         }
-        self.path.push(seg);
+        self.path.push(seg());
         let r = treepack::format::model::grow(|| self.text_or_node(v, depth + 1, fragile));
         if r.is_ok() {
             self.path.pop();
@@ -153,7 +155,7 @@ impl<'py> Encoder<'py> {
         };
         self.fragile = false;
         let before = self.shared_firsts;
-        match self.child_text(seg, v, depth, fragile)? {
+        match self.child_text(|| seg, v, depth, fragile)? {
             None => Ok(self.fragment_node(m, None)),
             Some(n) => {
                 self.missed(v, before);
@@ -216,7 +218,7 @@ impl<'py> Encoder<'py> {
     /// texts are escaped once. A slot keeps its key object alive, so no other object can take
     /// its address while the text is cached.
     fn key_text(&mut self, k: &Bound<'py, PyAny>) -> Option<usize> {
-        let s = k.cast_exact::<PyString>().ok()?;
+        let s = exact::<PyString>(k)?;
         let addr = k.as_ptr() as usize;
         // Fibonacci hashing: the product's top bits depend on every bit of the address.
         let h = ((addr as u64 >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - KEY_SLOTS_BITS)) as usize;
@@ -367,7 +369,7 @@ impl<'py> Encoder<'py> {
                 self.marks.push(m);
             }
             let before = self.shared_firsts;
-            match self.child_text(PathStep::Index(i), &x, depth, tuple)? {
+            match self.child_text(|| PathStep::Index(i), &x, depth, tuple)? {
                 None => {
                     if let Some(end) = self.text.as_ref().map(FragmentWriter::mark) {
                         self.marks.push(end);
@@ -425,7 +427,7 @@ impl<'py> Encoder<'py> {
                     }
                     self.marks.push(w.mark());
                     let before = self.shared_firsts;
-                    match self.child_text(PathStep::Key(k.clone()), &v, depth, false)? {
+                    match self.child_text(|| PathStep::Key(k.clone()), &v, depth, false)? {
                         None => {
                             if let Some(w) = self.text.as_mut() {
                                 self.marks.push(w.mark());
@@ -477,7 +479,7 @@ impl<'py> Encoder<'py> {
 
 /// Whether `k` is the str `"t"`.
 fn is_t(k: &Bound<'_, PyAny>) -> bool {
-    k.cast_exact::<PyString>().ok().is_some_and(|s| s.to_str().ok() == Some("t"))
+    exact::<PyString>(k).is_some_and(|s| s.to_str().ok() == Some("t"))
 }
 
 /// An exact dict, list or tuple: what may be written as text.

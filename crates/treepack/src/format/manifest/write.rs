@@ -234,9 +234,10 @@ pub(crate) fn write_float(s: &mut String, f: f64) {
 pub(crate) fn push_finite_float(s: &mut String, f: f64) {
     let mut b = zmij::Buffer::new();
     let t = b.format_finite(f);
-    // A `+` is only ever the exponent's sign (a byte scan: `find("e+")` set up a substring
-    // search per float).
-    match t.bytes().position(|c| c == b'+') {
+    // A `+` is only ever the exponent's sign, followed by its one to three digits: only the
+    // last four bytes are looked at (a scan of the whole text was a sixth of a float's cost).
+    let n = t.len();
+    match (n.saturating_sub(4)..n).find(|&i| t.as_bytes()[i] == b'+') {
         Some(i) => {
             s.push_str(&t[..i]);
             s.push_str(&t[i + 1..]);

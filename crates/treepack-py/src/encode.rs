@@ -213,7 +213,7 @@ impl<'py> Encoder<'py> {
         }
         self.path.push(seg);
         // Deep (or cyclic, until the depth limit) trees recurse up to MAX_DEPTH levels.
-        let r = treepack::format::model::grow(|| self.node(v, depth + 1));
+        let r = treepack::format::model::grow_at(depth, || self.node(v, depth + 1));
         if r.is_ok() {
             self.path.pop();
         }
@@ -513,6 +513,12 @@ fn free_threaded(py: Python<'_>) -> bool {
 
 /// Room the text writer starts with: about the size of the last tree that was all text.
 static TEXT_HINT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(64 << 10);
+/// Room the walk's marks and per-container flags start with: what the last walk used (a W11
+/// 100k walk grew them by doubling, ~3 % of it; a logging loop saves trees of one shape).
+static MARKS_HINT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static TEXTED_HINT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The most either hint asks for (entries).
+const VEC_HINT_MAX: usize = 1 << 21;
 
 /// A Python tree converted to treepack's model, ready to be written (possibly on another thread).
 #[pyclass(frozen)]
@@ -565,8 +571,8 @@ pub(crate) fn prepare(
         fragile: false,
         text: text.then(|| FragmentWriter::with_capacity(TEXT_HINT.load(std::sync::atomic::Ordering::Relaxed))),
         inline_str: SaveOptions::default().inline_str_bytes,
-        marks: Vec::new(),
-        texted: Vec::new(),
+        marks: Vec::with_capacity(MARKS_HINT.load(std::sync::atomic::Ordering::Relaxed)),
+        texted: Vec::with_capacity(TEXTED_HINT.load(std::sync::atomic::Ordering::Relaxed)),
         restart: false,
         keys: Vec::new(),
         plain_counts,
@@ -598,6 +604,8 @@ pub(crate) fn prepare(
             r => r?,
         }
     };
+    MARKS_HINT.store(enc.marks.capacity().min(VEC_HINT_MAX), std::sync::atomic::Ordering::Relaxed);
+    TEXTED_HINT.store(enc.texted.capacity().min(VEC_HINT_MAX), std::sync::atomic::Ordering::Relaxed);
     if let Tree::Leaf(Leaf::Fragment(f)) = &node {
         // The next save of a tree like this one (a logging loop) starts with room for its text.
         let hint = (f.text().len() + f.text().len() / 8).min(256 << 20);

@@ -120,7 +120,7 @@ impl<'py> Encoder<'py> {
             return Ok(None);
         }
         self.path.push(seg());
-        let r = treepack::format::model::grow(|| self.text_or_node(v, depth + 1, fragile));
+        let r = treepack::format::model::grow_at(depth, || self.text_or_node(v, depth + 1, fragile));
         if r.is_ok() {
             self.path.pop();
         }

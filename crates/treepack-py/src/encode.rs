@@ -78,6 +78,8 @@ pub(crate) struct Encoder<'py> {
     pub(crate) plain_counts: bool,
     /// Texts of recent dict keys (see [`Encoder::key_text`]), `KEY_SLOTS` slots by address.
     pub(crate) keys: Vec<Option<(Bound<'py, PyAny>, treepack::format::manifest::PairText)>>,
+    /// Where a missed key's text is made ([`treepack::format::manifest::PairText::new_in`]).
+    pub(crate) key_scratch: String,
 }
 
 /// One step of the key path [`Encoder`] is at.
@@ -575,6 +577,7 @@ pub(crate) fn prepare(
         texted: Vec::with_capacity(TEXTED_HINT.load(std::sync::atomic::Ordering::Relaxed)),
         restart: false,
         keys: Vec::new(),
+        key_scratch: String::new(),
         plain_counts,
         text_hint: true,
     };

@@ -233,7 +233,7 @@ impl<'py> Encoder<'py> {
         }
         // A miss: the set's first way moves to its second (evicting that one's key), the new
         // key takes the first.
-        let text = FragmentWriter::pair_begin_text(s.to_str().ok()?);
+        let text = treepack::format::manifest::PairText::new_in(s.to_str().ok()?, &mut self.key_scratch);
         self.keys.swap(a, b);
         self.keys[a] = Some((k.clone(), text));
         Some(a)

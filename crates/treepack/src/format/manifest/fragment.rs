@@ -28,16 +28,19 @@ const SPARE_MIN: usize = 1 << 20;
 static SPARE: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
 
 impl Spare {
-    /// The kept buffer (empty), or a new one.
+    /// The kept buffer (empty), or a new one. Never waits: a lock held elsewhere (another
+    /// save's drop thread, or a parent's thread at the moment a child was forked, whose lock
+    /// nobody in the child will ever release) only means a new buffer.
     fn take() -> String {
-        let mut s = SPARE.lock().map(|mut g| std::mem::take(&mut *g)).unwrap_or_default();
+        let mut s = SPARE.try_lock().map(|mut g| std::mem::take(&mut *g)).unwrap_or_default();
         s.clear();
         s
     }
-    /// Keep `s` for the next writer if it is a size worth keeping and bigger than the one kept.
+    /// Keep `s` for the next writer if it is a size worth keeping and bigger than the one kept
+    /// (never waiting, as [`Spare::take`]).
     fn keep(s: String) {
         if (SPARE_MIN..=SPARE_MAX).contains(&s.capacity()) {
-            if let Ok(mut g) = SPARE.lock() {
+            if let Ok(mut g) = SPARE.try_lock() {
                 if g.capacity() < s.capacity() {
                     *g = s;
                 }
@@ -611,8 +614,9 @@ mod tests {
     }
 
     /// A big writer's buffer, once its fragment (and the bytes lent from it) are dropped, is
-    /// the next writer's: no fresh pages to fault in. (The only test here that takes the
-    /// spare: `with_capacity` callers are the only takers.)
+    /// the next writer's: no fresh pages to fault in; and a child forked while another thread
+    /// held the spare's lock writes without waiting for it. (The only test here that takes
+    /// the spare: `with_capacity` callers are the only takers.)
     #[test]
     fn a_dropped_text_buffer_serves_the_next_writer() {
         let mut w = FragmentWriter::with_capacity(3 << 20);
@@ -637,6 +641,37 @@ mod tests {
         // Beyond the bound, nothing is kept.
         Spare::keep(String::with_capacity(SPARE_MAX + 1));
         assert!(SPARE.lock().map(|g| g.capacity() <= SPARE_MAX).unwrap_or(false));
+        #[cfg(unix)]
+        {
+            let held = SPARE.lock();
+            // SAFETY: the child only writes text and leaves with `_exit` (no destructors).
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                let mut w = FragmentWriter::with_capacity(2 << 20);
+                w.int(1);
+                let f = w.split_off(Mark { pos: 0, leaves: 0, containers: 0, dicts: 0, next_id: 0 });
+                let ok = f.text() == "1";
+                drop(f);
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            }
+            drop(held);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            let mut status = 0;
+            loop {
+                // SAFETY: plain waitpid on our own child.
+                let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                if r == pid {
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    panic!("the forked child waited for the spare buffer's lock");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed: status {status}");
+        }
     }
 
     /// A kept pair opening writes what `pair_begin` writes, short (one block) or long, at

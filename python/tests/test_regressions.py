@@ -27,7 +27,10 @@ FORK_SCRIPT = textwrap.dedent(
     parent_mode, child_mode = sys.argv[1], sys.argv[2]
     d = tempfile.mkdtemp()
     # Big enough for the parallel hashing and multi-threaded I/O paths.
-    tree = {"w": np.arange(1 << 20, dtype=np.float64), "small": [np.full(100, i) for i in range(40)]}
+    # The log of plain records is written as megabytes of text: its buffer is kept between
+    # saves (a lock the child must never wait for).
+    tree = {"w": np.arange(1 << 20, dtype=np.float64), "small": [np.full(100, i) for i in range(40)],
+            "log": [{"step": i, "loss": i * 0.5, "tag": f"t{i}"} for i in range(60000)]}
     if parent_mode == "save":
         treepack.save(tree, os.path.join(d, "parent"))
     elif parent_mode == "nonblocking":
@@ -44,6 +47,7 @@ FORK_SCRIPT = textwrap.dedent(
             treepack.save(tree, dst, blocking=False).result()
         back = treepack.load(dst)
         assert np.array_equal(back["w"], tree["w"]) and np.array_equal(back["small"][39], tree["small"][39])
+        assert back["log"] == tree["log"]
         assert treepack.verify(dst).ok
 
     if parent_mode == "load":

@@ -204,20 +204,28 @@ mod tests {
             let ok = sum == 499_500 && io == 5;
             unsafe { libc::_exit(if ok { 0 } else { 1 }) };
         }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        let mut status = 0;
-        loop {
-            // SAFETY: plain waitpid on our own child.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if r == pid {
-                break;
-            }
-            if std::time::Instant::now() > deadline {
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                panic!("the forked child hung using the pools");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        let status = super::wait_for_child(pid, "the forked child hung using the pools");
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed: status {status}");
+    }
+}
+
+/// For tests that fork: wait for child `pid` (at most 60 s, then kill it and panic with
+/// `hung`) and return its wait status.
+#[cfg(all(test, unix))]
+pub(crate) fn wait_for_child(pid: libc::pid_t, hung: &str) -> libc::c_int {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut status = 0;
+    loop {
+        // SAFETY: plain waitpid on our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            // SAFETY: our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{hung}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }

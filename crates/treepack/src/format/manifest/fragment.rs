@@ -656,20 +656,7 @@ mod tests {
                 unsafe { libc::_exit(if ok { 0 } else { 1 }) };
             }
             drop(held);
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-            let mut status = 0;
-            loop {
-                // SAFETY: plain waitpid on our own child.
-                let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-                if r == pid {
-                    break;
-                }
-                if std::time::Instant::now() > deadline {
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                    panic!("the forked child waited for the spare buffer's lock");
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
+            let status = crate::runtime::wait_for_child(pid, "the forked child waited for the spare buffer's lock");
             assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed: status {status}");
         }
     }

@@ -12,10 +12,12 @@ import os
 import pickle
 import shutil
 import statistics
+import sys
 import tempfile
-import time
 
-import treepack
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import treepack  # noqa: E402
+from alternate import alternate  # noqa: E402
 
 
 def main() -> None:
@@ -60,12 +62,7 @@ def main() -> None:
         for f in cases.values():  # warm-up (and the files the loads read)
             f()
         assert treepack.load(tp) == tree
-        times = {k: [] for k in cases}
-        for _ in range(args.runs):
-            for k, f in cases.items():
-                t = time.perf_counter()
-                f()
-                times[k].append(time.perf_counter() - t)
+        times = alternate({k: (lambda i, f=f: f()) for k, f in cases.items()}, args.runs)
         for k, v in times.items():
             print(f"{k:30} median {statistics.median(v) * 1e3:7.1f} ms")
     finally:

@@ -12,9 +12,9 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from alternate import alternate  # noqa: E402
 from workloads import w2, w11  # noqa: E402
 
 import treepack  # noqa: E402
@@ -36,12 +36,7 @@ def main() -> None:
                 "save, durable=False": lambda i: treepack.save(tree, os.path.join(d, f"s{i}"), durable=False, overwrite=True),
                 "pickle.dumps + write": lambda i: open(os.path.join(d, "p"), "wb").write(pickle.dumps(tree, protocol=5)),
             }
-            times = {k: [] for k in cases}
-            for i in range(args.runs):
-                for k, f in cases.items():
-                    t = time.perf_counter()
-                    f(i % 4)
-                    times[k].append(time.perf_counter() - t)
+            times = alternate({k: (lambda i, f=f: f(i % 4)) for k, f in cases.items()}, args.runs)
             for k, v in times.items():
                 print(f"{name:10} {k:22} min {min(v) * 1e3:7.2f} ms  median {statistics.median(v) * 1e3:7.2f} ms")
     finally:

@@ -12,6 +12,16 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 
 
 @pytest.fixture
+def attack(tmp_path):
+    """A `hostile_harness.Hostile`: runs hostile cases in a child process with time and memory
+    limits and checks nothing outside the case's location changed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hostile_harness import Hostile
+
+    return Hostile(tmp_path)
+
+
+@pytest.fixture
 def loc(tmp_path):
     """A fresh location path (directory layout)."""
     return str(tmp_path / "tree")

@@ -28,7 +28,7 @@ from ._api import (
     verify,
 )
 from ._async import SaveHandle, aload, asave
-from ._codec import File, Unloadable
+from ._codec import BuildError, File, Unloadable
 from ._core import CorruptError, FormatError, RootMismatchError, TreepackError
 from ._lazy import LazyArray, View, open
 from ._registry import Registration, register, registered
@@ -40,6 +40,6 @@ __version__ = _core.__version__
 
 __all__ = [
     "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",
-    "register", "registered", "Registration", "File", "LeafInfo", "StructNode", "SaveInfo", "Unloadable",
+    "register", "registered", "Registration", "File", "LeafInfo", "StructNode", "SaveInfo", "Unloadable", "BuildError",
     "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "RootMismatchError", "root_hash", "diff", "convert", "dumps", "loads", "export_json", "schema", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
 ]

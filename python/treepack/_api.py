@@ -382,6 +382,8 @@ def load(
         return dask_arrays.load_lazy(r, p, storage_options, r.structure(_struct_node), dec, rest, verify)
     try:
         return _load(p, opts, dec, select, like, trust_t, allow_pickle, on_missing, mmap, verify, progress, expect_root)
+    except _codec.BuildError as e:
+        raise e.located(p, _build_paths(p, opts, e)) from e
     except _codec.MissingFramework as e:
         lib = e.type_name.partition(".")[0]
         paths = [path for t, path in _core.Reader(p, opts).array_types() if t.startswith(lib + ".")]
@@ -391,6 +393,19 @@ def load(
             from .integrations.torch import missing_message
 
         raise ImportError(missing_message(paths)) from None
+
+
+def _build_paths(p: str, opts: Any, e: Any) -> List[str]:
+    """Where the objects of a failed build stand (the load builds without key paths; only a
+    failure looks them up, reading the manifest again)."""
+    try:
+        rows = _core.Reader(p, opts).types()
+    except Exception:  # the error being reported matters more than its place
+        return []
+    return [
+        path for _kind, name, data, path in rows
+        if name == e.node_type and (name == e.type_name or (data is not None and json.dumps(e.type_name) in data))
+    ]
 
 
 def _foreign(p: str) -> Optional[str]:

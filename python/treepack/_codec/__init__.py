@@ -9,6 +9,7 @@ trusted. Registered types are custom nodes named by their registration.
 from .builtins import (
     AUDIT_FREE,
     BUILTIN_TYPES,
+    BuildError,
     PARTIAL_TYPES,
     Decoder,
     MissingFramework,
@@ -22,6 +23,6 @@ from .dtypes import _dtype_cache, _dtype_desc, _np_dtype, encode_array, np_dtype
 from .trust import audit
 
 __all__ = [
-    "AUDIT_FREE", "BUILTIN_TYPES", "PARTIAL_TYPES", "Decoder", "File", "MissingFramework", "Unloadable", "audit", "encode_array", "encode_other",
+    "AUDIT_FREE", "BUILTIN_TYPES", "BuildError", "PARTIAL_TYPES", "Decoder", "File", "MissingFramework", "Unloadable", "audit", "encode_array", "encode_other",
     "np_dtype", "resolve_class",
 ]

@@ -12,6 +12,7 @@ import importlib
 import json
 import pathlib
 import pickle
+import re
 import sys
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
@@ -19,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _registry as reg
+from .._core import TreepackError
 from ..integrations import audio
 from ..integrations import awkward as awkward_arrays
 from ..integrations import pandas, pillow, pydantic
@@ -289,23 +291,83 @@ def _describe(obj: Any, where: str, allow_pickle: bool, omit_static: bool = Fals
 # ---------------------------------------------------------------- decoding
 
 
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _bad_name(name: str, why: str) -> LookupError:
+    return LookupError(f"class {name} cannot be used: {why}")
+
+
 def resolve_class(name: str) -> type:
-    """Find a trusted class by ``module:qualname`` (imports its module, which was trusted)."""
-    seen = _seen_classes.get(name)
+    """The class a trusted ``module:qualname`` names: the class **defined** there, nothing else.
+
+    The module is imported by its own name (it was trusted) and the qualified name is looked up
+    in the module's namespace and then in each enclosing class's own namespace — never by
+    attribute access through another module or an instance, and without running any
+    ``__getattr__`` or descriptor. The object found must be a class whose ``__module__`` and
+    ``__qualname__`` are the stored name's. So ``trust=["mypkg.*"]`` reaches the classes defined
+    in ``mypkg`` and its submodules, not ``subprocess.Popen`` because ``mypkg`` imports
+    ``subprocess`` (``mypkg:subprocess.Popen`` is refused). A class defined in a function (or
+    otherwise not importable) is found only if this process saved one of that name."""
     module, qual = reg.split_name(name)
-    if not qual:
-        raise LookupError(f"bad type name {name!r}")
+    parts = qual.split(".")
+    if not module or not qual or not all(_IDENT.match(p) for p in module.split(".")):
+        raise _bad_name(name, "not a `module:qualname` name of Python identifiers")
+    seen = _seen_classes.get(name)
+    if not all(_IDENT.match(p) for p in parts):
+        if seen is not None:  # `f.<locals>.C`, saved by this process
+            return seen
+        raise _bad_name(name, "the class is defined inside a function and was not saved by this process")
+    obj: Any = sys.modules.get(module)
+    if obj is None and any(p.startswith("__") and p.endswith("__") for p in module.split(".")):
+        # Importing `pkg.__main__` runs a program; a script's own `__main__` is always loaded.
+        raise _bad_name(name, f"a load never imports a module named like {module}")
     try:
-        obj: Any = sys.modules.get(module) or importlib.import_module(module)
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-        if isinstance(obj, type):
-            return obj
-    except (ImportError, AttributeError):
-        pass
-    if seen is not None:
-        return seen
-    raise LookupError(f"class {name} cannot be found (module not importable or class renamed)")
+        obj = obj or importlib.import_module(module)
+    except ImportError as e:
+        if seen is not None:
+            return seen
+        raise LookupError(f"class {name} cannot be found: module {module} cannot be imported ({e})") from None
+    namespace, where = vars(obj), module
+    for i, part in enumerate(parts):
+        obj = namespace.get(part)
+        if obj is None:
+            if seen is not None:
+                return seen
+            raise LookupError(f"class {name} cannot be found: {where} defines no {part} (renamed or removed?)")
+        where = f"{module}:{'.'.join(parts[: i + 1])}"
+        if i + 1 < len(parts):
+            if not isinstance(obj, type):
+                raise _bad_name(name, f"{where} is a {type(obj).__name__}, not a class, so {qual} is not defined in {module}")
+            namespace = obj.__dict__
+    if not isinstance(obj, type):
+        raise _bad_name(name, f"it is a {type(obj).__name__}, not a class")
+    if obj.__module__ != module or obj.__qualname__ != qual:
+        raise _bad_name(
+            name,
+            f"the name leads to {obj.__module__}:{obj.__qualname__}, which is defined elsewhere (a name only "
+            "reaches the class defined where it says)",
+        )
+    return obj
+
+
+def check_kind(cls: type, name: str, kind: str) -> None:
+    """Refuse a class that is not the kind of object its node builds, before anything of it is
+    called: an enum node's class must be an ``Enum``, a record's a dataclass, a namedtuple or
+    a pydantic model, a defaultdict's factory a class."""
+    if kind == "enum":
+        ok, what = isinstance(cls, type) and issubclass(cls, enum.Enum), "an Enum"
+    elif kind == "record":
+        ok = (
+            dataclasses.is_dataclass(cls)
+            or (issubclass(cls, tuple) and hasattr(cls, "_fields") and hasattr(cls, "_make"))
+            or pydantic.is_model_class(cls)
+        )
+        what = "a dataclass, a namedtuple or a pydantic model"
+    else:
+        ok, what = isinstance(cls, type), "a class"
+    if not ok:
+        raise _bad_name(name, f"a {kind} node builds {what}, and this class is not one")
 
 
 class MissingFramework(ImportError):
@@ -315,6 +377,36 @@ class MissingFramework(ImportError):
     def __init__(self, type_name: str) -> None:
         super().__init__(f"loading {type_name} leaves needs a library that cannot be imported")
         self.type_name = type_name
+
+
+class BuildError(TreepackError, LookupError, ValueError):
+    """A record or custom object of the file that could not be built: its class is not found,
+    is not what its node says, or refused the stored data. ``load`` adds the file and the key
+    paths where the object stands (``.paths``); also a ``LookupError`` and a ``ValueError``, the
+    errors such failures raised before."""
+
+    def __init__(self, type_name: str, reason: str, node_type: Optional[str] = None) -> None:
+        super().__init__(f"{type_name}: {reason}")
+        self.type_name = type_name
+        self.reason = reason
+        #: The node's own type (``py.enum`` for an enum member), to find where it stands.
+        self.node_type = node_type or type_name
+        self.paths: List[str] = []
+
+    def located(self, file: str, paths: List[str]) -> "BuildError":
+        """The same error, its message naming the file and the key paths."""
+        e = BuildError(self.type_name, self.reason, self.node_type)
+        e.paths = paths
+        where = ", ".join(f"`{p or '<root>'}`" for p in paths[:5]) + (" …" if len(paths) > 5 else "")
+        at = f" at {where}" if paths else ""
+        e.args = (f"{file}: cannot build {self.type_name}{at}: {self.reason}. {_BUILD_HINT}",)
+        return e
+
+
+_BUILD_HINT = (
+    "Load the rest with on_missing='placeholder' (treepack.Unloadable in its place), leave it out "
+    "with select=, or make the class importable as it was saved"
+)
 
 
 class Decoder:
@@ -363,9 +455,28 @@ class Decoder:
     def _missing(self, type_name: str, data: Any, reason: str, files: Optional[Dict[str, bytes]] = None) -> Any:
         if self.placeholder:
             return Unloadable(type_name, data, reason, files)
-        raise LookupError(f"{type_name}: {reason}")
+        raise BuildError(type_name, reason, self._node_type)
+
+    _node_type: Optional[str] = None
 
     def __call__(self, kind: str, type_name: str, data_json: Optional[str], children: List[Tuple[str, Any]]) -> Any:
+        self._node_type = type_name
+        try:
+            return self._build(kind, type_name, data_json, children)
+        except (BuildError, MissingFramework):
+            raise
+        except Exception as e:
+            # What the object's own code or a library raised about the stored data: the same
+            # error, said with the object's type (and, by load, its file and key path).
+            name = type_name
+            if type_name in ("py.enum", jax_arrays.PYTREE) and isinstance(data_json, str):
+                try:
+                    name = json.loads(data_json).get("class") or type_name
+                except (ValueError, AttributeError, RecursionError):
+                    pass
+            raise BuildError(name, f"{type(e).__name__}: {e}", type_name) from e
+
+    def _build(self, kind: str, type_name: str, data_json: Optional[str], children: List[Tuple[str, Any]]) -> Any:
         data = json.loads(data_json) if data_json is not None else None
         kids = dict(children)
         if kind == "record":
@@ -373,6 +484,7 @@ class Decoder:
                 return self._missing(type_name, kids, "type is not trusted (pass trust=[...])")
             try:
                 cls = resolve_class(type_name)
+                check_kind(cls, type_name, "record")
             except LookupError as e:
                 return self._missing(type_name, kids, str(e))
             if issubclass(cls, tuple) and hasattr(cls, "_make"):
@@ -458,6 +570,7 @@ class Decoder:
                 return self._missing(name, data, "enum type is not trusted (pass trust=[...])")
             try:
                 cls = resolve_class(name)
+                check_kind(cls, name, "enum")
                 if "value" in data:
                     return cls(data["value"])
                 return cls[data["member"]]
@@ -484,6 +597,7 @@ class Decoder:
             found = files.files_of(kids)
             if found is None or "content" not in found or not isinstance(data, dict) or not isinstance(data.get("name"), str):
                 raise ValueError("py.file: the node has no content or name")
+            files.check_file_name(data["name"])
             f = files.File(data=found["content"], name=data["name"])
             f.path = data.get("path") if isinstance(data.get("path"), str) else None
             return f

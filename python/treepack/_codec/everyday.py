@@ -148,10 +148,11 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
         elif name in FACTORIES:
             factory = FACTORIES[name]
         elif trusted(name):
-            from .builtins import resolve_class
+            from .builtins import check_kind, resolve_class
 
             try:
                 factory = resolve_class(name)
+                check_kind(factory, name, "defaultdict factory")
             except LookupError as e:
                 return missing(name, _items(data, kids), str(e))
         else:

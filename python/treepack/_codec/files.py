@@ -95,6 +95,24 @@ def files_of(kids: Dict[str, Any]) -> Optional[Dict[str, bytes]]:
     return None
 
 
+def check_file_name(name: Any) -> str:
+    """A stored file name is one relative path segment: no separators, not ``.`` or ``..``, no
+    NUL. ``File.save_to(folder)`` puts the file in the folder under this name, so a name such as
+    ``../../x`` or ``/etc/x`` must never come back from a file."""
+    import os
+
+    bad = (
+        not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name
+        or (os.altsep is not None and os.altsep in name)
+    )
+    if bad:
+        raise ValueError(
+            f"invalid file name {name!r}: a File's name is one file name (no folders, not '.' or '..'); "
+            "give the folder to save_to() instead"
+        )
+    return name
+
+
 class File:
     """A file's bytes carried in a tree (built-in ``py.file`` node): ``File("report.pdf")`` reads
     the file when the tree is saved; ``File(data=b"...", name="x.bin")`` holds bytes. Saving with
@@ -110,6 +128,8 @@ class File:
 
         self.path = os.fspath(path) if path is not None else None
         self.name = name if name is not None else (os.path.basename(self.path) if self.path else "")
+        if self.name:
+            check_file_name(self.name)
         self._data = bytes(data) if data is not None else None
 
     @property
@@ -124,13 +144,22 @@ class File:
         return io.BytesIO(self.data)
 
     def save_to(self, where: Any) -> str:
-        """Write the bytes to ``where`` (a file path, or a directory to put ``name`` in)."""
+        """Write the bytes to ``where``: a file path, or a folder to put the file in under its
+        ``name``. The file is never written through a symbolic link (a link at the target is
+        refused), so a folder given here is the only place it can land."""
         import os
 
         target = os.fspath(where)
         if os.path.isdir(target):
-            target = os.path.join(target, self.name or "file")
-        with open(target, "wb") as f:
+            target = os.path.join(target, check_file_name(self.name or "file"))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+        try:
+            fd = os.open(target, flags, 0o666)
+        except OSError as e:
+            if os.path.islink(target):
+                raise OSError(e.errno, f"{target} is a symbolic link; File.save_to does not write through links (remove it or pick another name)") from None
+            raise
+        with os.fdopen(fd, "wb") as f:
             f.write(self.data)
         return target
 

@@ -130,14 +130,14 @@ fn count_arrays(t: &Node) -> (usize, u64) {
 }
 
 fn bad_file(loc: &Location, reason: String) -> Error {
-    Error::NotTreepack { file: loc.display().to_string(), reason: format!("not a valid safetensors file: {reason}") }
+    Error::InvalidForeign { file: loc.display().to_string(), format: "safetensors".into(), reason }
 }
 
 /// Read a safetensors file as a tree: tensors as arrays viewing a memory map of the file (a
 /// remote file is read whole), nested by `separator`; its `__metadata__` as JSON.
 ///
 /// # Errors
-/// [`Error::NotTreepack`] for a damaged or hostile file (saying what is wrong),
+/// [`Error::InvalidForeign`] for a damaged or hostile file (saying what is wrong),
 /// [`Error::InvalidTree`] when names collide once nested (`a` and `a.b`: pass no separator).
 pub fn read_safetensors(loc: &Location, separator: Option<&str>) -> Result<(Node, Option<serde_json::Value>)> {
     let bytes: Bytes = match loc.mmap(".")? {

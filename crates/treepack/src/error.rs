@@ -54,6 +54,31 @@ pub enum Error {
         reason: String,
     },
 
+    /// A file of another format (a safetensors file being converted or loaded) is damaged or
+    /// hostile: the format, and what is wrong.
+    #[error("{file}: not a valid {format} file: {reason}")]
+    InvalidForeign {
+        /// The file read.
+        file: String,
+        /// Its format, e.g. `safetensors`.
+        format: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A repository's own bookkeeping file (the gc state, `gc.json`) cannot be parsed.
+    #[error("invalid {what} {file}: {reason}; {fix}")]
+    InvalidRepoFile {
+        /// What the file is, e.g. `gc state file`.
+        what: String,
+        /// The file.
+        file: String,
+        /// What is wrong with it.
+        reason: String,
+        /// What to do about it.
+        fix: String,
+    },
+
     /// The manifest is structurally invalid (bad JSON, wrong field types, inconsistent sizes).
     #[error("{file}: invalid manifest at `{key}`: {reason}")]
     InvalidManifest {
@@ -315,6 +340,21 @@ impl Error {
         Error::InvalidManifest { file: file.to_string(), key: shortened(key.into()), reason: reason.into() }
     }
 
+    /// A repository's gc state (`gc.json`) that cannot be parsed. gc and saves refuse to run
+    /// over it (so that damage never makes gc delete live data), and the message says how to
+    /// start over.
+    pub(crate) fn gc_state(file: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::InvalidRepoFile {
+            what: "gc state file".into(),
+            file: file.into(),
+            reason: reason.into(),
+            fix: "gc and saves into this repository refuse to run over it, so that damage never makes gc delete \
+                  live data; when no gc is running, delete the file: the next gc condemns the unreferenced files \
+                  again and deletes them only after its grace period"
+                .into(),
+        }
+    }
+
     pub(crate) fn invalid_tree(key: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::InvalidTree { key: key.into(), reason: reason.into() }
     }
@@ -335,6 +375,8 @@ impl Error {
             Error::Conflict { .. } => "conflict",
             Error::UnsupportedVersion { .. } => "unsupported_version",
             Error::NotTreepack { .. } => "not_treepack",
+            Error::InvalidForeign { .. } => "invalid_foreign",
+            Error::InvalidRepoFile { .. } => "invalid_repo_file",
             Error::InvalidManifest { .. } => "invalid_manifest",
             Error::ManifestChecksum { .. } => "manifest_checksum",
             Error::ChunkCorrupt { .. } => "chunk_corrupt",

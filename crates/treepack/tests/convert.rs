@@ -152,9 +152,10 @@ fn hostile_safetensors_files_fail_with_what_is_wrong() {
         let out = dir.path().join(format!("out-{name}"));
         let e = convert(&loc(&p), &loc(&out), Format::Safetensors, Format::Treepack, &ConvertOptions::default())
             .unwrap_err();
-        assert_eq!(e.kind(), "not_treepack", "{name}: {e}");
+        assert_eq!(e.kind(), "invalid_foreign", "{name}: {e}");
         let msg = e.to_string();
         assert!(msg.contains("not a valid safetensors file") && msg.contains(says), "{name}: {msg}");
+        assert!(msg.contains(&format!("{name}.safetensors")) && !msg.contains("treepack file"), "{name}: {msg}");
         assert!(!out.exists(), "{name}");
     }
 }

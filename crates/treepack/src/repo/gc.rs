@@ -93,7 +93,7 @@ pub(super) async fn gc(repo: &Repository, grace: std::time::Duration) -> Result<
     let start = now_ms();
     let state_file = loc.file_name(layout::GC_STATE);
     let old = match loc.get_opt(layout::GC_STATE, layout::MAX_SMALL_FILE).await? {
-        Some(b) => GcState::decode(&b).map_err(|r| Error::manifest(&state_file, "", r))?,
+        Some(b) => GcState::decode(&b).map_err(|r| Error::gc_state(&state_file, r))?,
         None => GcState::default(),
     };
     // (1) and (2): what is needed, what is stored, and the rest condemned.

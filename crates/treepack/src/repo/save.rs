@@ -151,7 +151,7 @@ async fn save_leased(
 async fn reuse(repo: &Repository, prefix: String) -> Result<Reuse> {
     let loc = &repo.loc;
     let condemned = match loc.get_opt(layout::GC_STATE, layout::MAX_SMALL_FILE).await? {
-        Some(b) => GcState::decode(&b).map_err(|r| Error::manifest(&loc.file_name(layout::GC_STATE), "", r))?.condemned,
+        Some(b) => GcState::decode(&b).map_err(|r| Error::gc_state(loc.file_name(layout::GC_STATE), r))?.condemned,
         None => BTreeMap::new(),
     };
     let listed: Vec<String> = loc

@@ -28,7 +28,7 @@ from ..integrations import xarray as xarrays
 from .. import _parts
 from ..integrations import jax as jax_arrays
 from ..integrations import torch as torch_tensors
-from . import everyday, files
+from . import everyday, files, records
 
 _PATH_CLASSES = {
     "PosixPath": pathlib.PosixPath,
@@ -259,15 +259,10 @@ def _describe(obj: Any, where: str, allow_pickle: bool, omit_static: bool = Fals
     if d is not None:
         _seen_classes[reg.type_name(t)] = t
         return d
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    d = records.describe(obj, t, where, reg.type_name(t))
+    if d is not None:
         _seen_classes[reg.type_name(t)] = t
-        return ("record", reg.type_name(t), None, [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)])
-    if pydantic.is_model(obj):
-        _seen_classes[reg.type_name(t)] = t
-        return ("record", reg.type_name(t), None, pydantic.fields(obj))
-    if isinstance(obj, tuple) and hasattr(t, "_fields"):
-        _seen_classes[reg.type_name(t)] = t
-        return ("record", reg.type_name(t), None, list(zip(t._fields, obj)))
+        return d
     if allow_pickle:
         data = pickle.dumps(obj, protocol=5)
         return ("custom", "py.pickle", json.dumps({"class": reg.type_name(t)}), [("data", data)])
@@ -358,12 +353,7 @@ def check_kind(cls: type, name: str, kind: str) -> None:
     if kind == "enum":
         ok, what = isinstance(cls, type) and issubclass(cls, enum.Enum), "an Enum"
     elif kind == "record":
-        ok = (
-            dataclasses.is_dataclass(cls)
-            or (issubclass(cls, tuple) and hasattr(cls, "_fields") and hasattr(cls, "_make"))
-            or pydantic.is_model_class(cls)
-        )
-        what = "a dataclass, a namedtuple or a pydantic model"
+        ok, what = records.is_record_class(cls), "a dataclass, an attrs class, a namedtuple or a pydantic model"
     else:
         ok, what = isinstance(cls, type), "a class"
     if not ok:
@@ -487,14 +477,7 @@ class Decoder:
                 check_kind(cls, type_name, "record")
             except LookupError as e:
                 return self._missing(type_name, kids, str(e))
-            if issubclass(cls, tuple) and hasattr(cls, "_make"):
-                return cls._make(kids[f] for f in cls._fields)
-            if pydantic.is_model_class(cls):
-                return pydantic.build(cls, kids)
-            obj = cls.__new__(cls)
-            for k, v in kids.items():
-                object.__setattr__(obj, k, v)
-            return obj
+            return records.build(cls, kids)
         if type_name.startswith("py."):
             return self._builtin(type_name, data, kids)
         if type_name == jax_arrays.PYTREE:

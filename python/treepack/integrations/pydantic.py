@@ -19,15 +19,46 @@ def is_model_class(cls: type) -> bool:
     return mod is not None and isinstance(cls, type) and issubclass(cls, mod.BaseModel)
 
 
-def fields(obj: Any) -> List[Tuple[str, Any]]:
-    out = [(name, getattr(obj, name)) for name in type(obj).model_fields]
+def fields(obj: Any, where: str = "") -> List[Tuple[str, Any]]:
+    """A model's children: its fields, the extra fields it allows (``__pydantic_extra__``), its
+    private attributes (``PrivateAttr``, ``__pydantic_private__``) and, last, the names of the
+    fields that were given (``__pydantic_fields_set__``, which ``model_dump(exclude_unset=True)``
+    reads)."""
+    t = type(obj)
+    out = [(name, getattr(obj, name)) for name in t.model_fields]
     out += list((obj.model_extra or {}).items())
+    private = getattr(obj, "__pydantic_private__", None) or {}
+    out += [(k, v) for k, v in private.items()]
+    given = obj.model_fields_set
+    # A load validates every stored field, which marks them all given: only a model made
+    # with some fields left to their defaults needs its set written down.
+    if given != set(t.model_fields) | set(obj.model_extra or {}):
+        out.append((FIELDS_SET, sorted(given)))
     return out
 
 
+FIELDS_SET = "__pydantic_fields_set__"
+
+
 def build(cls: type, fields: Dict[str, Any]) -> Any:
-    """The model, validated (a file that breaks the model's rules raises ``ValueError``)."""
+    """The model, validated from its fields and extras (a file that breaks the model's rules
+    raises ``ValueError``), with its private attributes and fields set put back."""
+    kids = dict(fields)
+    given = kids.pop(FIELDS_SET, None)
+    declared = getattr(cls, "__private_attributes__", None) or {}
+    private = {k: kids.pop(k) for k in list(kids) if k in declared}
     try:
-        return cls.model_validate(fields)
+        obj = cls.model_validate(kids)
     except Exception as e:  # pydantic.ValidationError is a ValueError; others are the model's own
         raise ValueError(f"the stored fields do not validate as {cls.__qualname__}: {e}") from e
+    if private:
+        store = getattr(obj, "__pydantic_private__", None)
+        if not isinstance(store, dict):
+            raise ValueError(f"{cls.__qualname__} holds no private attributes, but the file gives {sorted(private)}")
+        store.update(private)
+    if given is not None:
+        names = set(cls.model_fields) | set(obj.model_extra or {})
+        if not isinstance(given, list) or not all(isinstance(n, str) and n in names for n in given):
+            raise ValueError(f"{FIELDS_SET} must list fields of {cls.__qualname__}, got {given!r}")
+        object.__setattr__(obj, "__pydantic_fields_set__", set(given))
+    return obj

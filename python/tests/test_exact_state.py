@@ -1,0 +1,287 @@
+"""Exact means exact: an instance's whole state comes back (issue 51, findings 1, 2 and 5).
+
+Records keep every attribute, not only their fields; pydantic models keep their private
+attributes, extras and fields set; cycles either come back as cycles or are refused at save
+with the path — never a stand-in object left inside a deque.
+"""
+
+import collections
+import dataclasses
+import pickle
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+import treepack
+
+
+def roundtrip(x, tmp_path, **kw):
+    p = str(tmp_path / "t")
+    treepack.save(x, p, overwrite=True)
+    return treepack.load(p, trust=["test_exact_state.*"], **kw)
+
+
+@dataclasses.dataclass
+class WithPost:
+    a: int
+    b: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        self.derived = self.a * 2
+        self._cache = {"k": [1, 2]}
+
+
+@dataclasses.dataclass(slots=True)
+class Slotted:
+    a: int
+
+
+class SlottedPlus(Slotted):
+    __slots__ = ("extra", "empty")
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    a: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "hidden", self.a + 1)
+
+
+@dataclasses.dataclass
+class NotInit:
+    a: int
+    late: int = dataclasses.field(init=False)
+    never: int = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        self.late = 7  # `never` stays unset, as in the original
+
+
+class Pt(NamedTuple):
+    x: int
+    y: int
+
+
+class PtPlus(collections.namedtuple("PtBase", "x y")):
+    pass
+
+
+@dataclasses.dataclass
+class OwnState:
+    a: int
+    lock: object = None
+
+    def __getstate__(self):
+        return {"a": self.a, "restored_by_setstate": False}
+
+    def __setstate__(self, st):
+        self.a = st["a"]
+        self.lock = "made by __setstate__"
+
+
+def test_dataclass_attributes_beyond_fields_come_back(tmp_path):
+    x = WithPost(3, [1])
+    x.set_later = "yes"
+    back = roundtrip({"x": x}, tmp_path)["x"]
+    assert type(back) is WithPost
+    assert vars(back) == vars(x) == pickle.loads(pickle.dumps(x)).__dict__
+    assert back.derived == 6 and back._cache == {"k": [1, 2]} and back.set_later == "yes"
+
+
+def test_slots_frozen_and_unset_fields(tmp_path):
+    s = SlottedPlus(1)
+    s.extra = [5]
+    f = Frozen(4)
+    n = NotInit(1)
+    back = roundtrip([s, f, n], tmp_path)
+    assert type(back[0]) is SlottedPlus and back[0].a == 1 and back[0].extra == [5]
+    assert not hasattr(back[0], "empty")
+    assert back[1] == f and back[1].hidden == 5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back[1].a = 2
+    assert back[2].late == 7 and not hasattr(back[2], "never")
+
+
+def test_namedtuples_with_extra_attributes(tmp_path):
+    p = PtPlus(1, 2)
+    p.note = "extra"
+    back = roundtrip({"p": p, "q": Pt(3, 4)}, tmp_path)
+    assert type(back["p"]) is PtPlus and tuple(back["p"]) == (1, 2) and back["p"].note == "extra"
+    assert back["q"] == Pt(3, 4) and type(back["q"]) is Pt
+
+
+def test_a_class_with_its_own_getstate_and_setstate(tmp_path):
+    back = roundtrip(OwnState(5, lock=object()), tmp_path)
+    assert back.a == 5 and back.lock == "made by __setstate__"
+
+
+def test_attrs_classes(tmp_path):
+    attr = pytest.importorskip("attr")
+
+    @attr.define
+    class A:
+        x: int
+        y: list = attr.Factory(list)
+
+    @attr.s(frozen=True)
+    class B:
+        x = attr.ib()
+
+        def __attrs_post_init__(self):
+            object.__setattr__(self, "more", self.x * 10)
+
+    p = str(tmp_path / "t")
+    treepack.save({"a": A(1, [2]), "b": B(3)}, p)
+    back = treepack.load(p, trust=["test_exact_state.*"])
+    assert back["a"] == A(1, [2]) and type(back["a"]) is A
+    assert back["b"] == B(3) and back["b"].more == 30
+
+
+def test_pydantic_private_extra_and_fields_set(tmp_path):
+    pydantic = pytest.importorskip("pydantic")
+
+    class M(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="allow")
+        a: int
+        b: str = "default"
+        _secret: int = pydantic.PrivateAttr(default=0)
+
+    m = M(a=1, extra_field=[1, 2])
+    m._secret = 42
+    p = str(tmp_path / "t")
+    treepack.save({"m": m}, p)
+    back = treepack.load(p, trust=["test_exact_state.*"])["m"]
+    assert back == m
+    assert back._secret == 42
+    assert back.__pydantic_extra__ == {"extra_field": [1, 2]}
+    assert back.model_fields_set == m.model_fields_set == {"a", "extra_field"}
+    assert back.model_dump(exclude_unset=True) == m.model_dump(exclude_unset=True)
+
+
+def test_transformers_configs_keep_everything(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    for cfg in (
+        transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32),
+        transformers.BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=100),
+    ):
+        cfg._name_or_path = "my/model"
+        p = str(tmp_path / type(cfg).__name__)
+        treepack.save({"config": cfg}, p)
+        back = treepack.load(p, trust=["transformers.*"])["config"]
+        assert type(back) is type(cfg)
+        assert vars(back) == vars(cfg), set(vars(cfg)) ^ set(vars(back))
+        assert back.to_dict() == cfg.to_dict()
+        assert back._name_or_path == "my/model"
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(back if isinstance(back, transformers.GPT2Config) else transformers.GPT2Config(n_layer=1))
+    assert model.config.n_layer in (1, 2)
+    p = str(tmp_path / "gpt2cfg")
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    treepack.save(cfg, p)
+    loaded = treepack.load(p, trust=["transformers.*"])
+    model = transformers.GPT2LMHeadModel(loaded)
+    assert model.config.to_dict() == cfg.to_dict()
+
+
+# ---------------------------------------------------------------- cycles
+
+
+@dataclasses.dataclass
+class Node:
+    name: str
+    children: list = dataclasses.field(default_factory=list)
+    parent: object = None
+
+
+def test_cycles_through_lists_dicts_and_dataclasses_come_back(tmp_path):
+    root = Node("root")
+    kid = Node("kid", parent=root)
+    root.children.append(kid)
+    lst = [1]
+    lst.append(lst)
+    d = {"a": 1}
+    d["self"] = d
+    back = roundtrip({"tree": root, "lst": lst, "d": d}, tmp_path)
+    assert back["tree"].children[0].parent is back["tree"]
+    assert back["lst"][1] is back["lst"]
+    assert back["d"]["self"] is back["d"]
+
+
+def _deque_self():
+    q = collections.deque([1])
+    q.append(q)
+    return q
+
+
+def _objarray_self():
+    a = np.empty(2, dtype=object)
+    a[0] = 1
+    a[1] = a
+    return a
+
+
+def _namedtuple_cycle():
+    inner = []
+    p = Pt(1, inner)
+    inner.append(p)
+    return p
+
+
+def _ordereddict_self():
+    o = collections.OrderedDict(a=1)
+    o["me"] = o
+    return o
+
+
+def _deque_via_list():
+    q = collections.deque()
+    q.append([q])
+    return q
+
+
+def _list_through_deque():
+    outer = []
+    outer.append(collections.deque([outer]))
+    return outer
+
+
+@pytest.mark.parametrize(
+    "make,what",
+    [
+        (_deque_self, "py.deque"),
+        (_deque_via_list, "py.deque"),
+        (_list_through_deque, "py.deque"),
+        (_objarray_self, "py.objarray"),
+        (_namedtuple_cycle, "Pt"),
+        (_ordereddict_self, "py.ordereddict"),
+    ],
+)
+def test_cycles_that_cannot_be_rebuilt_are_refused_at_save_naming_the_path(tmp_path, make, what):
+    with pytest.raises(ValueError) as e:
+        treepack.save({"x": make()}, str(tmp_path / "t"))
+    msg = str(e.value)
+    assert "cannot save `x" in msg and "contains itself" in msg and what in msg, msg
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_crafted_cycle_through_a_deque_fails_to_load_instead_of_loading_corrupt(tmp_path, rewrite_manifest):
+    # Saved as a deque holding a list holding a shared list: then the list's ref is pointed
+    # at the deque's own id, as no treepack would write it.
+    shared = [0]
+    q = collections.deque([shared, shared])
+    p = str(tmp_path / "t")
+    treepack.save({"q": q}, p)
+    text = open(p + "/treepack.json").read()
+    assert '"t":"shared","id":0' in text, text
+    # Make the deque itself shared node 0 and its items refer to it.
+    rewrite_manifest(
+        p,
+        b'{"t":"custom","type":"py.deque","data":{"maxlen":null},"children":[["items",[{"t":"shared","id":0,"v":[0]},{"t":"ref","id":0}]]]}',
+        b'{"t":"shared","id":0,"v":{"t":"custom","type":"py.deque","data":{"maxlen":null},"children":[["items",[1,{"t":"ref","id":0}]]]}}',
+    )
+    with pytest.raises(Exception) as e:
+        treepack.load(p)
+    assert "cycle" in str(e.value), str(e.value)

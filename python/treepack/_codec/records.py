@@ -1,0 +1,180 @@
+"""Records: dataclasses, attrs classes, namedtuples and pydantic models, saved with their whole
+instance state and rebuilt as pickle rebuilds them.
+
+A record node's children are the instance's fields (in declaration order), then every other
+attribute it holds: the rest of its ``__dict__`` (``_name_or_path`` of a transformers config,
+what ``__post_init__`` set) and its ``__slots__`` beyond the fields. A class with its own
+``__getstate__`` is saved as that state (a dict of named values), and one with its own
+``__setstate__`` gets it back through that method. pydantic models add their private
+attributes and the set of fields given (``__pydantic_fields_set__``).
+
+Loading never calls ``__init__`` or ``__post_init__`` (pickle does not either): a dataclass or
+attrs instance is made with ``cls.__new__(cls)`` and its state put back, ``__dict__`` entries
+straight into its ``__dict__`` and slots through ``object.__setattr__``; a namedtuple is made
+from its fields; a pydantic model is validated from its fields (its validators run on what the
+file says), then its private attributes and fields set are put back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+#: The child of a pydantic record holding the names of the fields that were given.
+FIELDS_SET = "__pydantic_fields_set__"
+
+Pairs = List[Tuple[str, Any]]
+
+
+def is_attrs(cls: Any) -> bool:
+    mod = sys.modules.get("attr")
+    return mod is not None and isinstance(cls, type) and mod.has(cls)
+
+
+def is_namedtuple(cls: type) -> bool:
+    return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields") and hasattr(cls, "_make")
+
+
+def slot_names(cls: type) -> List[str]:
+    """The instance slots a class and its bases declare (private names mangled), without
+    ``__dict__`` and ``__weakref__``."""
+    names: List[str] = []
+    for c in cls.__mro__:
+        slots = c.__dict__.get("__slots__")
+        if slots is None:
+            continue
+        for n in (slots,) if isinstance(slots, str) else slots:
+            if n in ("__dict__", "__weakref__"):
+                continue
+            if n.startswith("__") and not n.endswith("__"):
+                n = f"_{c.__name__.lstrip('_')}{n}"
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def _own(cls: type, method: str) -> bool:
+    """Whether the class has its own ``__getstate__``/``__setstate__`` (not object's, and not
+    the ones ``dataclass(slots=True)`` generates, which treepack's state already covers)."""
+    m = getattr(cls, method, None)
+    if m is None or m is getattr(object, method, None):
+        return False
+    return not getattr(m, "__qualname__", "").startswith("_dataclass_")
+
+
+def _instance_dict(obj: Any) -> Optional[Dict[str, Any]]:
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def state(obj: Any, fields: List[str], where: str) -> Pairs:
+    """The record's children: its fields, then every other attribute of the instance."""
+    t = type(obj)
+    if _own(t, "__getstate__"):
+        st = obj.__getstate__()
+        if isinstance(st, tuple) and len(st) == 2 and (st[0] is None or isinstance(st[0], dict)) and isinstance(st[1], dict):
+            st = {**(st[0] or {}), **st[1]}
+        if not isinstance(st, dict) or not all(type(k) is str for k in st):
+            raise TypeError(
+                f"cannot save `{where}`: {t.__module__}.{t.__qualname__}.__getstate__ returns a {type(st).__name__}, "
+                "but treepack keeps an instance's state as named values (a dict with str keys); return one, "
+                "register the class with treepack.register(...), or pass allow_pickle=True"
+            )
+        return list(st.items())
+    out: Pairs = []
+    seen = set()
+    d = _instance_dict(obj)
+    for name in fields:
+        if d is not None and name in d:
+            out.append((name, d[name]))
+        else:
+            try:
+                out.append((name, getattr(obj, name)))
+            except AttributeError:  # a field never set (init=False without a default)
+                continue
+        seen.add(name)
+    if d:
+        for k, v in d.items():
+            if type(k) is not str:
+                raise TypeError(f"cannot save `{where}`: its __dict__ holds a key that is not a str ({k!r})")
+            if k not in seen:
+                out.append((k, v))
+                seen.add(k)
+    for k in slot_names(t):
+        if k in seen:
+            continue
+        try:
+            v = object.__getattribute__(obj, k)
+        except AttributeError:  # an empty slot stays empty
+            continue
+        out.append((k, v))
+    return out
+
+
+def describe(obj: Any, t: type, where: str, name: str) -> Optional[Tuple[str, str, None, Pairs]]:
+    """``encode_other``'s description of a record, or None when ``obj`` is none.
+
+    Kind ``record``: rebuilt as an empty instance first, then filled (a cycle through it can be
+    rebuilt). Kind ``record_built``: made from its children's values (namedtuples, pydantic
+    models), so a cycle through it is refused at save."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return ("record", name, None, state(obj, [f.name for f in dataclasses.fields(obj)], where))
+    if is_attrs(t):
+        import attr
+
+        return ("record", name, None, state(obj, [a.name for a in attr.fields(t)], where))
+    from ..integrations import pydantic
+
+    if pydantic.is_model(obj):
+        return ("record_built", name, None, pydantic.fields(obj, where))
+    if isinstance(obj, tuple) and hasattr(t, "_fields"):
+        kids: Pairs = list(zip(t._fields, obj))
+        d = _instance_dict(obj)
+        if d:
+            kids += [(k, v) for k, v in d.items() if k not in t._fields]
+        return ("record_built", name, None, kids)
+    return None
+
+
+def is_record_class(cls: type) -> bool:
+    from ..integrations import pydantic
+
+    return dataclasses.is_dataclass(cls) or is_namedtuple(cls) or pydantic.is_model_class(cls) or is_attrs(cls)
+
+
+def build(cls: type, kids: Dict[str, Any]) -> Any:
+    """The instance a record node stands for (see the module's docs)."""
+    from ..integrations import pydantic
+
+    if is_namedtuple(cls):
+        missing = [f for f in cls._fields if f not in kids]
+        if missing:
+            raise ValueError(f"the stored record lacks the fields {missing} of {cls.__qualname__}")
+        obj = cls._make(kids[f] for f in cls._fields)
+        extra = {k: v for k, v in kids.items() if k not in cls._fields}
+        if extra:
+            d = _instance_dict(obj)
+            if d is None:
+                raise ValueError(f"{cls.__qualname__} instances hold no attributes, but the file gives {sorted(extra)}")
+            d.update(extra)
+        return obj
+    if pydantic.is_model_class(cls):
+        return pydantic.build(cls, kids)
+    obj = cls.__new__(cls)
+    if _own(cls, "__setstate__"):
+        obj.__setstate__(dict(kids))
+        return obj
+    slots = set(slot_names(cls))
+    d = _instance_dict(obj)
+    for k, v in kids.items():
+        if k in slots:
+            object.__setattr__(obj, k, v)
+        elif d is not None:
+            d[k] = v
+        else:
+            raise ValueError(f"{cls.__qualname__} has no slot {k!r} and no __dict__ to hold it")
+    return obj

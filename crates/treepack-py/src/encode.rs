@@ -56,6 +56,11 @@ pub(crate) struct Encoder<'py> {
     /// may not close there (a loader cannot put the object into a tuple or a custom type's
     /// data before it exists).
     pub(crate) fragile: bool,
+    /// Positions in `open` of the objects being walked that a loader builds from copies of
+    /// their children, after them (custom types, pydantic models, namedtuples): a cycle
+    /// closing at or above such an object cannot be rebuilt (the copy would keep the loader's
+    /// stand-in), so a ref there is refused with the path.
+    pub(crate) copying: Vec<(usize, String)>,
     /// Plain subtrees (lists, tuples, dicts with str keys, inline scalars) are written here as
     /// manifest text while they are walked, with no `Node` per value (see `Fragment`: a second
     /// tree cost more than the text for trees of plain values). `None`: nodes only.
@@ -442,8 +447,14 @@ impl<'py> Encoder<'py> {
             return Ok(Node::from(a));
         }
         let o = (kind != "value").then(|| self.begin(Some(obj)));
+        // Records of classes that exist before their fields are set (dataclasses, attrs) can
+        // be rebuilt inside themselves; the rest are built from their children's values.
+        let copying = kind == "custom" || kind == "record_built";
         if let Some(o) = o {
             self.open.push(o);
+            if copying {
+                self.copying.push((self.open.len() - 1, type_name.clone()));
+            }
         }
         let mut kids = Vec::with_capacity(children.len());
         let hint = std::mem::replace(&mut self.text_hint, true);
@@ -451,16 +462,19 @@ impl<'py> Encoder<'py> {
             let step = PathStep::Name(name.clone());
             // A record's fields are set on the object after it exists; a custom type's data
             // goes to its `from_data`, which needs it whole.
-            self.fragile = kind == "custom";
+            self.fragile = copying;
             kids.push((name, self.child(step, &v, depth)?));
         }
         self.text_hint = hint;
         self.fragile = false;
         if o.is_some() {
+            if copying {
+                self.copying.pop();
+            }
             self.open.pop();
         }
         match kind.as_str() {
-            "record" => Ok(Tree::Record { type_name, fields: kids }),
+            "record" | "record_built" => Ok(Tree::Record { type_name, fields: kids }),
             "custom" => {
                 let data = match data {
                     Some(s) => serde_json::from_str(&s).map_err(|e| self.err(e))?,
@@ -570,6 +584,7 @@ pub(crate) fn prepare(
         text_refs: 0,
         shared_firsts: 0,
         open: Default::default(),
+        copying: Vec::new(),
         fragile: false,
         text: text.then(|| FragmentWriter::with_capacity(TEXT_HINT.load(std::sync::atomic::Ordering::Relaxed))),
         inline_str: SaveOptions::default().inline_str_bytes,

@@ -73,12 +73,26 @@ impl<'py> Encoder<'py> {
         let addr = obj.as_ptr() as usize;
         let Some((o, _)) = self.seen.get(&addr) else { return Ok(None) };
         let o = *o;
-        if fragile && self.open.contains(&o) {
-            return Err(PyValueError::new_err(format!(
-                "cannot save `{}`: an object contains itself through a tuple or a registered type's data \
-                 here; loading could not rebuild that cycle. Hold it in a list or a dict there instead",
-                self.here()
-            )));
+        if let Some(at) = self.open.iter().rposition(|x| *x == o) {
+            // A cycle closes here. A loader rebuilds it by putting a stand-in where the object
+            // belongs and replacing it once the object exists, which works in lists, dicts and
+            // records made before their fields. It cannot work when the stand-in goes straight
+            // into a tuple, or when an object from the cycle's top down to here is built from
+            // copies of its children (a deque, an object array, an OrderedDict, a namedtuple,
+            // a pydantic model, a registered type): the copy would keep the stand-in.
+            let through = self.copying.iter().rev().find(|(p, _)| *p >= at).map(|(_, t)| t);
+            if fragile || through.is_some() {
+                let what = match through {
+                    Some(t) => format!("through an object of type {t}, which is built from its contents"),
+                    None => "through a tuple, which is built from its items".into(),
+                };
+                return Err(PyValueError::new_err(format!(
+                    "cannot save `{}`: an object contains itself {what}; loading could not rebuild \
+                     that cycle (pickle would not either for most such types). Hold the object in a \
+                     list, a dict or a dataclass at that place instead",
+                    self.here()
+                )));
+            }
         }
         if self.known.is_some() {
             return match self.ids.get(&addr) {

@@ -161,7 +161,7 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         if let Some(e) = self.err.borrow().as_ref() {
             return Err(e.to_string());
         }
-        let Some((_, slots)) = self.open.borrow_mut().remove(&id) else {
+        let Some((stand_in, slots)) = self.open.borrow_mut().remove(&id) else {
             return Err(format!("shared node {id} ends without having begun"));
         };
         for slot in slots {
@@ -177,6 +177,16 @@ impl<'py> Build for LoadBuilder<'py, '_> {
                 }
             };
             self.py_ok(r)?;
+        }
+        // Every place the stand-in was put has been given the object; one still holding it is
+        // a copy made by something built inside the cycle (a deque, an object array, a
+        // validated model: a file no treepack writes). Refused rather than returned corrupt.
+        if stand_in.get_refcnt(node.py()) > 1 {
+            return Err(format!(
+                "shared object {id} holds itself through an object built from copies of its contents \
+                 (a deque, an object array, a namedtuple, a model or a registered type): that cycle cannot \
+                 be rebuilt"
+            ));
         }
         let mut objects = self.objects.borrow_mut();
         let i = usize::try_from(id).map_err(|_| format!("shared id {id} is too large"))?;

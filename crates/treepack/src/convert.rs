@@ -9,9 +9,13 @@ use crate::error::{Error, Result};
 use crate::format::dtype::DType;
 use crate::format::model::{ArrayData, Key, Node, Step, Tree};
 use crate::format::safetensors as st;
-use crate::format::{keypath, manifest::Entry};
+use crate::format::{
+    keypath,
+    manifest::{Entry, MAX_DEPTH},
+};
 use crate::read::Reader;
 use crate::save::{SaveInfo, SaveOptions};
+use crate::store::beneath::{io_error, Dir};
 use crate::store::Location;
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -152,14 +156,37 @@ pub fn read_safetensors(loc: &Location, separator: Option<&str>) -> Result<(Node
     for t in &header.tensors {
         let data = bytes.slice((header.data_start + t.begin) as usize..(header.data_start + t.end) as usize);
         let a = ArrayData::new(t.dtype.clone(), t.shape.clone(), data)?;
-        let parts: Vec<&str> = match separator {
-            Some(sep) if !sep.is_empty() => t.name.split(sep).collect(),
-            _ => vec![t.name.as_str()],
-        };
+        let parts = split_name(&t.name, separator).map_err(|detail| {
+            Error::limit("tree depth", MAX_NAME_KEYS as u64, format!("{}: {detail}", loc.display()))
+        })?;
         root.insert(&parts, Node::from(a), &t.name)?;
     }
     let md = header.metadata.map(|m| serde_json::Value::Object(m.into_iter().map(|(k, v)| (k, v.into())).collect()));
     Ok((root.finish(), md))
+}
+
+/// The most keys a tensor name may split into: the tensor is then an array (a JSON object in
+/// the manifest) inside `MAX_NAME_KEYS` dicts, the deepest tree readers accept.
+pub const MAX_NAME_KEYS: usize = MAX_DEPTH - 1;
+
+/// A tensor name split at `separator` into the keys it is nested under, at most
+/// [`MAX_NAME_KEYS`] of them, refused before the tree is built: a 40 KB header whose name has
+/// 20,000 dots would otherwise nest 20,000 dicts, deeper than building and dropping them can
+/// recurse (and deeper than any reader accepts).
+fn split_name<'n>(name: &'n str, separator: Option<&str>) -> std::result::Result<Vec<&'n str>, String> {
+    let parts: Vec<&str> = match separator {
+        Some(sep) if !sep.is_empty() => name.split(sep).take(MAX_NAME_KEYS + 1).collect(),
+        _ => vec![name],
+    };
+    if parts.len() > MAX_NAME_KEYS {
+        let shown: String = name.chars().take(40).collect();
+        let more = if shown.len() < name.len() { format!("… ({} bytes)", name.len()) } else { String::new() };
+        return Err(format!(
+            "tensor {shown:?}{more} splits into more than {MAX_NAME_KEYS} nested keys at {:?}; convert with no separator (flat names)",
+            separator.unwrap_or_default()
+        ));
+    }
+    Ok(parts)
 }
 
 /// Nested dicts built from split names, in first-seen order.
@@ -189,7 +216,9 @@ impl Builder {
                     Slot::Leaf(leaf)
                 } else {
                     let mut b = Builder::default();
-                    b.insert(rest, leaf, name)?;
+                    // A name may nest MAX_NAME_KEYS keys deep (`split_name`): deeper than a
+                    // thread's stack holds these frames in a debug build.
+                    crate::format::model::grow(|| b.insert(rest, leaf, name))?;
                     Slot::Dict(b)
                 };
                 self.index.insert(first.to_string(), self.items.len());
@@ -197,7 +226,7 @@ impl Builder {
                 Ok(())
             }
             Some(i) => match (&mut self.items[i].1, rest.is_empty()) {
-                (Slot::Dict(d), false) => d.insert(rest, leaf, name),
+                (Slot::Dict(d), false) => crate::format::model::grow(|| d.insert(rest, leaf, name)),
                 _ => Err(collide()),
             },
         }
@@ -210,7 +239,7 @@ impl Builder {
                 .map(|(k, s)| {
                     let v = match s {
                         Slot::Leaf(n) => n,
-                        Slot::Dict(b) => b.finish(),
+                        Slot::Dict(b) => crate::format::model::grow(|| b.finish()),
                     };
                     (Key::Str(k), v)
                 })
@@ -306,17 +335,30 @@ pub fn write_safetensors(
             reason: "safetensors files are written to local paths (copy the file to an object store after)".into(),
         });
     };
-    if path.exists() && !overwrite {
+    // Written through its folder's descriptor (store/beneath.rs): the folder is the user's
+    // path, the file is a name in it, and neither the file nor its staging name is followed if
+    // it is a link.
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Err(Error::BadLocation { location: dst.display().to_string(), reason: "no file name".into() });
+    };
+    let dir = Dir::open_root(parent).map_err(|e| io_error(parent, e))?;
+    if dir.stat(name).map_err(|e| io_error(&path, e))?.is_some() && !overwrite {
         return Err(Error::AlreadyExists { location: dst.display().to_string() });
     }
-    let mut staging = path.as_os_str().to_owned();
-    staging.push(format!("#{}", std::process::id()));
-    let staging = std::path::PathBuf::from(staging);
-    let io = |p: &std::path::Path, e: std::io::Error| Error::Io { path: p.to_path_buf(), source: e };
+    let staging_name = format!("{name}#{}", std::process::id());
+    let staging = dir.join(&staging_name);
+    let io = |p: &std::path::Path, e: std::io::Error| io_error(p, e);
+    let created = match dir.create_new(&staging_name) {
+        // A leftover of an earlier run with this process id (a link there is refused as one).
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            dir.unlink(&staging_name).and_then(|()| dir.create_new(&staging_name))
+        }
+        r => r,
+    };
+    let created = created.map_err(|e| io(&staging, e))?;
     let written = (|| -> Result<u64> {
         use std::io::Write;
-        let mut f =
-            std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&staging).map_err(|e| io(&staging, e))?);
+        let mut f = std::io::BufWriter::with_capacity(8 << 20, created);
         f.write_all(&head).map_err(|e| io(&staging, e))?;
         let mut total = 0u64;
         let tracker = crate::progress::Tracker::new(progress, offsets.last().map_or(0, |o| o.1));
@@ -334,10 +376,10 @@ pub fn write_safetensors(
     let bytes = match written {
         Ok(b) => b,
         Err(e) => {
-            let _ = std::fs::remove_file(&staging);
+            let _ = dir.unlink(&staging_name);
             return Err(e);
         }
     };
-    std::fs::rename(&staging, &path).map_err(|e| io(&path, e))?;
+    dir.rename(&staging_name, name).map_err(|e| io(&path, e))?;
     Ok(ConvertInfo { tensors: tensors.len(), bytes, saved: None })
 }

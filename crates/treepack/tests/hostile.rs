@@ -115,6 +115,18 @@ fn transport_doc(edit: impl Fn(&str) -> String, data: &[u8]) -> Vec<u8> {
     form::write(&seal(edit(&body).as_bytes()), data, form::Encoding::Base85).into_bytes()
 }
 
+/// JSON lists nested 100 000 deep: far past the bound on free JSON values (128), and deep
+/// enough to overflow any stack if read by recursing once per level.
+fn deep_lists() -> String {
+    "[".repeat(100_000) + &"]".repeat(100_000)
+}
+
+/// A manifest body (as [`body`] makes it) with a `metadata` member before its packs.
+fn with_metadata(body: &[u8], metadata: &str) -> Vec<u8> {
+    let body = String::from_utf8(body.to_vec()).unwrap();
+    body.replacen("\n\"packs\"", &format!("\n\"metadata\":{metadata},\n\"packs\""), 1).into_bytes()
+}
+
 /// The repository folder of a `repo-…@t` case path.
 fn repo_dir(p: &Path) -> PathBuf {
     let name = p.file_name().unwrap().to_str().unwrap();
@@ -270,6 +282,10 @@ fn cases() -> Vec<Case> {
         case("array-as-no-type", "invalid_manifest", "an array whose `as` has no `type`", sealed("[]", "{\"t\":\"array\",\"dtype\":\"int8\",\"shape\":[1],\"as\":{\"requires_grad\":true},\"data\":\"AQ==\"}".into(), None)),
         case("array-as-huge-type", "invalid_manifest", "an array whose `as` type is 100 kB", sealed("[]", format!("{{\"t\":\"array\",\"dtype\":\"int8\",\"shape\":[1],\"as\":{{\"type\":\"{}\"}},\"data\":\"AQ==\"}}", "x".repeat(100_000)), None)),
         case("array-as-twice", "invalid_manifest", "an array with two `as` members", sealed("[]", "{\"t\":\"array\",\"dtype\":\"int8\",\"shape\":[1],\"as\":{\"type\":\"a\"},\"as\":{\"type\":\"a\"},\"data\":\"AQ==\"}".into(), None)),
+        // --- free JSON nested 100 000 deep (issue 50): refused while it is read, 128 levels in
+        case("deep-metadata", "invalid_manifest", "`metadata` of 100 000 nested lists", Build::Dir { manifest: seal(&with_metadata(&body("[]", "1"), &deep_lists())), pack: None }),
+        case("deep-custom-data", "invalid_manifest", "a custom node whose `data` is 100 000 nested lists", sealed("[]", format!("{{\"t\":\"custom\",\"type\":\"x.Y\",\"data\":{}}}", deep_lists()), None)),
+        case("deep-array-as", "invalid_manifest", "an array whose `as` holds 100 000 nested lists", sealed("[]", format!("{{\"t\":\"array\",\"dtype\":\"int8\",\"shape\":[1],\"as\":{{\"type\":\"t\",\"x\":{}}},\"data\":\"AQ==\"}}", deep_lists()), None)),
         // --- pack paths and links
         case("pack-path-parent", "invalid_manifest", "pack path `../outside.tpp`", sealed("[{\"path\":\"../outside.tpp\",\"size\":16}]", good_root(), None)),
         case("pack-path-absolute", "invalid_manifest", "pack path `/etc/passwd`", sealed("[{\"path\":\"/etc/passwd\",\"size\":16}]", good_root(), None)),
@@ -322,6 +338,7 @@ fn cases() -> Vec<Case> {
             let d = String::from_utf8(transport_doc(|b| b.to_string(), &DATA)).unwrap();
             d.replacen("\"writer\":\"hostile\"", "\"writer\":\"hostilE\"", 1).into_bytes()
         })),
+        case("transport-deep-metadata.json", "invalid_manifest", "a document whose manifest's `metadata` is 100 000 nested lists", Build::File(transport_doc(|b| String::from_utf8(with_metadata(b.as_bytes(), &deep_lists())).unwrap(), &DATA))),
         case("transport-giant-size.json", "invalid_manifest", "a chunk 1 TiB long in a 16-byte document", Build::File(transport_doc(|b| b.replace("\"length\":16", "\"length\":1099511627776").replace("\"size\":16", "\"size\":1099511627776"), &DATA))),
         // Repositories (docs/format.md section 10): the case is the tree `t` of the repository
         // `repo-…` (the part before `@`).

@@ -4,7 +4,8 @@
 //! [`hash`] (BLAKE3 of canonical bytes), [`codec`] and [`preview`] describe its leaves;
 //! [`merkle`] is the root hash over a whole tree, [`diff`] what differs between two;
 //! [`safetensors`] reads and writes that format's header; [`transport`] frames a tree as one
-//! JSON document and [`schema`] describes a tree's type as a JSON Schema;
+//! JSON document and [`schema`] describes a tree's type as a JSON Schema; [`json`] reads the free
+//! JSON values files hold (metadata, annotations, ...) with their depth bounded;
 //! [`manifest`] writes and parses `treepack.json`; [`container`] is the single-file (`.tpk`)
 //! layout around it. Reading and writing bytes somewhere is the engine's job (`store`, `save`,
 //! `read`).
@@ -15,6 +16,7 @@ pub mod diff;
 pub mod dtype;
 pub mod grid;
 pub mod hash;
+pub mod json;
 pub mod keypath;
 pub mod manifest;
 pub mod merkle;

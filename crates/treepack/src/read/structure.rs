@@ -118,7 +118,12 @@ impl Builder {
                     let n = b.named.get(i as usize)?;
                     let t = if n.custom {
                         let data = match &n.data {
-                            Some(text) => serde_json::from_str(text).ok()?,
+                            // Text the outline kept of a value it read bounded: read it with the
+                            // same bound (serde_json's own, 128, refuses a value at the limit).
+                            Some(text) => {
+                                crate::format::json::from_str(text, "data", crate::format::json::MAX_VALUE_DEPTH)
+                                    .ok()?
+                            }
                             None => serde_json::Value::Null,
                         };
                         Tree::Custom { type_name: n.type_name.clone(), data, children }

@@ -1,7 +1,8 @@
-//! The checks a tree passes before anything of it is written: depth, unique keys, and the ids
-//! of shared objects (format 1.2).
+//! The checks a tree passes before anything of it is written: depth, unique keys, the ids of
+//! shared objects (format 1.2), and the depth of the JSON values it holds.
 
 use crate::error::{Error, Result};
+use crate::format::json::{deeper_than, MAX_VALUE_DEPTH};
 use crate::format::keypath;
 use crate::format::manifest::{self, MAX_DEPTH};
 use crate::format::model::{Leaf, Node, Step, Tree};
@@ -36,6 +37,12 @@ fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>, has_refs:
             *has_refs |= f.has_refs();
             return Ok(());
         }
+        Tree::Leaf(Leaf::Array(a)) => {
+            return match a.annotation() {
+                Some(v) => check_value(v, "as", path),
+                None => Ok(()),
+            };
+        }
         Tree::Leaf(_) => return Ok(()),
         Tree::Ref(_) => {
             *has_refs = true;
@@ -50,6 +57,9 @@ fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>, has_refs:
             manifest::first_duplicate_key(pairs).map(|i| crate::format::keypath::key_segment_text(&pairs[i].0))
         }
         Tree::Record { fields: named, .. } | Tree::Custom { children: named, .. } => {
+            if let Tree::Custom { data, .. } = t {
+                check_value(data, "data", path)?;
+            }
             manifest::first_duplicate_name(named).map(|i| crate::format::keypath::name_segment_text(&named[i].0))
         }
     };
@@ -74,6 +84,32 @@ fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>, has_refs:
             }
         }
     })
+}
+
+/// A JSON value the manifest will hold (`member` of the node at `path`) nests no deeper than
+/// readers accept ([`MAX_VALUE_DEPTH`]): a writer never writes what its readers refuse.
+fn check_value(v: &serde_json::Value, member: &str, path: &[Step<'_>]) -> Result<()> {
+    if !deeper_than(v, MAX_VALUE_DEPTH) {
+        return Ok(());
+    }
+    let at = keypath::steps_text(path);
+    Err(Error::limit(
+        "JSON value depth",
+        MAX_VALUE_DEPTH as u64,
+        format!("the `{member}` of `{at}` nests arrays and objects deeper than that; nest it less deeply"),
+    ))
+}
+
+/// The save's `metadata` nests no deeper than readers accept.
+pub(super) fn check_metadata(metadata: Option<&serde_json::Value>) -> Result<()> {
+    match metadata {
+        Some(v) if deeper_than(v, MAX_VALUE_DEPTH) => Err(Error::limit(
+            "JSON value depth",
+            MAX_VALUE_DEPTH as u64,
+            "the save's `metadata` nests arrays and objects deeper than that; nest it less deeply",
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

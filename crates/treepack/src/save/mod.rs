@@ -688,6 +688,7 @@ pub(crate) async fn write_data(
         tree
     };
     let has_refs = check_tree(tree)?;
+    check::check_metadata(opts.metadata.as_ref())?;
     let single = loc.layout() == Layout::SingleFile;
     // In a repository, the name (not a manifest here) is checked and committed by the caller.
     let (marker, previous) = if reuse.is_some() {

@@ -94,7 +94,8 @@ pub fn run(test_name: &str, path: &Path) -> String {
         }
     }
     assert!(status.success(), "{test_name}: the child failed ({status})\nstdout: {stdout}\nstderr: {stderr}");
-    stdout.lines().find(|l| l.starts_with("outcome ")).map(str::to_string).unwrap_or(stdout)
+    // With --nocapture the harness writes `test NAME ... ` on the line the child's output starts.
+    stdout.lines().find_map(|l| l.find("outcome ").map(|i| l[i..].to_string())).unwrap_or(stdout)
 }
 
 /// A test's folder: `loc` for the hostile location (not created) and `outside`, canary files
@@ -144,7 +145,10 @@ impl Outside {
                 let rel = p.strip_prefix(base).unwrap_or(&p).display().to_string();
                 let Ok(m) = std::fs::symlink_metadata(&p) else { continue };
                 if m.file_type().is_symlink() {
-                    out.insert(rel, format!("link {}", std::fs::read_link(&p).map(|t| t.display().to_string()).unwrap_or_default()));
+                    out.insert(
+                        rel,
+                        format!("link {}", std::fs::read_link(&p).map(|t| t.display().to_string()).unwrap_or_default()),
+                    );
                 } else if m.is_dir() {
                     out.insert(rel, "dir".into());
                     walk(&p, base, out);
@@ -162,12 +166,8 @@ impl Outside {
     /// Panics naming every entry of `outside` added, removed or changed since [`Outside::new`].
     pub fn assert_unchanged(&self) {
         let after = self.snapshot();
-        let changed: Vec<_> = self
-            .before
-            .keys()
-            .chain(after.keys())
-            .filter(|k| self.before.get(*k) != after.get(*k))
-            .collect();
+        let changed: Vec<_> =
+            self.before.keys().chain(after.keys()).filter(|k| self.before.get(*k) != after.get(*k)).collect();
         assert!(changed.is_empty(), "files outside the location changed: {changed:?}");
     }
 }

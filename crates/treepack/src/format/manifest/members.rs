@@ -1,6 +1,12 @@
 //! Readers of the grammar's members shared by the parsers: tags, leaves, arrays, chunks, dtypes, base64.
+//!
+//! Members that hold free JSON (`metadata`, `data`, `as`, `preview`, a structured dtype, a tagged
+//! scalar's `v`) are read with [`BoundedValue`], never as a plain `Value`: the parsers turn
+//! serde_json's recursion limit off (trees nest up to `MAX_DEPTH` nodes), so a plain `Value`
+//! would recurse as deep as the text nests.
 
 use super::*;
+use crate::format::json::{BoundedValue, MAX_DTYPE_JSON_DEPTH};
 
 #[derive(serde::Deserialize)]
 pub(super) struct RawPack {
@@ -64,7 +70,7 @@ pub(super) fn value_float<E: de::Error>(v: &Value) -> std::result::Result<f64, E
 pub(super) fn tagged_leaf<'de, A: MapAccess<'de>>(t: Tag, map: &mut A) -> std::result::Result<Entry, A::Error> {
     match t {
         Tag::Int => {
-            let v: Value = expect_one(map, "v")?;
+            let v = expect_one(map, "v", BoundedValue::member("v"))?;
             let i = match &v {
                 Value::String(s) => Int::parse(s),
                 Value::Number(n) => n.as_i64().map(Int::Small).or_else(|| n.as_u64().map(|u| Int::from_big(u.into()))),
@@ -73,15 +79,15 @@ pub(super) fn tagged_leaf<'de, A: MapAccess<'de>>(t: Tag, map: &mut A) -> std::r
             Ok(Entry::Int(i.ok_or_else(|| de::Error::custom("int `v` must be a decimal string"))?))
         }
         Tag::Float => {
-            let v: Value = expect_one(map, "v")?;
+            let v = expect_one(map, "v", BoundedValue::member("v"))?;
             Ok(Entry::Float(value_float(&v)?))
         }
         Tag::Complex => {
-            let v: Vec<Value> = expect_one(map, "v")?;
-            if v.len() != 2 {
-                return Err(de::Error::custom("complex `v` must be [real, imag]"));
+            let v = expect_one(map, "v", BoundedValue::member("v"))?;
+            match v.as_array().map(Vec::as_slice) {
+                Some([re, im]) => Ok(Entry::Complex(value_float(re)?, value_float(im)?)),
+                _ => Err(de::Error::custom("complex `v` must be [real, imag]")),
             }
-            Ok(Entry::Complex(value_float(&v[0])?, value_float(&v[1])?))
         }
         Tag::Str | Tag::Bytes => {
             let is_str = t == Tag::Str;
@@ -134,16 +140,18 @@ pub(super) fn skip<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::Result<(
     Ok(())
 }
 
-/// The value of the single member `v` of a tagged node (other members are ignored).
-pub(super) fn expect_one<'de, A: MapAccess<'de>, T: serde::Deserialize<'de>>(
+/// The value of the single member `v` of a tagged node, read with `seed` (other members are
+/// ignored).
+pub(super) fn expect_one<'de, A: MapAccess<'de>, S: DeserializeSeed<'de> + Copy>(
     map: &mut A,
     name: &str,
-) -> std::result::Result<T, A::Error> {
-    let mut out: Option<T> = None;
+    seed: S,
+) -> std::result::Result<S::Value, A::Error> {
+    let mut out: Option<S::Value> = None;
     while let Some(k) = map.next_key_seed(MemberSeed)? {
         if k == Member::V {
             dup(&out, name)?;
-            out = Some(map.next_value()?);
+            out = Some(map.next_value_seed(seed)?);
         } else {
             skip(map)?;
         }
@@ -306,7 +314,8 @@ impl<'de> Visitor<'de> for DtypeSeed {
         DType::from_name(v).map_err(|e| E::custom(e.to_string()))
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<DType, A::Error> {
-        let v = <Value as serde::Deserialize>::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        // Bounded while it is read: its struct levels are counted only once it is a `Value`.
+        let v = BoundedValue::with_limit("dtype", MAX_DTYPE_JSON_DEPTH).read_map(map)?;
         DType::from_json(&v).map_err(|e| de::Error::custom(e.to_string()))
     }
 }
@@ -371,12 +380,12 @@ pub(super) fn read_array<'de, A: MapAccess<'de>>(
             }
             Member::Preview => {
                 dup(&preview, "preview")?;
-                let v = map.next_value::<Value>()?;
+                let v = map.next_value_seed(BoundedValue::member("preview"))?;
                 preview = Some(keep_preview.then_some(v));
             }
             Member::As => {
                 dup(&annotation, "as")?;
-                let v = map.next_value::<Value>()?;
+                let v = map.next_value_seed(BoundedValue::member("as"))?;
                 crate::format::model::check_annotation(&v).map_err(de::Error::custom)?;
                 annotation = Some(v);
             }
@@ -456,8 +465,9 @@ impl<'de> Visitor<'de> for Base64LenSeed<'_> {
 }
 
 /// The top-level members, read the same way by both readers: each at most once, `format` must
-/// be `treepack`, `version` two integers, `writer` a string, `metadata` any JSON (read whole so
-/// both refuse the same bytes), `packs` checked (paths inside the tree, at most `MAX_PACKS`) as
+/// be `treepack`, `version` two integers, `writer` a string, `metadata` any JSON nested at most
+/// [`MAX_VALUE_DEPTH`](crate::format::json::MAX_VALUE_DEPTH) deep (read whole so both refuse the
+/// same bytes), `packs` checked (paths inside the tree, at most `MAX_PACKS`) as
 /// soon as they are read, unknown members skipped; `version`, `packs` and `root` required.
 pub(super) trait TopSink<'de> {
     type Root;
@@ -508,7 +518,7 @@ pub(super) fn read_top_members<'de, A: MapAccess<'de>, S: TopSink<'de>>(
             }
             "version" => version = Some(map.next_value::<(u16, u16)>()?),
             "writer" => writer = Some(map.next_value::<String>()?),
-            "metadata" => metadata = Some(map.next_value::<Value>()?),
+            "metadata" => metadata = Some(map.next_value_seed(BoundedValue::member("metadata"))?),
             "packs" => {
                 let list: Vec<PackInfo> = map
                     .next_value::<Vec<RawPack>>()?
@@ -618,7 +628,7 @@ pub(super) fn read_tagged_node<'de, A: MapAccess<'de>, S: NodeSink<'de>>(
                     sink.named(&mut map)?;
                 } else if k == Member::Data && custom {
                     dup(&data, "data")?;
-                    data = Some(map.next_value::<Value>()?);
+                    data = Some(map.next_value_seed(BoundedValue::member("data"))?);
                 } else {
                     skip(&mut map)?;
                 }

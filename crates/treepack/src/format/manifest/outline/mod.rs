@@ -249,7 +249,8 @@ pub fn outline_reusing(
         Err(_) => read_top(top, serde_json::Deserializer::from_slice(bytes)),
     };
     let mut st = st.into_inner();
-    let packs = res.map_err(|e| Error::manifest(file, st.path.clone(), e.to_string()))?;
+    let at = if st.path.is_empty() { "<root>" } else { &st.path }; // as the strict parser names it
+    let packs = res.map_err(|e| Error::manifest(file, at, e.to_string()))?;
     if !st.flush() {
         return Err(Error::manifest(file, "<root>", "the reader stopped"));
     }

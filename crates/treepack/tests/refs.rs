@@ -171,3 +171,45 @@ fn partial_loads_build_whole_objects_and_drop_refs_to_objects_not_built() {
     let Tree::Custom { children, .. } = &**node else { panic!() };
     assert!(matches!(children[0].1, Tree::Leaf(Leaf::None)) && children[1].1.as_array().is_some(), "{back:?}");
 }
+
+/// A select that matches nothing is refused naming each such pattern (a typo must not load as
+/// `None`); a pattern with a leading `?` may match nothing; a pattern through a ref place
+/// (`b/x` where `b` is a ref) reads the object the ref names.
+#[test]
+fn selects_that_match_nothing_are_refused_and_selects_go_through_refs() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t");
+    let p = p.to_str().unwrap();
+    save(&tree(), p, &SaveOptions::default()).unwrap();
+    let sel = |v: &[&str]| LoadOptions { select: v.iter().map(|s| s.to_string()).collect(), ..Default::default() };
+    for (patterns, missing) in [
+        (vec!["a/xx"], vec!["a/xx"]),
+        (vec!["a/x", "zz/**", "c/5"], vec!["zz/**", "c/5"]),
+        (vec!["b/nope"], vec![]), // through a ref: the pattern goes on below the ref place
+    ] {
+        let r = load(p, &sel(&patterns));
+        if missing.is_empty() {
+            r.unwrap();
+            continue;
+        }
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), "key_not_found", "{e}");
+        let msg = e.to_string();
+        for m in &missing {
+            assert!(msg.contains(m), "{m} not in {msg}");
+        }
+        assert!(msg.contains("treepack.json") && msg.contains("leading `?`"), "{msg}");
+        assert!(!msg.contains("`a/x`,"), "a pattern that matched is not named: {msg}");
+    }
+    // Optional patterns, and an empty dict matched by its own path.
+    let back = load(p, &sel(&["a/y", "?ema/**"])).unwrap();
+    let Tree::Dict(items) = &back else { panic!() };
+    assert_eq!(items[0].0, Key::from("a"));
+    // Through a ref: `b/x` reads the object `b` names (it comes whole, at `a` and through `b`).
+    let back = load(p, &sel(&["b/x"])).unwrap();
+    let Tree::Dict(items) = &back else { panic!() };
+    let Tree::Shared { node, .. } = &items[0].1 else { panic!("{back:?}") };
+    let Tree::Dict(obj) = node.as_ref() else { panic!() };
+    assert!(matches!(&obj[0].1, Tree::Leaf(Leaf::Array(_))), "{back:?}");
+    assert!(matches!(items[1].1, Tree::Ref(0)), "{back:?}");
+}

@@ -383,3 +383,37 @@ fn overwrites_are_compare_and_swap() {
     let back = repo.load("n", &LoadOptions::default()).unwrap();
     assert!(won.iter().any(|&i| back.exact_eq(&checkpoint(1, i, i as i64))), "the name holds a winner's tree");
 }
+
+/// A pack index is a claim about its pack, not a fact: an index whose pack is shorter than it
+/// says (a lying or stale index), or whose pack is gone, must not be reused, so the next save
+/// never commits a tree that cannot be read.
+#[test]
+fn a_lying_pack_index_is_not_reused() {
+    for case in ["longer", "missing pack", "smaller"] {
+        let dir = tempfile::tempdir().unwrap();
+        let loc = dir.path().join("repo");
+        let repo = Repository::create(loc.to_str().unwrap()).unwrap();
+        let a = checkpoint(2, 0, 1);
+        repo.save(&a, "step-1", &SaveOptions::default()).unwrap();
+        let index_dir = loc.join("index");
+        let index = std::fs::read_dir(&index_dir).unwrap().flatten().next().unwrap().path();
+        let text = std::fs::read_to_string(&index).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let pack = loc.join(v["pack"].as_str().unwrap());
+        let size = v["size"].as_u64().unwrap();
+        match case {
+            // The index claims the pack is bigger than it is (its chunks "lie past the end").
+            "longer" => {
+                let lie = text.replace(&format!("\"size\":{size}"), &format!("\"size\":{}", size + 8000));
+                let lie = lie.replacen(",0,", ",8000,", 1);
+                std::fs::write(&index, lie).unwrap();
+            }
+            "missing pack" => std::fs::remove_file(&pack).unwrap(),
+            _ => std::fs::OpenOptions::new().write(true).open(&pack).unwrap().set_len(size / 2).unwrap(),
+        }
+        let info = repo.save(&a, "step-2", &SaveOptions::default()).unwrap();
+        assert_eq!(info.bytes_reused, 0, "{case}: {info:?}");
+        let back = repo.load("step-2", &LoadOptions::default()).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(back.exact_eq(&a), "{case}");
+    }
+}

@@ -406,14 +406,27 @@ fn resolve_inner<'t, L>(tree: &'t Tree<L>, path: &str) -> Result<&'t Tree<L>> {
 pub struct Glob {
     source: String,
     segs: Vec<String>,
+    optional: bool,
 }
 
 impl Glob {
-    /// Compile a glob pattern.
+    /// Compile a glob pattern. A pattern that begins with `?` is *optional*: a load does not
+    /// refuse it for matching nothing (see [`crate::read::unmatched_patterns`]); the `?` is not
+    /// part of what it matches.
     ///
     /// # Errors
     /// [`Error::BadKeyPath`] if the pattern is malformed.
     pub fn new(pattern: &str) -> Result<Glob> {
+        let (optional, body) = match pattern.strip_prefix('?') {
+            Some(rest) => (true, rest),
+            None => (false, pattern),
+        };
+        let mut g = Glob::compile(body, pattern)?;
+        g.optional = optional;
+        Ok(g)
+    }
+
+    fn compile(pattern: &str, source: &str) -> Result<Glob> {
         let segs = if pattern.trim_matches('/').is_empty() {
             vec![]
         } else {
@@ -429,12 +442,23 @@ impl Glob {
         if segs.len() > 256 {
             return Err(bad(pattern, "too many segments"));
         }
-        Ok(Glob { source: pattern.to_string(), segs })
+        Ok(Glob { source: source.to_string(), segs, optional: false })
     }
 
     /// The pattern text as given to [`Glob::new`].
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// Whether the pattern may match nothing (it was given with a leading `?`).
+    pub fn optional(&self) -> bool {
+        self.optional
+    }
+
+    /// True if the pattern goes on below this path: a part of it matches the path and more
+    /// segments follow (`b/1` below `b`). A select reaches through a ref place this way.
+    pub fn reaches_below(&self, path: &[String]) -> bool {
+        (1..self.segs.len()).any(|k| match_segs(&self.segs[..k], path))
     }
 
     /// True if the pattern matches exactly this path (given as escaped segment texts).
@@ -522,6 +546,16 @@ impl Selection {
     /// Like [`Selection::selects`] for a path given as escaped segment texts.
     pub fn selects_texts(&self, texts: &[String]) -> bool {
         self.globs.is_empty() || self.globs.iter().any(|g| g.selects(texts))
+    }
+
+    /// True if a pattern goes on below this path (see [`Glob::reaches_below`]).
+    pub fn reaches_below_texts(&self, texts: &[String]) -> bool {
+        self.globs.iter().any(|g| g.reaches_below(texts))
+    }
+
+    /// The compiled patterns.
+    pub fn globs(&self) -> &[Glob] {
+        &self.globs
     }
 }
 

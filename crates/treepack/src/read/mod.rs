@@ -330,6 +330,17 @@ impl Reader {
     }
 
     async fn materialize(&self, subtree: &Tree<Entry>, prefix: String, opts: &LoadOptions) -> Result<Node> {
+        let unmatched = unmatched_patterns(subtree, &prefix, &opts.select).map_err(|e| self.in_file(e))?;
+        if !unmatched.is_empty() {
+            return Err(Error::KeyNotFound {
+                path: unmatched.join("`, `"),
+                reason: format!(
+                    "select matches nothing in {} (`treepack ls` lists its key paths; a pattern that may \
+                     match nothing is written with a leading `?`, e.g. `?ema/**`)",
+                    self.manifest_file
+                ),
+            });
+        }
         let closed = close_selection(subtree, &prefix, opts).map_err(|e| self.in_file(e))?;
         let opts = closed.as_ref().unwrap_or(opts);
         let sel = Selection::new(&opts.select)?;

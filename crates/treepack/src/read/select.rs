@@ -187,7 +187,18 @@ pub fn close_selection<L>(subtree: &Tree<L>, prefix: &str, opts: &LoadOptions) -
         return Ok(None);
     }
     let n = w.places.len();
-    let mut kept: Vec<bool> = w.places.iter().map(|p| is_selected(&sel, opts, &p.path)).collect();
+    // A pattern that goes on below a ref place (`b/1` where `b` is a ref) selects through it:
+    // the object the ref names comes whole.
+    let mut kept: Vec<bool> = w
+        .places
+        .iter()
+        .map(|p| {
+            is_selected(&sel, opts, &p.path)
+                || (p.refers.is_some()
+                    && opts.keep.is_none()
+                    && sel.reaches_below_texts(&keypath::split(&p.path).unwrap_or_default()))
+        })
+        .collect();
     let mut queue: Vec<usize> = (0..n).filter(|&i| kept[i]).collect();
     let mut expanded = vec![false; w.whole.len()];
     let mut done: HashSet<u64> = HashSet::new();
@@ -344,4 +355,36 @@ pub fn localize(root: &Tree<Entry>, place: &Tree<Entry>) -> Tree<Entry> {
         }
     }
     walk(root, place, &mut HashMap::new())
+}
+
+/// The `select` patterns (not marked optional with a leading `?`) that match no place of
+/// `subtree` (at `prefix`): no node's key path, and no ref place they go on below (a pattern
+/// through a ref reads the object it names). A load refuses these: a mistyped key path must not
+/// load as `None` without a word.
+///
+/// # Errors
+/// [`Error::BadKeyPath`] for a malformed pattern.
+pub fn unmatched_patterns<L>(subtree: &Tree<L>, prefix: &str, patterns: &[String]) -> Result<Vec<String>> {
+    let sel = Selection::new(patterns)?;
+    let mut left: Vec<&keypath::Glob> = sel.globs().iter().filter(|g| !g.optional()).collect();
+    if left.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut path: Vec<String> = if prefix.is_empty() { vec![] } else { keypath::split(prefix)? };
+    fn walk<L>(t: &Tree<L>, path: &mut Vec<String>, left: &mut Vec<&keypath::Glob>) {
+        left.retain(|g| !(g.matches(path) || (matches!(t, Tree::Ref(_)) && g.reaches_below(path))));
+        if left.is_empty() {
+            return;
+        }
+        for (step, child) in t.children() {
+            path.push(keypath::Segment::from_step_pub(&step).text());
+            crate::format::model::grow(|| walk(child, path, left));
+            path.pop();
+            if left.is_empty() {
+                return;
+            }
+        }
+    }
+    walk(subtree, &mut path, &mut left);
+    Ok(left.into_iter().map(|g| g.source().to_string()).collect())
 }

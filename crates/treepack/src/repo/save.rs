@@ -172,9 +172,16 @@ async fn reuse(repo: &Repository, prefix: String) -> Result<Reuse> {
         .buffered(READ_CONCURRENCY)
         .collect()
         .await;
+    // An index is only a claim about its pack: reuse a pack's chunks only when the pack is
+    // there with the size its index says (every chunk lies inside that size: `PackIndex::decode`),
+    // so a lying or stale index cannot make this save commit a tree that cannot be read. The
+    // chunks' bytes are not hashed again here (that would read every reused byte on every save);
+    // each load still verifies them, and `repo verify` finds a damaged pack (docs/design.md).
+    let sizes: BTreeMap<String, u64> =
+        loc.list(crate::store::PACKS_DIR).await?.into_iter().map(|(rel, size, _)| (rel, size)).collect();
     let mut out = Reuse { prefix, ..Default::default() };
     for idx in read.into_iter().flatten() {
-        if condemned.contains_key(&idx.pack) {
+        if condemned.contains_key(&idx.pack) || sizes.get(&idx.pack) != Some(&idx.size) {
             continue;
         }
         let i = out.packs.len() as u32;

@@ -373,3 +373,40 @@ fn refs_show_the_place_they_stand_for() {
         serde_json::json!([{"path": "again", "shared": 0, "target": "model"}, {"path": "cycle/1", "shared": 1, "target": "cycle"}])
     );
 }
+
+/// Files holding JSON nested 100,000 deep (issue 50): every command that reads them exits 2
+/// with the typed error (file, key path, member), never "stack overflow, aborting".
+#[test]
+fn deep_json_exits_2_with_the_error() {
+    let d = tempfile::tempdir().unwrap();
+    let deep = "[".repeat(100_000) + &"]".repeat(100_000);
+    let tree = d.path().join("deep");
+    std::fs::create_dir_all(&tree).unwrap();
+    let body = format!(
+        "{{\"format\":\"treepack\",\"version\":[1,4],\n\"writer\":\"deep\",\n\"metadata\":{deep},\n\"packs\":[],\n\"root\":{{\"a\":1}}"
+    );
+    std::fs::write(tree.join("treepack.json"), treepack::format::manifest::seal(body.as_bytes())).unwrap();
+    let t = tree.to_str().unwrap();
+    // A safetensors file whose one tensor name splits at its 20,000 dots.
+    let name = "a.".repeat(20_000) + "w";
+    let header = serde_json::json!({ name: {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]} }).to_string();
+    let st = d.path().join("m.safetensors");
+    std::fs::write(&st, [&(header.len() as u64).to_le_bytes()[..], header.as_bytes(), &[7]].concat()).unwrap();
+    let out_dir = d.path().join("out");
+    let cases: [(&[&str], &str); 5] = [
+        (&["inspect", t], "member `metadata`: JSON nested deeper than 128 levels"),
+        (&["inspect", t, "--json"], "member `metadata`: JSON nested deeper than 128 levels"),
+        (&["cat", t, "a"], "member `metadata`: JSON nested deeper than 128 levels"),
+        (&["verify", t], "member `metadata`: JSON nested deeper than 128 levels"),
+        (&["convert", st.to_str().unwrap(), out_dir.to_str().unwrap()], "splits into more than 999 nested keys"),
+    ];
+    for (args, want) in cases {
+        let out = tp().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        // A signal (the abort of a stack overflow) has no exit code.
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("overflow"), "{args:?}: {err}");
+    }
+    assert!(!out_dir.exists());
+}

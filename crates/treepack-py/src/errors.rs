@@ -39,6 +39,9 @@ pub(crate) fn py_err(e: treepack::Error) -> PyErr {
         E::Store { .. } => PyIOError::new_err(msg),
         E::RootMismatch { .. } => RootMismatchError::new_err(msg),
         E::ReadOnly { .. } => PyPermissionError::new_err(msg),
+        // A symbolic link inside a location: not a treepack location as treepack reads and
+        // writes them (the message names the link and says what to do).
+        E::Link { .. } => FormatError::new_err(msg),
         _ => FormatError::new_err(msg),
     }
 }

@@ -166,6 +166,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// A symbolic link inside a local location. treepack reads, writes and deletes only
+    /// beneath a location and follows no link there (the location's own path is resolved as
+    /// the operating system resolves it: it is the user's).
+    #[error("{}: is a symbolic link; treepack does not follow links inside a location ({fix}); nothing was read, written or deleted through it", path.display())]
+    Link {
+        /// The link: the location's path joined with the link's path inside it.
+        path: PathBuf,
+        /// What to do about it.
+        fix: String,
+    },
+
     /// A key path does not name anything in the tree.
     #[error("key path `{path}` not found: {reason}")]
     KeyNotFound {
@@ -382,6 +393,7 @@ impl Error {
             Error::ChunkCorrupt { .. } => "chunk_corrupt",
             Error::RootMismatch { .. } => "root_mismatch",
             Error::OutOfBounds { .. } => "out_of_bounds",
+            Error::Link { .. } => "link",
             Error::BadChunk { .. } => "bad_chunk",
             Error::InvalidCompression { .. } => "invalid_compression",
             Error::KeyNotFound { .. } => "key_not_found",

@@ -1,8 +1,9 @@
 //! Garbage collection: remove what interrupted saves left behind, never what a committed
 //! manifest references.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::format::manifest;
+use crate::store::beneath::{io_error, Dir, Kind};
 use crate::store::{Layout, Location, MANIFEST_NAME, PACKS_DIR};
 use std::collections::HashSet;
 
@@ -38,7 +39,8 @@ pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcRe
         Layout::Directory => {
             let mut referenced = referenced_packs(loc).await?;
             let mut candidates = loc.list(PACKS_DIR).await?;
-            candidates.extend(loc.list("").await?.into_iter().filter(|(p, _, _)| p.contains('#')));
+            let leftover = |p: &str| p.contains('#');
+            candidates.extend(loc.list_where("", leftover).await?.into_iter().filter(|(p, _, _)| leftover(p)));
             let (running_since, stale) = loc.running_saves()?;
             report.removed.extend(stale);
             referenced.extend(referenced_packs(loc).await?);
@@ -61,32 +63,35 @@ pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcRe
             }
         }
         Layout::SingleFile => {
-            if let Some(file) = loc.local_path() {
-                let (Some(dir), Some(name)) = (file.parent(), file.file_name().and_then(|n| n.to_str())) else {
-                    return Ok(report);
-                };
-                let prefix = format!("{name}#");
-                let rd = std::fs::read_dir(dir).map_err(|e| Error::Io { path: dir.to_path_buf(), source: e })?;
-                let candidates: Vec<_> =
-                    rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&prefix)).collect();
-                let (running_since, stale) = loc.running_saves()?;
-                report.removed.extend(stale);
-                for ent in candidates {
-                    let fname = ent.file_name().to_string_lossy().into_owned();
-                    let Ok(meta) = ent.metadata() else { continue };
-                    if !removable(now, meta.modified().unwrap_or(now), grace, running_since) {
-                        report.kept_recent.push(fname);
-                        continue;
-                    }
-                    match std::fs::remove_file(ent.path()) {
-                        Ok(()) => {}
-                        // Renamed into place by the save that owned it meanwhile.
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                        Err(e) => return Err(Error::Io { path: ent.path(), source: e }),
-                    }
-                    report.bytes_freed += meta.len();
-                    report.removed.push(fname);
+            let Some(t) = loc.target(".") else { return Ok(report) };
+            // The file's folder is the root: its leftovers are names in it, each refused if it
+            // is a link (before anything is removed) and otherwise removed from that folder.
+            let prefix = format!("{}#", t.rel);
+            let dir = Dir::open_root(&t.root).map_err(|e| io_error(t.root.clone(), e))?;
+            let candidates: Vec<_> = dir
+                .entries()
+                .map_err(|e| io_error(t.root.clone(), e))?
+                .into_iter()
+                .filter(|(n, _)| n.starts_with(&prefix))
+                .collect();
+            if let Some((n, _)) = candidates.iter().find(|(_, m)| m.kind == Kind::Link) {
+                return Err(io_error(dir.join(n), dir.refuse_link(n)));
+            }
+            let (running_since, stale) = loc.running_saves()?;
+            report.removed.extend(stale);
+            for (fname, meta) in candidates.into_iter().filter(|(_, m)| m.kind == Kind::File) {
+                if !removable(now, meta.modified, grace, running_since) {
+                    report.kept_recent.push(fname);
+                    continue;
                 }
+                match dir.unlink(&fname) {
+                    Ok(()) => {}
+                    // Renamed into place by the save that owned it meanwhile.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(io_error(dir.join(&fname), e)),
+                }
+                report.bytes_freed += meta.len;
+                report.removed.push(fname);
             }
         }
     }

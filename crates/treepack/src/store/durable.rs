@@ -6,32 +6,33 @@
 //! leaves the page cache intact) a renamed manifest could point at pack bytes that never reached
 //! the disk. With `durable` off the same steps run without the fsyncs.
 
+use super::beneath::{io_error, is_refused, Dir, Target};
 use super::{Layout, Location};
 use crate::error::{Error, Result};
 use crate::runtime::maybe_spawn_blocking;
 use bytes::Bytes;
-use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::fs::File;
+use std::io::{self, Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static STAGING: AtomicU64 = AtomicU64::new(0);
 
-/// Write `parts` to `path` atomically (see the module docs). `create_only`: fail with
-/// `AlreadyExists` if `path` exists, never replacing it.
+/// Write `parts` to the file `name` of `dir` atomically (see the module docs). `create_only`:
+/// fail with `AlreadyExists` if `name` exists, never replacing it. Every step is relative to
+/// `dir` and follows no link (store/beneath.rs); the journal records the same paths as ever.
 ///
 /// # Errors
-/// The first I/O error; the staging file is removed then.
-pub(super) fn put_file(path: &Path, parts: &[Bytes], create_only: bool, durable: bool) -> io::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
-    let mut staging_name = name.to_os_string();
-    staging_name.push(format!("#{}-{}", std::process::id(), STAGING.fetch_add(1, Ordering::Relaxed)));
-    let staging = dir.join(staging_name);
+/// The first I/O error; the staging file is removed then (if this call created it).
+pub(super) fn put_file(dir: &Dir, name: &str, parts: &[Bytes], create_only: bool, durable: bool) -> io::Result<()> {
+    let staging_name = format!("{name}#{}-{}", std::process::id(), STAGING.fetch_add(1, Ordering::Relaxed));
+    let (staging, path) = (dir.join(&staging_name), dir.join(name));
+    let mut created = false;
     let result = (|| {
         let f = journal::run(
             || {
-                let mut f = OpenOptions::new().write(true).create_new(true).open(&staging)?;
+                let mut f = dir.create_new(&staging_name)?;
+                created = true;
                 let (mut written, mut flushing) = (0u64, 0u64);
                 for p in parts {
                     for piece in p.chunks(WRITEBACK_BYTES) {
@@ -53,15 +54,15 @@ pub(super) fn put_file(path: &Path, parts: &[Bytes], create_only: bool, durable:
         drop(f);
         if create_only {
             if journal::run(
-                || link_new(&staging, path),
-                || journal::FsOp::Link { from: staging.clone(), to: path.to_path_buf() },
+                || link_new(dir, &staging_name, name),
+                || journal::FsOp::Link { from: staging.clone(), to: path.clone() },
             )? {
-                journal::run(|| std::fs::remove_file(&staging), || journal::FsOp::Unlink(staging.clone()))?;
+                journal::run(|| dir.unlink(&staging_name), || journal::FsOp::Unlink(staging.clone()))?;
             }
         } else {
             journal::run(
-                || std::fs::rename(&staging, path),
-                || journal::FsOp::Rename { from: staging.clone(), to: path.to_path_buf() },
+                || dir.rename(&staging_name, name),
+                || journal::FsOp::Rename { from: staging.clone(), to: path.clone() },
             )?;
         }
         if durable {
@@ -69,8 +70,10 @@ pub(super) fn put_file(path: &Path, parts: &[Bytes], create_only: bool, durable:
         }
         Ok(())
     })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&staging);
+    // Only a staging file this call created is removed: a name that was there before (a
+    // planted link) is not this save's to remove.
+    if result.is_err() && created {
+        let _ = dir.unlink(&staging_name);
     }
     result
 }
@@ -95,27 +98,36 @@ fn start_writeback(f: &File, offset: u64, len: u64) {
     let _ = (f, offset, len);
 }
 
-/// Give `staging` the name `path` unless `path` exists: `Ok(true)` if linked (the staging name
+/// Give `staging` the name `name` unless `name` exists: `Ok(true)` if linked (the staging name
 /// is still there, to be removed), `Ok(false)` if renamed. A hard link does it atomically; on
 /// file systems without hard links (some FUSE and network mounts) a rename after a check, which
 /// a concurrent create can race (docs/security.md). (The journal records either as a link:
 /// the tests' file systems have hard links.)
-fn link_new(staging: &Path, path: &Path) -> io::Result<bool> {
-    match std::fs::hard_link(staging, path) {
+fn link_new(dir: &Dir, staging: &str, name: &str) -> io::Result<bool> {
+    match dir.link(staging, name) {
         Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(e),
-        Err(_) if path.symlink_metadata().is_ok() => Err(io::ErrorKind::AlreadyExists.into()),
-        Err(_) => std::fs::rename(staging, path).map(|()| false),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists || is_refused(&e) => Err(e),
+        Err(e) => match dir.stat(name) {
+            Ok(Some(_)) => Err(io::ErrorKind::AlreadyExists.into()),
+            Ok(None) => dir.rename(staging, name).map(|()| false),
+            Err(_) => Err(e),
+        },
     }
 }
 
-/// fsync a directory: makes the names created, renamed or removed in it so far durable.
-pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
+/// fsync a folder: makes the names created, renamed or removed in it so far durable.
+pub(super) fn sync_dir(dir: &Dir) -> io::Result<()> {
+    journal::run(|| dir.sync(), || journal::FsOp::FsyncDir(dir.path().to_path_buf()))
+}
+
+/// fsync a folder by its path (a location's root or an ancestor of it: the user's own path).
+fn sync_dir_path(dir: &Path) -> io::Result<()> {
     journal::run(|| File::open(dir)?.sync_all(), || journal::FsOp::FsyncDir(dir.to_path_buf()))
 }
 
-/// Create `dir` and its missing ancestors; when `durable`, fsync the parent of each one created,
-/// so that the new names survive a crash too.
+/// Create a location's root folder `dir` and its missing ancestors, by path: the path is the
+/// user's (store/beneath.rs). When `durable`, fsync the parent of each one created, so that the
+/// new names survive a crash too.
 pub(super) fn create_dirs(dir: &Path, durable: bool) -> io::Result<()> {
     if dir.is_dir() {
         return Ok(());
@@ -137,41 +149,63 @@ pub(super) fn create_dirs(dir: &Path, durable: bool) -> io::Result<()> {
         }
         if durable {
             if let Some(parent) = m.parent().filter(|p| !p.as_os_str().is_empty()) {
-                sync_dir(parent)?;
+                sync_dir_path(parent)?;
             }
         }
     }
     Ok(())
 }
 
-/// Remove a file; a missing one is not an error. Not fsynced: only files no committed tree
-/// references are removed, and if a crash undoes the removal, `gc` removes them again.
-pub(super) fn remove(path: &Path) -> io::Result<bool> {
-    match journal::run(|| std::fs::remove_file(path), || journal::FsOp::Unlink(path.to_path_buf())) {
+/// Open the folder `rel` beneath `root`, creating the root (by its path) and every missing
+/// folder beneath it (`mkdirat`, no link followed), each made durable in its parent when
+/// `durable` — the same operations, in the same order, as creating the whole path at once.
+pub(super) fn create_beneath(root: &Path, rel: &str, durable: bool) -> io::Result<Dir> {
+    create_dirs(root, durable)?;
+    Dir::open_root(root)?.sub_creating(rel, |parent, name| {
+        journal::run(|| parent.mkdir(name), || journal::FsOp::Mkdir(parent.join(name)))?;
+        if durable {
+            sync_dir(parent)?;
+        }
+        Ok(())
+    })
+}
+
+/// Remove the file `name` of `dir`; a missing one is not an error, a link is refused. Not
+/// fsynced: only files no committed tree references are removed, and if a crash undoes the
+/// removal, `gc` removes them again.
+pub(super) fn remove(dir: &Dir, name: &str) -> io::Result<bool> {
+    match journal::run(|| dir.unlink(name), || journal::FsOp::Unlink(dir.join(name))) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }
 }
 
+/// Remove the local file `t`; a missing one (or a missing folder on its way) is not an error.
+pub(super) fn remove_target(t: &Target) -> io::Result<bool> {
+    match t.parent() {
+        Ok((dir, name)) => remove(&dir, name),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The folder part of a target's path and its file name (for a put).
+fn split_target(t: &Target) -> io::Result<(&str, &str)> {
+    t.split().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))
+}
+
 impl Location {
     /// Write a local file of the location with [`put_file`], creating its folders first (on a
     /// blocking thread when inside the runtime).
-    pub(super) async fn put_local(
-        &self,
-        path: std::path::PathBuf,
-        parts: Vec<Bytes>,
-        create_only: bool,
-        durable: bool,
-    ) -> Result<()> {
+    pub(super) async fn put_local(&self, t: Target, parts: Vec<Bytes>, create_only: bool, durable: bool) -> Result<()> {
         let display = self.display.clone();
         maybe_spawn_blocking(move || {
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                create_dirs(parent, durable).map_err(|e| Error::Io { path: parent.to_path_buf(), source: e })?;
-            }
-            put_file(&path, &parts, create_only, durable).map_err(|e| match e.kind() {
+            let (folder, name) = split_target(&t).map_err(|e| io_error(t.path(), e))?;
+            let dir = create_beneath(&t.root, folder, durable).map_err(|e| io_error(t.path(), e))?;
+            put_file(&dir, name, &parts, create_only, durable).map_err(|e| match e.kind() {
                 io::ErrorKind::AlreadyExists => Error::AlreadyExists { location: display },
-                _ => Error::Io { path, source: e },
+                _ => io_error(t.path(), e),
             })
         })
         .await
@@ -182,35 +216,32 @@ impl Location {
     /// lock file beside it (`<name>.lock`), which every conditional replace of that file takes.
     pub(super) async fn replace_local_if(
         &self,
-        path: std::path::PathBuf,
+        t: Target,
         parts: Vec<Bytes>,
         expected: Option<Bytes>,
         durable: bool,
     ) -> Result<bool> {
         maybe_spawn_blocking(move || {
-            let io = |p: &Path, e: io::Error| Error::Io { path: p.to_path_buf(), source: e };
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                create_dirs(parent, durable).map_err(|e| io(parent, e))?;
-            }
-            let mut lock_name = path.file_name().unwrap_or_default().to_os_string();
-            lock_name.push(".lock");
-            let lock_path = path.with_file_name(lock_name);
-            let lock = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&lock_path)
-                .map_err(|e| io(&lock_path, e))?;
-            lock_exclusive(&lock).map_err(|e| io(&lock_path, e))?;
-            let now = match std::fs::read(&path) {
-                Ok(b) => Some(b),
+            let path = t.path();
+            let io = |e: io::Error| io_error(path.clone(), e);
+            let (folder, name) = split_target(&t).map_err(io)?;
+            let dir = create_beneath(&t.root, folder, durable).map_err(io)?;
+            let lock_name = format!("{name}.lock");
+            let lock = dir.open_or_create(&lock_name).map_err(|e| io_error(dir.join(&lock_name), e))?;
+            lock_exclusive(&lock).map_err(|e| io_error(dir.join(&lock_name), e))?;
+            let now = match dir.open_read(name) {
+                Ok(mut f) => {
+                    let mut b = vec![];
+                    f.read_to_end(&mut b).map_err(io)?;
+                    Some(b)
+                }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-                Err(e) => return Err(io(&path, e)),
+                Err(e) => return Err(io(e)),
             };
             if now.as_deref() != expected.as_deref() {
                 return Ok(false);
             }
-            put_file(&path, &parts, expected.is_none(), durable).map_err(|e| io(&path, e))?;
+            put_file(&dir, name, &parts, expected.is_none(), durable).map_err(io)?;
             Ok(true)
             // The lock is released when `lock` is closed here.
         })
@@ -220,8 +251,8 @@ impl Location {
     /// Make the names written so far in a local folder of the location durable (fsync the
     /// directory); a no-op elsewhere.
     pub async fn sync_dir(&self, rel_dir: &str) -> Result<()> {
-        let Some(dir) = self.local_file(rel_dir).filter(|_| self.layout == Layout::Directory) else { return Ok(()) };
-        maybe_spawn_blocking(move || sync_dir(&dir).map_err(|e| Error::Io { path: dir, source: e })).await
+        let Some(t) = self.target(rel_dir).filter(|_| self.layout == Layout::Directory) else { return Ok(()) };
+        maybe_spawn_blocking(move || t.dir().and_then(|d| sync_dir(&d)).map_err(|e| io_error(t.path(), e))).await
     }
 }
 

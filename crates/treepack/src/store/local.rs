@@ -1,6 +1,7 @@
 //! Local files: positioned reads into fresh buffers, straight from the device when the bytes are
 //! not cached (`direct`), and path normalisation.
 
+use super::beneath::{io_error, Target};
 use super::IoStats;
 use crate::error::{Error, Result};
 use bytes::Bytes;
@@ -27,13 +28,14 @@ pub(super) fn normalize_local(p: &Path) -> PathBuf {
     out
 }
 
-/// Open a pack file of a local tree; a missing one means the tree is incomplete.
-pub(super) fn open_pack(p: &Path, location: &str, file: &str) -> Result<std::fs::File> {
-    std::fs::File::open(p).map_err(|e| {
+/// Open a pack file of a local tree, beneath its location (store/beneath.rs); a missing one
+/// means the tree is incomplete.
+pub(super) fn open_pack(t: &Target, location: &str, file: &str) -> Result<std::fs::File> {
+    t.open_read().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             Error::missing_part(location, file)
         } else {
-            Error::Io { path: p.to_path_buf(), source: e }
+            io_error(t.path(), e)
         }
     })
 }

@@ -9,11 +9,12 @@
 //! can be taken belongs to a save that died: `gc` removes it. The kernel drops the lock when the
 //! process dies, however it dies. Off Unix, no markers (the grace period alone protects).
 
+use super::beneath::{io_error, Dir, Kind};
 use super::{Layout, Location};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use std::fs::File;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
@@ -25,7 +26,10 @@ const UNLOCKED_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 /// A live save's marker; removed (and unlocked) when dropped.
 #[derive(Debug)]
 pub struct SaveMarker {
-    path: PathBuf,
+    /// The folder it is in, held open: it is removed from there, whatever that folder's path
+    /// names by then.
+    dir: Dir,
+    name: String,
     _file: File,
 }
 
@@ -45,25 +49,26 @@ fn flock(f: &File, op: libc::c_int) -> bool {
 
 impl SaveMarker {
     /// Create and lock a marker in `dir` (the location's directory, or a single file's folder
-    /// with `single_file_name` set).
+    /// with `single_file_name` set). A name already there — a planted link — is refused, never
+    /// followed.
     ///
     /// # Errors
     /// I/O errors creating the file.
-    pub(super) fn create(dir: &Path, single_file_name: Option<&str>) -> io::Result<Option<SaveMarker>> {
+    pub(super) fn create(dir: Dir, single_file_name: Option<&str>) -> io::Result<Option<SaveMarker>> {
         if !cfg!(unix) {
             return Ok(None);
         }
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!("{}{}-{n}", prefix(single_file_name), std::process::id()));
-        let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
+        let name = format!("{}{}-{n}", prefix(single_file_name), std::process::id());
+        let file = dir.create_new(&name)?;
         #[cfg(unix)]
         if !flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
             // A file system without `flock` (some network mounts): no marker, rather than no
             // save; there `gc`'s grace period alone protects running saves (docs/security.md).
-            let _ = std::fs::remove_file(&path);
+            let _ = dir.unlink(&name);
             return Ok(None);
         }
-        Ok(Some(SaveMarker { path, _file: file }))
+        Ok(Some(SaveMarker { dir, name, _file: file }))
     }
 }
 
@@ -71,7 +76,7 @@ impl Drop for SaveMarker {
     fn drop(&mut self) {
         // Removed before the descriptor (and with it the lock) goes: a `gc` never sees an
         // unlocked marker of a save that is still running.
-        let _ = std::fs::remove_file(&self.path);
+        let _ = self.dir.unlink(&self.name);
     }
 }
 
@@ -79,24 +84,21 @@ impl Drop for SaveMarker {
 /// markers of saves that died. Returns the stale markers removed too.
 ///
 /// # Errors
-/// I/O errors listing `dir`.
+/// I/O errors listing `dir`; a marker name that is a link is refused (nothing is removed).
 pub(super) fn oldest_running(
-    dir: &Path,
+    dir: &Dir,
     single_file_name: Option<&str>,
-) -> io::Result<(Option<SystemTime>, Vec<PathBuf>)> {
+) -> io::Result<(Option<SystemTime>, Vec<String>)> {
     let pre = prefix(single_file_name);
     let mut oldest: Option<SystemTime> = None;
     let mut stale = vec![];
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, stale)),
-        Err(e) => return Err(e),
-    };
-    for ent in rd.flatten() {
-        if !ent.file_name().to_string_lossy().starts_with(&pre) {
-            continue;
-        }
-        let Ok(file) = File::open(ent.path()) else { continue };
+    let markers: Vec<_> = dir.entries()?.into_iter().filter(|(n, _)| n.starts_with(&pre)).collect();
+    if let Some((n, _)) = markers.iter().find(|(_, m)| m.kind == Kind::Link) {
+        // Refused before anything is removed.
+        return Err(dir.refuse_link(n));
+    }
+    for (name, _) in markers {
+        let Ok(file) = dir.open_read(&name) else { continue };
         let created = file.metadata().and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
         // A save creates its marker, then locks it: a marker younger than `UNLOCKED_GRACE` may
         // be one whose lock is still to come, so it counts as live even when unlocked.
@@ -104,8 +106,8 @@ pub(super) fn oldest_running(
         #[cfg(unix)]
         if !young && flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
             // Nobody holds it: the save that made it is gone.
-            if std::fs::remove_file(ent.path()).is_ok() {
-                stale.push(ent.path());
+            if dir.unlink(&name).is_ok() {
+                stale.push(name);
             }
             continue;
         }
@@ -120,29 +122,29 @@ impl Location {
     /// `None` for object stores.
     pub fn save_marker(&self, durable: bool) -> Result<Option<SaveMarker>> {
         let Some((dir, name)) = self.marker_dir() else { return Ok(None) };
-        super::durable::create_dirs(&dir, durable).map_err(|e| Error::Io { path: dir.clone(), source: e })?;
-        SaveMarker::create(&dir, name.as_deref()).map_err(|e| Error::Io { path: dir, source: e })
+        let opened = super::durable::create_beneath(&dir, "", durable).map_err(|e| io_error(dir.clone(), e))?;
+        SaveMarker::create(opened, name.as_deref()).map_err(|e| io_error(dir, e))
     }
 
     /// When the oldest local save still running here started, and the markers of dead saves
     /// removed (relative names), for `gc`.
     pub(crate) fn running_saves(&self) -> Result<(Option<std::time::SystemTime>, Vec<String>)> {
         let Some((dir, name)) = self.marker_dir() else { return Ok((None, vec![])) };
-        let (oldest, stale) = oldest_running(&dir, name.as_deref()).map_err(|e| Error::Io { path: dir, source: e })?;
-        let names = stale.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
-        Ok((oldest, names))
+        let opened = match Dir::open_root(&dir) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, vec![])),
+            Err(e) => return Err(io_error(dir, e)),
+        };
+        oldest_running(&opened, name.as_deref()).map_err(|e| io_error(dir, e))
     }
 
-    /// The folder that holds a local save's markers, and for a single file its name.
+    /// The folder that holds a local save's markers (the location's root folder), and for a
+    /// single file its name.
     fn marker_dir(&self) -> Option<(PathBuf, Option<String>)> {
-        let local = self.local.as_ref()?;
+        let t = self.target("")?;
         match self.layout {
-            Layout::Directory => Some((local.clone(), None)),
-            Layout::SingleFile => {
-                let name = local.file_name()?.to_string_lossy().into_owned();
-                let dir = local.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
-                Some((dir, Some(name)))
-            }
+            Layout::Directory => Some((t.root, None)),
+            Layout::SingleFile => Some((t.root, Some(t.rel))),
         }
     }
 }

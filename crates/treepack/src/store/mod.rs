@@ -10,6 +10,7 @@
 //! Every read and write is counted in [`IoStats`], which tests use to prove partial loads touch
 //! only the bytes they need.
 
+pub(crate) mod beneath;
 mod cloud;
 #[cfg(target_os = "linux")]
 mod direct;
@@ -21,6 +22,7 @@ mod marker;
 mod multipart;
 mod plan;
 
+use beneath::{io_error, Kind};
 use cloud::remote_store;
 pub use cloud::{RemoteTuning, TUNING_KEYS};
 pub use durable::journal;
@@ -356,25 +358,18 @@ impl Location {
     /// mix the old manifest with the new file's bytes.
     ///
     /// # Errors
-    /// [`Error::NotFound`] if the file does not exist; symlinks are refused.
+    /// [`Error::NotFound`] if the file does not exist; [`Error::Link`] if it is a symbolic link.
     pub fn pin(&self) -> Result<Location> {
-        let (Some(p), Layout::SingleFile, None) = (&self.local, self.layout, &self.pinned) else {
+        let (Some(t), Layout::SingleFile, None) = (self.target("."), self.layout, &self.pinned) else {
             return Ok(self.clone());
         };
-        let f = std::fs::File::open(p).map_err(|e| {
+        let f = t.open_read().map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
-                Error::no_tree(self.display.clone(), p.display())
+                Error::no_tree(self.display.clone(), t.path().display())
             } else {
-                Error::Io { path: p.clone(), source: e }
+                io_error(t.path(), e)
             }
         })?;
-        if std::fs::symlink_metadata(p).map(|m| m.file_type().is_symlink()).unwrap_or(false) {
-            return Err(Error::OutOfBounds {
-                file: p.display().to_string(),
-                key: String::new(),
-                reason: "is a symbolic link; treepack does not follow links".into(),
-            });
-        }
         Ok(Location { pinned: Some(Arc::new(f)), ..self.clone() })
     }
 
@@ -420,14 +415,6 @@ impl Location {
         rel.split('/').fold(self.base.clone(), |p, seg| p.clone().join(seg))
     }
 
-    fn local_file(&self, rel: &str) -> Option<PathBuf> {
-        let root = self.local.as_ref()?;
-        if rel == "." || rel.is_empty() {
-            return Some(root.clone());
-        }
-        Some(rel.split('/').fold(root.clone(), |p, seg| p.join(seg)))
-    }
-
     /// A read's error: a missing manifest (or single file) means no tree; a missing pack, an
     /// incomplete or replaced one.
     fn store_err(&self, rel: &str, e: object_store::Error) -> Error {
@@ -454,46 +441,31 @@ impl Location {
         }
     }
 
-    /// Refuse symbolic links inside a local location: a hostile tree could otherwise make the
-    /// reader follow `packs/x.tpp -> /etc/shadow`.
-    fn check_no_symlink(&self, rel: &str) -> Result<()> {
-        let Some(root) = &self.local else { return Ok(()) };
-        if rel == "." || rel.is_empty() {
-            return Ok(());
-        }
-        let mut p = root.clone();
-        for seg in rel.split('/') {
-            p.push(seg);
-            if let Ok(m) = std::fs::symlink_metadata(&p) {
-                if m.file_type().is_symlink() {
-                    return Err(Error::OutOfBounds {
-                        file: p.display().to_string(),
-                        key: rel.to_string(),
-                        reason: "is a symbolic link; treepack does not follow links inside a tree".into(),
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Read a whole object, or `None` if it does not exist. `limit` caps the size accepted.
     pub async fn get_opt(&self, rel: &str, limit: u64) -> Result<Option<Bytes>> {
-        self.check_no_symlink(rel)?;
-        if let Some(p) = self.local_file(rel) {
-            let meta = match std::fs::metadata(&p) {
-                Ok(m) => m,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => return Err(Error::Io { path: p, source: e }),
-            };
-            if meta.len() > limit {
-                return Err(Error::limit("file size", limit, format!("{} is {} bytes", p.display(), meta.len())));
-            }
-            // Removed since the metadata call (a file another process replaces or deletes): gone.
-            let data = maybe_spawn_blocking(move || match std::fs::read(&p) {
-                Ok(d) => Ok(Some(d)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(Error::Io { path: p, source: e }),
+        if let Some(t) = self.target(rel) {
+            let data = maybe_spawn_blocking(move || {
+                use std::io::Read;
+                let p = t.path();
+                let f = match t.open_read() {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(io_error(p, e)),
+                };
+                let len = f.metadata().map_err(|e| io_error(p.clone(), e))?.len();
+                if len > limit {
+                    return Err(Error::limit("file size", limit, format!("{} is {len} bytes", p.display())));
+                }
+                // Read through the descriptor just opened, no further than the limit even if
+                // the file grows meanwhile.
+                let mut d = Vec::new();
+                d.try_reserve_exact(len as usize)
+                    .map_err(|_| Error::OutOfMemory { key: p.display().to_string(), bytes: len })?;
+                (&f).take(limit.saturating_add(1)).read_to_end(&mut d).map_err(|e| io_error(p.clone(), e))?;
+                if d.len() as u64 > limit {
+                    return Err(Error::limit("file size", limit, format!("{} grew past it while read", p.display())));
+                }
+                Ok(Some(d))
             })
             .await?;
             self.stats.read(data.as_ref().map_or(0, |d| d.len() as u64));
@@ -555,15 +527,12 @@ impl Location {
             let p = self.local.clone().unwrap_or_default();
             return f.metadata().map(|m| m.len()).map_err(|e| Error::Io { path: p, source: e });
         }
-        self.check_no_symlink(rel)?;
-        if let Some(p) = self.local_file(rel) {
-            return std::fs::metadata(&p).map(|m| m.len()).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    self.not_found(rel, p.display())
-                } else {
-                    Error::Io { path: p, source: e }
-                }
-            });
+        if let Some(t) = self.target(rel) {
+            return match t.stat() {
+                Ok(Some(m)) => Ok(m.len),
+                Ok(None) => Err(self.not_found(rel, t.path().display())),
+                Err(e) => Err(io_error(t.path(), e)),
+            };
         }
         let m = self.store.head(&self.obj(rel)).await.map_err(|e| self.store_err(rel, e))?;
         self.stats.read(0);
@@ -582,11 +551,10 @@ impl Location {
             let p = self.local.clone().unwrap_or_default();
             return maybe_spawn_blocking(move || read_file_ranges(&f, &p, &ranges, &stats, &file, mode)).await;
         }
-        self.check_no_symlink(rel)?;
-        if let Some(p) = self.local_file(rel) {
+        if let Some(t) = self.target(rel) {
             let location = self.display.clone();
             return maybe_spawn_blocking(move || {
-                read_file_ranges(&open_pack(&p, &location, &file)?, &p, &ranges, &stats, &file, mode)
+                read_file_ranges(&open_pack(&t, &location, &file)?, &t.path(), &ranges, &stats, &file, mode)
             })
             .await;
         }
@@ -600,13 +568,8 @@ impl Location {
             let p = self.local.clone().unwrap_or_default();
             return f.metadata().map(|m| Some(m.len())).map_err(|e| Error::Io { path: p, source: e });
         }
-        self.check_no_symlink(rel)?;
-        let Some(p) = self.local_file(rel) else { return Ok(None) };
-        match std::fs::metadata(&p) {
-            Ok(m) => Ok(Some(m.len())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::Io { path: p, source: e }),
-        }
+        let Some(t) = self.target(rel) else { return Ok(None) };
+        t.stat().map(|m| m.map(|m| m.len)).map_err(|e| io_error(t.path(), e))
     }
 
     /// Hint that these ranges of a local file will be read next, so the kernel reads them ahead
@@ -618,10 +581,7 @@ impl Location {
             use std::os::fd::AsRawFd;
             let file = match self.pinned_file(rel) {
                 Some(f) => Some(f.clone()),
-                None if self.check_no_symlink(rel).is_ok() => {
-                    self.local_file(rel).and_then(|p| std::fs::File::open(p).ok()).map(Arc::new)
-                }
-                None => None,
+                None => self.target(rel).and_then(|t| t.open_read().ok()).map(Arc::new),
             };
             if let Some(f) = file {
                 for r in ranges {
@@ -721,15 +681,15 @@ impl Location {
     /// locations that are not local (the caller fetches instead).
     pub fn read_local_into(&self, rel: &str, offset: u64, out: &mut [u8]) -> Result<bool> {
         use std::os::unix::fs::FileExt;
-        self.check_no_symlink(rel)?;
-        let Some(p) = self.local_file(rel) else { return Ok(false) };
+        let Some(t) = self.target(rel) else { return Ok(false) };
+        let p = t.path();
         let opened;
         let f = match self.pinned_file(rel) {
             Some(f) => f.as_ref(),
             None => {
-                opened = std::fs::File::open(&p).map_err(|e| match e.kind() {
+                opened = t.open_read().map_err(|e| match e.kind() {
                     std::io::ErrorKind::NotFound => self.not_found(rel, p.display()),
-                    _ => Error::Io { path: p.clone(), source: e },
+                    _ => io_error(p.clone(), e),
                 })?;
                 &opened
             }
@@ -753,11 +713,11 @@ impl Location {
     /// a loaded tensor in place gets private pages instead of a crash. Where the system refuses a
     /// writable private mapping, a read-only one.
     pub fn mmap(&self, rel: &str) -> Result<Option<Bytes>> {
-        self.check_no_symlink(rel)?;
-        let Some(p) = self.local_file(rel) else { return Ok(None) };
+        let Some(t) = self.target(rel) else { return Ok(None) };
+        let p = t.path();
         let f = match self.pinned_file(rel) {
             Some(f) => f.try_clone().map_err(|e| Error::Io { path: p.clone(), source: e })?,
-            None => std::fs::File::open(&p).map_err(|e| Error::Io { path: p.clone(), source: e })?,
+            None => t.open_read().map_err(|e| io_error(p.clone(), e))?,
         };
         // SAFETY: treepack never modifies committed files in place (writes are temp + rename),
         // so the mapping stays valid; callers opt in to mmap knowing another program could
@@ -825,8 +785,8 @@ impl Location {
             self.stats.wrote(n);
             return Ok(());
         }
-        if let Some(path) = self.local_file(rel) {
-            self.put_local(path, parts, create_only, durable).await?;
+        if let Some(t) = self.target(rel) {
+            self.put_local(t, parts, create_only, durable).await?;
             self.stats.wrote(n);
             if let Some(t) = progress {
                 t.advance(n);
@@ -879,8 +839,8 @@ impl Location {
     ) -> Result<bool> {
         self.refuse_write()?;
         let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
-        if let Some(path) = self.local_file(rel) {
-            let ok = self.replace_local_if(path, parts, was.map(|v| v.bytes.clone()), durable).await?;
+        if let Some(t) = self.target(rel) {
+            let ok = self.replace_local_if(t, parts, was.map(|v| v.bytes.clone()), durable).await?;
             if ok {
                 self.stats.wrote(n);
             }
@@ -912,8 +872,8 @@ impl Location {
     /// Delete an object; a missing object is not an error.
     pub async fn delete(&self, rel: &str) -> Result<()> {
         self.refuse_write()?;
-        if let Some(p) = self.local_file(rel) {
-            return durable::remove(&p).map(drop).map_err(|e| Error::Io { path: p, source: e });
+        if let Some(t) = self.target(rel) {
+            return durable::remove_target(&t).map(drop).map_err(|e| io_error(t.path(), e));
         }
         match self.store.delete(&self.obj(rel)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
@@ -922,22 +882,36 @@ impl Location {
     }
 
     /// List objects under a folder of the location, as paths relative to the location, with
-    /// their sizes and last-modified times.
+    /// their sizes and last-modified times. On local disk, a symbolic link among them (or on the
+    /// way to the folder) is refused ([`Error::Link`]).
     pub async fn list(&self, rel_dir: &str) -> Result<Vec<(String, u64, std::time::SystemTime)>> {
+        self.list_where(rel_dir, |_| true).await
+    }
+
+    /// [`list`](Self::list), of the names `keep` accepts: only those are refused for being a
+    /// link (`gc` lists a folder for a few names among others).
+    pub(crate) async fn list_where(
+        &self,
+        rel_dir: &str,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<(String, u64, std::time::SystemTime)>> {
         let prefix = self.obj(rel_dir);
-        if let Some(dir) = self.local_file(rel_dir) {
+        if let Some(t) = self.target(rel_dir) {
             // object_store hides staging files (`name#N`); list the folder directly so `gc` sees them.
             let mut out = vec![];
-            let rd = match std::fs::read_dir(&dir) {
-                Ok(r) => r,
+            let entries = match t.dir().and_then(|d| d.entries().map(|e| (d, e))) {
+                Ok(x) => x,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-                Err(e) => return Err(Error::Io { path: dir, source: e }),
+                Err(e) => return Err(io_error(t.path(), e)),
             };
-            for ent in rd.flatten() {
-                if let (Ok(m), Some(name)) = (ent.metadata(), ent.file_name().to_str()) {
-                    if m.is_file() {
-                        out.push((format!("{rel_dir}/{name}"), m.len(), m.modified().unwrap_or(std::time::UNIX_EPOCH)));
-                    }
+            let (dir, entries) = entries;
+            for (name, m) in entries.into_iter().filter(|(n, _)| keep(n)) {
+                let rel = if t.rel.is_empty() { name.clone() } else { format!("{}/{name}", t.rel) };
+                match m.kind {
+                    Kind::File => out.push((rel, m.len, m.modified)),
+                    // `stat` refuses it, naming it.
+                    Kind::Link => return Err(io_error(dir.join(&name), dir.refuse_link(&name))),
+                    Kind::Folder | Kind::Other => {}
                 }
             }
             out.sort();
@@ -949,16 +923,18 @@ impl Location {
         while let Some(m) = s.next().await {
             let m = m.map_err(|e| self.store_err(rel_dir, e))?;
             let rel: Vec<String> = m.location.parts().skip(base_len).map(|p| p.as_ref().to_string()).collect();
-            out.push((rel.join("/"), m.size, std::time::SystemTime::from(m.last_modified)));
+            if keep(rel.last().map_or("", String::as_str)) {
+                out.push((rel.join("/"), m.size, std::time::SystemTime::from(m.last_modified)));
+            }
         }
         out.sort();
         Ok(out)
     }
 
-    /// Delete a local staging/leftover file by relative path (used by `gc`).
+    /// Delete a local staging/leftover file by relative path (used by `gc`); a link is refused.
     pub fn remove_local(&self, rel: &str) -> Result<bool> {
-        match self.local_file(rel) {
-            Some(p) => durable::remove(&p).map_err(|e| Error::Io { path: p, source: e }),
+        match self.target(rel) {
+            Some(t) => durable::remove_target(&t).map_err(|e| io_error(t.path(), e)),
             None => Ok(false),
         }
     }

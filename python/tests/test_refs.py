@@ -171,7 +171,7 @@ def test_cycles_through_tuples_round_trip_or_are_refused_at_save(tmp_path):
     treepack.register(Me, name="test.refs.Me", to_data=lambda m: m.me, from_data=lambda d: Me())
     m = Me()
     m.me = m
-    with pytest.raises(ValueError, match=r"cannot save `m/data`: .* registered type's data"):
+    with pytest.raises(ValueError, match=r"cannot save `m/data`: an object contains itself through an object of type test.refs.Me"):
         treepack.save({"m": m}, str(tmp_path / "c"))
 
 

@@ -7,6 +7,7 @@ import datetime as _dt
 import functools
 import json
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -201,6 +202,10 @@ def save(
     policy = _compression_text(compression)
 
     memo: dict = {}
+    if "torch" in sys.modules:
+        from .integrations import torch as torch_tensors
+
+        memo[torch_tensors.STORAGES] = torch_tensors.Storages()
     found = dask_arrays.Found(chunk_bytes)
 
     def enc(obj: Any, where: str) -> Any:
@@ -213,10 +218,20 @@ def save(
     def prepare(t: Any) -> Any:
         # A tree holding a plain dict or list at two places may be walked twice (the first
         # walk wrote it as text): the Dask arrays met are counted again from zero.
-        return _core.prepare(
-            t, enc, _codec.encode_array, snapshot=not blocking, fast_datetime=_registry.lookup_class(_dt.datetime) is None,
-            shared=shared, reset=found.arrays.clear,
-        )
+        def walk() -> Any:
+            return _core.prepare(
+                t, enc, _codec.encode_array, snapshot=not blocking,
+                fast_datetime=_registry.lookup_class(_dt.datetime) is None, shared=shared, reset=found.arrays.clear,
+            )
+
+        out = walk()
+        storages = memo.get("torch.storages")
+        if storages is not None and not storages.second and storages.needs_second_walk():
+            # Tensors that share a storage (tied weights) were found: their annotations say so,
+            # which the first of them could not know when it was met.
+            found.arrays.clear()
+            out = walk()
+        return out
 
     if jax_like.spans_processes(tree):
         # One save of a multi-process JAX job: every process writes its part, process 0 commits.
@@ -464,11 +479,11 @@ def _load(p: str, opts: Any, dec: Any, select: Any, like: Any, trust_t: Tuple[st
 
                 for path, t in into.items():
                     torch_tensors.read_into(r, path, t, verify)
-                out = r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback,
-                             partial_types=_codec.PARTIAL_TYPES)
-                return _like.graft(out, like, structure, {id(t) for t in into.values()})
-            return r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback,
-                          partial_types=_codec.PARTIAL_TYPES)
+            out = r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback,
+                         partial_types=_codec.PARTIAL_TYPES)
+            if like is None:
+                return out
+            return _like.graft(out, like, structure, {id(t) for t in into.values()}, dec.map_location)
         except FileNotFoundError:
             # A pack gone missing: an overwrite replaced the tree after its manifest was read
             # (it removes the packs only the old tree used). Start over on the new tree.

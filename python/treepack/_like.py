@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set
 import numpy as np
 
 from . import _codec, _core
+from ._codec import records
 from ._registry import lookup_class, type_name
 from .integrations import torch as torch_tensors
 
@@ -36,19 +37,25 @@ LeafInfo = _core.LeafInfo
 def keep_paths(like: Any, structure: Any, into: Optional[Dict[str, Any]] = None) -> Set[str]:
     """The key paths to read: stored leaves, and custom objects that have no children.
 
-    With ``into`` (a dict), the places where ``like`` holds a torch tensor are not kept but
-    collected there, key path -> tensor: the caller reads them into those tensors in place."""
+    With ``into`` (a dict), the places where ``like`` holds a torch tensor with memory are not
+    kept but collected there, key path -> tensor: the caller reads them into those tensors in
+    place. A tensor on the ``meta`` device (a model built without memory, the usual way to build
+    a big one) has nothing to read into: its leaf is loaded as a new tensor (see ``graft``)."""
     keep: Set[str] = set()
     _walk(like, structure, "", keep, into)
     return keep
 
 
-def graft(out: Any, like: Any, stored: Any, tensors: Set[int]) -> Any:
+def graft(out: Any, like: Any, stored: Any, tensors: Set[int], map_location: Any = None) -> Any:
     """``out`` with the tensors of ``like`` whose ids are in ``tensors`` put back at their
     places (loaded in place, they came back as None, and so did a state_dict whose every
-    leaf was a tensor: rebuilt here from ``stored``, the structure)."""
+    leaf was a tensor: rebuilt here from ``stored``, the structure). Where ``like`` holds a
+    ``meta`` tensor, the loaded leaf becomes a real tensor of its kind, on ``map_location``'s
+    device (the CPU by default): what ``load_state_dict(..., assign=True)`` takes."""
     if id(like) in tensors:
         return like
+    if torch_tensors.is_meta(like):
+        return torch_tensors.from_meta(out, like, map_location)
     if isinstance(like, Mapping) and out is None:
         if isinstance(stored, dict):
             out = {k: None for k in stored}
@@ -61,12 +68,12 @@ def graft(out: Any, like: Any, stored: Any, tensors: Set[int]) -> Any:
     if isinstance(like, Mapping) and out is not None:
         kids = stored if isinstance(stored, dict) else getattr(stored, "children", {})
         for k in like:
-            v = graft(out[k], like[k], kids.get(k), tensors)
+            v = graft(out[k], like[k], kids.get(k), tensors, map_location)
             if v is not out[k]:
                 out[k] = v
         return out
     if isinstance(like, (list, tuple)) and isinstance(out, (list, tuple)):
-        items = [graft(o, l, s, tensors) for o, l, s in zip(out, like, stored if isinstance(stored, (list, tuple)) else [None] * len(out))]
+        items = [graft(o, l, s, tensors, map_location) for o, l, s in zip(out, like, stored if isinstance(stored, (list, tuple)) else [None] * len(out))]
         if isinstance(out, list):
             out[:] = items
             return out
@@ -74,7 +81,7 @@ def graft(out: Any, like: Any, stored: Any, tensors: Set[int]) -> Any:
     fields = _fields_of(like)
     if fields is not None and out is not None and not isinstance(out, tuple):
         for k, l in fields.items():
-            v = graft(getattr(out, k), l, getattr(stored, "children", {}).get(k), tensors)
+            v = graft(getattr(out, k), l, getattr(stored, "children", {}).get(k), tensors, map_location)
             if v is not getattr(out, k):
                 object.__setattr__(out, k, v)
     return out
@@ -166,9 +173,12 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
         _take_all(stored, keep)
         return
     if isinstance(stored, LeafInfo):
-        if into is not None and torch_tensors.is_tensor(like):
+        if torch_tensors.is_tensor(like):
             torch_tensors.check_like(like, stored, _where(path), _stored_dtype(stored) if stored.kind == "array" else None)
-            into[stored.path] = like
+            if into is not None and not torch_tensors.is_meta(like):
+                into[stored.path] = like
+            else:
+                keep.add(stored.path)
             return
         if isinstance(like, LeafInfo) or _is_array_like(like):
             _check_leaf(like, stored, path)
@@ -240,11 +250,15 @@ def _is_struct_node(x: Any) -> bool:
 
 
 def _fields_of(x: Any) -> Any:
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
-    if isinstance(x, tuple) and hasattr(type(x), "_fields"):
-        return dict(zip(type(x)._fields, x))
-    return None
+    """A record's children as a save writes them (its fields, then the rest of its state), or
+    None for anything that is not a record."""
+    if isinstance(x, type) or isinstance(x, (dict, list)):
+        return None
+    try:
+        d = records.describe(x, type(x), "", "")
+    except TypeError:
+        return None
+    return dict(d[3]) if d is not None else None
 
 
 def _custom_name(x: Any) -> Any:

@@ -151,13 +151,15 @@ def encode_other(
             return hit[1]
     if embed and isinstance(obj, pathlib.Path) and obj.is_file():
         obj = files.File(obj)
-    d = _describe(obj, where, allow_pickle, omit_static)
+    d = _describe(obj, where, allow_pickle, omit_static, memo)
     if memo is not None and (d[1] in ("py.image", "py.file", "py.audio") or not d[1].startswith("py.")) and d[0] == "custom":
         memo[id(obj)] = (obj, d)  # the object is kept alive, so its id is not reused meanwhile
     return d
 
 
-def _describe(obj: Any, where: str, allow_pickle: bool, omit_static: bool = False) -> Tuple[str, str, Optional[str], List[Tuple[str, Any]]]:
+def _describe(
+    obj: Any, where: str, allow_pickle: bool, omit_static: bool = False, memo: Optional[Dict[Any, Any]] = None
+) -> Tuple[str, str, Optional[str], List[Tuple[str, Any]]]:
     t = type(obj)
     r = reg.lookup_class(t)
     if r is not None and r.save is not None:
@@ -180,7 +182,7 @@ def _describe(obj: Any, where: str, allow_pickle: bool, omit_static: bool = Fals
             ) from e
         return ("custom", r.name, None, [("data", data)])
     if torch_tensors.is_tensor(obj):
-        return torch_tensors.encode(obj, where)
+        return torch_tensors.encode(obj, where, memo.get(torch_tensors.STORAGES) if memo is not None else None)
     if jax_arrays.is_array(obj):
         return jax_arrays.encode(obj, where)
     if t is _parts.Piece:

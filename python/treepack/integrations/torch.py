@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -57,7 +57,67 @@ def _dtype_name(dt: Any) -> str:
     return str(dt).rpartition(".")[2]
 
 
-def encode(t: Any, where: str) -> Tuple[str, str, str, list]:
+#: The key of a save's ``Storages`` in ``encode_other``'s per-save memo.
+STORAGES = "torch.storages"
+
+
+class Storages:
+    """One save's view of the storages its tensors use, so that tensors sharing one (tied
+    weights: GPT-2's ``lm_head.weight`` and ``wte.weight``; a tensor and a view of it) share one
+    again when loaded, as ``torch.load`` gives them.
+
+    A first walk counts the tensors of each storage. When some storage has several, the save
+    walks the tree again (``second``) and each of their tensors is annotated with the storage's
+    number in this save and where it lies in it (``"storage":{"id":N,"offset":O,"stride":[…]}``,
+    in elements of its dtype). Each tensor still stores its own values, so it loads alone too
+    (a ``select`` of one, another library): identical values are stored once, by hash."""
+
+    #: A storage is shared again on load only if its extent is at most this many times the
+    #: bytes of its tensors (plus ``SLACK``): a load must not allocate much more than the file
+    #: holds (a few rows of a huge embedding come back as their own tensors).
+    RATIO = 8
+    SLACK = 1 << 20
+
+    def __init__(self) -> None:
+        self.seen: Dict[Tuple[str, int], List[Any]] = {}  # key -> [tensors, extent, bytes]
+        self.shared: Dict[Tuple[str, int], int] = {}
+        self.second = False
+
+    def note(self, t: Any) -> Optional[Dict[str, Any]]:
+        """Count ``t`` (first walk), or its annotation (second walk; None when unshared)."""
+        st = t.untyped_storage()
+        if st.nbytes() == 0 or t.numel() == 0 or t.is_conj() or t.is_neg():
+            # (A conjugate or negative view is stored resolved: its values are not its storage's.)
+            return None
+        key = (str(t.device), st.data_ptr())
+        if self.second:
+            n = self.shared.get(key)
+            if n is None:
+                return None
+            return {"id": n, "offset": int(t.storage_offset()), "stride": [int(s) for s in t.stride()]}
+        rec = self.seen.setdefault(key, [0, 0, 0])
+        rec[0] += 1
+        rec[1] = max(rec[1], _extent(t.storage_offset(), t.shape, t.stride()) * t.element_size())
+        rec[2] += t.numel() * t.element_size()
+        return None
+
+    def needs_second_walk(self) -> bool:
+        """After the first walk: number the storages worth sharing; True if there are any."""
+        for key, (count, extent, nbytes) in self.seen.items():
+            if count > 1 and extent <= self.RATIO * nbytes + self.SLACK:
+                self.shared[key] = len(self.shared)
+        self.second = True
+        return bool(self.shared)
+
+
+def _extent(offset: int, shape: Any, stride: Any) -> int:
+    """Elements of a storage a strided view reaches: one past its last element."""
+    if any(n == 0 for n in shape):
+        return offset
+    return offset + sum((n - 1) * s for n, s in zip(shape, stride)) + 1
+
+
+def encode(t: Any, where: str, storages: Optional[Storages] = None) -> Tuple[str, str, str, list]:
     """``encode_other``'s description of a tensor: an ``array`` with one numpy view, annotated."""
     import torch
 
@@ -82,6 +142,10 @@ def encode(t: Any, where: str) -> Tuple[str, str, str, list]:
     dev = t.device
     if dev.type == "meta":
         raise TypeError(f"cannot save `{where}`: a tensor on the meta device has no data")
+    if storages is not None:
+        shared = storages.note(t)
+        if shared is not None:
+            ann["storage"] = shared
     t = t.detach()
     if dev.type != "cpu":
         ann["device"] = str(dev)
@@ -183,6 +247,9 @@ class Loader:
         # Data pointers of mmap tensors already made: a chunk stored once for two equal tensors
         # is one mapping, so the second tensor gets its own copy (no aliasing between leaves).
         self._seen: set = set()
+        # Storages shared by several tensors of the file, by their number: [storage, bytes of
+        # values written into it].
+        self._storages: Dict[Any, List[Any]] = {}
 
     def tensor(self, arr: np.ndarray, ann: Dict[str, Any]) -> Any:
         import torch
@@ -208,23 +275,97 @@ class Loader:
         if via is not None:
             t = t.view(getattr(torch, stored))
         saved = ann.get("device")
-        t = self._place(t, saved)
+        if "storage" in ann:
+            t = self._in_storage(t, ann["storage"], saved)
+        else:
+            t = self._place(t, saved)
         if ann.get("type") == PARAMETER:
             return torch.nn.Parameter(t, requires_grad=bool(ann.get("requires_grad", True)))
         if ann.get("requires_grad"):
             t.requires_grad_(True)
         return t
 
+    def _in_storage(self, values: Any, st: Any, saved: Optional[str]) -> Any:
+        """A tensor holding ``values`` that lies in the storage numbered ``st["id"]`` (shared
+        with other tensors of this load), at its offset and strides. The storage is made on the
+        device this tensor goes to and grows to whatever its tensors reach, within
+        ``Storages.RATIO`` times the bytes they hold."""
+        import torch
+
+        if not isinstance(st, dict) or not isinstance(st.get("id"), int) or isinstance(st.get("id"), bool):
+            raise ValueError(f"a tensor's storage annotation must name a storage by number, got {st!r}")
+        offset, stride = st.get("offset"), st.get("stride")
+        ok = lambda n: isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**62
+        if not ok(offset) or not isinstance(stride, list) or len(stride) != values.dim() or not all(ok(x) for x in stride):
+            raise ValueError(f"a tensor's storage annotation has a bad offset or strides: {st!r}")
+        device = self._device(saved)
+        item = values.element_size()
+        extent = _extent(offset, values.shape, stride) * item
+        entry = self._storages.get(st["id"])
+        held = (entry[1] if entry else 0) + values.numel() * item
+        if extent > Storages.RATIO * held + Storages.SLACK:
+            raise ValueError(
+                f"a tensor's storage annotation reaches {extent} bytes for {held} bytes of values (offset {offset}, "
+                f"strides {stride}): a damaged or hostile file"
+            )
+        if entry is None:
+            entry = self._storages[st["id"]] = [torch.zeros(extent, dtype=torch.uint8, device=device).untyped_storage(), 0]
+        storage = entry[0]
+        if storage.nbytes() < extent:
+            old = storage.nbytes()
+            storage.resize_(extent)
+            torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)[old:].zero_()
+        entry[1] = held
+        t = torch.empty(0, dtype=values.dtype, device=storage.device).set_(storage, offset, values.shape, stride)
+        with torch.no_grad():
+            t.copy_(values)
+        if self.map_location is not None and callable(self.map_location) and not isinstance(self.map_location, (str, dict)):
+            t = self.map_location(t, saved or "cpu")
+        return t
+
+    def _device(self, saved: Optional[str]) -> Any:
+        """Where ``_place`` puts a tensor saved on ``saved`` (the CPU for a callable, which then
+        gets each tensor)."""
+        m = self.map_location
+        if m is None or (callable(m) and not isinstance(m, str)):
+            return "cpu"
+        if isinstance(m, dict):
+            return m.get(saved or "cpu") or "cpu"
+        return m
+
     def _place(self, t: Any, saved: Optional[str]) -> Any:
         m = self.map_location
         if m is None:
             return t
         if callable(m) and not isinstance(m, str):
-            return m(t, saved)
+            # torch.load passes the storage's location: "cpu" for tensors saved from the CPU.
+            return m(t, saved or "cpu")
         if isinstance(m, dict):
             target = m.get(saved or "cpu")
             return t if target is None else t.to(target)
         return t.to(m)
+
+
+def is_meta(x: Any) -> bool:
+    """A tensor on the ``meta`` device: a shape and a dtype without memory."""
+    return is_tensor(x) and x.device.type == "meta"
+
+
+def from_meta(v: Any, like: Any, map_location: Any = None) -> Any:
+    """The loaded leaf ``v`` for a ``like=`` tensor on the ``meta`` device: a real tensor (a
+    numpy array becomes one) on ``map_location``'s device, the CPU by default; a parameter if
+    ``like`` is one."""
+    import torch
+
+    if v is None:  # skipped by select
+        return v
+    if not isinstance(v, torch.Tensor):
+        v = Loader(map_location).tensor(np.asarray(v), {"type": TENSOR})
+    elif map_location is None and v.device.type == "meta":
+        v = v.to("cpu")
+    if isinstance(like, torch.nn.Parameter) and not isinstance(v, torch.nn.Parameter):
+        v = torch.nn.Parameter(v, requires_grad=like.requires_grad)
+    return v
 
 
 def check_like(t: Any, info: Any, where: str, stored: Optional[np.dtype]) -> None:

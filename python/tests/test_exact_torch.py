@@ -1,0 +1,112 @@
+"""Exact for torch users (issue 51): a model built on the meta device loads for real, tensors
+that share storage share it again, and map_location callables see the saved device."""
+
+import numpy as np
+import pytest
+
+import treepack
+
+torch = pytest.importorskip("torch")
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.body = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight  # tied, as GPT-2's lm_head and wte
+
+
+def test_like_a_model_built_on_the_meta_device_loads_real_tensors(tmp_path):
+    torch.manual_seed(0)
+    src = Net()
+    p = str(tmp_path / "sd")
+    treepack.save(src.state_dict(), p)
+    with torch.device("meta"):
+        model = Net()
+    like = model.state_dict()
+    assert all(t.device.type == "meta" for t in like.values())
+    sd = treepack.load(p, like=like)
+    assert set(sd) == set(src.state_dict())
+    for k, v in sd.items():
+        assert isinstance(v, torch.Tensor) and v.device.type == "cpu", (k, v)
+        assert torch.equal(v, src.state_dict()[k]), k
+    model.load_state_dict(sd, assign=True)
+    x = torch.tensor([1, 2, 3])
+    assert torch.equal(model.head(model.body(model.emb(x))), src.head(src.body(src.emb(x))))
+    # A meta template for one leaf inside an ordinary tree; and a mismatch is still refused.
+    sd2 = treepack.load(p, like={k: (torch.empty(v.shape, device="meta") if k == "body.bias" else True) for k, v in like.items()})
+    assert sd2["body.bias"].device.type == "cpu" and torch.equal(sd2["body.bias"], src.body.bias.detach())
+    with pytest.raises(ValueError, match="body.bias"):
+        treepack.load(p, like={**like, "body.bias": torch.empty((5,), device="meta")})
+
+
+def test_a_meta_template_over_numpy_leaves_gives_tensors(tmp_path):
+    p = str(tmp_path / "t")
+    treepack.save({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, p)
+    out = treepack.load(p, like={"w": torch.empty((2, 3), device="meta")})
+    assert isinstance(out["w"], torch.Tensor) and out["w"].device.type == "cpu"
+    assert out["w"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    param = torch.nn.Parameter(torch.empty((2, 3), device="meta"))
+    out = treepack.load(p, like={"w": param})
+    assert isinstance(out["w"], torch.nn.Parameter)
+
+
+def test_map_location_callables_get_the_saved_device(tmp_path):
+    p = str(tmp_path / "t")
+    treepack.save({"t": torch.ones(2)}, p)
+    seen = []
+    treepack.load(p, map_location=lambda t, dev: seen.append(dev) or t)
+    assert seen == ["cpu"]
+
+
+def test_tied_weights_and_views_share_storage_again(tmp_path):
+    torch.manual_seed(0)
+    src = Net()
+    sd = src.state_dict()
+    base = torch.arange(10.0)
+    tree = {"sd": sd, "base": base, "view": base[2:5], "strided": base[::3], "alone": torch.ones(3)}
+    p = str(tmp_path / "t")
+    treepack.save(tree, p)
+    ref = torch.load(_torch_save(tree, tmp_path), weights_only=True)
+    back = treepack.load(p)
+    # Tied: one storage, as torch.load gives.
+    assert ref["sd"]["emb.weight"].untyped_storage().data_ptr() == ref["sd"]["head.weight"].untyped_storage().data_ptr()
+    a, b = back["sd"]["emb.weight"], back["sd"]["head.weight"]
+    assert torch.equal(a, src.emb.weight.detach()) and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    with torch.no_grad():
+        a[0, 0] = 123.0
+    assert b[0, 0].item() == 123.0
+    # Views: writes through one show in the others.
+    assert torch.equal(back["view"], torch.tensor([2.0, 3.0, 4.0])) and torch.equal(back["strided"], base[::3])
+    back["base"][3] = -1.0
+    assert back["view"][1].item() == -1.0 and back["strided"][1].item() == -1.0
+    assert back["alone"].untyped_storage().data_ptr() != back["base"].untyped_storage().data_ptr()
+    # Stored once each: the tied pair's bytes are one chunk.
+    text = open(p + "/treepack.json").read()
+    assert text.count('"storage":{"id":0') == 2 and '"storage":{"id":1' in text, text[:2000]
+    # Each tensor still loads alone.
+    only = treepack.load(p, select="sd/head.weight")["sd"]["head.weight"]
+    assert torch.equal(only, src.emb.weight.detach())
+
+
+def test_trees_without_shared_storage_carry_no_storage_annotation(tmp_path):
+    p = str(tmp_path / "t")
+    treepack.save({"a": torch.ones(3), "b": torch.zeros(3)}, p)
+    assert '"storage"' not in open(p + "/treepack.json").read()
+
+
+def test_a_hostile_storage_annotation_is_refused(tmp_path, rewrite_manifest):
+    base = torch.arange(4.0)
+    p = str(tmp_path / "t")
+    treepack.save({"a": base, "b": base[1:3]}, p)
+    rewrite_manifest(p, b'"offset":1,"stride":[1]', b'"offset":1,"stride":[100000000000]')
+    with pytest.raises(ValueError, match="storage annotation reaches"):
+        treepack.load(p)
+
+
+def _torch_save(tree, tmp_path):
+    f = str(tmp_path / "ref.pt")
+    torch.save(tree, f)
+    return f

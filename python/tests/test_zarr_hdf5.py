@@ -227,7 +227,7 @@ def test_safetensors_and_npz_load_directly(tmp_path):
 def test_giant_declared_shapes_are_refused_before_reading(tmp_path):
     with h5py.File(tmp_path / "giant.h5", "w") as f:
         f.create_dataset("x", shape=(10**7, 10**7), dtype="f8", chunks=(1000, 1000))  # 800 TB, nothing stored
-    with pytest.raises(ValueError, match="`x`: the arrays up to here declare 800000000000000 bytes"):
+    with pytest.raises(ValueError, match="HDF5 dataset `/x`: the arrays up to here declare 800000000000000 bytes"):
         treepack.load(tmp_path / "giant.h5")
     if zarr is not None:
         root = zarr.open_group(str(tmp_path / "giant.zarr"), mode="w", zarr_format=3)

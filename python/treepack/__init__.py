@@ -30,6 +30,7 @@ from ._api import (
 from ._async import SaveHandle, aload, asave
 from ._codec import BuildError, File, Unloadable
 from ._core import CorruptError, FormatError, RootMismatchError, TreepackError
+from ._errors import ForeignFileError
 from ._lazy import LazyArray, View, open
 from ._registry import Registration, register, registered
 from ._convert import convert
@@ -41,5 +42,5 @@ __version__ = _core.__version__
 __all__ = [
     "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",
     "register", "registered", "Registration", "File", "LeafInfo", "StructNode", "SaveInfo", "Unloadable", "BuildError",
-    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "RootMismatchError", "root_hash", "diff", "convert", "dumps", "loads", "export_json", "schema", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
+    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "ForeignFileError", "RootMismatchError", "root_hash", "diff", "convert", "dumps", "loads", "export_json", "schema", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
 ]

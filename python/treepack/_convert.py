@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _core
+from . import _core, _errors
 from ._api import PathLike, StorageOptions, _opts, _path, save
 
 __all__ = ["convert"]
@@ -166,21 +166,99 @@ def _nest(flat: Dict[str, Any], separator: Optional[str]) -> Dict[str, Any]:
     return out
 
 
+# How many times its compressed size a zip member may expand to: deflate's most (about 1032:1),
+# stored members not at all; other methods (bzip2, lzma: numpy never writes them) get the
+# bound the Zarr/HDF5 reader uses for sparse arrays.
+_ZIP_RATIO = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: 1032}
+_OTHER_RATIO = 10_000
+_MAX_NPY_HEADER = 10_000  # numpy's own default limit
+
+
 def _read_numpy(path: str, fmt: str, separator: Optional[str]) -> Any:
+    """An ``.npy`` file (memory-mapped) or the members of an ``.npz`` archive, never unpickled.
+    Every array's header is read and checked first: an object dtype is refused (it needs
+    pickle), and the bytes its shape and dtype declare must be there (in the file, or in the
+    member, whose size is bounded by what its compressed bytes can expand to) — a hostile
+    header is refused before anything of its size is allocated."""
     try:
         if fmt == "npy":
+            with open(path, "rb") as f:
+                _check_npy_header(f, os.fstat(f.fileno()).st_size, path, "")
             return np.load(path, mmap_mode="r", allow_pickle=False)
-        with np.load(path, allow_pickle=False) as z:
-            return _nest({k: z[k] for k in z.files}, separator)
+        archive = os.path.getsize(path)
+        flat: Dict[str, Any] = {}
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                if info.is_dir():
+                    continue
+                name = info.filename
+                flat[name[:-4] if name.endswith(".npy") else name] = _read_member(z, info, archive, path)
+        return _nest(flat, separator)
+    except _errors.ForeignFileError:
+        raise
     except ValueError as e:
         if any(m in str(e) for m in ("allow_pickle", "Object arrays", "Python objects")):
-            raise ValueError(f"{path}: holds object arrays, which need pickle; treepack never unpickles "
-                             "(load it with numpy yourself if you trust it)") from None
-        raise ValueError(f"{path}: not a readable .{fmt} file: {e}") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as e:
+            raise _errors.ForeignFileError(f"{path}: holds object arrays, which need pickle; treepack never unpickles "
+                                           "(load it with numpy yourself if you trust it)") from None
+        raise _errors.ForeignFileError(f"{path}: not a readable .{fmt} file: {e}") from None
+    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError) as e:
         if isinstance(e, FileNotFoundError):
             raise
-        raise ValueError(f"{path}: not a readable .{fmt} file: {e}") from None
+        raise _errors.ForeignFileError(f"{path}: not a readable .{fmt} file: {type(e).__name__}: {e}") from None
+
+
+def _read_member(z: Any, info: Any, archive: int, path: str) -> Any:
+    """One member of an ``.npz``: an array (its header checked first), or the member's bytes."""
+    name = info.filename
+    ratio = _ZIP_RATIO.get(info.compress_type, _OTHER_RATIO)
+    if info.compress_size > archive or info.file_size > ratio * max(info.compress_size, 1):
+        raise _errors.ForeignFileError(
+            f"{path}: member {name!r} declares {info.file_size} bytes from {info.compress_size} compressed bytes "
+            f"(the archive has {archive}): a damaged or hostile zip directory (a zip bomb?); nothing of it was read")
+    try:
+        with z.open(info) as fp:
+            if fp.read(6) != b"\x93NUMPY":
+                fp.seek(0)
+                return fp.read()
+            fp.seek(0)
+            _check_npy_header(fp, info.file_size, path, name)
+            fp.seek(0)
+            return np.lib.format.read_array(fp, allow_pickle=False, max_header_size=_MAX_NPY_HEADER)
+    except _errors.ForeignFileError:
+        raise
+    except ValueError as e:
+        if any(m in str(e) for m in ("allow_pickle", "Object arrays", "Python objects")):
+            raise
+        raise _errors.ForeignFileError(f"{path}: member {name!r} is not a readable .npy array: {e}") from None
+    except (OSError, EOFError, zipfile.BadZipFile, RuntimeError, NotImplementedError) as e:
+        raise _errors.ForeignFileError(f"{path}: member {name!r} cannot be read: {type(e).__name__}: {e}") from None
+
+
+def _check_npy_header(fp: Any, size: int, path: str, member: str) -> None:
+    """Read an ``.npy`` header from ``fp`` and refuse what treepack will not read: an object
+    dtype, or a shape and dtype declaring more bytes than the ``size`` bytes there are."""
+    where = f"{path}: member {member!r}" if member else path
+    version = np.lib.format.read_magic(fp)
+    if version == (1, 0):
+        shape, _fortran, dtype = np.lib.format.read_array_header_1_0(fp, max_header_size=_MAX_NPY_HEADER)
+    elif version == (2, 0):
+        shape, _fortran, dtype = np.lib.format.read_array_header_2_0(fp, max_header_size=_MAX_NPY_HEADER)
+    else:  # 3.0: version 2's layout with a UTF-8 header
+        shape, _fortran, dtype = np.lib.format._read_array_header(fp, version, max_header_size=_MAX_NPY_HEADER)
+    if dtype.hasobject:
+        raise _errors.ForeignFileError(
+            f"{where}: holds an array of Python objects ({dtype}), which needs pickle; treepack never unpickles "
+            "(load it with numpy yourself if you trust it); nothing was read")
+    count = 1
+    for d in shape:
+        count *= int(d)
+    declared = count * dtype.itemsize
+    data = size - fp.tell()
+    if declared > data:
+        what = ".npy member" if member else ".npy file"
+        raise _errors.ForeignFileError(
+            f"{where}: not a readable {what}: its header declares shape {tuple(shape)} of {dtype} ({declared} bytes), "
+            f"but only {max(data, 0)} bytes of data follow: truncated or a hostile header; nothing was allocated")
 
 
 def _write_numpy(src: str, dst: str, fmt: str, separator: Optional[str], overwrite: bool,

@@ -22,6 +22,8 @@ import numpy as np
 
 from . import _codec, _core, _like
 from ._api import StorageOptions, _opts, _struct_node, load, save
+from ._core import TreepackError
+from ._errors import ForeignFileError
 
 RESERVED = "treepack"
 """The attribute holding the mapping's own notes; a tree key of this name is refused."""
@@ -54,7 +56,13 @@ class _Zarr:
         return self.zarr.open_group(store=self.zarr.storage.LocalStore(path), mode="w", zarr_format=3)
 
     def open(self, path: str) -> Any:
-        return self.zarr.open_group(store=self.zarr.storage.LocalStore(path, read_only=True), mode="r")
+        """The root group, after every file of the store was checked (``_check_zarr_store``):
+        read through a store that opens nothing through a link, with each node's own metadata
+        (consolidated metadata, which could describe other keys, is not used)."""
+        self.src = path
+        self.stored, self.nodes = _check_zarr_store(path)
+        store = _confined_store_class(self.zarr)(path)
+        return self.zarr.open_group(store=store, mode="r", use_consolidated=False)
 
     def group(self, parent: Any, name: str) -> Any:
         return parent.create_group(name)
@@ -72,13 +80,29 @@ class _Zarr:
         if attrs:
             node.attrs.update(attrs)
 
-    def attrs(self, node: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    def attrs(self, node: Any, path: str = "") -> Tuple[Dict[str, Any], Dict[str, Any]]:
         a = dict(node.attrs)
         notes = a.pop(RESERVED, None)
         return a, notes if isinstance(notes, dict) else {}
 
-    def members(self, g: Any) -> Iterator[Tuple[str, bool, Any]]:
-        for name, obj in g.members():
+    def object_kind(self, a: Any) -> str:
+        return "an array of Python objects (variable-length strings?)"
+
+    def label(self, path: str) -> str:
+        return f"Zarr array `{path}`"
+
+    def members(self, g: Any, path: str) -> Iterator[Tuple[str, bool, Any]]:
+        # The names come from the checked listing: the folders below this group's that hold a
+        # node's metadata, in name order.
+        for name in self.nodes.get(path, ()):
+            where = f"{path}/{name}" if path else name
+            try:
+                obj = g[name]
+            except TreepackError:
+                raise
+            except Exception as e:  # noqa: BLE001 - zarr-python raises many types for bad metadata
+                raise ForeignFileError(f"{self.src}: Zarr node `{where}` cannot be opened: {type(e).__name__}: {e}; "
+                                       "it is damaged or uses a feature zarr-python does not read") from None
             yield name, isinstance(obj, self.zarr.Group), obj
 
     def chunks(self, a: Any) -> Tuple[int, ...]:
@@ -102,7 +126,12 @@ class _Hdf5:
         return self.h5py.File(path, "w", track_order=True)
 
     def open(self, path: str) -> Any:
-        return self.h5py.File(path, "r")
+        # The sec2 driver, named: one file, whatever the environment says (HDF5_DRIVER); the
+        # family, multi and split drivers read other files.
+        self.src = path
+        self.stored = os.path.getsize(path)
+        self.groups: Dict[Any, str] = {}
+        return self.h5py.File(path, "r", driver="sec2")
 
     def group(self, parent: Any, name: str) -> Any:
         return parent.create_group(name, track_order=True)
@@ -124,10 +153,21 @@ class _Hdf5:
         if notes:
             node.attrs[RESERVED] = json.dumps(notes)
 
-    def attrs(self, node: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    def attrs(self, node: Any, path: str = "") -> Tuple[Dict[str, Any], Dict[str, Any]]:
         out: Dict[str, Any] = {}
         notes: Dict[str, Any] = {}
-        for k, v in node.attrs.items():
+        try:
+            items = [(k, node.attrs[k]) for k in node.attrs]
+        except Exception as e:  # noqa: BLE001 - h5py's errors for attributes it cannot read
+            raise ForeignFileError(f"{getattr(self, 'src', '?')}: HDF5 attributes of `/{path}` cannot be read: "
+                                   f"{type(e).__name__}: {e}") from None
+        for k, v in items:
+            if isinstance(v, (self.h5py.Reference, self.h5py.RegionReference)) or (
+                    isinstance(v, np.ndarray) and v.dtype.hasobject
+                    and any(isinstance(x, (self.h5py.Reference, self.h5py.RegionReference)) for x in v.flat)):
+                raise ForeignFileError(f"{self.src}: HDF5 attribute `/{path}` {k!r} holds object or region references, "
+                                       "which treepack does not follow; nothing was read through them. Delete the "
+                                       "attribute or store what it points to")
             if k == RESERVED:
                 try:
                     notes = json.loads(v)
@@ -143,14 +183,120 @@ class _Hdf5:
             out[k] = None
         return out, notes if isinstance(notes, dict) else {}
 
-    def members(self, g: Any) -> Iterator[Tuple[str, bool, Any]]:
-        for name in g:
-            obj = g[name]
-            if isinstance(obj, (self.h5py.Group, self.h5py.Dataset)):
-                yield name, isinstance(obj, self.h5py.Group), obj
+    def members(self, g: Any, path: str) -> Iterator[Tuple[str, bool, Any]]:
+        """The members of a group, each link checked before it is followed: hard links, and soft
+        links whose target is reached through hard links inside this file; external links and
+        user-defined links are refused by name. A group reached a second time (a cycle, or a
+        group linked from two places) is refused; datasets are checked (``_check_dataset``)
+        before any of their data is read."""
+        h5py = self.h5py
+        if not path:
+            self.groups[g.id] = "/"
+        for name in g:  # the names, from the link table: nothing followed yet
+            where = f"{path}/{name}" if path else name
+            try:
+                obj = self._follow(g, name, where)
+            except TreepackError:
+                raise
+            except Exception as e:  # noqa: BLE001 - h5py's errors for links and objects it cannot open
+                raise ForeignFileError(f"{self.src}: HDF5 `/{where}` cannot be opened: {type(e).__name__}: {e}") from None
+            if isinstance(obj, h5py.Group):
+                first = self.groups.get(obj.id)
+                if first is not None:
+                    raise self._refuse(where, f"leads to the group `{first}` again (a hard or soft link: a cycle, "
+                                       "or one group linked from two places)",
+                                       "A tree holds each group once: remove the extra link or copy the group")
+                self.groups[obj.id] = f"/{where}"
+                yield name, True, obj
+            elif isinstance(obj, h5py.Dataset):
+                self._check_dataset(obj, where)
+                yield name, False, obj
+
+    def _follow(self, g: Any, name: str, where: str) -> Any:
+        h5py = self.h5py
+        link = g.get(name, getlink=True)
+        if isinstance(link, h5py.HardLink):
+            return g[name]
+        if isinstance(link, h5py.SoftLink):
+            return g.file[self._soft_target(g.file, g.name, link.path, where, 0)]
+        if isinstance(link, h5py.ExternalLink):
+            raise self._refuse(where, f"is an external link to {link.path!r} in the file {link.filename!r}",
+                               "treepack reads one file and follows no link out of it: copy the linked "
+                               "object into this file (h5py's Group.copy) if you trust the other file")
+        raise self._refuse(where, f"is a link of a kind treepack does not follow ({type(link).__name__})",
+                           "Copy the object it leads to into this file")
+
+    def _soft_target(self, f: Any, base: str, target: str, where: str, hops: int) -> str:
+        """The absolute path a soft link leads to, walked one link at a time from ``base`` (the
+        group holding the link): every step a hard link, or a soft link resolved the same way;
+        an external link on the way, a missing step or more than 16 soft links are refused."""
+        h5py = self.h5py
+        if hops >= 16:
+            raise self._refuse(where, "is a soft link through more than 16 soft links (a loop?)", "Remove the loop")
+        cur = "/" if target.startswith("/") else base
+        for seg in target.split("/"):
+            if seg in ("", "."):
+                continue
+            grp = f[cur]
+            link = grp.get(seg, getlink=True) if isinstance(grp, h5py.Group) else None
+            nxt = cur.rstrip("/") + "/" + seg
+            if link is None:
+                raise self._refuse(where, f"is a soft link to {target!r}, which does not exist in this file "
+                                   f"(no `{nxt}`)", "Remove the link or make its target")
+            if isinstance(link, h5py.SoftLink):
+                nxt = self._soft_target(f, cur, link.path, where, hops + 1)
+            elif isinstance(link, h5py.ExternalLink):
+                raise self._refuse(where, f"is a soft link to {target!r}, which leads through the external link "
+                                   f"`{nxt}` to the file {link.filename!r}",
+                                   "treepack follows no link out of the file; copy the linked object into this file")
+            elif not isinstance(link, h5py.HardLink):
+                raise self._refuse(where, f"is a soft link through `{nxt}`, a link of a kind treepack does not "
+                                   "follow", "Copy the object into this file")
+            cur = nxt
+        return cur
+
+    def _check_dataset(self, a: Any, where: str) -> None:
+        """Refuse, before any data is read, a dataset whose bytes are not in this file (external
+        raw storage, a virtual dataset) or need a filter HDF5 does not have."""
+        h5py = self.h5py
+        dcpl = a.id.get_create_plist()
+        if dcpl.get_layout() == h5py.h5d.VIRTUAL:
+            n = dcpl.get_virtual_count()
+            files = sorted({dcpl.get_virtual_filename(i) for i in range(min(n, 8))})
+            raise self._refuse(where, f"is a virtual dataset (VDS) mapping {n} source(s) in {files}",
+                               "treepack reads the data of this file only; materialize it in h5py "
+                               "(f.create_dataset(name, data=vds[...])) if you trust its sources")
+        if dcpl.get_external_count() > 0:
+            name = dcpl.get_external(0)[0]
+            raise self._refuse(where, f"stores its raw data in {dcpl.get_external_count()} external file(s), "
+                               f"the first {os.fsdecode(name)!r}",
+                               "treepack reads the data of this file only; copy the data into the file in "
+                               "h5py if you trust those files")
+        for i in range(dcpl.get_nfilters()):
+            code, _flags, _values, fname = dcpl.get_filter(i)
+            if not h5py.h5z.filter_avail(code):
+                label = fname.decode(errors="replace") if isinstance(fname, bytes) else str(fname)
+                raise self._refuse(where, f"is compressed with HDF5 filter {code}{f' ({label})' if label else ''}, which this HDF5 "
+                                   "library does not have", "Install and import the plugin (e.g. "
+                                   "`pip install hdf5plugin` and `import hdf5plugin`), or re-save it with "
+                                   "gzip in h5py")
+
+    def _refuse(self, where: str, what: str, todo: str) -> ForeignFileError:
+        return ForeignFileError(f"{self.src}: HDF5 `/{where}` {what}: refused, nothing of it was read. {todo}")
+
+    def label(self, path: str) -> str:
+        return f"HDF5 dataset `/{path}`"
 
     def chunks(self, a: Any) -> Tuple[int, ...]:
         return tuple(a.chunks) if a.chunks else tuple(max(s, 1) for s in a.shape)
+
+    def object_kind(self, a: Any) -> str:
+        ref = self.h5py.check_dtype(ref=a.dtype)
+        if ref is not None:
+            return f"an array of HDF5 {'region' if ref is self.h5py.RegionReference else 'object'} references"
+        if self.h5py.check_dtype(vlen=a.dtype) is not None:
+            return "an array of variable-length values (strings or sequences)"
+        return "an array of Python objects (variable-length strings, references or a compound of them)"
 
     def close(self, root: Any) -> None:
         root.close()
@@ -335,19 +481,23 @@ def _report(counts: Dict[str, Any], n: int) -> None:
 def read_and_save(src: str, dst: str, fmt: str, overwrite: bool, storage_options: StorageOptions,
                   **save_kwargs: Any) -> Dict[str, int]:
     b = backend(fmt)
+    if "://" in src:
+        raise ForeignFileError(f"{src}: {b.name} files are read from local paths only (not URLs, fsspec, N5 or "
+                               "cloud stores); copy it to a local folder first")
     if not os.path.exists(src):
         raise FileNotFoundError(f"{src}: no such file or directory")
     try:
         root = b.open(src)
+    except TreepackError:
+        raise
     except Exception as e:  # the libraries raise their own types for files that are not theirs
-        raise ValueError(f"{src}: not a readable {b.name} store: {e}") from None
+        raise ForeignFileError(f"{src}: not a readable {b.name} store: {e}") from None
     counts = {"tensors": 0, "bytes": 0}
     try:
         lazy = _dask_available()
-        stored = _stored_bytes(src)
-        counts["limit"] = SPARSE_LIMIT * stored + (1 << 30)
-        counts["stored"] = stored
-        tree, notes = _read_group(b, root, "", counts, lazy)
+        counts["limit"] = SPARSE_LIMIT * b.stored + (1 << 30)
+        counts["stored"] = b.stored
+        tree, notes = _read_group(b, root, "", counts, lazy, 0)
         del counts["limit"], counts["stored"]
         kwargs = dict(save_kwargs)
         if "metadata" in notes and "metadata" not in kwargs:
@@ -365,10 +515,311 @@ def read_and_save(src: str, dst: str, fmt: str, overwrite: bool, storage_options
     return counts
 
 
-def _stored_bytes(path: str) -> int:
-    if os.path.isfile(path):
-        return os.path.getsize(path)
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+MAX_DEPTH = 400
+"""Groups nested deeper than this are refused (Python's recursion limit is not a message)."""
+
+MAX_METADATA = 64 << 20
+"""A Zarr metadata file (``zarr.json``, ``.zarray``, ...) larger than this is refused."""
+
+# Codecs a Zarr array may use: they decode bytes to bytes or fixed-size numbers. Object codecs
+# (pickle, msgpack, JSON, categorize) and anything else are refused by name before a chunk is read.
+_V2_CODECS = frozenset({"zlib", "gzip", "bz2", "lzma", "blosc", "zstd", "lz4", "shuffle", "delta",
+                        "fixedscaleoffset", "quantize", "bitround", "packbits", "astype", "crc32",
+                        "crc32c", "adler32", "fletcher32", "jenkins_lookup3"})
+_V3_CODECS = frozenset({"bytes", "endian", "transpose", "gzip", "zstd", "blosc", "crc32c", "sharding_indexed",
+                        # variable-length strings: decoded without pickle, then refused as object arrays
+                        "vlen-utf8", "vlen-bytes"}) | {f"numcodecs.{c}" for c in _V2_CODECS}
+_NODE_FILES = ("zarr.json", ".zarray", ".zgroup")
+
+
+def _check_zarr_store(root: str) -> Tuple[int, Dict[str, List[str]]]:
+    """Walk a Zarr folder without following links and check every entry before zarr-python
+    reads any: a symbolic link anywhere (to a chunk, a metadata file or a folder) and anything
+    but folders and regular files (FIFOs, devices, sockets) are refused, naming the entry; every
+    array's metadata is checked (``_check_zarr_metadata``). Returns the bytes stored and, for
+    each folder (``""`` the root), the names of its sub-folders that hold a node's metadata."""
+    if not os.path.isdir(root):
+        raise ForeignFileError(f"{root}: not a readable Zarr store: not a folder (Zarr zip stores are not read; "
+                               "unzip it first)")
+    stored = 0
+    nodes: Dict[str, List[str]] = {}
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        here = os.path.join(root, rel) if rel else root
+        kids = []
+        with os.scandir(here) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            sub = f"{rel}/{e.name}" if rel else e.name
+            if e.is_symlink():
+                try:
+                    to = os.readlink(e.path)
+                except OSError:
+                    to = "?"
+                raise ForeignFileError(
+                    f"{root}: Zarr store entry `{sub}` is a symbolic link (to {to!r}); nothing was read: a store is "
+                    "read without following links, which could lead out of it. Replace the link by a copy of "
+                    "what it points to (cp -L) if you trust it")
+            if e.is_dir(follow_symlinks=False):
+                stack.append(sub)
+                if any(os.path.isfile(os.path.join(e.path, m)) and not os.path.islink(os.path.join(e.path, m))
+                       for m in _NODE_FILES):
+                    kids.append(e.name)
+            elif e.is_file(follow_symlinks=False):
+                st = e.stat(follow_symlinks=False)
+                stored += st.st_size
+                if e.name in ("zarr.json", ".zarray"):
+                    _check_zarr_metadata(root, sub, st.st_size)
+            else:
+                raise ForeignFileError(f"{root}: Zarr store entry `{sub}` is not a regular file or folder (a FIFO, "
+                                       "socket or device); nothing was read. Remove it")
+        nodes[rel] = kids
+    return stored, nodes
+
+
+def _check_zarr_metadata(root: str, rel: str, size: int) -> None:
+    """Refuse an array whose chunks would be decoded into Python objects (an object dtype:
+    pickle, msgpack, JSON codecs) or through a codec not known to be safe, naming the array."""
+    array = rel.rpartition("/")[0] or "<root>"
+
+    def refuse(what: str, todo: str) -> ForeignFileError:
+        return ForeignFileError(f"{root}: Zarr array `{array}` ({rel}) {what}; none of its chunks was read. {todo}")
+
+    if size > MAX_METADATA:
+        raise refuse(f"has a metadata file of {size} bytes (more than {MAX_METADATA})", "Check where it came from")
+    try:
+        with open(os.path.join(root, rel), "rb") as f:
+            doc = json.loads(f.read(MAX_METADATA + 1))
+    except (ValueError, RecursionError) as e:
+        raise ForeignFileError(f"{root}: not a readable Zarr store: `{rel}` is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ForeignFileError(f"{root}: not a readable Zarr store: `{rel}` is not a JSON object")
+    if rel.endswith(".zarray"):
+        dtype = doc.get("dtype")
+        if _v2_dtype_has_object(dtype):
+            codec = (doc.get("filters") or [{}])[0] if isinstance(doc.get("filters"), list) else {}
+            cid = codec.get("id") if isinstance(codec, dict) else None
+            raise refuse(f"has the object dtype {json.dumps(dtype)[:200]}, whose chunks are Python objects encoded by "
+                         f"the {cid or 'object'!r} codec (pickle-like)",
+                         "treepack never decodes Python objects from a file; convert the array to a fixed-size "
+                         "dtype with zarr-python if you trust the file")
+        codecs = [doc.get("compressor")] + (doc.get("filters") or [] if isinstance(doc.get("filters"), list) else [])
+        for c in codecs:
+            if c is None:
+                continue
+            cid = c.get("id") if isinstance(c, dict) else None
+            if cid not in _V2_CODECS:
+                raise refuse(f"uses the codec {json.dumps(cid if cid is not None else c)[:100]}, which treepack does "
+                             "not decode", f"treepack reads Zarr v2 arrays with {', '.join(sorted(_V2_CODECS))}; "
+                             "re-encode it with zarr-python if you trust the file")
+        return
+    if doc.get("node_type") != "array":
+        return
+    if doc.get("storage_transformers"):
+        raise refuse("uses storage transformers", "treepack reads arrays stored as plain chunks only")
+
+    def check(codecs: Any) -> None:
+        for c in codecs if isinstance(codecs, list) else []:
+            name = c.get("name") if isinstance(c, dict) else c
+            if name not in _V3_CODECS:
+                raise refuse(f"uses the codec {json.dumps(name)[:100]}, which treepack does not decode",
+                             f"treepack reads Zarr v3 arrays with {', '.join(sorted(_V3_CODECS))}; re-encode it "
+                             "with zarr-python if you trust the file")
+            cfg = c.get("configuration") if isinstance(c, dict) else None
+            if name == "sharding_indexed" and isinstance(cfg, dict):
+                check(cfg.get("codecs"))
+                check(cfg.get("index_codecs"))
+
+    check(doc.get("codecs"))
+
+
+def _v2_dtype_has_object(spec: Any) -> bool:
+    """Whether a Zarr v2 dtype (a numpy type string, or a list of fields) holds Python objects."""
+    if isinstance(spec, str):
+        return "O" in spec.lstrip("<>|=")[:1]
+    if isinstance(spec, list):
+        return any(isinstance(f, list) and len(f) >= 2 and _v2_dtype_has_object(f[1]) for f in spec)
+    return False
+
+
+def _confined_store_class(zarr: Any) -> Any:
+    """A read-only ``LocalStore`` that opens every key one path segment at a time relative to
+    the store's folder, never through a symbolic link (``O_NOFOLLOW``), and refuses keys with
+    empty, ``.`` or ``..`` segments: the check of ``_check_zarr_store`` holds even if the folder
+    changes while it is read, and no key zarr-python builds from metadata leaves the folder."""
+    global _CONFINED
+    if _CONFINED is not None:
+        return _CONFINED
+    import asyncio
+    import errno
+    import stat
+
+    from zarr.storage import LocalStore
+
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    cloexec = getattr(os, "O_CLOEXEC", 0)
+    by_fd = os.open in os.supports_dir_fd and nofollow != 0
+
+    class ConfinedStore(LocalStore):
+        def __init__(self, root: Any, *, read_only: bool = True) -> None:
+            super().__init__(root, read_only=True)
+
+        def with_read_only(self, read_only: bool = False) -> Any:
+            return type(self)(self.root)
+
+        def _tp_refuse(self, key: str, what: str) -> ForeignFileError:
+            return ForeignFileError(f"{self.root}: Zarr store key `{key}` {what}; nothing was read through it. A store is "
+                                    "read without following links, which could lead out of it")
+
+        def _tp_parts(self, key: str) -> List[str]:
+            parts = key.split("/") if key else []
+            if any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
+                raise self._tp_refuse(key, "has an empty, '.' or '..' segment")
+            return parts
+
+        def _tp_open(self, key: str, directory: bool = False) -> Optional[int]:
+            """A file descriptor for ``key`` (a regular file, or a folder), or None if missing."""
+            parts = self._tp_parts(key)
+            if not by_fd:  # no openat: check each step with lstat, then open the path
+                p = str(self.root)
+                for i, seg in enumerate(parts):
+                    p = os.path.join(p, seg)
+                    try:
+                        st = os.lstat(p)
+                    except (FileNotFoundError, NotADirectoryError):
+                        return None
+                    if stat.S_ISLNK(st.st_mode):
+                        raise self._tp_refuse(key, f"leads through the symbolic link `{'/'.join(parts[:i + 1])}`")
+                try:
+                    fd = os.open(p, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+                except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
+                    return None
+                return self._tp_checked(fd, key, directory)
+            dfd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | cloexec)
+            try:
+                for i, seg in enumerate(parts):
+                    last = i == len(parts) - 1
+                    flags = os.O_RDONLY | nofollow | cloexec
+                    flags |= os.O_NONBLOCK if last and not directory else os.O_DIRECTORY
+                    try:
+                        fd = os.open(seg, flags, dir_fd=dfd)
+                    except OSError as e:
+                        try:
+                            link = stat.S_ISLNK(os.stat(seg, dir_fd=dfd, follow_symlinks=False).st_mode)
+                        except OSError:
+                            link = False
+                        if link or e.errno == errno.ELOOP:
+                            raise self._tp_refuse(key, f"leads through the symbolic link `{'/'.join(parts[:i + 1])}`") from None
+                        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR):
+                            return None
+                        raise
+                    os.close(dfd)
+                    dfd = fd
+                fd, dfd = dfd, -1
+            finally:
+                if dfd >= 0:
+                    os.close(dfd)
+            return self._tp_checked(fd, key, directory)
+
+        def _tp_checked(self, fd: int, key: str, directory: bool) -> Optional[int]:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode):
+                return fd
+            os.close(fd)
+            if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+                return None
+            raise self._tp_refuse(key, "is not a regular file (a FIFO, socket or device)")
+
+        def _tp_read(self, key: str, prototype: Any, byte_range: Any) -> Any:
+            from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+            from zarr.core.buffer.core import default_buffer_prototype
+
+            prototype = prototype or default_buffer_prototype()
+            fd = self._tp_open(key)
+            if fd is None:
+                return None
+            with os.fdopen(fd, "rb") as f:
+                if byte_range is None:
+                    return prototype.buffer.from_bytes(f.read())
+                size = f.seek(0, os.SEEK_END)
+                if isinstance(byte_range, RangeByteRequest):
+                    f.seek(byte_range.start)
+                    return prototype.buffer.from_bytes(f.read(max(0, byte_range.end - byte_range.start)))
+                if isinstance(byte_range, OffsetByteRequest):
+                    f.seek(byte_range.offset)
+                elif isinstance(byte_range, SuffixByteRequest):
+                    f.seek(max(0, size - byte_range.suffix))
+                else:
+                    raise TypeError(f"unexpected byte range {byte_range!r}")
+                return prototype.buffer.from_bytes(f.read())
+
+        def get_sync(self, key: str, *, prototype: Any = None, byte_range: Any = None) -> Any:
+            return self._tp_read(key, prototype, byte_range)
+
+        async def get(self, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
+            return await asyncio.to_thread(self._tp_read, key, prototype, byte_range)
+
+        async def get_partial_values(self, prototype: Any, key_ranges: Any) -> List[Any]:
+            return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in key_ranges)))
+
+        async def exists(self, key: str) -> bool:
+            fd = self._tp_open(key)
+            if fd is None:
+                return False
+            os.close(fd)
+            return True
+
+        async def getsize(self, key: str) -> int:
+            fd = self._tp_open(key)
+            if fd is None:
+                raise FileNotFoundError(key)
+            try:
+                return os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+
+        def _tp_names(self, prefix: str) -> List[Tuple[str, bool]]:
+            fd = self._tp_open(prefix.strip("/"), directory=True)
+            if fd is None:
+                return []
+            try:
+                names = sorted(os.listdir(fd)) if by_fd else sorted(os.listdir(os.path.join(self.root, prefix)))
+            finally:
+                os.close(fd)
+            out = []
+            for n in names:
+                sub = f"{prefix.strip('/')}/{n}" if prefix.strip("/") else n
+                kid = self._tp_open(sub, directory=True)
+                if kid is not None:
+                    os.close(kid)
+                out.append((n, kid is not None))
+            return out
+
+        async def list_dir(self, prefix: str) -> Any:
+            for n, _ in self._tp_names(prefix):
+                yield n
+
+        async def list_prefix(self, prefix: str) -> Any:
+            stack = [prefix.strip("/")]
+            while stack:
+                d = stack.pop()
+                for n, is_dir in self._tp_names(d):
+                    sub = f"{d}/{n}" if d else n
+                    if is_dir:
+                        stack.append(sub)
+                    else:
+                        yield sub
+
+        async def list(self) -> Any:
+            async for k in self.list_prefix(""):
+                yield k
+
+    _CONFINED = ConfinedStore
+    return ConfinedStore
+
+
+_CONFINED: Any = None
 
 
 def _dask_available() -> bool:
@@ -379,12 +830,16 @@ def _dask_available() -> bool:
     return True
 
 
-def _read_group(b: Any, g: Any, path: str, counts: Dict[str, int], lazy: bool) -> Tuple[Any, Dict[str, Any]]:
-    attrs, notes = b.attrs(g)
+def _read_group(b: Any, g: Any, path: str, counts: Dict[str, int], lazy: bool, depth: int) -> Tuple[Any, Dict[str, Any]]:
+    if depth > MAX_DEPTH:
+        raise ForeignFileError(f"{b.src}: {b.name} group `{path}` is nested {depth} levels deep, more than treepack "
+                               f"reads ({MAX_DEPTH})")
+    attrs, notes = b.attrs(g, path)
     kids: Dict[str, Any] = {}
-    for name, is_group, obj in b.members(g):
+    for name, is_group, obj in b.members(g, path):
         where = f"{path}/{name}" if path else name
-        kids[name] = _read_group(b, obj, where, counts, lazy)[0] if is_group else _read_array(b, obj, where, counts, lazy)
+        kids[name] = (_read_group(b, obj, where, counts, lazy, depth + 1)[0] if is_group
+                      else _read_array(b, obj, where, counts, lazy))
     for k, v in attrs.items():
         if k in kids:
             raise ValueError(f"`{path}/{k}`: both an attribute and a member of the group; rename one")
@@ -402,25 +857,31 @@ def _read_group(b: Any, g: Any, path: str, counts: Dict[str, int], lazy: bool) -
 
 
 def _read_array(b: Any, a: Any, path: str, counts: Dict[str, int], lazy: bool) -> Any:
-    _, notes = b.attrs(a)
+    _, notes = b.attrs(a, path)
     dtype = np.dtype(a.dtype)
-    if dtype.kind in "OT":  # object arrays, numpy 2's variable-width StringDType
-        raise ValueError(f"`{path}`: an array of Python objects (variable-length strings?) has no fixed "
-                         "dtype; treepack stores fixed-size dtypes (convert it to fixed-width strings first)")
+    if dtype.hasobject or dtype.kind == "T":  # object arrays, numpy 2's variable-width StringDType
+        raise ForeignFileError(f"{b.src}: {b.label(path)}: {b.object_kind(a)} has no fixed dtype; treepack "
+                               "stores fixed-size dtypes (convert it to fixed-width strings or numbers first)")
     counts["tensors"] += 1
-    counts["bytes"] += math.prod(int(d) for d in a.shape) * dtype.itemsize
-    if counts["bytes"] > counts.get("limit", counts["bytes"]):
-        raise ValueError(f"`{path}`: the arrays up to here declare {counts['bytes']} bytes but the whole store "
-                         f"holds {counts['stored']}: a sparse array of fill values or a damaged shape; "
-                         f"read the parts you need with {b.name}'s library yourself")
-    if notes.get("kind") == "bytes":
-        return np.asarray(a[...], np.uint8).tobytes()
-    view = _codec.np_dtype(json.dumps(notes["dtype"])) if "dtype" in notes else None
     nbytes = math.prod(int(d) for d in a.shape) * dtype.itemsize
-    if lazy and nbytes > BLOCK_BYTES and a.ndim > 0:
-        import dask.array as da
+    counts["bytes"] += nbytes
+    if counts["bytes"] > counts.get("limit", counts["bytes"]):
+        raise ForeignFileError(f"{b.src}: {b.label(path)}: the arrays up to here declare {counts['bytes']} "
+                               f"bytes but the whole store holds {counts['stored']}: a sparse array of fill values or "
+                               f"a damaged shape; nothing was read. Read the parts you need with {b.name}'s library "
+                               "yourself")
+    try:
+        if notes.get("kind") == "bytes":
+            return np.asarray(a[...], np.uint8).tobytes()
+        view = _codec.np_dtype(json.dumps(notes["dtype"])) if "dtype" in notes else None
+        if lazy and nbytes > BLOCK_BYTES and a.ndim > 0:
+            import dask.array as da
 
-        x = da.from_array(a, chunks=b.chunks(a), lock=False, asarray=True)
-        return x.map_blocks(lambda blk: blk.view(view), dtype=view) if view is not None else x
-    data = np.asarray(a[...])
-    return data.view(view) if view is not None else data
+            x = da.from_array(a, chunks=b.chunks(a), lock=False, asarray=True)
+            return x.map_blocks(lambda blk: blk.view(view), dtype=view) if view is not None else x
+        data = np.asarray(a[...])
+        return data.view(view) if view is not None else data
+    except TreepackError:
+        raise
+    except Exception as e:  # noqa: BLE001 - damaged chunks: the library's own error types
+        raise ForeignFileError(f"{b.src}: {b.label(path)} cannot be read: {type(e).__name__}: {e}") from None

@@ -37,7 +37,20 @@ def encode(w: Any) -> Tuple[Dict[str, Any], bytes]:
 
 
 def decode(data: Any, b: bytes) -> Any:
+    """A reader over the stored WAV bytes, checked: its header must parse, and the frames its
+    ``data`` chunk declares must be in the bytes."""
+    from .._errors import ForeignFileError
+
     try:
-        return wave.open(io.BytesIO(b), "rb")
-    except (wave.Error, EOFError) as e:
-        raise ValueError(f"{NAME}: the stored bytes are not a WAV file: {e}") from None
+        w = wave.open(io.BytesIO(b), "rb")
+    except Exception as e:  # noqa: BLE001 - wave raises Error, EOFError, RuntimeError, struct.error, ...
+        why = str(e) or {EOFError: "a chunk is shorter than what it must hold, or the file ends inside one"}.get(
+            type(e), "its header cannot be parsed")
+        raise ForeignFileError(f"{NAME}: the stored bytes are not a WAV file ({len(b)} bytes): {type(e).__name__}: "
+                               f"{why}; the file was damaged or written by something else") from None
+    need = w.getnframes() * w.getsampwidth() * w.getnchannels()
+    if need > len(b):
+        w.close()
+        raise ForeignFileError(f"{NAME}: the stored WAV file declares {w.getnframes()} frames ({need} bytes) but holds "
+                               f"{len(b)} bytes; the file was damaged or written by something else")
+    return w

@@ -93,7 +93,20 @@ def decode(data: Dict[str, Any], b: bytes) -> Any:
         from PIL import Image
     except ImportError:
         raise LookupError("loading images needs Pillow (pip install pillow)") from None
+    from .._errors import ForeignFileError
+
     fmt = data.get("format")
     if fmt not in FORMATS:
-        raise ValueError(f"image format {fmt!r} is not allowed (only {', '.join(FORMATS)})")
-    return Image.open(io.BytesIO(b), formats=[fmt])
+        raise ForeignFileError(f"image format {fmt!r} is not allowed (only {', '.join(FORMATS)})")
+    try:
+        return Image.open(io.BytesIO(b), formats=[fmt])
+    except Image.DecompressionBombError as e:
+        raise ForeignFileError(
+            f"the stored {fmt} image is refused as a possible decompression bomb ({e}); if you trust the file, "
+            "raise PIL.Image.MAX_IMAGE_PIXELS before loading it") from None
+    except Exception as e:  # noqa: BLE001 - Pillow raises many types for damaged files
+        what = "not a readable" if isinstance(e, Image.UnidentifiedImageError) else "a damaged"
+        raise ForeignFileError(
+            f"the stored bytes ({len(b)} bytes, starting {b[:8]!r}) are {what} {fmt} image"
+            f"{'' if isinstance(e, Image.UnidentifiedImageError) else f' ({type(e).__name__}: {e})'}; "
+            "the file was damaged or written by something else") from None

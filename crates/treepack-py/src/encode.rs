@@ -192,7 +192,9 @@ impl<'py> Encoder<'py> {
             return Ok(Key::Tuple(t.iter().map(|x| self.key(&x)).collect::<PyResult<_>>()?));
         }
         Err(self.err(format!(
-            "dict key {} of type {} is not supported (keys may be str, int, float, bool, None or tuples of these)",
+            "dict key {} of type {} is not supported in a dict whose first key is a str (keys may be str, int, \
+             float, bool, None or tuples of these; a dict whose first key is another value, such as a numpy \
+             integer or an enum member, is stored with its keys as values)",
             k.repr().map(|r| r.to_string()).unwrap_or_default(),
             k.get_type().name().map(|n| n.to_string()).unwrap_or_default()
         )))
@@ -306,6 +308,9 @@ impl<'py> Encoder<'py> {
             return Ok(self.wrap_shared(obj, Tree::Tuple(out)));
         }
         if let Some(d) = exact::<PyDict>(obj) {
+            if needs_py_dict(d) {
+                return self.other(obj, depth, fragile);
+            }
             if let Some(r) = self.again(obj, fragile)? {
                 return Ok(r);
             }
@@ -487,6 +492,32 @@ impl<'py> Encoder<'py> {
             k => Err(self.err(format!("encode_other returned unknown kind {k:?}"))),
         }
     }
+}
+
+/// Whether a dict's keys are not all keys the format has (str, int, float, bool, None and
+/// tuples of these): numpy scalars from a pandas groupby, enum members. Such a dict is a
+/// `py.dict` node whose items are tree values (keys included), made by `encode_other`. Only a
+/// dict whose first key is not a str is looked at whole; the first key is read without a
+/// reference, so the dicts of str keys that trees are made of cost one type check.
+pub(crate) fn needs_py_dict(d: &Bound<'_, PyDict>) -> bool {
+    let (mut pos, mut k, mut v) = (0isize, std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: a dict we hold; PyDict_Next lends its first key without a new reference.
+    let first_is_str = unsafe {
+        if pyo3::ffi::PyDict_Next(d.as_ptr(), &mut pos, &mut k, &mut v) == 0 {
+            return false;
+        }
+        pyo3::ffi::PyUnicode_CheckExact(k) != 0
+    };
+    !first_is_str && d.keys().iter().any(|k| !format_key(&k))
+}
+
+fn format_key(k: &Bound<'_, PyAny>) -> bool {
+    k.is_exact_instance_of::<PyString>()
+        || k.is_none()
+        || k.is_exact_instance_of::<PyBool>()
+        || k.is_exact_instance_of::<PyInt>()
+        || k.is_exact_instance_of::<PyFloat>()
+        || exact::<PyTuple>(k).is_some_and(|t| t.iter().all(|x| format_key(&x)))
 }
 
 pub(crate) fn int_of(obj: &Bound<'_, PyAny>) -> PyResult<Int> {

@@ -93,6 +93,10 @@ impl<'py> Encoder<'py> {
             return self.seq_text(obj, t.len(), || t.iter(), true, depth, fragile);
         }
         if let Some(d) = exact::<PyDict>(obj) {
+            if needs_py_dict(d) {
+                self.fragile = fragile;
+                return self.node(obj, depth).map(Some);
+            }
             return self.dict_text(obj, d, depth, fragile);
         }
         if self.refs_as_text() {

@@ -4,6 +4,7 @@ Rust walker; ``Decoder`` builds them, and trusted records, back."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as _dt
 import decimal
@@ -48,17 +49,17 @@ BUILTIN_TYPES = frozenset(
         "py.uuid", "py.path", "py.npscalar", "py.enum", "py.pickle", "py.image",
         "py.dataframe", "py.series", "py.file", "py.awkward", "py.audio", torch_tensors.SPARSE,
     }
-) | everyday.NAMES | xarrays.NAMES
+) | everyday.NAMES | xarrays.NAMES | torch_tensors.VALUES
 #: Custom node types a partial load may build with some children None (containers: an
 #: OrderedDict state_dict with one tensor selected, a pytree with some leaves). Any other custom
 #: node is built whole once anything in it is selected (a DataFrame, a sparse tensor, an image,
 #: a registered type cannot be built from part of its children).
 PARTIAL_TYPES = frozenset(
-    {jax_arrays.PYTREE, "py.ordereddict", "py.counter", "py.defaultdict", "py.deque", "py.objarray"}
+    {jax_arrays.PYTREE, "py.ordereddict", "py.counter", "py.defaultdict", "py.deque", "py.objarray", "py.mapping"}
 )
 # Built-in types that `audit` accepts whatever their data says (enum and pickle name classes, and
 # a defaultdict's factory may).
-AUDIT_FREE = BUILTIN_TYPES - {"py.enum", "py.pickle", "py.defaultdict"}
+AUDIT_FREE = BUILTIN_TYPES - {"py.enum", "py.pickle", "py.defaultdict", "py.mapping"}
 
 
 class Unloadable:
@@ -102,7 +103,32 @@ def _tz_data(tz: Optional[_dt.tzinfo]) -> Any:
     if isinstance(tz, _dt.timezone):
         off = tz.utcoffset(None)
         return {"offset": [off.days, off.seconds, off.microseconds], "name": tz.tzname(None)}
-    raise TypeError(f"cannot save timezone {tz!r}: only datetime.timezone and zoneinfo.ZoneInfo are supported")
+    d = _dateutil_tz(tz)
+    if d is not None:
+        return d
+    raise TypeError(
+        f"cannot save timezone {tz!r}: datetime.timezone, zoneinfo.ZoneInfo and dateutil's tzutc, tzoffset, "
+        "tzlocal and gettz zones are supported"
+    )
+
+
+def _dateutil_tz(tz: Any) -> Optional[Dict[str, Any]]:
+    """dateutil's zones: by what makes them again (``tzutc()``, ``tzoffset(name, seconds)``,
+    ``tzlocal()``, ``gettz(name)``)."""
+    mod = sys.modules.get("dateutil.tz")
+    if mod is None:
+        return None
+    if type(tz) is mod.tzutc:
+        return {"dateutil": "tzutc"}
+    if type(tz) is mod.tzlocal:
+        return {"dateutil": "tzlocal"}
+    if type(tz) is mod.tzoffset:
+        off = tz.utcoffset(None)
+        return {"dateutil": "tzoffset", "name": tz.tzname(None), "seconds": int(off.total_seconds())}
+    name = getattr(tz, "_filename", None)
+    if isinstance(tz, mod.tzfile) and isinstance(name, str) and mod.gettz(name) == tz:
+        return {"dateutil": "gettz", "name": name}
+    return None
 
 
 _TZ_CACHE: Dict[Any, Optional[_dt.tzinfo]] = {}
@@ -113,7 +139,7 @@ def _tz_from(d: Any) -> Optional[_dt.tzinfo]:
     if d is None:
         return None
     try:
-        key = (d.get("zone"), tuple(d.get("offset") or ()), d.get("name"))
+        key = (d.get("zone"), tuple(d.get("offset") or ()), d.get("name"), d.get("dateutil"), d.get("seconds"))
     except (AttributeError, TypeError):
         key = None
     if key is not None and key in _TZ_CACHE:
@@ -125,6 +151,22 @@ def _tz_from(d: Any) -> Optional[_dt.tzinfo]:
 
 
 def _tz_build(d: Any) -> Optional[_dt.tzinfo]:
+    if "dateutil" in d:
+        from dateutil import tz
+
+        kind = d["dateutil"]
+        if kind == "tzutc":
+            return tz.tzutc()
+        if kind == "tzlocal":
+            return tz.tzlocal()
+        if kind == "tzoffset" and isinstance(d.get("seconds"), int):
+            return tz.tzoffset(d.get("name"), d["seconds"])
+        if kind == "gettz" and isinstance(d.get("name"), str):
+            zone = tz.gettz(d["name"])
+            if zone is None:
+                raise ValueError(f"time zone {d['name']!r} is not known on this machine")
+            return zone
+        raise ValueError(f"unknown dateutil time zone {d!r}")
     if "zone" in d:
         import zoneinfo
 
@@ -183,6 +225,9 @@ def _describe(
         return ("custom", r.name, None, [("data", data)])
     if torch_tensors.is_tensor(obj):
         return torch_tensors.encode(obj, where, memo.get(torch_tensors.STORAGES) if memo is not None else None)
+    d = torch_tensors.encode_value(obj)
+    if d is not None:
+        return d
     if jax_arrays.is_array(obj):
         return jax_arrays.encode(obj, where)
     if t is _parts.Piece:
@@ -279,10 +324,34 @@ def _describe(
             "convert it to a list (obj.tolist()) or an array of a numeric, bytes or str dtype, "
             "or pass allow_pickle=True to store it pickled"
         )
+    hint = _unsupported_hint(obj)
     raise TypeError(
         f"cannot save `{where}`: objects of type {reg.type_name(t)} are not supported; "
-        "register the type with treepack.register(...), make it a dataclass, or pass allow_pickle=True"
+        + (hint or "register the type with treepack.register(...), make it a dataclass, or pass allow_pickle=True")
     )
+
+
+def _unsupported_hint(obj: Any) -> Optional[str]:
+    """What to do instead, for objects people try to save that treepack does not keep whole."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if isinstance(obj, torch.nn.Module):
+            return (
+                "a torch module holds code as well as data: save model.state_dict() (and the arguments that "
+                "build the model), then model.load_state_dict(treepack.load(...)), as torch recommends"
+            )
+        if isinstance(obj, torch.optim.Optimizer):
+            return "save optimizer.state_dict(), and load it with optimizer.load_state_dict(treepack.load(...))"
+        if isinstance(obj, getattr(torch.optim.lr_scheduler, "LRScheduler", ())):
+            return "save scheduler.state_dict(), and load it with scheduler.load_state_dict(...)"
+    sk = sys.modules.get("sklearn.base")
+    if sk is not None and isinstance(obj, sk.BaseEstimator):
+        return (
+            "a scikit-learn estimator holds fitted state that only its own code rebuilds; scikit-learn "
+            "recommends skops.io (or pickle/joblib for files you trust): save it that way, or save its "
+            "parameters (get_params()) and fitted arrays (the attributes ending in _) as a tree here"
+        )
+    return None
 
 
 # ---------------------------------------------------------------- decoding
@@ -354,6 +423,8 @@ def check_kind(cls: type, name: str, kind: str) -> None:
     a pydantic model, a defaultdict's factory a class."""
     if kind == "enum":
         ok, what = isinstance(cls, type) and issubclass(cls, enum.Enum), "an Enum"
+    elif kind == "mapping":
+        ok, what = isinstance(cls, type) and issubclass(cls, (dict, collections.UserDict)), "a dict or UserDict subclass"
     elif kind == "record":
         ok, what = records.is_record_class(cls), "a dataclass, an attrs class, a namedtuple or a pydantic model"
     else:
@@ -568,6 +639,8 @@ class Decoder:
                 return self._missing(t, None, str(e))
         if t == torch_tensors.SPARSE:
             return torch_tensors.decode_sparse(data, kids)
+        if t in torch_tensors.VALUES:
+            return torch_tensors.decode_value(t, data, kids)
         if t in ("py.dataframe", "py.series"):
             try:
                 return pandas.decode(t, kids)

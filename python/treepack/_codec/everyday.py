@@ -25,8 +25,12 @@ _FACTORY_NAMES = {t: n for n, t in FACTORIES.items()}
 
 NAMES = frozenset(
     {"py.ordereddict", "py.counter", "py.defaultdict", "py.deque", "py.fraction", "py.datetime64",
-     "py.masked", "py.npdtype", "py.objarray", "py.str"}
+     "py.masked", "py.npdtype", "py.objarray", "py.str", "py.dict", "py.mapping", "py.np_generator",
+     "py.np_random_state"}
 )
+
+#: numpy's bit generators, by name: a ``py.np_generator`` node names one of these.
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
 
 _UNITS = frozenset({"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "ns", "ps", "fs", "as", "generic"})
 _TIME_DTYPE = re.compile(r"^[<>=|]?[Mm]8(\[[0-9]*[A-Za-z]+\])?$")
@@ -96,6 +100,18 @@ def _encode(obj: Any, t: type) -> Optional[Description]:
                 "(list, int, a class), or convert it with dict(obj)"
             )
         return ("custom", "py.defaultdict", *_mapping(obj, {"factory": name}))
+    if t is dict:
+        # Keys that are no format keys (numpy scalars, enum members): the items as pairs of
+        # tree values, so each key keeps its type.
+        return ("custom", "py.dict", None, [("items", [(k, v) for k, v in obj.items()])])
+    if t is np.random.Generator:
+        bg = obj.bit_generator
+        name = type(bg).__name__
+        if name not in _BIT_GENERATORS or type(bg) is not getattr(np.random, name):
+            raise TypeError(f"its bit generator {type(bg).__qualname__} is not one of numpy's ({', '.join(_BIT_GENERATORS)})")
+        return ("custom", "py.np_generator", json.dumps({"bit_generator": name}), [("state", bg.state)])
+    if t is np.random.RandomState:
+        return ("custom", "py.np_random_state", None, [("state", obj.get_state(legacy=False))])
     if t is collections.deque:
         return ("custom", "py.deque", json.dumps({"maxlen": obj.maxlen}), [("items", list(obj))])
     if t is fractions.Fraction:
@@ -122,6 +138,8 @@ def _encode(obj: Any, t: type) -> Optional[Description]:
     if t is np.ndarray and obj.dtype == object:
         # Each element is a value of the tree like any other (strict: no pickle), in C order.
         return ("custom", "py.objarray", json.dumps({"shape": list(obj.shape)}), [("items", obj.ravel().tolist())])
+    if isinstance(obj, (dict, collections.UserDict)) and t not in (collections.OrderedDict, collections.Counter, collections.defaultdict):
+        return _mapping_subclass(obj, t)
     if isinstance(obj, (np.ndarray, np.datetime64, np.timedelta64)) and obj.dtype.kind in "Mm":
         if isinstance(obj, np.ndarray) and t is not np.ndarray:
             return None
@@ -135,8 +153,85 @@ def _encode(obj: Any, t: type) -> Optional[Description]:
     return None
 
 
+def _mapping_subclass(obj: Any, t: type) -> Description:
+    """A dict subclass (scikit-learn's ``Bunch``) or a ``collections.UserDict`` (transformers'
+    ``BatchEncoding``) as ``py.mapping``: its class by name (rebuilt when trusted), its items as
+    children (by key when every key is a str, so key paths read as the dict's own; else one
+    ``items`` child holding a plain dict), and its other attributes as a ``__dict__`` child."""
+    if "<locals>" in t.__qualname__:
+        raise TypeError("it is a mapping class defined inside a function, which a load cannot find; use a module-level class or dict(obj)")
+    user = isinstance(obj, collections.UserDict)
+    items = obj.data if user else dict.copy(obj)
+    attrs = {k: v for k, v in (getattr(obj, "__dict__", None) or {}).items() if not (user and k == "data")}
+    data: Dict[str, Any] = {"class": reg.type_name(t)}
+    kids: List[Tuple[str, Any]]
+    if all(type(k) is str for k in items) and "__dict__" not in items:
+        kids = list(items.items())
+    else:
+        data["items"] = True
+        kids = [("items", dict(items))]
+    if attrs:
+        if not all(type(k) is str for k in attrs):
+            raise TypeError("its __dict__ holds a key that is not a str")
+        data["attrs"] = True
+        kids.append(("__dict__", attrs))
+    return ("custom", "py.mapping", json.dumps(data), kids)
+
+
+def _mapping_build(cls: type, data: Dict[str, Any], kids: Dict[str, Any]) -> Any:
+    kids = dict(kids)
+    attrs = kids.pop("__dict__", None) if data.get("attrs") else None
+    items = kids["items"] if data.get("items") else kids
+    if not isinstance(items, dict) or (attrs is not None and not isinstance(attrs, dict)):
+        raise ValueError("py.mapping: the items and attributes must be dicts")
+    obj = cls.__new__(cls)
+    if issubclass(cls, dict):
+        dict.update(obj, items)
+    else:
+        object.__getattribute__(obj, "__dict__")["data"] = dict(items)
+    if attrs:
+        d = getattr(obj, "__dict__", None)
+        if not isinstance(d, dict):
+            raise ValueError(f"{cls.__qualname__} instances hold no attributes, but the file gives {sorted(attrs)}")
+        d.update(attrs)
+    return obj
+
+
 def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], bool], missing: Callable[..., Any]) -> Any:
     """Rebuild a ``py.<name>`` node of this module (`t` in NAMES)."""
+    if t == "py.dict":
+        items = kids.get("items")
+        if not isinstance(items, list) or not all(isinstance(p, tuple) and len(p) == 2 for p in items):
+            raise ValueError("py.dict: the items must be a list of (key, value) pairs")
+        out = dict(items)
+        if len(out) != len(items):
+            raise ValueError("py.dict: two items have equal keys")
+        return out
+    if t == "py.mapping":
+        name = (data or {}).get("class")
+        if not isinstance(name, str):
+            raise ValueError("py.mapping: the node names no class")
+        if not trusted(name):
+            return missing(name, kids, "mapping type is not trusted (pass trust=[...])")
+        from .builtins import check_kind, resolve_class
+
+        try:
+            cls = resolve_class(name)
+            check_kind(cls, name, "mapping")
+        except LookupError as e:
+            return missing(name, kids, str(e))
+        return _mapping_build(cls, data, kids)
+    if t == "py.np_generator":
+        name = (data or {}).get("bit_generator")
+        if name not in _BIT_GENERATORS:
+            raise ValueError(f"py.np_generator: unknown bit generator {name!r}")
+        bg = getattr(np.random, name)()
+        bg.state = kids["state"]
+        return np.random.Generator(bg)
+    if t == "py.np_random_state":
+        rs = np.random.RandomState()
+        rs.set_state(kids["state"])
+        return rs
     if t == "py.ordereddict":
         return _with_attrs(collections.OrderedDict(_items(data, kids)), data)
     if t == "py.counter":

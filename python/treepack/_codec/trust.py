@@ -30,7 +30,7 @@ def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ..
             factory = (json.loads(data_json) or {}).get("factory") if data_json else None
             if factory and factory not in FACTORIES and not (reg.is_trusted(factory, trust) or reg.lookup_name(factory)):
                 flag(factory, path)
-        elif name == "py.enum":
+        elif name in ("py.enum", "py.mapping"):
             cls = json.loads(data_json).get("class", "?") if data_json else "?"
             if not (reg.is_trusted(cls, trust) or reg.lookup_name(cls)):
                 flag(cls, path)

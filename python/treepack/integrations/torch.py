@@ -170,6 +170,46 @@ def encode(t: Any, where: str, storages: Optional[Storages] = None) -> Tuple[str
     return ("array", "", json.dumps(ann, separators=(",", ":")), [("value", view)])
 
 
+#: torch's small value types, as found in configs (transformers' ``torch_dtype``/``dtype``):
+#: built by treepack from their data alone (a dtype name from torch's own list, a device string,
+#: a tuple of ints), so they need no trust.
+VALUES = frozenset({"py.torch_dtype", "py.torch_size", "py.torch_device"})
+
+
+def encode_value(obj: Any) -> Optional[Tuple[str, str, Optional[str], list]]:
+    """``encode_other``'s description of a ``torch.dtype``, ``torch.Size`` or ``torch.device``,
+    or None for anything else (and when torch is not loaded)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    t = type(obj)
+    if t is torch.dtype:
+        return ("custom", "py.torch_dtype", json.dumps(_dtype_name(obj)), [])
+    if t is torch.Size:
+        return ("custom", "py.torch_size", None, [("dims", [int(n) for n in obj])])
+    if t is torch.device:
+        return ("custom", "py.torch_device", json.dumps(str(obj)), [])
+    return None
+
+
+def decode_value(t: str, data: Any, kids: Dict[str, Any]) -> Any:
+    import torch
+
+    if t == "py.torch_dtype":
+        dt = getattr(torch, data, None) if isinstance(data, str) and data.isidentifier() else None
+        if not isinstance(dt, torch.dtype):
+            raise ValueError(f"py.torch_dtype: {data!r} names no torch dtype")
+        return dt
+    if t == "py.torch_size":
+        dims = kids.get("dims")
+        if not isinstance(dims, list) or not all(type(n) is int for n in dims):
+            raise ValueError("py.torch_size: the dimensions must be a list of ints")
+        return torch.Size(dims)
+    if not isinstance(data, str):
+        raise ValueError("py.torch_device: the device must be a string")
+    return torch.device(data)
+
+
 SPARSE = "py.torch_sparse"
 #: Sparse layouts by name; compressed ones: (compressed indices, plain indices) accessors.
 _COMPRESSED = {

@@ -246,3 +246,40 @@ fn pipelined_save_writes_the_same_files_as_a_one_batch_save() {
     assert_eq!(seen.last().copied(), Some((ib.bytes_written, ib.bytes_written)), "progress ends at the bytes written");
     assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "progress never goes back");
 }
+
+/// A save into a folder holding other files and no tree is refused, with or without overwrite,
+/// and leaves the files alone; treepack's own leftovers (a dead save's packs, staging files)
+/// are not in the way; a repository folder says to save as LOCATION@NAME.
+#[test]
+fn a_save_into_a_folder_of_other_files_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("ckpt");
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    std::fs::write(dir.join("config.json"), b"{\"mine\": true}").unwrap();
+    let tree = Node::dict([("x", Node::from(1i64))]);
+    for overwrite in [false, true] {
+        let e = save(&tree, dir.to_str().unwrap(), &SaveOptions { overwrite, ..Default::default() }).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("config.json") && msg.contains("data") && msg.contains("new or empty folder"), "{msg}");
+    }
+    let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    names.sort();
+    assert_eq!(names, vec![std::ffi::OsString::from("config.json"), "data".into()], "nothing was written");
+    // An empty folder, and a folder with only a dead save's leftovers, take the tree.
+    let empty = d.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    save(&tree, empty.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    let left = d.path().join("left");
+    std::fs::create_dir_all(left.join("packs")).unwrap();
+    std::fs::write(left.join("packs/0123.tpp"), b"x").unwrap();
+    std::fs::write(left.join("treepack.json#1-2"), b"x").unwrap();
+    save(&tree, left.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    // A tree with other files beside it is still a tree: it can be overwritten.
+    std::fs::write(empty.join("README"), b"notes").unwrap();
+    save(&tree, empty.to_str().unwrap(), &SaveOptions { overwrite: true, ..Default::default() }).unwrap();
+    assert_eq!(std::fs::read(empty.join("README")).unwrap(), b"notes");
+    let repo = d.path().join("repo");
+    Repository::create(repo.to_str().unwrap()).unwrap();
+    let e = save(&tree, repo.to_str().unwrap(), &SaveOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("LOCATION@NAME"), "{e}");
+}

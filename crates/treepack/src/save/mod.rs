@@ -667,6 +667,46 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
     commit(loc, w, opts).await
 }
 
+/// A save into a folder that holds other files and no tree is refused, with or without
+/// overwrite (as JAX's saver refuses "a directory that is not a previous checkpoint"): writing
+/// a tree among a user's files mixes them, and a later overwrite or gc of the tree would be
+/// working in someone else's folder. What treepack itself leaves there (packs and staging
+/// files of a save that died, markers of running saves) is not foreign. Local folders only: on
+/// an object store a prefix is not a folder anyone works in, and the check would cost every
+/// save a listing request (docs/design.md).
+async fn refuse_foreign_folder(loc: &Location) -> Result<()> {
+    const SHOWN: usize = 5;
+    let entries = loc.top_entries(64).await?;
+    if entries.iter().any(|n| n == crate::format::repo::MARKER) {
+        return Err(Error::BadLocation {
+            location: loc.display().to_string(),
+            reason: "this folder is a treepack repository, not a tree: save into it as LOCATION@NAME".into(),
+        });
+    }
+    let own = |n: &str| {
+        n == MANIFEST_NAME
+            || n == crate::store::PACKS_DIR
+            || n.starts_with(&format!("{MANIFEST_NAME}#"))
+            || n.starts_with(&format!("{MANIFEST_NAME}.lock"))
+            || n.starts_with(".saving-")
+    };
+    let foreign: Vec<&String> = entries.iter().filter(|n| !own(n)).collect();
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    let mut names: Vec<&str> = foreign.iter().take(SHOWN).map(|s| s.as_str()).collect();
+    names.sort_unstable();
+    let more = if foreign.len() > SHOWN { " …" } else { "" };
+    Err(Error::BadLocation {
+        location: loc.display().to_string(),
+        reason: format!(
+            "refusing to save into a folder that holds other files and no treepack tree ({}{more}); save to a new \
+             or empty folder (overwrite= replaces a tree, never other files)",
+            names.join(", ")
+        ),
+    })
+}
+
 /// Hash, lay out and write the packs of `tree`; build (not write) its manifest. With `reuse`
 /// (a save into a repository), chunks it knows are referred to, not written, and the caller
 /// checks and commits the name.
@@ -698,6 +738,9 @@ pub(crate) async fn write_data(
         let exists = loc.exists(manifest_rel).await?;
         if exists && !opts.overwrite {
             return Err(Error::AlreadyExists { location: loc.display().to_string() });
+        }
+        if !exists && !single && loc.local_path().is_some() {
+            refuse_foreign_folder(loc).await?;
         }
         let marker = loc.save_marker(opts.durable)?;
         let previous = if exists && !single { old_packs(loc).await } else { None };

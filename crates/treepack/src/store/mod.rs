@@ -21,6 +21,7 @@ mod local;
 mod marker;
 mod multipart;
 mod plan;
+mod probe;
 
 use beneath::{io_error, Kind};
 use cloud::remote_store;

@@ -110,3 +110,24 @@ def _torch_save(tree, tmp_path):
     f = str(tmp_path / "ref.pt")
     torch.save(tree, f)
     return f
+
+
+def test_like_through_a_shared_leaf(tmp_path):
+    # One array at two places (a ref in the file): a template array or ShapeDtypeStruct at the
+    # ref place matches the object it names (JAX's own pytree test tree has such leaves).
+    a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    p = str(tmp_path / "t")
+    treepack.save({"x": a, "y": a, "z": [a]}, p)
+    st = treepack.load_structure(p)
+    assert st["y"].kind == "ref"
+    out = treepack.load(p, like={"x": np.zeros((2, 3), np.float32), "y": np.zeros((2, 3), np.float32), "z": [None]})
+    assert np.array_equal(out["y"], a) and np.array_equal(out["x"], a)
+    out = treepack.load(p, like={"x": None, "y": np.zeros((2, 3), np.float32), "z": [True]})
+    assert np.array_equal(out["y"], a) and np.array_equal(out["z"][0], a)
+    with pytest.raises(ValueError, match="`y`"):
+        treepack.load(p, like={"x": None, "y": np.zeros((3, 3), np.float32), "z": None})
+    jax = pytest.importorskip("jax")
+    sds = jax.ShapeDtypeStruct((2, 3), jax.numpy.float32)
+    out = treepack.load(p, like={"x": sds, "y": sds, "z": [sds]})
+    assert all(isinstance(v, jax.Array) for v in (out["x"], out["y"], out["z"][0]))
+    assert np.array_equal(np.asarray(out["y"]), a)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Dict, List, Mapping, Optional, Set
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from collections.abc import MutableMapping
 
 import numpy as np
 
@@ -42,8 +43,36 @@ def keep_paths(like: Any, structure: Any, into: Optional[Dict[str, Any]] = None)
     place. A tensor on the ``meta`` device (a model built without memory, the usual way to build
     a big one) has nothing to read into: its leaf is loaded as a new tensor (see ``graft``)."""
     keep: Set[str] = set()
-    _walk(like, structure, "", keep, into)
+    _walk(like, structure, "", keep, into, structure)
     return keep
+
+
+def deref(stored: Any, root: Any) -> Tuple[Any, Optional[str]]:
+    """``stored``, or, for a ref place (one object stored at two places: JAX's test trees hold
+    an array twice), the stored node of the object it names, with the ref place's path."""
+    if isinstance(stored, LeafInfo) and stored.kind == "ref" and root is not None and stored.target is not None:
+        target = _find(root, stored.target)
+        if target is not None:
+            return target, stored.path
+    return stored, None
+
+
+def _find(root: Any, path: str) -> Any:
+    """The stored node at the key path ``path`` of the structure ``root`` (None if not found)."""
+    stack = [(root, "")]
+    while stack:
+        node, p = stack.pop()
+        if p == path:
+            return node
+        if p and not path.startswith(p + "/"):
+            continue
+        if isinstance(node, dict):
+            stack.extend((v, _child(p, k)) for k, v in node.items())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, _child(p, i)) for i, v in enumerate(node))
+        elif hasattr(node, "children") and not isinstance(node, LeafInfo):
+            stack.extend((v, _child(p, k)) for k, v in node.children.items())
+    return None
 
 
 def graft(out: Any, like: Any, stored: Any, tensors: Set[int], map_location: Any = None) -> Any:
@@ -78,7 +107,19 @@ def graft(out: Any, like: Any, stored: Any, tensors: Set[int], map_location: Any
             out[:] = items
             return out
         return type(out)._make(items) if hasattr(type(out), "_make") else type(out)(items)
-    fields = _fields_of(like)
+    if _is_struct_node(like):
+        # A node of load_structure's (a mask): its children are the record's fields, or the
+        # keys of a mapping-like custom object (an OrderedDict state_dict).
+        if isinstance(out, MutableMapping):
+            for k, l in like.children.items():
+                if k in out:
+                    v = graft(out[k], l, getattr(stored, "children", {}).get(k), tensors, map_location)
+                    if v is not out[k]:
+                        out[k] = v
+            return out
+        fields = like.children if like.kind == "record" else None
+    else:
+        fields = _fields_of(like)
     if fields is not None and out is not None and not isinstance(out, tuple):
         for k, l in fields.items():
             v = graft(getattr(out, k), l, getattr(stored, "children", {}).get(k), tensors, map_location)
@@ -166,11 +207,18 @@ def _is_array_like(x: Any) -> bool:
 _MAPPINGS = frozenset({"py.ordereddict", "py.counter", "py.defaultdict"})
 
 
-def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict[str, Any]] = None) -> None:
+def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict[str, Any]] = None, root: Any = None) -> None:
     if like is None or like is False:
         return
     if like is True:
         _take_all(stored, keep)
+        return
+    stored, ref_place = deref(stored, root)
+    if ref_place is not None:
+        # Loading the ref place loads the object it names (whole, at its own place too); the
+        # template is checked against that object.
+        keep.add(ref_place)
+        _walk(like, stored, path, set(), None, root)
         return
     if isinstance(stored, LeafInfo):
         if torch_tensors.is_tensor(like):
@@ -205,7 +253,7 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
             raise ValueError(f"like=: at {_where(path)} the file holds a dict but like= has {_short_type(like)}")
         _same_keys(list(stored), list(like.keys()), path)
         for k, v in stored.items():
-            _walk(like[k], v, _child(path, k), keep, into)
+            _walk(like[k], v, _child(path, k), keep, into, root)
         return
     if isinstance(stored, (list, tuple)):
         if not isinstance(like, type(stored)):
@@ -217,7 +265,7 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
                 f"like=: at {_where(path)} the file holds a {type(stored).__name__} of {len(stored)} items but like= has {len(like)}"
             )
         for i, (l, s) in enumerate(zip(like, stored)):
-            _walk(l, s, _child(path, i), keep, into)
+            _walk(l, s, _child(path, i), keep, into, root)
         return
     # A record or custom object (StructNode).
     if _is_struct_node(like):
@@ -240,7 +288,7 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
         return
     _same_keys(list(stored.children), list(like_children), path)
     for k, v in stored.children.items():
-        _walk(like_children[k], v, _child(path, k), keep, into)
+        _walk(like_children[k], v, _child(path, k), keep, into, root)
 
 
 def _is_struct_node(x: Any) -> bool:

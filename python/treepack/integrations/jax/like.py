@@ -188,7 +188,7 @@ def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callab
     import jax.tree_util as jtu
 
     from ... import StructNode
-    from ..._like import _walk, _where
+    from ..._like import _walk, _where, deref
 
     register()
     nodes: List[Tuple[str, str, Optional[str], str]] = []
@@ -204,8 +204,9 @@ def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callab
     for keys, leaf in flat:
         stored, path = structure, ""
         for k in keys:
-            stored, path = _stored_child(stored, k, path)
-        plan.append((path, stored, leaf))
+            # Through a ref place (one object at two places): on in the object it names.
+            stored, path = _stored_child(deref(stored, structure)[0], k, path)
+        plan.append((path, deref(stored, structure)[0], leaf))
     subtrees: List[str] = []
     for path, stored, leaf in plan:
         if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) and leaf is not None and leaf is not False:
@@ -213,7 +214,7 @@ def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callab
             # state, a JAX scalar once trained) loads the stored value; anything else gets the
             # usual checks (numpy arrays, scalars, True).
             if not (type(leaf) in (int, float, bool, complex) and getattr(stored, "kind", None) == "array" and not stored.shape):
-                _walk(leaf, stored, path, set())
+                _walk(leaf, stored, path, set(), None, structure)
             subtrees.append(path)
     audit(subtrees, nodes)
     values: List[Any] = []

@@ -474,3 +474,44 @@ def test_a_small_manifest_with_keys_python_merges_reads_alike_by_every_path(tmp_
     _reseal(manifest)
     with pytest.raises(treepack.TreepackError, match="duplicate key `~i0`"):
         treepack.load_structure(str(p))
+
+
+def test_a_structure_node_reads_like_the_loaded_mapping(tmp_path):
+    """Issue 51: load_structure of an OrderedDict state_dict (a py.ordereddict custom node) is
+    indexed, iterated and measured like the dict load gives; missing keys say what is there."""
+    import collections
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Opt:
+        lr: float
+        mu: np.ndarray
+
+    sd = collections.OrderedDict([("lm_head.weight", np.zeros((4, 2), np.float32)), ("embed", np.ones(3)), ("n", 7)])
+    treepack.save(sd, tmp_path / "sd")
+    st = treepack.load_structure(tmp_path / "sd")
+    loaded = treepack.load(tmp_path / "sd")
+    assert isinstance(st, treepack.StructNode) and st.type_name == "py.ordereddict"
+    assert st["lm_head.weight"].shape == (4, 2) and st["lm_head.weight"].dtype == "float32"
+    assert list(st) == list(st.keys()) == list(loaded) == ["lm_head.weight", "embed", "n"]
+    assert len(st) == len(loaded) == 3 and "embed" in st and "nope" not in st and [1] not in st
+    assert [v.path for v in st.values()] == ["lm_head.weight", "embed", "n"]
+    assert [(k, v.kind) for k, v in st.items()] == [("lm_head.weight", "array"), ("embed", "array"), ("n", "int")]
+    assert st.get("n").kind == "int" and st.get("nope") is None and st.get([1], 5) == 5
+    with pytest.raises(KeyError, match=r"'lm_head\.bias'.*py\.ordereddict at the root.*'lm_head\.weight'"):
+        st["lm_head.bias"]
+    # The shape the loaded tree has, key by key.
+    assert {k: st[k].shape for k in st if st[k].kind == "array"} == {k: v.shape for k, v in loaded.items() if hasattr(v, "shape")}
+    # A record: its fields by name; a node with no children is still true.
+    treepack.save({"opt": Opt(0.1, np.zeros(2)), "e": collections.OrderedDict()}, tmp_path / "rec")
+    st = treepack.load_structure(tmp_path / "rec")
+    assert st["opt"]["mu"].shape == (2,) and st["opt"]["lr"].kind == "float" and sorted(st["opt"]) == ["lr", "mu"]
+    assert len(st["e"]) == 0 and bool(st["e"]) and list(st["e"].items()) == []
+    with pytest.raises(KeyError, match="at `opt`.*'lr', 'mu'"):
+        st["opt"]["count"]
+    # Still a frozen dataclass, and (with JAX) still a pytree node over its children.
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        st["opt"].kind = "x"
+    jax = pytest.importorskip("jax")
+    paths = jax.tree.map(lambda leaf: leaf.path, treepack.load_structure(tmp_path / "sd"))
+    assert isinstance(paths, treepack.StructNode) and dict(paths.items()) == {k: k for k in sd}

@@ -8,7 +8,7 @@ import datetime as _dt
 import os
 import re
 import threading
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 from . import _core
 from ._api import PathLike, StorageOptions, _opts, _path, load, load_structure, save
@@ -115,10 +115,23 @@ class CheckpointManager:
     chunks that changed since the checkpoints still kept, keeps the last ``keep_last`` steps (and
     every step that is a multiple of ``keep_every``), deletes the rest and frees their bytes.
 
+    - ``keep_last``: how many of the newest steps to keep; ``None`` keeps every step. ``0`` keeps
+      none of them beyond what ``keep_every`` keeps (Orbax's ``max_to_keep=0,
+      keep_period=N``): ``keep_last=0, keep_every=100`` keeps steps 100, 200, ... only, and a
+      step that is not a multiple is deleted once it has committed. ``keep_last=0`` without
+      ``keep_every`` would delete every checkpoint it saves, and is refused (``ValueError``).
+    - ``keep_every``: every step that is a multiple of it is kept, whatever ``keep_last`` says.
+    - ``save_interval_steps`` (Orbax's option of that name): ``save(step, ...)`` saves only
+      steps that ``should_save(step)`` accepts — multiples of it newer than the latest step —
+      and otherwise does nothing and returns ``None``; ``force=True`` saves any step. Without
+      it (the default) every ``save`` saves.
+
     ``save(..., blocking=False)`` (the default) returns once the tree is snapshotted; the write,
     the retention and the gc run on a background thread, one save at a time (a new save waits
-    for the previous one). Safe to resume after a crash: a new manager on the same location sees
-    every committed step, and what an interrupted save wrote is removed by the next gc.
+    for the previous one). ``wait_until_finished()`` waits, in every thread that calls it, until
+    every save begun before the call has committed and its retention has run. Safe to resume
+    after a crash: a new manager on the same location sees every committed step, and what an
+    interrupted save wrote is removed by the next gc.
     """
 
     def __init__(
@@ -127,21 +140,43 @@ class CheckpointManager:
         *,
         keep_last: Optional[int] = 3,
         keep_every: Optional[int] = None,
+        save_interval_steps: Optional[int] = None,
         storage_options: StorageOptions = None,
         gc_grace_secs: float = 0.0,
     ) -> None:
-        if keep_last is not None and keep_last < 1:
-            raise ValueError("keep_last must be at least 1 (or None to keep every step)")
-        if keep_every is not None and keep_every < 1:
+        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 0):
+            raise ValueError("keep_last must be a number of steps, 0 or more (or None to keep every step)")
+        if keep_every is not None and (not isinstance(keep_every, int) or keep_every < 1):
             raise ValueError("keep_every must be a positive number of steps (or None)")
+        if keep_last == 0 and keep_every is None:
+            raise ValueError(
+                "keep_last=0 without keep_every would delete every checkpoint once saved: pass keep_every=N to "
+                "keep only the multiples of N, or keep_last=None to keep every step"
+            )
+        if save_interval_steps is not None and (not isinstance(save_interval_steps, int) or save_interval_steps < 1):
+            raise ValueError("save_interval_steps must be a positive number of steps (or None to save every step given)")
         self.repository = Repository(location, storage_options=storage_options, create=True)
         self.keep_last = keep_last
         self.keep_every = keep_every
+        self.save_interval_steps = save_interval_steps
         self.gc_grace_secs = gc_grace_secs
-        self._pending: Optional[concurrent.futures.Future] = None
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._pool_pid = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one save() at a time
+        self._reset_progress()
+
+    def _reset_progress(self) -> None:
+        # Saves are numbered as they begin (under self._lock) and end in that order (one worker
+        # thread): a waiter waits until the number it saw has ended. A forked child starts
+        # afresh: the parent's saves are not its own to wait for.
+        self._cond = threading.Condition()
+        self._begun = 0
+        self._ended = 0
+        self._last_step: Optional[int] = None  # the newest step this manager began to save
+        # The error of the last save, with the thread that began it: every waiter raises it,
+        # and it is cleared once delivered to that thread or to a later save().
+        self._error: Optional[Tuple[BaseException, int]] = None
+        self._progress_pid = os.getpid()
 
     @staticmethod
     def name(step: int) -> str:
@@ -157,6 +192,17 @@ class CheckpointManager:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
+    def should_save(self, step: int) -> bool:
+        """Whether ``save(step, ...)`` would save (as Orbax's ``should_save``): the step is a
+        multiple of ``save_interval_steps`` (any step when it is ``None``) and newer than the
+        latest step committed or being saved."""
+        if self.save_interval_steps is not None and step % self.save_interval_steps != 0:
+            return False
+        latest = self.latest_step()
+        last = self._last_step if self._progress_pid == os.getpid() else None
+        newest = max((s for s in (latest, last) if s is not None), default=None)
+        return newest is None or step > newest
+
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         # One thread: saves, retention and gc run in order. A forked child starts its own.
         if self._pool is None or self._pool_pid != os.getpid():
@@ -164,23 +210,44 @@ class CheckpointManager:
             self._pool_pid = os.getpid()
         return self._pool
 
-    def save(self, step: int, tree: Any, *, blocking: bool = False, **save_kwargs: Any) -> Any:
+    def save(self, step: int, tree: Any, *, blocking: bool = False, force: bool = False, **save_kwargs: Any) -> Any:
         """Save ``tree`` as step ``step`` (``treepack.save``'s keywords). Returns the ``SaveInfo``
         when ``blocking``, else a ``SaveHandle`` whose ``result()`` is the ``SaveInfo`` once the
         save, the retention and the gc are done. Raises ``FileExistsError`` (from the handle) if
-        the step was already saved, unless ``overwrite=True``."""
+        the step was already saved, unless ``overwrite=True``.
+
+        With ``save_interval_steps`` set, a step that ``should_save(step)`` refuses is not saved:
+        nothing is written and ``None`` is returned (false, as Orbax's ``save`` returns
+        ``False``); ``force=True`` saves it anyway. An error of the previous background save is
+        raised here (once) before anything is saved."""
+        if self.save_interval_steps is not None and not force and not self.should_save(step):
+            return None
         name = self.name(step)
         with self._lock:
-            self.wait_until_finished()
-            handle = self.repository.save(tree, name, blocking=False, **save_kwargs)
+            self._wait(deliver=True)
+            with self._cond:
+                self._begun += 1
+                ticket = self._begun
+                self._last_step = step
+            try:
+                # Snapshots the tree here, in the caller's thread.
+                handle = self.repository.save(tree, name, blocking=False, **save_kwargs)
+            except BaseException:
+                self._end(ticket, None)  # raised to the caller below: nothing to keep
+                raise
+            owner = threading.get_ident()
 
             def finish() -> Any:
-                info = handle.result()
-                self._apply_retention()
+                try:
+                    info = handle.result()
+                    self._apply_retention()
+                except BaseException as e:
+                    self._end(ticket, (e, owner))
+                    raise
+                self._end(ticket, None)
                 return info
 
             future = self._executor().submit(finish)
-            self._pending = future
         out = SaveHandle(future, self.repository.tree(name))
         if not blocking:
             return out
@@ -188,13 +255,23 @@ class CheckpointManager:
             return out.result()
         finally:
             # Its outcome was delivered here: a later wait must not raise it again.
-            with self._lock:
-                if self._pending is future:
-                    self._pending = None
+            with self._cond:
+                if self._error is not None and self._error[0] is future.exception():
+                    self._error = None
+
+    def _end(self, ticket: int, error: Optional[Tuple[BaseException, int]]) -> None:
+        with self._cond:
+            self._ended = max(self._ended, ticket)
+            if error is not None:
+                self._error = error
+            self._cond.notify_all()
 
     def _apply_retention(self) -> None:
         steps = self.all_steps()
-        keep = set(steps[-self.keep_last:]) if self.keep_last is not None else set(steps)
+        if self.keep_last is None:
+            keep = set(steps)
+        else:
+            keep = set(steps[len(steps) - self.keep_last:]) if self.keep_last else set()
         if self.keep_every is not None:
             keep |= {s for s in steps if s % self.keep_every == 0}
         for s in steps:
@@ -205,11 +282,27 @@ class CheckpointManager:
                     pass  # another manager deleted it first
         self.repository.gc(self.gc_grace_secs)
 
+    def _wait(self, deliver: bool) -> None:
+        if self._progress_pid != os.getpid():
+            self._reset_progress()
+        with self._cond:
+            ticket = self._begun
+            while self._ended < ticket:
+                self._cond.wait()
+            if self._error is None:
+                return
+            error, owner = self._error
+            if deliver or owner == threading.get_ident():
+                self._error = None
+        raise error
+
     def wait_until_finished(self) -> None:
-        """Wait for the save in progress (and its retention); re-raises its error."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        """Wait until every save begun before this call (in any thread) has committed and its
+        retention and gc have run; safe to call from several threads at once, each of which
+        waits. Raises the error of a failed background save: in every thread that waits for
+        it, and it is cleared once raised in the thread that began that save (or by the next
+        ``save``), as Orbax does."""
+        self._wait(deliver=False)
 
     def restore(self, step: Optional[int] = None, **load_kwargs: Any) -> Any:
         """Load step ``step`` (default: the latest) with ``treepack.load``'s keywords
@@ -235,5 +328,8 @@ class CheckpointManager:
         self.close()
 
     def __repr__(self) -> str:
-        return f"CheckpointManager({self.repository.location!r}, keep_last={self.keep_last}, keep_every={self.keep_every})"
+        return (
+            f"CheckpointManager({self.repository.location!r}, keep_last={self.keep_last}, keep_every={self.keep_every}, "
+            f"save_interval_steps={self.save_interval_steps})"
+        )
 

@@ -590,3 +590,14 @@ def test_corrupt_repository_gc_state_names_the_file(attack):
     code = f"import treepack\ntreepack.Repository({str(repo)!r}).gc(grace_secs=0)\n"
     out = attack.error(code, "TreepackError", match=f"invalid gc state file {repo / 'gc.json'}")
     assert "manifest" not in out["message"] and "delete the file" in out["message"], out["message"]
+
+
+def test_damaged_images_and_wavs_become_placeholders_when_asked(tmp_path, rewrite_manifest):
+    Image = pytest.importorskip("PIL.Image")
+    loc = _tree_with_file(tmp_path, rewrite_manifest, Image.new("L", (4, 4)), b"not an image at all")
+    back = treepack.load(loc, on_missing="placeholder")["a"]["leaf"]
+    assert isinstance(back, treepack.Unloadable) and back.type_name == "py.image"
+    assert back.files == {"image": b"not an image at all"} and "not a readable PNG image" in back.reason
+    with pytest.raises(treepack.TreepackError) as e:
+        treepack.load(loc)
+    assert "stored data does not make one" in str(e.value) and "importable" not in str(e.value)

@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import _registry as reg
 from .._core import TreepackError
+from .._errors import ForeignFileError
 from ..integrations import audio
 from ..integrations import awkward as awkward_arrays
 from ..integrations import pandas, pillow, pydantic
@@ -462,13 +463,20 @@ class BuildError(TreepackError, LookupError, ValueError):
         e.paths = paths
         where = ", ".join(f"`{p or '<root>'}`" for p in paths[:5]) + (" …" if len(paths) > 5 else "")
         at = f" at {where}" if paths else ""
-        e.args = (f"{file}: cannot build {self.type_name}{at}: {self.reason}. {_BUILD_HINT}",)
+        hint = _DATA_HINT if self.node_type.startswith("py.") and self.node_type not in _NAMED else _CLASS_HINT
+        e.args = (f"{file}: cannot build {self.type_name}{at}: {self.reason}. {hint}",)
         return e
 
 
-_BUILD_HINT = (
+#: Built-in node types whose class is named by the file (the rest are built from data alone).
+_NAMED = frozenset({"py.enum", "py.mapping", "py.defaultdict"})
+_CLASS_HINT = (
     "Load the rest with on_missing='placeholder' (treepack.Unloadable in its place), leave it out "
     "with select=, or make the class importable as it was saved"
+)
+_DATA_HINT = (
+    "The stored data does not make one; load the rest with on_missing='placeholder' (treepack.Unloadable "
+    "in its place, keeping its bytes) or leave it out with select="
 )
 
 
@@ -663,14 +671,17 @@ class Decoder:
             found = files.files_of(kids)
             if found is None or "audio.wav" not in found:
                 raise ValueError(f"{audio.NAME}: the node has no audio.wav file")
-            return audio.decode(data, found["audio.wav"])
+            try:
+                return audio.decode(data, found["audio.wav"])
+            except ForeignFileError as e:
+                return self._missing(t, data, str(e), found)
         if t == "py.image":
             found = files.files_of(kids)
             if found is None or "image" not in found or not isinstance(data, dict):
                 raise ValueError("py.image: the node has no image file")
             try:
                 return pillow.decode(data, found["image"])
-            except LookupError as e:
+            except (LookupError, ForeignFileError) as e:
                 return self._missing(t, data, str(e), found)
         if t == "py.pickle":
             if not self.allow_pickle:

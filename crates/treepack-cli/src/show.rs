@@ -193,6 +193,10 @@ fn rec(dtype: &DType, a: &ArrayData, shape: &[usize], axis: usize, base: usize, 
 pub fn format_node(n: &Node, indent: usize) -> String {
     let pad = " ".repeat(indent);
     match n {
+        // One object at several places: shown where it is stored (`cat` of a ref place brings
+        // it there), and at a place that refers to it again, as that.
+        Tree::Shared { node, .. } => format_node(node, indent),
+        Tree::Ref(id) => format!("ref to shared object #{id} (shown where it is stored)"),
         Tree::Leaf(Leaf::Array(a)) => {
             format!("{}{} =\n{}", a.dtype().display(), shape_text(a.shape()), format_array(a))
         }

@@ -410,3 +410,17 @@ fn deep_json_exits_2_with_the_error() {
     }
     assert!(!out_dir.exists());
 }
+
+/// `cat` of a ref place shows the object it names, not an empty `leaf:` line.
+#[test]
+fn cat_of_a_ref_place_shows_the_object() {
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/golden/demo-refs");
+    let again = run_ok(&["cat", golden, "again/params/dense/bias"]);
+    let direct = run_ok(&["cat", golden, "model/params/dense/bias"]);
+    assert_eq!(again, direct);
+    let out = run_ok(&["cat", golden, "again"]);
+    assert!(out.contains("params:") && out.contains("dense:") && out.contains("float32"), "{out}");
+    assert!(!out.trim_start().starts_with("leaf"), "{out}");
+    let out = run_ok(&["cat", golden, "cycle"]);
+    assert!(out.contains("ref to shared object"), "{out}");
+}

@@ -109,6 +109,80 @@ fn gc_command() {
     run_ok(&["verify", c.to_str().unwrap()]);
 }
 
+/// A folder outside the location, of files named like a tree's (and two days old, so that a gc
+/// following a link would find them old enough), and a snapshot of its bytes.
+#[cfg(unix)]
+fn outside_target(d: &std::path::Path) -> (std::path::PathBuf, Vec<(String, Vec<u8>)>) {
+    let target = d.join("outside");
+    std::fs::create_dir_all(&target).unwrap();
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(48 * 3600);
+    for (name, bytes) in [
+        ("config.json", &b"{\"user\": \"data\"}\n"[..]),
+        ("deadbeef.tpp", &[0u8; 64][..]),
+        ("x.tpp#1-1", &[0u8; 8][..]),
+    ] {
+        std::fs::write(target.join(name), bytes).unwrap();
+        std::fs::File::options().write(true).open(target.join(name)).unwrap().set_modified(old).unwrap();
+    }
+    let snap = snapshot(&target);
+    (target, snap)
+}
+
+#[cfg(unix)]
+fn snapshot(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// `args` fails with exit status 2 and a message naming `link` as a link.
+#[cfg(unix)]
+fn refuses_link(args: &[&str], link: &std::path::Path) {
+    let out = tp().args(args).output().unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {e}");
+    assert!(e.contains(&format!("{}: is a symbolic link", link.display())), "{args:?}: {e}");
+    assert!(e.contains("replace it with a real folder"), "{args:?}: {e}");
+}
+
+#[cfg(unix)]
+#[test]
+fn gc_and_repo_gc_refuse_links_inside_the_location() {
+    let (d, ckpt) = demo("ckpt");
+    let (target, before) = outside_target(d.path());
+    let packs = std::path::Path::new(&ckpt).join("packs");
+    std::fs::remove_dir_all(&packs).unwrap();
+    std::os::unix::fs::symlink(&target, &packs).unwrap();
+    refuses_link(&["gc", &ckpt], &packs);
+    refuses_link(&["gc", &ckpt, "--grace-secs", "0"], &packs);
+    assert_eq!(snapshot(&target), before, "files outside the location changed");
+
+    let (_d2, ckpt) = demo("ckpt");
+    let repo = d.path().join("repo");
+    let r = repo.to_str().unwrap();
+    run_ok(&["repo", "init", r]);
+    run_ok(&["repo", "save-from", r, "v1", &ckpt, "-q"]);
+    run_ok(&["repo", "rm", r, "v1"]);
+    for folder in ["index", "packs", "refs"] {
+        let real = repo.join(format!("{folder}.real"));
+        std::fs::rename(repo.join(folder), &real).unwrap();
+        std::os::unix::fs::symlink(&target, repo.join(folder)).unwrap();
+        refuses_link(&["repo", "gc", r, "--grace-secs", "0"], &repo.join(folder));
+        assert_eq!(snapshot(&target), before, "files outside the repository changed ({folder})");
+        std::fs::remove_file(repo.join(folder)).unwrap();
+        std::fs::rename(&real, repo.join(folder)).unwrap();
+    }
+    // With the folders real again, the repository's gc works.
+    let out = run_ok(&["repo", "gc", r, "--grace-secs", "0"]);
+    assert!(out.contains("removed "), "{out}");
+}
+
 #[path = "../../treepack/tests/support/servers.rs"]
 mod servers;
 

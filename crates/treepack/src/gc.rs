@@ -30,8 +30,11 @@ pub struct GcReport {
 /// committed before the second read.)
 ///
 /// # Errors
-/// Refuses (with [`Error::InvalidManifest`] etc.) when a manifest exists but cannot be read, so
-/// a damaged tree's data is never deleted.
+/// Refuses (with [`Error::InvalidManifest`](crate::Error::InvalidManifest) etc.) when a
+/// manifest exists but cannot be read, so a damaged tree's data is never deleted; refuses with
+/// [`Error::Link`](crate::Error::Link), before removing anything, when a symbolic link is met
+/// inside a local location (a linked `packs/`, a leftover or marker name that is a link): gc
+/// removes only regular files it found beneath the location (store/beneath.rs).
 pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcReport> {
     let now = std::time::SystemTime::now();
     let mut report = GcReport::default();

@@ -250,6 +250,11 @@ impl<'py> Decoder<'py> {
                     let arr = self.small_array(&a.dtype, &a.shape, d)?;
                     self.annotated(arr, a.annotation.as_ref().map(|v| v.to_string()))?
                 }
+                // An empty array has a chunk grid and no chunks (shape `[0, 5]`): nothing to read.
+                ArrayStorage::Chunked { chunks, .. } if chunks.is_empty() && a.shape.contains(&0) => {
+                    let arr = self.small_array(&a.dtype, &a.shape, &[])?;
+                    self.annotated(arr, a.annotation.as_ref().map(|v| v.to_string()))?
+                }
                 ArrayStorage::Chunked { .. } => return Err(PyValueError::new_err("array data was not read")),
             },
             Entry::Str(Stored::Blob { .. }) | Entry::Bytes(Stored::Blob { .. }) => {

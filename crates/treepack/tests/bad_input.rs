@@ -242,3 +242,20 @@ fn invalid_in_memory_trees_are_rejected_on_save() {
     let t = Node::dict([("w", Node::from(ArrayData::new(DType::U8, vec![300], vec![0u8; 300]).unwrap()))]);
     assert!(matches!(save(&t, p.to_str().unwrap(), &bad_chunks), Err(Error::InvalidTree { .. })));
 }
+
+/// An empty chunked array (shape `[0, 5]`: a grid of no chunks) is valid and loads as an
+/// empty array, whole, by selection and as a structure.
+#[test]
+fn an_empty_chunked_array_loads() {
+    let d = tempfile::tempdir().unwrap();
+    let root = r#"{"t":"dict","items":[["w",{"t":"array","dtype":"float32","shape":[0,5],"chunk_shape":[1,5],"chunks":[]}],["n",1]]}"#;
+    let p = craft(&d.path().join("t"), "[]", root, &[]);
+    for opts in [LoadOptions::default(), LoadOptions { select: vec!["w".into()], ..Default::default() }] {
+        let t = load(p.as_str(), &opts).unwrap();
+        let Tree::Dict(items) = &t else { panic!("{t:?}") };
+        let Tree::Leaf(Leaf::Array(a)) = &items[0].1 else { panic!("{t:?}") };
+        assert_eq!(a.shape(), &[0, 5]);
+        assert!(a.bytes().is_empty());
+    }
+    assert!(open(p.as_str()).unwrap().verify().unwrap().ok());
+}

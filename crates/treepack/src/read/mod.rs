@@ -833,6 +833,12 @@ fn inline_array(a: &ArrayEntry, file: &str, path: &str) -> Result<ArrayData> {
         ArrayStorage::Inline(d) => ArrayData::new(a.dtype.clone(), a.shape.clone(), d.clone())
             .map(|d| d.annotated(a.annotation.as_ref()))
             .map_err(|e| Error::manifest(file, path, e.to_string())),
+        // An empty array has a chunk grid and no chunks (shape `[0, 5]`): nothing to read.
+        ArrayStorage::Chunked { chunks, .. } if chunks.is_empty() && a.shape.contains(&0) => {
+            ArrayData::new(a.dtype.clone(), a.shape.clone(), Vec::new())
+                .map(|d| d.annotated(a.annotation.as_ref()))
+                .map_err(|e| Error::manifest(file, path, e.to_string()))
+        }
         ArrayStorage::Chunked { .. } => Err(Error::manifest(file, path, "array data was not read")),
     }
 }

@@ -1,0 +1,206 @@
+"""``load(save(x))`` equals ``x`` in the pickle sense, for generated trees (issue 51): the same
+types everywhere (keys included), equal values, and the same identity structure — an object at
+two places is one object after loading, a cycle is a cycle, and records keep attributes set
+beside their fields. The reference is pickle itself: a treepack round trip must have the shape
+``pickle.loads(pickle.dumps(x))`` has."""
+
+import collections
+import dataclasses
+import enum
+import os
+import pickle
+import tempfile
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import treepack  # noqa: E402
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+class Tag(str, enum.Enum):
+    A = "a"
+    B = "b"
+
+
+@dataclasses.dataclass
+class Rec:
+    a: Any = None
+    b: Any = None
+
+
+class Pair(NamedTuple):
+    x: Any
+    y: Any
+
+
+# ---------------------------------------------------------------- generation
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    st.sampled_from([Level.LOW, Level.HIGH, Tag.A]),
+    st.integers(-5, 5).map(np.int64),
+    st.floats(-10, 10, allow_nan=False).map(np.float32),
+    st.lists(st.integers(-100, 100), max_size=6).map(lambda v: np.array(v, dtype=np.int16)),
+)
+
+str_keys = st.text(min_size=1, max_size=5)
+other_keys = st.one_of(
+    st.integers(-50, 50),
+    st.integers(-50, 50).map(np.int64),
+    st.sampled_from([Level.LOW, Level.HIGH]),
+    st.tuples(st.integers(0, 3), st.text(max_size=2)),
+)
+
+
+def containers(children):
+    return st.one_of(
+        st.lists(children, max_size=4),
+        st.lists(children, max_size=3).map(tuple),
+        st.dictionaries(str_keys, children, max_size=4),
+        st.dictionaries(other_keys, children, max_size=3),
+        st.dictionaries(str_keys, children, max_size=3).map(collections.OrderedDict),
+        st.lists(children, max_size=3).map(collections.deque),
+        st.builds(Rec, children, children),
+        st.builds(Pair, children, children),
+        st.frozensets(st.one_of(st.integers(-9, 9), st.text(max_size=3)), max_size=3),
+    )
+
+
+trees = st.recursive(scalars, containers, max_leaves=20)
+
+#: Containers a loader makes first and fills after (a cycle may close through them).
+FILLED_AFTER = (list, dict, Rec)
+
+
+def _mutable_places(x, ancestors, out, seen):
+    """Every list, dict and Rec in ``x`` with the containers above it."""
+    if id(x) in seen:
+        return
+    seen.add(id(x))
+    kids = []
+    if isinstance(x, (list, tuple, collections.deque)):
+        kids = list(x)
+    elif isinstance(x, dict):
+        kids = list(x.values())
+    elif isinstance(x, Rec):
+        kids = list(vars(x).values())
+    if type(x) in FILLED_AFTER:
+        out.append((x, list(ancestors)))
+    for k in kids:
+        _mutable_places(k, ancestors + [x], out, seen)
+
+
+@st.composite
+def shared_trees(draw):
+    """A generated tree, then references to some of its objects put elsewhere in it (sharing),
+    some of them pointing up at an ancestor (cycles through lists, dicts and records only: a
+    cycle through a tuple or a deque cannot be rebuilt, by pickle either, and is refused at
+    save — tested in test_exact_state.py) — and attributes set on records beside their fields."""
+    root = [draw(trees), draw(trees)]
+    places = []
+    _mutable_places(root, [], places, set())
+    for _ in range(draw(st.integers(0, 4))):
+        target, ancestors = places[draw(st.integers(0, len(places) - 1))]
+        candidates = [p for p, _ in places if p is not target]
+        up = [a for a in ancestors if all(type(c) in FILLED_AFTER for c in ancestors[ancestors.index(a):])]
+        pool = candidates + up
+        if not pool:
+            continue
+        obj = pool[draw(st.integers(0, len(pool) - 1))]
+        if obj in up or not _holds(obj, target):
+            _put(target, obj, draw)
+    for rec, _ in places:
+        if isinstance(rec, Rec) and draw(st.booleans()):
+            rec.extra = draw(scalars)
+    return root
+
+
+def _holds(obj, target, seen=None):
+    """Whether ``target`` lies inside ``obj`` (a new edge target -> obj would close a cycle)."""
+    seen = seen if seen is not None else set()
+    if obj is target:
+        return True
+    if id(obj) in seen:
+        return False
+    seen.add(id(obj))
+    if isinstance(obj, (list, tuple, collections.deque, frozenset)):
+        kids = list(obj)
+    elif isinstance(obj, dict):
+        kids = list(obj.values())
+    elif isinstance(obj, (Rec,)):
+        kids = list(vars(obj).values())
+    else:
+        return False
+    return any(_holds(k, target, seen) for k in kids)
+
+
+def _put(target, obj, draw):
+    if isinstance(target, list):
+        target.append(obj)
+    elif isinstance(target, dict):
+        key = f"shared{len(target)}" if all(type(k) is str for k in target) or not target else None
+        if key is None:
+            key = next(k for k in range(1000, 2000) if k not in target)
+            if not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in target):
+                return
+        target[key] = obj
+    elif isinstance(target, Rec):
+        target.b = obj
+
+
+# ---------------------------------------------------------------- comparison
+
+
+def same(a, b, pairs):
+    """Equal in the pickle sense: types, values, and identity (``pairs`` maps id(a-part) to the
+    b-part met for it: the same a-object must meet the same b-object everywhere)."""
+    if type(a) is not type(b):
+        return False
+    tracked = isinstance(a, (list, tuple, dict, collections.deque, Rec, np.ndarray, frozenset)) and not (
+        isinstance(a, tuple) and len(a) == 0
+    )
+    if tracked:
+        if id(a) in pairs:
+            return pairs[id(a)] is b
+        pairs[id(a)] = b
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    if isinstance(a, (list, tuple, collections.deque)):
+        return len(a) == len(b) and all(same(x, y, pairs) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        if [type(k) for k in a] != [type(k) for k in b] or list(a) != list(b):
+            return False
+        return all(same(a[k], b[k], pairs) for k in a)
+    if isinstance(a, Rec):
+        return list(vars(a)) == list(vars(b)) and all(same(v, vars(b)[k], pairs) for k, v in vars(a).items())
+    if isinstance(a, float) and a != a:
+        return b != b
+    return bool(a == b)
+
+
+@settings(max_examples=int(os.environ.get("TREEPACK_HYPOTHESIS_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(shared_trees())
+def test_load_of_save_is_pickle_exact(x):
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "t")
+        treepack.save(x, p)
+        back = treepack.load(p, trust=[__name__ + ".*"])
+    ref = pickle.loads(pickle.dumps(x))
+    assert same(x, ref, {}), "the comparison itself must accept pickle's round trip"
+    assert same(x, back, {}), (x, back)

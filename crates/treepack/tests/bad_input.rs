@@ -143,6 +143,43 @@ fn offsets_and_sizes_are_checked() {
     }
 }
 
+/// Issue 51: a pack cut short (a copy that stopped, a full disk) names the key path of the leaf
+/// whose bytes are missing, by every way of reading it, not an empty "``".
+#[test]
+fn a_truncated_pack_names_the_leaf_it_cuts() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t");
+    let big: Vec<u8> = (0..4_000_000u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    // Packs hold leaves in tree order: the cut falls in the last one, `params/w`.
+    let tree = Node::dict([
+        ("first", Node::from(ArrayData::new(DType::U8, vec![300], vec![7u8; 300]).unwrap())),
+        ("second", Node::from(ArrayData::new(DType::U8, vec![300], vec![9u8; 300]).unwrap())),
+        ("params", Node::dict([("w", Node::from(ArrayData::new(DType::F32, vec![4_000_000], big).unwrap()))])),
+    ]);
+    let opts = SaveOptions { chunk_bytes: 1 << 20, ..Default::default() };
+    save(&tree, p.to_str().unwrap(), &opts).unwrap();
+    let packs: Vec<_> = std::fs::read_dir(p.join("packs")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(packs.len(), 1, "{packs:?}");
+    let len = std::fs::metadata(&packs[0]).unwrap().len();
+    std::fs::File::options().write(true).open(&packs[0]).unwrap().set_len(len / 2).unwrap();
+    let ps = p.to_str().unwrap();
+    let named = |what: &str, e: Error| {
+        let msg = e.to_string();
+        assert_eq!(e.kind(), "out_of_bounds", "{what}: {msg}");
+        assert!(msg.contains("`params/w`") && !msg.contains("``"), "{what}: {msg}");
+        assert!(msg.contains(".tpp") && msg.contains("truncated"), "{what}: {msg}");
+    };
+    named("load", load(ps, &LoadOptions::default()).unwrap_err());
+    named("load batched", load(ps, &LoadOptions { batch_bytes: 1 << 20, ..Default::default() }).unwrap_err());
+    named("select", load(ps, &LoadOptions { select: vec!["params/**".into()], ..Default::default() }).unwrap_err());
+    named("mmap", load(ps, &LoadOptions { mmap: true, ..Default::default() }).unwrap_err());
+    named("slice", open(ps).unwrap().read_array("params/w", "3999000:4000000").unwrap_err());
+    named("get", open(ps).unwrap().get("params").unwrap_err());
+    // What lies before the cut still reads.
+    assert!(open(ps).unwrap().get("first").is_ok());
+    assert!(open(ps).unwrap().read_array("params/w", "0:10").is_ok());
+}
+
 #[test]
 fn deep_nesting_is_refused_quickly() {
     let d = tempfile::tempdir().unwrap();

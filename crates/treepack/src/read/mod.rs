@@ -454,21 +454,38 @@ impl Reader {
             if mmap {
                 if let Some(map) = self.mmap_pack(pack, &rel)? {
                     for (off, len) in ranges {
-                        out.insert((pack, off, len), self.map_range(pack, &map, off, len)?);
+                        let got = match self.map_range(pack, &map, off, len) {
+                            Ok(b) => b,
+                            Err(e) => {
+                                let at = off..off + len;
+                                return Err(self.name_leaf(e, pack, std::slice::from_ref(&at), Some(map.len() as u64)));
+                            }
+                        };
+                        out.insert((pack, off, len), got);
                     }
                     continue;
                 }
             }
             futs.push(async move {
                 let want: Vec<Range<u64>> = ranges.iter().map(|&(o, l)| o..o + l).collect();
-                let got = if self.loc.is_remote() {
-                    self.loc.read_remote_ranges(&rel, want, progress).await?
+                let read = if self.loc.is_remote() {
+                    self.loc.read_remote_ranges(&rel, want, progress).await
                 } else {
-                    let got = self.loc.read_ranges(&rel, want, mode).await?;
-                    if let Some(t) = progress {
-                        t.advance(got.iter().map(|b| b.len() as u64).sum());
+                    self.loc.read_ranges(&rel, want, mode).await.inspect(|got| {
+                        if let Some(t) = progress {
+                            t.advance(got.iter().map(|b| b.len() as u64).sum());
+                        }
+                    })
+                };
+                let got = match read {
+                    Ok(got) => got,
+                    Err(e @ Error::OutOfBounds { .. }) => {
+                        // The store knows the file, not the leaves: name the leaf here.
+                        let size = self.loc.size(&rel).await.ok();
+                        let want: Vec<Range<u64>> = ranges.iter().map(|&(o, l)| o..o + l).collect();
+                        return Err(self.name_leaf(e, pack, &want, size));
                     }
-                    got
+                    Err(e) => return Err(e),
                 };
                 Ok::<_, Error>(
                     ranges.into_iter().zip(got).map(move |((o, l), b)| ((pack, o, l), b)).collect::<Vec<_>>(),
@@ -479,6 +496,32 @@ impl Reader {
             out.extend(part);
         }
         Ok(out)
+    }
+
+    /// `e` (a read past the end of pack `pack`, which the store reports naming no leaf) naming
+    /// the leaf it hit: the first, in tree order, with a chunk among `ranges` that ends past the
+    /// file's `size` (or, the size unknown, that lies in them). Other errors come back as is.
+    pub(crate) fn name_leaf(&self, e: Error, pack: u32, ranges: &[Range<u64>], size: Option<u64>) -> Error {
+        let Error::OutOfBounds { file, key, reason } = e else { return e };
+        if !key.is_empty() {
+            return Error::OutOfBounds { file, key, reason };
+        }
+        let mut hit: Option<String> = None;
+        self.manifest.root.for_each_leaf(&mut |p, entry| {
+            if hit.is_some() {
+                return;
+            }
+            let bad = entry.chunks().iter().any(|c| {
+                let end = c.offset.saturating_add(c.length);
+                c.pack == pack
+                    && ranges.iter().any(|r| c.offset < r.end && end > r.start)
+                    && size.is_none_or(|size| end > size)
+            });
+            if bad {
+                hit = Some(if p.is_root() { "<root>".to_string() } else { p.to_string() });
+            }
+        });
+        Error::OutOfBounds { file, key: hit.unwrap_or_default(), reason }
     }
 
     fn mmap_pack(&self, pack: u32, rel: &str) -> Result<Option<Bytes>> {
@@ -588,7 +631,13 @@ impl Reader {
                     slices.into_par_iter().try_for_each(|(i, dst)| {
                         let r = &chunks[i];
                         let rel = &self.manifest.packs[r.pack as usize].path;
-                        if !self.loc.read_local_into(rel, r.offset, dst)? {
+                        let read = self.loc.read_local_into(rel, r.offset, dst).map_err(|e| match e {
+                            Error::OutOfBounds { file, key, reason } if key.is_empty() => {
+                                Error::OutOfBounds { file, key: path.to_string(), reason }
+                            }
+                            e => e,
+                        })?;
+                        if !read {
                             return Err(Error::internal("a local location without a local path"));
                         }
                         if verify {

@@ -82,7 +82,10 @@ impl<'py> Encoder<'py> {
             // a pydantic model, a registered type): the copy would keep the stand-in.
             let through = self.copying.iter().rev().find(|(p, _)| *p >= at).map(|(_, t)| t);
             if fragile || through.is_some() {
-                let what = match through {
+                let what = match through.map(String::as_str) {
+                    Some("py.dict") => "through a dict whose keys are not all str, int, float, bool or None (numpy \
+                                        scalars, enum members: stored as key-value pairs, built from them)"
+                        .to_string(),
                     Some(t) => format!("through an object of type {t}, which is built from its contents"),
                     None => "through a tuple, which is built from its items".into(),
                 };

@@ -20,6 +20,7 @@ echo "== [${SECONDS}s] cargo fmt --check"
 cargo fmt --all -- --check
 echo "== [${SECONDS}s] cargo clippy (all crates, all targets)"
 cargo clippy --workspace --all-targets --features treepack/failpoints -j2 -- -D warnings
+echo "== [${SECONDS}s] fuzz targets compile (cargo check in fuzz/)"; (cd fuzz && cargo check -j2 --quiet)
 echo "== [${SECONDS}s] cargo doc (the library's API docs: every public item documented, no broken links)"
 RUSTDOCFLAGS="-D warnings" cargo doc -p treepack --no-deps -j2 --quiet
 echo "== [${SECONDS}s] cargo package (the crates as crates.io would get them; \`cargo package\` without --no-verify also builds them, about 2.5 min)"

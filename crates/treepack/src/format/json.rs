@@ -149,19 +149,15 @@ pub fn from_str(text: &str, member: &'static str, limit: usize) -> serde_json::R
     Ok(v)
 }
 
-/// Whether `v` nests arrays and objects more than `limit` deep. Iterative: the value may come
-/// from a caller (a save's metadata) and be nested any depth.
+/// Whether `v` nests arrays and objects more than `limit` deep. It descends at most `limit` + 1
+/// levels, whatever the depth of `v` (a save's metadata may be nested any depth), and
+/// allocates nothing (a save checks every custom node's `data`).
 pub fn deeper_than(v: &Value, limit: usize) -> bool {
-    let mut stack: Vec<(&Value, usize)> = vec![(v, 0)];
-    while let Some((v, depth)) = stack.pop() {
-        match v {
-            Value::Array(_) | Value::Object(_) if depth >= limit => return true,
-            Value::Array(a) => stack.extend(a.iter().map(|c| (c, depth + 1))),
-            Value::Object(o) => stack.extend(o.values().map(|c| (c, depth + 1))),
-            _ => {}
-        }
+    match v {
+        Value::Array(a) => limit == 0 || a.iter().any(|c| deeper_than(c, limit - 1)),
+        Value::Object(o) => limit == 0 || o.values().any(|c| deeper_than(c, limit - 1)),
+        _ => false,
     }
-    false
 }
 
 #[cfg(test)]
@@ -207,7 +203,7 @@ mod tests {
         assert!(deeper_than(&serde_json::json!({"a": 1}), 0));
         assert!(!deeper_than(&serde_json::json!([1, {"a": [2]}]), 3));
         assert!(deeper_than(&serde_json::json!([1, {"a": [2]}]), 2));
-        // A value built in memory any depth deep is measured without recursion.
+        // A value built in memory any depth deep is measured descending no deeper than the limit.
         let mut deep = Value::Null;
         for _ in 0..100_000 {
             deep = Value::Array(vec![deep]);

@@ -301,7 +301,7 @@ pub fn write_safetensors(
             Entry::Array(a) => {
                 problem = Some(Error::invalid_tree(
                     path,
-                    format!("safetensors has no {} dtype (it has bool, int8-64, uint8-64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2)", a.dtype.display()),
+                    format!("safetensors has no {} dtype (it has bool, int8-64, uint8-64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2, float8_e8m0fnu; its F4 and F6 types pack several values into a byte, where treepack stores one per byte)", a.dtype.display()),
                 ))
             }
             other => {

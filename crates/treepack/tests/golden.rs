@@ -22,8 +22,35 @@ fn golden_dir() -> PathBuf {
 /// Python package writes torch tensors: a chunked bfloat16 Parameter and an inline int64 tensor
 /// saved from a GPU). `tests/golden/v1.3/` holds the same locations as writers of formats 1.0
 /// (`demo`, `demo.tpk`), 1.1 (`demo-zstd.tpk`, `demo-lz4`), 1.2 (`demo-refs`) and 1.3
-/// (`demo-torch`) made them.
-const NAMES: [&str; 6] = ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4", "demo-refs", "demo-torch"];
+/// (`demo-torch`) made them. `demo-dtypes` is format 1.5: an array of each dtype that format
+/// added (every canonical byte of each, NaN and infinities included), an inline one and a
+/// struct with such fields; the others stay 1.4, byte for byte as before 1.5.
+const NAMES: [&str; 7] = ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4", "demo-refs", "demo-torch", "demo-dtypes"];
+
+/// The golden locations of `tests/golden/v1.3/` (written before format 1.4).
+const NAMES_V1_3: [&str; 6] = ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4", "demo-refs", "demo-torch"];
+
+/// `demo-dtypes`: each dtype of format 1.5 as 4096 elements cycling through its canonical bytes
+/// (all 256 for the 8-bit floats; for a sub-byte type its 2^bits patterns, high bits zero),
+/// starting at a different byte for each so that no two arrays share a chunk; an inline `int4`
+/// array of its extremes and a struct of an `int4[2]` and a `float8_e8m0fnu` field.
+fn dtypes_tree() -> Node {
+    let mut items: Vec<(String, Node)> = vec![];
+    for (k, d) in DType::all_simple().filter(|d| d.since_minor() == 5).enumerate() {
+        let codes = 1usize << d.sub_byte_bits().unwrap_or(8);
+        let bytes: Vec<u8> = (0..4096).map(|i| ((i + 37 * k) % codes) as u8).collect();
+        items.push((d.name().unwrap(), Node::from(ArrayData::new(d, vec![4096], bytes).unwrap())));
+    }
+    // int4: -8, -1, 0, 7 (two's complement in the low 4 bits).
+    items.push(("int4_inline".into(), Node::from(ArrayData::new(DType::I4, vec![4], vec![8, 15, 0, 7]).unwrap())));
+    let record = DType::Struct(vec![
+        dtype::Field { name: "q".into(), dtype: DType::I4, shape: vec![2] },
+        dtype::Field { name: "scale".into(), dtype: DType::F8E8M0FNU, shape: vec![] },
+    ]);
+    let rec = ArrayData::new(record, vec![3], vec![1, 15, 127, 8, 7, 128, 0, 0, 0]).unwrap();
+    items.push(("blocks".into(), Node::from(rec)));
+    Node::dict(items)
+}
 
 /// The golden JSON transport document (docs/format.md section 11): `demo-zstd.tpk` exported
 /// with base85.
@@ -35,6 +62,9 @@ fn transport_doc(src: &Path) -> String {
 
 /// The tree each golden location holds.
 fn tree_for(name: &str) -> Node {
+    if name == "demo-dtypes" {
+        return dtypes_tree();
+    }
     let tree = demo::example_tree();
     if name == "demo-torch" {
         let bf16: Vec<u8> = (0..65536u32).flat_map(|i| (0x3f80u16 + (i % 128) as u16).to_le_bytes()).collect();
@@ -100,8 +130,9 @@ fn hashes_text() -> String {
 
 /// BLAKE3SUMS of the golden locations in `dir`.
 fn hashes_text_of(dir: &Path) -> String {
+    let names: &[&str] = if dir.ends_with("v1.3") { &NAMES_V1_3 } else { &NAMES };
     let mut s = String::new();
-    for name in NAMES {
+    for &name in names {
         for (rel, bytes) in files(&dir.join(name)) {
             let path = if rel.is_empty() { name.to_string() } else { format!("{name}/{rel}") };
             s.push_str(&format!("{}  {}\n", hash::Hash32::of(&bytes).to_hex(), path));
@@ -155,7 +186,7 @@ fn golden_files_are_reproduced_byte_for_byte() {
 
 #[test]
 fn golden_files_load_to_the_demo_tree() {
-    golden_files_in_load_to_the_demo_tree(&golden_dir(), |_| 4);
+    golden_files_in_load_to_the_demo_tree(&golden_dir(), &NAMES, |name| if name == "demo-dtypes" { 5 } else { 4 });
 }
 
 /// Files written by earlier versions (the golden files of format 1.3, before dicts were
@@ -163,7 +194,7 @@ fn golden_files_load_to_the_demo_tree() {
 #[test]
 fn files_of_earlier_versions_still_load() {
     let dir = golden_dir().join("v1.3");
-    golden_files_in_load_to_the_demo_tree(&dir, |name| match name {
+    golden_files_in_load_to_the_demo_tree(&dir, &NAMES_V1_3, |name| match name {
         "demo-torch" => 3,
         "demo-refs" => 2,
         n if n.contains('-') => 1,
@@ -175,8 +206,8 @@ fn files_of_earlier_versions_still_load() {
     assert!(back.exact_eq(&tree_for(TRANSPORT.1)));
 }
 
-fn golden_files_in_load_to_the_demo_tree(dir: &Path, minor_of: impl Fn(&str) -> u16) {
-    for name in NAMES {
+fn golden_files_in_load_to_the_demo_tree(dir: &Path, names: &[&str], minor_of: impl Fn(&str) -> u16) {
+    for &name in names {
         let tree = tree_for(name);
         let p = dir.join(name);
         let r = open(p.to_str().unwrap()).unwrap();
@@ -195,5 +226,56 @@ fn golden_files_in_load_to_the_demo_tree(dir: &Path, minor_of: impl Fn(&str) -> 
         let back = load(p.to_str().unwrap(), &LoadOptions::default()).unwrap();
         assert!(back.exact_eq(&tree), "{name}");
         assert!(open(p.to_str().unwrap()).unwrap().verify().unwrap().ok());
+    }
+}
+
+/// What a reader of an older format does with a 1.5 file: a dtype name it does not know (as
+/// `int4` is to a 1.4 reader, whose table lacks it) is refused as the manifest is read, with an
+/// error naming the dtype and where it is, never misread. Here `demo-dtypes` with its `int4`
+/// arrays renamed `int3` (which no treepack has) stands for it; a 1.4 build reading the golden
+/// file itself says "invalid manifest at `float8_e3m4`: unknown or invalid dtype `float8_e3m4`:
+/// not a treepack dtype name" (CHANGELOG.md).
+#[test]
+fn a_dtype_this_reader_does_not_know_is_refused_by_name() {
+    let src = golden_dir().join("demo-dtypes");
+    let text = std::fs::read(src.join("treepack.json")).unwrap();
+    let body = String::from_utf8(text[..text.len() - manifest::HASH_TRAILER_LEN].to_vec()).unwrap();
+    assert!(body.contains("\"dtype\":\"int4\""));
+    let body = body.replace("\"dtype\":\"int4\"", "\"dtype\":\"int3\"");
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("t");
+    std::fs::create_dir_all(dst.join("packs")).unwrap();
+    for (rel, bytes) in files(&src) {
+        std::fs::write(dst.join(rel), bytes).unwrap();
+    }
+    std::fs::write(dst.join("treepack.json"), manifest::seal(body.as_bytes())).unwrap();
+    for e in [open(dst.to_str().unwrap()).err(), load(dst.to_str().unwrap(), &LoadOptions::default()).err()] {
+        let e = e.expect("refused");
+        let msg = e.to_string();
+        assert!(msg.contains("`int4`") && msg.contains("dtype `int3`") && msg.contains("upgrade treepack"), "{msg}");
+    }
+}
+
+/// A writer stamps the oldest version that holds its tree: 1.5 only when an array (or a struct
+/// field) has a 1.5 dtype, whatever else the tree holds; without one, what it was before 1.5.
+#[test]
+fn a_tree_is_format_1_5_only_with_a_1_5_dtype() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arr = |d: DType, n: usize| Node::from(ArrayData::new(d, vec![n as u64], vec![1u8; n]).unwrap());
+    let q = DType::Struct(vec![dtype::Field { name: "q".into(), dtype: DType::U4, shape: vec![] }]);
+    let cases = [
+        ("plain", Node::list([arr(DType::U8, 1000)]), (1, 0)),
+        ("int4", Node::list([arr(DType::I4, 1000)]), (1, 5)),
+        ("inline uint1", Node::list([arr(DType::U1, 3)]), (1, 5)),
+        ("struct field", Node::list([arr(q, 3)]), (1, 5)),
+        ("dict", Node::dict([("a", arr(DType::U8, 3))]), (1, 4)),
+        ("dict and float4", Node::dict([("a", arr(DType::F4E2M1FN, 3))]), (1, 5)),
+    ];
+    for (i, (what, tree, version)) in cases.into_iter().enumerate() {
+        let p = tmp.path().join(i.to_string());
+        save(&tree, p.to_str().unwrap(), &SaveOptions::default()).unwrap();
+        let r = open(p.to_str().unwrap()).unwrap();
+        assert_eq!(r.manifest().version, version, "{what}");
+        assert!(load(p.to_str().unwrap(), &LoadOptions::default()).unwrap().exact_eq(&tree), "{what}");
     }
 }

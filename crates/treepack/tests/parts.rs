@@ -59,7 +59,7 @@ fn parts_merge_into_one_tree() {
     assert_eq!((a.shape(), a.bytes().as_ref()), (&[ROWS, COLS][..], &want[..]));
     assert_eq!(a.annotation(), Some(&json!({"type": "jax.Array"})));
     let m = r.manifest();
-    assert_eq!(m.version, (1, 3));
+    assert_eq!(m.version, (1, 4)); // annotated (1.3), its dicts written as objects (1.4)
     assert!(r.verify().unwrap().ok());
     let t = load(dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let Tree::Dict(items) = &t else { panic!("not a dict") };

@@ -66,6 +66,40 @@ pub enum DType {
     /// 8-bit float, 4 exponent and 3 mantissa bits, exponent bias 11, finite, no negative zero
     /// (`float8_e4m3b11fnuz`, as in ml_dtypes).
     F8E4M3B11FNUZ,
+    /// 8-bit float, 3 exponent and 4 mantissa bits, bias 3, IEEE-like: infinities and NaNs
+    /// (`float8_e3m4`, as in ml_dtypes; format 1.5).
+    F8E3M4,
+    /// 8-bit float, 4 exponent and 3 mantissa bits, bias 7, IEEE-like: infinities and NaNs
+    /// (`float8_e4m3`, as in ml_dtypes; format 1.5).
+    F8E4M3,
+    /// 8-bit unsigned exponent-only float: byte `e` is 2^(e-127), 0xFF is NaN; no zero, no sign
+    /// (`float8_e8m0fnu`, the MX scale type, as in ml_dtypes; format 1.5).
+    F8E8M0FNU,
+    /// 6-bit float, 2 exponent and 3 mantissa bits, bias 1, finite only, in the low 6 bits of a
+    /// byte (`float6_e2m3fn`, as in ml_dtypes; format 1.5).
+    F6E2M3FN,
+    /// 6-bit float, 3 exponent and 2 mantissa bits, bias 3, finite only, in the low 6 bits of a
+    /// byte (`float6_e3m2fn`, as in ml_dtypes; format 1.5).
+    F6E3M2FN,
+    /// 4-bit float, 2 exponent bits and 1 mantissa bit, bias 1, finite only, in the low 4 bits
+    /// of a byte (`float4_e2m1fn`, as in ml_dtypes; format 1.5).
+    F4E2M1FN,
+    /// Signed 4-bit integer: its two's complement bits in the low 4 bits of a byte, the high bits
+    /// zero (`int4`, as in ml_dtypes; format 1.5).
+    I4,
+    /// Unsigned 4-bit integer in the low 4 bits of a byte, the high bits zero (`uint4`; format 1.5).
+    U4,
+    /// Signed 2-bit integer: its two's complement bits in the low 2 bits of a byte, the high bits
+    /// zero (`int2`; format 1.5).
+    I2,
+    /// Unsigned 2-bit integer in the low 2 bits of a byte, the high bits zero (`uint2`; format 1.5).
+    U2,
+    /// Signed 1-bit integer (values -1 and 0): bit 0 of a byte, the high bits zero (`int1`;
+    /// format 1.5).
+    I1,
+    /// Unsigned 1-bit integer (values 0 and 1): bit 0 of a byte, the high bits zero (`uint1`;
+    /// format 1.5).
+    U1,
     /// Fixed-width byte strings of `n` bytes (numpy `S<n>`).
     Bytes(u64),
     /// Fixed-width unicode of `n` code points, UTF-32LE (numpy `<U<n>`).
@@ -95,6 +129,19 @@ const SIMPLE: &[(&str, DType)] = &[
     ("float8_e4m3fnuz", DType::F8E4M3FNUZ),
     ("float8_e5m2fnuz", DType::F8E5M2FNUZ),
     ("float8_e4m3b11fnuz", DType::F8E4M3B11FNUZ),
+    // Format 1.5: the rest of ml_dtypes' (and JAX's) types, one element per byte.
+    ("float8_e3m4", DType::F8E3M4),
+    ("float8_e4m3", DType::F8E4M3),
+    ("float8_e8m0fnu", DType::F8E8M0FNU),
+    ("float6_e2m3fn", DType::F6E2M3FN),
+    ("float6_e3m2fn", DType::F6E3M2FN),
+    ("float4_e2m1fn", DType::F4E2M1FN),
+    ("int4", DType::I4),
+    ("uint4", DType::U4),
+    ("int2", DType::I2),
+    ("uint2", DType::U2),
+    ("int1", DType::I1),
+    ("uint1", DType::U1),
 ];
 
 impl DType {
@@ -108,6 +155,9 @@ impl DType {
         match self {
             DType::Bool | DType::I8 | DType::U8 => 1,
             DType::F8E4M3FN | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F8E4M3B11FNUZ => 1,
+            // One element per byte, as ml_dtypes holds them (docs/format.md, "Sub-byte types").
+            DType::F8E3M4 | DType::F8E4M3 | DType::F8E8M0FNU | DType::F6E2M3FN | DType::F6E3M2FN => 1,
+            DType::F4E2M1FN | DType::I4 | DType::U4 | DType::I2 | DType::U2 | DType::I1 | DType::U1 => 1,
             DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
             DType::I32 | DType::U32 | DType::F32 => 4,
             DType::I64 | DType::U64 | DType::F64 | DType::C64 => 8,
@@ -154,18 +204,74 @@ impl DType {
         })
     }
 
-    /// Whether numpy knows this dtype only through the `ml_dtypes` package (bfloat16, float8),
-    /// whose dtype names are treepack's names.
+    /// Whether numpy knows this dtype only through the `ml_dtypes` package (bfloat16, float8,
+    /// float6, float4, int4, int2, int1 and their unsigned kin), whose dtype names are
+    /// treepack's names.
     pub fn is_ml_dtypes(&self) -> bool {
-        matches!(
-            self,
-            DType::BF16
-                | DType::F8E4M3FN
-                | DType::F8E5M2
-                | DType::F8E4M3FNUZ
-                | DType::F8E5M2FNUZ
-                | DType::F8E4M3B11FNUZ
-        )
+        matches!(self, DType::BF16) || self.minifloat().is_some() || self.narrow_int().is_some()
+    }
+
+    /// The first format version (minor of major 1) that has this dtype: 5 for the dtypes of
+    /// format 1.5 (or a struct with such a field), 0 for the others. A writer stamps a manifest
+    /// with at least the largest of its arrays' (docs/format.md, "Dtypes").
+    pub fn since_minor(&self) -> u16 {
+        match self {
+            DType::F8E3M4
+            | DType::F8E4M3
+            | DType::F8E8M0FNU
+            | DType::F6E2M3FN
+            | DType::F6E3M2FN
+            | DType::F4E2M1FN
+            | DType::I4
+            | DType::U4
+            | DType::I2
+            | DType::U2
+            | DType::I1
+            | DType::U1 => 5,
+            DType::Struct(fields) => fields.iter().map(|f| f.dtype.since_minor()).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// For a float of fewer than 16 bits (float8, float6, float4): its layout.
+    pub fn minifloat(&self) -> Option<Minifloat> {
+        use Special::*;
+        // (bits, exponent bits, mantissa bits, bias, special values)
+        let (bits, eb, mb, bias, special) = match self {
+            DType::F8E4M3FN => (8, 4, 3, 7, NanAtAllOnes),
+            DType::F8E5M2 => (8, 5, 2, 15, Ieee),
+            DType::F8E4M3FNUZ => (8, 4, 3, 8, NanAtNegativeZero),
+            DType::F8E5M2FNUZ => (8, 5, 2, 16, NanAtNegativeZero),
+            DType::F8E4M3B11FNUZ => (8, 4, 3, 11, NanAtNegativeZero),
+            DType::F8E3M4 => (8, 3, 4, 3, Ieee),
+            DType::F8E4M3 => (8, 4, 3, 7, Ieee),
+            DType::F8E8M0FNU => (8, 8, 0, 127, ExponentOnly),
+            DType::F6E2M3FN => (6, 2, 3, 1, Finite),
+            DType::F6E3M2FN => (6, 3, 2, 3, Finite),
+            DType::F4E2M1FN => (4, 2, 1, 1, Finite),
+            _ => return None,
+        };
+        Some(Minifloat { bits, exponent_bits: eb, mantissa_bits: mb, bias, special })
+    }
+
+    /// For an integer of fewer than 8 bits: (bits, signed).
+    pub fn narrow_int(&self) -> Option<(u32, bool)> {
+        Some(match self {
+            DType::I4 => (4, true),
+            DType::U4 => (4, false),
+            DType::I2 => (2, true),
+            DType::U2 => (2, false),
+            DType::I1 => (1, true),
+            DType::U1 => (1, false),
+            _ => return None,
+        })
+    }
+
+    /// Bits of a value of a type narrower than its byte (float6, float4, int4, int2, int1 and
+    /// the unsigned ones); `None` for the others. Such an element is stored in the low bits of
+    /// its byte with the high bits zero (docs/format.md, "Sub-byte types").
+    pub fn sub_byte_bits(&self) -> Option<u32> {
+        self.narrow_int().map(|(b, _)| b).or_else(|| self.minifloat().map(|f| f.bits).filter(|&b| b < 8))
     }
 
     /// True for dtypes whose values are numbers (min/max previews make sense).
@@ -204,7 +310,14 @@ impl DType {
         if let Some(w) = name.strip_prefix("unicode:") {
             return Ok(DType::Unicode(parse_width(w)?));
         }
-        Err(bad(name, "not a treepack dtype name (see docs/format.md, section Dtypes)"))
+        let newest = crate::format::manifest::VERSION_MINOR;
+        Err(bad(
+            name,
+            &format!(
+                "not a dtype name of treepack format 1.0-1.{newest} (docs/format.md, section Dtypes); a file written \
+                 by a newer treepack may use dtypes this one does not know: upgrade treepack to read it"
+            ),
+        ))
     }
 
     /// JSON form used in the manifest.
@@ -346,9 +459,21 @@ impl DType {
                 m.copy_from_slice(&b[8..16]);
                 json!([float_json(f64::from_le_bytes(r)), float_json(f64::from_le_bytes(m))])
             }
-            DType::F8E4M3FN | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F8E4M3B11FNUZ => {
-                float_json(f8_to_f64(self, b[0]))
+            // Sub-byte types: a byte that is not canonical (high bits set) has no value: null.
+            DType::I4 | DType::U4 | DType::I2 | DType::U2 | DType::I1 | DType::U1 => {
+                narrow_int_value(self, b[0]).map_or(Value::Null, |v| json!(v))
             }
+            DType::F8E4M3FN
+            | DType::F8E5M2
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2FNUZ
+            | DType::F8E4M3B11FNUZ
+            | DType::F8E3M4
+            | DType::F8E4M3
+            | DType::F8E8M0FNU
+            | DType::F6E2M3FN
+            | DType::F6E3M2FN
+            | DType::F4E2M1FN => minifloat_to_f64(self, b[0]).map_or(Value::Null, float_json),
             DType::Bytes(_) => {
                 let end = b.iter().rposition(|&c| c != 0).map_or(0, |p| p + 1);
                 Value::String(String::from_utf8_lossy(&b[..end]).into_owned())
@@ -437,36 +562,84 @@ pub fn float32_json(x: f32) -> Value {
     float_json(short)
 }
 
-/// Decode an 8-bit float of one of the ml_dtypes formats.
-pub fn f8_to_f64(d: &DType, bits: u8) -> f64 {
-    // (exponent bits, mantissa bits, bias, has_inf, nan_style)
-    let (eb, mb, bias, fnuz): (u32, u32, i32, bool) = match d {
-        DType::F8E4M3FN => (4, 3, 7, false),
-        DType::F8E5M2 => (5, 2, 15, false),
-        DType::F8E4M3FNUZ => (4, 3, 8, true),
-        DType::F8E5M2FNUZ => (5, 2, 16, true),
-        DType::F8E4M3B11FNUZ => (4, 3, 11, true),
-        _ => return f64::NAN,
-    };
-    let sign = if bits & 0x80 != 0 { -1.0 } else { 1.0 };
-    if fnuz && bits == 0x80 {
-        return f64::NAN;
+/// How a small float spends its top exponent (and its negative zero).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Special {
+    /// IEEE 754-like: the all-ones exponent is infinity (mantissa zero) or NaN.
+    Ieee,
+    /// `fn`: only the all-ones exponent and mantissa is NaN (no infinities).
+    NanAtAllOnes,
+    /// `fnuz`: the negative zero bit pattern is the only NaN; no infinities, no -0.
+    NanAtNegativeZero,
+    /// No infinities, no NaN: every bit pattern is a finite number (float6, float4).
+    Finite,
+    /// No sign, no mantissa: `e` is 2^(e - bias), all ones is NaN (`float8_e8m0fnu`).
+    ExponentOnly,
+}
+
+/// The layout of a float narrower than 16 bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Minifloat {
+    /// Bits of a value (8, 6 or 4), in the low bits of its byte.
+    pub bits: u32,
+    /// Exponent bits.
+    pub exponent_bits: u32,
+    /// Mantissa bits.
+    pub mantissa_bits: u32,
+    /// Exponent bias.
+    pub bias: i32,
+    /// Infinities and NaNs.
+    pub special: Special,
+}
+
+/// The value of a byte of a float type narrower than 16 bits (float8, float6, float4, as
+/// ml_dtypes reads them); `None` for a byte whose high bits are not zero for a float6 or
+/// float4 (not canonical: docs/format.md, "Sub-byte types") and for other dtypes.
+pub fn minifloat_to_f64(d: &DType, byte: u8) -> Option<f64> {
+    let f = d.minifloat()?;
+    let bits = u32::from(byte);
+    if f.bits < 8 && bits >> f.bits != 0 {
+        return None;
     }
-    let e = ((bits >> mb) & ((1 << eb) - 1) as u8) as i32;
-    let m = (bits & ((1 << mb) - 1) as u8) as f64;
-    let emax = (1 << eb) - 1;
-    if matches!(d, DType::F8E5M2) && e == emax {
-        return if m == 0.0 { sign * f64::INFINITY } else { f64::NAN };
+    let mantissa_mask = (1u32 << f.mantissa_bits) - 1;
+    let exponent_mask = (1u32 << f.exponent_bits) - 1;
+    let m = f64::from(bits & mantissa_mask);
+    let e = (bits >> f.mantissa_bits) & exponent_mask;
+    if f.special == Special::ExponentOnly {
+        return Some(if e == exponent_mask { f64::NAN } else { 2f64.powi(e as i32 - f.bias) });
     }
-    if matches!(d, DType::F8E4M3FN) && e == emax && m as u32 == (1 << mb) - 1 {
-        return f64::NAN;
+    let negative = bits >> (f.bits - 1) & 1 == 1;
+    let sign = if negative { -1.0 } else { 1.0 };
+    match f.special {
+        Special::NanAtNegativeZero if negative && e == 0 && m == 0.0 => return Some(f64::NAN),
+        Special::Ieee if e == exponent_mask => {
+            return Some(if m == 0.0 { sign * f64::INFINITY } else { f64::NAN });
+        }
+        Special::NanAtAllOnes if e == exponent_mask && bits & mantissa_mask == mantissa_mask => return Some(f64::NAN),
+        _ => {}
     }
-    let scale = (1u32 << mb) as f64;
-    if e == 0 {
-        sign * (m / scale) * 2f64.powi(1 - bias)
+    let scale = f64::from(1u32 << f.mantissa_bits);
+    Some(if e == 0 {
+        sign * (m / scale) * 2f64.powi(1 - f.bias)
     } else {
-        sign * (1.0 + m / scale) * 2f64.powi(e - bias)
+        sign * (1.0 + m / scale) * 2f64.powi(e as i32 - f.bias)
+    })
+}
+
+/// Decode an 8-bit float of one of the ml_dtypes formats (NaN for other dtypes).
+pub fn f8_to_f64(d: &DType, bits: u8) -> f64 {
+    minifloat_to_f64(d, bits).unwrap_or(f64::NAN)
+}
+
+/// The value of a byte of `int4`/`uint4`/`int2`/`uint2`/`int1`/`uint1`; `None` when its high
+/// bits are not zero (not canonical) or for other dtypes.
+pub fn narrow_int_value(d: &DType, byte: u8) -> Option<i64> {
+    let (bits, signed) = d.narrow_int()?;
+    if u32::from(byte) >> bits != 0 {
+        return None;
     }
+    let v = i64::from(byte);
+    Some(if signed && v >> (bits - 1) == 1 { v - (1 << bits) } else { v })
 }
 
 #[cfg(test)]
@@ -508,5 +681,95 @@ mod tests {
         assert_eq!(f8_to_f64(&DType::F8E5M2, 0x3c), 1.0);
         assert_eq!(f8_to_f64(&DType::F8E5M2, 0x7c), f64::INFINITY);
         assert!(f8_to_f64(&DType::F8E4M3FNUZ, 0x80).is_nan());
+    }
+
+    /// A byte's value as f64 for the one-byte number types (None: not canonical).
+    fn byte_value(d: &DType, b: u8) -> Option<f64> {
+        minifloat_to_f64(d, b).or_else(|| narrow_int_value(d, b).map(|v| v as f64))
+    }
+
+    /// Every canonical byte of every one-byte ml_dtypes type decodes to the value ml_dtypes gives
+    /// it, the sign of zero and NaN included (`tests/data/ml_dtypes_values.txt`, written from
+    /// ml_dtypes by python/tests/test_dtypes_1_5.py, which checks it stays so); a sub-byte
+    /// type's other bytes (high bits set) have no value.
+    #[test]
+    fn small_types_decode_as_ml_dtypes_does() {
+        let table = include_str!("../../tests/data/ml_dtypes_values.txt");
+        let mut covered = vec![];
+        for line in table.lines().filter(|l| !l.starts_with('#')) {
+            let mut tokens = line.split(' ');
+            let name = tokens.next().unwrap();
+            let d = DType::from_name(name).unwrap();
+            let want: Vec<f64> = tokens.map(|t| t.parse().unwrap()).collect();
+            let bits = d.sub_byte_bits().unwrap_or(8);
+            assert_eq!(want.len(), 1 << bits, "{name}: one value per canonical byte");
+            for b in 0..=255u8 {
+                let got = byte_value(&d, b);
+                match want.get(b as usize) {
+                    None => {
+                        assert_eq!(got, None, "{name} {b:#04x}: not canonical");
+                        assert_eq!(d.element_json(&[b], 0), Some(Value::Null), "{name} {b:#04x}");
+                    }
+                    Some(w) if w.is_nan() => assert!(got.is_some_and(f64::is_nan), "{name} {b:#04x}: {got:?}"),
+                    Some(w) => assert_eq!(got.map(f64::to_bits), Some(w.to_bits()), "{name} {b:#04x}: {got:?} vs {w}"),
+                }
+            }
+            covered.push(d);
+        }
+        let sub_byte_and_f8: Vec<DType> =
+            DType::all_simple().filter(|d| d.is_ml_dtypes() && *d != DType::BF16).collect();
+        assert_eq!(covered, sub_byte_and_f8, "the table covers every one-byte ml_dtypes type");
+    }
+
+    /// Every dtype name is in the spec's Dtypes table (docs/format.md section 5), as `name`.
+    #[test]
+    fn the_spec_lists_every_dtype() {
+        let spec = include_str!("../../../../docs/format.md");
+        let table = &spec[spec.find("### Dtypes").unwrap()..spec.find("## 6. Key paths").unwrap()];
+        for d in DType::all_simple() {
+            let name = d.name().unwrap();
+            assert!(table.contains(&format!("`{name}`")), "docs/format.md's Dtypes table lacks `{name}`");
+        }
+    }
+
+    /// The dtypes of format 1.5: ml_dtypes' names, one byte per element, format 1.5 (a struct
+    /// with such a field too), previews with integers for the integer types.
+    #[test]
+    fn format_1_5_dtypes() {
+        let new: Vec<DType> = DType::all_simple().filter(|d| d.since_minor() == 5).collect();
+        let names: Vec<String> = new.iter().filter_map(DType::name).collect();
+        assert_eq!(
+            names,
+            [
+                "float8_e3m4",
+                "float8_e4m3",
+                "float8_e8m0fnu",
+                "float6_e2m3fn",
+                "float6_e3m2fn",
+                "float4_e2m1fn",
+                "int4",
+                "uint4",
+                "int2",
+                "uint2",
+                "int1",
+                "uint1"
+            ]
+        );
+        for d in &new {
+            assert_eq!((d.itemsize(), d.swap_unit()), (1, 1), "{d:?}");
+            assert!(d.is_ml_dtypes() && d.is_real_number(), "{d:?}");
+        }
+        assert!(DType::all_simple().filter(|d| d.since_minor() != 5).all(|d| d.since_minor() == 0));
+        let s = DType::Struct(vec![Field { name: "q".into(), dtype: DType::I4, shape: vec![2] }]);
+        assert_eq!((s.since_minor(), s.itemsize()), (5, 2));
+        assert_eq!(DType::I4.element_json(&[0x0f], 0), Some(json!(-1)));
+        assert_eq!(DType::I4.element_json(&[0x08], 0), Some(json!(-8)));
+        assert_eq!(DType::U4.element_json(&[0x0f], 0), Some(json!(15)));
+        assert_eq!(DType::I1.element_json(&[0x01], 0), Some(json!(-1)));
+        assert_eq!(DType::F8E8M0FNU.element_json(&[0x7f, 0xff], 1), Some(json!("nan")));
+        assert_eq!(DType::F8E8M0FNU.element_json(&[0x7f], 0), Some(json!(1.0)));
+        assert_eq!(DType::F8E4M3.element_json(&[0x78], 0), Some(json!("inf")));
+        assert_eq!(DType::F8E3M4.element_json(&[0xf0], 0), Some(json!("-inf")));
+        assert_eq!(DType::F4E2M1FN.element_json(&[0x0f], 0), Some(json!(-6.0)));
     }
 }

@@ -72,7 +72,8 @@ pub fn min_max(dtype: &DType, bytes: &[u8]) -> Option<(f64, f64)> {
         // bfloat16 is the top half of a float32: widening is a shift.
         DType::BF16 => lanes_u16(bytes, |b| f32::from_bits(u32::from(b) << 16)),
         d if d.itemsize() == 1 && d.is_real_number() => {
-            // bool, int8, uint8, float8: mark which byte values occur, then decode those.
+            // bool, int8, uint8, float8 and the sub-byte types: mark which byte values occur,
+            // then decode those (a sub-byte type's non-canonical bytes decode to nothing).
             let mut seen = [false; 256];
             for &b in bytes {
                 seen[b as usize] = true;
@@ -135,7 +136,7 @@ pub fn to_json(dtype: &DType, head: Value, mm: Option<(f64, f64)>) -> Value {
                 && dtype.is_real_number()
                 && x.fract() == 0.0
                 && x.abs() < 9.0e15
-                && !is_f8(dtype)
+                && dtype.minifloat().is_none()
             {
                 json!(x as i64)
             } else if matches!(dtype, DType::F64) {
@@ -148,10 +149,6 @@ pub fn to_json(dtype: &DType, head: Value, mm: Option<(f64, f64)>) -> Value {
         o["max"] = as_json(hi);
     }
     o
-}
-
-fn is_f8(d: &DType) -> bool {
-    matches!(d, DType::F8E4M3FN | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F8E4M3B11FNUZ)
 }
 
 #[cfg(test)]
@@ -171,6 +168,26 @@ mod tests {
         let v: Vec<u8> =
             [half::f16::NAN, half::f16::from_f32(2.5)].iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
         assert_eq!(min_max(&DType::F16, &v), Some((2.5, 2.5)));
+    }
+
+    /// Sub-byte and 1.5 float types: min/max over canonical bytes (others skipped), integers
+    /// as JSON integers, floats as floats, NaN skipped.
+    #[test]
+    fn min_max_of_format_1_5_types() {
+        // int4: 7, -8, -1 and a non-canonical 0x10 (no value).
+        let mm = min_max(&DType::I4, &[0x07, 0x08, 0x0f, 0x10]);
+        assert_eq!(mm, Some((-8.0, 7.0)));
+        assert_eq!(to_json(&DType::I4, json!([]), mm), json!({"head": [], "min": -8, "max": 7}));
+        assert_eq!(min_max(&DType::U1, &[0x00, 0x01, 0x02]), Some((0.0, 1.0)));
+        // float4_e2m1fn: 0.5, -6, 6.
+        let mm = min_max(&DType::F4E2M1FN, &[0x01, 0x0f, 0x07]);
+        assert_eq!(to_json(&DType::F4E2M1FN, json!([]), mm), json!({"head": [], "min": -6.0, "max": 6.0}));
+        // float8_e8m0fnu: 2^-127, 2^127 and NaN.
+        let mm = min_max(&DType::F8E8M0FNU, &[0x00, 0xfe, 0xff]);
+        assert_eq!(mm, Some((2f64.powi(-127), 2f64.powi(127))));
+        // float8_e4m3: infinities are skipped, as for every 8-bit float.
+        assert_eq!(min_max(&DType::F8E4M3, &[0x78, 0x38, 0xf8]), Some((1.0, 1.0)));
+        assert_eq!(head(&DType::I2, &[0x03, 0x02, 0x01, 0x04]), json!([-1, -2, 1, null]));
     }
 
     /// The lane kernels against a plain scan, on lengths around the 16-lane block (remainders),

@@ -58,6 +58,8 @@ pub fn dtype_name(d: &DType) -> Option<&'static str> {
         DType::F64 => "F64",
         DType::F8E4M3FN => "F8_E4M3",
         DType::F8E5M2 => "F8_E5M2",
+        // The MX scale type (torch.float8_e8m0fnu): one byte, 2^(e-127), 0xff NaN.
+        DType::F8E8M0FNU => "F8_E8M0",
         _ => return None,
     })
 }
@@ -79,6 +81,7 @@ fn dtype_of(name: &str) -> Option<DType> {
         "F64" => DType::F64,
         "F8_E4M3" => DType::F8E4M3FN,
         "F8_E5M2" => DType::F8E5M2,
+        "F8_E8M0" => DType::F8E8M0FNU,
         _ => return None,
     })
 }
@@ -125,8 +128,15 @@ pub fn parse_header(json: &[u8], file_len: u64) -> Result<Header, String> {
             continue;
         }
         let e: Entry = serde_json::from_value(val).map_err(|e| format!("tensor {name:?}: {e}"))?;
-        let dtype =
-            dtype_of(&e.dtype).ok_or_else(|| format!("tensor {name:?}: dtype {:?} is not supported", e.dtype))?;
+        let dtype = dtype_of(&e.dtype).ok_or_else(|| match e.dtype.as_str() {
+            "F4" | "F6_E2M3" | "F6_E3M2" => format!(
+                "tensor {name:?}: dtype {:?} is not supported: it packs several values into each byte, and treepack \
+                 stores these types one value per byte (as ml_dtypes and JAX hold them); unpack it with its library \
+                 and save the array",
+                e.dtype
+            ),
+            _ => format!("tensor {name:?}: dtype {:?} is not supported", e.dtype),
+        })?;
         if e.shape.len() > crate::format::manifest::MAX_NDIM {
             return Err(format!("tensor {name:?}: {} dimensions", e.shape.len()));
         }
@@ -215,6 +225,7 @@ mod tests {
             (r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,9]}}"#, "offsets"),
             (r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}}"#, "offsets"),
             (r#"{"a":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}}"#, "not supported"),
+            (r#"{"a":{"dtype":"F4","shape":[8],"data_offsets":[0,4]}}"#, "one value per byte"),
             (r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}"#, "gap"),
             (r#"{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}}"#, "the file has"),
             (r#"{"__metadata__":{"x":1}}"#, "strings"),
@@ -226,5 +237,20 @@ mod tests {
         assert!(header_len(&u64::MAX.to_le_bytes(), 100).unwrap_err().contains("accepted"));
         assert!(header_len(&50u64.to_le_bytes(), 20).unwrap_err().contains("only 20"));
         assert!(header_len(b"abc", 3).is_err());
+    }
+
+    /// `F8_E8M0` is `float8_e8m0fnu` both ways; treepack's sub-byte types have no safetensors
+    /// name (safetensors' `F4`/`F6_*` pack values), nor do the other 1.5 float8 types.
+    #[test]
+    fn float8_e8m0_maps_and_packed_types_do_not() {
+        assert_eq!(dtype_name(&DType::F8E8M0FNU), Some("F8_E8M0"));
+        assert_eq!(dtype_of("F8_E8M0"), Some(DType::F8E8M0FNU));
+        for d in DType::all_simple().filter(|d| d.since_minor() == 5 && *d != DType::F8E8M0FNU) {
+            assert_eq!(dtype_name(&d), None, "{d:?}");
+        }
+        let t = vec![("s".to_string(), DType::F8E8M0FNU, vec![3])];
+        let (head, _) = write_header(&t, None).unwrap();
+        let h = parse_header(&head[8..], head.len() as u64 + 3).unwrap();
+        assert_eq!(h.tensors[0].dtype, DType::F8E8M0FNU);
     }
 }

@@ -45,24 +45,20 @@ pub async fn commit_parts_async(loc: &Location, parts: &[Vec<u8>], opts: &SaveOp
     let has_refs = merged.root.has_refs();
     let mut leaves = 0usize;
     let (mut arrays, mut array_bytes, mut annotated, mut compressed) = (0usize, 0u64, false, false);
+    let mut dtype_minor = 0u16;
     merged.root.for_each_leaf_unpathed(&mut |e: &Entry| {
         leaves += 1;
         if let Entry::Array(a) = e {
             arrays += 1;
             array_bytes += a.nbytes();
             annotated |= a.annotation.is_some();
+            dtype_minor = dtype_minor.max(a.dtype.since_minor());
         }
         compressed |= e.chunks().iter().any(|c| !c.codec.is_identity());
     });
-    merged.version.1 = if annotated {
-        3
-    } else if has_refs {
-        2
-    } else if compressed {
-        1
-    } else {
-        0
-    };
+    // As a save stamps its manifest (the merged tree's dicts are written as objects too).
+    let object_dicts = manifest::has_object_dicts(&merged.root);
+    merged.version.1 = super::oldest_minor(dtype_minor, object_dicts, annotated, has_refs, compressed);
     let exists = loc.exists(MANIFEST_NAME).await?;
     if exists && !opts.overwrite {
         return Err(Error::AlreadyExists { location: loc.display().to_string() });

@@ -167,6 +167,16 @@ fn array_chunks(a: &ArrayData, grid: &ChunkGrid) -> Vec<Bytes> {
 /// Trees with at least this many leaves are freed on a background thread once written.
 pub const BACKGROUND_DROP_LEAVES: usize = 10_000;
 
+/// The format minor a writer stamps a manifest with: the oldest that holds its tree, so a tree
+/// that needs nothing newer is written byte-identical to what older writers made, and older
+/// readers read it. 1.0 when every chunk is raw; 1.1 adds codecs; 1.2 shared nodes and refs;
+/// 1.3 array annotations (`as`); 1.4 dicts written as JSON objects; 1.5 the dtypes of 1.5
+/// (`dtype_minor`: the largest [`DType::since_minor`] of the tree's arrays).
+pub(crate) fn oldest_minor(dtype_minor: u16, object_dicts: bool, annotated: bool, refs: bool, compressed: bool) -> u16 {
+    let features = [(object_dicts, 4), (annotated, 3), (refs, 2), (compressed, 1)];
+    features.iter().filter(|(used, _)| *used).map(|(_, m)| *m).fold(dtype_minor, u16::max)
+}
+
 struct Planner<'o> {
     opts: &'o SaveOptions,
     globs: Vec<(Glob, Vec<u64>)>,
@@ -175,6 +185,8 @@ struct Planner<'o> {
     array_bytes: u64,
     /// Whether some array carries an annotation (`as`, format 1.3).
     annotated: bool,
+    /// The newest format minor an array's dtype needs (5 for the dtypes of format 1.5).
+    dtype_minor: u16,
     /// (address, length, dtype) of buffers already pending → their index. `Bytes` are
     /// immutable and all kept alive by `pending`, so equal addresses mean equal contents.
     same_buffer: HashMap<(usize, usize, Option<DType>), usize>,
@@ -245,6 +257,7 @@ impl Planner<'_> {
         }
         self.arrays += 1;
         self.annotated |= a.annotation().is_some();
+        self.dtype_minor = self.dtype_minor.max(a.dtype().since_minor());
         self.array_bytes += a.nbytes();
         // A block of a sharded array (a part of a save shared by processes) is always chunked:
         // the committer puts its chunks on the whole array's grid.
@@ -755,6 +768,7 @@ pub(crate) async fn write_data(
         arrays: 0,
         array_bytes: 0,
         annotated: false,
+        dtype_minor: 0,
         same_buffer: HashMap::new(),
     };
     let entries: Tree<Entry> = {
@@ -841,22 +855,9 @@ pub(crate) async fn write_data(
     if let Some(r) = &reuse {
         pack_list.extend(hashed.known_packs.iter().filter_map(|&i| r.packs.get(i as usize).cloned()));
     }
-    // Format 1.0 when every chunk is raw (byte-identical to what earlier writers made, readable
-    // by them); 1.1, which adds codecs, otherwise.
-    // 1.2 adds shared nodes and refs: a tree without them is written as before.
     let compressed = hashed.refs.iter().any(|r| !r.codec.is_identity());
-    // 1.3 adds array annotations (`as`); 1.4 dicts written as JSON objects.
-    let minor = if manifest::has_object_dicts(&root) {
-        4
-    } else if planner.annotated {
-        3
-    } else if has_refs {
-        2
-    } else if compressed {
-        1
-    } else {
-        0
-    };
+    let minor =
+        oldest_minor(planner.dtype_minor, manifest::has_object_dicts(&root), planner.annotated, has_refs, compressed);
     let manifest = Manifest {
         version: (manifest::VERSION_MAJOR, minor),
         writer: opts.writer.clone(),

@@ -184,6 +184,27 @@ fn deep_value_in_a_big_manifest() {
     manifest_case("deep_value_in_a_big_manifest", m, &["at `300`", "member `data`", TOO_DEEP]);
 }
 
+/// A value at the limit under a tree nearly as deep as trees go: read by every reader, its
+/// levels and the tree's on one thread's stack.
+#[test]
+fn value_at_the_limit_under_a_deep_tree_reads() {
+    if let Some(dir) = child::case() {
+        return read_every_way(&dir);
+    }
+    let levels = treepack::format::manifest::MAX_DEPTH - 2;
+    let data = nested_lists(treepack::format::json::MAX_VALUE_DEPTH);
+    let root = "{\"a\":".repeat(levels)
+        + &format!("{{\"t\":\"custom\",\"type\":\"x.Y\",\"data\":{data}}}")
+        + &"}".repeat(levels);
+    let out = Outside::new();
+    write_tree(&out.loc, &manifest_bytes(Some(&data), &root));
+    let got = child::run("value_at_the_limit_under_a_deep_tree_reads", &out.loc);
+    for r in got.trim_start_matches("outcome ").split(" || ") {
+        assert!(r.ends_with(": ok"), "{got}");
+    }
+    out.assert_unchanged();
+}
+
 /// The limits are the format's, not a guess: a value exactly at them reads back, and a save
 /// refuses one past them (a writer never writes what readers refuse).
 #[test]

@@ -112,9 +112,7 @@ impl<'de> Visitor<'de> for BoundedValue {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let inner = self.enter()?;
-        // A value may sit under a thousand tree levels: each of its levels makes sure of the
-        // stack as a tree level does.
-        crate::format::model::grow(|| {
+        inner.on_stack(move || {
             let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
             while let Some(v) = seq.next_element_seed(inner)? {
                 items.push(v);
@@ -124,7 +122,7 @@ impl<'de> Visitor<'de> for BoundedValue {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let inner = self.enter()?;
-        crate::format::model::grow(|| {
+        inner.on_stack(move || {
             let mut members = Map::new();
             while let Some(k) = map.next_key::<String>()? {
                 // A repeated key keeps its last value, as `Value` does.
@@ -132,6 +130,20 @@ impl<'de> Visitor<'de> for BoundedValue {
             }
             Ok(Value::Object(members))
         })
+    }
+}
+
+impl BoundedValue {
+    /// Run `read` (the contents of an array or object at this seed's depth) with stack to spare:
+    /// a value may sit under a thousand tree levels, each of which leaves
+    /// [`grow`](crate::format::model::grow)'s red zone and no more. Every 16th level makes sure
+    /// of it, so the shallow values nearly all are (an array's preview, its `as`) check nothing.
+    fn on_stack<R>(self, read: impl FnOnce() -> R) -> R {
+        if self.depth.is_multiple_of(16) {
+            crate::format::model::grow(read)
+        } else {
+            read()
+        }
     }
 }
 

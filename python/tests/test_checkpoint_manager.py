@@ -147,6 +147,31 @@ def test_restore_a_step_and_a_resumed_manager_sees_every_step(tmp_path):
         treepack.CheckpointManager(tmp_path / "empty").restore()
 
 
+def test_a_folder_holding_other_files_is_refused(tmp_path):
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not a checkpoint")
+    with pytest.raises(ValueError, match="holds `notes.txt` that is not a repository's"):
+        treepack.CheckpointManager(foreign)
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]  # nothing written there
+    sub = tmp_path / "orbax-like"
+    (sub / "0").mkdir(parents=True)
+    with pytest.raises(ValueError, match="holds `0` that is not a repository's"):
+        treepack.Repository(sub, create=True)
+    treepack.save({"a": 1}, tmp_path / "tree")
+    with pytest.raises(ValueError, match="holds a tree"):
+        treepack.CheckpointManager(tmp_path / "tree")
+    # An object-store prefix alike.
+    treepack.save({"a": 1}, "memory://ckpt-foreign/run/other/tree")
+    with pytest.raises(ValueError, match="holds `other` that is not a repository's"):
+        treepack.CheckpointManager("memory://ckpt-foreign/run")
+    assert treepack.CheckpointManager("memory://ckpt-foreign/fresh").save(1, _tree(1), blocking=True)
+    # An empty folder, a new one and an existing repository are fine.
+    (tmp_path / "empty").mkdir()
+    treepack.CheckpointManager(tmp_path / "empty").save(1, _tree(1), blocking=True)
+    assert treepack.CheckpointManager(tmp_path / "empty").all_steps() == [1]
+
+
 # ---------------------------------------------------------------- wait_until_finished
 
 

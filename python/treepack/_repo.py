@@ -34,7 +34,8 @@ class Repository:
     """Many named trees in one location (a folder or an object-store prefix) sharing chunks by
     BLAKE3 hash: a save writes only the chunks the repository does not hold yet.
 
-    ``Repository(location, create=True)`` creates it (or opens the one there). Every load option
+    ``Repository(location, create=True)`` creates it (or opens the one there); a folder that holds
+    other files is refused (``ValueError``). Every load option
     works on a tree of it (``select``, ``like``, ``mmap``, ``trust``, ...), and so does every other
     function that takes a location: ``repo.tree(name)`` is ``"LOCATION@NAME"``, which
     ``treepack.load``, ``open``, ``load_structure``, ``verify``, ``root_hash`` and the CLI accept.
@@ -131,7 +132,8 @@ class CheckpointManager:
     for the previous one). ``wait_until_finished()`` waits, in every thread that calls it, until
     every save begun before the call has committed and its retention has run. Safe to resume
     after a crash: a new manager on the same location sees every committed step, and what an
-    interrupted save wrote is removed by the next gc.
+    interrupted save wrote is removed by the next gc. A folder (or prefix) that holds other files
+    than a repository's is refused (``ValueError``), and nothing is written to it.
     """
 
     def __init__(

@@ -30,6 +30,25 @@ struct Cli {
     storage_options: Vec<String>,
 }
 
+/// How much of a tree `inspect` prints (not `--json`, which prints everything).
+#[derive(clap::Args, Clone, Copy)]
+struct View {
+    /// Show this many levels below the root shown (0: the root line only); default: all.
+    #[arg(long, value_name = "N")]
+    depth: Option<usize>,
+    /// Print at most this many lines of the tree, then a line saying how many more there are
+    /// (0: all).
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    max_lines: usize,
+    /// Cut a node's data and the metadata to this many characters, marked `…` (0: whole).
+    #[arg(long, value_name = "N", default_value_t = 120)]
+    width: usize,
+}
+
+impl View {
+    const ALL: View = View { depth: None, max_lines: 0, width: 0 };
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Show the tree: types, dtypes, shapes, sizes and totals (reads only the manifest).
@@ -42,6 +61,8 @@ enum Cmd {
         /// Show the subtree at this key path only.
         #[arg(long)]
         key: Option<String>,
+        #[command(flatten)]
+        view: View,
     },
     /// List leaves, one per line: key path, kind, dtype/shape, size. Optional globs filter.
     Ls {
@@ -218,7 +239,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
     let so = &so;
     match cli.cmd {
-        Cmd::Inspect { path, json, key } => inspect(&path, so, json, key.as_deref()),
+        Cmd::Inspect { path, json, key, view } => inspect(&path, so, json, key.as_deref(), view),
         Cmd::Ls { path, patterns } => ls(&path, so, &patterns),
         Cmd::Cat { path, key } => cat(&path, so, &key),
         Cmd::Verify { path, json } => verify(&path, so, json),
@@ -503,7 +524,7 @@ struct Totals {
     array_bytes: u64,
 }
 
-fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>) -> Result<ExitCode> {
+fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>, view: View) -> Result<ExitCode> {
     let r = open(path, so)?;
     let m = r.manifest();
     let node = r.entry(key.unwrap_or(""))?;
@@ -569,14 +590,17 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>) ->
         human_bytes(stored),
         m.writer
     );
-    if let Some(md) = &m.metadata {
-        println!("metadata: {md}");
-    }
-    let mut lines = vec![];
     let targets = Targets::of(&m.root);
-    render(node, key.unwrap_or("<root>").to_string(), "", true, true, &targets, &mut lines);
-    for l in lines {
+    let mut out = Render::new(&targets, view);
+    if let Some(md) = &m.metadata {
+        println!("metadata: {}", out.cut(&md.to_string()));
+    }
+    out.node(node, key.unwrap_or("<root>").to_string(), "", true, true, 0);
+    for l in &out.lines {
         println!("{l}");
+    }
+    for note in out.notes(path) {
+        println!("{note}");
     }
     println!(
         "totals: {} leaves, {} arrays, {} of array data, {} stored",
@@ -620,45 +644,122 @@ fn path_text(p: &treepack::format::keypath::KeyPath) -> String {
     }
 }
 
-fn container_label(t: &Tree<Entry>, targets: &Targets) -> String {
+fn container_label(t: &Tree<Entry>, targets: &Targets, cut: &mut impl FnMut(&str) -> String) -> String {
     match t {
         Tree::List(v) => format!("list[{}]", v.len()),
         Tree::Tuple(v) => format!("tuple[{}]", v.len()),
         Tree::Dict(v) => format!("dict[{}]", v.len()),
         Tree::Record { type_name, fields } => format!("record {type_name} ({} fields)", fields.len()),
         Tree::Custom { type_name, data, children } => {
-            let d = if data.is_null() { String::new() } else { format!(" {}", data) };
+            let d = if data.is_null() { String::new() } else { format!(" {}", cut(&data.to_string())) };
             format!("custom {type_name}{d} ({} children)", children.len())
         }
         Tree::Leaf(e) => entry_summary(e),
         // An object at several places: its first place says `shared #N`, the others `ref #N`.
-        Tree::Shared { id, node } => format!("{} (shared #{id})", container_label(node, targets)),
+        Tree::Shared { id, node } => format!("{} (shared #{id})", container_label(node, targets, cut)),
         Tree::Ref(id) => targets.ref_text(*id),
     }
 }
 
-fn render(
-    t: &Tree<Entry>,
-    name: String,
-    prefix: &str,
-    last: bool,
-    root: bool,
-    targets: &Targets,
-    out: &mut Vec<String>,
-) {
-    let (branch, next_prefix) = if root {
+/// `inspect`'s tree lines, within a [`View`]: levels below `depth` are left out (their
+/// container's line ends in `…`), lines past `max_lines` are counted, not formatted, and long
+/// data is cut to `width`.
+struct Render<'a> {
+    targets: &'a Targets,
+    view: View,
+    lines: Vec<String>,
+    /// Lines not printed for `max_lines`.
+    more: u64,
+    /// Whether `depth` left levels out.
+    deeper: bool,
+    /// Whether some value was cut to `width`.
+    cut_any: bool,
+}
+
+impl<'a> Render<'a> {
+    fn new(targets: &'a Targets, view: View) -> Render<'a> {
+        Render { targets, view, lines: vec![], more: 0, deeper: false, cut_any: false }
+    }
+
+    /// `s` cut to the view's width, ending in `… (N chars)` when cut.
+    fn cut(&mut self, s: &str) -> String {
+        let n = s.chars().count();
+        if self.view.width == 0 || n <= self.view.width {
+            return s.to_string();
+        }
+        self.cut_any = true;
+        format!("{}… ({n} chars)", s.chars().take(self.view.width).collect::<String>())
+    }
+
+    fn node(&mut self, t: &Tree<Entry>, name: String, prefix: &str, last: bool, root: bool, level: usize) {
+        if self.view.max_lines != 0 && self.lines.len() >= self.view.max_lines {
+            self.more += self.count(t, level);
+            return;
+        }
+        let kids = t.children();
+        let stop = self.view.depth.is_some_and(|d| level >= d) && !kids.is_empty();
+        let (branch, next_prefix) = branches(prefix, last, root);
+        let targets = self.targets;
+        let mut label = container_label(t, targets, &mut |s| self.cut(s));
+        if stop {
+            label.push_str("  …");
+            self.deeper = true;
+        }
+        self.lines.push(format!("{branch}{name}: {label}"));
+        if stop {
+            return;
+        }
+        let n = kids.len();
+        for (i, (step, child)) in kids.into_iter().enumerate() {
+            let seg = treepack::format::keypath::Segment::from_step_pub(&step).text();
+            self.node(child, seg, &next_prefix, i + 1 == n, false, level + 1);
+        }
+    }
+
+    /// The lines `t` at `level` would take (it and what the depth lets show below it).
+    fn count(&mut self, t: &Tree<Entry>, level: usize) -> u64 {
+        let kids = t.children();
+        if self.view.depth.is_some_and(|d| level >= d) {
+            self.deeper |= !kids.is_empty();
+            return 1;
+        }
+        1 + kids.into_iter().map(|(_, c)| self.count(c, level + 1)).sum::<u64>()
+    }
+
+    /// What was left out, and how to see it.
+    fn notes(&self, path: &str) -> Vec<String> {
+        let mut out = vec![];
+        if self.more > 0 {
+            out.push(format!(
+                "… {} more line{} not shown (--max-lines 0 shows all, --depth N fewer levels, --key PATH one subtree; \
+                 treepack ls {path} lists the leaves)",
+                self.more,
+                if self.more == 1 { "" } else { "s" }
+            ));
+        }
+        if self.deeper {
+            if let Some(d) = self.view.depth {
+                out.push(format!("(levels below {d} not shown, marked …: leave --depth out to show them all)"));
+            }
+        }
+        if self.cut_any {
+            out.push(format!(
+                "(values longer than {} characters cut, marked …: --width 0 shows them whole)",
+                self.view.width
+            ));
+        }
+        out
+    }
+}
+
+/// The branch drawn before a node's name and the prefix of its children's lines.
+fn branches(prefix: &str, last: bool, root: bool) -> (String, String) {
+    if root {
         (String::new(), String::new())
     } else if last {
         (format!("{prefix}└── "), format!("{prefix}    "))
     } else {
         (format!("{prefix}├── "), format!("{prefix}│   "))
-    };
-    out.push(format!("{branch}{name}: {}", container_label(t, targets)));
-    let kids = t.children();
-    let n = kids.len();
-    for (i, (step, child)) in kids.into_iter().enumerate() {
-        let seg = treepack::format::keypath::Segment::from_step_pub(&step).text();
-        render(child, seg, &next_prefix, i + 1 == n, false, targets, out);
     }
 }
 
@@ -760,7 +861,7 @@ fn demo(dir: &str, so: &StorageOptions, overwrite: bool) -> Result<ExitCode> {
         info.packs,
         human_bytes(info.bytes_written)
     );
-    inspect(dir, so, false, None)?;
+    inspect(dir, so, false, None, View::ALL)?;
     let back = treepack::load(location(dir, so)?, &LoadOptions::default())?;
     if !back.exact_eq(&tree) {
         bail!("the loaded tree differs from the saved one");

@@ -498,3 +498,125 @@ fn cat_of_a_ref_place_shows_the_object() {
     let out = run_ok(&["cat", golden, "cycle"]);
     assert!(out.contains("ref to shared object"), "{out}");
 }
+
+/// A state_dict-like tree (issue 51): an OrderedDict root whose data holds a long `_metadata`,
+/// 500 weights, and a log of 300 calls of 3 fields each: 1 + 500 + 1 + 300 + 900 = 1702 tree
+/// lines in all, and long metadata.
+fn big_tree(d: &std::path::Path) -> String {
+    use treepack::{Node, SaveOptions, Tree};
+    let meta: serde_json::Map<String, serde_json::Value> =
+        (0..200).map(|i| (format!("layer{i}"), serde_json::json!({"version": 1}))).collect();
+    let mut children: Vec<(String, Node)> =
+        (0..500).map(|i| (format!("layer{i}.weight"), Node::from(i as i64))).collect();
+    let calls = (0..300)
+        .map(|i| Node::dict([("name", Node::from("f")), ("step", Node::from(i as i64)), ("ok", Node::from(true))]))
+        .collect();
+    children.push(("calls".into(), Tree::List(calls)));
+    let root = Tree::Custom {
+        type_name: "py.ordereddict".into(),
+        data: serde_json::json!({"attrs": {"_metadata": meta}}),
+        children,
+    };
+    let p = d.join("sd").to_str().unwrap().to_string();
+    let opts = SaveOptions { metadata: Some(serde_json::json!({"notes": "x".repeat(500)})), ..Default::default() };
+    treepack::save(&root, p.as_str(), &opts).unwrap();
+    p
+}
+
+/// The tree lines of `inspect`'s output (the root's and those drawn below it).
+fn tree_lines(out: &str) -> Vec<&str> {
+    out.lines().filter(|l| l.starts_with("<root>:") || l.starts_with(['├', '└', '│', ' '])).collect()
+}
+
+#[test]
+fn inspect_prints_a_readable_summary_of_a_big_tree() {
+    let d = tempfile::tempdir().unwrap();
+    let p = big_tree(d.path());
+    // By default: 200 tree lines, then how many more and how to see them; long data cut.
+    let out = run_ok(&["inspect", &p]);
+    let lines = tree_lines(&out);
+    assert_eq!(lines.len(), 200, "{out}");
+    assert!(out.contains("\n… 1502 more lines not shown (--max-lines 0 shows all"), "{out}");
+    assert!(lines[0].starts_with("<root>: custom py.ordereddict {\"attrs\":{\"_metadata\":"), "{}", lines[0]);
+    assert!(lines[0].ends_with(" chars) (501 children)") && lines[0].contains("… ("), "{}", lines[0]);
+    assert!(lines[0].chars().count() < 200, "{}", lines[0]);
+    let md = out.lines().find(|l| l.starts_with("metadata: ")).unwrap();
+    assert!(md.chars().count() < 160 && md.ends_with("… (512 chars)"), "{md}");
+    assert!(out.contains("(values longer than 120 characters cut, marked …: --width 0 shows them whole)"), "{out}");
+    assert!(out.lines().all(|l| l.chars().count() < 400), "{out}");
+    assert!(out.trim_end().ends_with("totals: 1400 leaves, 0 arrays, 0 B of array data, 0 B stored"), "{out}");
+    // Everything, whole.
+    let out = run_ok(&["inspect", &p, "--max-lines", "0", "--width", "0"]);
+    let lines = tree_lines(&out);
+    assert_eq!(lines.len(), 1702);
+    assert!(lines[0].contains("\"layer199\":{\"version\":1}") && !lines[0].contains('…'), "{}", lines[0]);
+    assert!(!out.contains("more line") && !out.contains("cut, marked"), "{out}");
+    assert_eq!(lines[1701], "        └── ok: bool True");
+    // Levels: the root and its children, the log's line marked as having more below.
+    let out = run_ok(&["inspect", &p, "--depth", "1", "--max-lines", "0"]);
+    let lines = tree_lines(&out);
+    assert_eq!(lines.len(), 502, "{out}");
+    assert_eq!(lines[501], "└── calls: list[300]  …");
+    assert!(out.contains("(levels below 1 not shown, marked …: leave --depth out to show them all)"), "{out}");
+    let out = run_ok(&["inspect", &p, "--depth", "1", "--max-lines", "10"]);
+    assert_eq!(tree_lines(&out).len(), 10, "{out}");
+    assert!(out.contains("\n… 492 more lines not shown"), "{out}");
+    let out = run_ok(&["inspect", &p, "--depth", "0"]);
+    assert_eq!(tree_lines(&out).len(), 1, "{out}");
+    // A subtree, within the same limits.
+    let out = run_ok(&["inspect", &p, "--key", "calls", "--max-lines", "4"]);
+    let shown: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("calls: ")).take(5).collect();
+    assert_eq!(shown[..4], ["calls: list[300]", "├── 0: dict[3]", "│   ├── name: str \"f\"", "│   ├── step: int 0"]);
+    assert!(shown[4].starts_with("… "), "{out}");
+    assert!(out.contains("\n… 1197 more lines not shown"), "{out}");
+    // A small tree prints whole, with no notes.
+    let (_d, ckpt) = demo("ckpt");
+    let out = run_ok(&["inspect", &ckpt]);
+    assert!(!out.contains("more line") && !out.contains("not shown") && !out.contains("cut, marked"), "{out}");
+}
+
+#[test]
+fn a_folder_without_a_manifest_says_what_is_there() {
+    let d = tempfile::tempdir().unwrap();
+    // A save that died before it committed: packs, no treepack.json.
+    let (_keep, ckpt) = demo("ckpt");
+    std::fs::remove_file(std::path::Path::new(&ckpt).join("treepack.json")).unwrap();
+    let out = tp().args(["inspect", &ckpt]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("no treepack tree found") && e.contains("`packs/` holds 1 pack file"), "{e}");
+    assert!(e.contains("a save that died before it committed") && e.contains(&format!("`treepack gc {ckpt}`")), "{e}");
+    let out = run_ok(&["gc", &ckpt, "--grace-secs", "0"]);
+    assert!(out.contains("removed packs/"), "{out}");
+    // No packs: no word of gc.
+    let e = String::from_utf8_lossy(&tp().args(["inspect", &ckpt]).output().unwrap().stderr).to_string();
+    assert!(e.contains("no treepack tree found") && !e.contains("gc"), "{e}");
+    let e = String::from_utf8_lossy(
+        &tp().args(["inspect", d.path().join("nope").to_str().unwrap()]).output().unwrap().stderr,
+    )
+    .to_string();
+    assert!(e.contains("no treepack tree found") && !e.contains("gc"), "{e}");
+    // A repository: name a tree of it.
+    let repo = d.path().join("repo").to_str().unwrap().to_string();
+    run_ok(&["repo", "init", &repo]);
+    let e = String::from_utf8_lossy(&tp().args(["inspect", &repo]).output().unwrap().stderr).to_string();
+    assert!(e.contains(&format!("name one as `{repo}@NAME`")) && e.contains("treepack repo ls"), "{e}");
+}
+
+#[test]
+fn repo_init_refuses_a_folder_of_other_files() {
+    let d = tempfile::tempdir().unwrap();
+    let mine = d.path().join("mine");
+    std::fs::create_dir_all(mine.join("0")).unwrap();
+    std::fs::write(mine.join("notes.txt"), b"mine").unwrap();
+    let out = tp().args(["repo", "init", mine.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("holds `0`, `notes.txt` that are not a repository's"), "{e}");
+    assert_eq!(std::fs::read_dir(&mine).unwrap().count(), 2, "nothing written");
+    // An empty folder, and a repository again, are fine.
+    let empty = d.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    run_ok(&["repo", "init", empty.to_str().unwrap()]);
+    run_ok(&["repo", "init", empty.to_str().unwrap()]);
+}

@@ -430,6 +430,8 @@ fn gcs(url: &str, path: &str) -> Location {
 /// What every backend's repository must do (docs/repository.md): cross-save reuse, names
 /// committed create-only (threads racing for one), `LOCATION@NAME` reads, delete + gc, verify.
 fn repo_conformance(loc: &Location) {
+    // Created first: a prefix holding other objects (`cas/` below) is not made a repository.
+    let repo = Repository::create(loc).unwrap();
     // Compare-and-swap (what overwrites of a name use): a stale version never replaces a newer.
     let put = |b: &'static [u8]| vec![bytes::Bytes::from_static(b)];
     assert!(block_on(loc.replace_if_unchanged("cas/x", put(b"one"), None, true)).unwrap());
@@ -438,7 +440,7 @@ fn repo_conformance(loc: &Location) {
     assert!(block_on(loc.replace_if_unchanged("cas/x", put(b"two"), Some(&v1), true)).unwrap());
     assert!(!block_on(loc.replace_if_unchanged("cas/x", put(b"three"), Some(&v1), true)).unwrap());
     assert_eq!(block_on(loc.get_opt("cas/x", 1 << 20)).unwrap().unwrap().as_ref(), b"two");
-    let repo = Repository::create(loc).unwrap();
+    assert_eq!(Repository::create(loc).unwrap().location().display(), loc.display(), "opened again");
     let a = tree(11);
     let first = repo.save(&a, "a", &SaveOptions::default()).unwrap();
     assert_eq!(first.bytes_reused, 0);

@@ -16,14 +16,44 @@ pub async fn manifest_bytes(loc: &Location) -> Result<(Bytes, String)> {
         }
         Layout::Directory => {
             let file = loc.file_name(MANIFEST_NAME);
-            let b = loc
-                .get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES)
-                .await?
-                .ok_or_else(|| Error::no_tree(loc.display(), &file))?;
+            let Some(b) = loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await? else {
+                return Err(no_tree_here(loc, &file).await);
+            };
             (b, file)
         }
         Layout::SingleFile => (read_single_manifest(loc).await?, loc.display().to_string()),
     })
+}
+
+/// The error for a folder without a manifest, saying what is there instead when that is
+/// cheap to tell: a repository (name a tree of it), or the packs of a save that died before it
+/// committed (which `gc` removes).
+async fn no_tree_here(loc: &Location, file: &str) -> Error {
+    if loc.exists(crate::format::repo::MARKER).await.unwrap_or(false) {
+        return Error::NotFound {
+            location: loc.display().to_string(),
+            detail: format!(
+                "this is a repository of named trees, not a tree: name one as `{0}@NAME` \
+                 (`treepack repo ls {0}` lists them)",
+                loc.display()
+            ),
+        };
+    }
+    let packs = loc.list(crate::store::PACKS_DIR).await.map(|v| v.len()).unwrap_or(0);
+    if packs > 0 {
+        return Error::NotFound {
+            location: loc.display().to_string(),
+            detail: format!(
+                "no treepack tree found (`{file}` does not exist), but `{1}/` holds {packs} pack file{2}: a save \
+                 that died before it committed leaves its packs behind; `treepack gc {0}` removes them (those older \
+                 than an hour; `--grace-secs 0` once no save is running there), then save the tree again",
+                loc.display(),
+                crate::store::PACKS_DIR,
+                if packs == 1 { "" } else { "s" },
+            ),
+        };
+    }
+    Error::no_tree(loc.display(), file)
 }
 
 async fn read_single_manifest(loc: &Location) -> Result<Bytes> {

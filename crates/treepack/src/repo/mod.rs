@@ -83,10 +83,12 @@ impl Repository {
         }
     }
 
-    /// Create a repository (or open the one already there).
+    /// Create a repository (or open the one already there). Only a new or an empty folder (or
+    /// prefix) is made one: a location that holds other files is refused, nothing written.
     ///
     /// # Errors
-    /// [`Error::AlreadyExists`] when the location holds a plain tree, storage errors.
+    /// [`Error::BadLocation`] when the location holds a plain tree or files a repository does
+    /// not hold, storage errors.
     pub async fn create_async(location: impl IntoLocation) -> Result<Repository> {
         let loc = location.into_location()?.repository();
         loc.refuse_write()?;
@@ -101,6 +103,9 @@ impl Repository {
                 location: loc.display().to_string(),
                 reason: "holds a tree (treepack.json), not a repository; create the repository elsewhere".into(),
             });
+        }
+        if !loc.exists(layout::MARKER).await? {
+            refuse_foreign(&loc).await?;
         }
         match loc.put(layout::MARKER, vec![Bytes::from(layout::marker_bytes())], true).await {
             Ok(()) | Err(Error::AlreadyExists { .. }) => Repository::open_async(loc).await,
@@ -365,6 +370,62 @@ pub(crate) async fn manifest_bytes(loc: &Location, name: &str) -> Result<(Bytes,
             Err(repo.unknown(name))
         }
     }
+}
+
+/// Refuse to make a repository of a folder (or prefix) that holds anything a repository does
+/// not: a project folder, another tool's checkpoints. What a repository holds itself (another
+/// creator may be writing it right now) is fine, and so is an empty or a new folder.
+///
+/// # Errors
+/// [`Error::BadLocation`] naming a few of the foreign names; storage errors.
+async fn refuse_foreign(loc: &Location) -> Result<()> {
+    const OWN: [&str; 7] = [
+        layout::MARKER,
+        layout::REFS_DIR,
+        layout::TREES_DIR,
+        layout::INDEX_DIR,
+        layout::LEASES_DIR,
+        layout::GC_STATE,
+        crate::store::PACKS_DIR,
+    ];
+    // A marker's staging file (`treepack-repo.json#N`) is a creator's at work.
+    let own = |name: &str| OWN.contains(&name) || name.starts_with(layout::MARKER);
+    let mut foreign: Vec<String> = match loc.local_path() {
+        // Names only (nothing is opened or followed): folders count too.
+        Some(p) => match std::fs::read_dir(p) {
+            Ok(entries) => entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !own(n))
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
+            Err(e) => return Err(Error::Io { path: p.to_path_buf(), source: e }),
+        },
+        None => loc
+            .list("")
+            .await?
+            .into_iter()
+            .filter_map(|(rel, _, _)| rel.split('/').next().map(str::to_string))
+            .filter(|n| !own(n))
+            .collect(),
+    };
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    foreign.sort();
+    foreign.dedup();
+    let n = foreign.len();
+    let shown: Vec<String> = foreign.iter().take(5).map(|f| format!("`{f}`")).collect();
+    Err(Error::BadLocation {
+        location: loc.display().to_string(),
+        reason: format!(
+            "holds {}{} that {} not a repository's, so it is not a repository; create the repository in an \
+             empty or a new folder",
+            shown.join(", "),
+            if n > 5 { format!(" and {} more", n - 5) } else { String::new() },
+            if n == 1 { "is" } else { "are" },
+        ),
+    })
 }
 
 /// Blocking facades, for callers outside an async runtime.

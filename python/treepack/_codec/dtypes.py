@@ -1,5 +1,7 @@
 """numpy dtypes: the treepack dtype JSON for an array (and its canonical little-endian, packed
-copy), and the numpy dtype for a stored one (ml_dtypes for bfloat16 and float8)."""
+copy), and the numpy dtype for a stored one (ml_dtypes for bfloat16, float8, float6, float4 and
+int4/int2/int1 and their unsigned kin, whose names are treepack's; which ones is the Rust core's
+table, ``DType::is_ml_dtypes``)."""
 
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ _dtype_cache: Dict[str, np.dtype] = {}
 
 
 def np_dtype(desc_json: str) -> np.dtype:
-    """The numpy dtype for a treepack dtype JSON value (ml_dtypes for bfloat16/float8)."""
+    """The numpy dtype for a treepack dtype JSON value (ml_dtypes for bfloat16, float8, int4, ...)."""
     dt = _dtype_cache.get(desc_json)
     if dt is None:
         dt = _np_dtype(json.loads(desc_json))

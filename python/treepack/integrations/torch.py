@@ -32,6 +32,7 @@ _VIA = {
     "float8_e5m2": ("uint8", "float8_e5m2"),
     "float8_e4m3fnuz": ("uint8", "float8_e4m3fnuz"),
     "float8_e5m2fnuz": ("uint8", "float8_e5m2fnuz"),
+    "float8_e8m0fnu": ("uint8", "float8_e8m0fnu"),  # format 1.5
 }
 _DIRECT = frozenset(
     "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 float32 float64 complex64 complex128".split()
@@ -42,7 +43,18 @@ _HINTS = {
     "qint8": "store .int_repr() and the quantization parameters, or .dequantize()",
     "qint32": "store .int_repr() and the quantization parameters, or .dequantize()",
     "quint4x2": "store .int_repr() and the quantization parameters, or .dequantize()",
+    # Two float4 values in each byte: treepack's float4_e2m1fn holds one per byte (as ml_dtypes).
+    "float4_e2m1fn_x2": "it packs two float4_e2m1fn values into each byte; store .view(torch.uint8) "
+    "(and unpack it yourself), or unpack it into a numpy ml_dtypes.float4_e2m1fn array (one value per byte)",
 }
+# torch's int1-int7 and uint1-uint7 are placeholders: a byte each, with no defined value or
+# conversion (torch cannot copy into or read them), so no treepack dtype is their exact match.
+for _bits in range(1, 8):
+    for _name in (f"int{_bits}", f"uint{_bits}"):
+        _HINTS[_name] = (
+            "torch's sub-byte integer dtypes hold bits without defined values; store .view(torch.uint8) "
+            "with how it is packed, or a numpy ml_dtypes int4/int2/int1 (uint4/uint2/uint1) array"
+        )
 
 MapLocation = Union[None, str, Any, Dict[str, Any], Callable[[Any, Optional[str]], Any]]
 

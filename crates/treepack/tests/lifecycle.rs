@@ -283,3 +283,35 @@ fn a_save_into_a_folder_of_other_files_is_refused() {
     let e = save(&tree, repo.to_str().unwrap(), &SaveOptions::default()).unwrap_err();
     assert!(e.to_string().contains("LOCATION@NAME"), "{e}");
 }
+
+/// A save never writes a tree its readers refuse: at the deepest level readers accept (1000),
+/// a plain JSON scalar may sit, but not a container or a leaf written as a tagged object
+/// (an array, bytes): such a save is refused, not committed as an unreadable file.
+#[test]
+fn the_deepest_level_holds_only_what_readers_read() {
+    let depth = treepack::format::manifest::MAX_DEPTH;
+    let nest = |leaf: Node| (0..depth).fold(leaf, |t, _| Node::list([t]));
+    let d = tempfile::tempdir().unwrap();
+    for (i, (leaf, ok)) in [
+        (Node::from(1i64), true),
+        (Node::from("short"), true),
+        (arr(4, 1), false),
+        (Node::from(b"xy".to_vec()), false),
+        (Node::list([]), false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = d.path().join(format!("t{i}"));
+        let p = p.to_str().unwrap();
+        let tree = nest(leaf);
+        let r = save(&tree, p, &SaveOptions::default());
+        if ok {
+            r.unwrap();
+            assert!(load(p, &LoadOptions::default()).unwrap().exact_eq(&tree), "case {i}");
+        } else {
+            assert_eq!(r.unwrap_err().kind(), "limit_exceeded", "case {i}");
+            assert!(!std::path::Path::new(p).join("treepack.json").exists(), "case {i}");
+        }
+    }
+}

@@ -25,11 +25,26 @@ pub(super) fn check_tree(tree: &Node) -> Result<bool> {
     Ok(has_refs)
 }
 
+/// Whether a node is written as a JSON object or array (not a bare JSON scalar).
+fn written_as_object(t: &Node) -> bool {
+    match t {
+        Tree::Leaf(Leaf::None | Leaf::Bool(_)) => false,
+        Tree::Leaf(Leaf::Int(i)) => !matches!(i, crate::format::model::Int::Small(_)),
+        Tree::Leaf(Leaf::Float(f)) => !f.is_finite(),
+        // Strings up to the default inline size are JSON strings (longer ones are blobs).
+        Tree::Leaf(Leaf::Str(s)) => s.len() > 4096,
+        _ => true,
+    }
+}
+
 /// Depth and key uniqueness in one walk, with no allocation per node: string keys are compared
 /// as they are (two string keys name the same path exactly when they are equal); the key path is
 /// only formatted for an error. Notes whether shared nodes or refs occur (checked after).
 fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>, has_refs: &mut bool) -> Result<()> {
-    if depth > MAX_DEPTH {
+    if depth > MAX_DEPTH || (depth == MAX_DEPTH && written_as_object(t)) {
+        // Readers refuse a JSON object or array at depth MAX_DEPTH: a container, or a leaf
+        // written as a tagged object (an array, bytes, a big int…). Only plain JSON scalars
+        // may sit there.
         return Err(Error::limit("tree depth", MAX_DEPTH as u64, "nest containers less deeply"));
     }
     let dup = match t {

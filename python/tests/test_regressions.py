@@ -366,3 +366,23 @@ def test_cli_cat_prints_datetimes_and_record_types(tmp_path):
     assert out.strip() == "custom py.datetime 2026-11-22T00:00:00Z"
     out = subprocess.run([exe, "cat", str(tmp_path / "t"), "opt"], capture_output=True, text=True, check=True).stdout
     assert out.startswith(f"record {__name__}:OptState:")
+
+
+@pytest.mark.parametrize("inner,ok", [(lambda: 1, True), (lambda: "s", True), (lambda: [], False), (lambda: 2**70, False),
+                                      (lambda: float("nan"), False), (lambda: {"a": 1}, False), (lambda: np.zeros(2), False)])
+def test_a_save_never_writes_what_readers_refuse_at_the_deepest_level(tmp_path, inner, ok):
+    # 1000 lists deep: a plain scalar may sit there, a container or tagged value may not.
+    x = inner()
+    for _ in range(1000):
+        x = [x]
+    p = str(tmp_path / "t")
+    if ok:
+        treepack.save(x, p)
+        back = treepack.load(p)
+        for _ in range(1000):
+            back = back[0]
+        assert back == inner()
+    else:
+        with pytest.raises((ValueError, treepack.TreepackError), match="1000"):
+            treepack.save(x, p)
+        assert not os.path.exists(os.path.join(p, "treepack.json"))

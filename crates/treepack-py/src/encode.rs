@@ -2,6 +2,7 @@
 //! `encode_text.rs`); anything else goes to Python's `encode_other`.
 
 use super::*;
+use crate::encode_text::bare_json_scalar;
 use treepack::format::manifest::{FragmentWriter, Mark};
 
 /// What `encode_other` returns: (kind, type name, data JSON, named children).
@@ -241,6 +242,15 @@ impl<'py> Encoder<'py> {
             }
             return Err(PyValueError::new_err(format!(
                 "cannot save `{}`: nested deeper than {} levels",
+                self.here(),
+                treepack::format::manifest::MAX_DEPTH
+            )));
+        }
+        if depth == treepack::format::manifest::MAX_DEPTH && !bare_json_scalar(obj) {
+            // Readers refuse a JSON object or array at this depth (see `bare_json_scalar`).
+            return Err(PyValueError::new_err(format!(
+                "cannot save `{}`: nested deeper than {} levels (only a plain number, string, bool or None may \
+                 sit at the deepest level)",
                 self.here(),
                 treepack::format::manifest::MAX_DEPTH
             )));

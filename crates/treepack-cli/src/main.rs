@@ -97,6 +97,11 @@ enum Cmd {
         to: Option<String>,
         #[arg(long, default_value = ".")]
         separator: String,
+        /// Convert only what this key-path glob selects (repeatable; the syntax and meaning of
+        /// `load(select=)`: a leading `?` marks a pattern that may match nothing). What is not
+        /// selected is left out.
+        #[arg(long = "select", value_name = "GLOB")]
+        select: Vec<String>,
         #[command(flatten)]
         out: WriteArgs,
     },
@@ -243,13 +248,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Ls { path, patterns } => ls(&path, so, &patterns),
         Cmd::Cat { path, key } => cat(&path, so, &key),
         Cmd::Verify { path, json } => verify(&path, so, json),
-        Cmd::Convert { src, dst, from, to, separator, out: WriteArgs { overwrite, compression, quiet } } => {
+        Cmd::Convert { src, dst, from, to, separator, select, out: WriteArgs { overwrite, compression, quiet } } => {
             use treepack::convert::{ConvertOptions, Format};
             let (f, t) = (Format::of(&src, from.as_deref())?, Format::of(&dst, to.as_deref())?);
             let compression = treepack::save::Compression::parse(&compression)?;
             let (bar, progress) = progress_bar("convert", quiet);
             let save = SaveOptions { overwrite, compression, progress: Some(progress), ..Default::default() };
-            let opts = ConvertOptions { separator: (!separator.is_empty()).then_some(separator), save };
+            let opts = ConvertOptions { separator: (!separator.is_empty()).then_some(separator), select, save };
             let info = treepack::convert::convert(&location(&src, so)?, &location(&dst, so)?, f, t, &opts)
                 .with_context(|| format!("converting {src} to {dst}"))?;
             bar.finish_and_clear();

@@ -620,3 +620,55 @@ fn repo_init_refuses_a_folder_of_other_files() {
     run_ok(&["repo", "init", empty.to_str().unwrap()]);
     run_ok(&["repo", "init", empty.to_str().unwrap()]);
 }
+
+/// `treepack convert --select GLOB` (repeatable, as `load(select=)`): what is not selected is
+/// left out, so a tree holding strings and records converts its arrays to safetensors; a
+/// pattern that matches nothing is an error naming it, unless it begins with `?` (issue 51).
+#[test]
+fn convert_select_leaves_out_what_is_not_selected() {
+    let (d, ckpt) = demo("ckpt");
+    let path = |n: &str| d.path().join(n).to_str().unwrap().to_string();
+    let st = path("params.safetensors");
+    let out = run_ok(&["convert", &ckpt, &st, "--select", "params/**", "--select", "?ema/**", "-q"]);
+    assert!(out.starts_with("converted 3 tensors"), "{out}");
+    let (tree, _) = treepack::convert::read_safetensors(&treepack::Location::parse(&st).unwrap(), Some(".")).unwrap();
+    let mut names = vec![];
+    tree.for_each_leaf(&mut |p, _| names.push(p.to_string()));
+    names.sort();
+    assert_eq!(names, ["params/dense/bias", "params/dense/kernel", "params/embed"]);
+    // Back into treepack, selecting again: the key paths are the tree's (`params/dense/*`).
+    let back = path("back");
+    let out = run_ok(&["convert", &st, &back, "--select", "params/dense/*", "-q"]);
+    assert!(out.starts_with("converted 2 tensors"), "{out}");
+    let ls = run_ok(&["ls", &back]);
+    let listed: Vec<&str> = ls.lines().map(|l| l.split('\t').next().unwrap()).collect();
+    assert_eq!(listed, ["params/dense/kernel", "params/dense/bias"]);
+    // A pattern matching nothing: exit 2 naming it, nothing written.
+    let none = path("none.safetensors");
+    let out = tp().args(["convert", &ckpt, &none, "--select", "params/**", "--select", "parms/**"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.contains("`parms/**`") && err.contains("select matches nothing") && err.contains("leading `?`"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new(&none).exists());
+    let out = tp().args(["convert", &st, &path("none"), "--select", "layers/**"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`layers/**`"));
+    // Strings and None selected: refused, and the error says how to leave them out.
+    let out = tp().args(["convert", &ckpt, &none, "--select", "scalars/**"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.contains("`scalars/") && err.contains("leave it out (select)"), "{err}");
+    // A ref to a dict (demo-refs: `again` holds `model` again): safetensors has no links; a
+    // selection of one place converts.
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/golden/demo-refs");
+    let out =
+        tp().args(["convert", golden, &none, "--select", "model/params/**", "--select", "again"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.contains("`model/dtypes/complex64`"), "selecting the ref selects its whole object: {err}");
+    let out = run_ok(&["convert", golden, &none, "--select", "model/params/**", "-q"]);
+    assert!(out.starts_with("converted 3 tensors"), "{out}");
+}

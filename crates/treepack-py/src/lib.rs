@@ -151,7 +151,7 @@ fn diff(py: Python<'_>, a: &str, b: &str, storage_options: Options) -> PyResult<
 /// Convert between treepack and safetensors (`from`/`to`: "treepack" or "safetensors"):
 /// (tensors, bytes).
 #[pyfunction]
-#[pyo3(signature = (src, dst, from_format, to_format, separator=None, overwrite=false, storage_options=None, compression=None, durable=true, progress=None))]
+#[pyo3(signature = (src, dst, from_format, to_format, separator=None, overwrite=false, storage_options=None, compression=None, durable=true, progress=None, select=None))]
 #[allow(clippy::too_many_arguments)]
 fn convert(
     py: Python<'_>,
@@ -165,6 +165,7 @@ fn convert(
     compression: Option<String>,
     durable: bool,
     progress: Option<Py<PyAny>>,
+    select: Option<Vec<String>>,
 ) -> PyResult<(usize, u64)> {
     use treepack::convert::{ConvertOptions, Format};
     let (s, d) = (location(src, storage_options.clone())?, location(dst, storage_options)?);
@@ -174,7 +175,7 @@ fn convert(
     if let Some(c) = compression {
         save.compression = treepack::save::Compression::parse(&c).map_err(py_err)?;
     }
-    let opts = ConvertOptions { separator, save };
+    let opts = ConvertOptions { separator, select: select.unwrap_or_default(), save };
     let info = py.detach(|| treepack::convert::convert(&s, &d, f, t, &opts)).map_err(py_err)?;
     Ok((info.tensors, info.bytes))
 }

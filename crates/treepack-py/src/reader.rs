@@ -91,6 +91,15 @@ impl Reader {
         built.map_err(|m| b.error(m))
     }
 
+    /// What a conversion with `select` keeps: the key paths of the nodes kept
+    /// (`treepack::convert::selected_paths`), or None for an empty selection. Raises naming the
+    /// patterns that match nothing, in `file` (default: this tree's location).
+    #[pyo3(signature = (select, file=None))]
+    pub(crate) fn convert_keep(&self, select: Vec<String>, file: Option<String>) -> PyResult<Option<HashSet<String>>> {
+        let file = file.unwrap_or_else(|| self.inner.location().display().to_string());
+        treepack::convert::selected_paths(&self.inner.manifest().root, &select, &file).map_err(py_err)
+    }
+
     /// The structure: containers as dict/list/tuple, records/custom nodes via `make_node`,
     /// leaves as `LeafInfo`.
     pub(crate) fn structure<'py>(&self, py: Python<'py>, make_node: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {

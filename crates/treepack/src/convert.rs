@@ -18,7 +18,7 @@ use crate::save::{SaveInfo, SaveOptions};
 use crate::store::beneath::{io_error, Dir};
 use crate::store::Location;
 use bytes::Bytes;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// Formats [`convert`] reads and writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +70,11 @@ pub struct ConvertOptions {
     /// `{"layers": {"0": {"w": …}}}` the tensor `layers.0.w`. `None`: names are the top-level
     /// keys of a flat dict, as they are.
     pub separator: Option<String>,
+    /// Key-path globs, with the syntax and meaning of a load's `select` (docs/format.md section
+    /// 6; a leading `?` marks a pattern that may match nothing): only what they select is
+    /// converted, and a pattern that matches nothing is an error. Empty: everything. See
+    /// [`selected_paths`].
+    pub select: Vec<String>,
     /// How the treepack side is saved (`overwrite`, `compression`, `durable`, …); `overwrite`
     /// also applies to a safetensors destination.
     pub save: SaveOptions,
@@ -77,7 +82,7 @@ pub struct ConvertOptions {
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { separator: Some(".".into()), save: SaveOptions::default() }
+        ConvertOptions { separator: Some(".".into()), select: vec![], save: SaveOptions::default() }
     }
 }
 
@@ -101,7 +106,10 @@ pub struct ConvertInfo {
 pub fn convert(src: &Location, dst: &Location, from: Format, to: Format, opts: &ConvertOptions) -> Result<ConvertInfo> {
     match (from, to) {
         (Format::Safetensors, Format::Treepack) => {
-            let (tree, metadata) = read_safetensors(src, opts.separator.as_deref())?;
+            let (mut tree, metadata) = read_safetensors(src, opts.separator.as_deref())?;
+            if let Some(keep) = selected_paths(&tree, &opts.select, src.display())? {
+                tree = prune(tree, &mut String::new(), &keep);
+            }
             let (tensors, bytes) = count_arrays(&tree);
             let save = SaveOptions { metadata: metadata.or(opts.save.metadata.clone()), ..opts.save.clone() };
             let saved = crate::save(&tree, dst, &save)?;
@@ -109,7 +117,15 @@ pub fn convert(src: &Location, dst: &Location, from: Format, to: Format, opts: &
         }
         (Format::Treepack, Format::Safetensors) => {
             let r = Reader::open(src.clone())?;
-            write_safetensors(&r, dst, opts.separator.as_deref(), opts.save.overwrite, opts.save.progress.clone())
+            let keep = selected_paths(&r.manifest().root, &opts.select, src.display())?;
+            write_safetensors(
+                &r,
+                dst,
+                opts.separator.as_deref(),
+                keep.as_ref(),
+                opts.save.overwrite,
+                opts.save.progress.clone(),
+            )
         }
         (Format::Treepack, Format::Treepack) => Err(Error::BadLocation {
             location: dst.display().to_string(),
@@ -119,6 +135,113 @@ pub fn convert(src: &Location, dst: &Location, from: Format, to: Format, opts: &
             location: dst.display().to_string(),
             reason: "both sides are safetensors files: nothing to convert".into(),
         }),
+    }
+}
+
+/// What a conversion with `select` keeps of the tree `root`, as the key paths of the nodes kept:
+/// - a place (a leaf, a ref, a record or custom node without children) that the selection
+///   takes as a load's selection takes it — its path or an ancestor's matches a pattern, and a
+///   kept ref keeps the object it names, wherever that is stored
+///   ([`crate::read::close_selection`]);
+/// - a container with something kept below it, or an empty one whose path is selected.
+///
+/// What is not kept is left out of the destination (an item left out of a list or a tuple
+/// becomes `None` in a tree, so the others keep their index). `None` for an empty `select`:
+/// everything. `file` names the source in the error.
+///
+/// # Errors
+/// [`Error::KeyNotFound`] naming the patterns (not marked optional with a leading `?`) that
+/// match nothing, as a load's; [`Error::BadKeyPath`] for a malformed pattern.
+pub fn selected_paths<L>(root: &Tree<L>, select: &[String], file: &str) -> Result<Option<HashSet<String>>> {
+    if select.is_empty() {
+        return Ok(None);
+    }
+    let unmatched = crate::read::unmatched_patterns(root, "", select)?;
+    if !unmatched.is_empty() {
+        return Err(Error::KeyNotFound {
+            path: unmatched.join("`, `"),
+            reason: format!(
+                "select matches nothing in {file} (`treepack ls` lists its key paths; a pattern that may match \
+                 nothing is written with a leading `?`, e.g. `?ema/**`)"
+            ),
+        });
+    }
+    let opts = crate::read::LoadOptions { select: select.to_vec(), ..Default::default() };
+    let closed = crate::read::close_selection(root, "", &opts)?;
+    let sel = keypath::Selection::new(select)?;
+    let mut keep = HashSet::new();
+    mark_kept(root, &mut String::new(), &sel, closed.as_ref().and_then(|o| o.keep.as_ref()), &mut keep);
+    Ok(Some(keep))
+}
+
+/// Whether `t` (at `path`) is kept; what is kept goes into `keep`. `places`: the places a
+/// selection closed over refs keeps (`None`: those the patterns select).
+fn mark_kept<L>(
+    t: &Tree<L>,
+    path: &mut String,
+    sel: &keypath::Selection,
+    places: Option<&HashSet<String>>,
+    keep: &mut HashSet<String>,
+) -> bool {
+    let node = t.unshared();
+    let selected = |path: &str| sel.selects_texts(&keypath::split(path).unwrap_or_default());
+    let place = match node {
+        Tree::Leaf(_) | Tree::Ref(_) => true,
+        Tree::Record { fields: c, .. } | Tree::Custom { children: c, .. } => c.is_empty(),
+        _ => false,
+    };
+    let kept = if place {
+        places.map_or_else(|| selected(path), |p| p.contains(path.as_str()))
+    } else {
+        let children = node.children();
+        let mut any = false;
+        for (step, c) in &children {
+            let len = path.len();
+            if len > 0 {
+                path.push('/');
+            }
+            keypath::push_step_text(path, step);
+            any |= crate::format::model::grow(|| mark_kept(c, path, sel, places, keep));
+            path.truncate(len);
+        }
+        any || (children.is_empty() && selected(path))
+    };
+    if kept {
+        keep.insert(path.clone());
+    }
+    kept
+}
+
+/// `t` (at `path`) with what `keep` lacks left out: dict entries dropped, list and tuple items
+/// `None` (the others keep their index). For the trees a conversion reads (dicts of arrays).
+fn prune(t: Node, path: &mut String, keep: &HashSet<String>) -> Node {
+    let below = |path: &mut String, step: Step<'_>, c: Node| -> Option<Node> {
+        let len = path.len();
+        if len > 0 {
+            path.push('/');
+        }
+        keypath::push_step_text(path, &step);
+        let out = keep.contains(path.as_str()).then(|| crate::format::model::grow(|| prune(c, path, keep)));
+        path.truncate(len);
+        out
+    };
+    let none = || Tree::Leaf(crate::format::model::Leaf::None);
+    match t {
+        Tree::Dict(v) => Tree::Dict(
+            v.into_iter()
+                .filter_map(|(k, c)| {
+                    let c = below(path, Step::Key(&k), c)?;
+                    Some((k, c))
+                })
+                .collect(),
+        ),
+        Tree::List(v) => Tree::List(
+            v.into_iter().enumerate().map(|(i, c)| below(path, Step::Index(i), c).unwrap_or_else(none)).collect(),
+        ),
+        Tree::Tuple(v) => Tree::Tuple(
+            v.into_iter().enumerate().map(|(i, c)| below(path, Step::Index(i), c).unwrap_or_else(none)).collect(),
+        ),
+        t => t,
     }
 }
 
@@ -248,6 +371,36 @@ impl Builder {
     }
 }
 
+/// One place of a tree, as [`walk_places`] meets it.
+enum Place<'a> {
+    /// A leaf.
+    Leaf(&'a Entry),
+    /// A ref to the shared object with this id.
+    Ref(u64),
+    /// Where the shared object with this id begins (its node follows, at the same path).
+    Shared(u64),
+}
+
+/// Every place of `t` in document order, with its steps: leaves, refs, and the beginning of
+/// every shared object (which `for_each_leaf_steps` does not show).
+fn walk_places<'a>(t: &'a Tree<Entry>, steps: &mut Vec<Step<'a>>, f: &mut dyn FnMut(&[Step<'a>], Place<'a>)) {
+    match t {
+        Tree::Leaf(e) => f(steps, Place::Leaf(e)),
+        Tree::Ref(id) => f(steps, Place::Ref(*id)),
+        Tree::Shared { id, node } => {
+            f(steps, Place::Shared(*id));
+            crate::format::model::grow(|| walk_places(node, steps, f));
+        }
+        _ => {
+            for (step, c) in t.children() {
+                steps.push(step);
+                crate::format::model::grow(|| walk_places(c, steps, f));
+                steps.pop();
+            }
+        }
+    }
+}
+
 /// The flat name of a leaf: its key-path segments joined by `separator`.
 fn flat_name(steps: &[Step<'_>], separator: Option<&str>) -> std::result::Result<String, String> {
     let mut segs = Vec::with_capacity(steps.len());
@@ -270,7 +423,8 @@ fn flat_name(steps: &[Step<'_>], separator: Option<&str>) -> std::result::Result
 }
 
 /// Write the arrays of the tree `r` reads as a safetensors file at `dst`, one leaf at a time
-/// (staged, then renamed into place), reporting tensor bytes written to `progress`.
+/// (staged, then renamed into place), reporting tensor bytes written to `progress`. With
+/// `keep` ([`selected_paths`]), only the leaves whose key paths it holds.
 ///
 /// # Errors
 /// [`Error::InvalidTree`] naming the first leaf safetensors cannot hold (anything but an array,
@@ -279,21 +433,60 @@ pub fn write_safetensors(
     r: &Reader,
     dst: &Location,
     separator: Option<&str>,
+    keep: Option<&HashSet<String>>,
     overwrite: bool,
     progress: Option<crate::progress::ProgressFn>,
 ) -> Result<ConvertInfo> {
     let mut tensors: Vec<(String, DType, Vec<u64>)> = vec![];
     let mut paths: Vec<String> = vec![];
     let mut problem: Option<Error> = None;
-    r.manifest().root.for_each_leaf_steps(&mut |steps, e| {
+    // Where each shared object begins, and the arrays by key path: a ref to an array is that
+    // array again under the ref's name (safetensors has no links: an array held at n places
+    // costs n times its bytes, no more); a ref to anything else is refused.
+    let mut shared_at: std::collections::HashMap<u64, String> = std::collections::HashMap::new();
+    let mut begins: HashSet<String> = HashSet::new();
+    let mut arrays: std::collections::HashMap<String, (DType, Vec<u64>)> = std::collections::HashMap::new();
+    walk_places(&r.manifest().root, &mut vec![], &mut |steps, place| {
         if problem.is_some() {
             return;
         }
         let path = keypath::steps_text(steps);
+        if let Place::Shared(id) = place {
+            begins.insert(path.clone());
+            shared_at.insert(id, path);
+            return;
+        }
+        if keep.is_some_and(|k| !k.contains(&path)) {
+            return;
+        }
+        let e = match place {
+            Place::Leaf(e) => e,
+            Place::Ref(id) => {
+                let target = shared_at.get(&id).cloned().unwrap_or_default();
+                match (arrays.get(&target), flat_name(steps, separator)) {
+                    (Some((dtype, shape)), Ok(name)) => {
+                        tensors.push((name, dtype.clone(), shape.clone()));
+                        paths.push(target);
+                    }
+                    (Some(_), Err(why)) => problem = Some(Error::invalid_tree(path, why)),
+                    (None, _) => {
+                        problem = Some(Error::invalid_tree(
+                            path,
+                            format!("holds the object at `{target}` again; safetensors has no links and holds only arrays: leave one of the two places out (select) or keep this tree in treepack"),
+                        ))
+                    }
+                }
+                return;
+            }
+            Place::Shared(_) => return,
+        };
         match e {
             Entry::Array(a) if st::dtype_name(&a.dtype).is_some() => match flat_name(steps, separator) {
                 Ok(name) => {
                     tensors.push((name, a.dtype.clone(), a.shape.clone()));
+                    if begins.contains(&path) {
+                        arrays.insert(path.clone(), (a.dtype.clone(), a.shape.clone()));
+                    }
                     paths.push(path);
                 }
                 Err(why) => problem = Some(Error::invalid_tree(path, why)),

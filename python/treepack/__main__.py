@@ -22,6 +22,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("--from", dest="from_format", help="the source's format, when its extension does not say")
     c.add_argument("--to", dest="to_format", help="the destination's format, when its extension does not say")
     c.add_argument("--separator", default=".", help='joins nested keys into flat names (npz, safetensors); "" keeps a flat dict\'s keys')
+    c.add_argument("--select", action="append", metavar="GLOB", help="convert only what this key-path glob selects "
+                   "(repeatable; as load(select=): a leading ? marks a pattern that may match nothing)")
     c.add_argument("--overwrite", action="store_true", help="replace what is at DST")
     c.add_argument("--compression", default=None, help="compression policy of a treepack destination (none, auto, zstd, lz4, ...)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -31,10 +33,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         kwargs["compression"] = a.compression
     try:
         info = convert(a.src, a.dst, from_format=a.from_format, to_format=a.to_format,
-                       separator=a.separator or None, overwrite=a.overwrite,
+                       separator=a.separator or None, overwrite=a.overwrite, select=a.select,
                        progress=None if a.quiet else _bar(), **kwargs)
-    except (ValueError, TypeError, OSError, ImportError, TreepackError) as e:
-        print(f"treepack: error: {e}", file=sys.stderr)
+    except (ValueError, TypeError, OSError, ImportError, KeyError, TreepackError) as e:
+        print(f"treepack: error: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
         return 2
     print(f"converted {info['tensors']} arrays ({info['bytes']} bytes) from {a.src} to {a.dst}")
     return 0

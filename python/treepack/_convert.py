@@ -4,9 +4,10 @@ zarr-python and h5py (``_hierarchy``)."""
 
 from __future__ import annotations
 
+import collections
 import os
 import zipfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -59,6 +60,7 @@ def convert(
     overwrite: bool = False,
     storage_options: StorageOptions = None,
     progress: Any = None,
+    select: Optional[Union[str, Sequence[str]]] = None,
     **save_kwargs: Any,
 ) -> Dict[str, int]:
     """Convert ``src`` to ``dst``; formats from the extensions (``.safetensors``, ``.npz``,
@@ -79,25 +81,34 @@ def convert(
     ``progress``: ``True`` for a tqdm bar, or a callback ``progress(bytes_done, bytes_total)``
     (as for :func:`save`). ``python -m treepack convert SRC DST`` is the same from a shell.
 
+    ``select``: key-path globs, as for :func:`load` (``"params/**"``; a leading ``?`` marks a
+    pattern that may match nothing, and one that matches nothing otherwise raises ``KeyError``
+    naming it). Only what they select is converted; the rest is left out (an item left out of a
+    list or tuple is ``None`` in a tree, Zarr or HDF5 target, so the others keep their index).
+    The key paths are those of the tree: the treepack source's, or the one a foreign file reads
+    as (``layers/0/w`` for the safetensors tensor ``layers.0.w``).
+
     What the target cannot hold (a string in safetensors, a dtype it lacks) raises
     ``ValueError`` naming the key path, before anything is written. ``save_kwargs``
     (``compression=``, ``durable=``, ...) apply when the target is treepack. Returns
     ``{"tensors": n, "bytes": n}``.
     """
     s, d = _path(src), _path(dst)
+    sel = [select] if isinstance(select, str) else (list(select) if select is not None else None)
     if progress is None or progress is False:
-        return _convert(s, d, from_format, to_format, separator, overwrite, storage_options, None, save_kwargs)
+        return _convert(s, d, from_format, to_format, separator, overwrite, storage_options, None, save_kwargs, sel)
     from ._api import _progress_callback
 
     report, done = _progress_callback(progress, f"convert {os.path.basename(s.rstrip('/'))}")
     try:
-        return _convert(s, d, from_format, to_format, separator, overwrite, storage_options, report, save_kwargs)
+        return _convert(s, d, from_format, to_format, separator, overwrite, storage_options, report, save_kwargs, sel)
     finally:
         done()
 
 
 def _convert(s: str, d: str, from_format: Optional[str], to_format: Optional[str], separator: Optional[str],
-             overwrite: bool, storage_options: StorageOptions, report: Any, save_kwargs: Dict[str, Any]) -> Dict[str, int]:
+             overwrite: bool, storage_options: StorageOptions, report: Any, save_kwargs: Dict[str, Any],
+             select: Optional[List[str]] = None) -> Dict[str, int]:
     f, t = _format_of(s, from_format), _format_of(d, to_format)
     if f == t:
         hint = "copy it with `treepack cp`" if f == "treepack" else "nothing to convert"
@@ -109,42 +120,133 @@ def _convert(s: str, d: str, from_format: Optional[str], to_format: Optional[str
         from ._api import _compression_text
 
         n, b = _core.convert(s, d, f, t, separator, overwrite, _opts(storage_options),
-                             _compression_text(save_kwargs.get("compression")), save_kwargs.get("durable", True), report)
+                             _compression_text(save_kwargs.get("compression")), save_kwargs.get("durable", True), report,
+                             select)
         return {"tensors": n, "bytes": b}
     if f in ("npz", "npy") and t == "treepack":
         tree = _read_numpy(s, f, separator)
+        if select:
+            tree = select_tree(tree, select, s)
         save(tree, d, overwrite=overwrite, storage_options=storage_options, progress=report, **save_kwargs)
         return _count(tree)
     if f == "treepack" and t in ("npz", "npy"):
-        return _write_numpy(s, d, t, separator, overwrite, storage_options, report)
+        return _write_numpy(s, d, t, separator, overwrite, storage_options, report, select)
     if f == "treepack" and t in ("zarr", "hdf5"):
         from . import _hierarchy
 
-        return _hierarchy.write(s, d, t, overwrite, storage_options, report)
+        return _hierarchy.write(s, d, t, overwrite, storage_options, report, select)
     if f in ("zarr", "hdf5") and t == "treepack":
         from . import _hierarchy
 
-        return _hierarchy.read_and_save(s, d, f, overwrite, storage_options, progress=report, **save_kwargs)
-    # Between two foreign formats: through a treepack tree in a temporary folder.
+        return _hierarchy.read_and_save(s, d, f, overwrite, storage_options, select, progress=report, **save_kwargs)
+    # Between two foreign formats: through a treepack tree in a temporary folder (the selection
+    # made on the way in).
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         mid = os.path.join(tmp, "t")
-        convert(s, mid, from_format=f, to_format="treepack", separator=separator, durable=False)
+        convert(s, mid, from_format=f, to_format="treepack", separator=separator, durable=False, select=select)
         return convert(mid, d, to_format=t, separator=separator, overwrite=overwrite, progress=report)
 
 
 def _count(tree: Any) -> Dict[str, int]:
+    """Arrays (each object once) and their bytes in a tree read from a foreign file."""
     n = b = 0
+    seen: Set[int] = set()
     stack = [tree]
     while stack:
         x = stack.pop()
+        if isinstance(x, (dict, list, tuple)) or _is_array(x):
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
         if isinstance(x, dict):
             stack.extend(x.values())
-        elif isinstance(x, np.ndarray):
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif _is_array(x):
             n += 1
-            b += x.nbytes
+            b += int(x.nbytes)
     return {"tensors": n, "bytes": b}
+
+
+def _is_array(x: Any) -> bool:
+    """A numpy array, or a Dask array of one (what a foreign reader makes of an array)."""
+    return isinstance(x, np.ndarray) or (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "nbytes")
+                                         and not isinstance(x, np.generic))
+
+
+def select_tree(tree: Any, select: List[str], src: str) -> Any:
+    """``tree`` (read from the foreign file ``src``) with only what ``select`` selects: treepack
+    makes the selection on the tree's structure (a stand-in of the tree, every array an empty
+    one, saved in memory), so the patterns mean what they mean for :func:`load` — a place of an
+    object held at several places, once kept, keeps that object — and one that matches nothing
+    raises ``KeyError`` naming it. Dict entries left out are dropped, list and tuple items left
+    out are ``None``; nothing of the arrays is read."""
+    from ._api import _struct_node
+    from ._transport import memory_location
+
+    stand_ins: Dict[int, Any] = {}
+
+    def stand_in(x: Any) -> Any:  # the same object for the same object: sharing is kept
+        if id(x) in stand_ins:
+            return stand_ins[id(x)]
+        if isinstance(x, dict):
+            out: Any = type(x)() if type(x) in (dict, collections.OrderedDict) else {}
+            stand_ins[id(x)] = out
+            for k, v in x.items():
+                out[k] = stand_in(v)
+            return out
+        if isinstance(x, (list, tuple)):
+            items = [stand_in(v) for v in x]
+            out = items if isinstance(x, list) else tuple(items)
+        elif _is_array(x):
+            out = np.zeros(0, np.uint8)
+        elif isinstance(x, (bytes, bytearray)):
+            return b""
+        else:
+            return x
+        stand_ins[id(x)] = out
+        return out
+
+    with memory_location() as loc:
+        save(stand_in(tree), loc)
+        r = _core.Reader(loc)
+        keep = r.convert_keep(list(select), src)
+        structure = r.structure(_struct_node)
+    done: Dict[str, Any] = {}
+
+    def prune(x: Any, st: Any, path: str) -> Any:
+        if getattr(st, "kind", None) == "ref":
+            return done.get(st.target or "", x)  # the object as kept at its first place (kept whole)
+        children = getattr(st, "children", st)
+        if isinstance(x, dict) and isinstance(children, dict):
+            out = type(x)() if type(x) in (dict, collections.OrderedDict) else {}
+            for k, v in x.items():
+                p = f"{path}/{_seg(k)}" if path else _seg(k)
+                if p in keep:
+                    out[k] = prune(v, children[k], p)
+        elif isinstance(x, (list, tuple)) and isinstance(st, (list, tuple)):
+            items = []
+            for i, v in enumerate(x):
+                p = f"{path}/{i}" if path else str(i)
+                items.append(prune(v, st[i], p) if p in keep else None)
+            out = items if isinstance(x, list) else tuple(items)
+        else:
+            out = x
+        done[path] = out
+        return out
+
+    if keep is None:
+        return tree
+    if "" not in keep and not isinstance(tree, (dict, list, tuple)):
+        return None
+    return prune(tree, structure, "")
+
+
+def _seg(key: str) -> str:
+    """A string key's key-path segment (docs/format.md section 6)."""
+    return "~e" if not key else key.replace("~", "~0").replace("/", "~1").replace("*", "~2")
 
 
 def _nest(flat: Dict[str, Any], separator: Optional[str]) -> Dict[str, Any]:
@@ -262,14 +364,17 @@ def _check_npy_header(fp: Any, size: int, path: str, member: str) -> None:
 
 
 def _write_numpy(src: str, dst: str, fmt: str, separator: Optional[str], overwrite: bool,
-                 storage_options: StorageOptions, progress: Any = None) -> Dict[str, int]:
+                 storage_options: StorageOptions, progress: Any = None,
+                 select: Optional[List[str]] = None) -> Dict[str, int]:
     from . import _codec
     from ._api import _struct_node
 
     if os.path.exists(dst) and not overwrite:
         raise FileExistsError(f"{dst}: exists; pass overwrite=True to replace it")
     r = _core.Reader(src, _opts(storage_options))
+    keep = r.convert_keep(select) if select else None
     leaves: List[Tuple[str, List[str]]] = []
+    arrays: Set[str] = set()
 
     def walk(node: Any, names: List[str]) -> None:
         if isinstance(node, dict):
@@ -279,8 +384,21 @@ def _write_numpy(src: str, dst: str, fmt: str, separator: Optional[str], overwri
         elif hasattr(node, "children") and not hasattr(node, "nbytes"):
             items = node.children.items()  # records and custom nodes: their named children
         else:
+            if keep is not None and node.path not in keep:
+                return
+            if node.kind == "ref" and node.target in arrays:
+                # An array held at several places: its bytes again under each name (no links
+                # in .npz; an array at n places costs n times its bytes, no more).
+                leaves.append((node.target, names))
+                return
+            if node.kind == "ref":
+                raise ValueError(f"`{node.path}`: holds the object at `{node.target or '<the root>'}` again; .{fmt} has "
+                                 "no links and "
+                                 "holds arrays only: leave one of the two places out (select)")
             if getattr(node, "kind", None) != "array":
-                raise ValueError(f"`{node.path}`: a {node.kind} cannot be stored in .{fmt}, which holds arrays only")
+                raise ValueError(f"`{node.path}`: a {node.kind} cannot be stored in .{fmt}, which holds arrays only; "
+                                 "leave it out (select)")
+            arrays.add(node.path)
             leaves.append((node.path, names))
             return
         for k, v in items:

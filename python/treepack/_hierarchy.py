@@ -12,11 +12,12 @@ the calling thread: the C library is not thread-safe). Each library is imported 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import os
 import shutil
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -43,6 +44,9 @@ _STAND_IN = {1: np.uint8, 2: np.uint16}
 
 class _Zarr:
     name = "Zarr"
+    links = False
+    """Zarr has no links: an object held at several places is written at each (an array whole, a
+    group as an empty group), every place after the first noting the first (``same``)."""
 
     def __init__(self) -> None:
         try:
@@ -108,12 +112,17 @@ class _Zarr:
     def chunks(self, a: Any) -> Tuple[int, ...]:
         return tuple(a.chunks)
 
+    def identity(self, obj: Any) -> Any:
+        return None  # no links: every place is its own node
+
     def close(self, root: Any) -> None:
         pass
 
 
 class _Hdf5:
     name = "HDF5"
+    links = True
+    """An object held at several places is written once; the other places are hard links to it."""
 
     def __init__(self) -> None:
         try:
@@ -130,11 +139,22 @@ class _Hdf5:
         # family, multi and split drivers read other files.
         self.src = path
         self.stored = os.path.getsize(path)
-        self.groups: Dict[Any, str] = {}
         return self.h5py.File(path, "r", driver="sec2")
 
     def group(self, parent: Any, name: str) -> Any:
         return parent.create_group(name, track_order=True)
+
+    def link(self, parent: Any, name: str, obj: Any) -> None:
+        parent[name] = obj  # a hard link: the same group or dataset at a second place
+
+    def identity(self, obj: Any) -> Any:
+        """The object's address in the file: the same for every hard or soft link to it."""
+        info = self.h5py.h5o.get_info(obj.id)
+        return (info.fileno, info.addr)
+
+    def cycle(self, where: str, first: str) -> ForeignFileError:
+        return self._refuse(where, f"leads to the group `{first}` again, which holds it (a cycle of hard or soft "
+                            "links)", "A tree cannot hold itself: remove the link")
 
     def array(self, parent: Any, name: str, shape: Tuple[int, ...], dtype: Any, chunks: Optional[Tuple[int, ...]],
               compressed: bool) -> Any:
@@ -186,12 +206,10 @@ class _Hdf5:
     def members(self, g: Any, path: str) -> Iterator[Tuple[str, bool, Any]]:
         """The members of a group, each link checked before it is followed: hard links, and soft
         links whose target is reached through hard links inside this file; external links and
-        user-defined links are refused by name. A group reached a second time (a cycle, or a
-        group linked from two places) is refused; datasets are checked (``_check_dataset``)
-        before any of their data is read."""
+        user-defined links are refused by name. Datasets are checked (``_check_dataset``) before
+        any of their data is read. An object reached a second time is read once (``identity``,
+        in ``_read_member``): every place holds the same object, and a cycle is refused."""
         h5py = self.h5py
-        if not path:
-            self.groups[g.id] = "/"
         for name in g:  # the names, from the link table: nothing followed yet
             where = f"{path}/{name}" if path else name
             try:
@@ -201,12 +219,6 @@ class _Hdf5:
             except Exception as e:  # noqa: BLE001 - h5py's errors for links and objects it cannot open
                 raise ForeignFileError(f"{self.src}: HDF5 `/{where}` cannot be opened: {type(e).__name__}: {e}") from None
             if isinstance(obj, h5py.Group):
-                first = self.groups.get(obj.id)
-                if first is not None:
-                    raise self._refuse(where, f"leads to the group `{first}` again (a hard or soft link: a cycle, "
-                                       "or one group linked from two places)",
-                                       "A tree holds each group once: remove the extra link or copy the group")
-                self.groups[obj.id] = f"/{where}"
                 yield name, True, obj
             elif isinstance(obj, h5py.Dataset):
                 self._check_dataset(obj, where)
@@ -319,19 +331,84 @@ def _mapping(node: Any) -> Optional[Dict[Any, Any]]:
     return None
 
 
-def _mask(node: Any) -> Any:
-    """``like=`` for the leaves that become attributes (everything but arrays)."""
+class _LeftOut:
+    """An item of a list or tuple that ``select`` leaves out: ``None`` at its place, so the
+    items kept keep their index."""
+
+    kind = "none"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+def _key_seg(key: Any) -> Optional[str]:
+    """The key-path segment of a dict key (docs/format.md section 6); None for a key whose text
+    is not written here (floats, tuples: no Zarr or HDF5 name anyway)."""
+    if isinstance(key, str):
+        return "~e" if not key else key.replace("~", "~0").replace("/", "~1").replace("*", "~2")
+    if isinstance(key, bool):
+        return "~true" if key else "~false"
+    if isinstance(key, int):
+        return f"~i{key}"
+    return "~none" if key is None else None
+
+
+def _join(path: str, seg: str) -> str:
+    return f"{path}/{seg}" if path else seg
+
+
+def _prune(node: Any, path: str, keep: Optional[Set[str]]) -> Any:
+    """The structure with what a selection leaves out removed: ``keep`` holds the key paths of
+    the nodes kept (``Reader.convert_keep``; None keeps everything). A dict or mapping loses
+    the entries left out; an item left out of a list or tuple becomes ``_LeftOut``."""
+    if keep is None:
+        return node
+    m = _mapping(node)
+    if m is not None:
+        out = {}
+        for k, v in m.items():
+            seg = _key_seg(k)
+            if seg is None:
+                out[k] = v  # kept as it is: its key is refused by _check_representable
+            elif _join(path, seg) in keep:
+                out[k] = _prune(v, _join(path, seg), keep)
+        return out if isinstance(node, dict) else dataclasses.replace(node, children=out)
+    if isinstance(node, (list, tuple)):
+        items = []
+        for i, v in enumerate(node):
+            p = _join(path, str(i))
+            items.append(_prune(v, p, keep) if p in keep else _LeftOut(p))
+        return type(node)(items)
+    return node
+
+
+def _mask(node: Any, keep: Optional[Set[str]]) -> Any:
+    """``like=`` for the leaves that become attributes (everything but arrays and refs), and
+    only those ``keep`` keeps."""
     if _mapping(node) is not None:
         node = _mapping(node)
     if isinstance(node, dict):
-        return {k: _mask(v) for k, v in node.items()}
+        return {k: _mask(v, keep) for k, v in node.items()}
     if isinstance(node, (list, tuple)):
-        return type(node)(_mask(v) for v in node)
-    return getattr(node, "kind", None) not in ("array", None)
+        return type(node)(_mask(v, keep) for v in node)
+    return getattr(node, "kind", None) not in ("array", "ref", None) and (keep is None or node.path in keep)
+
+
+def _leaves(node: Any) -> Iterator[Any]:
+    """The leaves of a structure (``LeafInfo``, records, ``_LeftOut``), in document order."""
+    if _mapping(node) is not None:
+        node = _mapping(node)
+    if isinstance(node, dict):
+        node = list(node.values())
+    if isinstance(node, (list, tuple)):
+        for v in node:
+            yield from _leaves(v)
+    else:
+        yield node
 
 
 def write(src: str, dst: str, fmt: str, overwrite: bool, storage_options: StorageOptions,
-          progress: Any = None) -> Dict[str, int]:
+          progress: Any = None, select: Optional[List[str]] = None) -> Dict[str, int]:
     b = backend(fmt)
     if os.path.exists(dst) and not overwrite:
         raise FileExistsError(f"{dst}: exists; pass overwrite=True to replace it")
@@ -340,18 +417,29 @@ def write(src: str, dst: str, fmt: str, overwrite: bool, storage_options: Storag
     if not isinstance(structure, (dict, list, tuple)) and _mapping(structure) is None:
         raise ValueError(f"{src}: the tree is a single {getattr(structure, 'kind', 'value')}; "
                          f"{b.name} holds a group of arrays: save it in a dict")
-    _check_representable(structure, b.name)
-    values = load(src, like=_mask(structure), storage_options=storage_options)
+    keep = r.convert_keep(list(select)) if select else None
+    plan = _prune(structure, "", keep)
+    _check_representable(plan, b.name)
+    leaves = list(_leaves(plan))
+    arrays = {x.path: x for x in leaves if getattr(x, "kind", None) == "array"}
+    refs = [x for x in leaves if getattr(x, "kind", None) == "ref"]
+    # An object held at several places: the first place writes it, the others link to it
+    # (HDF5) or write it again (Zarr: an array whole, its bytes once more per place).
+    total = sum(int(a.nbytes) for a in arrays.values())
+    if not b.links:
+        total += sum(int(arrays[x.target].nbytes) for x in refs if x.target in arrays)
+    shared: Dict[str, Any] = {x.target or "": None for x in refs}
+    values = load(src, like=_mask(structure, keep), storage_options=storage_options)
     tmp = dst.rstrip("/") + f".partial-{os.getpid()}"
     _remove(tmp)
     root = b.create(tmp)
-    counts: Dict[str, Any] = {"tensors": 0, "bytes": 0, "total": _array_bytes(structure), "progress": progress}
+    counts: Dict[str, Any] = {"tensors": 0, "bytes": 0, "total": total, "progress": progress}
     try:
         notes: Dict[str, Any] = {}
         md = r.metadata()
         if md is not None:
             notes["metadata"] = json.loads(md)
-        _write_group(b, r, root, structure, values, notes, counts)
+        _write_group(b, r, root, plan, values, notes, counts, "", "", shared)
     finally:
         b.close(root)
     del counts["total"], counts["progress"]
@@ -362,14 +450,6 @@ def write(src: str, dst: str, fmt: str, overwrite: bool, storage_options: Storag
     finally:
         _remove(tmp)
     return counts
-
-
-def _array_bytes(node: Any) -> int:
-    if isinstance(node, dict):
-        return sum(_array_bytes(v) for v in node.values())
-    if isinstance(node, (list, tuple)):
-        return sum(_array_bytes(v) for v in node)
-    return int(getattr(node, "nbytes", 0)) if getattr(node, "kind", None) == "array" else 0
 
 
 def _remove(p: str) -> None:
@@ -399,41 +479,79 @@ def _check_representable(node: Any, target: str) -> None:
             _check_representable(v, target)
     elif hasattr(node, "children") and not hasattr(node, "nbytes"):
         raise ValueError(f"`{node.path}`: a {node.kind} ({node.type_name}) cannot be stored in {target}; "
-                         "convert its fields as a dict")
+                         "convert its fields as a dict, or leave it out (select)")
     elif node.kind == "complex":
-        raise ValueError(f"`{node.path}`: a complex number cannot be a {target} attribute; store it as an array")
+        raise ValueError(f"`{node.path}`: a complex number cannot be a {target} attribute; store it as an array, "
+                         "or leave it out (select)")
+    elif node.kind == "ref" and (not node.target or node.path.startswith(node.target + "/")):
+        # A ref names an earlier place in document order (its target; None for the root): an
+        # ancestor (a cycle) or a subtree before it. Groups hold their members; none can hold
+        # itself.
+        raise ValueError(f"`{node.path}`: holds `{node.target or '<the root>'}` again, an object it is inside of "
+                         f"(a cycle); {target} cannot hold an object inside itself: break the cycle, or leave "
+                         "this place out (select)")
 
 
 def _write_group(b: Any, r: Any, g: Any, structure: Any, values: Any, notes: Dict[str, Any],
-                 counts: Dict[str, int]) -> None:
+                 counts: Dict[str, int], path: str, where: str, shared: Dict[str, Any]) -> None:
+    """Write ``structure`` (at key path ``path``) into the group ``g`` (at ``where`` in the
+    store). ``shared``: the key paths of objects held at several places, each with
+    (node written, its place in the store, its structure) once written."""
     mapping = _mapping(structure)
     if mapping is not None:
-        items = list(mapping.items())
+        items = [(k, _join(path, _key_seg(k) or ""), v) for k, v in mapping.items()]
         # A subtree with nothing but arrays below it is not built by the load (None).
-        vals = [values[k] if values is not None else None for k, _ in items]
-        notes = {**notes, "order": [k for k, _ in items]}
+        vals = [values[k] if values is not None else None for k, _, _ in items]
+        notes = {**notes, "order": [k for k, _, _ in items]}
         if structure.__class__ is not dict and structure.type_name == "py.ordereddict":
             notes["kind"] = "ordereddict"
     else:
-        items = [(str(i), v) for i, v in enumerate(structure)]
+        items = [(str(i), _join(path, str(i)), v) for i, v in enumerate(structure)]
         vals = list(values) if values is not None else [None] * len(items)
         notes = {**notes, "kind": "tuple" if isinstance(structure, tuple) else "list"}
     attrs: Dict[str, Any] = {}
-    for (name, st), v in zip(items, vals):
+    for (name, p, st), v in zip(items, vals):
+        w = _join(where, name)
         if isinstance(st, (dict, list, tuple)) or _mapping(st) is not None:
-            _write_group(b, r, b.group(g, name), st, v, {}, counts)
+            obj = b.group(g, name)
+            _write_group(b, r, obj, st, v, {}, counts, p, w, shared)
         elif st.kind == "array":
-            _write_array(b, r, g, name, st.path, counts)
+            obj = _write_array(b, r, g, name, st.path, counts)
+        elif st.kind == "ref":
+            _write_ref(b, r, g, name, st, shared, counts)
+            continue
         elif st.kind == "bytes":
             a = b.array(g, name, (len(v),), np.uint8, None, False)
             a[...] = np.frombuffer(v, np.uint8)
             b.set_attrs(a, {}, {"kind": "bytes"})
+            continue
         else:
-            attrs[name] = v
+            attrs[name] = None if isinstance(st, _LeftOut) else v
+            continue
+        if p in shared:
+            shared[p] = (obj, w, st)
     b.set_attrs(g, attrs, notes)
 
 
-def _write_array(b: Any, r: Any, g: Any, name: str, path: str, counts: Dict[str, int]) -> None:
+def _write_ref(b: Any, r: Any, g: Any, name: str, st: Any, shared: Dict[str, Any], counts: Dict[str, int]) -> None:
+    """A place holding an object written before (``st.target``, earlier in document order):
+    an HDF5 hard link to it; in Zarr an array written again, or an empty group, noting the
+    first place (``same``) so a reader gives back one object."""
+    hit = shared.get(st.target or "")
+    if hit is None:
+        raise ValueError(f"`{st.path}`: holds the object at `{st.target}` again, which {b.name} did not write "
+                         "before it; leave one of the two places out (select)")
+    obj, first, target = hit
+    if b.links:
+        b.link(g, name, obj)
+    elif getattr(target, "kind", None) == "array":
+        _write_array(b, r, g, name, target.path, counts, same="/" + first)
+    else:
+        b.set_attrs(b.group(g, name), {}, {"same": "/" + first})
+
+
+def _write_array(b: Any, r: Any, g: Any, name: str, path: str, counts: Dict[str, int],
+                 same: Optional[str] = None) -> Any:
     dtype_json, shape = r.array_info(path)
     dtype = _codec.np_dtype(dtype_json)
     notes: Dict[str, Any] = {}
@@ -441,6 +559,8 @@ def _write_array(b: Any, r: Any, g: Any, name: str, path: str, counts: Dict[str,
     if dtype.kind == "V" and dtype.names is None and dtype.itemsize in _STAND_IN:
         notes["dtype"] = json.loads(dtype_json)  # bfloat16, float8_*: raw bits as uintN
         target = np.dtype(_STAND_IN[dtype.itemsize])
+    if same is not None:
+        notes["same"] = same
     chunks = r.chunk_shape(path)
     codecs = set(r.chunk_codecs(path))
     shape = tuple(shape)
@@ -466,6 +586,7 @@ def _write_array(b: Any, r: Any, g: Any, name: str, path: str, counts: Dict[str,
     if notes:
         b.set_attrs(a, {}, notes)
     counts["tensors"] += 1
+    return a
 
 
 def _report(counts: Dict[str, Any], n: int) -> None:
@@ -479,7 +600,7 @@ def _report(counts: Dict[str, Any], n: int) -> None:
 
 
 def read_and_save(src: str, dst: str, fmt: str, overwrite: bool, storage_options: StorageOptions,
-                  **save_kwargs: Any) -> Dict[str, int]:
+                  select: Optional[List[str]] = None, **save_kwargs: Any) -> Dict[str, int]:
     b = backend(fmt)
     if "://" in src:
         raise ForeignFileError(f"{src}: {b.name} files are read from local paths only (not URLs, fsspec, N5 or "
@@ -497,8 +618,13 @@ def read_and_save(src: str, dst: str, fmt: str, overwrite: bool, storage_options
         lazy = _dask_available()
         counts["limit"] = SPARSE_LIMIT * b.stored + (1 << 30)
         counts["stored"] = b.stored
-        tree, notes = _read_group(b, root, "", counts, lazy, 0)
+        tree, notes = _read_group(b, root, "", _Read(counts, lazy), 0)
         del counts["limit"], counts["stored"]
+        if select:
+            from ._convert import select_tree
+
+            tree = select_tree(tree, select, src)
+            counts = _convert_count(tree)
         kwargs = dict(save_kwargs)
         if "metadata" in notes and "metadata" not in kwargs:
             kwargs["metadata"] = notes["metadata"]
@@ -513,6 +639,12 @@ def read_and_save(src: str, dst: str, fmt: str, overwrite: bool, storage_options
     finally:
         b.close(root)
     return counts
+
+
+def _convert_count(tree: Any) -> Dict[str, int]:
+    from ._convert import _count
+
+    return _count(tree)
 
 
 MAX_DEPTH = 400
@@ -830,16 +962,85 @@ def _dask_available() -> bool:
     return True
 
 
-def _read_group(b: Any, g: Any, path: str, counts: Dict[str, int], lazy: bool, depth: int) -> Tuple[Any, Dict[str, Any]]:
+class _Read:
+    """What one read of a Zarr or HDF5 store keeps: the byte counts, whether big arrays become
+    Dask arrays, the objects read by their identity in the file (HDF5: every link to a group
+    or dataset leads to one object), and every place read (for Zarr's ``same`` notes)."""
+
+    _OPEN = object()
+
+    def __init__(self, counts: Dict[str, int], lazy: bool) -> None:
+        self.counts = counts
+        self.lazy = lazy
+        self.objects: Dict[Any, Tuple[str, Any]] = {}
+        self.places: Dict[str, Any] = {}
+
+
+def _doc_order(members: Iterator[Tuple[str, bool, Any]], notes: Dict[str, Any]) -> Iterator[Tuple[str, bool, Any]]:
+    """A group's members in the order the writer wrote them (a list's by index, a dict's by its
+    ``order`` note): an object held at several places is read first at its first place. Other
+    groups' members as the library lists them, each followed as it is reached."""
+    if notes.get("kind") in ("list", "tuple"):
+        return iter(sorted(members, key=lambda m: int(m[0]) if m[0].isascii() and m[0].isdigit() else math.inf))
+    order = notes.get("order")
+    if isinstance(order, list):
+        pos = {str(n): i for i, n in enumerate(order)}
+        return iter(sorted(members, key=lambda m: pos.get(m[0], len(pos))))
+    return members
+
+
+def _read_member(b: Any, obj: Any, is_group: bool, where: str, st: _Read, depth: int) -> Any:
+    """The value at ``where``: a group or array read once however many links lead to it (a
+    link to a group being read, one that holds it, is a cycle: refused)."""
+    key = b.identity(obj)
+    if key is not None:
+        hit = st.objects.get(key)
+        if hit is not None:
+            first, value = hit
+            if value is _Read._OPEN:
+                raise b.cycle(where, first)
+            st.places[f"/{where}"] = value
+            return value
+        st.objects[key] = (f"/{where}", _Read._OPEN)
+    value = _read_group(b, obj, where, st, depth)[0] if is_group else _read_array(b, obj, where, st)
+    if key is not None:
+        st.objects[key] = (f"/{where}", value)
+    st.places[f"/{where}"] = value
+    return value
+
+
+def _same(b: Any, where: str, notes: Dict[str, Any], st: _Read, group: bool) -> Any:
+    """The object a Zarr place written as a second place of a shared object names (its
+    ``same`` note): read before it, at its first place."""
+    first = notes["same"]
+    value = st.places.get(first) if isinstance(first, str) else None
+    what = "group" if group else "array"
+    if value is None:
+        raise ForeignFileError(f"{b.src}: {b.name} {what} `{where}` says it is the object at {first!r} (its "
+                               f"`{RESERVED}` attribute), which was not read before it: a damaged or edited store; "
+                               f"nothing was read through it. Remove the attribute's \"same\" entry")
+    if group != isinstance(value, (dict, list, tuple)) or not (group or hasattr(value, "shape")):
+        raise ForeignFileError(f"{b.src}: {b.name} {what} `{where}` says it is the object at {first!r}, which is not "
+                               f"a{'' if group else 'n'} {what}: a damaged or edited store; nothing was read through it")
+    return value
+
+
+def _read_group(b: Any, g: Any, path: str, st: _Read, depth: int) -> Tuple[Any, Dict[str, Any]]:
     if depth > MAX_DEPTH:
         raise ForeignFileError(f"{b.src}: {b.name} group `{path}` is nested {depth} levels deep, more than treepack "
                                f"reads ({MAX_DEPTH})")
     attrs, notes = b.attrs(g, path)
+    members = _doc_order(b.members(g, path), notes)
+    if "same" in notes:
+        if next(members, None) is not None or attrs:
+            raise ForeignFileError(f"{b.src}: {b.name} group `{path}` says it is the object at {notes['same']!r} (its "
+                                   f"`{RESERVED}` attribute) but holds members or attributes of its own: a damaged or "
+                                   "edited store; nothing of it was read")
+        return _same(b, path, notes, st, True), notes
     kids: Dict[str, Any] = {}
-    for name, is_group, obj in b.members(g, path):
+    for name, is_group, obj in members:
         where = f"{path}/{name}" if path else name
-        kids[name] = (_read_group(b, obj, where, counts, lazy, depth + 1)[0] if is_group
-                      else _read_array(b, obj, where, counts, lazy))
+        kids[name] = _read_member(b, obj, is_group, where, st, depth + 1)
     for k, v in attrs.items():
         if k in kids:
             raise ValueError(f"`{path}/{k}`: both an attribute and a member of the group; rename one")
@@ -856,12 +1057,22 @@ def _read_group(b: Any, g: Any, path: str, counts: Dict[str, int], lazy: bool, d
     return kids, notes
 
 
-def _read_array(b: Any, a: Any, path: str, counts: Dict[str, int], lazy: bool) -> Any:
+def _read_array(b: Any, a: Any, path: str, st: _Read) -> Any:
     _, notes = b.attrs(a, path)
     dtype = np.dtype(a.dtype)
     if dtype.hasobject or dtype.kind == "T":  # object arrays, numpy 2's variable-width StringDType
         raise ForeignFileError(f"{b.src}: {b.label(path)}: {b.object_kind(a)} has no fixed dtype; treepack "
                                "stores fixed-size dtypes (convert it to fixed-width strings or numbers first)")
+    if "same" in notes:
+        value = _same(b, path, notes, st, False)
+        view = _codec.np_dtype(json.dumps(notes["dtype"])) if "dtype" in notes else dtype
+        if tuple(value.shape) != tuple(a.shape) or np.dtype(value.dtype) != view:
+            raise ForeignFileError(f"{b.src}: {b.label(path)} says it is the array at {notes['same']!r}, but that one "
+                                   f"is {value.dtype} {tuple(value.shape)} and this one {view} {tuple(a.shape)}: an "
+                                   "edited store; nothing of it was read. Remove its \"same\" note to read it as "
+                                   "its own array")
+        return value
+    counts = st.counts
     counts["tensors"] += 1
     nbytes = math.prod(int(d) for d in a.shape) * dtype.itemsize
     counts["bytes"] += nbytes
@@ -874,7 +1085,7 @@ def _read_array(b: Any, a: Any, path: str, counts: Dict[str, int], lazy: bool) -
         if notes.get("kind") == "bytes":
             return np.asarray(a[...], np.uint8).tobytes()
         view = _codec.np_dtype(json.dumps(notes["dtype"])) if "dtype" in notes else None
-        if lazy and nbytes > BLOCK_BYTES and a.ndim > 0:
+        if st.lazy and nbytes > BLOCK_BYTES and a.ndim > 0:
             import dask.array as da
 
             x = da.from_array(a, chunks=b.chunks(a), lock=False, asarray=True)

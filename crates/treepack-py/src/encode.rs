@@ -231,7 +231,9 @@ impl<'py> Encoder<'py> {
     }
 
     pub(crate) fn node(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
-        if depth > treepack::format::manifest::MAX_DEPTH {
+        // Readers refuse a JSON object or array at the deepest level (`bare_json_scalar`).
+        let max = treepack::format::manifest::MAX_DEPTH;
+        if depth > max || (depth == max && !bare_json_scalar(obj)) {
             if let Some((outer, inner)) = self.cycle() {
                 return Err(PyValueError::new_err(format!(
                     "cannot save: reference cycle at `{}`: it contains itself at `{}`. With shared=False treepack \
@@ -242,15 +244,6 @@ impl<'py> Encoder<'py> {
             }
             return Err(PyValueError::new_err(format!(
                 "cannot save `{}`: nested deeper than {} levels",
-                self.here(),
-                treepack::format::manifest::MAX_DEPTH
-            )));
-        }
-        if depth == treepack::format::manifest::MAX_DEPTH && !bare_json_scalar(obj) {
-            // Readers refuse a JSON object or array at this depth (see `bare_json_scalar`).
-            return Err(PyValueError::new_err(format!(
-                "cannot save `{}`: nested deeper than {} levels (only a plain number, string, bool or None may \
-                 sit at the deepest level)",
                 self.here(),
                 treepack::format::manifest::MAX_DEPTH
             )));

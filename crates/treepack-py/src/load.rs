@@ -181,7 +181,8 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         // Every place the stand-in was put has been given the object; one still holding it is
         // a copy made by something built inside the cycle (a deque, an object array, a
         // validated model: a file no treepack writes). Refused rather than returned corrupt.
-        if stand_in.get_refcnt(node.py()) > 1 {
+        // SAFETY: reading the reference count of an object this builder holds, with the GIL.
+        if unsafe { pyo3::ffi::Py_REFCNT(stand_in.as_ptr()) } > 1 {
             return Err(format!(
                 "shared object {id} holds itself through an object built from copies of its contents \
                  (a deque, an object array, a namedtuple, a model or a registered type): that cycle cannot \

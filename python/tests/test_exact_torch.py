@@ -131,3 +131,33 @@ def test_like_through_a_shared_leaf(tmp_path):
     out = treepack.load(p, like={"x": sds, "y": sds, "z": [sds]})
     assert all(isinstance(v, jax.Array) for v in (out["x"], out["y"], out["z"][0]))
     assert np.array_equal(np.asarray(out["y"]), a)
+
+
+def _load_in_child(path, q):
+    try:
+        sd = treepack.load(path)
+        q.put(bool(sd["a"].untyped_storage().data_ptr() == sd["b"].untyped_storage().data_ptr()))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        q.put(repr(e))
+
+
+def test_a_forked_worker_loads_tied_weights(tmp_path):
+    # A DataLoader-style worker forked after the parent ran torch on its thread pool: torch's
+    # own kernels hang there, so rebuilding shared storage must not call them.
+    import multiprocessing as mp
+
+    w = torch.randn(512, 512)
+    (w @ w).sum()  # the parent's thread pool is up
+    torch.zeros(10**7).add_(1)
+    p = str(tmp_path / "t")
+    big = torch.randn(1024, 512)
+    treepack.save({"a": big, "b": big[:], "c": big[3:]}, p)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    child = ctx.Process(target=_load_in_child, args=(p, q))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+        raise AssertionError("the forked worker hung loading tied weights")
+    assert q.get(timeout=5) is True

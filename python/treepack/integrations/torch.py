@@ -361,16 +361,15 @@ class Loader:
                 f"strides {stride}): a damaged or hostile file"
             )
         if entry is None:
-            entry = self._storages[st["id"]] = [torch.zeros(extent, dtype=torch.uint8, device=device).untyped_storage(), 0]
+            entry = self._storages[st["id"]] = [torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0]
         storage = entry[0]
         if storage.nbytes() < extent:
             old = storage.nbytes()
             storage.resize_(extent)
-            torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)[old:].zero_()
+            _fill(storage, old, extent)
         entry[1] = held
         t = torch.empty(0, dtype=values.dtype, device=storage.device).set_(storage, offset, values.shape, stride)
-        with torch.no_grad():
-            t.copy_(values)
+        _copy_into(t, values)
         if self.map_location is not None and callable(self.map_location) and not isinstance(self.map_location, (str, dict)):
             t = self.map_location(t, saved or "cpu")
         return t
@@ -396,6 +395,47 @@ class Loader:
             target = m.get(saved or "cpu")
             return t if target is None else t.to(target)
         return t.to(m)
+
+
+def _fill(storage: Any, start: int, end: int) -> None:
+    """Zero bytes ``start..end`` of a storage. On the CPU with a plain memset: torch's own
+    kernels run on its thread pool, which hangs in a process forked after the parent used it (a
+    DataLoader worker loading a checkpoint), and a storage exported with ``.numpy()`` can no
+    longer grow."""
+    import ctypes
+
+    import torch
+
+    if storage.device.type == "cpu":
+        ctypes.memset(storage.data_ptr() + start, 0, end - start)
+    else:
+        torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)[start:end].zero_()
+
+
+def _copy_into(dst: Any, src: Any) -> None:
+    """``dst[...] = src`` (same shape and dtype; ``src`` on the CPU, contiguous). On the CPU
+    through a numpy array over the storage's memory (see ``_fill``); a dtype numpy lacks
+    (bfloat16, float8) as integers of its width."""
+    import ctypes
+
+    import torch
+
+    with torch.no_grad():
+        if dst.device.type != "cpu":
+            dst.copy_(src)
+            return
+        name = _dtype_name(src.dtype)
+        if name in _VIA:
+            src = src.view(getattr(torch, _VIA[name][0]))
+        values = src.numpy()
+        item = values.dtype.itemsize
+        storage = dst.untyped_storage()
+        memory = (ctypes.c_char * storage.nbytes()).from_address(storage.data_ptr())
+        view = np.ndarray(
+            tuple(dst.shape), dtype=values.dtype, buffer=memory, offset=dst.storage_offset() * item,
+            strides=tuple(st * item for st in dst.stride()),
+        )
+        np.copyto(view, values)
 
 
 def is_meta(x: Any) -> bool:

@@ -251,12 +251,12 @@ def _list_through_deque():
 @pytest.mark.parametrize(
     "make,what",
     [
-        (_deque_self, "py.deque"),
-        (_deque_via_list, "py.deque"),
-        (_list_through_deque, "py.deque"),
-        (_objarray_self, "py.objarray"),
+        (_deque_self, "collections.deque"),
+        (_deque_via_list, "collections.deque"),
+        (_list_through_deque, "collections.deque"),
+        (_objarray_self, "a numpy object array"),
         (_namedtuple_cycle, "Pt"),
-        (_ordereddict_self, "py.ordereddict"),
+        (_ordereddict_self, "collections.OrderedDict"),
     ],
 )
 def test_cycles_that_cannot_be_rebuilt_are_refused_at_save_naming_the_path(tmp_path, make, what):

@@ -102,7 +102,10 @@ def _untrusted_hints(types: Dict[str, List[str]]) -> List[str]:
     out = []
     if classes:
         modules = sorted({n.split(":", 1)[0] for n in classes})
-        out.append(f"  - dataclasses, namedtuples and enums: load(..., trust={[m + '.*' for m in modules]!r}) (imports those modules)")
+        out.append(
+            f"  - dataclasses, attrs classes, namedtuples, pydantic models, enums and dict subclasses: "
+            f"load(..., trust={[m + '.*' for m in modules]!r}) (imports those modules)"
+        )
     if registered:
         out.append(
             f"  - registered types ({', '.join(registered)}): call treepack.register(cls, name=..., to_data=..., "

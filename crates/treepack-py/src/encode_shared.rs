@@ -86,7 +86,20 @@ impl<'py> Encoder<'py> {
                     Some("py.dict") => "through a dict whose keys are not all str, int, float, bool or None (numpy \
                                         scalars, enum members: stored as key-value pairs, built from them)"
                         .to_string(),
-                    Some(t) => format!("through an object of type {t}, which is built from its contents"),
+                    Some(t) => {
+                        let t = match t {
+                            "py.deque" => "collections.deque",
+                            "py.ordereddict" => "collections.OrderedDict",
+                            "py.counter" => "collections.Counter",
+                            "py.defaultdict" => "collections.defaultdict",
+                            "py.objarray" => "a numpy object array",
+                            "py.mapping" => "a dict subclass",
+                            "py.set" => "set",
+                            "py.frozenset" => "frozenset",
+                            t => t,
+                        };
+                        format!("through an object of type {t}, which is built from its contents")
+                    }
                     None => "through a tuple, which is built from its items".into(),
                 };
                 return Err(PyValueError::new_err(format!(

@@ -93,10 +93,6 @@ impl<'py> Encoder<'py> {
             return self.seq_text(obj, t.len(), || t.iter(), true, depth, fragile);
         }
         if let Some(d) = exact::<PyDict>(obj) {
-            if needs_py_dict(d) {
-                self.fragile = fragile;
-                return self.node(obj, depth).map(Some);
-            }
             return self.dict_text(obj, d, depth, fragile);
         }
         if self.refs_as_text() {
@@ -419,6 +415,13 @@ impl<'py> Encoder<'py> {
                 let key = self.key(&k)?;
                 pairs.push((key, self.child_piece(PathStep::Key(k), &v, depth, false)?));
                 continue;
+            }
+            if i == 0 && !k.is_exact_instance_of::<PyString>() && needs_py_dict(d) {
+                // Keys that are values (numpy scalars, enum members): a `py.dict` node, which
+                // text cannot be. Rare: the walk starts over without text (see `prepare`)
+                // rather than every dict's first key being looked up before its text begins.
+                self.restart = true;
+                return Err(PyValueError::new_err("treepack: a dict keyed by values met in text; starting over"));
             }
             // A dict whose first key is "t" cannot be an object (it would read as a tagged
             // node): it stays a node, written in the `items` form.

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import collections
 import os
+import struct
 import zipfile
+import zlib
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
@@ -291,9 +293,11 @@ def _read_numpy(path: str, fmt: str, separator: Optional[str]) -> Any:
         flat: Dict[str, Any] = {}
         with zipfile.ZipFile(path) as z:
             for info in z.infolist():
+                name = info.filename
+                if not name:  # (zipfile's is_dir() fails on an empty name)
+                    raise _errors.ForeignFileError(f"{path}: holds a member with an empty name; not a readable .npz file")
                 if info.is_dir():
                     continue
-                name = info.filename
                 flat[name[:-4] if name.endswith(".npy") else name] = _read_member(z, info, archive, path)
         return _nest(flat, separator)
     except _errors.ForeignFileError:
@@ -303,7 +307,9 @@ def _read_numpy(path: str, fmt: str, separator: Optional[str]) -> Any:
             raise _errors.ForeignFileError(f"{path}: holds object arrays, which need pickle; treepack never unpickles "
                                            "(load it with numpy yourself if you trust it)") from None
         raise _errors.ForeignFileError(f"{path}: not a readable .{fmt} file: {e}") from None
-    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError) as e:
+    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
+            zlib.error, struct.error, IndexError, KeyError, OverflowError, TypeError) as e:
+        # (What zipfile and zlib raise for a damaged archive.)
         if isinstance(e, FileNotFoundError):
             raise
         raise _errors.ForeignFileError(f"{path}: not a readable .{fmt} file: {type(e).__name__}: {e}") from None
@@ -336,17 +342,42 @@ def _read_member(z: Any, info: Any, archive: int, path: str) -> Any:
         raise _errors.ForeignFileError(f"{path}: member {name!r} cannot be read: {type(e).__name__}: {e}") from None
 
 
-def _check_npy_header(fp: Any, size: int, path: str, member: str) -> None:
-    """Read an ``.npy`` header from ``fp`` and refuse what treepack will not read: an object
-    dtype, or a shape and dtype declaring more bytes than the ``size`` bytes there are."""
-    where = f"{path}: member {member!r}" if member else path
+def _npy_header(fp: Any) -> Tuple[Tuple[int, ...], np.dtype]:
+    """An ``.npy`` header's shape and dtype, through numpy's public readers (format 3.0 is 2.0's
+    layout with UTF-8 text: read here with the same literal-only parse)."""
+    import ast
+
     version = np.lib.format.read_magic(fp)
     if version == (1, 0):
         shape, _fortran, dtype = np.lib.format.read_array_header_1_0(fp, max_header_size=_MAX_NPY_HEADER)
     elif version == (2, 0):
         shape, _fortran, dtype = np.lib.format.read_array_header_2_0(fp, max_header_size=_MAX_NPY_HEADER)
-    else:  # 3.0: version 2's layout with a UTF-8 header
-        shape, _fortran, dtype = np.lib.format._read_array_header(fp, version, max_header_size=_MAX_NPY_HEADER)
+    elif version == (3, 0):
+        (length,) = struct.unpack("<I", fp.read(4))
+        if length > _MAX_NPY_HEADER:
+            raise ValueError(f"a header of {length} bytes")
+        d = ast.literal_eval(fp.read(length).decode("utf-8"))
+        if not isinstance(d, dict) or not {"descr", "fortran_order", "shape"} <= set(d):
+            raise ValueError("the header is not a dict of descr, fortran_order and shape")
+        shape, dtype = d["shape"], np.lib.format.descr_to_dtype(d["descr"])
+    else:
+        raise ValueError(f"unknown .npy format version {version}")
+    if not isinstance(shape, tuple) or not all(type(n) is int and n >= 0 for n in shape):
+        raise ValueError(f"bad shape {shape!r}")
+    return shape, dtype
+
+
+def _check_npy_header(fp: Any, size: int, path: str, member: str) -> None:
+    """Read an ``.npy`` header from ``fp`` and refuse what treepack will not read: an object
+    dtype, or a shape and dtype declaring more bytes than the ``size`` bytes there are."""
+    where = f"{path}: member {member!r}" if member else path
+    try:
+        shape, dtype = _npy_header(fp)
+    except Exception as e:  # numpy's parser of hostile header text fails every which way
+        what = ".npy member" if member else ".npy file"
+        raise _errors.ForeignFileError(
+            f"{where}: not a readable {what}: its header cannot be parsed ({type(e).__name__}: {e}); "
+            "nothing was read") from None
     if dtype.hasobject:
         raise _errors.ForeignFileError(
             f"{where}: holds an array of Python objects ({dtype}), which needs pickle; treepack never unpickles "

@@ -8,7 +8,7 @@ with the path — never a stand-in object left inside a deque.
 import collections
 import dataclasses
 import pickle
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -285,3 +285,37 @@ def test_a_crafted_cycle_through_a_deque_fails_to_load_instead_of_loading_corrup
     with pytest.raises(Exception) as e:
         treepack.load(p)
     assert "cycle" in str(e.value), str(e.value)
+
+
+@dataclasses.dataclass
+class KeepsState:
+    a: Any = None
+
+    def __setstate__(self, st):  # keeps the dict it is given: a cycle through it cannot be rebuilt
+        self._state = st
+        self.a = st.get("a")
+
+
+def test_a_cycle_through_a_class_with_its_own_setstate_is_refused_at_save(tmp_path):
+    k = KeepsState()
+    k.a = [k]
+    with pytest.raises(ValueError, match="contains itself"):
+        treepack.save({"k": k}, str(tmp_path / "t"))
+    # Without a cycle it round-trips through its __setstate__.
+    back = roundtrip({"k": KeepsState([1, 2])}, tmp_path)["k"]
+    assert back.a == [1, 2] and back._state["a"] == [1, 2]
+
+
+def test_a_cycle_through_an_attrs_class_with_slots_round_trips(tmp_path):
+    attr = pytest.importorskip("attr")
+
+    @attr.define
+    class Slot:
+        me: Any = None
+
+    s = Slot()
+    s.me = [s]
+    p = str(tmp_path / "t")
+    treepack.save({"s": s}, p)
+    back = treepack.load(p, trust=["test_exact_state.*"])["s"]
+    assert back.me[0] is back

@@ -280,7 +280,9 @@ def save(
         storages = memo.get("torch.storages")
         if storages is not None and not storages.second and storages.needs_second_walk():
             # Tensors that share a storage (tied weights) were found: their annotations say so,
-            # which the first of them could not know when it was met.
+            # which the first of them could not know when it was met. (The first walk's copies,
+            # for a background save, go before the second makes its own.)
+            out = None
             found.arrays.clear()
             out = walk()
         return out

@@ -56,11 +56,13 @@ def slot_names(cls: type) -> List[str]:
 
 def _own(cls: type, method: str) -> bool:
     """Whether the class has its own ``__getstate__``/``__setstate__`` (not object's, and not
-    the ones ``dataclass(slots=True)`` generates, which treepack's state already covers)."""
+    the ones ``dataclass(slots=True)`` and attrs generate for slots, which set each attribute
+    as treepack's state does)."""
     m = getattr(cls, method, None)
     if m is None or m is getattr(object, method, None):
         return False
-    return not getattr(m, "__qualname__", "").startswith("_dataclass_")
+    generated = getattr(m, "__qualname__", "").startswith("_dataclass_") or getattr(m, "__module__", "") == "attr._make"
+    return not generated
 
 
 def _instance_dict(obj: Any) -> Optional[Dict[str, Any]]:
@@ -121,12 +123,15 @@ def describe(obj: Any, t: type, where: str, name: str) -> Optional[Tuple[str, st
     Kind ``record``: rebuilt as an empty instance first, then filled (a cycle through it can be
     rebuilt). Kind ``record_built``: made from its children's values (namedtuples, pydantic
     models), so a cycle through it is refused at save."""
+    # A class with its own `__setstate__` gets a copy of its state, so a cycle through it could
+    # not be rebuilt: it is made from its children, as a namedtuple is.
+    kind = "record_built" if _own(t, "__setstate__") else "record"
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return ("record", name, None, state(obj, [f.name for f in dataclasses.fields(obj)], where))
+        return (kind, name, None, state(obj, [f.name for f in dataclasses.fields(obj)], where))
     if is_attrs(t):
         import attr
 
-        return ("record", name, None, state(obj, [a.name for a in attr.fields(t)], where))
+        return (kind, name, None, state(obj, [a.name for a in attr.fields(t)], where))
     from ..integrations import pydantic
 
     if pydantic.is_model(obj):

@@ -84,8 +84,8 @@ class Storages:
     in elements of its dtype). Each tensor still stores its own values, so it loads alone too
     (a ``select`` of one, another library): identical values are stored once, by hash."""
 
-    #: A storage is shared again on load only if its extent is at most this many times the
-    #: bytes of its tensors (plus ``SLACK``): a load must not allocate much more than the file
+    #: Storages are shared again on load only while their bytes together are at most this many
+    #: times the bytes of their tensors (plus ``SLACK``): a load must not allocate much more than the file
     #: holds (a few rows of a huge embedding come back as their own tensors).
     RATIO = 8
     SLACK = 1 << 20
@@ -300,8 +300,11 @@ class Loader:
         # is one mapping, so the second tensor gets its own copy (no aliasing between leaves).
         self._seen: set = set()
         # Storages shared by several tensors of the file, by their number: [storage, bytes of
-        # values written into it].
+        # values written into it]; with the bytes all of them take and all of their tensors hold
+        # (one budget for the load, see `_in_storage`).
         self._storages: Dict[Any, List[Any]] = {}
+        self._storage_bytes = 0
+        self._held_bytes = 0
 
     def tensor(self, arr: np.ndarray, ann: Dict[str, Any]) -> Any:
         import torch
@@ -354,12 +357,18 @@ class Loader:
         item = values.element_size()
         extent = _extent(offset, values.shape, stride) * item
         entry = self._storages.get(st["id"])
-        held = (entry[1] if entry else 0) + values.numel() * item
-        if extent > Storages.RATIO * held + Storages.SLACK:
-            raise ValueError(
-                f"a tensor's storage annotation reaches {extent} bytes for {held} bytes of values (offset {offset}, "
-                f"strides {stride}): a damaged or hostile file"
-            )
+        grow = max(0, extent - (entry[0].nbytes() if entry else 0))
+        nbytes = values.numel() * item
+        # Sharing is kept while every shared storage of this load together stays within
+        # `RATIO` times the bytes their tensors hold (plus one `SLACK`): a file cannot make a
+        # load allocate much more than it holds, however many storages it names. A tensor that
+        # would go past it (a small view met before its big base, a select of one view) is
+        # loaded as its own tensor: its values are all there, only the sharing is not.
+        if self._storage_bytes + grow > Storages.RATIO * (self._held_bytes + nbytes) + Storages.SLACK:
+            return self._place(values, saved)
+        self._storage_bytes += grow
+        self._held_bytes += nbytes
+        held = (entry[1] if entry else 0) + nbytes
         if entry is None:
             entry = self._storages[st["id"]] = [torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0]
         storage = entry[0]

@@ -337,3 +337,24 @@ def test_python_cli_select(tmp_path, capsys):
     assert main(["convert", str(ckpt), str(tmp_path / "x.npz"), "--select", "nope", "-q"]) == 2
     err = capsys.readouterr().err
     assert "`nope`" in err and "select matches nothing" in err and not (tmp_path / "x.npz").exists()
+
+
+@pytest.mark.parametrize("ext", EXTS)
+def test_overwrite_replaces_a_store_never_a_folder_or_file_of_something_else(tmp_path, ext):
+    src = str(tmp_path / "src")
+    treepack.save({"a": np.arange(3)}, src)
+    dst = tmp_path / f"project.{ext}"
+    if ext == "zarr":
+        dst.mkdir()
+        (dst / "notes.txt").write_text("mine")
+    else:
+        dst.write_text("not hdf5")
+    with pytest.raises(FileExistsError, match="refusing to replace it"):
+        treepack.convert(src, str(dst), overwrite=True)
+    assert (dst / "notes.txt").read_text() == "mine" if ext == "zarr" else dst.read_text() == "not hdf5"
+    # What a convert wrote is replaced.
+    other = tmp_path / f"out.{ext}"
+    treepack.convert(src, str(other))
+    treepack.save({"a": np.arange(5)}, src, overwrite=True)
+    treepack.convert(src, str(other), overwrite=True)
+    assert np.array_equal(treepack.load(str(other))["a"], np.arange(5))

@@ -412,6 +412,11 @@ def write(src: str, dst: str, fmt: str, overwrite: bool, storage_options: Storag
     b = backend(fmt)
     if os.path.exists(dst) and not overwrite:
         raise FileExistsError(f"{dst}: exists; pass overwrite=True to replace it")
+    if os.path.lexists(dst) and not _is_store_of(dst, fmt):
+        # overwrite= replaces what an earlier convert wrote, never a folder or file of anything else.
+        raise FileExistsError(
+            f"{dst}: exists and is not a{' Zarr store' if fmt == 'zarr' else 'n HDF5 file'}; refusing to replace it "
+            "(overwrite= replaces only what a convert wrote there): remove it yourself or pick another name")
     r = _core.Reader(src, _opts(storage_options))
     structure = r.structure(_struct_node)
     if not isinstance(structure, (dict, list, tuple)) and _mapping(structure) is None:
@@ -450,6 +455,19 @@ def write(src: str, dst: str, fmt: str, overwrite: bool, storage_options: Storag
     finally:
         _remove(tmp)
     return counts
+
+
+def _is_store_of(p: str, fmt: str) -> bool:
+    """Whether ``p`` (not a link) is a Zarr store or an HDF5 file, as ``fmt`` says."""
+    if os.path.islink(p):
+        return False
+    if fmt == "zarr":
+        return os.path.isdir(p) and any(os.path.isfile(os.path.join(p, m)) for m in ("zarr.json", ".zgroup", ".zarray"))
+    try:
+        with open(p, "rb") as f:
+            return f.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
 
 
 def _remove(p: str) -> None:

@@ -233,7 +233,7 @@ impl<'py> Encoder<'py> {
     pub(crate) fn node(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
         // Readers refuse a JSON object or array at the deepest level (`bare_json_scalar`).
         let max = treepack::format::manifest::MAX_DEPTH;
-        if depth > max || (depth == max && !bare_json_scalar(obj)) {
+        if depth > max || (depth == max && !bare_json_scalar(obj, self.inline_str)) {
             if let Some((outer, inner)) = self.cycle() {
                 return Err(PyValueError::new_err(format!(
                     "cannot save: reference cycle at `{}`: it contains itself at `{}`. With shared=False treepack \

@@ -118,7 +118,9 @@ impl<'py> Encoder<'py> {
     ) -> PyResult<Option<Node>> {
         // A value at the deepest level readers accept must be a bare JSON scalar there (a big
         // int or a NaN is a tagged object, which readers refuse at that depth).
-        if (depth + 1 < treepack::format::manifest::MAX_DEPTH || bare_json_scalar(v)) && self.scalar_text(v) {
+        if (depth + 1 < treepack::format::manifest::MAX_DEPTH || bare_json_scalar(v, self.inline_str))
+            && self.scalar_text(v)
+        {
             return Ok(None);
         }
         self.path.push(seg());
@@ -488,13 +490,13 @@ impl<'py> Encoder<'py> {
 
 /// Whether `k` is the str `"t"`.
 /// A value written as a bare JSON scalar (not a tagged object): None, a bool, an int of 64
-/// bits, a finite float, a string short enough to be inline.
-pub(crate) fn bare_json_scalar(v: &Bound<'_, PyAny>) -> bool {
+/// bits, a finite float, a string of at most `inline_str` bytes (longer ones are blobs).
+pub(crate) fn bare_json_scalar(v: &Bound<'_, PyAny>, inline_str: usize) -> bool {
     v.is_none()
         || v.is_exact_instance_of::<PyBool>()
         || (v.is_exact_instance_of::<PyInt>() && v.extract::<i64>().is_ok())
         || (v.is_exact_instance_of::<PyFloat>() && v.extract::<f64>().is_ok_and(f64::is_finite))
-        || exact::<PyString>(v).is_some_and(|s| s.to_str().is_ok_and(|t| t.len() <= 4096))
+        || exact::<PyString>(v).is_some_and(|s| s.to_str().is_ok_and(|t| t.len() <= inline_str))
 }
 
 fn is_t(k: &Bound<'_, PyAny>) -> bool {

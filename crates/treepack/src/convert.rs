@@ -538,17 +538,14 @@ pub fn write_safetensors(
     if dir.stat(name).map_err(|e| io_error(&path, e))?.is_some() && !overwrite {
         return Err(Error::AlreadyExists { location: dst.display().to_string() });
     }
-    let staging_name = format!("{name}#{}", std::process::id());
+    // Unique per call (process and a counter, as a save's staging names), created new: two
+    // converts to one name never write or remove each other's staging file.
+    static STAGING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = STAGING.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let staging_name = format!("{name}#{}-{n}", std::process::id());
     let staging = dir.join(&staging_name);
     let io = |p: &std::path::Path, e: std::io::Error| io_error(p, e);
-    let created = match dir.create_new(&staging_name) {
-        // A leftover of an earlier run with this process id (a link there is refused as one).
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            dir.unlink(&staging_name).and_then(|()| dir.create_new(&staging_name))
-        }
-        r => r,
-    };
-    let created = created.map_err(|e| io(&staging, e))?;
+    let created = dir.create_new(&staging_name).map_err(|e| io(&staging, e))?;
     let written = (|| -> Result<u64> {
         use std::io::Write;
         let mut f = std::io::BufWriter::with_capacity(8 << 20, created);

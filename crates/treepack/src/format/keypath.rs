@@ -412,7 +412,7 @@ pub struct Glob {
 impl Glob {
     /// Compile a glob pattern. A pattern that begins with `?` is *optional*: a load does not
     /// refuse it for matching nothing (see [`crate::read::unmatched_patterns`]); the `?` is not
-    /// part of what it matches.
+    /// part of what it matches (so `??key` matches a key that itself begins with `?`).
     ///
     /// # Errors
     /// [`Error::BadKeyPath`] if the pattern is malformed.

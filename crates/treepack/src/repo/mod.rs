@@ -390,25 +390,8 @@ async fn refuse_foreign(loc: &Location) -> Result<()> {
     ];
     // A marker's staging file (`treepack-repo.json#N`) is a creator's at work.
     let own = |name: &str| OWN.contains(&name) || name.starts_with(layout::MARKER);
-    let mut foreign: Vec<String> = match loc.local_path() {
-        // Names only (nothing is opened or followed): folders count too.
-        Some(p) => match std::fs::read_dir(p) {
-            Ok(entries) => entries
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| !own(n))
-                .collect(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
-            Err(e) => return Err(Error::Io { path: p.to_path_buf(), source: e }),
-        },
-        None => loc
-            .list("")
-            .await?
-            .into_iter()
-            .filter_map(|(rel, _, _)| rel.split('/').next().map(str::to_string))
-            .filter(|n| !own(n))
-            .collect(),
-    };
+    // Names directly inside (nothing opened or followed; one delimited listing on a store).
+    let mut foreign: Vec<String> = loc.top_entries(4096).await?.into_iter().filter(|n| !own(n)).collect();
     if foreign.is_empty() {
         return Ok(());
     }

@@ -8,10 +8,10 @@ use crate::format::manifest::{self, MAX_DEPTH};
 use crate::format::model::{Leaf, Node, Step, Tree};
 
 /// Depth, key uniqueness and shared ids; whether the tree holds shared nodes or refs.
-pub(super) fn check_tree(tree: &Node) -> Result<bool> {
+pub(super) fn check_tree(tree: &Node, inline_str_bytes: usize) -> Result<bool> {
     let mut path = Vec::new();
     let mut has_refs = false;
-    check_node(tree, 0, &mut path, &mut has_refs)?;
+    check_node(tree, 0, &mut path, &mut has_refs, inline_str_bytes)?;
     if has_refs {
         // Fragments of text may hold shared nodes (written with their final ids): they begin
         // where the fragment stands.
@@ -26,13 +26,13 @@ pub(super) fn check_tree(tree: &Node) -> Result<bool> {
 }
 
 /// Whether a node is written as a JSON object or array (not a bare JSON scalar).
-fn written_as_object(t: &Node) -> bool {
+fn written_as_object(t: &Node, inline_str_bytes: usize) -> bool {
     match t {
         Tree::Leaf(Leaf::None | Leaf::Bool(_)) => false,
         Tree::Leaf(Leaf::Int(i)) => !matches!(i, crate::format::model::Int::Small(_)),
         Tree::Leaf(Leaf::Float(f)) => !f.is_finite(),
-        // Strings up to the default inline size are JSON strings (longer ones are blobs).
-        Tree::Leaf(Leaf::Str(s)) => s.len() > 4096,
+        // Strings up to the save's inline size are JSON strings (longer ones are blobs).
+        Tree::Leaf(Leaf::Str(s)) => s.len() > inline_str_bytes,
         _ => true,
     }
 }
@@ -40,8 +40,14 @@ fn written_as_object(t: &Node) -> bool {
 /// Depth and key uniqueness in one walk, with no allocation per node: string keys are compared
 /// as they are (two string keys name the same path exactly when they are equal); the key path is
 /// only formatted for an error. Notes whether shared nodes or refs occur (checked after).
-fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>, has_refs: &mut bool) -> Result<()> {
-    if depth > MAX_DEPTH || (depth == MAX_DEPTH && written_as_object(t)) {
+fn check_node<'a>(
+    t: &'a Node,
+    depth: usize,
+    path: &mut Vec<Step<'a>>,
+    has_refs: &mut bool,
+    inline: usize,
+) -> Result<()> {
+    if depth > MAX_DEPTH || (depth == MAX_DEPTH && written_as_object(t, inline)) {
         // Readers refuse a JSON object or array at depth MAX_DEPTH: a container, or a leaf
         // written as a tagged object (an array, bytes, a big int…). Only plain JSON scalars
         // may sit there.
@@ -65,7 +71,7 @@ fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>, has_refs:
         }
         Tree::Shared { node, .. } => {
             *has_refs = true;
-            return crate::format::model::grow(|| check_node(node, depth, path, has_refs));
+            return crate::format::model::grow(|| check_node(node, depth, path, has_refs, inline));
         }
         Tree::List(_) | Tree::Tuple(_) => None,
         Tree::Dict(pairs) => {
@@ -84,7 +90,7 @@ fn check_node<'a>(t: &'a Node, depth: usize, path: &mut Vec<Step<'a>>, has_refs:
     crate::format::model::grow(|| {
         let mut visit = |step: Step<'a>, c: &'a Node, path: &mut Vec<Step<'a>>| {
             path.push(step);
-            let r = check_node(c, depth + 1, path, has_refs);
+            let r = check_node(c, depth + 1, path, has_refs, inline);
             path.pop();
             r
         };
@@ -137,7 +143,7 @@ mod tests {
     #[test]
     fn check_tree_refuses_duplicate_keys_and_deep_trees() {
         let leaf = || Node::Leaf(Leaf::None);
-        let refused = |t: &Node| match check_tree(t).map(drop) {
+        let refused = |t: &Node| match check_tree(t, 4096).map(drop) {
             Err(Error::InvalidTree { key, reason }) => format!("{key}: {reason}"),
             other => panic!("expected InvalidTree, got {other:?}"),
         };
@@ -153,7 +159,7 @@ mod tests {
             .map(|i| (Key::Str(format!("k{i}")), leaf()))
             .chain([(Key::Str("~i1".into()), leaf()), (Key::Int(Int::Small(1)), leaf())])
             .collect();
-        assert!(check_tree(&Tree::Dict(mixed.clone())).is_ok());
+        assert!(check_tree(&Tree::Dict(mixed.clone()), 4096).is_ok());
         let mut many = mixed;
         many.push((Key::Str("k39".into()), leaf()));
         assert_eq!(refused(&Tree::Dict(many)), ": duplicate key `k39`");
@@ -161,8 +167,8 @@ mod tests {
         for _ in 0..MAX_DEPTH {
             deep = Node::list([deep]);
         }
-        assert!(check_tree(&deep).is_ok());
-        match check_tree(&Node::list([deep])) {
+        assert!(check_tree(&deep, 4096).is_ok());
+        match check_tree(&Node::list([deep]), 4096) {
             Err(Error::LimitExceeded { .. }) => {}
             other => panic!("expected a depth limit error, got {other:?}"),
         }
@@ -172,8 +178,8 @@ mod tests {
     #[test]
     fn check_tree_refuses_bad_shared_ids() {
         let bad = Node::list([Tree::Ref(0)]);
-        assert!(matches!(check_tree(&bad), Err(Error::InvalidTree { key, .. }) if key == "0"));
+        assert!(matches!(check_tree(&bad, 4096), Err(Error::InvalidTree { key, .. }) if key == "0"));
         let good = Node::list([Tree::Shared { id: 0, node: Box::new(Node::list([])) }, Tree::Ref(0)]);
-        assert!(check_tree(&good).unwrap());
+        assert!(check_tree(&good, 4096).unwrap());
     }
 }

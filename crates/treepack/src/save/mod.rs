@@ -740,7 +740,7 @@ pub(crate) async fn write_data(
     } else {
         tree
     };
-    let has_refs = check_tree(tree)?;
+    let has_refs = check_tree(tree, opts.inline_str_bytes)?;
     check::check_metadata(opts.metadata.as_ref())?;
     let single = loc.layout() == Layout::SingleFile;
     // In a repository, the name (not a manifest here) is checked and committed by the caller.

@@ -619,10 +619,11 @@ def _report(counts: Dict[str, Any], n: int) -> None:
 
 def read_and_save(src: str, dst: str, fmt: str, overwrite: bool, storage_options: StorageOptions,
                   select: Optional[List[str]] = None, **save_kwargs: Any) -> Dict[str, int]:
-    b = backend(fmt)
-    if "://" in src:
-        raise ForeignFileError(f"{src}: {b.name} files are read from local paths only (not URLs, fsspec, N5 or "
+    if "://" in src:  # (before the library is needed: refused even where it is not installed)
+        name = "Zarr" if fmt == "zarr" else "HDF5"
+        raise ForeignFileError(f"{src}: {name} files are read from local paths only (not URLs, fsspec, N5 or "
                                "cloud stores); copy it to a local folder first")
+    b = backend(fmt)
     if not os.path.exists(src):
         raise FileNotFoundError(f"{src}: no such file or directory")
     try:

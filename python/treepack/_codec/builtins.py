@@ -98,15 +98,15 @@ def _eq(a: Any, b: Any) -> bool:
 def _tz_data(tz: Optional[_dt.tzinfo]) -> Any:
     if tz is None:
         return None
+    d = _dateutil_tz(tz)  # (dateutil 3's zones have a `key` too: told apart by their type)
+    if d is not None:
+        return d
     key = getattr(tz, "key", None)  # zoneinfo.ZoneInfo
     if isinstance(key, str):
         return {"zone": key}
     if isinstance(tz, _dt.timezone):
         off = tz.utcoffset(None)
         return {"offset": [off.days, off.seconds, off.microseconds], "name": tz.tzname(None)}
-    d = _dateutil_tz(tz)
-    if d is not None:
-        return d
     raise TypeError(
         f"cannot save timezone {tz!r}: datetime.timezone, zoneinfo.ZoneInfo and dateutil's tzutc, tzoffset, "
         "tzlocal and gettz zones are supported"
@@ -126,8 +126,18 @@ def _dateutil_tz(tz: Any) -> Optional[Dict[str, Any]]:
     if type(tz) is mod.tzoffset:
         off = tz.utcoffset(None)
         return {"dateutil": "tzoffset", "name": tz.tzname(None), "seconds": int(off.total_seconds())}
-    name = getattr(tz, "_filename", None)
-    if isinstance(tz, mod.tzfile) and isinstance(name, str) and mod.gettz(name) == tz:
+    if not isinstance(tz, mod.tzfile):
+        return None
+    # The zone's IANA key where it has one (dateutil 3), else its file's name below the time
+    # zone folder (dateutil 2 keeps the file's path): a key reads the same on every machine.
+    name = getattr(tz, "key", None)
+    if not isinstance(name, str):
+        name = getattr(tz, "_filename", None)
+        for root in getattr(mod, "TZPATHS", ()):
+            if isinstance(name, str) and name.startswith(root.rstrip("/") + "/"):
+                name = name[len(root.rstrip("/")) + 1:]
+                break
+    if isinstance(name, str) and mod.gettz(name) == tz:
         return {"dateutil": "gettz", "name": name}
     return None
 

@@ -7,7 +7,7 @@ unpickles unless ``allow_pickle=True``. See docs/python.md.
 
 from __future__ import annotations
 
-from . import _codec, _core, _like, _registry, integrations
+from . import _codec, _core, _like, _registry
 from ._api import (
     LeafInfo,
     PathLike,

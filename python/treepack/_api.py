@@ -4,7 +4,6 @@ return (LeafInfo, StructNode, SaveInfo, VerifyReport) or raise (UntrustedTypeErr
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import json
 import os
 import sys
@@ -13,10 +12,8 @@ from typing import Any, Callable, Dict, ItemsView, Iterable, Iterator, KeysView,
 
 import numpy as np
 
-from . import _codec, _core, _like, _registry, integrations
+from . import _codec, _core, _like, _registry
 from ._async import SaveHandle, _executor
-from .integrations import dask as dask_arrays
-from .integrations import jax as jax_like
 from ._core import TreepackError
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -253,63 +250,52 @@ def save(
     p = _path(path)
     policy = _compression_text(compression)
 
-    memo: dict = {}
-    if "torch" in sys.modules:
-        from .integrations import torch as torch_tensors
-
-        memo[torch_tensors.STORAGES] = torch_tensors.Storages()
-    found = dask_arrays.Found(chunk_bytes)
+    # The save as integrations see it: what they keep for it lives in `run` (torch's shared
+    # storages, Dask's arrays), reached through the memo encode_other passes them.
+    run = _registry.SaveRun(chunk_bytes)
+    memo: dict = {_registry.SAVE: run}
 
     def enc(obj: Any, where: str) -> Any:
-        if dask_arrays.is_array(obj):
-            return dask_arrays.placeholder(obj, where, found)
         return _codec.encode_other(obj, where, allow_pickle, memo, embed, omit_static)
 
     md = _metadata_json(metadata) if metadata is not None else None
 
     def prepare(t: Any) -> Any:
         # A tree holding a plain dict or list at two places may be walked twice (the first
-        # walk wrote it as text): the Dask arrays met are counted again from zero.
+        # walk wrote it as text): the integrations forget what they met (`reset`).
         def walk() -> Any:
             return _core.prepare(
                 t, enc, _codec.encode_array, snapshot=not blocking,
-                fast_datetime=_registry.lookup_class(_dt.datetime) is None, shared=shared, reset=found.arrays.clear,
+                fast_datetime=_registry.lookup_class(_dt.datetime) is None, shared=shared, reset=run.reset,
             )
 
         out = walk()
-        storages = memo.get("torch.storages")
-        if storages is not None and not storages.second and storages.needs_second_walk():
-            # Tensors that share a storage (tied weights) were found: their annotations say so,
-            # which the first of them could not know when it was met. (The first walk's copies,
-            # for a background save, go before the second makes its own.)
+        if run.walk_again():
+            # An integration learnt what the first walk could not annotate (tensors sharing a
+            # storage). The first walk's copies, for a background save, go before the second
+            # makes its own.
             out = None
-            found.arrays.clear()
+            run.reset()
             out = walk()
         return out
 
-    if jax_like.spans_processes(tree):
-        # One save of a multi-process JAX job: every process writes its part, process 0 commits.
-        run = jax_like.save_collective(tree, p, prepare, dict(
-            overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes, storage_options=_opts(storage_options),
-            compression=policy, durable=durable,
-        ), chunk_bytes)
-        return run() if blocking else SaveHandle(_executor().submit(run), p)
+    write_opts = dict(overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes, storage_options=_opts(storage_options),
+                      compression=policy, durable=durable)
+    for hook in _registry.gated("save"):
+        # A save an integration writes whole (every process of a JAX job writes its part).
+        whole = hook(tree, p, prepare, write_opts, chunk_bytes)
+        if whole is not None:
+            return whole() if blocking else SaveHandle(_executor().submit(whole), p)
     prepared = prepare(tree)
-    if found.arrays:
-        # Dask arrays: their blocks are written by the tasks that compute them (docs/dask.md).
-        opts = dict(overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes, storage_options=_opts(storage_options),
-                    compression=policy, durable=durable)
-        run = functools.partial(dask_arrays.save, prepared, found, p, opts)
-        return run() if blocking else SaveHandle(_executor().submit(run), p)
+    other = run.writer(prepared, p, write_opts)
+    if other is not None:
+        # Written by an integration (Dask arrays: their blocks by the tasks computing them).
+        return other() if blocking else SaveHandle(_executor().submit(other), p)
     callback, done = _progress_callback(progress, f"save {p}")
 
     def write() -> Any:
         try:
-            return prepared.write(
-                p, overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes,
-                storage_options=_opts(storage_options), progress=callback, compression=policy,
-                durable=durable,
-            )
+            return prepared.write(p, progress=callback, **write_opts)
         finally:
             done()
 
@@ -384,10 +370,9 @@ def load(
     verify: Optional[bool] = None,
     storage_options: StorageOptions = None,
     progress: Progress = None,
-    map_location: Any = None,
     numpy: bool = False,
-    dask: bool = False,
     expect_root: Optional[str] = None,
+    **options: Any,
 ) -> Any:
     """Load a tree from a local path, ``.tpk`` file, ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` location.
 
@@ -405,23 +390,28 @@ def load(
     - ``mmap=True``: arrays are read-only views of the (local, uncompressed) file, no copy.
     - ``verify``: check chunk hashes (default: True; False with ``mmap`` since it would read everything).
     - ``storage_options``: credentials/endpoint/tuning for remote locations; ``progress(done, total)``.
-    - ``map_location``: where torch tensors go, as in ``torch.load``: ``None`` (the CPU), a
-      device, a dict from saved device names (``"cuda:0"``, ``"cpu"``) to devices, or a callable
-      ``(tensor, saved_device) -> tensor``. A tree of tensors needs torch installed (else an
-      ``ImportError`` naming the leaves; ``on_missing="placeholder"`` gives numpy arrays).
-    - ``dask=True``: chunked arrays (in dicts, lists and tuples) come back as Dask arrays whose
-      tasks read only their own chunks (docs/dask.md); everything else loads as usual.
     - ``numpy=True``: every array comes back as a numpy array, whatever library saved it (torch
       tensors, ``jax.Array``s, typed JAX keys as their key data); torch and JAX are not imported.
       ``like=`` leaves that are JAX or torch arrays still give those.
     - ``expect_root``: a root hash (``root_hash``'s 64 hex digits); the load raises
       ``RootMismatchError`` before reading any data unless the stored tree has that root.
 
+    Options of the framework integrations (each passed to the integration that takes it; any
+    other keyword is a ``TypeError``):
+
+    - ``map_location``: where torch tensors go, as in ``torch.load``: ``None`` (the CPU), a
+      device, a dict from saved device names (``"cuda:0"``, ``"cpu"``) to devices, or a callable
+      ``(tensor, saved_device) -> tensor``. A tree of tensors needs torch installed (else an
+      ``ImportError`` naming the leaves; ``on_missing="placeholder"`` gives numpy arrays).
+    - ``dask=True``: chunked arrays (in dicts, lists and tuples) come back as Dask arrays whose
+      tasks read only their own chunks (docs/dask.md); everything else loads as usual.
+
     The whole manifest is audited before any record or custom object is built: untrusted types
     raise ``UntrustedTypeError`` listing every type and key path, and nothing is imported. (A
     tree of plain containers, values and built-in types such as datetime is built in one pass
     while its manifest is read; the audit has nothing to refuse there.)
     """
+    hooks = _registry.load_hooks(options)  # (a TypeError for a keyword no integration takes)
     p = _path(path)
     fmt = _foreign(p)
     if fmt is not None:
@@ -429,39 +419,75 @@ def load(
 
         kwargs = dict(select=select, like=like, trust=trust, allow_pickle=allow_pickle, on_missing=on_missing,
                       mmap=mmap, verify=verify, storage_options=storage_options, progress=progress,
-                      map_location=map_location, numpy=numpy, dask=dask, expect_root=expect_root)
+                      numpy=numpy, expect_root=expect_root, **options)
         return load_foreign(p, fmt, kwargs)
     trust_t = tuple(trust)
     if on_missing not in ("error", "placeholder"):
         raise ValueError("on_missing must be 'error' or 'placeholder'")
     opts = _opts(storage_options)
-    dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder", map_location, plain=numpy)
+    dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder", options, plain=numpy)
     verify = (not mmap) if verify is None else verify
-    if dask:
-        if select is not None or like is not None or mmap:
-            raise ValueError("load(dask=True) takes no select=, like= or mmap=: slice the Dask arrays instead")
-        r = _core.Reader(p, opts)
-        if expect_root is not None:
-            r.expect_root(expect_root)
-
-        def rest(keep: Any, decoder: Any) -> Any:
-            _check(r, p, trust_t, allow_pickle, on_missing, None, keep)
-            return r.load(decoder, _codec.np_dtype, keep=keep, verify=verify, partial_types=_codec.PARTIAL_TYPES)
-
-        return dask_arrays.load_lazy(r, p, storage_options, r.structure(_struct_node), dec, rest, verify)
+    request = LoadRequest(p, storage_options, select, like, trust_t, allow_pickle, on_missing, mmap, verify,
+                          expect_root, dec, options)
+    for hook in hooks:
+        # A load an integration makes its own way (dask=True: lazy Dask arrays).
+        out = hook(request)
+        if out is not _registry.DECLINE:
+            return out
     try:
-        return _load(p, opts, dec, select, like, trust_t, allow_pickle, on_missing, mmap, verify, progress, expect_root)
+        return _load(request, progress)
     except _codec.BuildError as e:
         raise e.located(p, _build_paths(p, opts, e)) from e
     except _codec.MissingFramework as e:
         lib = e.type_name.partition(".")[0]
         paths = [path for t, path in _core.Reader(p, opts).array_types() if t.startswith(lib + ".")]
-        if lib == "jax":
-            from .integrations.jax import missing_message
-        else:
-            from .integrations.torch import missing_message
+        raise ImportError(e.message(paths)) from None
 
-        raise ImportError(missing_message(paths)) from None
+
+class LoadRequest:
+    """One load, as the integrations' load hooks see it: its arguments, its decoder, and the
+    steps of a load they may take (a reader, the structure, the audit, a load of some leaves)."""
+
+    def __init__(self, path: str, storage_options: StorageOptions, select: Any, like: Any, trust: Tuple[str, ...],
+                 allow_pickle: bool, on_missing: str, mmap: bool, verify: bool, expect_root: Optional[str],
+                 decoder: Any, options: Mapping[str, Any]) -> None:
+        self.path, self.storage_options, self.select, self.like = path, storage_options, select, like
+        self.trust, self.allow_pickle, self.on_missing = trust, allow_pickle, on_missing
+        self.mmap, self.verify, self.expect_root = mmap, verify, expect_root
+        self.decoder, self.options = decoder, options
+
+    def reader(self) -> Any:
+        """A Reader of the location (checked against ``expect_root``)."""
+        r = _core.Reader(self.path, _opts(self.storage_options))
+        if self.expect_root is not None:
+            r.expect_root(self.expect_root)
+        return r
+
+    def structure(self, reader: Any) -> Any:
+        """``load_structure``'s tree, from ``reader``."""
+        return reader.structure(_struct_node)
+
+    def load_kept(self, reader: Any, keep: Any, decoder: Any) -> Any:
+        """The tree with only the leaves in ``keep`` read, after the audit of what it builds."""
+        _check(reader, self.path, self.trust, self.allow_pickle, self.on_missing, None, keep)
+        return reader.load(decoder, _codec.np_dtype, keep=keep, verify=self.verify, partial_types=_codec.PARTIAL_TYPES)
+
+    def audit_built(self, reader: Any, subtrees: List[str], nodes: List[Tuple[str, str, Optional[str], str]]) -> None:
+        """The audit of a load that builds the stored subtrees at ``subtrees`` whole and the
+        records and custom nodes ``nodes`` ((kind, type, data JSON, path), from ``like``'s
+        ``StructNode``s; the template's own containers are the caller's objects)."""
+        roots = set(subtrees)
+
+        def under(path: str) -> bool:
+            if "" in roots or path in roots:
+                return True
+            parts = path.split("/")
+            return any("/".join(parts[:i]) in roots for i in range(1, len(parts)))
+
+        types = [t for t in reader.types(_codec.AUDIT_FREE) if under(t[3])] + list(nodes)
+        bad = _codec.audit(types, self.trust, self.allow_pickle)
+        if bad and self.on_missing == "error":
+            raise UntrustedTypeError(self.path, bad)
 
 
 def _build_paths(p: str, opts: Any, e: Any) -> List[str]:
@@ -487,9 +513,10 @@ def _foreign(p: str) -> Optional[str]:
     return foreign_format(p)
 
 
-def _load(p: str, opts: Any, dec: Any, select: Any, like: Any, trust_t: Tuple[str, ...], allow_pickle: bool,
-          on_missing: str, mmap: bool, verify: bool, progress: Progress, expect_root: Optional[str] = None) -> Any:
-    if select is None and like is None and not mmap and (progress is None or progress is False) and expect_root is None:
+def _load(request: LoadRequest, progress: Progress) -> Any:
+    p, dec, select, like, mmap, verify = request.path, request.decoder, request.select, request.like, request.mmap, request.verify
+    opts = _opts(request.storage_options)
+    if select is None and like is None and not mmap and (progress is None or progress is False) and request.expect_root is None:
         # Whole tree: one pass over the manifest builds the objects as it is read (its few reads
         # of stored leaves report no progress, hence not with a callback). It takes only trees
         # that need no audit (no records, only built-in custom types) and few stored leaves;
@@ -500,44 +527,28 @@ def _load(p: str, opts: Any, dec: Any, select: Any, like: Any, trust_t: Tuple[st
             return out
     sel = [select] if isinstance(select, str) else (list(select) if select is not None else None)
     for attempt in range(1, _LOAD_ATTEMPTS + 1):
-        r = _core.Reader(p, opts)
-        if expect_root is not None:
-            r.expect_root(expect_root)
+        r = request.reader()
         into: Dict[str, Any] = {}
         structure = r.structure(_struct_node) if like is not None else None
-        if like is not None and jax_like.applies(like):
-            def audit(subtrees: List[str], nodes: List[Tuple[str, str, Optional[str], str]]) -> None:
-                # Only what is built from the file: the subtrees loaded whole and the StructNodes
-                # of like (the template's own containers are the caller's objects).
-                roots = set(subtrees)
-
-                def under(path: str) -> bool:
-                    if "" in roots or path in roots:
-                        return True
-                    parts = path.split("/")
-                    return any("/".join(parts[:i]) in roots for i in range(1, len(parts)))
-
-                types = [t for t in r.types(_codec.AUDIT_FREE) if under(t[3])] + list(nodes)
-                bad = _codec.audit(types, trust_t, allow_pickle)
-                if bad and on_missing == "error":
-                    raise UntrustedTypeError(p, bad)
-
-            return jax_like.load_like(r, like, structure, dec, _codec.np_dtype, audit, mmap, verify)
+        if like is not None:
+            for hook in _registry.gated("like"):
+                # A template an integration loads its own way (JAX: arrays onto shardings).
+                out = hook(request, r, like, structure)
+                if out is not _registry.DECLINE:
+                    return out
         keep = _like.keep_paths(like, structure, into) if like is not None else None
-        _check(r, p, trust_t, allow_pickle, on_missing, sel, keep)
+        _check(r, p, request.trust, request.allow_pickle, request.on_missing, sel, keep)
         callback, done = _progress_callback(progress, f"load {p}")
         try:
-            if into:
-                # Tensors of like= are loaded into, one at a time: no second copy of the model.
-                from .integrations import torch as torch_tensors
-
-                for path, t in into.items():
-                    torch_tensors.read_into(r, path, t, verify)
+            for path, (target, read_into) in into.items():
+                # Leaves of like= read into its objects (torch tensors), one at a time: no
+                # second copy of the model.
+                read_into(r, path, target, verify)
             out = r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback,
                          partial_types=_codec.PARTIAL_TYPES)
             if like is None:
                 return out
-            return _like.graft(out, like, structure, {id(t) for t in into.values()}, dec.map_location)
+            return _like.graft(out, like, structure, {id(t) for t, _ in into.values()}, dec.options)
         except FileNotFoundError:
             # A pack gone missing: an overwrite replaced the tree after its manifest was read
             # (it removes the packs only the old tree used). Start over on the new tree.
@@ -564,7 +575,8 @@ def load_structure(path: PathLike, *, storage_options: StorageOptions = None) ->
     node, so ``jax.tree.map`` over the structure reaches the fields of records.
     """
     p, opts = _path(path), _opts(storage_options)
-    integrations.register_loaded()  # StructNode as a JAX pytree node, when JAX is in use
+    for hook in _registry.gated("structure"):
+        hook()  # (JAX: StructNode as a pytree node)
     # One pass over the manifest, building these objects as it is read; whenever that path does
     # not apply (or fails), the Reader path below gives the result or the full error.
     fast = _core.structure_one_pass(p, _struct_node, opts)

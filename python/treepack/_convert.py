@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
-from . import _core, _errors
+from . import _core, _errors, _registry
 from ._api import PathLike, StorageOptions, _opts, _path, save
 
 __all__ = ["convert"]
@@ -43,7 +43,8 @@ def load_foreign(path: str, fmt: str, load_kwargs: Dict[str, Any]) -> Any:
     from ._api import load
     from ._transport import memory_location
 
-    for bad in ("storage_options", "dask", "mmap"):
+    # (Options whose result reads the location later, such as dask=, cannot use a temporary one.)
+    for bad in ("storage_options", *_registry.LOCATION_OPTIONS, "mmap"):
         if load_kwargs.get(bad):
             raise TypeError(f"load() of a .{fmt} file takes no {bad}=; convert it to treepack first "
                             f"(treepack.convert({path!r}, 'x.tpk'))")

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 
-from . import _codec, _core, _like
+from . import _codec, _core, _like, _registry
 from ._api import StorageOptions, _opts, _struct_node, load, save
 from ._core import TreepackError
 from ._errors import ForeignFileError
@@ -634,7 +634,7 @@ def read_and_save(src: str, dst: str, fmt: str, overwrite: bool, storage_options
         raise ForeignFileError(f"{src}: not a readable {b.name} store: {e}") from None
     counts = {"tensors": 0, "bytes": 0}
     try:
-        lazy = _dask_available()
+        lazy = _registry.method("lazy_arrays")()  # (Dask's, when it is installed; else None)
         counts["limit"] = SPARSE_LIMIT * b.stored + (1 << 30)
         counts["stored"] = b.stored
         tree, notes = _read_group(b, root, "", _Read(counts, lazy), 0)
@@ -647,11 +647,9 @@ def read_and_save(src: str, dst: str, fmt: str, overwrite: bool, storage_options
         kwargs = dict(save_kwargs)
         if "metadata" in notes and "metadata" not in kwargs:
             kwargs["metadata"] = notes["metadata"]
-        if fmt == "hdf5" and lazy:
-            import dask
-
-            # Dask-backed datasets are read by the saving tasks: on this thread only.
-            with dask.config.set(scheduler="synchronous"):
+        if fmt == "hdf5" and lazy is not None:
+            # Lazily read datasets are read by the saving tasks: on this thread only.
+            with lazy.on_this_thread():
                 save(tree, dst, overwrite=overwrite, storage_options=storage_options, **kwargs)
         else:
             save(tree, dst, overwrite=overwrite, storage_options=storage_options, **kwargs)
@@ -973,22 +971,15 @@ def _confined_store_class(zarr: Any) -> Any:
 _CONFINED: Any = None
 
 
-def _dask_available() -> bool:
-    try:
-        import dask.array  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 class _Read:
-    """What one read of a Zarr or HDF5 store keeps: the byte counts, whether big arrays become
-    Dask arrays, the objects read by their identity in the file (HDF5: every link to a group
-    or dataset leads to one object), and every place read (for Zarr's ``same`` notes)."""
+    """What one read of a Zarr or HDF5 store keeps: the byte counts, what makes big arrays lazy
+    (the Dask integration's ``lazy_arrays``; None: read whole), the objects read by their
+    identity in the file (HDF5: every link to a group or dataset leads to one object), and every
+    place read (for Zarr's ``same`` notes)."""
 
     _OPEN = object()
 
-    def __init__(self, counts: Dict[str, int], lazy: bool) -> None:
+    def __init__(self, counts: Dict[str, int], lazy: Any) -> None:
         self.counts = counts
         self.lazy = lazy
         self.objects: Dict[Any, Tuple[str, Any]] = {}
@@ -1104,11 +1095,8 @@ def _read_array(b: Any, a: Any, path: str, st: _Read) -> Any:
         if notes.get("kind") == "bytes":
             return np.asarray(a[...], np.uint8).tobytes()
         view = _codec.np_dtype(json.dumps(notes["dtype"])) if "dtype" in notes else None
-        if st.lazy and nbytes > BLOCK_BYTES and a.ndim > 0:
-            import dask.array as da
-
-            x = da.from_array(a, chunks=b.chunks(a), lock=False, asarray=True)
-            return x.map_blocks(lambda blk: blk.view(view), dtype=view) if view is not None else x
+        if st.lazy is not None and nbytes > BLOCK_BYTES and a.ndim > 0:
+            return st.lazy.array(a, b.chunks(a), view)
         data = np.asarray(a[...])
         return data.view(view) if view is not None else data
     except TreepackError:

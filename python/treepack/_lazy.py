@@ -8,8 +8,7 @@ from typing import Any, Iterable, Iterator, List, Tuple
 
 import numpy as np
 
-from . import _codec, _core, integrations
-from .integrations import awkward as awkward_arrays
+from . import _codec, _core, _registry
 from ._api import PathLike, StorageOptions, UntrustedTypeError, _opts, _path, _struct_node
 
 
@@ -73,14 +72,13 @@ class LazyArray:
         """This array as a Dask array: one task per block, each reading only the chunks its
         block covers (ranged reads on object stores). ``chunks`` as in ``dask.array``;
         default: the stored chunk grid. The graph holds no data, only where to read."""
-        from .integrations import dask as dask_arrays
-
         location, storage_options = self._where
         if not location:
             raise ValueError("to_dask needs a LazyArray from treepack.open(...)")
         stored = self._r.chunk_shape(self.path)
-        src = dask_arrays.Source(location, self.path, storage_options, self.shape, self.dtype, verify)
-        return dask_arrays.to_dask(src, chunks, tuple(stored) if stored else None)
+        to_dask = _registry.method("to_dask")  # (the Dask integration's)
+        return to_dask(location, self.path, storage_options, self.shape, self.dtype, verify, chunks,
+                       tuple(stored) if stored else None)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self.read()
@@ -140,28 +138,22 @@ class View:
         if ck == "array":
             return LazyArray(self._r, child, self._where)
         if ck == "custom":
-            lazy = self._awkward(child)
+            lazy = self._lazy_node(child)
             if lazy is not None:
                 return lazy
         if ck in ("dict", "list", "tuple", "record", "custom"):
             return View(self._r, child, trust=self._opts[0], allow_pickle=self._opts[1], on_missing=self._opts[2], where=self._where)
         return self._read(child)
 
-    def _awkward(self, path: str) -> Any:
-        """An Awkward Array stored at ``path``, as a lazy array reading only the buffers its
-        operations need; None if the node is not one (or awkward is not installed)."""
+    def _lazy_node(self, path: str) -> Any:
+        """What the integration of the custom node at ``path`` gives for it (an Awkward Array
+        reading only the buffers its operations need); None for a View."""
         rows = [row for row in self._r.types(None) if row[3] == path]
-        if not rows or rows[0][1] != awkward_arrays.NAME:
-            return None
-        try:
-            import awkward  # noqa: F401
-        except ImportError:
+        view = _registry.node_view(rows[0][1]) if rows else None
+        if view is None:
             return None
         data = json.loads(rows[0][2]) if rows[0][2] else None
-        base = f"{path}/buffers"
-        keys = [k for _, k in self._r.children(base)]
-        segs = {k: seg for seg, k in self._r.children(base)}
-        return awkward_arrays.lazy(data, lambda k: LazyArray(self._r, f"{base}/{segs[k]}", self._where).read(), keys)
+        return view(self._r, path, data, self._where)
 
     def _read(self, path: str) -> Any:
         trust, allow_pickle, on_missing = self._opts
@@ -176,7 +168,8 @@ class View:
         return self._read(self.path)
 
     def structure(self) -> Any:
-        integrations.register_loaded()
+        for hook in _registry.gated("structure"):
+            hook()  # (JAX: StructNode as a pytree node)
         return self._r.structure(_struct_node)
 
     @property
@@ -205,3 +198,7 @@ def open(
     p = _path(path)
     reader = _core.Reader(p, _opts(storage_options))
     return View(reader, "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing, where=(p, storage_options))
+
+
+# For integrations (through treepack._plugin): an index as the reader's slice text.
+slice_text = _slice_text

@@ -29,8 +29,7 @@ import numpy as np
 
 from . import _codec, _core
 from ._codec import records
-from ._registry import lookup_class, type_name
-from .integrations import torch as torch_tensors
+from ._registry import DECLINE, for_type, lookup_class, type_name
 
 LeafInfo = _core.LeafInfo
 
@@ -38,10 +37,11 @@ LeafInfo = _core.LeafInfo
 def keep_paths(like: Any, structure: Any, into: Optional[Dict[str, Any]] = None) -> Set[str]:
     """The key paths to read: stored leaves, and custom objects that have no children.
 
-    With ``into`` (a dict), the places where ``like`` holds a torch tensor with memory are not
-    kept but collected there, key path -> tensor: the caller reads them into those tensors in
-    place. A tensor on the ``meta`` device (a model built without memory, the usual way to build
-    a big one) has nothing to read into: its leaf is loaded as a new tensor (see ``graft``)."""
+    With ``into`` (a dict), the places where ``like`` holds an object an integration reads into
+    in place (a torch tensor with memory) are not kept but collected there, key path ->
+    (object, ``read_into(reader, path, object, verify)``): the caller reads them. (A tensor on
+    the ``meta`` device, a model built without memory, has nothing to read into: its leaf is
+    loaded, and the integration makes it a tensor in ``graft``.)"""
     keep: Set[str] = set()
     _walk(like, structure, "", keep, into, structure)
     return keep
@@ -75,16 +75,20 @@ def _find(root: Any, path: str) -> Any:
     return None
 
 
-def graft(out: Any, like: Any, stored: Any, tensors: Set[int], map_location: Any = None) -> Any:
-    """``out`` with the tensors of ``like`` whose ids are in ``tensors`` put back at their
-    places (loaded in place, they came back as None, and so did a state_dict whose every
-    leaf was a tensor: rebuilt here from ``stored``, the structure). Where ``like`` holds a
-    ``meta`` tensor, the loaded leaf becomes a real tensor of its kind, on ``map_location``'s
-    device (the CPU by default): what ``load_state_dict(..., assign=True)`` takes."""
-    if id(like) in tensors:
+def graft(out: Any, like: Any, stored: Any, done: Set[int], options: Optional[Dict[str, Any]] = None) -> Any:
+    """``out`` with the objects of ``like`` whose ids are in ``done`` put back at their places
+    (loaded in place, they came back as None, and so did a state_dict whose every leaf was a
+    tensor: rebuilt here from ``stored``, the structure). At a leaf of a framework's class, its
+    integration says what goes there (``like_graft``: a ``meta`` tensor's place gets a real
+    tensor of its kind on ``map_location``'s device, the CPU by default: what
+    ``load_state_dict(..., assign=True)`` takes); ``options`` are the load's."""
+    if id(like) in done:
         return like
-    if torch_tensors.is_meta(like):
-        return torch_tensors.from_meta(out, like, map_location)
+    h = for_type(type(like))
+    if h is not None and h.like_graft is not None:
+        v = h.like_graft(out, like, options or {})
+        if v is not DECLINE:
+            return v
     if isinstance(like, Mapping) and out is None:
         if isinstance(stored, dict):
             out = {k: None for k in stored}
@@ -97,12 +101,12 @@ def graft(out: Any, like: Any, stored: Any, tensors: Set[int], map_location: Any
     if isinstance(like, Mapping) and out is not None:
         kids = stored if isinstance(stored, dict) else getattr(stored, "children", {})
         for k in like:
-            v = graft(out[k], like[k], kids.get(k), tensors, map_location)
+            v = graft(out[k], like[k], kids.get(k), done, options)
             if v is not out[k]:
                 out[k] = v
         return out
     if isinstance(like, (list, tuple)) and isinstance(out, (list, tuple)):
-        items = [graft(o, l, s, tensors, map_location) for o, l, s in zip(out, like, stored if isinstance(stored, (list, tuple)) else [None] * len(out))]
+        items = [graft(o, l, s, done, options) for o, l, s in zip(out, like, stored if isinstance(stored, (list, tuple)) else [None] * len(out))]
         if isinstance(out, list):
             out[:] = items
             return out
@@ -113,7 +117,7 @@ def graft(out: Any, like: Any, stored: Any, tensors: Set[int], map_location: Any
         if isinstance(out, MutableMapping):
             for k, l in like.children.items():
                 if k in out:
-                    v = graft(out[k], l, getattr(stored, "children", {}).get(k), tensors, map_location)
+                    v = graft(out[k], l, getattr(stored, "children", {}).get(k), done, options)
                     if v is not out[k]:
                         out[k] = v
             return out
@@ -122,7 +126,7 @@ def graft(out: Any, like: Any, stored: Any, tensors: Set[int], map_location: Any
         fields = _fields_of(like)
     if fields is not None and out is not None and not isinstance(out, tuple):
         for k, l in fields.items():
-            v = graft(getattr(out, k), l, getattr(stored, "children", {}).get(k), tensors, map_location)
+            v = graft(getattr(out, k), l, getattr(stored, "children", {}).get(k), done, options)
             if v is not getattr(out, k):
                 object.__setattr__(out, k, v)
     return out
@@ -221,13 +225,17 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
         _walk(like, stored, path, set(), None, root)
         return
     if isinstance(stored, LeafInfo):
-        if torch_tensors.is_tensor(like):
-            torch_tensors.check_like(like, stored, _where(path), _stored_dtype(stored) if stored.kind == "array" else None)
-            if into is not None and not torch_tensors.is_meta(like):
-                into[stored.path] = like
-            else:
-                keep.add(stored.path)
-            return
+        h = for_type(type(like))
+        if h is not None and h.like_leaf is not None:
+            # A leaf of a framework's class (a torch tensor): its integration checks it against
+            # the stored leaf, and may read into it in place.
+            how = h.like_leaf(like, stored, _where(path))
+            if how is not None:
+                if how == "into" and into is not None:
+                    into[stored.path] = (like, h.read_into)
+                else:
+                    keep.add(stored.path)
+                return
         if isinstance(like, LeafInfo) or _is_array_like(like):
             _check_leaf(like, stored, path)
             keep.add(stored.path)
@@ -346,3 +354,17 @@ def _short_type(x: Any) -> str:
         return f"a {type(x).__name__} of {len(x)}"
     return f"a {type(x).__name__}"
 
+
+
+# The helpers integrations use (through treepack._plugin).
+where = _where
+child_path = _child
+describe_stored = _kind
+stored_dtype = _stored_dtype
+take_all = _take_all
+
+
+def check_subtree(like: Any, stored: Any, path: str, root: Any) -> None:
+    """Check the ``like`` subtree at ``path`` against the stored one (``root``: the whole
+    structure, for refs), as ``load(like=...)`` does; raises as it does."""
+    _walk(like, stored, path, set(), None, root)

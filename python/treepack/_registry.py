@@ -1,4 +1,4 @@
-"""The custom-type registry and trust rules.
+"""The custom-type registry and trust rules, and the registry of framework integrations.
 
 Resolution order (documented in docs/python.md): when saving an object, treepack walks
 ``type(obj).__mro__`` and uses the first class that has a registration — so the *most specific*
@@ -10,9 +10,11 @@ registration order. A class has one handler: registering it under a second name 
 from __future__ import annotations
 
 import fnmatch
+import importlib
+import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 __all__ = ["Registration", "register", "registered", "lookup_class", "lookup_name", "type_name", "is_trusted"]
 
@@ -143,3 +145,328 @@ def is_trusted(name: str, trust: Iterable[str]) -> bool:
 def split_name(name: str) -> Tuple[str, str]:
     module, _, qual = name.partition(":")
     return module, qual
+
+
+# ---------------------------------------------------------------- integrations
+#
+# Framework integrations (treepack/integrations/*) plug in here; the generic layer (_api, _codec,
+# _like, _lazy, ...) never imports them. The table below is all it knows of them before they are
+# imported: which module serves which names. An integration module registers its functions with
+# `integrate` when it is imported, and it is imported the first time one of its names is met:
+#
+# - saving, a value whose class (or a base class) is defined in one of its `frameworks`
+#   (`type(obj).__mro__`, by each class's top-level module name);
+# - loading, a custom node type or an array annotation type of the file, a `load()` keyword,
+#   or a method the generic layer offers for it (`LazyArray.to_dask`);
+# - whenever its `gate` framework is imported (`sys.modules`), for the hooks that must see
+#   every value or every call (JAX pytree nodes are classes of any module registered with JAX).
+
+
+@dataclass(frozen=True)
+class Integration:
+    """One integration as the generic layer knows it before importing it: its module and the
+    names that lead to it."""
+
+    module: str
+    #: Top-level module names of the classes whose values it saves (or explains, see `hint`).
+    frameworks: Tuple[str, ...] = ()
+    #: Custom node types it builds from their data alone (always allowed, like ``py.*``).
+    nodes: Tuple[str, ...] = ()
+    #: Custom node types whose data names a class (``"class"``): built only when it is trusted.
+    class_nodes: Tuple[str, ...] = ()
+    #: Custom node types a partial load may build with some children None (containers).
+    partial_nodes: Tuple[str, ...] = ()
+    #: Nodes of file-backed objects: described once per object per save (by identity).
+    file_nodes: Tuple[str, ...] = ()
+    #: Annotation types (``"as": {"type": ...}``) of the arrays it builds.
+    arrays: Tuple[str, ...] = ()
+    #: ``load()`` keywords it takes.
+    options: Tuple[str, ...] = ()
+    #: Of those, the ones whose result reads the location after ``load`` returned (refused
+    #: where the location is a temporary one: ``loads``, foreign files).
+    location_options: Tuple[str, ...] = ()
+    #: Named services it offers the generic layer.
+    methods: Tuple[str, ...] = ()
+    #: A framework whose import makes this integration consulted for its gated hooks
+    #: (``fallback``, ``like``, ``save``, ``structure``).
+    gate: Optional[str] = None
+
+
+INTEGRATIONS: Tuple[Integration, ...] = (
+    Integration(
+        "treepack.integrations.torch", frameworks=("torch",),
+        nodes=("py.torch_sparse", "py.torch_dtype", "py.torch_size", "py.torch_device"),
+        arrays=("torch.Tensor", "torch.nn.Parameter"), options=("map_location",),
+    ),
+    Integration(
+        "treepack.integrations.jax", frameworks=("jax", "jaxlib"), class_nodes=("jax.pytree",),
+        partial_nodes=("jax.pytree",), arrays=("jax.Array", "jax.random.key"), gate="jax",
+    ),
+    Integration(
+        "treepack.integrations.dask", frameworks=("dask",), options=("dask",), location_options=("dask",),
+        methods=("to_dask", "lazy_arrays"),
+    ),
+    Integration("treepack.integrations.xarray", frameworks=("xarray",), nodes=("py.xr.dataset", "py.xr.dataarray")),
+    Integration("treepack.integrations.pandas", frameworks=("pandas",), nodes=("py.dataframe", "py.series")),
+    Integration("treepack.integrations.awkward", frameworks=("awkward",), nodes=("py.awkward",)),
+    Integration("treepack.integrations.pillow", frameworks=("PIL",), nodes=("py.image",), file_nodes=("py.image",)),
+    Integration("treepack.integrations.audio", frameworks=("wave",), nodes=("py.audio",), file_nodes=("py.audio",)),
+    Integration("treepack.integrations.pydantic", frameworks=("pydantic",)),
+    Integration("treepack.integrations.sklearn", frameworks=("sklearn",)),
+)
+
+_BY_MODULE = {e.module: e for e in INTEGRATIONS}
+_BY_FRAMEWORK = {f: e for e in INTEGRATIONS for f in e.frameworks}
+_BY_NODE = {n: e for e in INTEGRATIONS for n in e.nodes + e.class_nodes}
+_BY_ARRAY = {a: e for e in INTEGRATIONS for a in e.arrays}
+_BY_OPTION = {o: e for e in INTEGRATIONS for o in e.options}
+_BY_METHOD = {m: e for e in INTEGRATIONS for m in e.methods}
+_GATED = tuple(e for e in INTEGRATIONS if e.gate)
+
+#: Custom node types the integrations build from data alone: always allowed, as ``py.*`` are.
+NODES = frozenset(n for e in INTEGRATIONS for n in e.nodes)
+#: Custom node types naming a class in their data, which must be trusted.
+CLASS_NODES = frozenset(n for e in INTEGRATIONS for n in e.class_nodes)
+PARTIAL_NODES = frozenset(n for e in INTEGRATIONS for n in e.partial_nodes)
+FILE_NODES = frozenset(n for e in INTEGRATIONS for n in e.file_nodes)
+LOCATION_OPTIONS = tuple(o for e in INTEGRATIONS for o in e.location_options)
+
+#: What a hook returns when the call is not its business.
+DECLINE: Any = type("Decline", (), {"__repr__": lambda self: "DECLINE", "__slots__": ()})()
+
+# A value's description for the Rust walker: (kind, type, data JSON, children).
+Description = Tuple[str, str, Optional[str], List[Tuple[Any, Any]]]
+
+
+@dataclass(frozen=True, eq=False)
+class Handlers:
+    """What an integration plugs in (each optional; see docs/architecture.md)."""
+
+    #: Saving: ``encode(obj, where, memo, omit_static)`` -> a Description, or None when the
+    #: value (whose class is of one of its frameworks) is not one it saves. ``memo`` is the
+    #: save's (None outside a save): see `save_state`.
+    encode: Optional[Callable[[Any, str, Optional[Dict[Any, Any]], bool], Optional[Description]]] = None
+    #: Gated: ``fallback(obj, where, memo, omit_static, type_name)`` for values nothing else
+    #: claimed, before records and pickle (JAX pytree nodes). Its objects are named by class.
+    fallback: Optional[Callable[..., Optional[Description]]] = None
+    #: Loading: node type -> ``decode(decoder, type, data, children)`` (``decoder.missing``,
+    #: ``decoder.trusted``).
+    nodes: Mapping[str, Callable[[Any, str, Any, Dict[str, Any]], Any]] = field(default_factory=dict)
+    #: Node type -> ``view(reader, path, data, where)``: what ``open()[...]`` gives at such a
+    #: node instead of a View (None: a View).
+    views: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    #: ``arrays(options)`` -> ``build(array, annotation)`` for one load's annotated arrays;
+    #: raises ImportError when its framework cannot be imported.
+    arrays: Optional[Callable[[Mapping[str, Any]], Callable[[Any, Dict[str, Any]], Any]]] = None
+    #: ``missing(paths)``: the ImportError message when its framework cannot be imported.
+    missing: Optional[Callable[[List[str]], str]] = None
+    #: Records of its classes: ``record_fields(obj, where)`` (None: not one),
+    #: ``record_class(cls)``, ``record_build(cls, children)``.
+    record_fields: Optional[Callable[[Any, str], Optional[List[Tuple[str, Any]]]]] = None
+    record_class: Optional[Callable[[type], bool]] = None
+    record_build: Optional[Callable[[type, Dict[str, Any]], Any]] = None
+    #: ``hint(obj)``: what to do instead, for a value of its frameworks that cannot be saved.
+    hint: Optional[Callable[[Any], Optional[str]]] = None
+    #: ``like=`` leaves of its classes: ``like_leaf(like, stored, where)`` -> ``"into"`` (read
+    #: into ``like`` in place with ``read_into(reader, path, like, verify)``), ``"keep"`` (load
+    #: the leaf), or None (not one); ``like_graft(loaded, like, options)`` -> what the load puts
+    #: at such a place, or DECLINE.
+    like_leaf: Optional[Callable[[Any, Any, str], Optional[str]]] = None
+    read_into: Optional[Callable[[Any, str, Any, bool], None]] = None
+    like_graft: Optional[Callable[[Any, Any, Mapping[str, Any]], Any]] = None
+    #: ``load(request)`` when one of its options is given: the result, or DECLINE.
+    load: Optional[Callable[[Any], Any]] = None
+    #: Gated: ``like(request, reader, like, structure)`` -> the result, or DECLINE.
+    like: Optional[Callable[..., Any]] = None
+    #: Gated: ``save(tree, location, prepare, write_opts, chunk_bytes)`` -> a function that
+    #: writes the save (all of it), or None.
+    save: Optional[Callable[..., Optional[Callable[[], Any]]]] = None
+    #: Gated: called before a structure is built (``load_structure``).
+    structure: Optional[Callable[[], None]] = None
+    #: Named services (see `Integration.methods`).
+    methods: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+
+
+_loaded: Dict[str, Handlers] = {}
+_node_fns: Dict[str, Callable[..., Any]] = {}
+_view_fns: Dict[str, Callable[..., Any]] = {}
+_GATED_HOOKS = ("fallback", "like", "save", "structure")
+
+
+def integrate(module: str, **handlers: Any) -> Handlers:
+    """Register the integration ``module`` (called by it as it is imported). What it registers
+    must be what the table says it serves: a name in one and not the other is an error."""
+    e = _BY_MODULE.get(module)
+    if e is None:
+        raise ValueError(f"{module} is not an integration of treepack._registry.INTEGRATIONS")
+    h = Handlers(**handlers)
+    problems = []
+    if set(h.nodes) != set(e.nodes + e.class_nodes):
+        problems.append(f"decodes {sorted(h.nodes)}, the table says {sorted(e.nodes + e.class_nodes)}")
+    if not set(h.views) <= set(h.nodes):
+        problems.append(f"views {sorted(h.views)} of nodes it does not decode")
+    if (h.arrays is None) != (not e.arrays) or (h.arrays is not None and h.missing is None):
+        problems.append("array annotations: its arrays= and missing= and the table's arrays disagree")
+    if set(h.methods) != set(e.methods):
+        problems.append(f"offers {sorted(h.methods)}, the table says {sorted(e.methods)}")
+    if e.gate is None and any(getattr(h, k) is not None for k in _GATED_HOOKS):
+        problems.append(f"gated hooks ({', '.join(_GATED_HOOKS)}) without a gate framework")
+    if problems:
+        raise ValueError(f"{module}: " + "; ".join(problems))
+    with _lock:
+        _node_fns.update(h.nodes)
+        _view_fns.update(h.views)
+        _loaded[module] = h
+    return h
+
+
+def handlers(e: Integration) -> Handlers:
+    """The integration's handlers, importing its module the first time."""
+    h = _loaded.get(e.module)
+    if h is None:
+        importlib.import_module(e.module)
+        h = _loaded.get(e.module)
+        if h is None:
+            raise RuntimeError(f"{e.module} did not register itself (treepack._registry.integrate)")
+    return h
+
+
+_UNSEEN: Any = object()
+_by_type: Dict[type, Optional[Handlers]] = {}
+
+
+def for_type(t: type) -> Optional[Handlers]:
+    """The integration whose framework defines ``t`` or its nearest such base class (``__mro__``,
+    by top-level module name), imported the first time; None for every other class."""
+    h = _by_type.get(t, _UNSEEN)
+    if h is _UNSEEN:
+        h = None
+        for base in getattr(t, "__mro__", None) or (t,):
+            mod = getattr(base, "__module__", None)
+            e = _BY_FRAMEWORK.get(mod.partition(".")[0]) if isinstance(mod, str) else None
+            if e is not None:
+                h = handlers(e)
+                break
+        if len(_by_type) >= 4096:  # classes made at run time (namedtuple factories): bounded
+            _by_type.clear()
+        _by_type[t] = h
+    return h
+
+
+def node_decoder(name: str) -> Optional[Callable[..., Any]]:
+    """The function an integration builds custom nodes of type ``name`` with (None: no
+    integration's)."""
+    fn = _node_fns.get(name)
+    if fn is None:
+        e = _BY_NODE.get(name)
+        if e is not None:
+            fn = handlers(e).nodes.get(name)
+    return fn
+
+
+def node_view(name: str) -> Optional[Callable[..., Any]]:
+    """What ``open()`` gives at a custom node of type ``name`` (None: a View)."""
+    e = _BY_NODE.get(name)
+    return handlers(e).views.get(name) if e is not None else None
+
+
+def array_handlers(annotation_type: str) -> Optional[Handlers]:
+    """The integration building arrays annotated ``annotation_type`` (None: none does; the
+    array is loaded as stored)."""
+    e = _BY_ARRAY.get(annotation_type)
+    return handlers(e) if e is not None else None
+
+
+def load_hooks(options: Mapping[str, Any]) -> List[Callable[[Any], Any]]:
+    """The ``load`` hooks of the integrations taking ``options`` (imported now); an option no
+    integration takes is a TypeError naming it."""
+    hooks: List[Callable[[Any], Any]] = []
+    for name in options:
+        e = _BY_OPTION.get(name)
+        if e is None:
+            raise TypeError(f"load() got an unexpected keyword argument {name!r}")
+        fn = handlers(e).load
+        if fn is not None and fn not in hooks:
+            hooks.append(fn)
+    return hooks
+
+
+def gated(kind: str) -> List[Callable[..., Any]]:
+    """The hooks ``kind`` (``fallback``, ``like``, ``save``, ``structure``) of the integrations
+    whose gate framework this process has imported (those integrations are imported now)."""
+    out = []
+    for e in _GATED:
+        if e.gate in sys.modules:
+            fn = getattr(handlers(e), kind)
+            if fn is not None:
+                out.append(fn)
+    return out
+
+
+def method(name: str) -> Callable[..., Any]:
+    """The service ``name`` of the integration that offers it (imported now)."""
+    return handlers(_BY_METHOD[name]).methods[name]
+
+
+# ---------------------------------------------------------------- one save, as integrations see it
+
+#: The key of the save's `SaveRun` in ``encode_other``'s memo.
+SAVE = "treepack.save"
+
+
+class SaveState:
+    """What an integration keeps for one save (`save_state` makes it at the first value it
+    meets). The save calls these after the walks of its tree."""
+
+    def reset(self) -> None:
+        """The walk starts over (its values are met again): forget what depends on them."""
+
+    def walk_again(self) -> bool:
+        """After the first walk: True to walk the tree once more (annotations the first walk
+        could not know)."""
+        return False
+
+    def writer(self, prepared: Any, location: str, write_opts: Dict[str, Any]) -> Optional[Callable[[], Any]]:
+        """A function that writes the save in place of ``prepared.write`` (None: the usual write)."""
+        return None
+
+
+class SaveRun:
+    """One save while its tree is walked: its chunk byte target and the integrations' states."""
+
+    __slots__ = ("chunk_bytes", "states")
+
+    def __init__(self, chunk_bytes: Optional[int]) -> None:
+        self.chunk_bytes = chunk_bytes
+        self.states: Dict[str, SaveState] = {}
+
+    def reset(self) -> None:
+        for s in list(self.states.values()):
+            s.reset()
+
+    def walk_again(self) -> bool:
+        again = False
+        for s in list(self.states.values()):
+            again = s.walk_again() or again
+        return again
+
+    def writer(self, prepared: Any, location: str, write_opts: Dict[str, Any]) -> Optional[Callable[[], Any]]:
+        for s in list(self.states.values()):
+            w = s.writer(prepared, location, write_opts)
+            if w is not None:
+                return w
+        return None
+
+
+def save_state(memo: Optional[Dict[Any, Any]], key: str, make: Callable[[SaveRun], SaveState]) -> Optional[SaveState]:
+    """The state ``key`` of the save whose memo this is (made by ``make(run)`` the first time);
+    None outside a save."""
+    if memo is None:
+        return None
+    s = memo.get(key)  # (kept in the memo too: one lookup per value met)
+    if s is None:
+        run = memo.get(SAVE)
+        if run is None:
+            return None
+        s = memo[key] = run.states[key] = make(run)
+    return s

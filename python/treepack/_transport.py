@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any, Dict, Iterator, Union
 
-from . import _core
+from . import _core, _registry
 from ._api import Compression, PathLike, StorageOptions, _compression_text, _opts, _path, load, save
 
 _ids = itertools.count()
@@ -54,7 +54,8 @@ def loads(document: Union[str, bytes, bytearray, memoryview], **load_kwargs: Any
     refused, no pickle unless ``allow_pickle=True``), every chunk checked against its hash, and
     ``select=``, ``like=``, ``trust=``, ``expect_root=``… as there.
     """
-    for bad in ("storage_options", "dask", "mmap"):
+    # (Options whose result reads the location later, such as dask=, cannot use a temporary one.)
+    for bad in ("storage_options", *_registry.LOCATION_OPTIONS, "mmap"):
         if load_kwargs.get(bad):
             raise TypeError(f"loads() takes no {bad}=: the document is already in memory")
     doc = document.encode("utf-8") if isinstance(document, str) else bytes(document)

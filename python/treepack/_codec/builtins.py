@@ -1,6 +1,8 @@
 """The built-in Python types stored as ``py.<type>`` custom nodes (sets, ranges, datetimes,
 decimals, UUIDs, paths, enums, pickles…): ``encode_other`` describes them (and records) for the
-Rust walker; ``Decoder`` builds them, and trusted records, back."""
+Rust walker; ``Decoder`` builds them, and trusted records, back. The values of other libraries
+go to the integration that serves them (``_registry``: by the value's class on save, by the node
+or annotation type on load); this module knows none of them."""
 
 from __future__ import annotations
 
@@ -22,14 +24,7 @@ import numpy as np
 
 from .. import _registry as reg
 from .._core import TreepackError
-from .._errors import ForeignFileError
-from ..integrations import audio
-from ..integrations import awkward as awkward_arrays
-from ..integrations import pandas, pillow, pydantic
-from ..integrations import xarray as xarrays
 from .. import _parts
-from ..integrations import jax as jax_arrays
-from ..integrations import torch as torch_tensors
 from . import everyday, files, records
 
 _PATH_CLASSES = {
@@ -43,21 +38,25 @@ _PATH_CLASSES = {
 #: classes be rebuilt once they are trusted.
 _seen_classes: Dict[str, type] = {}
 
+#: Custom node types treepack builds from their data alone: its own ``py.*`` types and the
+#: integrations' (``py.dataframe``, ``py.torch_sparse``…, from the table in ``_registry``).
 BUILTIN_TYPES = frozenset(
     {
         "py.bytearray", "py.set", "py.frozenset", "py.range", "py.slice", "py.ellipsis",
         "py.datetime", "py.date", "py.time", "py.timedelta", "py.timezone", "py.decimal",
-        "py.uuid", "py.path", "py.npscalar", "py.enum", "py.pickle", "py.image",
-        "py.dataframe", "py.series", "py.file", "py.awkward", "py.audio", torch_tensors.SPARSE,
+        "py.uuid", "py.path", "py.npscalar", "py.enum", "py.pickle", "py.file",
     }
-) | everyday.NAMES | xarrays.NAMES | torch_tensors.VALUES
+) | everyday.NAMES | reg.NODES
 #: Custom node types a partial load may build with some children None (containers: an
 #: OrderedDict state_dict with one tensor selected, a pytree with some leaves). Any other custom
 #: node is built whole once anything in it is selected (a DataFrame, a sparse tensor, an image,
 #: a registered type cannot be built from part of its children).
 PARTIAL_TYPES = frozenset(
-    {jax_arrays.PYTREE, "py.ordereddict", "py.counter", "py.defaultdict", "py.deque", "py.objarray", "py.mapping"}
-)
+    {"py.ordereddict", "py.counter", "py.defaultdict", "py.deque", "py.objarray", "py.mapping"}
+) | reg.PARTIAL_NODES
+#: Descriptions kept per save by the object's identity: file-backed objects (an image held by
+#: 10 000 rows is encoded once) and, below, every custom node not of treepack's own ``py.*``.
+_BY_IDENTITY = frozenset({"py.file"}) | reg.FILE_NODES
 # Built-in types that `audit` accepts whatever their data says (enum and pickle name classes, and
 # a defaultdict's factory may).
 AUDIT_FREE = BUILTIN_TYPES - {"py.enum", "py.pickle", "py.defaultdict", "py.mapping"}
@@ -205,7 +204,8 @@ def encode_other(
     if embed and isinstance(obj, pathlib.Path) and obj.is_file():
         obj = files.File(obj)
     d = _describe(obj, where, allow_pickle, omit_static, memo)
-    if memo is not None and (d[1] in ("py.image", "py.file", "py.audio") or not d[1].startswith("py.")) and d[0] == "custom":
+    if memo is not None and (d[1] in _BY_IDENTITY or not d[1].startswith("py.")) and d[0] == "custom" \
+            and d[1] != _parts.SHARDS:  # (a shards node stands for one place's blocks, written by the save)
         memo[id(obj)] = (obj, d)  # the object is kept alive, so its id is not reused meanwhile
     return d
 
@@ -234,13 +234,12 @@ def _describe(
                 f"raised {type(e).__name__}: {e}"
             ) from e
         return ("custom", r.name, None, [("data", data)])
-    if torch_tensors.is_tensor(obj):
-        return torch_tensors.encode(obj, where, memo.get(torch_tensors.STORAGES) if memo is not None else None)
-    d = torch_tensors.encode_value(obj)
-    if d is not None:
-        return d
-    if jax_arrays.is_array(obj):
-        return jax_arrays.encode(obj, where)
+    h = reg.for_type(t)
+    if h is not None and h.encode is not None:
+        # A value of a framework an integration serves (a tensor, a DataFrame, an image…).
+        d = h.encode(obj, where, memo, omit_static)
+        if d is not None:
+            return d
     if t is _parts.Piece:
         return obj.describe()
     d = everyday.encode(obj, t, where)
@@ -252,27 +251,6 @@ def _describe(
         except OSError as e:
             raise TypeError(f"cannot save `{where}`: {obj.path} cannot be read ({e})") from None
         return ("custom", "py.file", json.dumps({"name": obj.name, "path": obj.path}), [("files", {"content": content})])
-    if xarrays.is_xarray(obj):
-        try:
-            return xarrays.encode(obj)
-        except TypeError as e:
-            raise TypeError(f"cannot save `{where}`: {e}") from None
-    if awkward_arrays.is_array(obj):
-        return awkward_arrays.encode(obj)
-    if pandas.is_frame(obj):
-        try:
-            return pandas.encode(obj)
-        except TypeError as e:
-            raise TypeError(f"cannot save `{where}`: {e}") from None
-    if audio.is_audio(obj):
-        data, wav = audio.encode(obj)
-        return ("custom", audio.NAME, json.dumps(data), [("files", {"audio.wav": wav})])
-    if pillow.is_image(obj):
-        try:
-            data, image = pillow.encode(obj)
-        except TypeError as e:
-            raise TypeError(f"cannot save `{where}`: {e}") from None
-        return ("custom", "py.image", json.dumps(data), [("files", {"image": image})])
     if t is bytearray:
         return ("custom", "py.bytearray", None, [("data", bytes(obj))])
     if t is set or t is frozenset:
@@ -311,12 +289,14 @@ def _describe(
             # (None for a combination on some Pythons) is kept for readers of the manifest.
             return ("custom", "py.enum", json.dumps({"class": reg.type_name(t), "member": obj.name, "value": int(obj.value)}), [])
         return ("custom", "py.enum", json.dumps({"class": reg.type_name(t), "member": obj.name}), [])
-    # A registered JAX pytree node (FrozenDict, nnx.State, a flax.struct TrainState): its pytree
-    # children and static data, rebuilt through JAX's unflatten (before dataclasses, which some are).
-    d = jax_arrays.pytree(obj, where, omit_static, reg.type_name(t))
-    if d is not None:
-        _seen_classes[reg.type_name(t)] = t
-        return d
+    # What an integration recognises by its framework's registrations rather than by class
+    # (JAX pytree nodes: FrozenDict, nnx.State, a flax.struct TrainState, rebuilt through JAX's
+    # unflatten), before dataclasses, which some are. Such an object is named by its class.
+    for fallback in reg.gated("fallback"):
+        d = fallback(obj, where, memo, omit_static, reg.type_name(t))
+        if d is not None:
+            _seen_classes[reg.type_name(t)] = t
+            return d
     d = records.describe(obj, t, where, reg.type_name(t))
     if d is not None:
         _seen_classes[reg.type_name(t)] = t
@@ -343,26 +323,10 @@ def _describe(
 
 
 def _unsupported_hint(obj: Any) -> Optional[str]:
-    """What to do instead, for objects people try to save that treepack does not keep whole."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        if isinstance(obj, torch.nn.Module):
-            return (
-                "a torch module holds code as well as data: save model.state_dict() (and the arguments that "
-                "build the model), then model.load_state_dict(treepack.load(...)), as torch recommends"
-            )
-        if isinstance(obj, torch.optim.Optimizer):
-            return "save optimizer.state_dict(), and load it with optimizer.load_state_dict(treepack.load(...))"
-        if isinstance(obj, getattr(torch.optim.lr_scheduler, "LRScheduler", ())):
-            return "save scheduler.state_dict(), and load it with scheduler.load_state_dict(...)"
-    sk = sys.modules.get("sklearn.base")
-    if sk is not None and isinstance(obj, sk.BaseEstimator):
-        return (
-            "a scikit-learn estimator holds fitted state that only its own code rebuilds; scikit-learn "
-            "recommends skops.io (or pickle/joblib for files you trust): save it that way, or save its "
-            "parameters (get_params()) and fitted arrays (the attributes ending in _) as a tree here"
-        )
-    return None
+    """What to do instead, for objects people try to save that treepack does not keep whole (a
+    torch module, a scikit-learn estimator: said by the integration of their framework)."""
+    h = reg.for_type(type(obj))
+    return h.hint(obj) if h is not None and h.hint is not None else None
 
 
 # ---------------------------------------------------------------- decoding
@@ -446,11 +410,12 @@ def check_kind(cls: type, name: str, kind: str) -> None:
 
 class MissingFramework(ImportError):
     """An annotated array (a torch tensor) whose library cannot be imported; ``load`` re-raises
-    it naming every such leaf."""
+    it naming every such leaf, with ``message(paths)`` (the integration's words)."""
 
-    def __init__(self, type_name: str) -> None:
+    def __init__(self, type_name: str, message: Any = None) -> None:
         super().__init__(f"loading {type_name} leaves needs a library that cannot be imported")
         self.type_name = type_name
+        self.message = message or (lambda paths: f"loading {type_name} leaves ({len(paths)}) needs a library that cannot be imported")
 
 
 class BuildError(TreepackError, LookupError, ValueError):
@@ -492,46 +457,61 @@ _DATA_HINT = (
 
 class Decoder:
     """Builds Python objects for record/custom nodes after the audit has passed, and the arrays
-    of other libraries (torch tensors) from their annotated numpy arrays."""
+    of other libraries (torch tensors) from their annotated numpy arrays.
 
-    def __init__(self, trust: Tuple[str, ...], allow_pickle: bool, placeholder: bool, map_location: Any = None,
-                 plain: bool = False) -> None:
+    ``options``: the integrations' load options (``map_location``…), which their builders read.
+    ``plain``: every annotated array comes back as the numpy array it is stored as."""
+
+    def __init__(self, trust: Tuple[str, ...], allow_pickle: bool, placeholder: bool,
+                 options: Optional[Dict[str, Any]] = None, plain: bool = False) -> None:
         self.trust = trust
         self.plain = plain
         self.allow_pickle = allow_pickle
         self.placeholder = placeholder
-        self.map_location = map_location
-        self._tensors: Optional[torch_tensors.Loader] = None
-        self._jax: Optional[jax_arrays.Loader] = None
+        self.options: Dict[str, Any] = dict(options or {})
+        # Annotation type -> its builder for this load; integration -> its builder (one per
+        # load: torch's storages shared by several tensors, say).
+        self._arrays: Dict[str, Any] = {}
+        self._builders: Dict[str, Any] = {}
 
     def array(self, arr: np.ndarray, annotation: str) -> Any:
         """An annotated array: a tensor for the torch types, a ``jax.Array`` (or typed keys) for
-        the JAX ones, the array itself for types this version does not know (the annotation
-        only says what the writer had)."""
+        the JAX ones (each built by its integration), the array itself for types this version
+        does not know (the annotation only says what the writer had)."""
         if self.plain:
             return arr
         ann = json.loads(annotation)
         t = ann.get("type")
-        if t in jax_arrays.TYPES:
-            if self._jax is None:
+        build = self._arrays.get(t) if type(t) is str else _as_stored
+        if build is None:
+            build = self._array_builder(t)
+        return build(arr, ann)
+
+    def _array_builder(self, t: str) -> Any:
+        h = reg.array_handlers(t)
+        if h is None:
+            build = _as_stored
+        else:
+            build = self._builders.get(id(h))
+            if build is None:
                 try:
-                    self._jax = jax_arrays.Loader()
+                    build = h.arrays(self.options)
                 except ImportError:
-                    if self.placeholder:
-                        return arr
-                    raise MissingFramework(t) from None
-            return self._jax.array(arr, ann)
-        if t not in torch_tensors.TYPES:
-            return arr
-        if self._tensors is None:
-            try:
-                import torch  # noqa: F401
-            except ImportError:
-                if self.placeholder:
-                    return arr
-                raise MissingFramework(ann["type"]) from None
-            self._tensors = torch_tensors.Loader(self.map_location)
-        return self._tensors.tensor(arr, ann)
+                    if not self.placeholder:
+                        raise MissingFramework(t, h.missing) from None
+                    build = _as_stored
+                self._builders[id(h)] = build
+        self._arrays[t] = build
+        return build
+
+    def trusted(self, name: str) -> bool:
+        """Whether the class ``name`` (``module:qualname``) may be built: trusted or registered."""
+        return reg.is_trusted(name, self.trust) or reg.lookup_name(name) is not None
+
+    def missing(self, type_name: str, data: Any, reason: str, files: Optional[Dict[str, bytes]] = None) -> Any:
+        """What stands for an object that cannot be built: an ``Unloadable`` with
+        ``on_missing="placeholder"``, else a ``BuildError``."""
+        return self._missing(type_name, data, reason, files)
 
     def _missing(self, type_name: str, data: Any, reason: str, files: Optional[Dict[str, bytes]] = None) -> Any:
         if self.placeholder:
@@ -550,7 +530,7 @@ class Decoder:
             # What the object's own code or a library raised about the stored data: the same
             # error, said with the object's type (and, by load, its file and key path).
             name = type_name
-            if type_name in ("py.enum", jax_arrays.PYTREE) and isinstance(data_json, str):
+            if (type_name == "py.enum" or type_name in reg.CLASS_NODES) and isinstance(data_json, str):
                 try:
                     name = json.loads(data_json).get("class") or type_name
                 except (ValueError, AttributeError, RecursionError):
@@ -571,8 +551,9 @@ class Decoder:
             return records.build(cls, kids)
         if type_name.startswith("py."):
             return self._builtin(type_name, data, kids)
-        if type_name == jax_arrays.PYTREE:
-            return self._pytree(data, kids)
+        build = reg.node_decoder(type_name)
+        if build is not None:  # an integration's (jax.pytree)
+            return build(self, type_name, data, kids)
         r = reg.lookup_name(type_name)
         found = files.files_of(kids)
         if r is None:
@@ -584,23 +565,6 @@ class Decoder:
                 raise ValueError(f"{type_name}: the stored object has no files, but its registration loads files")
             return r.load(files.Files(found, kids.get("data")))
         return r.from_data(kids.get("data"))
-
-    def _pytree(self, data: Any, kids: Dict[str, Any]) -> Any:
-        name = data.get("class") if isinstance(data, dict) else None
-        if not isinstance(name, str):
-            raise ValueError("jax.pytree: the node names no class")
-        if not (reg.is_trusted(name, self.trust) or reg.lookup_name(name)):
-            return self._missing(name, kids, "type is not trusted (pass trust=[...])")
-        if data.get("static") == "omitted":
-            return self._missing(
-                name, kids, "saved with omit_static=True (its static data, code, was left out): load it with "
-                "like=<an instance>, whose static data is used"
-            )
-        try:
-            cls = resolve_class(name)
-            return jax_arrays.pytree_build(cls, data, list(kids.values()))
-        except LookupError as e:
-            return self._missing(name, kids, str(e))
 
     def _builtin(self, t: str, data: Any, kids: Dict[str, Any]) -> Any:
         if t in everyday.NAMES:
@@ -650,25 +614,6 @@ class Decoder:
                 return cls[data["member"]]
             except (LookupError, KeyError, ValueError) as e:
                 return self._missing(name, data, f"enum member cannot be found: {e}")
-        if t in xarrays.NAMES:
-            try:
-                return xarrays.decode(t, kids)
-            except LookupError as e:
-                return self._missing(t, None, str(e))
-        if t == torch_tensors.SPARSE:
-            return torch_tensors.decode_sparse(data, kids)
-        if t in torch_tensors.VALUES:
-            return torch_tensors.decode_value(t, data, kids)
-        if t in ("py.dataframe", "py.series"):
-            try:
-                return pandas.decode(t, kids)
-            except LookupError as e:
-                return self._missing(t, None, str(e))
-        if t == awkward_arrays.NAME:
-            try:
-                return awkward_arrays.decode(data, kids)
-            except LookupError as e:
-                return self._missing(t, data, str(e))
         if t == "py.file":
             found = files.files_of(kids)
             if found is None or "content" not in found or not isinstance(data, dict) or not isinstance(data.get("name"), str):
@@ -677,24 +622,17 @@ class Decoder:
             f = files.File(data=found["content"], name=data["name"])
             f.path = data.get("path") if isinstance(data.get("path"), str) else None
             return f
-        if t == audio.NAME:
-            found = files.files_of(kids)
-            if found is None or "audio.wav" not in found:
-                raise ValueError(f"{audio.NAME}: the node has no audio.wav file")
-            try:
-                return audio.decode(data, found["audio.wav"])
-            except ForeignFileError as e:
-                return self._missing(t, data, str(e), found)
-        if t == "py.image":
-            found = files.files_of(kids)
-            if found is None or "image" not in found or not isinstance(data, dict):
-                raise ValueError("py.image: the node has no image file")
-            try:
-                return pillow.decode(data, found["image"])
-            except (LookupError, ForeignFileError) as e:
-                return self._missing(t, data, str(e), found)
         if t == "py.pickle":
             if not self.allow_pickle:
                 return self._missing(data.get("class", t), None, "pickled object (pass allow_pickle=True)")
             return pickle.loads(kids["data"])
+        build = reg.node_decoder(t)
+        if build is not None:  # an integration's (py.dataframe, py.image, py.torch_sparse…)
+            return build(self, t, data, kids)
         return self._missing(t, data, "unknown built-in type (written by a newer treepack?)")
+
+
+def _as_stored(arr: np.ndarray, ann: Dict[str, Any]) -> np.ndarray:
+    """An annotated array no integration builds (or whose framework is missing, with
+    ``on_missing="placeholder"``): the array as stored."""
+    return arr

@@ -6,7 +6,8 @@ attribute it holds: the rest of its ``__dict__`` (``_name_or_path`` of a transfo
 what ``__post_init__`` set) and its ``__slots__`` beyond the fields. A class with its own
 ``__getstate__`` is saved as that state (a dict of named values), and one with its own
 ``__setstate__`` gets it back through that method. pydantic models add their private
-attributes and the set of fields given (``__pydantic_fields_set__``).
+attributes and the set of fields given (``__pydantic_fields_set__``): records of a framework's
+classes are described and built by its integration (``record_fields``, ``record_build``).
 
 Loading never calls ``__init__`` or ``__post_init__`` (pickle does not either): a dataclass or
 attrs instance is made with ``cls.__new__(cls)`` and its state put back, ``__dict__`` entries
@@ -21,8 +22,7 @@ import dataclasses
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-#: The child of a pydantic record holding the names of the fields that were given.
-FIELDS_SET = "__pydantic_fields_set__"
+from .. import _registry as reg
 
 Pairs = List[Tuple[str, Any]]
 
@@ -132,10 +132,11 @@ def describe(obj: Any, t: type, where: str, name: str) -> Optional[Tuple[str, st
         import attr
 
         return (kind, name, None, state(obj, [a.name for a in attr.fields(t)], where))
-    from ..integrations import pydantic
-
-    if pydantic.is_model(obj):
-        return ("record_built", name, None, pydantic.fields(obj, where))
+    h = reg.for_type(t)
+    if h is not None and h.record_fields is not None:
+        kids = h.record_fields(obj, where)  # (a pydantic model: made from its fields, validated)
+        if kids is not None:
+            return ("record_built", name, None, kids)
     if isinstance(obj, tuple) and hasattr(t, "_fields"):
         kids: Pairs = list(zip(t._fields, obj))
         d = _instance_dict(obj)
@@ -145,16 +146,18 @@ def describe(obj: Any, t: type, where: str, name: str) -> Optional[Tuple[str, st
     return None
 
 
-def is_record_class(cls: type) -> bool:
-    from ..integrations import pydantic
+def _integration_record(cls: type) -> Any:
+    """The integration whose framework's records ``cls`` makes (a pydantic model), or None."""
+    h = reg.for_type(cls) if isinstance(cls, type) else None
+    return h if h is not None and h.record_class is not None and h.record_class(cls) else None
 
-    return dataclasses.is_dataclass(cls) or is_namedtuple(cls) or pydantic.is_model_class(cls) or is_attrs(cls)
+
+def is_record_class(cls: type) -> bool:
+    return dataclasses.is_dataclass(cls) or is_namedtuple(cls) or _integration_record(cls) is not None or is_attrs(cls)
 
 
 def build(cls: type, kids: Dict[str, Any]) -> Any:
     """The instance a record node stands for (see the module's docs)."""
-    from ..integrations import pydantic
-
     if is_namedtuple(cls):
         missing = [f for f in cls._fields if f not in kids]
         if missing:
@@ -167,8 +170,9 @@ def build(cls: type, kids: Dict[str, Any]) -> Any:
                 raise ValueError(f"{cls.__qualname__} instances hold no attributes, but the file gives {sorted(extra)}")
             d.update(extra)
         return obj
-    if pydantic.is_model_class(cls):
-        return pydantic.build(cls, kids)
+    h = _integration_record(cls)
+    if h is not None:
+        return h.record_build(cls, kids)
     obj = cls.__new__(cls)
     if _own(cls, "__setstate__"):
         obj.__setstate__(dict(kids))

@@ -34,7 +34,7 @@ def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ..
             cls = json.loads(data_json).get("class", "?") if data_json else "?"
             if not (reg.is_trusted(cls, trust) or reg.lookup_name(cls)):
                 flag(cls, path)
-        elif name == "jax.pytree":
+        elif name in reg.CLASS_NODES:  # an integration's node naming its class (jax.pytree)
             cls = (json.loads(data_json) or {}).get("class", "?") if data_json else "?"
             if not (reg.is_trusted(cls, trust) or reg.lookup_name(cls)):
                 flag(cls, path)

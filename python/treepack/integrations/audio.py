@@ -7,8 +7,12 @@ library). Samples held as numpy arrays need nothing of this: they are arrays."""
 from __future__ import annotations
 
 import io
+import json
 import wave
 from typing import Any, Dict, Tuple
+
+from .. import _plugin
+from .._plugin import ForeignFileError
 
 NAME = "py.audio"
 
@@ -39,8 +43,6 @@ def encode(w: Any) -> Tuple[Dict[str, Any], bytes]:
 def decode(data: Any, b: bytes) -> Any:
     """A reader over the stored WAV bytes, checked: its header must parse, and the frames its
     ``data`` chunk declares must be in the bytes."""
-    from .._errors import ForeignFileError
-
     try:
         w = wave.open(io.BytesIO(b), "rb")
     except Exception as e:  # noqa: BLE001 - wave raises Error, EOFError, RuntimeError, struct.error, ...
@@ -54,3 +56,26 @@ def decode(data: Any, b: bytes) -> Any:
         raise ForeignFileError(f"{NAME}: the stored WAV file declares {w.getnframes()} frames ({need} bytes) but holds "
                                f"{len(b)} bytes; the file was damaged or written by something else")
     return w
+
+
+# ---------------------------------------------------------------- the plug-in
+
+
+def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Any:
+    if not is_audio(obj):
+        return None
+    data, wav = encode(obj)
+    return ("custom", NAME, json.dumps(data), [("files", {"audio.wav": wav})])
+
+
+def _decode(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
+    found = _plugin.files_of(kids)
+    if found is None or "audio.wav" not in found:
+        raise ValueError(f"{NAME}: the node has no audio.wav file")
+    try:
+        return decode(data, found["audio.wav"])
+    except ForeignFileError as e:
+        return dec.missing(t, data, str(e), found)
+
+
+_plugin.integrate(__name__, encode=_encode, nodes={NAME: _decode})

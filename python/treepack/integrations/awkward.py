@@ -17,6 +17,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .. import _plugin
+
 NAME = "py.awkward"
 
 Description = Tuple[str, str, Optional[str], List[Tuple[str, Any]]]
@@ -72,3 +74,33 @@ def lazy(data: Any, read: Callable[[str], np.ndarray], keys: List[str]) -> Any:
     virtual arrays)."""
     container = {k: (lambda k=k: read(k)) for k in keys}
     return _rebuild(data, container)
+
+
+# ---------------------------------------------------------------- the plug-in
+
+
+def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Optional[Description]:
+    return encode(obj) if is_array(obj) else None
+
+
+def _decode(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
+    try:
+        return decode(data, kids)
+    except LookupError as e:
+        return dec.missing(t, data, str(e))
+
+
+def _view(reader: Any, path: str, data: Any, where: Any) -> Any:
+    """``open(path)[...]`` at an Awkward Array: a lazy array reading only the buffers its
+    operations need; None (a View) when awkward is not installed."""
+    try:
+        import awkward  # noqa: F401
+    except ImportError:
+        return None
+    base = f"{path}/buffers"
+    keys = [k for _, k in reader.children(base)]
+    segs = {k: seg for seg, k in reader.children(base)}
+    return lazy(data, lambda k: _plugin.LazyArray(reader, f"{base}/{segs[k]}", where).read(), keys)
+
+
+_plugin.integrate(__name__, encode=_encode, nodes={NAME: _decode}, views={NAME: _view})

@@ -24,9 +24,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._parts import SHARDS, Piece
-from .._parts import commit as commit_parts
-
+from .. import _plugin
+from .._plugin import SHARDS, LeafInfo, Piece, StructNode, commit_parts
+from . import xarray as xarrays
 
 
 def is_array(obj: Any) -> bool:
@@ -35,12 +35,22 @@ def is_array(obj: Any) -> bool:
     return da is not None and isinstance(obj, da.Array)
 
 
-class Found:
+class Found(_plugin.SaveState):
     """The Dask arrays one save met, in order."""
 
     def __init__(self, chunk_bytes: Optional[int]) -> None:
         self.chunk_bytes = chunk_bytes
         self.arrays: List[Tuple[Any, Dict[str, Any]]] = []
+
+    def reset(self) -> None:
+        # (A walk started over meets the arrays again, numbered from zero.)
+        self.arrays.clear()
+
+    def writer(self, prepared: Any, p: str, write_opts: Dict[str, Any]) -> Any:
+        # Dask arrays: their blocks are written by the tasks that compute them (docs/dask.md).
+        if not self.arrays:
+            return None
+        return lambda: save(prepared, self, p, write_opts)
 
 
 #: Blocks smaller than this are merged (a Dask rechunk) into blocks of about ``MERGED_BLOCK_BYTES``
@@ -73,8 +83,6 @@ def _regular(arr: Any) -> Any:
 def placeholder(arr: Any, where: str, found: Found) -> Tuple[str, str, str, list]:
     """``encode_other``'s description of a Dask array in a save: an empty ``treepack.shards``
     node naming it, whose blocks the save's tasks will write."""
-    from .. import _codec, _core
-
     if arr.dtype == object:
         raise TypeError(f"cannot save `{where}`: a Dask array of dtype object holds Python objects, not array data")
     if any(np.isnan(n) for c in arr.chunks for n in c):
@@ -87,9 +95,9 @@ def placeholder(arr: Any, where: str, found: Found) -> Tuple[str, str, str, list
     block = [max(1, int(c[0])) for c in arr.chunks]
     data = {
         "id": str(len(found.arrays)),
-        "dtype": json.loads(_codec.encode_array(np.empty(0, dt))[1]),
+        "dtype": json.loads(_plugin.encode_array(np.empty(0, dt))[1]),
         "shape": shape,
-        "chunk_shape": _core.block_chunk_shape(shape, block, dt.itemsize, found.chunk_bytes or None) if shape else [],
+        "chunk_shape": _plugin.core.block_chunk_shape(shape, block, dt.itemsize, found.chunk_bytes or None) if shape else [],
         "origins": [],
     }
     found.arrays.append((arr, data))
@@ -106,22 +114,18 @@ class _Block:
 
 
 def _encode(obj: Any, where: str) -> Any:
-    from .. import _codec
-
     if type(obj) is _Block:
         return ("custom", SHARDS, json.dumps(obj.data, sort_keys=True), [("0", Piece(obj.value, obj.data["chunk_shape"]))])
-    return _codec.encode_other(obj, where, False)
+    return _plugin.encode_other(obj, where, False)
 
 
 def write_block(block: np.ndarray, block_info: Any = None, *, location: str, data: Dict[str, Any],
                 write_opts: Dict[str, Any]) -> np.ndarray:
     """The task for one block: write its chunks (one pack), return its part's manifest."""
-    from .. import _codec, _core
-
     loc = block_info[0]["array-location"] if block_info else []
     d = dict(data, origins=[[int(start) for start, _ in loc]])
     value = np.ascontiguousarray(block)
-    prepared = _core.prepare([_Block(d, value)], _encode, _codec.encode_array)
+    prepared = _plugin.core.prepare([_Block(d, value)], _encode, _plugin.encode_array)
     part, _ = prepared.write_part(location, **write_opts)
     out = np.empty((1,) * block.ndim, dtype=object)
     out.flat[0] = part
@@ -163,16 +167,13 @@ _readers_lock = threading.Lock()
 
 def _reader(location: str, storage_options: Optional[Dict[str, Any]]) -> Any:
     """A Reader per (location, options) per process, kept for the tasks that follow."""
-    from .. import _core
-    from .._api import _opts
-
     key = (location, json.dumps(storage_options, sort_keys=True, default=str))
     with _readers_lock:
         r = _readers.get(key)
         if r is not None:
             _readers.move_to_end(key)
             return r
-    r = _core.Reader(location, _opts(storage_options))
+    r = _plugin.core.Reader(location, _plugin.storage_options(storage_options))
     with _readers_lock:
         _readers[key] = r
         while len(_readers) > 16:
@@ -190,11 +191,8 @@ class Source:
         self.shape, self.dtype, self.ndim, self.verify = shape, dtype, len(shape), verify
 
     def __getitem__(self, index: Any) -> np.ndarray:
-        from .. import _codec
-        from .._lazy import _slice_text
-
-        text = _slice_text(index, self.ndim) if index != () else ""
-        return _reader(self.location, self.storage_options).read_array(self.path, text, _codec.np_dtype, self.verify)
+        text = _plugin.slice_text(index, self.ndim) if index != () else ""
+        return _reader(self.location, self.storage_options).read_array(self.path, text, _plugin.np_dtype, self.verify)
 
 
 def to_dask(source: Source, chunks: Any, stored_chunks: Optional[Tuple[int, ...]]) -> Any:
@@ -240,10 +238,6 @@ def load_lazy(reader: Any, location: str, storage_options: Any, structure: Any, 
     usual by ``load_rest(keep, decoder)``, which reads only the leaves in ``keep``. Arrays
     inside other records and custom objects load eagerly (those objects are built from their
     fields)."""
-    from .._api import StructNode
-    from .._like import LeafInfo, _take_all
-    from . import xarray as xarrays
-
     transparent = xarrays.NAMES
     lazy: Dict[str, Any] = {}
     keep: set = set()
@@ -262,14 +256,12 @@ def load_lazy(reader: Any, location: str, storage_options: Any, structure: Any, 
         elif isinstance(s, StructNode) and s.type_name in transparent:
             stack.extend(s.children.values())
         else:
-            _take_all(s, keep)
+            _plugin.take_all(s, keep)
     out = load_rest(keep, _Deferring(dec, transparent))
 
     def array(info: Any) -> Any:
-        from .._like import _stored_dtype
-
         stored = reader.chunk_shape(info.path)
-        src = Source(location, info.path, storage_options, tuple(info.shape), _stored_dtype(info), verify)
+        src = Source(location, info.path, storage_options, tuple(info.shape), _plugin.stored_dtype(info), verify)
         return to_dask(src, None, tuple(stored) if stored else None)
 
     def put(o: Any, s: Any) -> Any:
@@ -293,3 +285,65 @@ def load_lazy(reader: Any, location: str, storage_options: Any, structure: Any, 
         return o
 
     return put(out, structure)
+
+
+# ---------------------------------------------------------------- Zarr / HDF5 arrays read lazily
+
+
+class LazyArrays:
+    """Foreign arrays (h5py datasets, Zarr arrays) as Dask arrays read block by block, for the
+    converters (``treepack._hierarchy``): a save then writes them block by block too."""
+
+    def array(self, a: Any, chunks: Any, view: Optional[np.dtype]) -> Any:
+        import dask.array as da
+
+        x = da.from_array(a, chunks=chunks, lock=False, asarray=True)
+        return x.map_blocks(lambda blk: blk.view(view), dtype=view) if view is not None else x
+
+    def on_this_thread(self) -> Any:
+        """A context in which Dask computes on the calling thread only (HDF5 reads)."""
+        import dask
+
+        return dask.config.set(scheduler="synchronous")
+
+
+def lazy_arrays() -> Optional[LazyArrays]:
+    """`LazyArrays`, or None when Dask is not installed."""
+    try:
+        import dask.array  # noqa: F401
+    except ImportError:
+        return None
+    return LazyArrays()
+
+
+# ---------------------------------------------------------------- the plug-in
+
+
+def _encode_array(obj: Any, where: str, memo: Any, omit_static: bool) -> Any:
+    # Outside a save (no memo of one), a Dask array is nothing treepack stores.
+    found = _plugin.save_state(memo, "dask.arrays", _found) if is_array(obj) else None
+    return placeholder(obj, where, found) if found is not None else None
+
+
+def _found(run: Any) -> Found:
+    return Found(run.chunk_bytes)
+
+
+def _load(request: Any) -> Any:
+    """``load(path, dask=True)``: see `load_lazy`."""
+    if not request.options.get("dask"):
+        return _plugin.DECLINE
+    if request.select is not None or request.like is not None or request.mmap:
+        raise ValueError("load(dask=True) takes no select=, like= or mmap=: slice the Dask arrays instead")
+    r = request.reader()
+    return load_lazy(r, request.path, request.storage_options, request.structure(r), request.decoder,
+                     lambda keep, decoder: request.load_kept(r, keep, decoder), request.verify)
+
+
+def _to_dask(location: str, path: str, storage_options: Any, shape: Tuple[int, ...], dtype: np.dtype, verify: bool,
+             chunks: Any, stored_chunks: Optional[Tuple[int, ...]]) -> Any:
+    """``LazyArray.to_dask``."""
+    return to_dask(Source(location, path, storage_options, shape, dtype, verify), chunks, stored_chunks)
+
+
+_plugin.integrate(__name__, encode=_encode_array, load=_load, methods={"to_dask": _to_dask, "lazy_arrays": lazy_arrays})

@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .. import _plugin
+
 Description = Tuple[str, str, Optional[str], List[Tuple[str, Any]]]
 
 #: Nullable extension dtypes stored as values + mask, by name; their numpy value dtype.
@@ -262,3 +264,27 @@ def _index_back(pd: Any, d: Dict[str, Any]) -> Any:
             raise ValueError(f"py.dataframe: the index's freq {freq!r} does not fit its values ({e})") from None
     raise ValueError(f"py.dataframe: unknown index kind {kind!r}")
 
+
+# ---------------------------------------------------------------- the plug-in
+
+
+NAMES = ("py.dataframe", "py.series")
+
+
+def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Optional[Description]:
+    if not is_frame(obj):
+        return None
+    try:
+        return encode(obj)
+    except TypeError as e:
+        raise TypeError(f"cannot save `{where}`: {e}") from None
+
+
+def _decode(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
+    try:
+        return decode(t, kids)
+    except LookupError as e:
+        return dec.missing(t, None, str(e))
+
+
+_plugin.integrate(__name__, encode=_encode, nodes={name: _decode for name in NAMES})

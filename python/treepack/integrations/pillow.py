@@ -9,9 +9,13 @@ installed (loading): ``import treepack`` never imports it."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import sys
 from typing import Any, Dict, Optional, Tuple
+
+from .. import _plugin
+from .._plugin import ForeignFileError
 
 #: Formats a load may decode (Pillow has had CVEs in rarer decoders). docs/security.md.
 FORMATS = ("PNG", "JPEG", "WEBP")
@@ -74,9 +78,7 @@ def _png(img: Any) -> Tuple[bytes, str]:
     if not img.info:
         # Pixels and nothing else (no palette, transparency key, ICC profile or other info
         # Pillow would write): encoded in Rust, 3-4x faster than Pillow's encoder.
-        from .. import _core
-
-        b = _core.encode_png(img.tobytes(), img.width, img.height, img.mode)
+        b = _plugin.core.encode_png(img.tobytes(), img.width, img.height, img.mode)
         if b is not None:
             return b, "PNG"
     buf = io.BytesIO()
@@ -93,8 +95,6 @@ def decode(data: Dict[str, Any], b: bytes) -> Any:
         from PIL import Image
     except ImportError:
         raise LookupError("loading images needs Pillow (pip install pillow)") from None
-    from .._errors import ForeignFileError
-
     fmt = data.get("format")
     if fmt not in FORMATS:
         raise ForeignFileError(f"image format {fmt!r} is not allowed (only {', '.join(FORMATS)})")
@@ -110,3 +110,32 @@ def decode(data: Dict[str, Any], b: bytes) -> Any:
             f"the stored bytes ({len(b)} bytes, starting {b[:8]!r}) are {what} {fmt} image"
             f"{'' if isinstance(e, Image.UnidentifiedImageError) else f' ({type(e).__name__}: {e})'}; "
             "the file was damaged or written by something else") from None
+
+
+# ---------------------------------------------------------------- the plug-in
+
+
+NAME = "py.image"
+
+
+def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Any:
+    if not is_image(obj):
+        return None
+    try:
+        data, image = encode(obj)
+    except TypeError as e:
+        raise TypeError(f"cannot save `{where}`: {e}") from None
+    return ("custom", NAME, json.dumps(data), [("files", {"image": image})])
+
+
+def _decode(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
+    found = _plugin.files_of(kids)
+    if found is None or "image" not in found or not isinstance(data, dict):
+        raise ValueError("py.image: the node has no image file")
+    try:
+        return decode(data, found["image"])
+    except (LookupError, ForeignFileError) as e:
+        return dec.missing(t, data, str(e), found)
+
+
+_plugin.integrate(__name__, encode=_encode, nodes={NAME: _decode})

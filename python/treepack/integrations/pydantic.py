@@ -6,7 +6,9 @@ pydantic is already imported: ``import treepack`` never imports it."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
+
+from .. import _plugin
 
 
 def is_model(obj: Any) -> bool:
@@ -62,3 +64,13 @@ def build(cls: type, fields: Dict[str, Any]) -> Any:
             raise ValueError(f"{FIELDS_SET} must list fields of {cls.__qualname__}, got {given!r}")
         object.__setattr__(obj, "__pydantic_fields_set__", set(given))
     return obj
+
+
+# ---------------------------------------------------------------- the plug-in
+
+
+def _record_fields(obj: Any, where: str) -> Optional[List[Tuple[str, Any]]]:
+    return fields(obj, where) if is_model(obj) else None
+
+
+_plugin.integrate(__name__, record_fields=_record_fields, record_class=is_model_class, record_build=build)

@@ -19,6 +19,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+from .. import _plugin
+
 TENSOR = "torch.Tensor"
 PARAMETER = "torch.nn.Parameter"
 TYPES = (TENSOR, PARAMETER)
@@ -73,7 +75,7 @@ def _dtype_name(dt: Any) -> str:
 STORAGES = "torch.storages"
 
 
-class Storages:
+class Storages(_plugin.SaveState):
     """One save's view of the storages its tensors use, so that tensors sharing one (tied
     weights: GPT-2's ``lm_head.weight`` and ``wte.weight``; a tensor and a view of it) share one
     again when loaded, as ``torch.load`` gives them.
@@ -120,6 +122,9 @@ class Storages:
                 self.shared[key] = len(self.shared)
         self.second = True
         return bool(self.shared)
+
+    def walk_again(self) -> bool:
+        return not self.second and self.needs_second_walk()
 
 
 def _extent(offset: int, shape: Any, stride: Any) -> int:
@@ -506,3 +511,74 @@ def missing_message(paths: list) -> str:
         "install it (pip install torch, or pip install 'treepack[torch]'), or pass on_missing='placeholder' "
         "to load them as numpy arrays"
     )
+
+
+# ---------------------------------------------------------------- the plug-in
+
+
+def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Optional[Tuple[str, str, Optional[str], list]]:
+    if is_tensor(obj):
+        return encode(obj, where, _plugin.save_state(memo, STORAGES, _storages))
+    return encode_value(obj)
+
+
+def _storages(run: Any) -> Storages:
+    return Storages()
+
+
+def _hint(obj: Any) -> Optional[str]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if isinstance(obj, torch.nn.Module):
+        return (
+            "a torch module holds code as well as data: save model.state_dict() (and the arguments that "
+            "build the model), then model.load_state_dict(treepack.load(...)), as torch recommends"
+        )
+    if isinstance(obj, torch.optim.Optimizer):
+        return "save optimizer.state_dict(), and load it with optimizer.load_state_dict(treepack.load(...))"
+    if isinstance(obj, getattr(torch.optim.lr_scheduler, "LRScheduler", ())):
+        return "save scheduler.state_dict(), and load it with scheduler.load_state_dict(...)"
+    return None
+
+
+def _tensors(options: Dict[str, Any]) -> Callable[[np.ndarray, Dict[str, Any]], Any]:
+    import torch  # noqa: F401  (an ImportError here: the load's tensors cannot be made)
+
+    return Loader(options.get("map_location")).tensor
+
+
+def _decode_sparse(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
+    return decode_sparse(data, kids)
+
+
+def _decode_value(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
+    return decode_value(t, data, kids)
+
+
+def _like_leaf(like: Any, stored: Any, where: str) -> Optional[str]:
+    """A tensor of ``like=`` at a stored leaf: checked, then read into in place (``"into"``), or
+    loaded as a new tensor when it is on the ``meta`` device (``"keep"``)."""
+    if not is_tensor(like):
+        return None
+    check_like(like, stored, where, _plugin.stored_dtype(stored) if stored.kind == "array" else None)
+    return "keep" if is_meta(like) else "into"
+
+
+def _like_graft(out: Any, like: Any, options: Dict[str, Any]) -> Any:
+    if is_meta(like):
+        return from_meta(out, like, options.get("map_location"))
+    return _plugin.DECLINE
+
+
+_plugin.integrate(
+    __name__,
+    encode=_encode,
+    hint=_hint,
+    nodes={SPARSE: _decode_sparse, **{name: _decode_value for name in VALUES}},
+    arrays=_tensors,
+    missing=lambda paths: missing_message(paths),
+    like_leaf=_like_leaf,
+    read_into=lambda reader, path, t, verify: read_into(reader, path, t, verify),
+    like_graft=_like_graft,
+)

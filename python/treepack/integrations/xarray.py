@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .. import _plugin
+
 DATASET = "py.xr.dataset"
 DATAARRAY = "py.xr.dataarray"
 NAMES = frozenset({DATASET, DATAARRAY})
@@ -71,3 +73,25 @@ def decode(t: str, kids: Dict[str, Any]) -> Any:
         return xr.DataArray(var, coords=coords, name=kids.get("name"), fastpath=False)
     data_vars = {n: _build(xr, v) for n, v in (kids.get("data_vars") or {}).items()}
     return xr.Dataset(data_vars=data_vars, coords=coords, attrs=kids.get("attrs") or None)
+
+
+# ---------------------------------------------------------------- the plug-in
+
+
+def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Optional[Description]:
+    if not is_xarray(obj):
+        return None
+    try:
+        return encode(obj)
+    except TypeError as e:
+        raise TypeError(f"cannot save `{where}`: {e}") from None
+
+
+def _decode(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
+    try:
+        return decode(t, kids)
+    except LookupError as e:
+        return dec.missing(t, None, str(e))
+
+
+_plugin.integrate(__name__, encode=_encode, nodes={name: _decode for name in NAMES})

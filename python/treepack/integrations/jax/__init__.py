@@ -22,6 +22,9 @@ Nothing here imports JAX unless the process already did (``sys.modules``) or the
 JAX leaves.
 """
 
+from typing import Any, Callable, Dict, List, Optional
+
+from ... import _plugin
 from .arrays import ARRAY, KEY, TYPES, Loader, encode, is_array, missing_message, sharding_data
 from .like import READ_AHEAD_BYTES, _read_target, applies, load_like
 from .multiprocess import TIMEOUT_S, save_collective, spans_processes
@@ -32,3 +35,70 @@ __all__ = [
     "load_like", "missing_message", "pytree", "pytree_build", "register", "save_collective", "sharding_data",
     "spans_processes",
 ]
+
+
+# ---------------------------------------------------------------- the plug-in
+
+
+def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Any:
+    return encode(obj, where) if is_array(obj) else None
+
+
+def _fallback(obj: Any, where: str, memo: Any, omit_static: bool, type_name: str) -> Any:
+    # A registered pytree node of any module (flax, optax, flax.struct classes of the user's).
+    return pytree(obj, where, omit_static, type_name)
+
+
+def _decode_pytree(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
+    """A ``jax.pytree`` node: its class, when trusted, rebuilt through JAX's unflatten."""
+    name = data.get("class") if isinstance(data, dict) else None
+    if not isinstance(name, str):
+        raise ValueError("jax.pytree: the node names no class")
+    if not dec.trusted(name):
+        return dec.missing(name, kids, "type is not trusted (pass trust=[...])")
+    if data.get("static") == "omitted":
+        return dec.missing(
+            name, kids, "saved with omit_static=True (its static data, code, was left out): load it with "
+            "like=<an instance>, whose static data is used"
+        )
+    try:
+        cls = _plugin.resolve_class(name)
+        return pytree_build(cls, data, list(kids.values()))
+    except LookupError as e:
+        return dec.missing(name, kids, str(e))
+
+
+def _arrays(options: Dict[str, Any]) -> Callable[[Any, Dict[str, Any]], Any]:
+    return Loader().array  # (an ImportError without JAX)
+
+
+def _like(request: Any, reader: Any, like: Any, structure: Any) -> Any:
+    if not applies(like):
+        return _plugin.DECLINE
+    return load_like(reader, like, structure, request.decoder, _plugin.np_dtype,
+                     lambda subtrees, nodes: request.audit_built(reader, subtrees, nodes), request.mmap, request.verify)
+
+
+def _save(tree: Any, p: str, prepare: Callable[[Any], Any], write_opts: Dict[str, Any],
+          chunk_bytes: Optional[int]) -> Optional[Callable[[], Any]]:
+    # One save of a multi-process JAX job: every process writes its part, process 0 commits.
+    if not spans_processes(tree):
+        return None
+    return save_collective(tree, p, prepare, write_opts, chunk_bytes)
+
+
+def _missing(paths: List[str]) -> str:
+    return missing_message(paths)
+
+
+_plugin.integrate(
+    __name__,
+    encode=_encode,
+    fallback=_fallback,
+    nodes={PYTREE: _decode_pytree},
+    arrays=_arrays,
+    missing=_missing,
+    like=_like,
+    save=_save,
+    structure=register,
+)

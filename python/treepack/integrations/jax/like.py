@@ -10,6 +10,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ... import _plugin
+from ..._plugin import LeafInfo, StructNode
 from .pytrees import _NATIVE, _key_text, register
 
 
@@ -20,8 +22,6 @@ def applies(like: Any) -> bool:
     if jax is None or like is None or isinstance(like, bool):
         return False
     import jax.tree_util as jtu
-
-    from ... import StructNode
 
     leaves, td = jtu.tree_flatten(like, is_leaf=lambda x: isinstance(x, StructNode))
     if any(isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) for x in leaves):
@@ -42,8 +42,7 @@ def _stored_child(stored: Any, k: Any, path: str) -> Tuple[Any, str]:
     """The stored node at pytree key ``k`` below ``stored`` (a structure node) and its path."""
     import jax.tree_util as jtu
 
-    from ..._like import LeafInfo, _child, _kind, _where
-
+    _where, _child, _kind = _plugin.where, _plugin.child_path, _plugin.describe_stored
     if isinstance(stored, LeafInfo):
         raise ValueError(f"like=: at {_where(path)} like= has a container but the file holds {_kind(stored)}")
     if isinstance(stored, (list, tuple)):
@@ -90,8 +89,7 @@ def _plan(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[s
     scalars, no sharding)."""
     import jax
 
-    from ..._like import _kind, _stored_dtype
-
+    _kind, _stored_dtype = _plugin.describe_stored, _plugin.stored_dtype
     sharding = getattr(target, "sharding", None)
     if info.kind in ("int", "float", "bool", "complex") and tuple(target.shape) == ():
         # A Python scalar saved where the template has a 0-d array (a TrainState's step).
@@ -144,7 +142,7 @@ def _read_sharded(reader: Any, plans: List[_Sharded], np_dtype: Callable[[str], 
 
     import jax
 
-    from ..._lazy import _slice_text
+    _slice_text = _plugin.slice_text
 
     def read(pl: _Sharded, index: Tuple[slice, ...]) -> np.ndarray:
         text = _slice_text(tuple(index), len(pl.shape)) if index else ""
@@ -187,9 +185,7 @@ def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callab
     import jax
     import jax.tree_util as jtu
 
-    from ... import StructNode
-    from ..._like import _walk, _where, deref
-
+    _where, deref = _plugin.where, _plugin.deref
     register()
     nodes: List[Tuple[str, str, Optional[str], str]] = []
     stack = [like]
@@ -214,7 +210,7 @@ def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callab
             # state, a JAX scalar once trained) loads the stored value; anything else gets the
             # usual checks (numpy arrays, scalars, True).
             if not (type(leaf) in (int, float, bool, complex) and getattr(stored, "kind", None) == "array" and not stored.shape):
-                _walk(leaf, stored, path, set(), None, structure)
+                _plugin.check_subtree(leaf, stored, path, structure)
             subtrees.append(path)
     audit(subtrees, nodes)
     values: List[Any] = []
@@ -240,8 +236,6 @@ def _finish(x: Any, dec: Any) -> Any:
     """Build the stored objects that ``like`` named by ``StructNode``s (records, custom objects),
     innermost first, from their loaded children."""
     import jax.tree_util as jtu
-
-    from ... import StructNode
 
     def one(n: Any) -> Any:
         if not isinstance(n, StructNode):

@@ -11,8 +11,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from ... import _parts
-from ..._parts import SHARDS, Piece
+from ... import _plugin
+from ..._plugin import SHARDS, Piece
 from .arrays import ARRAY, KEY, sharding_data
 
 
@@ -29,8 +29,6 @@ def _shards(a: Any, where: str) -> Tuple[str, str, str, list]:
     ``replica_id == 0`` (each block of the array has exactly one such shard in the job)."""
     import jax
 
-    from ... import _codec, _core
-
     ann: Dict[str, Any] = {"type": ARRAY}
     data = a
     if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
@@ -41,11 +39,11 @@ def _shards(a: Any, where: str) -> Tuple[str, str, str, list]:
         ann["sharding"] = sd
     dt = np.dtype(data.dtype)
     block = list(data.sharding.shard_shape(data.shape))
-    cs = _core.block_chunk_shape(list(data.shape), block, dt.itemsize, _collective.chunk_bytes or None)
+    cs = _plugin.core.block_chunk_shape(list(data.shape), block, dt.itemsize, _collective.chunk_bytes or None)
     mine = [sh for sh in data.addressable_shards if sh.replica_id == 0]
     origins = [[int(sl.indices(n)[0]) for sl, n in zip(sh.index, data.shape)] for sh in mine]
     desc = {
-        "dtype": json.loads(_codec.encode_array(np.empty(0, dt))[1]),
+        "dtype": json.loads(_plugin.encode_array(np.empty(0, dt))[1]),
         "shape": [int(n) for n in data.shape],
         "chunk_shape": cs,
         "as": ann,
@@ -135,7 +133,7 @@ def save_collective(tree: Any, p: str, prepare: Callable[[Any], Any], write_opts
                     if got.startswith(b"ERR "):
                         raise RuntimeError(f"treepack.save({p!r}): process {i} failed to write its part: {got[4:].decode()}; nothing was committed")
                     parts.append(got)
-                info = _parts.commit(p, parts, write_opts)
+                info = _plugin.commit_parts(p, parts, write_opts)
             except BaseException as e:
                 status = f"{type(e).__name__}: {e}"
                 raise

@@ -10,6 +10,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 
+from ..._plugin import StructNode
 from .arrays import is_array
 
 
@@ -31,8 +32,6 @@ def register() -> None:
         if _done:
             return
         import jax.tree_util as jtu
-
-        from ... import StructNode
 
         def aux(n: StructNode) -> Tuple[Any, ...]:
             # Hashable and comparable, as JAX wants tree definitions to be.

@@ -1,0 +1,35 @@
+"""The extension API of treepack's framework integrations (``treepack/integrations/*``): the
+registry they plug into and the few helpers of the generic layer they need. An integration
+imports this module and nothing else of treepack (python/tests/test_architecture.py).
+
+An integration module calls ``integrate(__name__, ...)`` when it is imported, with the functions
+of ``treepack._registry.Handlers``; ``treepack._registry.INTEGRATIONS`` says which names lead
+to it (docs/architecture.md, "Integrations as plug-ins").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from . import _core as core  # the extension (Reader, prepare, block_chunk_shape, encode_png…)
+from ._api import LeafInfo, LoadRequest, StructNode, _opts
+from ._codec import PARTIAL_TYPES, encode_array, encode_other, np_dtype, resolve_class
+from ._codec.files import files_of
+from ._errors import ForeignFileError
+from ._lazy import LazyArray, slice_text
+from ._like import check_subtree, child_path, deref, describe_stored, stored_dtype, take_all, where
+from ._parts import SHARDS, Piece
+from ._parts import commit as commit_parts
+from ._registry import DECLINE, Description, SaveRun, SaveState, integrate, save_state
+
+__all__ = [
+    "DECLINE", "Description", "ForeignFileError", "LazyArray", "LeafInfo", "LoadRequest", "PARTIAL_TYPES", "Piece",
+    "SHARDS", "SaveRun", "SaveState", "StructNode", "check_subtree", "child_path", "commit_parts", "core", "deref",
+    "describe_stored", "encode_array", "encode_other", "files_of", "integrate", "np_dtype", "resolve_class",
+    "save_state", "slice_text", "storage_options", "stored_dtype", "take_all", "where",
+]
+
+
+def storage_options(options: Optional[Dict[str, Any]]) -> Optional[Dict[str, str]]:
+    """``storage_options=`` as the extension takes them (every value a string)."""
+    return _opts(options)

@@ -1,7 +1,8 @@
-"""The layering of the Python package (docs/architecture.md, "Integrations as plug-ins"), kept
-true by tests: the generic layer imports no framework integration and no framework, the
-integrations reach treepack only through its extension API (treepack._plugin), and an
-integration is imported the first time a value, a node type or an option of its framework is met."""
+"""The layering of the Python package (docs/architecture.md, "The Python packages: integrations
+as plug-ins"), kept true by tests: the generic layer imports no framework integration and no
+framework, the integrations reach treepack only through its extension API (treepack._plugin),
+and an integration is imported the first time a value, a node type or an option of its framework
+is met."""
 
 import ast
 import json

@@ -4,7 +4,7 @@ imports this module and nothing else of treepack (python/tests/test_architecture
 
 An integration module calls ``integrate(__name__, ...)`` when it is imported, with the functions
 of ``treepack._registry.Handlers``; ``treepack._registry.INTEGRATIONS`` says which names lead
-to it (docs/architecture.md, "Integrations as plug-ins").
+to it (docs/architecture.md, "The Python packages: integrations as plug-ins").
 """
 
 from __future__ import annotations

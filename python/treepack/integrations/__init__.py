@@ -1,5 +1,5 @@
 """Framework integrations: one module (or package) per framework, each a plug-in of treepack's
-generic layer (docs/architecture.md, "Integrations as plug-ins").
+generic layer (docs/architecture.md, "The Python packages: integrations as plug-ins").
 
 The generic layer (``treepack._api``, ``_codec``, ``_like``, ``_lazy``, ...) never imports these
 modules: ``treepack._registry.INTEGRATIONS`` names, for each, the frameworks, node types,

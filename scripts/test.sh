@@ -22,9 +22,9 @@ echo "== [${SECONDS}s] cargo clippy (all crates, all targets)"
 cargo clippy --workspace --all-targets --features treepack/failpoints -j2 -- -D warnings
 echo "== [${SECONDS}s] fuzz targets compile (cargo check in fuzz/)"; (cd fuzz && cargo check -j2 --quiet)
 echo "== [${SECONDS}s] cargo doc (the library's API docs: every public item documented, no broken links)"
-RUSTDOCFLAGS="-D warnings" cargo doc -p treepack --no-deps -j2 --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc -p treepack-format -p treepack --no-deps -j2 --quiet
 echo "== [${SECONDS}s] cargo package (the crates as crates.io would get them; \`cargo package\` without --no-verify also builds them, about 2.5 min)"
-cargo package -p treepack -p treepack-alloc -p treepack-cli --allow-dirty --no-verify --quiet
+cargo package -p treepack-format -p treepack -p treepack-alloc -p treepack-cli --allow-dirty --no-verify --quiet
 echo "== [${SECONDS}s] local object-store servers for the remote tests (moto, azurite, fake-gcs-server, gcp-storage-emulator), installed in the background"
 finish_setup
 echo "== [${SECONDS}s] cargo test (core + CLI; remote tests start their servers on 127.0.0.1; crash tests need the failpoints feature)"

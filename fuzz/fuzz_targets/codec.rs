@@ -3,7 +3,7 @@
 //! memory than the declared length (twice for a shuffled codec) — and what encodes, decodes back.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use treepack::format::codec::{Codec, Compressor, Encoding, Filter};
+use treepack_format::codec::{Codec, Compressor, Encoding, Filter};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&head, rest)) = data.split_first() else { return };

@@ -1,4 +1,4 @@
-//! Free JSON values in files (format/json.rs) and the manifest members that hold them
+//! Free JSON values in files (treepack-format/src/json.rs) and the manifest members that hold them
 //! (`metadata`, a custom node's `data`, an array's `as`, `preview` and structured `dtype`, a
 //! tagged scalar's `v`). The input is one JSON value: read alone by the bounded reader (it must
 //! agree with serde_json wherever the value is within the bound, and refuse exactly the values
@@ -7,8 +7,8 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use serde::de::DeserializeSeed;
-use treepack::format::json::{self, BoundedValue, MAX_VALUE_DEPTH};
-use treepack::format::manifest::{self, outline::outline, OwnedTree};
+use treepack_format::json::{self, BoundedValue, MAX_VALUE_DEPTH};
+use treepack_format::manifest::{self, outline::outline, OwnedTree};
 
 /// Where the value goes in a manifest: the text before and after it, and the member's name.
 const PLACES: [(&str, &str, &str); 7] = [

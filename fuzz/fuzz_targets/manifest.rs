@@ -3,15 +3,49 @@
 //! unsealed, to fuzz the trailer check itself.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
+use treepack_format::exec::Exec;
+
+/// The threads the format's parallel parses ask for (the engine installs its pools; this
+/// target links the format alone): a small pool, and one helper thread lent to the streamed
+/// parse, kept between inputs.
+struct Threads {
+    pool: rayon::ThreadPool,
+    helper: rayon::ThreadPool,
+}
+
+impl Exec for Threads {
+    fn parallel(&self, f: &mut (dyn FnMut() + Send)) {
+        self.pool.install(f)
+    }
+    fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+    fn run_with_helper(&self, helper: &mut (dyn FnMut() + Send), main: &mut dyn FnMut()) -> bool {
+        self.helper.in_place_scope(|s| {
+            s.spawn(move |_| helper());
+            main();
+        });
+        true
+    }
+}
+
+fn install_threads() {
+    static THREADS: std::sync::OnceLock<Threads> = std::sync::OnceLock::new();
+    if treepack_format::exec::installed().is_none() {
+        let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().expect("a fuzz pool starts");
+        treepack_format::exec::install(THREADS.get_or_init(|| Threads { pool: pool(2), helper: pool(1) }));
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
-    let _ = treepack::format::manifest::decode(data, "fuzz");
-    let sealed = treepack::format::manifest::seal(data);
+    install_threads();
+    let _ = treepack_format::manifest::decode(data, "fuzz");
+    let sealed = treepack_format::manifest::seal(data);
     // The structure-only read accepts exactly what the one-pass parse accepts, but for a dict
     // key repeated (which its consumer refuses).
-    let strict = treepack::format::manifest::build_one_thread(&sealed, "fuzz", &treepack::format::manifest::OwnedTree);
-    let outline = treepack::format::manifest::check(&sealed, "fuzz")
-        .and_then(|_| treepack::format::manifest::outline::outline(&sealed, "fuzz", &mut |_| true));
+    let strict = treepack_format::manifest::build_one_thread(&sealed, "fuzz", &treepack_format::manifest::OwnedTree);
+    let outline = treepack_format::manifest::check(&sealed, "fuzz")
+        .and_then(|_| treepack_format::manifest::outline::outline(&sealed, "fuzz", &mut |_| true));
     match (&strict, &outline) {
         (Ok(_), Err(e)) => panic!("the outline refused what the one-pass parse accepts: {e}"),
         (Err(e), Ok(_)) => assert!(e.to_string().contains("duplicate key"), "the outline accepted: {e}"),
@@ -21,32 +55,32 @@ fuzz_target!(|data: &[u8]| {
     // helper thread, replayed here) accepts, builds and refuses exactly what the one-thread
     // parse does.
     let streamed =
-        treepack::format::manifest::build_streamed_any_size(&sealed, "fuzz", &treepack::format::manifest::OwnedTree);
+        treepack_format::manifest::build_streamed_any_size(&sealed, "fuzz", &treepack_format::manifest::OwnedTree);
     match (&strict, streamed) {
         (_, None) => {}
         (Ok(a), Some(Ok(b))) => {
-            let whole = |p: &treepack::format::manifest::Parsed<
-                treepack::format::model::Tree<treepack::format::manifest::Entry>,
+            let whole = |p: &treepack_format::manifest::Parsed<
+                treepack_format::model::Tree<treepack_format::manifest::Entry>,
             >| {
-                let m = treepack::format::manifest::Manifest {
+                let m = treepack_format::manifest::Manifest {
                     version: p.version,
                     writer: p.writer.clone(),
                     metadata: p.metadata.clone(),
                     packs: p.packs.clone(),
                     root: p.root.clone(),
                 };
-                treepack::format::manifest::encode(&m, &serde_json::Value::Null)
+                treepack_format::manifest::encode(&m, &serde_json::Value::Null)
             };
             assert!(whole(a) == whole(&b), "the streamed parse built another tree");
         }
         (Err(a), Some(Err(b))) => assert_eq!(a.to_string(), b.to_string(), "the streamed parse refused otherwise"),
         (a, Some(b)) => panic!("the streamed parse disagrees: one thread {:?}, streamed {:?}", a.is_ok(), b.is_ok()),
     }
-    if let Ok(m) = treepack::format::manifest::decode(&sealed, "fuzz") {
+    if let Ok(m) = treepack_format::manifest::decode(&sealed, "fuzz") {
         let _ = m.structure();
         let stats = serde_json::Value::Null;
-        let again = treepack::format::manifest::encode(&m, &stats);
+        let again = treepack_format::manifest::encode(&m, &stats);
         // What we write, we must read back.
-        treepack::format::manifest::decode(&again, "re-encoded").expect("a decoded manifest re-encodes to a valid one");
+        treepack_format::manifest::decode(&again, "re-encoded").expect("a decoded manifest re-encodes to a valid one");
     }
 });

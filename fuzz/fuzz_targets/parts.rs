@@ -9,13 +9,13 @@ fuzz_target!(|data: &[u8]| {
     let parts: Vec<_> = data
         .split(|&b| b == 0)
         .take(8)
-        .filter_map(|body| treepack::format::manifest::decode(&treepack::format::manifest::seal(body), "fuzz").ok())
+        .filter_map(|body| treepack_format::manifest::decode(&treepack_format::manifest::seal(body), "fuzz").ok())
         .collect();
     if parts.is_empty() {
         return;
     }
-    if let Ok(m) = treepack::format::parts::merge(parts) {
-        let again = treepack::format::manifest::encode(&m, &serde_json::Value::Null);
-        treepack::format::manifest::decode(&again, "merged").expect("a merged manifest encodes to a valid one");
+    if let Ok(m) = treepack_format::parts::merge(parts) {
+        let again = treepack_format::manifest::encode(&m, &serde_json::Value::Null);
+        treepack_format::manifest::decode(&again, "merged").expect("a merged manifest encodes to a valid one");
     }
 });

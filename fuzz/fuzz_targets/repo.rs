@@ -3,7 +3,7 @@
 //! that parse to the same value.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use treepack::format::repo::{check_marker, name_of_ref, validate_name, GcState, Lease, PackIndex, RefRecord};
+use treepack_format::repo::{check_marker, name_of_ref, validate_name, GcState, Lease, PackIndex, RefRecord};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(r) = RefRecord::decode(data) {

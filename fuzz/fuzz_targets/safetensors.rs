@@ -1,8 +1,8 @@
-//! The safetensors header reader (format::safetensors): never a panic or a huge allocation, and
+//! The safetensors header reader (treepack_format::safetensors): never a panic or a huge allocation, and
 //! every header it accepts describes tensors that tile the data exactly.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use treepack::format::safetensors::{header_len, parse_header, write_header};
+use treepack_format::safetensors::{header_len, parse_header, write_header};
 
 fuzz_target!(|data: &[u8]| {
     let len = data.len() as u64;

@@ -620,7 +620,7 @@ pub(crate) fn prepare(
         open: Default::default(),
         copying: Vec::new(),
         fragile: false,
-        text: text.then(|| FragmentWriter::with_capacity(TEXT_HINT.load(std::sync::atomic::Ordering::Relaxed))),
+        text: text.then(|| treepack::save::fragment_writer(TEXT_HINT.load(std::sync::atomic::Ordering::Relaxed))),
         inline_str: SaveOptions::default().inline_str_bytes,
         marks: Vec::with_capacity(MARKS_HINT.load(std::sync::atomic::Ordering::Relaxed)),
         texted: Vec::with_capacity(TEXTED_HINT.load(std::sync::atomic::Ordering::Relaxed)),
@@ -695,7 +695,7 @@ impl Prepared {
         let info = py.detach(|| {
             let r = treepack::block_on(treepack::save::save_async(&node, &loc, &opts));
             if r.as_ref().is_ok_and(|i| i.leaves >= treepack::save::BACKGROUND_DROP_LEAVES) {
-                treepack::format::model::drop_in_background(node);
+                treepack::save::drop_in_background(node);
             } else {
                 drop(node);
             }

@@ -16,7 +16,8 @@
 //! ```
 //!
 //! The crate's layers (docs/architecture.md): [`format`](mod@format) — the tree model, dtypes, key paths,
-//! chunk grids, hashes, the manifest and the single-file container, with no I/O; the engine —
+//! chunk grids, hashes, the manifest and the single-file container, with no I/O (the
+//! `treepack-format` crate, re-exported here with its [`error`] module); the engine —
 //! [`store`] (locations), [`save`](mod@save), [`read`], [`gc`](mod@gc); and [`serde_tree`] for Rust values. The format is
 //! specified in `docs/format.md`.
 
@@ -24,8 +25,8 @@
 
 pub mod convert;
 pub mod demo;
-pub mod error;
-pub mod format;
+pub use treepack_format as format;
+pub use treepack_format::error;
 pub mod gc;
 pub mod progress;
 pub mod read;

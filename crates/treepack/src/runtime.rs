@@ -8,6 +8,11 @@
 //! copies are leaked on purpose, since dropping them would wait for those missing threads.
 //! rayon's *global* pool cannot be rebuilt, so the library never uses it: every parallel
 //! iterator runs inside [`parallel`].
+//!
+//! The format's parallel work (big hashes and parses) runs here too: [`Pools`] is the
+//! [`Exec`](crate::format::exec::Exec) the engine installs for it ([`install_exec`]) the first
+//! time it starts a pool or waits for work, which every engine operation does before the
+//! format needs threads.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -66,6 +71,7 @@ pub fn block_on<F: Future + Send>(fut: F) -> F::Output
 where
     F::Output: Send,
 {
+    install_exec();
     if tokio::runtime::Handle::try_current().is_ok() {
         std::thread::scope(|s| match s.spawn(|| tokio_runtime().block_on(fut)).join() {
             Ok(v) => v,
@@ -83,6 +89,7 @@ where
 pub(crate) async fn maybe_spawn_blocking<T: Send + 'static>(
     f: impl FnOnce() -> crate::Result<T> + Send + 'static,
 ) -> crate::Result<T> {
+    install_exec();
     match tokio::runtime::Handle::try_current() {
         Ok(h) => h.spawn_blocking(f).await.map_err(|e| crate::Error::internal(format!("blocking task failed: {e}")))?,
         Err(_) => f(),
@@ -95,6 +102,7 @@ pub(crate) async fn maybe_spawn_blocking<T: Send + 'static>(
 ///
 /// Not to be called from a future this thread is already driving here.
 pub(crate) fn block_on_here<F: Future>(fut: F) -> F::Output {
+    install_exec();
     futures::executor::block_on(fut)
 }
 
@@ -109,6 +117,7 @@ fn compute_pool() -> Option<&'static rayon::ThreadPool> {
 /// per process: the answer comes from cgroup files (~40 µs a call), and a manifest parse asks
 /// for every big container.
 pub(crate) fn threads() -> usize {
+    install_exec();
     static CORES: PerProcess<usize> = PerProcess::new();
     *CORES.get(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
@@ -116,6 +125,7 @@ pub(crate) fn threads() -> usize {
 /// Run `f` (which may use rayon's parallel iterators) on this process's compute pool, or inline
 /// when already on a rayon thread (one of ours, or a pool the caller chose by `install`).
 pub(crate) fn parallel<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    install_exec();
     match compute_pool() {
         Some(pool) if rayon::current_thread_index().is_none() => pool.install(f),
         _ => f(),
@@ -185,6 +195,37 @@ impl Drop for HelperLease {
     }
 }
 
+/// The engine's pools as the format's executor: its parallel work on the compute pool, its
+/// parse helper lent as [`parse_helper`] lends it. Every call goes through the per-process
+/// values above, so a forked child gets its own pools.
+struct Pools;
+
+impl crate::format::exec::Exec for Pools {
+    fn parallel(&self, f: &mut (dyn FnMut() + Send)) {
+        parallel(f)
+    }
+    fn threads(&self) -> usize {
+        threads()
+    }
+    fn run_with_helper(&self, helper: &mut (dyn FnMut() + Send), main: &mut dyn FnMut()) -> bool {
+        match parse_helper() {
+            Some(lease) => {
+                lease.run(helper, main);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Install [`Pools`] as the format's executor, once per process (a load and a branch after
+/// that). An executor the program installed before keeps its place.
+pub(crate) fn install_exec() {
+    if crate::format::exec::installed().is_none() {
+        crate::format::exec::install(&Pools);
+    }
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use rayon::prelude::*;
@@ -201,7 +242,9 @@ mod tests {
         if pid == 0 {
             let sum: u64 = super::parallel(|| (0..1000u64).into_par_iter().sum());
             let io = super::block_on(async { tokio::task::spawn_blocking(|| 5).await.unwrap_or(0) });
-            let ok = sum == 499_500 && io == 5;
+            // The format's parallel work, on the pools installed for it (the child's own).
+            let format: Option<u64> = crate::format::exec::parallel(|| (0..1000u64).into_par_iter().sum());
+            let ok = sum == 499_500 && io == 5 && format == Some(499_500);
             unsafe { libc::_exit(if ok { 0 } else { 1 }) };
         }
         let status = super::wait_for_child(pid, "the forked child hung using the pools");

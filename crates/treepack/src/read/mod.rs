@@ -131,7 +131,7 @@ impl Drop for Reader {
             packs: vec![],
             root: Tree::List(vec![]),
         };
-        crate::format::model::drop_in_background(std::mem::replace(&mut self.manifest, Arc::new(empty)));
+        crate::save::drop_in_background(std::mem::replace(&mut self.manifest, Arc::new(empty)));
     }
 }
 

@@ -181,12 +181,54 @@ mod tests {
         assert_eq!(load_structure(loc).unwrap(), m.structure().unwrap());
     }
 
+    /// A manifest over 1 MiB: a root list of many small subtrees (typed and tuple keys, floats,
+    /// strings, an annotated array) with one big dict among them, or (`keyed`, W2's shape) a
+    /// root dict with one member holding all of them.
+    fn big(keyed: bool) -> crate::format::manifest::Manifest {
+        use crate::format::codec::Codec;
+        use crate::format::dtype::DType;
+        use crate::format::hash::Hash32;
+        use crate::format::manifest::{ArrayEntry, ArrayStorage, ChunkRef, Entry, Manifest, PackInfo, Stored};
+        use crate::format::model::Int;
+        let leaf = |e: Entry| Tree::Leaf(e);
+        let chunk = ChunkRef { pack: 0, offset: 0, length: 8, codec: Codec::Raw, hash: Hash32::of(&[1u8; 8]) };
+        let array = ArrayEntry {
+            dtype: DType::F32,
+            shape: vec![2],
+            storage: ArrayStorage::Chunked { chunk_shape: vec![2], chunks: vec![chunk] },
+            preview: None,
+            annotation: Some(serde_json::json!({"type": "torch.Tensor"})),
+        };
+        let one = Tree::Dict(vec![
+            (Key::Str("n".into()), leaf(Entry::Int(Int::Small(3)))),
+            (Key::Int(Int::Small(-2)), Tree::Tuple(vec![leaf(Entry::Float(0.25)), leaf(Entry::Float(-0.0))])),
+            (Key::Tuple(vec![Key::Bool(false), Key::None]), leaf(Entry::Str(Stored::Inline("q\"\n".into())))),
+            (Key::Str("w".into()), leaf(Entry::Array(Box::new(array)))),
+        ]);
+        let items: Vec<Tree<Entry>> = (0..3300)
+            .map(|i| match i {
+                7 => Tree::Dict(
+                    (0..2000).map(|j| (Key::Str(format!("k{j}")), leaf(Entry::Int(Int::Small(j))))).collect(),
+                ),
+                _ => one.clone(),
+            })
+            .collect();
+        let root = if keyed {
+            let named = items.into_iter().enumerate().map(|(i, t)| (Key::Str(format!("p{i}")), t)).collect();
+            Tree::Dict(vec![(Key::Str("opt".into()), Tree::Dict(named))])
+        } else {
+            Tree::List(items)
+        };
+        let packs = vec![PackInfo { path: "packs/a-0.tpp".into(), size: 64 }];
+        Manifest { version: (1, 0), writer: "test".into(), metadata: None, packs, root }
+    }
+
     #[test]
     fn the_policy_reads_big_manifests_by_outline() {
         assert!(!outline_pays(OUTLINE_MIN_BYTES - 1));
         assert!(outline_pays(OUTLINE_MIN_BYTES));
         for keyed in [false, true] {
-            let m = crate::format::manifest::tests::big(keyed);
+            let m = big(keyed);
             let bytes = encode(&m, &serde_json::json!({}));
             assert!(outline_pays(bytes.len()), "{} bytes", bytes.len());
             assert_eq!(by_outline(&bytes, "t", Layout::Directory).expect("read"), m.structure().unwrap());

@@ -138,7 +138,7 @@ pub(super) async fn commit(loc: &Location, w: Written, opts: &SaveOptions) -> Re
     let leaves = w.info.leaves;
     let pack_count = w.manifest.packs.len();
     if leaves >= BACKGROUND_DROP_LEAVES {
-        crate::format::model::drop_in_background(w.manifest);
+        super::drop_in_background(w.manifest);
     } else {
         drop(w.manifest);
     }

@@ -7,10 +7,12 @@
 //! manifest last — with a create-only put unless overwriting — so a reader never sees a partial
 //! tree, and (6) when overwriting, delete the packs only the old tree used.
 
+mod buffers;
 mod check;
 mod commit;
 mod compression;
 
+pub use buffers::{drop_in_background, fragment_writer, BACKGROUND_DROP_LEAVES};
 pub use compression::{Compression, Rule, AUTO_MIN_SIZE, AUTO_ZSTD_LEVEL, DEFAULT_ZSTD_LEVEL};
 
 use crate::error::{Error, Result};
@@ -163,9 +165,6 @@ fn array_chunks(a: &ArrayData, grid: &ChunkGrid) -> Vec<Bytes> {
         })
         .collect()
 }
-
-/// Trees with at least this many leaves are freed on a background thread once written.
-pub const BACKGROUND_DROP_LEAVES: usize = 10_000;
 
 /// The format minor a writer stamps a manifest with: the oldest that holds its tree, so a tree
 /// that needs nothing newer is written byte-identical to what older writers made, and older

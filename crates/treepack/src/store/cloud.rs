@@ -125,3 +125,16 @@ pub(super) fn remote_store(
     };
     Ok((store, prefix, read_only, tuning))
 }
+
+/// [`Error::Store`](crate::Error::Store) for the object store's error `e` on `location`, with
+/// what to do about it where the store's own words do not say.
+pub(crate) fn store_error(location: String, e: object_store::Error) -> crate::Error {
+    let hint = match e {
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+            " (check the credentials and the bucket's access policy: `storage_options` or the AWS_*, GOOGLE_*, AZURE_* environment variables)"
+        }
+        object_store::Error::NotFound { .. } => " (does the bucket or container exist?)",
+        _ => "",
+    };
+    crate::Error::Store { location, source: Box::new(e), hint }
+}

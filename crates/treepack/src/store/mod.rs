@@ -25,6 +25,7 @@ mod probe;
 
 use beneath::{io_error, Kind};
 use cloud::remote_store;
+pub(crate) use cloud::store_error;
 pub use cloud::{RemoteTuning, TUNING_KEYS};
 pub use durable::journal;
 pub use local::ReadMode;
@@ -422,7 +423,7 @@ impl Location {
         match e {
             object_store::Error::NotFound { .. } => self.not_found(rel, self.file_name(rel)),
             object_store::Error::AlreadyExists { .. } => Error::AlreadyExists { location: self.display.clone() },
-            e => Error::Store { location: self.file_name(rel), source: e },
+            e => store_error(self.file_name(rel), e),
         }
     }
 
@@ -430,7 +431,7 @@ impl Location {
     fn store_write_err(&self, rel: &str, e: object_store::Error) -> Error {
         match e {
             object_store::Error::AlreadyExists { .. } => Error::AlreadyExists { location: self.display.clone() },
-            e => Error::Store { location: self.file_name(rel), source: e },
+            e => store_error(self.file_name(rel), e),
         }
     }
 

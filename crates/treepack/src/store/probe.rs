@@ -27,7 +27,7 @@ impl Location {
         let listed = match self.store.list_with_delimiter(Some(&self.base)).await {
             Ok(l) => l,
             Err(object_store::Error::NotFound { .. }) => return Ok(vec![]),
-            Err(e) => return Err(Error::Store { location: self.display.clone(), source: e }),
+            Err(e) => return Err(super::store_error(self.display.clone(), e)),
         };
         let name = |p: &object_store::path::Path| p.filename().map(str::to_string);
         Ok(listed

@@ -10,6 +10,8 @@ use serde::de::DeserializeSeed;
 use treepack_format::json::{self, BoundedValue, MAX_VALUE_DEPTH};
 use treepack_format::manifest::{self, outline::outline, OwnedTree};
 
+mod threads;
+
 /// Where the value goes in a manifest: the text before and after it, and the member's name.
 const PLACES: [(&str, &str, &str); 7] = [
     (
@@ -52,6 +54,7 @@ fn depth(v: &serde_json::Value) -> usize {
 }
 
 fuzz_target!(|data: &[u8]| {
+    threads::install();
     let Ok(text) = std::str::from_utf8(data) else { return };
     // The value alone.
     let bounded = json::from_str(text, "fuzz", MAX_VALUE_DEPTH);

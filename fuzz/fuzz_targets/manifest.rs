@@ -3,42 +3,11 @@
 //! unsealed, to fuzz the trailer check itself.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use treepack_format::exec::Exec;
 
-/// The threads the format's parallel parses ask for (the engine installs its pools; this
-/// target links the format alone): a small pool, and one helper thread lent to the streamed
-/// parse, kept between inputs.
-struct Threads {
-    pool: rayon::ThreadPool,
-    helper: rayon::ThreadPool,
-}
-
-impl Exec for Threads {
-    fn parallel(&self, f: &mut (dyn FnMut() + Send)) {
-        self.pool.install(f)
-    }
-    fn threads(&self) -> usize {
-        self.pool.current_num_threads()
-    }
-    fn run_with_helper(&self, helper: &mut (dyn FnMut() + Send), main: &mut dyn FnMut()) -> bool {
-        self.helper.in_place_scope(|s| {
-            s.spawn(move |_| helper());
-            main();
-        });
-        true
-    }
-}
-
-fn install_threads() {
-    static THREADS: std::sync::OnceLock<Threads> = std::sync::OnceLock::new();
-    if treepack_format::exec::installed().is_none() {
-        let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().expect("a fuzz pool starts");
-        treepack_format::exec::install(THREADS.get_or_init(|| Threads { pool: pool(2), helper: pool(1) }));
-    }
-}
+mod threads;
 
 fuzz_target!(|data: &[u8]| {
-    install_threads();
+    threads::install();
     let _ = treepack_format::manifest::decode(data, "fuzz");
     let sealed = treepack_format::manifest::seal(data);
     // The structure-only read accepts exactly what the one-pass parse accepts, but for a dict

@@ -817,36 +817,6 @@ fn map_named<L, M, E>(
 // ---- Convenience constructors for in-memory trees ----
 
 impl Node {
-    /// The tree with every [`Leaf::Fragment`] replaced by the nodes its text stands for.
-    ///
-    /// # Errors
-    /// A fragment whose text does not parse (a fragment writer's misuse).
-    pub fn expand_fragments(&self) -> crate::error::Result<Node> {
-        let named = |v: &[(String, Node)]| -> crate::error::Result<Vec<(String, Node)>> {
-            v.iter().map(|(k, c)| Ok((k.clone(), grow(|| c.expand_fragments())?))).collect()
-        };
-        let seq = |v: &[Node]| -> crate::error::Result<Vec<Node>> {
-            v.iter().map(|c| grow(|| c.expand_fragments())).collect()
-        };
-        Ok(match self {
-            Tree::Leaf(Leaf::Fragment(f)) => f.to_node()?,
-            Tree::Leaf(l) => Tree::Leaf(l.clone()),
-            Tree::List(v) => Tree::List(seq(v)?),
-            Tree::Tuple(v) => Tree::Tuple(seq(v)?),
-            Tree::Dict(v) => Tree::Dict(
-                v.iter()
-                    .map(|(k, c)| Ok((k.clone(), grow(|| c.expand_fragments())?)))
-                    .collect::<crate::error::Result<_>>()?,
-            ),
-            Tree::Record { type_name, fields } => Tree::Record { type_name: type_name.clone(), fields: named(fields)? },
-            Tree::Custom { type_name, data, children } => {
-                Tree::Custom { type_name: type_name.clone(), data: data.clone(), children: named(children)? }
-            }
-            Tree::Shared { id, node } => Tree::Shared { id: *id, node: Box::new(node.expand_fragments()?) },
-            Tree::Ref(id) => Tree::Ref(*id),
-        })
-    }
-
     /// A none leaf.
     pub fn none() -> Node {
         Tree::Leaf(Leaf::None)

@@ -10,6 +10,7 @@
 //! manifest writer makes of the same subtree as a tree (`write_node`).
 
 use super::*;
+use crate::model::{grow, Leaf, Node};
 use std::sync::Arc;
 
 /// Where a writer's text buffer goes once nothing uses it any more (the writer dropped, and the
@@ -138,8 +139,7 @@ impl Fragment {
     ///
     /// # Errors
     /// As [`Fragment::parse`].
-    pub fn to_node(&self) -> Result<crate::model::Node> {
-        use crate::model::Leaf;
+    pub fn to_node(&self) -> Result<Node> {
         self.parse()?.try_map(&mut |path, e| {
             Ok(match e {
                 Entry::None => Leaf::None,
@@ -152,6 +152,38 @@ impl Fragment {
                     return Err(Error::manifest("<fragment>", path.to_string(), format!("a {} leaf", other.kind())))
                 }
             })
+        })
+    }
+}
+
+impl Node {
+    /// The tree with every [`Leaf::Fragment`] replaced by the nodes its text stands for.
+    ///
+    /// # Errors
+    /// A fragment whose text does not parse (a fragment writer's misuse).
+    pub fn expand_fragments(&self) -> crate::error::Result<Node> {
+        let named = |v: &[(String, Node)]| -> crate::error::Result<Vec<(String, Node)>> {
+            v.iter().map(|(k, c)| Ok((k.clone(), grow(|| c.expand_fragments())?))).collect()
+        };
+        let seq = |v: &[Node]| -> crate::error::Result<Vec<Node>> {
+            v.iter().map(|c| grow(|| c.expand_fragments())).collect()
+        };
+        Ok(match self {
+            Tree::Leaf(Leaf::Fragment(f)) => f.to_node()?,
+            Tree::Leaf(l) => Tree::Leaf(l.clone()),
+            Tree::List(v) => Tree::List(seq(v)?),
+            Tree::Tuple(v) => Tree::Tuple(seq(v)?),
+            Tree::Dict(v) => Tree::Dict(
+                v.iter()
+                    .map(|(k, c)| Ok((k.clone(), grow(|| c.expand_fragments())?)))
+                    .collect::<crate::error::Result<_>>()?,
+            ),
+            Tree::Record { type_name, fields } => Tree::Record { type_name: type_name.clone(), fields: named(fields)? },
+            Tree::Custom { type_name, data, children } => {
+                Tree::Custom { type_name: type_name.clone(), data: data.clone(), children: named(children)? }
+            }
+            Tree::Shared { id, node } => Tree::Shared { id: *id, node: Box::new(node.expand_fragments()?) },
+            Tree::Ref(id) => Tree::Ref(*id),
         })
     }
 }
@@ -425,7 +457,6 @@ enum PairRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Leaf, Node};
 
     /// The escape rule written plainly, one char at a time.
     fn reference_str(v: &str) -> String {

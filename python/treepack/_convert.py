@@ -13,8 +13,11 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
-from . import _core, _errors, _registry
-from ._api import PathLike, StorageOptions, _opts, _path, save
+from . import _codec, _core, _errors, _registry
+from ._api import (
+    PathLike, StorageOptions, _compression_text, _opts, _path, _progress_callback, _struct_node, load, save,
+)
+from ._transport import memory_location
 
 __all__ = ["convert"]
 
@@ -40,9 +43,6 @@ def foreign_format(path: str) -> Optional[str]:
 def load_foreign(path: str, fmt: str, load_kwargs: Dict[str, Any]) -> Any:
     """``treepack.load`` of a file another library wrote: converted into memory, then loaded
     with every ``load`` option."""
-    from ._api import load
-    from ._transport import memory_location
-
     # (Options whose result reads the location later, such as dask=, cannot use a temporary one.)
     for bad in ("storage_options", *_registry.LOCATION_OPTIONS, "mmap"):
         if load_kwargs.get(bad):
@@ -100,8 +100,6 @@ def convert(
     sel = [select] if isinstance(select, str) else (list(select) if select is not None else None)
     if progress is None or progress is False:
         return _convert(s, d, from_format, to_format, separator, overwrite, storage_options, None, save_kwargs, sel)
-    from ._api import _progress_callback
-
     report, done = _progress_callback(progress, f"convert {os.path.basename(s.rstrip('/'))}")
     try:
         return _convert(s, d, from_format, to_format, separator, overwrite, storage_options, report, save_kwargs, sel)
@@ -120,8 +118,6 @@ def _convert(s: str, d: str, from_format: Optional[str], to_format: Optional[str
         unknown = set(save_kwargs) - {"compression", "durable"}
         if unknown:
             raise TypeError(f"convert() got unexpected keyword arguments {sorted(unknown)}")
-        from ._api import _compression_text
-
         n, b = _core.convert(s, d, f, t, separator, overwrite, _opts(storage_options),
                              _compression_text(save_kwargs.get("compression")), save_kwargs.get("durable", True), report,
                              select)
@@ -186,9 +182,6 @@ def select_tree(tree: Any, select: List[str], src: str) -> Any:
     object held at several places, once kept, keeps that object — and one that matches nothing
     raises ``KeyError`` naming it. Dict entries left out are dropped, list and tuple items left
     out are ``None``; nothing of the arrays is read."""
-    from ._api import _struct_node
-    from ._transport import memory_location
-
     stand_ins: Dict[int, Any] = {}
 
     def stand_in(x: Any) -> Any:  # the same object for the same object: sharing is kept
@@ -398,9 +391,6 @@ def _check_npy_header(fp: Any, size: int, path: str, member: str) -> None:
 def _write_numpy(src: str, dst: str, fmt: str, separator: Optional[str], overwrite: bool,
                  storage_options: StorageOptions, progress: Any = None,
                  select: Optional[List[str]] = None) -> Dict[str, int]:
-    from . import _codec
-    from ._api import _struct_node
-
     if os.path.exists(dst) and not overwrite:
         raise FileExistsError(f"{dst}: exists; pass overwrite=True to replace it")
     r = _core.Reader(src, _opts(storage_options))

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import _codec, _core, _like, _registry
 from ._api import StorageOptions, _opts, _struct_node, load, save
+from ._convert import _count, select_tree
 from ._core import TreepackError
 from ._errors import ForeignFileError
 
@@ -640,8 +641,6 @@ def read_and_save(src: str, dst: str, fmt: str, overwrite: bool, storage_options
         tree, notes = _read_group(b, root, "", _Read(counts, lazy), 0)
         del counts["limit"], counts["stored"]
         if select:
-            from ._convert import select_tree
-
             tree = select_tree(tree, select, src)
             counts = _convert_count(tree)
         kwargs = dict(save_kwargs)
@@ -659,8 +658,6 @@ def read_and_save(src: str, dst: str, fmt: str, overwrite: bool, storage_options
 
 
 def _convert_count(tree: Any) -> Dict[str, int]:
-    from ._convert import _count
-
     return _count(tree)
 
 

@@ -20,7 +20,6 @@ key path: a wrong ``like`` never silently loads nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 from collections.abc import MutableMapping
@@ -30,6 +29,7 @@ import numpy as np
 from . import _codec, _core
 from ._codec import records
 from ._registry import DECLINE, for_type, lookup_class, type_name
+from ._structure import StructNode
 
 LeafInfo = _core.LeafInfo
 
@@ -300,8 +300,6 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
 
 
 def _is_struct_node(x: Any) -> bool:
-    from ._api import StructNode  # (_api imports this module)
-
     return isinstance(x, StructNode)
 
 

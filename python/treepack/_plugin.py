@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from . import _core as core  # the extension (Reader, prepare, block_chunk_shape, encode_png…)
-from ._api import LeafInfo, LoadRequest, StructNode, _opts
+from ._api import LoadRequest, _opts
 from ._codec import PARTIAL_TYPES, encode_array, encode_other, np_dtype, resolve_class
 from ._codec.files import files_of
 from ._errors import ForeignFileError
@@ -21,6 +21,7 @@ from ._like import check_subtree, child_path, deref, describe_stored, stored_dty
 from ._parts import SHARDS, Piece
 from ._parts import commit as commit_parts
 from ._registry import DECLINE, Description, SaveRun, SaveState, integrate, save_state
+from ._structure import LeafInfo, StructNode
 
 __all__ = [
     "DECLINE", "Description", "ForeignFileError", "LazyArray", "LeafInfo", "LoadRequest", "PARTIAL_TYPES", "Piece",

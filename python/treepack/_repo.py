@@ -13,6 +13,7 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 from . import _core
 from ._api import PathLike, StorageOptions, _opts, _path, load, load_structure, save
 from ._async import SaveHandle
+from ._lazy import open as open_view
 
 __all__ = ["Repository", "TreeRef", "CheckpointManager"]
 
@@ -70,8 +71,6 @@ class Repository:
 
     def open(self, name: str) -> Any:
         """A lazy view of tree ``name`` (``treepack.open``)."""
-        from ._lazy import open as open_view
-
         return open_view(self.tree(name), storage_options=self.storage_options)
 
     def names(self) -> List[TreeRef]:

@@ -14,10 +14,9 @@ from .builtins import (
     Decoder,
     MissingFramework,
     Unloadable,
-    _seen_classes,
     encode_other,
-    resolve_class,
 )
+from .classes import _seen_classes, resolve_class
 from .files import File
 from .dtypes import _dtype_cache, _dtype_desc, _np_dtype, encode_array, np_dtype
 from .trust import audit

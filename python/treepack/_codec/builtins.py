@@ -6,16 +6,12 @@ or annotation type on load); this module knows none of them."""
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import datetime as _dt
 import decimal
 import enum
-import importlib
 import json
 import pathlib
 import pickle
-import re
 import sys
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
@@ -26,6 +22,7 @@ from .. import _registry as reg
 from .._core import TreepackError
 from .. import _parts
 from . import everyday, files, records
+from .classes import _seen_classes, check_kind, resolve_class
 
 _PATH_CLASSES = {
     "PosixPath": pathlib.PosixPath,
@@ -34,9 +31,6 @@ _PATH_CLASSES = {
     "PureWindowsPath": pathlib.PureWindowsPath,
 }
 
-#: Classes seen while saving in this process, by name: lets locally defined (non-importable)
-#: classes be rebuilt once they are trusted.
-_seen_classes: Dict[str, type] = {}
 
 #: Custom node types treepack builds from their data alone: its own ``py.*`` types and the
 #: integrations' (``py.dataframe``, ``py.torch_sparse``…, from the table in ``_registry``).
@@ -330,82 +324,6 @@ def _unsupported_hint(obj: Any) -> Optional[str]:
 
 
 # ---------------------------------------------------------------- decoding
-
-
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-def _bad_name(name: str, why: str) -> LookupError:
-    return LookupError(f"class {name} cannot be used: {why}")
-
-
-def resolve_class(name: str) -> type:
-    """The class a trusted ``module:qualname`` names: the class **defined** there, nothing else.
-
-    The module is imported by its own name (it was trusted) and the qualified name is looked up
-    in the module's namespace and then in each enclosing class's own namespace — never by
-    attribute access through another module or an instance, and without running any
-    ``__getattr__`` or descriptor. The object found must be a class whose ``__module__`` and
-    ``__qualname__`` are the stored name's. So ``trust=["mypkg.*"]`` reaches the classes defined
-    in ``mypkg`` and its submodules, not ``subprocess.Popen`` because ``mypkg`` imports
-    ``subprocess`` (``mypkg:subprocess.Popen`` is refused). A class defined in a function (or
-    otherwise not importable) is found only if this process saved one of that name."""
-    module, qual = reg.split_name(name)
-    parts = qual.split(".")
-    if not module or not qual or not all(_IDENT.match(p) for p in module.split(".")):
-        raise _bad_name(name, "not a `module:qualname` name of Python identifiers")
-    seen = _seen_classes.get(name)
-    if not all(_IDENT.match(p) for p in parts):
-        if seen is not None:  # `f.<locals>.C`, saved by this process
-            return seen
-        raise _bad_name(name, "the class is defined inside a function and was not saved by this process")
-    obj: Any = sys.modules.get(module)
-    if obj is None and any(p.startswith("__") and p.endswith("__") for p in module.split(".")):
-        # Importing `pkg.__main__` runs a program; a script's own `__main__` is always loaded.
-        raise _bad_name(name, f"a load never imports a module named like {module}")
-    try:
-        obj = obj or importlib.import_module(module)
-    except ImportError as e:
-        if seen is not None:
-            return seen
-        raise LookupError(f"class {name} cannot be found: module {module} cannot be imported ({e})") from None
-    namespace, where = vars(obj), module
-    for i, part in enumerate(parts):
-        obj = namespace.get(part)
-        if obj is None:
-            if seen is not None:
-                return seen
-            raise LookupError(f"class {name} cannot be found: {where} defines no {part} (renamed or removed?)")
-        where = f"{module}:{'.'.join(parts[: i + 1])}"
-        if i + 1 < len(parts):
-            if not isinstance(obj, type):
-                raise _bad_name(name, f"{where} is a {type(obj).__name__}, not a class, so {qual} is not defined in {module}")
-            namespace = obj.__dict__
-    if not isinstance(obj, type):
-        raise _bad_name(name, f"it is a {type(obj).__name__}, not a class")
-    if obj.__module__ != module or obj.__qualname__ != qual:
-        raise _bad_name(
-            name,
-            f"the name leads to {obj.__module__}:{obj.__qualname__}, which is defined elsewhere (a name only "
-            "reaches the class defined where it says)",
-        )
-    return obj
-
-
-def check_kind(cls: type, name: str, kind: str) -> None:
-    """Refuse a class that is not the kind of object its node builds, before anything of it is
-    called: an enum node's class must be an ``Enum``, a record's a dataclass, a namedtuple or
-    a pydantic model, a defaultdict's factory a class."""
-    if kind == "enum":
-        ok, what = isinstance(cls, type) and issubclass(cls, enum.Enum), "an Enum"
-    elif kind == "mapping":
-        ok, what = isinstance(cls, type) and issubclass(cls, (dict, collections.UserDict)), "a dict or UserDict subclass"
-    elif kind == "record":
-        ok, what = records.is_record_class(cls), "a dataclass, an attrs class, a namedtuple or a pydantic model"
-    else:
-        ok, what = isinstance(cls, type), "a class"
-    if not ok:
-        raise _bad_name(name, f"a {kind} node builds {what}, and this class is not one")
 
 
 class MissingFramework(ImportError):

@@ -14,6 +14,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _registry as reg
+from .classes import check_kind, resolve_class
+from .dtypes import _dtype_desc, np_dtype
 
 Description = Tuple[str, str, Optional[str], List[Tuple[str, Any]]]
 
@@ -121,8 +123,6 @@ def _encode(obj: Any, t: type) -> Optional[Description]:
     if isinstance(obj, np.dtype):
         if obj.kind in "Mm":
             return ("custom", "py.npdtype", json.dumps({"time": obj.str}), [])
-        from .dtypes import _dtype_desc
-
         return ("custom", "py.npdtype", json.dumps({"dtype": _dtype_desc(obj)[0]}), [])
     if t is np.memmap:
         # A memory-mapped array is its values (no copy: the save reads the mapped pages).
@@ -213,8 +213,6 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
             raise ValueError("py.mapping: the node names no class")
         if not trusted(name):
             return missing(name, kids, "mapping type is not trusted (pass trust=[...])")
-        from .builtins import check_kind, resolve_class
-
         try:
             cls = resolve_class(name)
             check_kind(cls, name, "mapping")
@@ -243,8 +241,6 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
         elif name in FACTORIES:
             factory = FACTORIES[name]
         elif trusted(name):
-            from .builtins import check_kind, resolve_class
-
             try:
                 factory = resolve_class(name)
                 check_kind(factory, name, "defaultdict factory")
@@ -262,8 +258,6 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
             if not isinstance(data["time"], str) or not _TIME_DTYPE.match(data["time"]):
                 raise ValueError(f"bad numpy time dtype {data['time']!r}")
             return np.dtype(data["time"])
-        from .dtypes import np_dtype
-
         return np_dtype(json.dumps(data["dtype"], separators=(",", ":")))
     if t == "py.masked":
         return np.ma.MaskedArray(kids["data"], mask=kids["mask"], fill_value=kids["fill_value"], hard_mask=data["hard_mask"])

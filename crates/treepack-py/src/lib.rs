@@ -6,12 +6,12 @@
 //! numpy arrays directly from the read buffers (no copy), and read-only views for mmap loads.
 //! The GIL is released for all storage I/O and hashing.
 //!
-//! One concern per module: [`errors`], [`memory`] (owners behind zero-copy buffers),
-//! [`leaf_info`], [`encode`] (Python -> tree; [`encode_text`] its text walk, [`encode_shared`]
-//! shared objects), [`decode`] (tree -> Python), [`datetime`], [`reader`] (the `Reader`
-//! class), [`results`] (typed results), [`structure`] (`load_structure`'s builders), [`image`]
-//! (PNG of images made in memory) and [`one_pass`] (whole loads of small trees). They share the
-//! imports below through `use super::*`.
+//! One concern per module: `errors`, `memory` (owners behind zero-copy buffers), `leaf_info`,
+//! `encode` (Python -> tree; `encode_text` its text walk, `encode_shared` shared objects),
+//! `decode` (tree -> Python), `datetime`, `load` (whole loads), `reader` (the `Reader` class),
+//! `repo` (repositories), `results` (typed results), `structure` (`load_structure`'s builders)
+//! and `image` (PNG of images made in memory). They share the imports below through
+//! `use super::*`.
 
 mod datetime;
 mod decode;

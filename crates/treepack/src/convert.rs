@@ -15,8 +15,7 @@ use crate::format::{
 };
 use crate::read::Reader;
 use crate::save::{SaveInfo, SaveOptions};
-use crate::store::beneath::{io_error, Dir};
-use crate::store::Location;
+use crate::Location;
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashSet};
 
@@ -522,54 +521,27 @@ pub fn write_safetensors(
             m.iter().map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_string))).collect()
         });
     let (head, offsets) = st::write_header(&tensors, metadata.as_ref()).map_err(|r| Error::invalid_tree("", r))?;
-    let Some(path) = dst.local_path().map(std::path::Path::to_path_buf) else {
+    let Some(local) = dst.local() else {
         return Err(Error::BadLocation {
             location: dst.display().to_string(),
             reason: "safetensors files are written to local paths (copy the file to an object store after)".into(),
         });
     };
-    // Written through its folder's descriptor (store/beneath.rs): the folder is the user's
-    // path, the file is a name in it, and neither the file nor its staging name is followed if
-    // it is a link.
-    let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
-        return Err(Error::BadLocation { location: dst.display().to_string(), reason: "no file name".into() });
-    };
-    let dir = Dir::open_root(parent).map_err(|e| io_error(parent, e))?;
-    if dir.stat(name).map_err(|e| io_error(&path, e))?.is_some() && !overwrite {
-        return Err(Error::AlreadyExists { location: dst.display().to_string() });
-    }
-    // Unique per call (process and a counter, as a save's staging names), created new: two
-    // converts to one name never write or remove each other's staging file.
-    static STAGING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = STAGING.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let staging_name = format!("{name}#{}-{n}", std::process::id());
-    let staging = dir.join(&staging_name);
-    let io = |p: &std::path::Path, e: std::io::Error| io_error(p, e);
-    let created = dir.create_new(&staging_name).map_err(|e| io(&staging, e))?;
-    let written = (|| -> Result<u64> {
-        use std::io::Write;
-        let mut f = std::io::BufWriter::with_capacity(8 << 20, created);
-        f.write_all(&head).map_err(|e| io(&staging, e))?;
+    // Written through its folder's descriptor (treepack-store's local/beneath.rs): the folder is
+    // the user's path, the file is a name in it, and neither the file nor its staging name is
+    // followed if it is a link.
+    let bytes = local.write_file(dst.display(), overwrite, |f| {
+        f.write_all(&head)?;
         let mut total = 0u64;
         let tracker = crate::progress::Tracker::new(progress, offsets.last().map_or(0, |o| o.1));
         for (p, (begin, end)) in paths.iter().zip(&offsets) {
             let a = r.read_array(p, "...")?;
             debug_assert_eq!(a.nbytes(), end - begin);
-            f.write_all(a.bytes()).map_err(|e| io(&staging, e))?;
+            f.write_all(a.bytes())?;
             total += end - begin;
             tracker.advance(end - begin);
         }
-        let f = f.into_inner().map_err(|e| io(&staging, e.into_error()))?;
-        f.sync_all().map_err(|e| io(&staging, e))?;
         Ok(total)
-    })();
-    let bytes = match written {
-        Ok(b) => b,
-        Err(e) => {
-            let _ = dir.unlink(&staging_name);
-            return Err(e);
-        }
-    };
-    dir.rename(&staging_name, name).map_err(|e| io(&path, e))?;
+    })?;
     Ok(ConvertInfo { tensors: tensors.len(), bytes, saved: None })
 }

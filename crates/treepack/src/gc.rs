@@ -3,8 +3,8 @@
 
 use crate::error::Result;
 use crate::format::manifest;
-use crate::store::beneath::{io_error, Dir, Kind};
-use crate::store::{Layout, Location, MANIFEST_NAME, PACKS_DIR};
+use crate::store::{Layout, MANIFEST_NAME, PACKS_DIR};
+use crate::Location;
 use std::collections::HashSet;
 
 /// What [`gc_async`] removed.
@@ -34,7 +34,7 @@ pub struct GcReport {
 /// manifest exists but cannot be read, so a damaged tree's data is never deleted; refuses with
 /// [`Error::Link`](crate::Error::Link), before removing anything, when a symbolic link is met
 /// inside a local location (a linked `packs/`, a leftover or marker name that is a link): gc
-/// removes only regular files it found beneath the location (store/beneath.rs).
+/// removes only regular files it found beneath the location (treepack-store's local/beneath.rs).
 pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcReport> {
     let now = std::time::SystemTime::now();
     let mut report = GcReport::default();
@@ -66,34 +66,22 @@ pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcRe
             }
         }
         Layout::SingleFile => {
-            let Some(t) = loc.target(".") else { return Ok(report) };
+            let Some(local) = loc.local() else { return Ok(report) };
             // The file's folder is the root: its leftovers are names in it, each refused if it
             // is a link (before anything is removed) and otherwise removed from that folder.
-            let prefix = format!("{}#", t.rel);
-            let dir = Dir::open_root(&t.root).map_err(|e| io_error(t.root.clone(), e))?;
-            let candidates: Vec<_> = dir
-                .entries()
-                .map_err(|e| io_error(t.root.clone(), e))?
-                .into_iter()
-                .filter(|(n, _)| n.starts_with(&prefix))
-                .collect();
-            if let Some((n, _)) = candidates.iter().find(|(_, m)| m.kind == Kind::Link) {
-                return Err(io_error(dir.join(n), dir.refuse_link(n)));
-            }
+            let candidates = local.leftovers_beside()?;
             let (running_since, stale) = loc.running_saves()?;
             report.removed.extend(stale);
-            for (fname, meta) in candidates.into_iter().filter(|(_, m)| m.kind == Kind::File) {
-                if !removable(now, meta.modified, grace, running_since) {
+            for (fname, size, modified) in candidates {
+                if !removable(now, modified, grace, running_since) {
                     report.kept_recent.push(fname);
                     continue;
                 }
-                match dir.unlink(&fname) {
-                    Ok(()) => {}
-                    // Renamed into place by the save that owned it meanwhile.
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(io_error(dir.join(&fname), e)),
+                // Gone already: renamed into place by the save that owned it meanwhile.
+                if !local.remove_beside(&fname)? {
+                    continue;
                 }
-                report.bytes_freed += meta.len;
+                report.bytes_freed += size;
                 report.removed.push(fname);
             }
         }

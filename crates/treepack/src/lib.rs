@@ -17,9 +17,12 @@
 //!
 //! The crate's layers (docs/architecture.md): [`format`](mod@format) — the tree model, dtypes, key paths,
 //! chunk grids, hashes, the manifest and the single-file container, with no I/O (the
-//! `treepack-format` crate, re-exported here with its [`error`] module); the engine —
-//! [`store`] (locations), [`save`](mod@save), [`read`], [`gc`](mod@gc); and [`serde_tree`] for Rust values. The format is
-//! specified in `docs/format.md`.
+//! `treepack-format` crate, re-exported here with its [`error`] module); [`store`] — where trees
+//! are kept: local disk, memory and object stores behind one backend trait (the
+//! `treepack-store` crate); the engine — [`Location`] (what a location string names: a
+//! repository's tree, a transport document), [`save`](mod@save), [`read`], [`gc`](mod@gc),
+//! [`repo`], [`transport`]; and [`serde_tree`] for Rust values. The format is specified in
+//! `docs/format.md`.
 
 #![warn(missing_docs)]
 
@@ -28,13 +31,14 @@ pub mod demo;
 pub use treepack_format as format;
 pub use treepack_format::error;
 pub mod gc;
+mod location;
 pub mod progress;
 pub mod read;
 pub mod repo;
 mod runtime;
 pub mod save;
 pub mod serde_tree;
-pub mod store;
+pub use treepack_store as store;
 pub mod transport;
 
 pub use error::{Error, Result};
@@ -43,13 +47,14 @@ pub use format::hash::Hash32;
 pub use format::manifest::{Entry, LeafInfo, Manifest};
 pub use format::model::{ArrayData, Int, Key, Leaf, Node, Place, Tree};
 pub use gc::GcReport;
+pub use location::Location;
 pub use progress::ProgressFn;
 pub use read::{LoadOptions, Problem, Reader, VerifyReport};
 pub use repo::{Repository, TreeRef};
 pub use runtime::block_on;
 pub use save::{SaveInfo, SaveOptions};
 pub use serde_tree::{from_tree, to_tree};
-pub use store::{IoStats, Layout, Location, StorageOptions, Version};
+pub use store::{IoStats, Layout, StorageOptions, Version};
 
 /// Anything that names a location: a string (parsed with [`Location::parse`], so cloud settings
 /// come from the environment) or a [`Location`] built with [`Location::parse_with`] and explicit
@@ -83,6 +88,11 @@ impl IntoLocation for Location {
 impl IntoLocation for &Location {
     fn into_location(self) -> Result<Location> {
         Ok(self.clone())
+    }
+}
+impl IntoLocation for store::Location {
+    fn into_location(self) -> Result<Location> {
+        Ok(self.into())
     }
 }
 

@@ -52,3 +52,10 @@ impl Tracker {
         self.total.store(total, Ordering::Relaxed);
     }
 }
+
+/// The store reports the bytes it moves to the tracker of the operation.
+impl crate::store::Progress for Tracker {
+    fn advance(&self, bytes: u64) {
+        Tracker::advance(self, bytes);
+    }
+}

@@ -13,8 +13,9 @@ use crate::format::transport as form;
 pub use crate::format::transport::Encoding;
 use crate::read::{LoadOptions, Reader};
 use crate::save::{SaveInfo, SaveOptions};
-use crate::store::{Location, MANIFEST_NAME};
+use crate::store::MANIFEST_NAME;
 use crate::IntoLocation;
+use crate::Location;
 use bytes::Bytes;
 use std::collections::HashMap;
 

@@ -23,7 +23,8 @@ use crate::format::keypath::{self, Selection};
 use crate::format::manifest::{self, ArrayEntry, ArrayStorage, ChunkRef, Entry, LeafInfo, Manifest, Stored};
 use crate::format::model::{ArrayData, Leaf, Node, Step, Tree};
 use crate::progress::Tracker;
-use crate::store::{Layout, Location, ReadMode, DIRECT_MIN_BYTES, MANIFEST_NAME};
+use crate::store::{Layout, ReadMode, DIRECT_MIN_BYTES, MANIFEST_NAME};
+use crate::Location;
 use bytes::Bytes;
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
@@ -468,15 +469,7 @@ impl Reader {
             }
             futs.push(async move {
                 let want: Vec<Range<u64>> = ranges.iter().map(|&(o, l)| o..o + l).collect();
-                let read = if self.loc.is_remote() {
-                    self.loc.read_remote_ranges(&rel, want, progress).await
-                } else {
-                    self.loc.read_ranges(&rel, want, mode).await.inspect(|got| {
-                        if let Some(t) = progress {
-                            t.advance(got.iter().map(|b| b.len() as u64).sum());
-                        }
-                    })
-                };
+                let read = self.loc.read_ranges_with(&rel, want, mode, progress.map(|t| t as _)).await;
                 let got = match read {
                     Ok(got) => got,
                     Err(e @ Error::OutOfBounds { .. }) => {

@@ -9,7 +9,8 @@ use crate::error::Result;
 use crate::format::manifest::outline::{outline, Block, Event};
 use crate::format::manifest::{self, LeafInfo};
 use crate::format::model::{Key, Tree};
-use crate::store::{Layout, Location};
+use crate::store::Layout;
+use crate::Location;
 
 /// Manifests at least this large are read for their structure by the outline; below that the
 /// full parse costs less than setting the outline up (and, in Python, its helper thread).

@@ -17,7 +17,7 @@ use crate::format::manifest;
 use crate::format::repo::{self as layout, PackIndex, RefRecord};
 use crate::read::{LoadOptions, Reader, VerifyReport};
 use crate::save::{SaveInfo, SaveOptions};
-use crate::store::Location;
+use crate::Location;
 use crate::{IntoLocation, Node};
 use bytes::Bytes;
 use futures::StreamExt;

@@ -26,7 +26,8 @@ use crate::format::manifest::{self, ArrayEntry, ArrayStorage, ChunkRef, Entry, M
 use crate::format::model::{ArrayData, Leaf, Node, Step, Tree};
 use crate::format::preview;
 use crate::progress::Tracker;
-use crate::store::{Layout, Location, MANIFEST_NAME, PACKS_DIR};
+use crate::store::{Layout, MANIFEST_NAME, PACKS_DIR};
+use crate::Location;
 use bytes::{Bytes, BytesMut};
 use check::check_tree;
 pub(crate) use commit::Written;

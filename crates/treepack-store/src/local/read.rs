@@ -2,8 +2,7 @@
 //! not cached (`direct`), and path normalisation.
 
 use super::beneath::{io_error, Target};
-use super::IoStats;
-use crate::error::{Error, Result};
+use crate::{Error, IoStats, Result};
 use bytes::Bytes;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -78,17 +77,19 @@ pub(super) fn read_file_ranges(
         stats.read(len as u64);
         Ok(Bytes::from(buf))
     };
-    // One range (a manifest, a small leaf) is read right here: no pool to wake.
+    // One range (a manifest, a small leaf) is read right here: no pool to wake. More go on the
+    // pool the caller installed (the engine's compute pool), or one after another without one.
     if ranges.len() == 1 {
         return ranges.iter().map(read_one).collect();
     }
-    crate::runtime::parallel(|| ranges.par_iter().map(read_one).collect())
+    treepack_format::exec::parallel(|| ranges.par_iter().map(read_one).collect())
+        .unwrap_or_else(|| ranges.iter().map(read_one).collect())
 }
 
 /// Ranges shorter than this are read through the page cache even in
 /// [`ReadMode::CachedOrDirect`]: the kernel's read-ahead serves small reads better, and the
 /// alignment slack of a direct read would be a large share of them.
-pub(crate) const DIRECT_MIN_BYTES: usize = 1 << 20;
+pub const DIRECT_MIN_BYTES: usize = 1 << 20;
 
 thread_local! {
     static DIRECT_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
@@ -97,7 +98,7 @@ thread_local! {
 /// Bytes this thread has read around the page cache so far: tells a reader whether the range
 /// it just read came from the device (its bytes are in no CPU cache) or from the page cache
 /// (they were just copied, so hashing them at once finds them in the CPU cache).
-pub(crate) fn direct_bytes_on_this_thread() -> u64 {
+pub fn direct_bytes_on_this_thread() -> u64 {
     DIRECT_HERE.with(|c| c.get())
 }
 

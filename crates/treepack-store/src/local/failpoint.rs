@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 /// Crash-test failpoint: when `TREEPACK_FAILPOINT_ABORT_BEFORE_PUT=N` is set, the process aborts
 /// (like a SIGKILL: no cleanup, no unwinding) just before its N-th storage write (1-based). The
 /// crash tests sweep N over every write of a save to prove each intermediate state is safe.
-pub(super) fn before_put() {
+pub(crate) fn before_put() {
     static LIMIT: OnceLock<Option<u64>> = OnceLock::new();
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let limit =

@@ -10,8 +10,8 @@
 //! process dies, however it dies. Off Unix, no markers (the grace period alone protects).
 
 use super::beneath::{io_error, Dir, Kind};
-use super::{Layout, Location};
-use crate::error::Result;
+use super::Local;
+use crate::Result;
 use std::fs::File;
 use std::io;
 use std::path::PathBuf;
@@ -116,20 +116,26 @@ pub(super) fn oldest_running(
     Ok((oldest, stale))
 }
 
-impl Location {
-    /// Mark a local save as running until the marker is dropped (see `marker`): `gc` keeps
-    /// what it writes meanwhile. Creates the location's directory (durably, when `durable`).
-    /// `None` for object stores.
+impl Local {
+    /// Mark a local save as running until the marker is dropped (see the module docs): `gc`
+    /// keeps what it writes meanwhile. Creates the location's directory (durably, when
+    /// `durable`).
+    ///
+    /// # Errors
+    /// I/O errors creating the folder or the marker; a link where the marker goes is refused.
     pub fn save_marker(&self, durable: bool) -> Result<Option<SaveMarker>> {
-        let Some((dir, name)) = self.marker_dir() else { return Ok(None) };
+        let (dir, name) = self.marker_dir();
         let opened = super::durable::create_beneath(&dir, "", durable).map_err(|e| io_error(dir.clone(), e))?;
         SaveMarker::create(opened, name.as_deref()).map_err(|e| io_error(dir, e))
     }
 
     /// When the oldest local save still running here started, and the markers of dead saves
     /// removed (relative names), for `gc`.
-    pub(crate) fn running_saves(&self) -> Result<(Option<std::time::SystemTime>, Vec<String>)> {
-        let Some((dir, name)) = self.marker_dir() else { return Ok((None, vec![])) };
+    ///
+    /// # Errors
+    /// I/O errors listing the folder; a marker name that is a link is refused.
+    pub fn running_saves(&self) -> Result<(Option<std::time::SystemTime>, Vec<String>)> {
+        let (dir, name) = self.marker_dir();
         let opened = match Dir::open_root(&dir) {
             Ok(d) => d,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, vec![])),
@@ -140,11 +146,12 @@ impl Location {
 
     /// The folder that holds a local save's markers (the location's root folder), and for a
     /// single file its name.
-    fn marker_dir(&self) -> Option<(PathBuf, Option<String>)> {
-        let t = self.target("")?;
-        match self.layout {
-            Layout::Directory => Some((t.root, None)),
-            Layout::SingleFile => Some((t.root, Some(t.rel))),
+    fn marker_dir(&self) -> (PathBuf, Option<String>) {
+        let t = self.target("");
+        if self.single {
+            (t.root, Some(t.rel))
+        } else {
+            (t.root, None)
         }
     }
 }

@@ -20,8 +20,7 @@
 //! component: links present when the check runs are refused, but one swapped in between the
 //! check and the operation is followed (the descriptor-relative calls are Unix-only).
 
-use super::{Layout, Location};
-use crate::error::Error;
+use crate::Error;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -503,22 +502,6 @@ impl Target {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             r => r,
         }
-    }
-}
-
-impl Location {
-    /// Where the local file `rel` of this location lies (`None` when not local): a directory
-    /// location's folder is the root; a single file's root is its parent folder, and the file
-    /// is a name in it (so the file itself is never followed if it is a link either).
-    pub(crate) fn target(&self, rel: &str) -> Option<Target> {
-        let local = self.local.as_ref()?;
-        let whole = rel.is_empty() || rel == ".";
-        if self.layout == Layout::SingleFile && whole {
-            if let (Some(parent), Some(name)) = (local.parent(), local.file_name().and_then(|n| n.to_str())) {
-                return Some(Target { root: parent.to_path_buf(), rel: name.to_string() });
-            }
-        }
-        Some(Target { root: local.clone(), rel: if whole { String::new() } else { rel.to_string() } })
     }
 }
 

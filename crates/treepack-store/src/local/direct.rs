@@ -78,7 +78,7 @@ pub(crate) fn read_at(f: &File, len: usize, offset: u64) -> io::Result<(Bytes, b
 /// Read bytes `done..len` of the range the plain way into `buf` (whose data starts at index
 /// `start`; the first `done` bytes are there already), and hand the buffer over.
 fn finish(f: &File, mut buf: Vec<u8>, start: usize, done: usize, len: usize, offset: u64) -> io::Result<Bytes> {
-    super::local::pread_into_spare(f, &mut buf, start + done, len - done, offset + done as u64)?;
+    super::read::pread_into_spare(f, &mut buf, start + done, len - done, offset + done as u64)?;
     // SAFETY: the bytes before `start` are zeroed here; [start, start + len) was written.
     unsafe {
         std::ptr::write_bytes(buf.as_mut_ptr(), 0, start);
@@ -154,8 +154,8 @@ unsafe fn pread(f: &File, dst: *mut u8, len: usize, at: u64) -> io::Result<usize
 
 #[cfg(test)]
 pub(super) mod tests {
-    use super::super::DIRECT_MIN_BYTES;
     use super::*;
+    use crate::DIRECT_MIN_BYTES;
     use std::cell::Cell;
     use std::io::Write;
 

@@ -1,8 +1,8 @@
 //! Object-store clients for remote locations (S3, GCS, Azure, HTTP) and treepack's own tuning
 //! options: credentials from each cloud's usual environment variables, overridden by explicit
-//! [`StorageOptions`](super::StorageOptions).
+//! [`StorageOptions`](crate::StorageOptions).
 
-use super::StorageOptions;
+use crate::StorageOptions;
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, ObjectStoreScheme};
 use std::collections::BTreeMap;

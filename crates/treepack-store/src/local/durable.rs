@@ -7,9 +7,8 @@
 //! the disk. With `durable` off the same steps run without the fsyncs.
 
 use super::beneath::{io_error, is_refused, Dir, Target};
-use super::{Layout, Location};
-use crate::error::{Error, Result};
-use crate::runtime::maybe_spawn_blocking;
+use crate::backend::maybe_spawn_blocking;
+use crate::{Error, Result};
 use bytes::Bytes;
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -195,65 +194,66 @@ fn split_target(t: &Target) -> io::Result<(&str, &str)> {
     t.split().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))
 }
 
-impl Location {
-    /// Write a local file of the location with [`put_file`], creating its folders first (on a
-    /// blocking thread when inside the runtime).
-    pub(super) async fn put_local(&self, t: Target, parts: Vec<Bytes>, create_only: bool, durable: bool) -> Result<()> {
-        let display = self.display.clone();
-        maybe_spawn_blocking(move || {
-            let (folder, name) = split_target(&t).map_err(|e| io_error(t.path(), e))?;
-            let dir = create_beneath(&t.root, folder, durable).map_err(|e| io_error(t.path(), e))?;
-            put_file(&dir, name, &parts, create_only, durable).map_err(|e| match e.kind() {
-                io::ErrorKind::AlreadyExists => Error::AlreadyExists { location: display },
-                _ => io_error(t.path(), e),
-            })
+/// Write the local file `t` with [`put_file`], creating its folders first (on a blocking
+/// thread when inside a runtime). An existing file under `create_only` is
+/// [`Error::AlreadyExists`] of the location shown as `display`.
+pub(super) async fn put_target(
+    t: Target,
+    parts: Vec<Bytes>,
+    create_only: bool,
+    durable: bool,
+    display: String,
+) -> Result<()> {
+    maybe_spawn_blocking(move || {
+        let (folder, name) = split_target(&t).map_err(|e| io_error(t.path(), e))?;
+        let dir = create_beneath(&t.root, folder, durable).map_err(|e| io_error(t.path(), e))?;
+        put_file(&dir, name, &parts, create_only, durable).map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => Error::AlreadyExists { location: display },
+            _ => io_error(t.path(), e),
         })
-        .await
-    }
+    })
+    .await
+}
 
-    /// Replace a local file only if it still holds `expected` (or, for `None`, does not
-    /// exist): the read, the comparison and the replace happen under an exclusive `flock` of a
-    /// lock file beside it (`<name>.lock`), which every conditional replace of that file takes.
-    pub(super) async fn replace_local_if(
-        &self,
-        t: Target,
-        parts: Vec<Bytes>,
-        expected: Option<Bytes>,
-        durable: bool,
-    ) -> Result<bool> {
-        maybe_spawn_blocking(move || {
-            let path = t.path();
-            let io = |e: io::Error| io_error(path.clone(), e);
-            let (folder, name) = split_target(&t).map_err(io)?;
-            let dir = create_beneath(&t.root, folder, durable).map_err(io)?;
-            let lock_name = format!("{name}.lock");
-            let lock = dir.open_or_create(&lock_name).map_err(|e| io_error(dir.join(&lock_name), e))?;
-            lock_exclusive(&lock).map_err(|e| io_error(dir.join(&lock_name), e))?;
-            let now = match dir.open_read(name) {
-                Ok(mut f) => {
-                    let mut b = vec![];
-                    f.read_to_end(&mut b).map_err(io)?;
-                    Some(b)
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-                Err(e) => return Err(io(e)),
-            };
-            if now.as_deref() != expected.as_deref() {
-                return Ok(false);
+/// Replace the local file `t` only if it still holds `expected` (or, for `None`, does not
+/// exist): the read, the comparison and the replace happen under an exclusive `flock` of a
+/// lock file beside it (`<name>.lock`), which every conditional replace of that file takes.
+pub(super) async fn replace_target_if(
+    t: Target,
+    parts: Vec<Bytes>,
+    expected: Option<Bytes>,
+    durable: bool,
+) -> Result<bool> {
+    maybe_spawn_blocking(move || {
+        let path = t.path();
+        let io = |e: io::Error| io_error(path.clone(), e);
+        let (folder, name) = split_target(&t).map_err(io)?;
+        let dir = create_beneath(&t.root, folder, durable).map_err(io)?;
+        let lock_name = format!("{name}.lock");
+        let lock = dir.open_or_create(&lock_name).map_err(|e| io_error(dir.join(&lock_name), e))?;
+        lock_exclusive(&lock).map_err(|e| io_error(dir.join(&lock_name), e))?;
+        let now = match dir.open_read(name) {
+            Ok(mut f) => {
+                let mut b = vec![];
+                f.read_to_end(&mut b).map_err(io)?;
+                Some(b)
             }
-            put_file(&dir, name, &parts, expected.is_none(), durable).map_err(io)?;
-            Ok(true)
-            // The lock is released when `lock` is closed here.
-        })
-        .await
-    }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io(e)),
+        };
+        if now.as_deref() != expected.as_deref() {
+            return Ok(false);
+        }
+        put_file(&dir, name, &parts, expected.is_none(), durable).map_err(io)?;
+        Ok(true)
+        // The lock is released when `lock` is closed here.
+    })
+    .await
+}
 
-    /// Make the names written so far in a local folder of the location durable (fsync the
-    /// directory); a no-op elsewhere.
-    pub async fn sync_dir(&self, rel_dir: &str) -> Result<()> {
-        let Some(t) = self.target(rel_dir).filter(|_| self.layout == Layout::Directory) else { return Ok(()) };
-        maybe_spawn_blocking(move || t.dir().and_then(|d| sync_dir(&d)).map_err(|e| io_error(t.path(), e))).await
-    }
+/// Make the names written so far in the local folder `t` durable (fsync it).
+pub(super) async fn sync_target_dir(t: Target) -> Result<()> {
+    maybe_spawn_blocking(move || t.dir().and_then(|d| sync_dir(&d)).map_err(|e| io_error(t.path(), e))).await
 }
 
 /// A record of the file-system operations local writes perform, for the crash-state tests

@@ -1,0 +1,181 @@
+//! Locations as the engine reads them: what a location string names, resolved one layer above
+//! the store (docs/design.md decision 75).
+//!
+//! The store ([`crate::store`], the `treepack-store` crate) knows places: folders, files,
+//! prefixes, buckets. Two things a location string may name are the engine's: a tree of a
+//! repository (`LOCATION@NAME`, docs/repository.md), whose manifest is found through the name's
+//! ref instead of `treepack.json`; and a JSON transport document (`x.json`, docs/transport.md),
+//! read as the tree it holds. [`Location::parse_with`] resolves both and yields a store location
+//! with the tree name, if any — every reader and writer then works on it unchanged.
+
+use crate::error::{Error, Result};
+use crate::store::{self, Layout, StorageOptions};
+use std::path::Path;
+use std::sync::Arc;
+
+/// A place a tree is (or will be) stored: a store location ([`store::Location`], whose methods
+/// it has through `Deref`), and for a tree of a repository (`LOCATION@NAME`) the tree's name.
+#[derive(Debug, Clone)]
+pub struct Location {
+    store: store::Location,
+    /// A tree of the repository at this location (`LOCATION@NAME`, crate::repo): its manifest
+    /// is found through the name's ref instead of `treepack.json`.
+    tree: Option<Arc<str>>,
+}
+
+/// Why a transport document's location refuses writes.
+const DOCUMENT_READ_ONLY: &str =
+    "a JSON transport document is read as a tree but not written to; save to a directory or \
+                                  a .tpk (`treepack import DOC DST` stores the document's tree)";
+
+impl Location {
+    /// Parse a location string: a local path, `file://…`, or `memory://bucket/prefix` (a
+    /// process-wide in-memory store, for tests). A path ending in `.tpk` uses the single-file
+    /// layout; an existing local file is read as a single file whatever its name, and an
+    /// existing `.json` transport document as the tree it holds (read-only). `LOCATION@NAME`
+    /// names the tree `NAME` of the repository at `LOCATION`.
+    ///
+    /// # Errors
+    /// [`Error::BadLocation`] for unsupported schemes or malformed strings.
+    pub fn parse(s: &str) -> Result<Location> {
+        Self::parse_with(s, &StorageOptions::new())
+    }
+
+    /// Parse a location with explicit [`StorageOptions`] (see [`store::Location::parse_with`]
+    /// for the schemes and options; [`Location::parse`] for trees of repositories and transport
+    /// documents).
+    ///
+    /// # Errors
+    /// [`Error::BadLocation`] for unsupported schemes, malformed strings, unknown option keys
+    /// and cloud clients that cannot be configured (e.g. no bucket); errors reading a
+    /// transport document.
+    pub fn parse_with(s: &str, options: &StorageOptions) -> Result<Location> {
+        if s.is_empty() {
+            return Err(Error::BadLocation { location: s.to_string(), reason: "empty location".into() });
+        }
+        if let Some((repo, name)) = split_tree(s) {
+            return Self::parse_with(repo, options)?.with_tree(name);
+        }
+        let loc = store::Location::parse_with(s, options)?;
+        // A local single file named `.json` may be a transport document: read as its tree.
+        if let Some(path) = loc.local_path().filter(|_| loc.layout() == Layout::SingleFile) {
+            if crate::transport::is_document_file(path) {
+                return crate::transport::read_document_file(path, s);
+            }
+        }
+        Ok(loc.into())
+    }
+
+    /// A fresh in-memory location of its own (not reachable by a `memory://` name), shown as
+    /// `display`: where a transport document is unpacked to be read.
+    pub(crate) fn new_memory(display: &str) -> Location {
+        store::Location::new_memory(display).into()
+    }
+
+    /// This location, refusing writes from now on (a transport document's, once unpacked).
+    pub(crate) fn into_read_only(self) -> Location {
+        Location { store: self.store.refusing_writes(DOCUMENT_READ_ONLY), ..self }
+    }
+
+    /// Drop the process-wide `memory://bucket` store and everything in it (its memory is
+    /// freed once no location uses it). Returns whether there was one.
+    pub fn forget_memory(bucket: &str) -> bool {
+        store::Location::forget_memory(bucket)
+    }
+
+    /// The store location (for a tree of a repository: the repository's, shown as
+    /// `LOCATION@NAME`).
+    pub fn store(&self) -> &store::Location {
+        &self.store
+    }
+
+    /// The tree name of a `LOCATION@NAME` location.
+    pub fn tree_name(&self) -> Option<&str> {
+        self.tree.as_deref()
+    }
+
+    /// The repository of a `LOCATION@NAME` location (itself otherwise).
+    pub fn repository(&self) -> Location {
+        let Some(name) = &self.tree else { return self.clone() };
+        let display = self.display();
+        Location { store: self.store.relabeled(&display[..display.len() - name.len() - 1]), tree: None }
+    }
+
+    /// The tree `name` of the repository at this location.
+    ///
+    /// # Errors
+    /// [`Error::BadLocation`] for an invalid name or a single-file location.
+    pub fn with_tree(&self, name: &str) -> Result<Location> {
+        let bad = |r: String| Error::BadLocation { location: format!("{}@{name}", self.display()), reason: r };
+        crate::format::repo::validate_name(name).map_err(bad)?;
+        if self.layout() == Layout::SingleFile {
+            return Err(bad("a repository is a folder or an object-store prefix, not a single file".into()));
+        }
+        let base = self.repository();
+        let display = format!("{}@{name}", base.display());
+        Ok(Location { store: base.store.relabeled(&display), tree: Some(name.into()) })
+    }
+
+    /// For a local single file, open it now and read through that handle from then on (a
+    /// no-op elsewhere; see [`store::Location::pin`]).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] if the file does not exist; [`Error::Link`] if it is a symbolic link.
+    pub fn pin(&self) -> Result<Location> {
+        Ok(Location { store: self.store.pin()?, tree: self.tree.clone() })
+    }
+
+    /// Run a read of this location to completion from synchronous code: a local tree's on the
+    /// calling thread (its file reads run inline), anything else on the I/O runtime. Every
+    /// blocking entry point of the library goes through here, so a local load never starts the
+    /// runtime's threads.
+    pub fn block_on<F: std::future::Future + Send>(&self, fut: F) -> F::Output
+    where
+        F::Output: Send,
+    {
+        if self.local_path().is_some() && tokio::runtime::Handle::try_current().is_err() {
+            crate::runtime::block_on_here(fut)
+        } else {
+            crate::runtime::block_on(fut)
+        }
+    }
+}
+
+impl From<store::Location> for Location {
+    /// A store location as the engine's, naming no tree. The engine's executor is installed
+    /// here, so that the store's parallel work (multi-range local reads) finds the engine's
+    /// pools whichever operation comes first.
+    fn from(store: store::Location) -> Location {
+        crate::runtime::install_exec();
+        Location { store, tree: None }
+    }
+}
+
+impl std::ops::Deref for Location {
+    type Target = store::Location;
+
+    /// The store location: reads, writes, listings and the rest of the store's operations.
+    fn deref(&self) -> &store::Location {
+        &self.store
+    }
+}
+
+/// `LOCATION@NAME` names the tree `NAME` of the repository at `LOCATION` (docs/repository.md):
+/// split there when the text after the last `@` is a valid tree name, it lies in the path (not
+/// in a URL's `user@host`), and — for a local path — the whole text is not itself an existing
+/// file or folder.
+fn split_tree(s: &str) -> Option<(&str, &str)> {
+    let (loc, name) = s.rsplit_once('@')?;
+    if loc.is_empty() || crate::format::repo::validate_name(name).is_err() {
+        return None;
+    }
+    if let Some((scheme, rest)) = loc.split_once("://") {
+        // The `@` must come after the authority (the first `/` after `scheme://`).
+        if !rest.contains('/') && scheme != "file" && scheme != "memory" {
+            return None;
+        }
+    } else if Path::new(s).exists() {
+        return None;
+    }
+    Some((loc, name))
+}

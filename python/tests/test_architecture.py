@@ -184,3 +184,24 @@ def test_an_unknown_load_option_is_a_type_error_naming_it(tmp_path):
     with pytest.raises(TypeError, match="'bogus'"):
         treepack.loads(treepack.dumps({"x": 1}), bogus=True)
     assert treepack.load(tmp_path / "t", map_location=None, dask=False) == {"x": 1}
+
+
+class _Unhashable(type):
+    """A metaclass that makes its classes unhashable (it defines ``__eq__`` alone)."""
+
+    def __eq__(cls, other):
+        return cls is other
+
+    __hash__ = None
+
+
+class Odd(metaclass=_Unhashable):
+    def __init__(self, x):
+        self.x = x
+
+
+def test_the_lookup_by_class_takes_classes_it_cannot_cache():
+    # A value's integration is looked up by its class, cached by class; a class its metaclass
+    # makes unhashable is looked up without the cache (a save then goes on as it did before).
+    assert _registry.for_type(Odd) is None
+    assert _registry.for_type(Odd) is None

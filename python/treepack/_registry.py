@@ -338,19 +338,25 @@ _by_type: Dict[type, Optional[Handlers]] = {}
 def for_type(t: type) -> Optional[Handlers]:
     """The integration whose framework defines ``t`` or its nearest such base class (``__mro__``,
     by top-level module name), imported the first time; None for every other class."""
-    h = _by_type.get(t, _UNSEEN)
+    try:
+        h = _by_type.get(t, _UNSEEN)
+    except TypeError:  # a class its metaclass makes unhashable: looked up each time
+        return _find_for_type(t)
     if h is _UNSEEN:
-        h = None
-        for base in getattr(t, "__mro__", None) or (t,):
-            mod = getattr(base, "__module__", None)
-            e = _BY_FRAMEWORK.get(mod.partition(".")[0]) if isinstance(mod, str) else None
-            if e is not None:
-                h = handlers(e)
-                break
+        h = _find_for_type(t)
         if len(_by_type) >= 4096:  # classes made at run time (namedtuple factories): bounded
             _by_type.clear()
         _by_type[t] = h
     return h
+
+
+def _find_for_type(t: type) -> Optional[Handlers]:
+    for base in getattr(t, "__mro__", None) or (t,):
+        mod = getattr(base, "__module__", None)
+        e = _BY_FRAMEWORK.get(mod.partition(".")[0]) if isinstance(mod, str) else None
+        if e is not None:
+            return handlers(e)
+    return None
 
 
 def node_decoder(name: str) -> Optional[Callable[..., Any]]:

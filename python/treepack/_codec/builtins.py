@@ -51,6 +51,7 @@ PARTIAL_TYPES = frozenset(
 #: Descriptions kept per save by the object's identity: file-backed objects (an image held by
 #: 10 000 rows is encoded once) and, below, every custom node not of treepack's own ``py.*``.
 _BY_IDENTITY = frozenset({"py.file"}) | reg.FILE_NODES
+_for_type = reg.for_type
 # Built-in types that `audit` accepts whatever their data says (enum and pickle name classes, and
 # a defaultdict's factory may).
 AUDIT_FREE = BUILTIN_TYPES - {"py.enum", "py.pickle", "py.defaultdict", "py.mapping"}
@@ -228,7 +229,7 @@ def _describe(
                 f"raised {type(e).__name__}: {e}"
             ) from e
         return ("custom", r.name, None, [("data", data)])
-    h = reg.for_type(t)
+    h = _for_type(t)
     if h is not None and h.encode is not None:
         # A value of a framework an integration serves (a tensor, a DataFrame, an image…).
         d = h.encode(obj, where, memo, omit_static)

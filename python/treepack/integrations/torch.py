@@ -517,8 +517,12 @@ def missing_message(paths: list) -> str:
 
 
 def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Optional[Tuple[str, str, Optional[str], list]]:
-    if is_tensor(obj):
-        return encode(obj, where, _plugin.save_state(memo, STORAGES, _storages))
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        storages = memo.get(STORAGES) if memo is not None else None  # (the save's, once made)
+        if storages is None:
+            storages = _plugin.save_state(memo, STORAGES, _storages)
+        return encode(obj, where, storages)
     return encode_value(obj)
 
 

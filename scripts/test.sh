@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# Every test: formatting, lints, Rust unit/integration/property/golden/doc tests, then the Python
-# package is built into .venv and its pytest suite runs.
+# Every test: formatting, lints, the crates' API docs and packages, the fuzz targets compiled, the
+# Rust unit/integration/property/golden/doc tests, then the Python package built once, in release,
+# as the wheels users install, and its pytest suite run against them (scripts/wheels.sh).
+#
+# The Rust code is compiled three ways: checked (clippy, with the features cargo test uses; cargo
+# doc and the fuzz check reuse what it checked), tested (dev profile), and in release for the
+# wheels (the dependencies once, the extension once per CPython; the sdist's install reuses the
+# dependencies). pytest runs once per CPython at most. Each stage prints "== [Ns] stage"; the end,
+# how long each took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/stages.sh
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 # Installs that wait on the network, not the CPU (the object-store servers, then the Python test
 # and framework requirements), run in the background while the Rust checks below compile; on a
@@ -16,22 +24,26 @@ finish_setup() {
   if ! wait "$setup_pid"; then cat "$setup_log" >&2; echo "error: installing the test servers or requirements failed" >&2; exit 1; fi
   cat "$setup_log"
 }
-echo "== [${SECONDS}s] cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== [${SECONDS}s] cargo clippy (all crates, all targets)"
-cargo clippy --workspace --all-targets --features treepack/failpoints -j2 -- -D warnings
-echo "== [${SECONDS}s] fuzz targets compile (cargo check in fuzz/)"; (cd fuzz && cargo check -j2 --quiet)
-echo "== [${SECONDS}s] cargo doc (the library's API docs: every public item documented, no broken links)"
-RUSTDOCFLAGS="-D warnings" cargo doc -p treepack-format -p treepack --no-deps -j2 --quiet
-echo "== [${SECONDS}s] cargo package (the crates as crates.io would get them; \`cargo package\` without --no-verify also builds them, about 2.5 min)"
-cargo package -p treepack-format -p treepack -p treepack-alloc -p treepack-cli --allow-dirty --no-verify --quiet
-echo "== [${SECONDS}s] local object-store servers for the remote tests (moto, azurite, fake-gcs-server, gcp-storage-emulator), installed in the background"
+stage "cargo clippy (every crate, all targets, -D warnings; the failpoints feature as cargo test builds it)"
+cargo clippy --workspace --all-targets --features treepack/failpoints -- -D warnings
+stage "cargo doc (every crate's API docs, -D warnings: every public item documented, no broken links)"
+# Libraries and binaries apart: the CLI's binary and the library are both called `treepack`, and
+# one cargo doc of both would write one over the other.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --bins --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --lib --quiet
+stage "fuzz targets compile (cargo check in fuzz/, sharing target/ with the checks above)"
+# fuzz/ is its own workspace; with this workspace's target dir and dev profile, the dependencies
+# the two lock files agree on are already checked (keep these in step with Cargo.toml's profile).
+target_dir=${CARGO_TARGET_DIR:-$PWD/target}
+(cd fuzz && CARGO_TARGET_DIR="$target_dir" cargo check --quiet --config 'profile.dev.debug="line-tables-only"' \
+  --config 'profile.dev.package."*".opt-level=2' --config 'profile.dev.package."*".debug=false')
+stage "cargo package (the crates as crates.io would get them; without --no-verify it would also build each, minutes)"
+cargo package -p treepack-format -p treepack-store -p treepack -p treepack-alloc -p treepack-cli --allow-dirty --no-verify --quiet
+stage "wait for the background installs: local object-store servers (moto, azurite, gcp-storage-emulator), the Python requirements"
 finish_setup
-echo "== [${SECONDS}s] cargo test (core + CLI; remote tests start their servers on 127.0.0.1; crash tests need the failpoints feature)"
-cargo test -j2 --features treepack/failpoints
-echo "== [${SECONDS}s] python package: build into .venv"
-py=$(bash scripts/python-env.sh)
-echo "== [${SECONDS}s] pytest"
-"$py" -m pytest -q python/tests
-echo "== [${SECONDS}s] the wheels: built (release, one per CPython 3.10-3.13), each installed into a fresh venv, pytest there"
-bash scripts/wheels.sh
+stage "cargo test (core + CLI; remote tests start their servers on 127.0.0.1; crash tests need the failpoints feature)"
+cargo test --features treepack/failpoints
+stage "the wheels and the Python suite (scripts/wheels.sh --main-venv)"
+bash scripts/wheels.sh --main-venv

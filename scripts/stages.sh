@@ -1,0 +1,24 @@
+# Sourced by test.sh, wheels.sh and .ci/run: `stage TEXT` prints "== [Ns] TEXT" to stderr, N the
+# seconds since the outermost of them started (TREEPACK_T0, inherited), and notes the stage in
+# TREEPACK_STAGES (a file, inherited). The script that started the clock prints, when it exits,
+# how long each stage took and the total.
+if [ -z "${TREEPACK_T0:-}" ]; then
+  export TREEPACK_T0=$(date +%s) TREEPACK_STAGES=$(mktemp)
+  trap 'stage_summary $?' EXIT
+fi
+stage() {
+  local t=$(($(date +%s) - TREEPACK_T0))
+  echo "== [${t}s] $*" >&2
+  printf '%s\t%s\n' "$t" "${*:0:100}" >>"$TREEPACK_STAGES"
+}
+stage_summary() {
+  local end=$(($(date +%s) - TREEPACK_T0)) outcome=ok
+  [ "$1" = 0 ] || outcome="failed, exit status $1"
+  {
+    echo "== stage times (seconds; the last stage running when it stopped):"
+    awk -F'\t' -v end="$end" '{ t[NR] = $1; s[NR] = $2 }
+      END { for (i = 1; i <= NR; i++) printf "%6d  %s\n", (i < NR ? t[i + 1] : end) - t[i], s[i] }' "$TREEPACK_STAGES"
+    echo "== [${end}s] total ($outcome)"
+  } >&2
+  rm -f "$TREEPACK_STAGES"
+}

@@ -127,7 +127,7 @@ fn float_text(f: f64) -> String {
         if f > 0.0 { "inf" } else { "-inf" }.into()
     } else {
         let mut s = String::new();
-        crate::manifest::push_finite_float(&mut s, f);
+        crate::manifest::text::push_finite_float(&mut s, f);
         s
     }
 }

@@ -155,7 +155,7 @@ fn tagged(t: &str, members: Vec<(&str, Value)>, described: Option<String>) -> Va
 
 fn key_json(k: &Key) -> Value {
     let mut s = String::new();
-    crate::manifest::write_key(&mut s, k);
+    crate::manifest::text::write_key(&mut s, k, crate::manifest::text::Order::Manifest);
     serde_json::from_str(&s).unwrap_or(Value::Null)
 }
 

@@ -9,8 +9,13 @@
 //! shared id, so its text is final the moment it is written, and byte for byte what the
 //! manifest writer makes of the same subtree as a tree (`write_node`).
 
-use super::*;
-use crate::model::{grow, Leaf, Node};
+use super::parse::parse_with_ids;
+use super::text::{push_int, write_bool, write_float_node, write_int, write_str, Order, ITEMS_END, TUPLE_BEGIN};
+use super::types::{Entry, Stored, FORMAT_NAME, VERSION_MAJOR};
+use crate::error::{Error, Result};
+use crate::model::{grow, Int, Leaf, Node, Tree};
+use bytes::Bytes;
+use std::fmt;
 use std::sync::Arc;
 
 /// Where a writer's text buffer goes once nothing uses it any more (the writer dropped, and the
@@ -313,7 +318,7 @@ impl FragmentWriter {
     pub fn shared_begin(&mut self, id: u64) {
         self.wrote_refs = true;
         self.next_id = self.next_id.max(id + 1);
-        let _ = write!(self.buf, "{{\"t\":\"shared\",\"id\":{id},\"v\":");
+        Order::Manifest.shared_begin(&mut self.buf, id);
     }
     /// The end of a shared node.
     pub fn shared_end(&mut self) {
@@ -322,7 +327,7 @@ impl FragmentWriter {
     /// A ref to shared node `id`.
     pub fn reference(&mut self, id: u64) {
         self.wrote_refs = true;
-        let _ = write!(self.buf, "{{\"t\":\"ref\",\"id\":{id}}}");
+        Order::Manifest.reference(&mut self.buf, id);
     }
     /// The separator before every item but the first.
     pub fn comma(&mut self) {
@@ -336,7 +341,7 @@ impl FragmentWriter {
     /// A bool leaf.
     pub fn bool(&mut self, v: bool) {
         self.leaves += 1;
-        self.buf.push_str(if v { "true" } else { "false" });
+        write_bool(&mut self.buf, v);
     }
     /// An int leaf.
     pub fn int(&mut self, v: i64) {
@@ -373,7 +378,7 @@ impl FragmentWriter {
         self.containers += 1;
         self.buf.push_str(TUPLE_BEGIN);
     }
-    /// The opening of a dict, written as a JSON object (format 1.4, see [`object_form`]):
+    /// The opening of a dict, written as a JSON object (format 1.4, see [`object_form`](super::object_form)):
     /// its keys are strings, the first not `"t"` (the caller keeps any other dict as a node).
     pub fn dict_begin(&mut self) {
         self.containers += 1;
@@ -456,6 +461,8 @@ enum PairRepr {
 
 #[cfg(test)]
 mod tests {
+    use super::super::parse::parse_with;
+    use super::super::write::write_node;
     use super::*;
 
     /// The escape rule written plainly, one char at a time.

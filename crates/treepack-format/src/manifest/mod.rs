@@ -22,7 +22,7 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor
 use serde_json::Value;
 use std::cell::RefCell;
 use std::collections::HashSet;
-use std::fmt::{self, Write as _};
+use std::fmt;
 
 mod build;
 mod fragment;
@@ -34,6 +34,7 @@ mod split;
 mod tape;
 #[cfg(test)]
 pub(crate) mod tests;
+pub(crate) mod text;
 mod types;
 mod validate;
 mod write;

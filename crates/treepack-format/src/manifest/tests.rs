@@ -527,13 +527,13 @@ fn strings_are_escaped_exactly_where_json_requires() {
         "ends with \u{7f}",
     ] {
         let mut s = String::new();
-        super::write::write_str(&mut s, v);
+        super::text::write_str(&mut s, v);
         let back: String = serde_json::from_str(&s).unwrap_or_else(|e| panic!("{s}: {e}"));
         assert_eq!(back, v);
         assert!(s.bytes().all(|b| b >= 0x20 && b != 0x7f), "raw control byte in {s:?}");
     }
     let mut s = String::new();
-    super::write::write_str(&mut s, "a\u{1}b\"");
+    super::text::write_str(&mut s, "a\u{1}b\"");
     assert_eq!(s, r#""a\u0001b\"""#);
 }
 
@@ -579,7 +579,7 @@ fn floats_are_written_as_ryu_writes_them() {
     let mut r = ryu::Buffer::new();
     for v in vals.into_iter().filter(|v| v.is_finite()) {
         let mut s = String::new();
-        push_finite_float(&mut s, v);
+        super::text::push_finite_float(&mut s, v);
         assert_eq!(s, r.format_finite(v), "{v:e}");
     }
 }

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import treepack
-from treepack import _hierarchy
+from treepack import _hierarchy_map
 
 import h5py
 
@@ -204,7 +204,7 @@ def test_damaged_files_fail_clearly(tmp_path):
 def test_big_arrays_are_copied_in_blocks(tmp_path, monkeypatch):
     # Arrays above BLOCK_BYTES are written in blocks of whole chunk rows and read back as Dask
     # arrays (when Dask is there) that the save computes block by block.
-    monkeypatch.setattr(_hierarchy, "BLOCK_BYTES", 8 << 10)
+    monkeypatch.setattr(_hierarchy_map, "BLOCK_BYTES", 8 << 10)
     t = {"big": np.arange(200_000, dtype=np.float64).reshape(2000, 100), "bf": np.ones((300, 30), ml_dtypes.bfloat16)}
     treepack.save(t, tmp_path / "t", chunk_bytes=16 << 10)
     for ext in EXTS:

@@ -1,17 +1,19 @@
 //! `Build`: what a parse produces (owned trees, or Python objects in the bindings), and `replay` of owned subtrees.
 
-use super::*;
+use super::types::{Entry, PackInfo, Stored};
+use crate::model::{Int, Key, Step, Tree};
+use serde_json::Value;
 
 /// A manifest's members, with its root built by a [`Build`].
 #[derive(Debug)]
 pub struct Parsed<N> {
-    /// As [`Manifest::version`].
+    /// As [`Manifest::version`](super::Manifest::version).
     pub version: (u16, u16),
-    /// As [`Manifest::writer`].
+    /// As [`Manifest::writer`](super::Manifest::writer).
     pub writer: String,
-    /// As [`Manifest::metadata`].
+    /// As [`Manifest::metadata`](super::Manifest::metadata).
     pub metadata: Option<Value>,
-    /// As [`Manifest::packs`].
+    /// As [`Manifest::packs`](super::Manifest::packs).
     pub packs: Vec<PackInfo>,
     /// The tree, as the [`Build`] built it.
     pub root: N,
@@ -20,7 +22,7 @@ pub struct Parsed<N> {
 /// A dict key as a [`Build`]er gets it (see [`Build::dict_ref`]).
 #[derive(Debug, Clone)]
 pub enum KeyRef<'a> {
-    /// A string key, borrowed from the manifest's text or a [`Tape`]'s.
+    /// A string key, borrowed from the manifest's text or a [`Tape`](super::Tape)'s.
     Str(&'a str),
     /// Any key, borrowed (an owned tree's, a tape's typed key).
     Key(&'a Key),
@@ -73,7 +75,7 @@ pub trait Build {
     /// Only builders whose conversion is free should say yes.
     const PARALLEL: bool = false;
     /// Builders that must stay on the calling thread (Python objects): a big manifest is then
-    /// parsed on a helper thread onto [`Tape`]s this thread replays as they come (see
+    /// parsed on a helper thread onto [`Tape`](super::Tape)s this thread replays as they come (see
     /// `build_streamed`).
     const HELPER: bool = false;
     /// The builder uses [`Build::enter`]/[`Build::exit`] (key paths): only then does the
@@ -87,21 +89,21 @@ pub trait Build {
     fn leaf(&self, e: Entry) -> std::result::Result<Self::Node, String> {
         self.leaf_ref(&e)
     }
-    /// A None leaf from a [`Tape`] (as [`Build::leaf_ref`] of [`Entry::None`]): builders that
+    /// A None leaf from a [`Tape`](super::Tape) (as [`Build::leaf_ref`] of [`Entry::None`]): builders that
     /// make values straight from scalars (Python objects) skip the entry, a third of the
     /// leaves of a tree of records.
     fn none_leaf(&self) -> std::result::Result<Self::Node, String> {
         self.leaf_ref(&Entry::None)
     }
-    /// A bool leaf from a [`Tape`] (see [`Build::none_leaf`]).
+    /// A bool leaf from a [`Tape`](super::Tape) (see [`Build::none_leaf`]).
     fn bool_leaf(&self, v: bool) -> std::result::Result<Self::Node, String> {
         self.leaf_ref(&Entry::Bool(v))
     }
-    /// An int leaf of 64 bits from a [`Tape`] (see [`Build::none_leaf`]).
+    /// An int leaf of 64 bits from a [`Tape`](super::Tape) (see [`Build::none_leaf`]).
     fn int_leaf(&self, v: i64) -> std::result::Result<Self::Node, String> {
         self.leaf_ref(&Entry::Int(Int::Small(v)))
     }
-    /// A float leaf from a [`Tape`] (see [`Build::none_leaf`]).
+    /// A float leaf from a [`Tape`](super::Tape) (see [`Build::none_leaf`]).
     fn float_leaf(&self, v: f64) -> std::result::Result<Self::Node, String> {
         self.leaf_ref(&Entry::Float(v))
     }
@@ -114,7 +116,7 @@ pub trait Build {
     fn list(&self, items: Vec<Self::Node>, tuple: bool) -> std::result::Result<Self::Node, String>;
     /// A dict of built values, pairs in stored (insertion) order.
     fn dict(&self, pairs: Vec<(Key, Self::Node)>) -> std::result::Result<Self::Node, String>;
-    /// [`Build::dict`] as the parser, a [`Tape`] or [`replay`] calls it: string keys borrowed
+    /// [`Build::dict`] as the parser, a [`Tape`](super::Tape) or [`replay`] calls it: string keys borrowed
     /// from the text (nearly every key), others as they come. Builders that only read the keys
     /// (Python objects, tapes) override it and copy none.
     fn dict_ref(&self, pairs: Vec<(KeyRef<'_>, Self::Node)>) -> std::result::Result<Self::Node, String> {
@@ -181,7 +183,7 @@ pub trait Build {
 pub fn replay<B: Build>(b: &B, t: &Tree<Entry>) -> std::result::Result<B::Node, String> {
     replay_with(b, t, &mut |b, e| {
         #[cfg(test)]
-        tests::REPLAYED.with(|n| n.set(n.get() + 1));
+        super::tests::REPLAYED.with(|n| n.set(n.get() + 1));
         b.leaf_ref(e)
     })
 }
@@ -260,7 +262,7 @@ fn replay_each<'t, B: Build, T: 't>(
     Ok(out)
 }
 
-/// Builds the owned [`Tree<Entry>`] of a [`Manifest`].
+/// Builds the owned [`Tree<Entry>`] of a [`Manifest`](super::Manifest).
 pub struct OwnedTree;
 
 impl Build for OwnedTree {

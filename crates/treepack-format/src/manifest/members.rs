@@ -5,8 +5,19 @@
 //! serde_json's recursion limit off (trees nest up to `MAX_DEPTH` nodes), so a plain `Value`
 //! would recurse as deep as the text nests.
 
-use super::*;
+use super::types::{ArrayEntry, ArrayStorage, ChunkRef, Entry, PackInfo, Stored, FORMAT_NAME, MAX_PACKS};
+use super::validate::validate_pack_path;
+use crate::codec::Codec;
+use crate::dtype::DType;
+use crate::hash::Hash32;
 use crate::json::{BoundedValue, MAX_DTYPE_JSON_DEPTH};
+use crate::model::Int;
+use base64::Engine;
+use bytes::Bytes;
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
+use std::collections::HashSet;
+use std::fmt;
 
 #[derive(serde::Deserialize)]
 pub(super) struct RawPack {

@@ -8,22 +8,6 @@
 //! `nodes.rs`, `split.rs` for big containers on more threads with `tape.rs`, `build.rs`) and the structure-only
 //! [`outline`] — sharing the member readers in `members.rs`.
 
-use crate::codec::Codec;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::grid::ChunkGrid;
-use crate::hash::Hash32;
-use crate::keypath::KeyPath;
-use crate::model::{shape_len, Int, Key, Step, Tree};
-use crate::refs::{check_refs_with, RefCheck};
-use base64::Engine;
-use bytes::Bytes;
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::Value;
-use std::cell::RefCell;
-use std::collections::HashSet;
-use std::fmt;
-
 mod build;
 mod fragment;
 mod members;
@@ -39,13 +23,13 @@ mod types;
 mod validate;
 mod write;
 
-pub use build::*;
-pub use fragment::*;
-use members::*;
-use nodes::*;
-pub use parse::*;
-use split::*;
-pub use tape::*;
-pub use types::*;
-pub use validate::*;
-pub use write::*;
+pub use build::{replay, replay_values, replay_with, Build, KeyRef, LeafFn, OwnedTree, Parsed};
+pub use fragment::{Fragment, FragmentWriter, Mark, PairText, Recycle};
+pub use parse::{build, build_one_thread, build_streamed_any_size, decode, packs_of, parse_unchecked};
+pub use tape::{HandOver, Replay, Tape, TapeBuilder};
+pub use types::{
+    ArrayEntry, ArrayStorage, ChunkRef, Entry, LeafInfo, Manifest, PackInfo, Stored, FORMAT_NAME, HASH_TRAILER_LEN,
+    MAX_DEPTH, MAX_MANIFEST_BYTES, MAX_NDIM, MAX_PACKS, VERSION_MAJOR, VERSION_MINOR,
+};
+pub use validate::{check, first_duplicate_key, first_duplicate_name, validate, validate_pack_path};
+pub use write::{encode, encode_parts, has_object_dicts, object_form, seal};

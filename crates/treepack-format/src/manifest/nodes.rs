@@ -1,6 +1,19 @@
 //! The one-pass reader: the top-level object, nodes, items and pairs, driving a `Build`er.
 
-use super::*;
+use super::build::{Build, KeyRef, OwnedTree, Parsed};
+use super::parse::{Ctx, PathSeg, SPLIT_DEPTH};
+use super::types::{Entry, PackInfo, Stored, MAX_DEPTH};
+use super::validate::first_duplicate;
+use crate::manifest::members::{
+    empty_pair, end_of_pair, pair_without_value, read_tagged_node, read_top_members, tagged_leaf, NodeSink, Tag,
+    TopSink,
+};
+use crate::manifest::split::{parse_items_split, parse_raws};
+use crate::model::{Int, Key, Step, Tree};
+use crate::refs::RefCheck;
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
+use std::fmt;
 
 pub(super) struct TopSeed<'a, B> {
     pub(super) ctx: &'a Ctx<'a>,

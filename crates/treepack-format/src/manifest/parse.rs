@@ -1,6 +1,15 @@
 //! Parsing entry points: `decode` (checked, owned tree), `build` (any `Build`er), and the parse context.
 
-use super::*;
+use super::build::{Build, OwnedTree, Parsed};
+use super::nodes::TopSeed;
+use super::types::{Entry, Manifest, PackInfo};
+use super::validate::{check, check_body, check_frame, has_entry_checks, validate_entry, validate_from};
+use crate::error::{Error, Result};
+use crate::keypath::KeyPath;
+use crate::manifest::split::{build_streamed, split_root};
+use crate::refs::RefCheck;
+use serde::de::{self, DeserializeSeed};
+use std::cell::RefCell;
 
 /// Verify the trailing hash member and parse a manifest. `file` names the source in errors.
 ///
@@ -45,7 +54,7 @@ pub(super) fn parse_with_ids(bytes: &[u8], file: &str, split: bool, first_shared
 
 /// Check a manifest's size, signature, version and trailing hash, then parse it into whatever
 /// `builder` builds, in one pass with no owned tree in between. Each leaf is validated as it is
-/// read (the checks [`validate`] makes), which needs `packs` before `root`, and `root` last (a
+/// read (the checks [`validate`](super::validate) makes), which needs `packs` before `root`, and `root` last (a
 /// big manifest's root is parsed on a helper thread, see `build_streamed`), as every writer puts
 /// them; a manifest in another member order gets an error here and must go through [`decode`].
 ///

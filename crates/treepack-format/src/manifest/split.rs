@@ -1,6 +1,16 @@
 //! Big containers parsed by more than one thread: split across the pool, or helped by one thread.
 
-use super::*;
+use super::build::{Build, OwnedTree, Parsed};
+use super::nodes::NodeSeed;
+use super::parse::{parse_generic, Ctx, PathSeg, SPLIT_MIN_ITEMS};
+use super::tape::{HandOver, Replay, Tape, TapeBuilder};
+use super::types::HASH_TRAILER_LEN;
+use super::validate::check_body;
+use crate::error::{Error, Result};
+use crate::hash::Hash32;
+use crate::refs::RefCheck;
+use serde::de::{self, DeserializeSeed, SeqAccess};
+use std::cell::RefCell;
 
 /// How one item of a split container is parsed from its own text (as an owned tree, on any
 /// thread of the pool).

@@ -5,7 +5,11 @@
 //! per string on the helper, a walk that clones every dict key on the builder's thread, and a
 //! free of each node; a 100k-leaf load then waited on the helper.
 
-use super::*;
+use super::build::{Build, KeyRef};
+use super::types::{Entry, Stored};
+use crate::model::{Int, Key, Step};
+use serde_json::Value;
+use std::cell::RefCell;
 
 /// One builder call, in the order the parser made it (children before their container).
 #[derive(Debug, Clone, Copy)]
@@ -343,7 +347,7 @@ impl<N> Replay<N> {
             Ok(stack.split_off(at))
         }
         #[cfg(test)]
-        tests::REPLAYED.with(|n| n.set(n.get() + 1));
+        super::tests::REPLAYED.with(|n| n.set(n.get() + 1));
         let (stack, key_ids) = (&mut self.stack, &mut self.key_ids);
         let (mut text, mut keys, mut typed_keys, mut entries, mut named, mut steps) = (0, 0, 0, 0, 0, 0);
         for op in &t.ops {

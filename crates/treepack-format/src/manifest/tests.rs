@@ -1,6 +1,15 @@
 //! Tests of the manifest: writer, parsers, checks, and the spec's examples.
 
+use super::parse::{parse_with, HELP_MIN_BYTES, SPLIT_MIN_BYTES};
+use super::types::{HASH_PREFIX, HASH_SUFFIX};
 use super::*;
+use crate::codec::Codec;
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::hash::Hash32;
+use crate::model::{Int, Key, Step, Tree};
+use serde_json::Value;
+use std::cell::RefCell;
 
 pub(crate) fn sample() -> Manifest {
     // The parallel and helped parses run on the tests' threads.

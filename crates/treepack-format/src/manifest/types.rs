@@ -1,6 +1,14 @@
 //! The manifest's types (`Manifest`, `Entry`, chunk and pack references) and the format's limits.
 
-use super::*;
+use super::fragment::Fragment;
+use crate::codec::Codec;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::grid::ChunkGrid;
+use crate::hash::Hash32;
+use crate::model::{shape_len, Int, Tree};
+use bytes::Bytes;
+use serde_json::Value;
 
 /// The format's signature value (`"format": "treepack"`).
 pub const FORMAT_NAME: &str = "treepack";

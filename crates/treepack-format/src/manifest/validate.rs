@@ -1,11 +1,23 @@
 //! Checks of a whole manifest and of each entry (packs, chunk grids, chunk references, sizes).
 
-use super::*;
+use super::nodes::PairKey;
+use super::types::{
+    ArrayStorage, ChunkRef, Entry, Manifest, PackInfo, Stored, HASH_PREFIX, HASH_SUFFIX, HASH_TRAILER_LEN,
+    MAX_MANIFEST_BYTES, MAX_NDIM, VERSION_MAJOR,
+};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::grid::ChunkGrid;
+use crate::hash::Hash32;
+use crate::keypath::KeyPath;
+use crate::model::{shape_len, Key};
+use crate::refs::{check_refs_with, RefCheck};
+use std::collections::HashSet;
 
-/// The checks [`decode`] makes before parsing: size limit, signature, version, trailing hash.
+/// The checks [`decode`](super::decode) makes before parsing: size limit, signature, version, trailing hash.
 ///
 /// # Errors
-/// As [`decode`], for everything but the parse.
+/// As [`decode`](super::decode), for everything but the parse.
 pub fn check(bytes: &[u8], file: &str) -> Result<()> {
     let stored = check_frame(bytes, file)?;
     check_body(bytes, &stored, false, file)

@@ -4,7 +4,7 @@
 //!
 //! Why: `load_structure` of a 100k-leaf tree must build ~125k Python objects, and those can
 //! only be built on the thread that holds the interpreter. The full parse (a manifest tree or
-//! a [`Build`]er's nodes) costs about as much again on that same thread. Here
+//! a [`Build`](crate::manifest::Build)er's nodes) costs about as much again on that same thread. Here
 //! another thread parses and streams [`Block`]s of events while the calling thread builds, and
 //! the leaves' facts stay in shared tables that the Python objects point into.
 //!
@@ -14,8 +14,26 @@
 //! is key uniqueness within a dict (a consumer building a hash map sees a repeat as a shorter
 //! map and must then refuse it); record field and custom child names are checked here.
 
-use super::*;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::keypath::KeyPath;
+use crate::manifest::build::OwnedTree;
+use crate::manifest::members::{
+    empty_pair, end_of_pair, pair_without_value, read_array, read_tagged_node, read_top_members, tagged_leaf,
+    ArrayBufs, NodeSink, Tag, TopSink,
+};
+use crate::manifest::nodes::{KeySeed, NodeSeed, StrKeySeed};
+use crate::manifest::parse::Ctx;
+use crate::manifest::types::{ArrayEntry, ArrayStorage, Entry, PackInfo, MAX_DEPTH};
+use crate::manifest::validate::{array_nbytes, check_inline_len, validate_entry};
+use crate::model::{Key, Step};
+use crate::refs::RefCheck;
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::collections::HashSet;
+use std::fmt;
 use std::sync::Arc;
 
 mod tree;
@@ -199,12 +217,12 @@ impl LeafTable {
     }
 }
 
-/// Read `bytes` (a manifest; its trailing hash is not checked here, see [`check`]) as blocks
+/// Read `bytes` (a manifest; its trailing hash is not checked here, see [`check`](crate::manifest::check)) as blocks
 /// of events handed to `sink` in order. `sink` returns `false` to stop the read (which then
 /// fails). Returns the packs.
 ///
 /// # Errors
-/// Whatever the strict parser refuses, with terse messages: call [`decode`] for the full one.
+/// Whatever the strict parser refuses, with terse messages: call [`decode`](crate::manifest::decode) for the full one.
 pub fn outline(bytes: &[u8], file: &str, sink: &mut dyn FnMut(Block) -> bool) -> Result<Vec<PackInfo>> {
     outline_reusing(bytes, file, sink, &mut || None)
 }

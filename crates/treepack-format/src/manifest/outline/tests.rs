@@ -3,6 +3,12 @@
 
 use super::super::tests::{big, sample};
 use super::*;
+use crate::manifest::parse::{build_one_thread, decode};
+use crate::manifest::types::{Manifest, Stored, HASH_TRAILER_LEN};
+use crate::manifest::validate::check;
+use crate::manifest::write::{encode, seal};
+use crate::model::{Int, Tree};
+use bytes::Bytes;
 
 /// The blocks of `bytes` as one line per event, leaves with their facts; repeated dict keys
 /// refused as a consumer would.

@@ -1,12 +1,17 @@
 //! The outline of a manifest already parsed: the same blocks [`outline()`] streams from its
 //! text, for one structure builder whatever the source.
 
-use super::*;
+use crate::error::{Error, Result};
+use crate::manifest::members::ArrayBufs;
+use crate::manifest::outline::{path_budget, u32_of, Block, Event, LeafTable, State};
+use crate::manifest::types::{Entry, PackInfo};
+use crate::model::{Key, Step, Tree};
+use serde::de;
 use std::collections::HashMap;
 
-/// The blocks [`outline()`] would stream for a manifest already parsed (a reader's tree and
+/// The blocks [`outline()`](super::outline()) would stream for a manifest already parsed (a reader's tree and
 /// packs): one structure builder serves the text and the tree alike. Leaves are checked again
-/// as [`outline()`] checks them.
+/// as [`outline()`](super::outline()) checks them.
 ///
 /// # Errors
 /// A leaf that does not fit `packs`, or a block grown past its limits.

@@ -2,11 +2,29 @@
 //! lives. Written as compact JSON by hand (fast, deterministic) and parsed by a strict streaming
 //! visitor that bounds depth, rejects duplicates, and reports the key path of any problem.
 //!
-//! The normative description is docs/format.md; this module is its reference implementation:
-//! [`types`](self) and limits (`types.rs`), the writer (`write.rs`), the checks (`validate.rs`),
-//! and two readers of one grammar — the one-pass parser that drives a [`Build`]er (`parse.rs`,
-//! `nodes.rs`, `split.rs` for big containers on more threads with `tape.rs`, `build.rs`) and the structure-only
-//! [`outline`] — sharing the member readers in `members.rs`.
+//! The normative description is docs/format.md; this module is its reference implementation.
+//!
+//! **One writer.** `text.rs` writes every piece of JSON the format writes (strings, numbers,
+//! keys, chunk references, node openings); the manifest writer (`write.rs`: `encode`, `seal`),
+//! the fragment writer a caller's walk writes subtrees with (`fragment.rs`) and the root hash
+//! ([`crate::merkle`], members sorted) are its callers, so they agree byte for byte by
+//! construction.
+//!
+//! **One grammar, several reading strategies.** `members.rs` holds each rule of the grammar
+//! once (top-level members, tagged node objects, leaves, arrays, dtypes, shapes, pairs). The
+//! readers are strategies over it, each accepting and refusing exactly what the others do:
+//! - one pass (`nodes.rs`, entry points in `parse.rs`): the serde visitors that drive a
+//!   [`Build`]er (`build.rs`: owned trees, loaded nodes, the bindings' objects) as they read;
+//! - split (`split.rs`): big containers near the root of a big manifest, their items parsed on
+//!   the caller's threads, for owned trees;
+//! - streamed (`split.rs`, `tape.rs`): a big root parsed on a lent helper thread onto tapes
+//!   that the calling thread replays into builders that must stay on it (decision 60);
+//! - outline (`outline/`): the structure alone (events and leaf tables), for callers that ask
+//!   for it.
+//!
+//! Which of the first three runs is decided in one place, `strategy.rs`, by the manifest's
+//! size, the builder and the threads the caller lent (`crate::exec`); the outline is never
+//! chosen by size. Types and limits are in `types.rs`, the checks in `validate.rs`.
 
 mod build;
 mod fragment;
@@ -15,6 +33,7 @@ mod nodes;
 pub mod outline;
 mod parse;
 mod split;
+mod strategy;
 mod tape;
 #[cfg(test)]
 pub(crate) mod tests;

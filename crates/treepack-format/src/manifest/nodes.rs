@@ -1,7 +1,8 @@
 //! The one-pass reader: the top-level object, nodes, items and pairs, driving a `Build`er.
 
 use super::build::{Build, KeyRef, OwnedTree, Parsed};
-use super::parse::{Ctx, PathSeg, SPLIT_DEPTH};
+use super::parse::{Ctx, PathSeg};
+use super::strategy;
 use super::types::{Entry, PackInfo, Stored, MAX_DEPTH};
 use super::validate::first_duplicate;
 use crate::manifest::members::{
@@ -82,7 +83,12 @@ impl<B> Copy for NodeSeed<'_, B> {}
 
 impl<'a, B> NodeSeed<'a, B> {
     pub(super) fn child(self) -> Self {
-        NodeSeed { depth: self.depth + 1, ctx: self.ctx, split: self.split && self.depth + 1 < SPLIT_DEPTH, b: self.b }
+        NodeSeed {
+            depth: self.depth + 1,
+            ctx: self.ctx,
+            split: self.split && strategy::split_below(self.depth),
+            b: self.b,
+        }
     }
     /// The seed that parses a dict key (a small node, always built as an owned tree).
     pub(super) fn key_seed(self) -> NodeSeed<'a, OwnedTree> {

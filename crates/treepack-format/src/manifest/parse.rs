@@ -7,6 +7,7 @@ use super::validate::{check, check_body, check_frame, has_entry_checks, validate
 use crate::error::{Error, Result};
 use crate::keypath::KeyPath;
 use crate::manifest::split::{build_streamed, split_root};
+use crate::manifest::strategy;
 use crate::refs::RefCheck;
 use serde::de::{self, DeserializeSeed};
 use std::cell::RefCell;
@@ -23,19 +24,8 @@ pub fn decode(bytes: &[u8], file: &str) -> Result<Manifest> {
 
 /// Parse without checking the trailing hash (used by fuzzing and by `decode`).
 pub fn parse_unchecked(bytes: &[u8], file: &str) -> Result<Manifest> {
-    parse_with(bytes, file, bytes.len() >= SPLIT_MIN_BYTES)
+    parse_with(bytes, file, strategy::split_owned(bytes.len()))
 }
-
-/// Manifests at least this large parse the items of big containers near the root in parallel.
-pub(super) const SPLIT_MIN_BYTES: usize = 1 << 20;
-/// Manifests at least this large are parsed on the parse helper when built into objects that
-/// must stay on the calling thread ([`Build::HELPER`]). Lower than [`SPLIT_MIN_BYTES`]: the
-/// helper is a kept thread (nothing to start), so a 10k-leaf manifest of ~300 KiB already gains.
-pub(super) const HELP_MIN_BYTES: usize = 128 << 10;
-/// Containers this deep or deeper are always parsed on one thread.
-pub(super) const SPLIT_DEPTH: usize = 3;
-/// Containers with fewer items than this are parsed on one thread.
-pub(super) const SPLIT_MIN_ITEMS: usize = 256;
 
 /// Parse with or without splitting big containers across threads (the result is the same;
 /// tests compare both).
@@ -70,7 +60,7 @@ pub fn build<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B
     // is read: nothing is left for a `validate` pass. Big manifests built on this thread alone
     // ([`Build::HELPER`]) are parsed on the helper thread (`build_streamed`), which hashes the
     // manifest on this thread meanwhile; on one core there is no helper.
-    if B::HELPER && bytes.len() >= HELP_MIN_BYTES && crate::exec::threads() >= 2 {
+    if strategy::stream::<B>(bytes.len()) {
         if let Some(parsed) = build_streamed(bytes, file, builder, &stored) {
             return parsed;
         }

@@ -2,7 +2,8 @@
 
 use super::build::{Build, OwnedTree, Parsed};
 use super::nodes::NodeSeed;
-use super::parse::{parse_generic, Ctx, PathSeg, SPLIT_MIN_ITEMS};
+use super::parse::{parse_generic, Ctx, PathSeg};
+use super::strategy::{self, STREAM_OPS};
 use super::tape::{HandOver, Replay, Tape, TapeBuilder};
 use super::types::HASH_TRAILER_LEN;
 use super::validate::check_body;
@@ -63,10 +64,10 @@ pub(super) fn parse_raws<T: Send, B, E: de::Error>(
         let ctx = Ctx { path: Some(&path), packs: None, file, shared_value: Default::default(), refs: None };
         let mut de = serde_json::Deserializer::from_str(raw.get());
         de.disable_recursion_limit();
-        let inner = NodeSeed { depth, ctx: &ctx, split: split && raws.len() < SPLIT_MIN_ITEMS, b: &OwnedTree };
+        let inner = NodeSeed { depth, ctx: &ctx, split: split && !strategy::split_items(raws.len()), b: &OwnedTree };
         parse(inner, &mut de).and_then(|v| de.end().map(|_| v)).map_err(|e| (i, path.into_inner(), item_message(&e)))
     };
-    let parsed: std::result::Result<Vec<T>, _> = (raws.len() >= SPLIT_MIN_ITEMS)
+    let parsed: std::result::Result<Vec<T>, _> = strategy::split_items(raws.len())
         .then(|| crate::exec::parallel(|| raws.par_iter().enumerate().map(|(i, r)| one(i, r)).collect()))
         .flatten()
         .unwrap_or_else(|| raws.iter().enumerate().map(|(i, r)| one(i, r)).collect());
@@ -88,10 +89,6 @@ pub(super) fn item_message(e: &serde_json::Error) -> String {
         None => msg,
     }
 }
-
-/// Ops in each tape a streamed parse hands over (about 1k-2k nodes: small enough to start the
-/// builder at once, large enough that handing over costs little).
-pub(super) const STREAM_OPS: usize = 4096;
 
 /// What the helper of a streamed parse sends: a stretch of tape, or the end of the parse (an
 /// error's key path and message).

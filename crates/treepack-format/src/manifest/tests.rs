@@ -1,6 +1,7 @@
 //! Tests of the manifest: writer, parsers, checks, and the spec's examples.
 
-use super::parse::{parse_with, HELP_MIN_BYTES, SPLIT_MIN_BYTES};
+use super::parse::parse_with;
+use super::strategy::{HELP_MIN_BYTES, SPLIT_MIN_BYTES};
 use super::types::{HASH_PREFIX, HASH_SUFFIX};
 use super::*;
 use crate::codec::Codec;

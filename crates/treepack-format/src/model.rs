@@ -412,8 +412,8 @@ pub enum Tree<L> {
 ///
 /// The first [`UNCHECKED_LEVELS`] nested calls on a thread skip the check: a thread's first
 /// check asks the OS where its stack ends, and on a process's main thread glibc answers by
-/// parsing `/proc/self/maps` (~0.5 ms in a Python process with numpy loaded, paid by the first
-/// load of every process). Trees are rarely deeper; the levels skipped use a few KiB each.
+/// parsing `/proc/self/maps` (slow in a process with many mappings, as a Python process with
+/// numpy loaded, and paid by the first load of every process). Trees are rarely deeper; the levels skipped use a few KiB each.
 pub fn grow<R>(f: impl FnOnce() -> R) -> R {
     thread_local! {
         static LEVEL: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
@@ -443,9 +443,9 @@ pub const UNCHECKED_LEVELS: usize = 16;
 
 /// [`grow`] for a walk that knows its depth (`depth` levels below its start): its first
 /// [`UNCHECKED_LEVELS`] levels skip even `grow`'s level count, whose two thread-local
-/// accesses per container were ~2 % of a W11 save's walk (a `cdylib`'s thread-locals cost a
-/// call each); deeper levels are checked. Never inlined: inlined, the walks' code around it
-/// grew (2 % more instructions than with `grow`).
+/// accesses per container show in a walk of many small containers (a `cdylib`'s thread-locals
+/// cost a call each); deeper levels are checked. Never inlined: inlined, the walks' code around
+/// it grows, and the walk gets slower than with `grow`.
 #[inline(never)]
 pub fn grow_at<R>(depth: usize, f: impl FnOnce() -> R) -> R {
     if depth < UNCHECKED_LEVELS {

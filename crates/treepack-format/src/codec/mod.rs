@@ -76,8 +76,8 @@ pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = -7..=22;
 
 /// A chunk is stored compressed only if that saves at least this fraction of its bytes;
 /// otherwise it is stored raw (and reads stay zero-copy for it). A fifth: decoding costs a
-/// load far more than reading the bytes saved (float32 weights from a normal distribution
-/// shrink ~4 % under zstd and would load 6x slower; docs/compression.md).
+/// load far more than reading the bytes saved, so data that barely compresses (float weights)
+/// is better stored raw (docs/compression.md).
 pub const MIN_SAVING: f64 = 0.2;
 
 /// Chunks larger than this are first probed: a sample of [`PROBE_BYTES`] is compressed, and a

@@ -40,8 +40,8 @@ fn transpose(src: &[u8], dst: &mut [u8], k: usize, forward: bool) {
 // The 2-, 4- and 8-byte shuffles run in stages of pairs: unshuffling 4-byte elements zips
 // planes 0 and 1 into 2-byte words, planes 2 and 3 likewise, then the two word planes into
 // elements. Each stage is integer arithmetic on a pair (`lo | hi << w`), the shape LLVM turns
-// into SIMD pack/unpack instructions: 6-15 GiB/s against 2 GiB/s for byte-by-byte strided
-// stores (measured on the development VM). Other element sizes go byte by byte.
+// into SIMD pack/unpack instructions, several times faster than byte-by-byte strided stores
+// (bench/RESULTS.md). Other element sizes go byte by byte.
 
 macro_rules! pairs {
     ($zip:ident, $unzip:ident, $half:ty, $whole:ty, $w:literal) => {

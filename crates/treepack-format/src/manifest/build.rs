@@ -90,8 +90,8 @@ pub trait Build {
         self.leaf_ref(&e)
     }
     /// A None leaf from a [`Tape`](super::Tape) (as [`Build::leaf_ref`] of [`Entry::None`]): builders that
-    /// make values straight from scalars (Python objects) skip the entry, a third of the
-    /// leaves of a tree of records.
+    /// make values straight from scalars (Python objects) skip the entry (None is common in
+    /// trees of records).
     fn none_leaf(&self) -> std::result::Result<Self::Node, String> {
         self.leaf_ref(&Entry::None)
     }

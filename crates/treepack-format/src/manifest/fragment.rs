@@ -426,15 +426,15 @@ impl FragmentWriter {
 const PAIR_SHORT: usize = 32;
 
 /// A dict key's pair opening (`"key":`) made once by [`FragmentWriter::pair_begin_text`]. A
-/// short one is copied as one fixed-size block (a `memcpy` call per key was ~3 % of a W11
-/// walk).
+/// short one is copied as one fixed-size block: a log of records writes the same few keys in
+/// every record, and a `memcpy` call per key is a visible part of such a walk.
 #[derive(Debug, Clone)]
 pub struct PairText(PairRepr);
 
 impl PairText {
     /// What [`FragmentWriter::pair_begin`] writes for `key`, made in `scratch` (cleared first):
     /// a caller that meets many distinct key objects (a dict of 100k generated keys) makes
-    /// each without allocating (a `String` per key was two thirds of such a key's cost).
+    /// each without allocating (an allocation would cost more than the key's text).
     pub fn new_in(key: &str, scratch: &mut String) -> PairText {
         scratch.clear();
         write_str(scratch, key);

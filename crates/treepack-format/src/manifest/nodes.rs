@@ -512,7 +512,7 @@ impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
                 .map_err(de::Error::custom)?
         } else {
             // serde_json gives no size hint; most dicts hold a few pairs, and growing from
-            // empty reallocated twice for each (~6 % of a parse of small records).
+            // empty would reallocate twice for each small record.
             let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(8).min(4096));
             while let Some(pair) =
                 seq.next_element_seed(PairSeed::<K, B> { node: self.node, _key: std::marker::PhantomData })?

@@ -71,8 +71,8 @@ pub fn build<B: Build>(bytes: &[u8], file: &str, builder: &B) -> Result<Parsed<B
 
 /// The packs a manifest names, checked as [`decode`] checks them, without parsing its tree
 /// when the manifest is in the writer's layout (`root` last): what a save that replaces a tree
-/// needs to remove the old packs. A 100k-leaf tree overwritten in a loop spent two thirds of
-/// each save decoding the tree it replaced.
+/// needs to remove the old packs, without decoding the whole tree it replaces (for a tree of
+/// plain values overwritten in a loop, that decoding would cost more than the save).
 ///
 /// # Errors
 /// As [`decode`].
@@ -122,7 +122,7 @@ pub(super) fn parse_generic<B: Build>(
     let ctx =
         Ctx { path: Some(&path), packs: inline_checks.then_some(&packs), file, shared_value: Default::default(), refs };
     // Text checked as UTF-8 once is read without checking each string again (a slice reader
-    // checks every string it meets, ~3 % of a one-pass load of short strings). Bytes that are
+    // checks every string it meets, a visible cost on short strings). Bytes that are
     // not UTF-8 are read as bytes, as before: strings skipped unread are not checked, and the
     // outline (which does the same) must accept what this parser accepts.
     fn run<'de, R: serde_json::de::Read<'de>, B: Build>(
@@ -146,7 +146,7 @@ pub(super) fn parse_generic<B: Build>(
 /// What every node seed of one parse shares.
 pub(super) struct Ctx<'a> {
     /// The key path being parsed, to name the place of an error. `None` where an error is
-    /// reported by parsing again (the streamed parse's helper: keeping it costs ~4 % there).
+    /// reported by parsing again (the streamed parse's helper, which need not pay for it).
     pub(super) path: Option<&'a RefCell<Vec<PathSeg>>>,
     /// With inline checks: the packs once read (`None` before `packs`).
     pub(super) packs: Option<&'a RefCell<Option<Vec<PackInfo>>>>,

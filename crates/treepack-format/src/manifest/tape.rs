@@ -100,8 +100,8 @@ impl Tape {
 
 impl Tape {
     /// An empty tape with room for what `like` holds: a tape handed over is usually followed by
-    /// one of about its size, and growing each from empty copied its text over and over (~3 %
-    /// of a streamed parse of small records, when no replayed tape is back to be reused).
+    /// one of about its size, and growing each from empty would copy its text over and over
+    /// (when no replayed tape is back to be reused).
     pub fn sized_like(like: &Tape) -> Tape {
         Tape {
             ops: Vec::with_capacity(like.ops.len()),

@@ -59,7 +59,7 @@ pub(crate) fn big(keyed: bool) -> Manifest {
         })
         .collect();
     m.root = if keyed {
-        // W2's shape: a root dict with one member holding a big dict.
+        // A big dict under one member of the root (an optimizer's state, say).
         let named = items.into_iter().enumerate().map(|(i, t)| (Key::Str(format!("p{i}")), t)).collect();
         Tree::Dict(vec![(Key::Str("opt".into()), Tree::Dict(named))])
     } else {
@@ -68,7 +68,7 @@ pub(crate) fn big(keyed: bool) -> Manifest {
     m
 }
 
-/// The spec gives the trailer's length; it said 88 bytes until session 12 (it is 86).
+/// The spec gives the trailer's length (86 bytes; an earlier text of the spec said 88).
 #[test]
 fn the_spec_states_the_hash_trailer_length() {
     assert_eq!(HASH_TRAILER_LEN, 86);

@@ -48,9 +48,9 @@ pub fn encode_parts(m: &Manifest, stats: &Value) -> Vec<Bytes> {
 }
 
 fn encode_one(m: &Manifest, stats: &Value) -> Vec<u8> {
-    // Room for ~256 bytes a leaf up front: the buffer never moves while it grows (a 4.7 MB
-    // manifest grown by doubling touched ~3x its size in fresh pages), and reserved pages that
-    // are never written cost nothing.
+    // Room for ~256 bytes a leaf up front: the buffer never moves while it grows (growing by
+    // doubling touches several times the manifest's size in fresh pages), and reserved pages
+    // that are never written cost nothing.
     let leaves = stats.get("leaves").and_then(Value::as_u64).unwrap_or(0).min(1 << 22) as usize;
     let mut s = String::with_capacity(4096 + leaves * 256);
     write_head(&mut s, m, stats);
@@ -86,7 +86,7 @@ fn write_head(s: &mut String, m: &Manifest, stats: &Value) {
 
 /// Whether a dict is written as a JSON object (format 1.4): every key a string, the first not
 /// `"t"` (an object whose first member is `t` is a tagged node). Other dicts keep the `items`
-/// form. Objects are a fifth smaller than `[key, value]` pairs and parse in about half the time.
+/// form. Objects are smaller than `[key, value]` pairs and parse faster.
 pub fn object_form<V>(pairs: &[(Key, V)]) -> bool {
     pairs.first().is_none_or(|(k, _)| !matches!(k, Key::Str(s) if s == "t"))
         && pairs.iter().all(|(k, _)| matches!(k, Key::Str(_)))

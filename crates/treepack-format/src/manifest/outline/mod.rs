@@ -259,8 +259,8 @@ pub fn outline_reusing(
     let refs = RefCell::new(RefCheck::default());
     let key_ctx = Ctx { path: Some(&key_path), packs: None, file, shared_value: Default::default(), refs: Some(&refs) };
     let top = OTop { st: &st, key_ctx: &key_ctx };
-    // Text checked as UTF-8 once is read without checking each string again (~7 % of the
-    // parse). Bytes that are not UTF-8 are read as bytes: the strict parser skips some
+    // Text checked as UTF-8 once is read without checking each string again (checking each
+    // string is a visible part of the parse). Bytes that are not UTF-8 are read as bytes: the strict parser skips some
     // strings unchecked, and what it accepts must be accepted here too.
     let res = match std::str::from_utf8(bytes) {
         Ok(text) => read_top(top, serde_json::Deserializer::from_str(text)),
@@ -509,7 +509,7 @@ impl Names {
 /// How many bytes of key paths an outline of a manifest of `len` bytes may copy into its tables.
 /// Each leaf's row holds its whole key path, so a small hostile manifest (a list of 20k zeros
 /// under 20 levels of 1000-byte keys: 61 KB) would otherwise take 390 MB; trees people save
-/// take about their manifest's size or less (W2: 3 MB of paths for a 4 MB manifest).
+/// take about their manifest's size or less.
 pub(super) fn path_budget(len: usize) -> usize {
     (64 << 20).max(len.saturating_mul(64))
 }

@@ -19,15 +19,15 @@ against zarr.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
 import tempfile
 import time
 
 import numpy as np
+
+import report
 
 
 def np_write(block, block_info=None, *, root):
@@ -140,13 +140,8 @@ def main() -> None:
             print(f"{op:5s} {peer:16s} {med*1000:9.1f} ms  {total / med / 2**30:6.2f} GiB/s", flush=True)
     import zarr
 
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick, "runs": runs, "bytes": total,
-            "block_bytes": block_rows * cols * 4, "dask": dask.__version__, "zarr": zarr.__version__,
-            "python": platform.python_version(), "cpus": os.cpu_count(), "workers": 2}
-    out = args.out or os.path.join(os.path.dirname(__file__), "results", f"dask-{time.strftime('%Y%m%d-%H%M')}{'-quick' if args.quick else ''}.json")
-    with open(out, "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
-    print("wrote", out)
+    report.write("dask", args, runs, results, bytes=total, block_bytes=block_rows * cols * 4, dask=dask.__version__,
+                 zarr=zarr.__version__, workers=2)
 
 
 if __name__ == "__main__":

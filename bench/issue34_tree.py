@@ -11,13 +11,12 @@ import json
 import os
 import pickle
 import shutil
-import statistics
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import treepack  # noqa: E402
-from alternate import alternate  # noqa: E402
+from alternate import alternate, print_medians  # noqa: E402
 
 
 def main() -> None:
@@ -62,9 +61,7 @@ def main() -> None:
         for f in cases.values():  # warm-up (and the files the loads read)
             f()
         assert treepack.load(tp) == tree
-        times = alternate({k: (lambda i, f=f: f()) for k, f in cases.items()}, args.runs)
-        for k, v in times.items():
-            print(f"{k:30} median {statistics.median(v) * 1e3:7.1f} ms")
+        print_medians(alternate({k: (lambda i, f=f: f()) for k, f in cases.items()}, args.runs))
     finally:
         shutil.rmtree(d)
 

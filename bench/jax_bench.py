@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -33,6 +32,7 @@ import sys
 import tempfile
 import time
 
+import report
 from procmem import peak, rss
 
 LAYERS, ROWS, COLS = 12, 2048, 3648
@@ -256,13 +256,8 @@ def main() -> None:
         orbax_version = getattr(ocp, "__version__", "?")
     except ImportError:
         orbax_version = None
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick, "runs": runs, "jax": jax.__version__,
-            "orbax": orbax_version, "python": platform.python_version(), "cpus": os.cpu_count(),
-            "processes": 2, "devices": 4, "state_bytes": results[0]["bytes"] if results else None}
-    out = args.out or os.path.join(os.path.dirname(__file__), "results", f"jax-{time.strftime('%Y%m%d-%H%M')}{'-quick' if args.quick else ''}.json")
-    with open(out, "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
-    print("wrote", out)
+    report.write("jax", args, runs, results, jax=jax.__version__, orbax=orbax_version, processes=2, devices=4,
+                 state_bytes=results[0]["bytes"] if results else None)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -29,6 +28,7 @@ import sys
 import tempfile
 import time
 
+import report
 from procmem import peak, rss
 
 GiB = 1 << 30
@@ -245,12 +245,7 @@ def main() -> None:
         sizes[kind] = next((r.get("bytes") for r in results if r["tree"] == kind and r.get("bytes")), None)
     import torch
 
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick, "runs": runs, "torch": torch.__version__,
-            "python": platform.python_version(), "cpus": os.cpu_count(), "tree_bytes": sizes}
-    out = args.out or os.path.join(os.path.dirname(__file__), "results", f"torch-{time.strftime('%Y%m%d-%H%M')}{'-quick' if args.quick else ''}.json")
-    with open(out, "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
-    print("wrote", out)
+    report.write("torch", args, runs, results, torch=torch.__version__, tree_bytes=sizes)
 
 
 if __name__ == "__main__":

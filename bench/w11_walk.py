@@ -9,12 +9,11 @@ import argparse
 import os
 import pickle
 import shutil
-import statistics
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from alternate import alternate  # noqa: E402
+from alternate import alternate, print_medians  # noqa: E402
 from workloads import w2, w11  # noqa: E402
 
 import treepack  # noqa: E402
@@ -36,9 +35,7 @@ def main() -> None:
                 "save, durable=False": lambda i: treepack.save(tree, os.path.join(d, f"s{i}"), durable=False, overwrite=True),
                 "pickle.dumps + write": lambda i: open(os.path.join(d, "p"), "wb").write(pickle.dumps(tree, protocol=5)),
             }
-            times = alternate({k: (lambda i, f=f: f(i % 4)) for k, f in cases.items()}, args.runs)
-            for k, v in times.items():
-                print(f"{name:10} {k:22} min {min(v) * 1e3:7.2f} ms  median {statistics.median(v) * 1e3:7.2f} ms")
+            print_medians(alternate({k: (lambda i, f=f: f(i % 4)) for k, f in cases.items()}, args.runs), f"{name:10} ")
     finally:
         shutil.rmtree(d)
 

@@ -98,6 +98,40 @@ def s3_counted(s3):
 
 
 @pytest.fixture
+def edits_refused(rewrite_manifest):
+    """`edits_refused(tree_dir, [(old, new, match), ...])`: each edit made to the manifest in turn
+    (resealed, as `rewrite_manifest` makes it), and the load after each refused with a
+    ValueError matching `match`."""
+    import treepack
+
+    def check(tree_dir, edits) -> None:
+        for old, new, match in edits:
+            rewrite_manifest(tree_dir, old, new)
+            with pytest.raises(ValueError, match=match):
+                treepack.load(tree_dir)
+
+    return check
+
+
+@pytest.fixture
+def wav():
+    """`wav(channels, sampwidth, framerate, frames)`: the bytes of a WAV file holding `frames`."""
+    import io
+    import wave
+
+    def make(channels: int, sampwidth: int, framerate: int, frames: bytes) -> bytes:
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(channels)
+            w.setsampwidth(sampwidth)
+            w.setframerate(framerate)
+            w.writeframes(frames)
+        return buf.getvalue()
+
+    return make
+
+
+@pytest.fixture
 def rewrite_manifest():
     """`rewrite(tree_dir, old, new)`: replace bytes in a saved tree's manifest and reseal its
     hash, to craft a hostile file that passes the checksum (what the reader must still refuse)."""

@@ -259,7 +259,7 @@ def test_paths_are_embedded_on_request_and_files_carry_bytes(tmp_path):
         treepack.save({"f": treepack.File(tmp_path / "nope.txt")}, str(tmp_path / "bad"))
 
 
-def test_wave_audio_is_a_built_in_file_backed_object(tmp_path):
+def test_wave_audio_is_a_built_in_file_backed_object(tmp_path, wav):
     import io
     import os
     import wave
@@ -267,13 +267,7 @@ def test_wave_audio_is_a_built_in_file_backed_object(tmp_path):
     import numpy as np
 
     def clip(seed):
-        buf = io.BytesIO()
-        with wave.open(buf, "wb") as w:
-            w.setnchannels(2)
-            w.setsampwidth(2)
-            w.setframerate(16000)
-            w.writeframes(np.random.default_rng(seed).integers(-2**15, 2**15, 32000, dtype=np.int16).tobytes())
-        return buf.getvalue()
+        return wav(2, 2, 16000, np.random.default_rng(seed).integers(-2**15, 2**15, 32000, dtype=np.int16).tobytes())
 
     clips = [clip(i) for i in range(10)]
     # 1,000 rows, 10 distinct clips, each row its own reader (content dedup, not identity).
@@ -293,20 +287,15 @@ def test_wave_audio_is_a_built_in_file_backed_object(tmp_path):
     assert s.type_name == "py.audio" and s.data["framerate"] == 16000
 
 
-def test_damaged_audio_bytes_fail_clearly(tmp_path, monkeypatch):
+def test_damaged_audio_bytes_fail_clearly(tmp_path, monkeypatch, wav):
     import io
     import wave
 
     from treepack.integrations import audio
 
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(1)
-        w.setframerate(8000)
-        w.writeframes(b"\x80" * 100)
+    good = wav(1, 1, 8000, b"\x80" * 100)
     monkeypatch.setattr(audio, "encode", lambda r: ({"format": "WAV"}, b"RIFF not really"))
-    treepack.save({"a": wave.open(io.BytesIO(buf.getvalue()), "rb")}, tmp_path / "t")
+    treepack.save({"a": wave.open(io.BytesIO(good), "rb")}, tmp_path / "t")
     monkeypatch.undo()
     with pytest.raises(ValueError, match="py.audio: the stored bytes are not a WAV file"):
         treepack.load(tmp_path / "t")

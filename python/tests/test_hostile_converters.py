@@ -281,6 +281,16 @@ def test_hdf5_compound_datasets_load(attack):
 # ---------------------------------------------------------------- Zarr: links out of the store
 
 
+def _secret_zarr(attack, fmt: int, name: str) -> Path:
+    """A Zarr group outside the store whose array `name` holds the secret."""
+    elsewhere = attack.tmp / "elsewhere.zarr"
+    g = zarr.open_group(str(elsewhere), mode="w", zarr_format=fmt)
+    n = len(attack.secret)
+    g.create_array(name, shape=(n,), dtype="u1", chunks=(n,), compressors=None, fill_value=0)[:] = np.frombuffer(
+        attack.secret, np.uint8)
+    return elsewhere
+
+
 def _zarr_array(path: Path, fmt: int, name: str = "x", n: int = 50) -> Path:
     g = zarr.open_group(str(path), mode="w", zarr_format=fmt)
     g.create_array(name, shape=(n,), dtype="u1", chunks=(n,), compressors=None, fill_value=0)[:] = 7
@@ -303,11 +313,7 @@ def test_zarr_chunk_symlink_to_a_secret_is_refused(attack, fmt):
 @pytest.mark.parametrize("fmt", [2, 3])
 def test_zarr_array_folder_symlink_is_refused(attack, fmt):
     # The array folder is a link to an array holding the secret, outside the store.
-    elsewhere = attack.tmp / "elsewhere.zarr"
-    g = zarr.open_group(str(elsewhere), mode="w", zarr_format=fmt)
-    n = len(attack.secret)
-    g.create_array("x", shape=(n,), dtype="u1", chunks=(n,), compressors=None, fill_value=0)[:] = np.frombuffer(
-        attack.secret, np.uint8)
+    elsewhere = _secret_zarr(attack, fmt, "x")
     store = attack.tmp / "s.zarr"
     zarr.open_group(str(store), mode="w", zarr_format=fmt)
     (store / "x").symlink_to(elsewhere / "x", target_is_directory=True)
@@ -377,11 +383,7 @@ def test_zarr_store_keys_never_leave_the_folder(attack):
 def test_zarr_consolidated_metadata_pointing_elsewhere_is_not_used(attack, fmt):
     # Decision: consolidated metadata is ignored; each node's own metadata file is read, so a
     # consolidated entry naming an array outside the store brings nothing in.
-    elsewhere = attack.tmp / "elsewhere.zarr"
-    g = zarr.open_group(str(elsewhere), mode="w", zarr_format=fmt)
-    n = len(attack.secret)
-    g.create_array("s", shape=(n,), dtype="u1", chunks=(n,), compressors=None, fill_value=0)[:] = np.frombuffer(
-        attack.secret, np.uint8)
+    elsewhere = _secret_zarr(attack, fmt, "s")
     store = attack.tmp / "s.zarr"
     _zarr_array(store, fmt, n=4)
     zarr.consolidate_metadata(str(store))
@@ -566,16 +568,10 @@ def test_garbage_image_in_a_tree_names_the_key_path(attack, rewrite_manifest):
     assert "not a readable PNG image" in r["message"] and "<_io.BytesIO" not in r["message"], r["message"]
 
 
-def test_wav_with_a_lying_fmt_length_names_the_key_path(attack, rewrite_manifest):
+def test_wav_with_a_lying_fmt_length_names_the_key_path(attack, rewrite_manifest, wav):
     import wave
 
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(8000)
-        w.writeframes(b"\0\0" * 10)
-    good = buf.getvalue()
+    good = wav(1, 2, 8000, b"\0\0" * 10)
     for edit in ((16, 2), (40, 10**6)):  # the fmt chunk's length; the data chunk's length
         bad = bytearray(good)
         struct.pack_into("<I", bad, *edit)

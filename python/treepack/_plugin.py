@@ -9,7 +9,7 @@ to it (docs/architecture.md, "The Python packages: integrations as plug-ins").
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Iterable, Optional
 
 from . import _core as core  # the extension (Reader, prepare, block_chunk_shape, encode_png…)
 from ._api import LoadRequest, _opts
@@ -26,7 +26,8 @@ from ._structure import LeafInfo, StructNode
 __all__ = [
     "DECLINE", "Description", "ForeignFileError", "LazyArray", "LeafInfo", "LoadRequest", "PARTIAL_TYPES", "Piece",
     "SHARDS", "SaveRun", "SaveState", "StructNode", "check_subtree", "child_path", "commit_parts", "core", "deref",
-    "describe_stored", "encode_array", "encode_other", "files_of", "integrate", "np_dtype", "resolve_class",
+    "describe_stored", "encode_array", "encode_other", "files_of", "integrate", "integrate_nodes", "np_dtype",
+    "resolve_class",
     "save_state", "slice_text", "storage_options", "stored_dtype", "take_all", "where",
 ]
 
@@ -34,3 +35,28 @@ __all__ = [
 def storage_options(options: Optional[Dict[str, Any]]) -> Optional[Dict[str, str]]:
     """``storage_options=`` as the extension takes them (every value a string)."""
     return _opts(options)
+
+
+def integrate_nodes(module: str, accepts: Callable[[Any], bool], encode: Callable[[Any], Description],
+                    decode: Callable[[str, Dict[str, Any]], Any], names: Iterable[str]) -> Any:
+    """Register the integration ``module`` whose values are node types built from their children
+    alone (pandas' frames, xarray's arrays): ``accepts`` picks its values, ``encode(obj)``
+    describes one (its TypeError is worded with the place the value was met), ``decode(t,
+    kids)`` builds one back (its LookupError, a library it needs missing, becomes the decoder's
+    placeholder for a missing node type)."""
+
+    def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Optional[Description]:
+        if not accepts(obj):
+            return None
+        try:
+            return encode(obj)
+        except TypeError as e:
+            raise TypeError(f"cannot save `{where}`: {e}") from None
+
+    def _decode(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
+        try:
+            return decode(t, kids)
+        except LookupError as e:
+            return dec.missing(t, None, str(e))
+
+    return integrate(module, encode=_encode, nodes={name: _decode for name in names})

@@ -271,20 +271,4 @@ def _index_back(pd: Any, d: Dict[str, Any]) -> Any:
 NAMES = ("py.dataframe", "py.series")
 
 
-def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Optional[Description]:
-    if not is_frame(obj):
-        return None
-    try:
-        return encode(obj)
-    except TypeError as e:
-        raise TypeError(f"cannot save `{where}`: {e}") from None
-
-
-def _decode(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
-    try:
-        return decode(t, kids)
-    except LookupError as e:
-        return dec.missing(t, None, str(e))
-
-
-_plugin.integrate(__name__, encode=_encode, nodes={name: _decode for name in NAMES})
+_plugin.integrate_nodes(__name__, is_frame, encode, decode, NAMES)

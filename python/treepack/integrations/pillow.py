@@ -77,7 +77,7 @@ def _png(img: Any) -> Tuple[bytes, str]:
         raise TypeError(f"an empty Pillow image ({img.width}x{img.height}) has no PNG file and cannot be stored")
     if not img.info:
         # Pixels and nothing else (no palette, transparency key, ICC profile or other info
-        # Pillow would write): encoded in Rust, 3-4x faster than Pillow's encoder.
+        # Pillow would write): encoded in Rust, which is faster than Pillow's encoder.
         b = _plugin.core.encode_png(img.tobytes(), img.width, img.height, img.mode)
         if b is not None:
             return b, "PNG"

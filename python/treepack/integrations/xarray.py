@@ -78,20 +78,4 @@ def decode(t: str, kids: Dict[str, Any]) -> Any:
 # ---------------------------------------------------------------- the plug-in
 
 
-def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Optional[Description]:
-    if not is_xarray(obj):
-        return None
-    try:
-        return encode(obj)
-    except TypeError as e:
-        raise TypeError(f"cannot save `{where}`: {e}") from None
-
-
-def _decode(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
-    try:
-        return decode(t, kids)
-    except LookupError as e:
-        return dec.missing(t, None, str(e))
-
-
-_plugin.integrate(__name__, encode=_encode, nodes={name: _decode for name in NAMES})
+_plugin.integrate_nodes(__name__, is_xarray, encode, decode, NAMES)

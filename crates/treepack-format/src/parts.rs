@@ -150,33 +150,26 @@ fn for_children<'t>(
         Tree::Leaf(_) | Tree::Ref(_) => Ok(()),
         Tree::Shared { node, .. } => f(path, node),
         Tree::List(v) | Tree::Tuple(v) => {
-            for (i, c) in v.iter().enumerate() {
-                path.push(Segment::Index(i));
-                let r = f(path, c);
-                path.pop();
-                r?;
-            }
-            Ok(())
+            v.iter().enumerate().try_for_each(|(i, c)| under(path, Segment::Index(i), c, f))
         }
-        Tree::Dict(v) => {
-            for (k, c) in v {
-                path.push(Segment::Key(k.clone()));
-                let r = f(path, c);
-                path.pop();
-                r?;
-            }
-            Ok(())
-        }
+        Tree::Dict(v) => v.iter().try_for_each(|(k, c)| under(path, Segment::Key(k.clone()), c, f)),
         Tree::Record { fields: v, .. } | Tree::Custom { children: v, .. } => {
-            for (k, c) in v {
-                path.push(Segment::Name(k.clone()));
-                let r = f(path, c);
-                path.pop();
-                r?;
-            }
-            Ok(())
+            v.iter().try_for_each(|(k, c)| under(path, Segment::Name(k.clone()), c, f))
         }
     }
+}
+
+/// `f` on child `c` with `seg` on the path while it runs.
+fn under<'t>(
+    path: &mut keypath::KeyPath,
+    seg: Segment,
+    c: &'t Tree<Entry>,
+    f: &mut dyn FnMut(&mut keypath::KeyPath, &'t Tree<Entry>) -> Result<()>,
+) -> Result<()> {
+    path.push(seg);
+    let r = f(path, c);
+    path.pop();
+    r
 }
 
 fn path_text(path: &keypath::KeyPath) -> String {

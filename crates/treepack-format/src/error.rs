@@ -66,6 +66,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// A pickle (a PyTorch checkpoint's `data.pkl`) that the never-executing reader refuses:
+    /// a global outside its allow-list, a malformed or truncated stream, a limit (issue 54).
+    #[error("{file}: {source}")]
+    Pickle {
+        /// The file read (and the pickle inside it).
+        file: String,
+        /// What was refused, and where.
+        #[source]
+        source: crate::pickle::PickleError,
+    },
+
     /// A repository's own bookkeeping file (the gc state, `gc.json`) cannot be parsed.
     #[error("invalid {what} {file}: {reason}; {fix}")]
     InvalidRepoFile {
@@ -384,6 +395,7 @@ impl Error {
             Error::UnsupportedVersion { .. } => "unsupported_version",
             Error::NotTreepack { .. } => "not_treepack",
             Error::InvalidForeign { .. } => "invalid_foreign",
+            Error::Pickle { .. } => "pickle",
             Error::InvalidRepoFile { .. } => "invalid_repo_file",
             Error::InvalidManifest { .. } => "invalid_manifest",
             Error::ManifestChecksum { .. } => "manifest_checksum",

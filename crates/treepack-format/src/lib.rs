@@ -34,6 +34,7 @@ pub mod manifest;
 pub mod merkle;
 pub mod model;
 pub mod parts;
+pub mod pickle;
 pub mod preview;
 pub mod refs;
 pub mod repo;

@@ -28,6 +28,7 @@
 
 pub mod convert;
 pub mod demo;
+pub mod foreign;
 pub use treepack_format as format;
 pub use treepack_format::error;
 pub mod gc;

@@ -1,0 +1,387 @@
+//! `torch.save` checkpoints (zip format, torch ≥ 1.6) read as treepack trees, without pickle.
+//!
+//! A checkpoint is a zip of `<archive>/data.pkl` (the pickled structure), `<archive>/data/<key>`
+//! (one entry per storage, stored uncompressed), `<archive>/byteorder` and `<archive>/version`.
+//! The zip's central directory is read with the `zip` crate; every entry this reader uses must
+//! be stored (not compressed), have a name without `..`, `/`-rooted or `\` segments, and lie
+//! inside the file; its bytes are then read by offset through the one file handle, opened
+//! without following a link. The pickle is read by
+//! [`format::pickle::torch`](crate::format::pickle::torch) (allow-listed globals as data, nothing
+//! imported or run); tensors become arrays read from their storages: a tensor alone on its
+//! storage and contiguous reads just its bytes; a storage several tensors view is read once and
+//! shared (contiguous views are slices of it, others copied by their strides). Big-endian
+//! checkpoints (`byteorder` = `big`) are swapped to treepack's little-endian.
+//!
+//! The legacy format (torch < 1.6: a bare pickle stream, or a tar) is refused with a message
+//! saying how to re-save it.
+
+use crate::format::dtype::DType;
+use crate::format::model::{ArrayData, Leaf, Node, Tree};
+use crate::format::pickle::torch::{self as tp, Checkpoint, Item, TensorRef};
+use crate::format::pickle::Limits;
+use crate::{Error, Result};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// The largest `data.pkl` read (a pickle describes tensors; their bytes are elsewhere).
+pub const MAX_PICKLE_BYTES: u64 = 1 << 30;
+
+/// What the first bytes of a file say it is, as far as torch goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sniffed {
+    /// A zip: possibly a `torch.save` checkpoint ([`read`] says for sure).
+    Zip,
+    /// A bare pickle stream or a tar: torch's legacy (pre-1.6) format, which is refused.
+    Legacy,
+    /// Neither.
+    Other,
+}
+
+/// What `head` (the first bytes of a file, 512 are enough) looks like.
+pub fn sniff(head: &[u8]) -> Sniffed {
+    if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
+        Sniffed::Zip
+    } else if (head.len() >= 2 && head[0] == 0x80 && head[1] <= 5) || head.get(257..262) == Some(b"ustar") {
+        // A bare pickle (torch < 1.6 wrote a magic number, then pickles), or a tar (older still).
+        Sniffed::Legacy
+    } else {
+        Sniffed::Other
+    }
+}
+
+/// A checkpoint's structure, read without tensor bytes: the tree with each tensor described
+/// (storage key, dtype, shape, strides, offset), and the storages, each checked to be in the zip
+/// with the right size.
+#[derive(Debug, Clone)]
+pub struct Structure {
+    /// The pickled structure; tensors as [`Item::Tensor`].
+    pub tree: Tree<Item>,
+    /// Storages by key.
+    pub storages: std::collections::BTreeMap<String, tp::StorageInfo>,
+    /// `true` when the checkpoint was written big-endian.
+    pub big_endian: bool,
+}
+
+/// Read a `torch.save` checkpoint as a tree: its dicts, lists, tuples and values as they are,
+/// tensors as arrays annotated `torch.Tensor` / `torch.nn.Parameter` (as treepack's torch
+/// integration saves them).
+///
+/// # Errors
+/// [`Error::Pickle`] for a pickle the reader refuses (naming the global and key path);
+/// [`Error::InvalidForeign`] for a damaged, legacy or compressed checkpoint;
+/// [`Error::Link`] if `path` is a symbolic link; [`Error::NotFound`], [`Error::Io`],
+/// [`Error::OutOfMemory`].
+pub fn read(path: impl AsRef<Path>) -> Result<Node> {
+    let c = Opened::open(path.as_ref())?;
+    let s = c.structure()?;
+    c.materialise(&s)
+}
+
+/// Read only a checkpoint's structure (names, dtypes, shapes), no tensor bytes.
+///
+/// # Errors
+/// As [`read`].
+pub fn read_structure(path: impl AsRef<Path>) -> Result<Structure> {
+    Opened::open(path.as_ref())?.structure()
+}
+
+/// One zip entry this reader may use.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    start: u64,
+    size: u64,
+}
+
+struct Opened {
+    file: File,
+    path: PathBuf,
+    shown: String,
+    prefix: String,
+    entries: HashMap<String, Result<Entry, String>>,
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |e| Error::Io { path: path.to_path_buf(), source: e }
+}
+
+impl Opened {
+    fn bad(&self, reason: impl Into<String>) -> Error {
+        bad(&self.shown, reason)
+    }
+
+    fn open(path: &Path) -> Result<Opened> {
+        let shown = path.display().to_string();
+        let file = open_nofollow(path)?;
+        let meta = file.metadata().map_err(io_err(path))?;
+        if !meta.is_file() {
+            return Err(bad(&shown, "not a regular file"));
+        }
+        let len = meta.len();
+        let mut head = [0u8; 512];
+        let n = read_at(&file, &mut head, 0, path, len)?;
+        match sniff(&head[..n]) {
+            Sniffed::Zip => {}
+            Sniffed::Legacy => {
+                return Err(bad(
+                    &shown,
+                    "legacy torch.save format (torch < 1.6: a bare pickle or a tar, not a zip), which is not read; \
+                     re-save it with torch >= 1.6 (torch.save(torch.load(f, weights_only=True), new_file)) where you trust it",
+                ))
+            }
+            Sniffed::Other => return Err(bad(&shown, "not a zip: a torch.save checkpoint (torch >= 1.6) is a zip")),
+        }
+        let entries = zip_entries(&file, len).map_err(|r| bad(&shown, r))?;
+        // The archive's folder: the one `<name>/data.pkl` in the zip.
+        let mut pkls = entries.keys().filter_map(|k| k.strip_suffix("/data.pkl")).filter(|p| !p.contains('/'));
+        let prefix = match (pkls.next(), pkls.next()) {
+            (Some(p), None) => p.to_string(),
+            (None, _) => return Err(bad(&shown, "a zip without `<name>/data.pkl`: not a torch.save checkpoint")),
+            (Some(_), Some(_)) => {
+                return Err(bad(&shown, "a zip with several `<name>/data.pkl`: not one torch.save checkpoint"))
+            }
+        };
+        Ok(Opened { file, path: path.to_path_buf(), shown, prefix, entries })
+    }
+
+    fn entry(&self, name: &str) -> Result<Option<Entry>> {
+        match self.entries.get(&format!("{}/{name}", self.prefix)) {
+            None => Ok(None),
+            Some(Ok(e)) => Ok(Some(*e)),
+            Some(Err(r)) => Err(self.bad(format!("entry `{}/{name}`: {r}", self.prefix))),
+        }
+    }
+
+    fn read_range(&self, e: Entry, offset: u64, len: u64, what: &str) -> Result<Vec<u8>> {
+        if offset.checked_add(len).is_none_or(|end| end > e.size) {
+            return Err(self.bad(format!("{what}: {len} bytes at {offset} lie outside its {} bytes", e.size)));
+        }
+        let n = usize::try_from(len).map_err(|_| self.bad(format!("{what}: {len} bytes")))?;
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { key: what.to_string(), bytes: len })?;
+        buf.resize(n, 0);
+        let flen = self.file.metadata().map_err(io_err(&self.path))?.len();
+        let got = read_at(&self.file, &mut buf, e.start + offset, &self.path, flen)?;
+        if got != n {
+            return Err(self.bad(format!("{what}: the file ends before its bytes (truncated)")));
+        }
+        Ok(buf)
+    }
+
+    fn structure(&self) -> Result<Structure> {
+        let big_endian = match self.entry("byteorder")? {
+            None => false,
+            Some(e) => match self.read_range(e, 0, e.size.min(16), "byteorder")?.as_slice() {
+                b"little" => false,
+                b"big" => true,
+                other => {
+                    return Err(
+                        self.bad(format!("byteorder is {:?}, not little or big", String::from_utf8_lossy(other)))
+                    )
+                }
+            },
+        };
+        let pkl = self.entry("data.pkl")?.ok_or_else(|| self.bad("no data.pkl"))?;
+        if pkl.size > MAX_PICKLE_BYTES {
+            return Err(Error::limit("data.pkl size", MAX_PICKLE_BYTES, format!("{}: {} bytes", self.shown, pkl.size)));
+        }
+        let bytes = self.read_range(pkl, 0, pkl.size, "data.pkl")?;
+        let Checkpoint { tree, storages } = tp::read(&bytes, &Limits::default())
+            .map_err(|e| Error::Pickle { file: format!("{} (data.pkl)", self.shown), source: e })?;
+        for (key, s) in &storages {
+            let e = self
+                .entry(&format!("data/{key}"))?
+                .ok_or_else(|| self.bad(format!("storage `{key}` has no entry data/{key}")))?;
+            if e.size != s.nbytes() {
+                return Err(self.bad(format!(
+                    "storage `{key}` holds {} bytes, but {} × {} needs {}",
+                    e.size,
+                    s.numel,
+                    s.dtype.display(),
+                    s.nbytes()
+                )));
+            }
+        }
+        Ok(Structure { tree, storages, big_endian })
+    }
+
+    /// The tree with every tensor's bytes read.
+    fn materialise(&self, s: &Structure) -> Result<Node> {
+        let mut cache: HashMap<String, Bytes> = HashMap::new();
+        s.tree.clone().try_map(&mut |path, item| match item {
+            Item::Leaf(l) => Ok(l),
+            Item::Tensor(t) => {
+                let shared = s.storages.get(&t.storage).is_some_and(|i| i.tensors > 1);
+                let data = self.tensor_bytes(&t, shared, s.big_endian, &mut cache, &path.to_string())?;
+                let a = ArrayData::new(t.dtype.clone(), t.shape.clone(), data)?;
+                let mut ann = t.annotation();
+                if t.device != "cpu" {
+                    ann["device"] = t.device.clone().into();
+                }
+                Ok(Leaf::Array(a.with_annotation(Some(ann))?))
+            }
+        })
+    }
+
+    fn tensor_bytes(
+        &self,
+        t: &TensorRef,
+        shared: bool,
+        big: bool,
+        cache: &mut HashMap<String, Bytes>,
+        key: &str,
+    ) -> Result<Bytes> {
+        let e = self
+            .entry(&format!("data/{}", t.storage))?
+            .ok_or_else(|| self.bad(format!("no storage `{}`", t.storage)))?;
+        let item = t.dtype.itemsize();
+        let what = format!("storage `{}` of `{key}`", t.storage);
+        let swap = |mut v: Vec<u8>| {
+            if big {
+                tp::swap_bytes(&mut v, t.dtype.swap_unit());
+            }
+            v
+        };
+        // The extents were checked against the storage by the pickle reader, and the storage's
+        // size against its entry: these products do not overflow.
+        if !shared && t.is_contiguous() {
+            let n = t.numel() * item;
+            return Ok(Bytes::from(swap(self.read_range(e, t.offset * item, n, &what)?)));
+        }
+        let whole = match cache.get(&t.storage) {
+            Some(b) => b.clone(),
+            None => {
+                let b = Bytes::from(swap(self.read_range(e, 0, e.size, &what)?));
+                cache.insert(t.storage.clone(), b.clone());
+                b
+            }
+        };
+        if t.is_contiguous() {
+            let start = (t.offset * item) as usize;
+            let end = start + (t.numel() * item) as usize;
+            return if end <= whole.len() {
+                Ok(whole.slice(start..end))
+            } else {
+                Err(self.bad(format!("{what}: a view past its end")))
+            };
+        }
+        tp::strided_copy(&whole, item, &t.shape, &t.stride, t.offset)
+            .map(Bytes::from)
+            .map_err(|r| self.bad(format!("{what}: {r}")))
+    }
+}
+
+fn bad(file: &str, reason: impl Into<String>) -> Error {
+    Error::InvalidForeign { file: file.to_string(), format: "PyTorch checkpoint".into(), reason: reason.into() }
+}
+
+/// Open `path` for reading, refusing a symbolic link (the file given is the only one read).
+fn open_nofollow(path: &Path) -> Result<File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    }
+    match o.open(path) {
+        Ok(f) => Ok(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::NotFound { location: path.display().to_string(), detail: "no such file".into() })
+        }
+        Err(e) if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) => {
+            let _ = e;
+            Err(Error::Link { path: path.to_path_buf(), fix: "give the file itself, not a link to it".into() })
+        }
+        Err(e) => Err(Error::Io { path: path.to_path_buf(), source: e }),
+    }
+}
+
+/// Read into `buf` from `offset`, as much as the file has (fewer bytes only at its end).
+fn read_at(file: &File, buf: &mut [u8], offset: u64, path: &Path, len: u64) -> Result<usize> {
+    let want = (buf.len() as u64).min(len.saturating_sub(offset)) as usize;
+    let buf = &mut buf[..want];
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileExt;
+        let mut done = 0;
+        while done < buf.len() {
+            match file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::Io { path: path.to_path_buf(), source: e }),
+            }
+        }
+        Ok(done)
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = file;
+        f.seek(SeekFrom::Start(offset)).map_err(io_err(path))?;
+        let mut done = 0;
+        while done < buf.len() {
+            match f.read(&mut buf[done..]) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::Io { path: path.to_path_buf(), source: e }),
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// The zip's entries by name: where each one's bytes start and how many there are, or why
+/// it cannot be used (compressed, encrypted, a link, outside the file). A name that could
+/// escape a folder (`..`, rooted, `\`) refuses the whole zip.
+fn zip_entries(
+    file: &File,
+    len: u64,
+) -> std::result::Result<HashMap<String, std::result::Result<Entry, String>>, String> {
+    let mut z = zip::ZipArchive::new(file).map_err(|e| format!("its zip directory cannot be read: {e}"))?;
+    let mut out = HashMap::new();
+    for i in 0..z.len() {
+        let f = z.by_index_raw(i).map_err(|e| format!("zip entry {i} cannot be read: {e}"))?;
+        let name = std::str::from_utf8(f.name_raw())
+            .map_err(|_| format!("zip entry {i} has a name that is not UTF-8"))?
+            .to_string();
+        if name.starts_with('/') || name.contains('\\') || name.contains('\0') || name.split('/').any(|s| s == "..") {
+            return Err(format!(
+                "zip entry name {:?} escapes its folder (`..`, rooted or `\\`): refused",
+                name.chars().take(200).collect::<String>()
+            ));
+        }
+        let entry = if f.encrypted() {
+            Err("encrypted".to_string())
+        } else if f.is_symlink() {
+            Err("a symbolic link".to_string())
+        } else if f.compression() != zip::CompressionMethod::Stored {
+            Err(format!(
+                "compressed ({:?}); torch.save stores entries uncompressed: re-save it with torch.save, or unzip and re-zip it with `zip -0`",
+                f.compression()
+            ))
+        } else if f.size() != f.compressed_size() {
+            Err(format!("stored, yet its size {} differs from its stored size {}", f.size(), f.compressed_size()))
+        } else {
+            match f.data_start() {
+                Some(start) if start.checked_add(f.size()).is_some_and(|end| end <= len) => {
+                    Ok(Entry { start, size: f.size() })
+                }
+                Some(start) => Err(format!("{} bytes at {start} lie past the end of the file ({len} bytes)", f.size())),
+                None => Err("its data offset is unknown".to_string()),
+            }
+        };
+        if out.insert(name.clone(), entry).is_some() {
+            return Err(format!("zip entry {:?} appears twice", name.chars().take(200).collect::<String>()));
+        }
+    }
+    Ok(out)
+}
+
+/// The dtype names torch gives treepack dtypes, for messages and listings.
+pub fn torch_dtype_name(d: &DType) -> &'static str {
+    crate::format::pickle::globals::torch_dtype_name(d)
+}

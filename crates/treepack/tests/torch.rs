@@ -1,0 +1,160 @@
+//! torch.save checkpoints read without pickle (issue 54): fixtures written by real torch
+//! (`tests/data/torch/make_fixtures.py`), each tensor compared with the bytes torch gave for it
+//! (`expected.json`), and the plain values of the tree checked one by one.
+
+use std::path::PathBuf;
+use treepack::foreign::torch;
+use treepack::format::pickle::torch::Item;
+use treepack::*;
+
+fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch").join(name)
+}
+
+fn expected() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(data("expected.json")).unwrap()).unwrap()
+}
+
+/// The node at `path` (`/`-separated: str keys, int keys and list indexes by their text).
+fn get<'a, L>(t: &'a Tree<L>, path: &str) -> &'a Tree<L> {
+    let mut at = t;
+    for seg in path.split('/') {
+        at = match at {
+            Tree::Dict(items) => {
+                &items
+                    .iter()
+                    .find(|(k, _)| match k {
+                        Key::Str(s) => s == seg,
+                        Key::Int(i) => i.to_string() == seg,
+                        _ => false,
+                    })
+                    .unwrap_or_else(|| panic!("no key {seg} in {path}"))
+                    .1
+            }
+            Tree::List(v) | Tree::Tuple(v) => &v[seg.parse::<usize>().unwrap()],
+            other => panic!("{path}: {seg} in a {}", other.container_kind()),
+        };
+    }
+    at
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn check_file(name: &str) -> Node {
+    let tree = torch::read(data(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let exp = &expected()[name];
+    let exp = exp.as_object().unwrap();
+    assert!(!exp.is_empty());
+    for (path, e) in exp {
+        let a = get(&tree, path).as_array().unwrap_or_else(|| panic!("{name} {path}: not an array"));
+        assert_eq!(a.dtype().name().unwrap(), e["dtype"].as_str().unwrap(), "{name} {path}");
+        let shape: Vec<u64> = e["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(a.shape(), &shape[..], "{name} {path}");
+        assert_eq!(hex(a.bytes()), e["hex"].as_str().unwrap(), "{name} {path}: values");
+        let ann = a.annotation().unwrap();
+        let want_type = if e["parameter"].as_bool().unwrap() { "torch.nn.Parameter" } else { "torch.Tensor" };
+        assert_eq!(ann["type"], want_type, "{name} {path}");
+    }
+    tree
+}
+
+#[test]
+fn a_state_dict_reads_with_every_tensor_and_value() {
+    let t = check_file("state_dict.pt");
+    let Tree::Dict(items) = &t else { panic!("root is not a dict") };
+    let keys: Vec<String> = items.iter().map(|(k, _)| format!("{k:?}")).collect();
+    assert_eq!(keys.len(), 14, "{keys:?}");
+    assert!(matches!(&items[0].0, Key::Str(s) if s == "w"), "order kept: {keys:?}");
+    let leaf = |p: &str| match get(&t, p) {
+        Tree::Leaf(l) => l.clone(),
+        other => panic!("{p}: {other:?}"),
+    };
+    assert_eq!(leaf("nested/n"), Leaf::Int(7.into()));
+    assert_eq!(leaf("nested/x"), Leaf::Float(2.5));
+    assert_eq!(leaf("nested/s"), Leaf::Str("text".into()));
+    assert_eq!(leaf("nested/none"), Leaf::None);
+    assert_eq!(leaf("nested/big"), Leaf::Int(Int::parse("1180591620717411303424").unwrap()));
+    assert_eq!(leaf("nested/list/1"), Leaf::Str("two".into()));
+    assert_eq!(leaf("nested/tuple/0"), Leaf::Bool(true));
+    // torch.Size is a tuple of ints.
+    assert!(matches!(get(&t, "nested/size"), Tree::Tuple(v) if v.len() == 2));
+    // The Parameter keeps its kind and requires_grad.
+    let p = get(&t, "param").as_array().unwrap();
+    assert_eq!(p.annotation().unwrap()["requires_grad"], true);
+    // numpy values: a big-endian array read as little-endian, a Fortran-order array in C order,
+    // a numpy scalar as a 0-d array.
+    let n = get(&t, "numpy").as_array().unwrap();
+    assert_eq!((n.dtype(), n.shape()), (&DType::I32, &[4u64][..]));
+    assert_eq!(&n.bytes()[..], &[0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]);
+    let f = get(&t, "fortran").as_array().unwrap();
+    let vals: Vec<f64> = f.bytes().chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!((f.shape(), vals), (&[2u64, 3][..], vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]));
+    let s = get(&t, "np_scalar").as_array().unwrap();
+    assert_eq!((s.shape(), &s.bytes()[..]), (&[][..], &1.5f64.to_le_bytes()[..]));
+    assert!(
+        matches!(get(&t, "set"), Tree::Custom { type_name, children, .. } if type_name == "py.set" && children.len() == 2)
+    );
+}
+
+#[test]
+fn tensors_sharing_a_storage_share_its_bytes() {
+    let t = torch::read(data("state_dict.pt")).unwrap();
+    let (a, b) = (get(&t, "a").as_array().unwrap(), get(&t, "b").as_array().unwrap());
+    // Both views are slices of the one storage read: b starts 6 floats after a.
+    assert_eq!(a.bytes().as_ptr() as usize + 24, b.bytes().as_ptr() as usize);
+    let s = torch::read_structure(data("state_dict.pt")).unwrap();
+    let Tree::Leaf(Item::Tensor(bt)) = get(&s.tree, "b") else { panic!() };
+    assert_eq!((bt.offset, &bt.shape[..], &bt.stride[..]), (6, &[2u64, 3][..], &[3u64, 1][..]));
+    let Tree::Leaf(Item::Tensor(wt)) = get(&s.tree, "wt") else { panic!() };
+    assert!(!wt.is_contiguous());
+    assert_eq!(s.storages[&bt.storage].tensors, 2);
+}
+
+#[test]
+fn an_optimizer_state_dict_reads() {
+    let t = check_file("optimizer.pt");
+    // AdamW's param_groups: floats, bools, a list of parameter indexes.
+    let g = get(&t, "param_groups/0");
+    assert!(matches!(get(g, "lr"), Tree::Leaf(Leaf::Float(x)) if *x == 1e-3));
+    assert!(matches!(get(g, "params"), Tree::List(v) if v.len() == 4));
+    assert!(matches!(get(g, "amsgrad"), Tree::Leaf(Leaf::Bool(false))));
+}
+
+#[test]
+fn a_model_state_dict_and_offsets_read() {
+    check_file("model.pt");
+    let t = check_file("offset.pt");
+    let s = torch::read_structure(data("offset.pt")).unwrap();
+    let Tree::Leaf(Item::Tensor(x)) = get(&s.tree, "alone") else { panic!() };
+    assert_eq!(x.offset, 10);
+    assert!(get(&t, "slice").as_array().is_some());
+}
+
+#[test]
+fn the_structure_reads_without_tensor_bytes() {
+    let s = torch::read_structure(data("state_dict.pt")).unwrap();
+    let Tree::Leaf(Item::Tensor(w)) = get(&s.tree, "nested/inner/bf") else { panic!() };
+    assert_eq!((&w.dtype, &w.shape[..]), (&DType::BF16, &[3u64][..]));
+    assert!(!s.big_endian);
+}
+
+#[test]
+fn sniff_tells_zip_from_legacy() {
+    assert_eq!(torch::sniff(&std::fs::read(data("model.pt")).unwrap()), torch::Sniffed::Zip);
+    assert_eq!(torch::sniff(&std::fs::read(data("hostile/legacy.pt")).unwrap()), torch::Sniffed::Legacy);
+    assert_eq!(torch::sniff(b"hello"), torch::Sniffed::Other);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_link_to_a_checkpoint_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let link = d.path().join("link.pt");
+    std::os::unix::fs::symlink(data("model.pt"), &link).unwrap();
+    let e = torch::read(&link).unwrap_err();
+    assert_eq!(e.kind(), "link", "{e}");
+    let e = torch::read(d.path().join("missing.pt")).unwrap_err();
+    assert_eq!(e.kind(), "not_found", "{e}");
+}

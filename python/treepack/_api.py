@@ -448,53 +448,48 @@ def _foreign(p: str) -> Optional[str]:
 
 
 def _load(request: LoadRequest, progress: Progress) -> Any:
-    p, dec, select, like, mmap, verify = request.path, request.decoder, request.select, request.like, request.mmap, request.verify
-    opts = _opts(request.storage_options)
-    if select is None and like is None and not mmap and (progress is None or progress is False) and request.expect_root is None:
-        # Whole tree: one pass over the manifest builds the objects as it is read (its few reads
-        # of stored leaves report no progress, hence not with a callback). It takes only trees
-        # that need no audit (no records, only built-in custom types) and few stored leaves;
-        # anything else, or any failure, goes the audited Reader path below, which fetches stored
-        # leaves in parallel batches and reports errors in full.
-        out = _core.load_one_pass(p, dec, _codec.np_dtype, _codec.AUDIT_FREE, verify, opts)
-        if out is not None:
-            return out
+    """The load, on the path the core's policy picks (``_core.load``): a whole tree that needs no
+    audit is built in one pass over its manifest (its few reads of stored leaves report no
+    progress); anything else, or any failure there, goes through ``_through_reader`` on the
+    request's reader, which audits, fetches stored leaves in parallel batches and reports errors
+    in full. The core starts over when an overwrite replaced the tree meanwhile."""
+    select, like = request.select, request.like
     sel = [select] if isinstance(select, str) else (list(select) if select is not None else None)
-    for attempt in range(1, _LOAD_ATTEMPTS + 1):
-        r = request.reader()
-        into: Dict[str, Any] = {}
-        structure = r.structure(_struct_node) if like is not None else None
-        if like is not None:
-            for hook in _registry.gated("like"):
-                # A template an integration loads its own way (JAX: arrays onto shardings).
-                out = hook(request, r, like, structure)
-                if out is not _registry.DECLINE:
-                    return out
-        keep = _like.keep_paths(like, structure, into) if like is not None else None
-        _check(r, p, request.trust, request.allow_pickle, request.on_missing, sel, keep)
-        callback, done = _progress_callback(progress, f"load {p}")
-        try:
-            for path, (target, read_into) in into.items():
-                # Leaves of like= read into its objects (torch tensors), one at a time: no
-                # second copy of the model.
-                read_into(r, path, target, verify)
-            out = r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback,
-                         partial_types=_codec.PARTIAL_TYPES)
-            if like is None:
+    return _core.load(
+        request.path, request.decoder, _codec.np_dtype, _codec.AUDIT_FREE,
+        request.reader, lambda r: _through_reader(request, r, sel, progress),
+        select=sel, like=like is not None, mmap=request.mmap, progress=not (progress is None or progress is False),
+        verify=request.verify, expect_root=request.expect_root, storage_options=_opts(request.storage_options),
+    )
+
+
+def _through_reader(request: LoadRequest, r: Any, sel: Optional[List[str]], progress: Progress) -> Any:
+    """The Python steps of a load through the reader ``r``: integrations' like= hooks, the audit
+    of every record/custom node that will be built, the leaves read into like= objects, the load."""
+    p, dec, like, mmap, verify = request.path, request.decoder, request.like, request.mmap, request.verify
+    into: Dict[str, Any] = {}
+    structure = r.structure(_struct_node) if like is not None else None
+    if like is not None:
+        for hook in _registry.gated("like"):
+            # A template an integration loads its own way (JAX: arrays onto shardings).
+            out = hook(request, r, like, structure)
+            if out is not _registry.DECLINE:
                 return out
-            return _like.graft(out, like, structure, {id(t) for t, _ in into.values()}, dec.options)
-        except FileNotFoundError:
-            # A pack gone missing: an overwrite replaced the tree after its manifest was read
-            # (it removes the packs only the old tree used). Start over on the new tree.
-            if attempt == _LOAD_ATTEMPTS or not r.replaced():
-                raise
-        finally:
-            done()
-    raise AssertionError("unreachable")
-
-
-_LOAD_ATTEMPTS = 3
-"""How many times a load starts over when the tree was replaced while it read it."""
+    keep = _like.keep_paths(like, structure, into) if like is not None else None
+    _check(r, p, request.trust, request.allow_pickle, request.on_missing, sel, keep)
+    callback, done = _progress_callback(progress, f"load {p}")
+    try:
+        for path, (target, read_into) in into.items():
+            # Leaves of like= read into its objects (torch tensors), one at a time: no
+            # second copy of the model.
+            read_into(r, path, target, verify)
+        out = r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback,
+                     partial_types=_codec.PARTIAL_TYPES)
+        if like is None:
+            return out
+        return _like.graft(out, like, structure, {id(t) for t, _ in into.values()}, dec.options)
+    finally:
+        done()
 
 
 def load_structure(path: PathLike, *, storage_options: StorageOptions = None) -> Any:

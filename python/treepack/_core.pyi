@@ -104,6 +104,25 @@ def load_one_pass(
     """A whole-tree load built while the manifest is parsed, for trees whose leaves are all inline;
     None when it needs the type audit or a pack read, or anything fails (then ``Reader.load``)."""
 
+def load(
+    path: str,
+    decode_other: Any,
+    np_dtype: Any,
+    free_types: Set[str],
+    open_reader: Callable[[], Reader],
+    through_reader: Callable[[Reader], Any],
+    select: Optional[List[str]] = None,
+    like: bool = False,
+    mmap: bool = False,
+    progress: bool = False,
+    verify: bool = True,
+    expect_root: Optional[str] = None,
+    storage_options: StorageOptions = None,
+) -> Any:
+    """A load on the path the core's policy picks: one pass over the manifest for a whole tree
+    that needs no audit, else ``through_reader(open_reader())``; a ``FileNotFoundError`` from it
+    starts over when the reader's ``replaced()`` says an overwrite replaced the tree."""
+
 def structure_one_pass(path: str, make_node: Callable[..., Any], storage_options: StorageOptions = None) -> Optional[Any]:
 def _outline_builds() -> int: ...
     """``load_structure``'s tree built while the manifest is parsed; None when that path does not

@@ -237,6 +237,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dtype_needs_ml_dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(structure_one_pass, m)?)?;
     m.add_function(wrap_pyfunction!(load_one_pass, m)?)?;
+    m.add_function(wrap_pyfunction!(load_tree, m)?)?;
     m.add_function(wrap_pyfunction!(encode_png, m)?)?;
     m.add_function(wrap_pyfunction!(check_compression, m)?)?;
     m.add_class::<Reader>()?;

@@ -284,6 +284,89 @@ impl<'py> LoadBuilder<'py, '_> {
     }
 }
 
+/// A load, as the core's policy decides (`treepack::read::one_pass::load_with`): a whole tree
+/// needing no audit built in one pass over the manifest; anything else (or any failure there)
+/// through `through_reader(reader)`, the Python steps of a load (integrations' hooks, the
+/// audit, `Reader.load`), on the reader `open_reader()` gives (checked against `expect_root`);
+/// a `FileNotFoundError` from it starts the load over when the reader's `replaced()` says the
+/// tree was replaced. `select`, `like` (a template is given), `mmap`, `progress` (a callback is
+/// given) and `expect_root` are what the policy reads of the load's options.
+#[pyfunction]
+#[pyo3(name = "load", signature = (path, decode_other, np_dtype, free_types, open_reader, through_reader, select=None, like=false, mmap=false, progress=false, verify=true, expect_root=None, storage_options=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn load_tree(
+    py: Python<'_>,
+    path: &str,
+    decode_other: Py<PyAny>,
+    np_dtype: Py<PyAny>,
+    free_types: HashSet<String>,
+    open_reader: Py<PyAny>,
+    through_reader: Py<PyAny>,
+    select: Option<Vec<String>>,
+    like: bool,
+    mmap: bool,
+    progress: bool,
+    verify: bool,
+    expect_root: Option<&str>,
+    storage_options: Options,
+) -> PyResult<Py<PyAny>> {
+    let loc = location(path, storage_options)?;
+    let opts = LoadOptions {
+        select: select.unwrap_or_default(),
+        keep: like.then(HashSet::new),
+        mmap,
+        verify,
+        // Only whether there is one: the callback itself is Python's, given to `Reader.load`.
+        progress: progress.then(|| treepack::ProgressFn::new(|_, _| {})),
+        expect_root: expect_root.map(root_hash_arg).transpose()?,
+        ..Default::default()
+    };
+    let paths = PyLoadPaths { decode_other, np_dtype, free_types, open_reader, through_reader, verify };
+    py.detach(|| treepack::read::one_pass::load_with(&loc, &opts, &paths))
+}
+
+/// The Python paths of [`load_tree`]; each takes the GIL back for its Python work.
+struct PyLoadPaths {
+    decode_other: Py<PyAny>,
+    np_dtype: Py<PyAny>,
+    free_types: HashSet<String>,
+    open_reader: Py<PyAny>,
+    through_reader: Py<PyAny>,
+    verify: bool,
+}
+
+impl treepack::read::one_pass::LoadPaths for PyLoadPaths {
+    type Out = Py<PyAny>;
+    type Err = PyErr;
+    type Reader = Py<PyAny>;
+    fn one_pass(&self, loc: &treepack::Location, bytes: &[u8], file: &str) -> Option<Py<PyAny>> {
+        Python::attach(|py| {
+            let dec =
+                Decoder::new(py, Some(self.decode_other.bind(py).clone()), Some(self.np_dtype.bind(py).clone()), false);
+            let builder = LoadBuilder::new(dec, Some(&self.free_types));
+            let built =
+                without_gc(py, || Ok(treepack::read::one_pass::load_one_pass(loc, bytes, file, &builder, self.verify)));
+            built.ok().flatten().map(Bound::unbind)
+        })
+    }
+    fn open(&self, _: &treepack::Location, _: Option<(treepack::Location, &[u8], String)>) -> PyResult<Py<PyAny>> {
+        // Python opens its reader as its load hooks do (`LoadRequest.reader`).
+        Python::attach(|py| self.open_reader.call0(py))
+    }
+    fn through_reader(&self, reader: &Py<PyAny>) -> PyResult<Py<PyAny>> {
+        Python::attach(|py| self.through_reader.call1(py, (reader,)))
+    }
+    fn missing(&self, e: &PyErr) -> bool {
+        Python::attach(|py| e.is_instance_of::<PyFileNotFoundError>(py))
+    }
+    fn replaced(&self, reader: &Py<PyAny>) -> bool {
+        Python::attach(|py| reader.call_method0(py, "replaced").and_then(|b| b.extract::<bool>(py))).unwrap_or(false)
+    }
+    fn error(&self, e: treepack::Error) -> PyErr {
+        py_err(e)
+    }
+}
+
 /// A whole-tree `load` in one pass over the manifest when the core's policy says so
 /// (`treepack::read::one_pass`), for trees that need no audit. Returns `None` whenever that
 /// path does not apply (many stored leaves, a record or custom type that needs the audit) or

@@ -249,11 +249,7 @@ impl Reader {
 
     /// Raise RootMismatchError unless the root hash is `expected` (64 hex digits).
     pub(crate) fn expect_root(&self, py: Python<'_>, expected: &str) -> PyResult<()> {
-        let want = treepack::Hash32::from_hex(&expected.to_ascii_lowercase()).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "expect_root must be 64 hex digits (as treepack.root_hash returns), not {expected:?}"
-            ))
-        })?;
+        let want = root_hash_arg(expected)?;
         py.detach(|| self.inner.expect_root(want)).map_err(py_err)
     }
 
@@ -273,6 +269,15 @@ impl Reader {
         let s = self.inner.location().stats();
         (s.bytes_read(), s.read_requests())
     }
+}
+
+/// A root hash given as `expect_root` (64 hex digits, either case).
+pub(crate) fn root_hash_arg(expected: &str) -> PyResult<treepack::Hash32> {
+    treepack::Hash32::from_hex(&expected.to_ascii_lowercase()).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "expect_root must be 64 hex digits (as treepack.root_hash returns), not {expected:?}"
+        ))
+    })
 }
 
 pub(crate) fn walk_types<'a>(

@@ -143,33 +143,43 @@ pub fn commit_parts(location: impl IntoLocation, parts: &[Vec<u8>], opts: &SaveO
 /// # Errors
 /// [`Error::NotFound`], format and integrity errors, storage errors.
 pub fn load(location: impl IntoLocation, opts: &LoadOptions) -> Result<Node> {
-    let loc = location.into_location()?;
-    let mut attempt = 1;
-    loop {
-        let pinned = loc.pin()?;
-        let (bytes, file) = pinned.block_on(read::manifest_bytes(&pinned))?;
-        // The load-path policy (see [`read::one_pass`]): small trees in one pass over the manifest;
-        // the rest, or any failure, through a reader over the bytes already read.
-        if read::one_pass::one_pass_applies(opts) {
-            let b = read::one_pass::NodeBuild { file: &file };
-            if let Some(node) = read::one_pass::load_one_pass(&pinned, &bytes, &file, &b, opts.verify) {
-                // Shared ids are checked on the whole tree (the reader's parse reports the place).
-                if format::refs::check_refs(&node).is_ok() {
-                    return Ok(node);
-                }
-            }
-        }
-        let r = Reader::from_bytes(pinned, &bytes, file)?;
-        match r.location().block_on(r.load_async(opts)) {
-            // A pack gone missing: an overwrite replaced the tree after its manifest was read.
-            Err(Error::NotFound { .. }) if attempt < LOAD_ATTEMPTS && r.replaced() => attempt += 1,
-            out => return out,
-        }
-    }
+    read::one_pass::load_with(&location.into_location()?, opts, &NodePaths { opts })
 }
 
-/// How many times a load starts over when the tree was replaced while it read it.
-const LOAD_ATTEMPTS: u32 = 3;
+/// The paths of [`load`]: an owned [`Node`] either way.
+struct NodePaths<'a> {
+    opts: &'a LoadOptions,
+}
+
+impl read::one_pass::LoadPaths for NodePaths<'_> {
+    type Out = Node;
+    type Err = Error;
+    type Reader = Reader;
+    fn one_pass(&self, loc: &Location, bytes: &[u8], file: &str) -> Option<Node> {
+        let b = read::one_pass::NodeBuild { file };
+        let node = read::one_pass::load_one_pass(loc, bytes, file, &b, self.opts.verify)?;
+        // Shared ids are checked on the whole tree (the reader's parse reports the place).
+        format::refs::check_refs(&node).is_ok().then_some(node)
+    }
+    fn open(&self, loc: &Location, read: Option<(Location, &[u8], String)>) -> Result<Reader> {
+        match read {
+            Some((pinned, bytes, file)) => Reader::from_bytes(pinned, bytes, file),
+            None => Reader::open(loc.clone()),
+        }
+    }
+    fn through_reader(&self, r: &Reader) -> Result<Node> {
+        r.location().block_on(r.load_async(self.opts))
+    }
+    fn missing(&self, e: &Error) -> bool {
+        matches!(e, Error::NotFound { .. })
+    }
+    fn replaced(&self, r: &Reader) -> bool {
+        r.replaced()
+    }
+    fn error(&self, e: Error) -> Error {
+        e
+    }
+}
 
 /// Async [`load`].
 ///
@@ -181,7 +191,10 @@ pub async fn load_async(location: impl IntoLocation, opts: &LoadOptions) -> Resu
     loop {
         let r = Reader::open_async(loc.clone()).await?;
         match r.load_async(opts).await {
-            Err(Error::NotFound { .. }) if attempt < LOAD_ATTEMPTS && r.replaced_async().await => attempt += 1,
+            // As [`read::one_pass::load_with`]: a pack gone missing, the tree replaced.
+            Err(Error::NotFound { .. }) if attempt < read::one_pass::LOAD_ATTEMPTS && r.replaced_async().await => {
+                attempt += 1
+            }
             out => return out,
         }
     }

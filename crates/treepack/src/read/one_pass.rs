@@ -31,6 +31,76 @@ pub fn one_pass_applies(opts: &LoadOptions) -> bool {
     opts.select.is_empty() && opts.keep.is_none() && !opts.mmap && opts.progress.is_none() && opts.expect_root.is_none()
 }
 
+/// How many times a load starts over when the tree was replaced while it read it.
+pub const LOAD_ATTEMPTS: u32 = 3;
+
+/// What a binding does on each path of a load; [`load_with`] decides which path runs and when
+/// a load starts over, for Rust ([`crate::load`]), Python and the CLI alike.
+pub trait LoadPaths {
+    /// What a load gives.
+    type Out;
+    /// The binding's error.
+    type Err;
+    /// The binding's reader.
+    type Reader;
+    /// The whole tree built in one pass over the manifest `bytes` read from `loc` (see
+    /// [`load_one_pass`]), or `None` to take the reader path.
+    fn one_pass(&self, loc: &Location, bytes: &[u8], file: &str) -> Option<Self::Out>;
+    /// A reader of the tree at `loc`; `read` is the manifest when the policy read it already
+    /// (the pinned location, its bytes and file name), for a reader over those bytes.
+    ///
+    /// # Errors
+    /// The binding's (a manifest not found or damaged, a root hash not the one expected).
+    fn open(
+        &self,
+        loc: &Location,
+        read: Option<(Location, &[u8], String)>,
+    ) -> std::result::Result<Self::Reader, Self::Err>;
+    /// The load through `reader`.
+    ///
+    /// # Errors
+    /// The binding's; one for which [`LoadPaths::missing`] holds starts the load over when the
+    /// tree was replaced.
+    fn through_reader(&self, reader: &Self::Reader) -> std::result::Result<Self::Out, Self::Err>;
+    /// Whether `e` says a stored pack was missing.
+    fn missing(&self, e: &Self::Err) -> bool;
+    /// Whether the location now holds another tree than `reader`'s ([`Reader::replaced`]).
+    fn replaced(&self, reader: &Self::Reader) -> bool;
+    /// A core error as the binding's.
+    fn error(&self, e: Error) -> Self::Err;
+}
+
+/// The load policy. A whole tree read into memory ([`one_pass_applies`]) has its manifest read
+/// (one request) and is built in one pass while it is parsed when the binding's
+/// [`LoadPaths::one_pass`] takes it; anything else, or any failure there, goes through a
+/// reader (over the bytes already read, where the binding takes them). A load through the
+/// reader that finds a pack missing starts over on the new tree when the location now holds
+/// another one: an overwrite removes the packs only the replaced tree used, so the load raced
+/// it (docs/security.md, "Readers racing an overwrite"); at most [`LOAD_ATTEMPTS`] times in
+/// all. Blocking: call it where blocking is allowed.
+///
+/// # Errors
+/// The manifest's read errors, and the binding's.
+pub fn load_with<P: LoadPaths>(loc: &Location, opts: &LoadOptions, paths: &P) -> std::result::Result<P::Out, P::Err> {
+    let mut attempt = 1;
+    loop {
+        let r = if one_pass_applies(opts) {
+            let pinned = loc.pin().map_err(|e| paths.error(e))?;
+            let (bytes, file) = pinned.block_on(manifest_bytes(&pinned)).map_err(|e| paths.error(e))?;
+            if let Some(out) = paths.one_pass(&pinned, &bytes, &file) {
+                return Ok(out);
+            }
+            paths.open(loc, Some((pinned, &bytes, file)))?
+        } else {
+            paths.open(loc, None)?
+        };
+        match paths.through_reader(&r) {
+            Err(e) if attempt < LOAD_ATTEMPTS && paths.missing(&e) && paths.replaced(&r) => attempt += 1,
+            out => return out,
+        }
+    }
+}
+
 /// Build the whole tree from manifest bytes read from `loc`, in one pass: `b` gets every node
 /// as it is parsed, and the stored leaves (local trees only, packs of at most
 /// [`ONE_PASS_PACK_BYTES`] in all) are read on the spot, verified when `verify`: the first

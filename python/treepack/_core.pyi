@@ -86,8 +86,19 @@ def prepare(
     is called before a second walk (a plain container met twice after it was written as text)."""
 
 def gc(path: str, grace_secs: float = 3600.0, storage_options: StorageOptions = None) -> List[str]: ...
-def numpy_dtype_name(kind: str, itemsize: int, name: str) -> Optional[Tuple[str, bool]]: ...
-def dtype_needs_ml_dtypes(name: str) -> bool: ...
+def numpy_dtype_desc(dt: Any) -> Tuple[str, Any]:
+    """(the treepack dtype's manifest JSON, the canonical numpy dtype: little-endian, packed) of a
+    numpy dtype; ``TypeError`` for dtypes arrays cannot hold."""
+    ...
+
+def numpy_dtype(text: str) -> Any:
+    """The numpy dtype of a treepack dtype's manifest JSON (ml_dtypes' types need that package)."""
+    ...
+
+def datetime_general_json(d: Any) -> str:
+    """The general form of a datetime's ``py.datetime`` node (``{"fold", "iso", "tz"}``) as JSON
+    text; the zone described by ``_codec.builtins._tz_data``."""
+    ...
 
 def encode_png(pixels: bytes, width: int, height: int, mode: str) -> Optional[bytes]:
     """The PNG file of a Pillow image's raw bytes (``tobytes()``); None for modes left to Pillow."""

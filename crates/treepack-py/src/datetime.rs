@@ -1,10 +1,66 @@
-//! The fast path for naive and UTC `datetime`s (the `py.datetime` compact form).
+//! `py.datetime`, both ways, both forms: the compact form (a string: the naive isoformat, with
+//! a trailing `Z` for UTC) of naive and UTC datetimes with fold 0, and the general form (an
+//! object: `{"iso": naive isoformat, "tz": the zone, "fold": 0|1}`) of any other. The time
+//! zone inside the general form is described by Python's codec (`_tz_data`, `_tz_from` in
+//! `treepack._codec.builtins`), which `py.time` and `py.timezone` share: zones are objects of
+//! Python libraries (zoneinfo, dateutil).
 
 use super::*;
 
-/// The `py.datetime` node of a naive or UTC datetime, exactly as the Python encoder writes it
-/// (`{"iso": naive isoformat, "tz": null | {"offset": [0,0,0], "name": "UTC"}, "fold": 0|1}`);
-/// `None` for other time zones, which the Python encoder handles.
+/// A function of the Python codec's built-in types.
+fn codec_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    py.import("treepack._codec.builtins")?.getattr(name)
+}
+
+/// The general form of a datetime's `py.datetime` node, as JSON text: what `encode_other`
+/// gives the walk for the datetimes it leaves to it (other time zones, and every datetime when
+/// the walk's fast path is off). Raises what the codec raises for a zone it cannot describe (a
+/// `TypeError`).
+#[pyfunction]
+pub(crate) fn datetime_general_json(d: &Bound<'_, pyo3::types::PyDateTime>) -> PyResult<String> {
+    Ok(datetime_general(d.py(), d)?.to_string())
+}
+
+/// The general form of a datetime of any time zone, `{"iso", "tz", "fold"}`.
+fn datetime_general(py: Python<'_>, d: &Bound<'_, pyo3::types::PyDateTime>) -> PyResult<serde_json::Value> {
+    use pyo3::types::{PyDict, PyTimeAccess, PyTzInfoAccess};
+    let kw = PyDict::new(py);
+    kw.set_item("tzinfo", py.None())?;
+    let iso: String = d.call_method("replace", (), Some(&kw))?.call_method0("isoformat")?.extract()?;
+    let tz = codec_fn(py, "_tz_data")?.call1((d.get_tzinfo(),))?;
+    let tz_text: String = py.import("json")?.call_method1("dumps", (tz,))?.extract()?;
+    let tz: serde_json::Value = serde_json::from_str(&tz_text).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(serde_json::json!({"iso": iso, "tz": tz, "fold": u8::from(d.get_fold())}))
+}
+
+/// The datetime of a general form the fast path leaves (zones that are not UTC or an unnamed
+/// fixed offset, or data it cannot read): `datetime.fromisoformat(iso).replace(tzinfo=zone,
+/// fold=fold)`; what that raises becomes the codec's `BuildError`, as for any custom node.
+pub(crate) fn datetime_from_general<'py>(py: Python<'py>, data: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    let build = || -> PyResult<Bound<'py, PyAny>> {
+        let d = py.import("json")?.call_method1("loads", (data.to_string(),))?;
+        let naive = py.import("datetime")?.getattr("datetime")?.call_method1("fromisoformat", (d.get_item("iso")?,))?;
+        let kw = pyo3::types::PyDict::new(py);
+        kw.set_item("tzinfo", codec_fn(py, "_tz_from")?.call1((d.get_item("tz")?,))?)?;
+        kw.set_item("fold", d.call_method1("get", ("fold", 0))?)?;
+        naive.call_method("replace", (), Some(&kw))
+    };
+    build().map_err(|e| {
+        let made = (|| {
+            let msg = format!("{}: {}", e.get_type(py).name()?, e.value(py).str()?);
+            let built =
+                py.import("treepack._codec")?.getattr("BuildError")?.call1(("py.datetime", msg, "py.datetime"))?;
+            let err = PyErr::from_value(built);
+            err.set_cause(py, Some(e.clone_ref(py)));
+            Ok::<_, PyErr>(err)
+        })();
+        made.unwrap_or_else(|x| x)
+    })
+}
+
+/// The `py.datetime` node of a naive or UTC datetime (the compact form, or the general form
+/// for fold 1); `None` for other time zones and years, which `encode_other` gives the general
+/// form of ([`datetime_general_json`]).
 pub(crate) fn datetime_node(py: Python<'_>, d: &Bound<'_, pyo3::types::PyDateTime>) -> PyResult<Option<Node>> {
     use pyo3::types::{PyDateAccess, PyTimeAccess, PyTzInfo, PyTzInfoAccess};
     let utc = match d.get_tzinfo() {
@@ -33,10 +89,11 @@ pub(crate) fn datetime_node(py: Python<'_>, d: &Bound<'_, pyo3::types::PyDateTim
     if d.get_microsecond() != 0 {
         digits(&mut iso, Some('.'), d.get_microsecond(), 6);
     }
-    let data = if d.get_fold() {
-        let tz = if utc { serde_json::json!({"offset": [0, 0, 0], "name": "UTC"}) } else { serde_json::Value::Null };
-        serde_json::json!({"iso": iso, "tz": tz, "fold": 1})
-    } else {
+    if d.get_fold() {
+        let data = datetime_general(py, d)?;
+        return Ok(Some(Tree::Custom { type_name: "py.datetime".into(), data, children: vec![] }));
+    }
+    let data = {
         // The compact form (see `datetime_fast`): one JSON string instead of a nested object.
         if utc {
             iso.push('Z');
@@ -46,12 +103,19 @@ pub(crate) fn datetime_node(py: Python<'_>, d: &Bound<'_, pyo3::types::PyDateTim
     Ok(Some(Tree::Custom { type_name: "py.datetime".into(), data, children: vec![] }))
 }
 
-/// Fast path for `py.datetime` nodes (one per record in traced data): build the datetime in Rust
-/// instead of sending JSON text through the Python decoder (~10 µs -> ~1 µs each). The compact
-/// form (a string, written by [`datetime_node`]) is read here alone; the general form (an object)
-/// is read here for naive, UTC and unnamed fixed-offset datetimes, and anything else (zoneinfo
-/// zones, named offsets) returns `None` for the Python decoder, which defines those.
-pub(crate) fn datetime_fast<'py>(py: Python<'py>, data: &serde_json::Value) -> PyResult<Option<Bound<'py, PyAny>>> {
+/// The datetime of a `py.datetime` node. Built here, not through the Python decoder (one per
+/// record in traced data, so a JSON round trip through Python each would dominate their load):
+/// the compact form always; the general form directly for naive, UTC and unnamed fixed-offset
+/// zones, and with the codec's zone ([`datetime_from_general`]) for any other.
+pub(crate) fn datetime_of<'py>(py: Python<'py>, data: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    match datetime_fast(py, data)? {
+        Some(dt) => Ok(dt),
+        None => datetime_from_general(py, data),
+    }
+}
+
+/// [`datetime_of`] where it needs no Python call: `None` for the general form's other zones.
+fn datetime_fast<'py>(py: Python<'py>, data: &serde_json::Value) -> PyResult<Option<Bound<'py, PyAny>>> {
     use pyo3::types::{PyDateTime, PyDelta, PyTzInfo};
     if let Some(text) = data.as_str() {
         // Compact form: naive isoformat, or with a trailing `Z` for `timezone.utc` (fold 0).

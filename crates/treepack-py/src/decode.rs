@@ -198,10 +198,9 @@ impl<'py> Decoder<'py> {
         data: &serde_json::Value,
         pairs: Vec<Bound<'py, PyTuple>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        if kind == "custom" && type_name == "py.datetime" && pairs.is_empty() {
-            if let Some(dt) = datetime_fast(self.py, data)? {
-                return Ok(dt);
-            }
+        if kind == "custom" && type_name == "py.datetime" {
+            // (children, which no writer gives it, leave only the general reading)
+            return if pairs.is_empty() { datetime_of(self.py, data) } else { datetime_from_general(self.py, data) };
         }
         let data_s = if data.is_null() { None } else { Some(data.to_string()) };
         let f = self.decode_other.as_ref().ok_or_else(|| PyValueError::new_err("no decoder for records"))?;

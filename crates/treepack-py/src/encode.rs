@@ -795,22 +795,6 @@ pub(crate) fn block_chunk_shape(
     Ok(treepack::format::grid::block_chunk_shape(&shape, &block, itemsize, target))
 }
 
-/// The treepack name of a numpy dtype that is a plain number or an ml_dtypes type, as
-/// `(name, from ml_dtypes)`; `None` for others (strings, structured, unsupported). The name
-/// table lives in the core alone (`DType`); Python asks here.
-#[pyfunction]
-pub(crate) fn numpy_dtype_name(kind: &str, itemsize: usize, name: &str) -> Option<(String, bool)> {
-    let plain = kind.bytes().next().and_then(|k| DType::from_numpy_kind(k, itemsize));
-    let d = plain.or_else(|| DType::from_name(name).ok().filter(DType::is_ml_dtypes))?;
-    Some((d.name()?, d.is_ml_dtypes()))
-}
-
-/// Whether numpy needs the ml_dtypes package for the stored dtype named `name`.
-#[pyfunction]
-pub(crate) fn dtype_needs_ml_dtypes(name: &str) -> bool {
-    DType::from_name(name).is_ok_and(|d| d.is_ml_dtypes())
-}
-
 /// Check a compression policy (`save(compression=...)`, as text) before anything is converted
 /// or written; raises `ValueError` saying what is wrong.
 #[pyfunction]

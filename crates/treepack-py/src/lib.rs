@@ -15,6 +15,7 @@
 
 mod datetime;
 mod decode;
+mod dtypes;
 mod encode;
 mod encode_shared;
 mod encode_text;
@@ -31,6 +32,7 @@ mod structure;
 use bytes::Bytes;
 use datetime::*;
 use decode::*;
+use dtypes::*;
 use encode::*;
 use encode_shared::share_refs;
 use errors::*;
@@ -233,8 +235,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(unpack_json, m)?)?;
     m.add_function(wrap_pyfunction!(forget_memory, m)?)?;
     m.add_function(wrap_pyfunction!(schema, m)?)?;
-    m.add_function(wrap_pyfunction!(numpy_dtype_name, m)?)?;
-    m.add_function(wrap_pyfunction!(dtype_needs_ml_dtypes, m)?)?;
+    m.add_function(wrap_pyfunction!(numpy_dtype_desc, m)?)?;
+    m.add_function(wrap_pyfunction!(numpy_dtype, m)?)?;
+    m.add_function(wrap_pyfunction!(datetime_general_json, m)?)?;
     m.add_function(wrap_pyfunction!(structure_one_pass, m)?)?;
     m.add_function(wrap_pyfunction!(load_one_pass, m)?)?;
     m.add_function(wrap_pyfunction!(load_tree, m)?)?;

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _registry as reg
-from .._core import TreepackError
+from .._core import TreepackError, datetime_general_json
 from .. import _parts
 from . import everyday, files, records
 from .classes import _seen_classes, check_kind, resolve_class
@@ -257,11 +257,10 @@ def _describe(
     if obj is Ellipsis:
         return ("custom", "py.ellipsis", None, [])
     if t is _dt.datetime:
-        # Naive and UTC datetimes never get here: the extension writes them (the compact form is
-        # its alone); this is the general form, for every other time zone.
-        naive = obj.replace(tzinfo=None)
-        data = {"iso": naive.isoformat(), "tz": _tz_data(obj.tzinfo), "fold": obj.fold}
-        return ("custom", "py.datetime", json.dumps(data), [])
+        # py.datetime is the extension's (datetime.rs, which asks _tz_data for the zone): its
+        # general form, for the datetimes the walk leaves here (other zones; all without its
+        # fast path).
+        return ("custom", "py.datetime", datetime_general_json(obj), [])
     if t is _dt.date:
         return ("custom", "py.date", json.dumps({"iso": obj.isoformat()}), [])
     if t is _dt.time:
@@ -501,10 +500,6 @@ class Decoder:
             return slice(kids["start"], kids["stop"], kids["step"])
         if t == "py.ellipsis":
             return Ellipsis
-        if t == "py.datetime":
-            # The compact form (a string) is read by the extension alone; this is the general form.
-            v = _dt.datetime.fromisoformat(data["iso"]).replace(tzinfo=_tz_from(data["tz"]), fold=data.get("fold", 0))
-            return v
         if t == "py.date":
             return _dt.date.fromisoformat(data["iso"])
         if t == "py.time":

@@ -438,9 +438,10 @@ def _build_paths(p: str, opts: Any, e: Any) -> List[str]:
 
 
 def _foreign(p: str) -> Optional[str]:
-    """The foreign format of a local file or folder ``load`` was given (``.safetensors``,
-    ``.npz``, ``.npy``, ``.zarr``, ``.h5``), read by converting it; None for treepack locations."""
-    if "://" in p or not os.path.exists(p) or os.path.exists(os.path.join(p, "treepack.json")):
+    """The foreign format of a local file or folder ``load`` was given (safetensors, npz, npy,
+    Zarr, HDF5: known by its content, as ``convert`` and the CLI know it), read by converting
+    it; None for treepack locations."""
+    if "://" in p or not os.path.exists(p):
         return None
     from ._convert import foreign_format
 

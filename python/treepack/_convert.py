@@ -22,22 +22,23 @@ from ._transport import memory_location
 __all__ = ["convert"]
 
 _FORMATS = ("treepack", "safetensors", "npz", "npy", "zarr", "hdf5")
-_EXTENSIONS = {".safetensors": "safetensors", ".npz": "npz", ".npy": "npy", ".zarr": "zarr",
-               ".h5": "hdf5", ".hdf5": "hdf5", ".he5": "hdf5"}
 
 
-def _format_of(path: str, explicit: Optional[str]) -> str:
+def _format_of(path: str, explicit: Optional[str], read: bool) -> str:
     if explicit is not None:
         explicit = {"h5": "hdf5", "tpk": "treepack"}.get(explicit, explicit)
         if explicit not in _FORMATS:
             raise ValueError(f"unknown format {explicit!r}: one of {', '.join(_FORMATS)}")
         return explicit
-    return foreign_format(path) or "treepack"
+    # The one detector, the CLI's too: a source by its content, a destination by its name.
+    return _core.detect_format(path, read)
 
 
 def foreign_format(path: str) -> Optional[str]:
-    """The format another library writes that ``path``'s extension names, if any."""
-    return _EXTENSIONS.get(os.path.splitext(path.rstrip("/"))[1].lower())
+    """The format another library writes that is at ``path`` (an existing local file or folder,
+    known by its content), if any."""
+    found = _core.detect_format(path, True)
+    return None if found == "treepack" else found
 
 
 def load_foreign(path: str, fmt: str, load_kwargs: Dict[str, Any]) -> Any:
@@ -66,9 +67,10 @@ def convert(
     select: Optional[Union[str, Sequence[str]]] = None,
     **save_kwargs: Any,
 ) -> Dict[str, int]:
-    """Convert ``src`` to ``dst``; formats from the extensions (``.safetensors``, ``.npz``,
-    ``.npy``, ``.zarr``, ``.h5``/``.hdf5``, anything else a treepack location) or
-    ``from_format``/``to_format``.
+    """Convert ``src`` to ``dst``; formats from ``from_format``/``to_format``, else a local
+    ``src`` by its content (as ``treepack convert`` tells it) and ``dst`` or a remote ``src`` by
+    the extension (``.safetensors``, ``.npz``, ``.npy``, ``.zarr``, ``.h5``/``.hdf5``, anything
+    else a treepack location).
 
     - safetensors (read and write, streamed array by array; read zero-copy from a memory map):
       nested keys join into flat names with ``separator`` (``"."``: ``{"layers": {"0": {"w"}}}``
@@ -110,7 +112,7 @@ def convert(
 def _convert(s: str, d: str, from_format: Optional[str], to_format: Optional[str], separator: Optional[str],
              overwrite: bool, storage_options: StorageOptions, report: Any, save_kwargs: Dict[str, Any],
              select: Optional[List[str]] = None) -> Dict[str, int]:
-    f, t = _format_of(s, from_format), _format_of(d, to_format)
+    f, t = _format_of(s, from_format, True), _format_of(d, to_format, False)
     if f == t:
         hint = "copy it with `treepack cp`" if f == "treepack" else "nothing to convert"
         raise ValueError(f"{s} and {d} are both {f}: {hint}")

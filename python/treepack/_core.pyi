@@ -208,3 +208,7 @@ def convert(src: str, dst: str, from_format: str, to_format: str, separator: Opt
             storage_options: StorageOptions = None, compression: Optional[str] = None, durable: bool = True,
             progress: Optional[Callable[[int, int], Any]] = None,
             select: Optional[List[str]] = None) -> Tuple[int, int]: ...
+def detect_format(path: str, read: bool = True) -> str:
+    """The format of what is at ``path`` (one of treepack, safetensors, npz, npy, zarr, hdf5), as
+    ``treepack convert`` tells it: a local source by its content, else by its extension."""
+    ...

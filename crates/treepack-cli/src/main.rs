@@ -250,7 +250,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Verify { path, json } => verify(&path, so, json),
         Cmd::Convert { src, dst, from, to, separator, select, out: WriteArgs { overwrite, compression, quiet } } => {
             use treepack::convert::{ConvertOptions, Format};
-            let (f, t) = (Format::of(&src, from.as_deref())?, Format::of(&dst, to.as_deref())?);
+            let (f, t) = (Format::of_source(&src, from.as_deref())?, Format::of(&dst, to.as_deref())?);
             let compression = treepack::save::Compression::parse(&compression)?;
             let (bar, progress) = progress_bar("convert", quiet);
             let save = SaveOptions { overwrite, compression, progress: Some(progress), ..Default::default() };

@@ -672,3 +672,39 @@ fn convert_select_leaves_out_what_is_not_selected() {
     let out = run_ok(&["convert", golden, &none, "--select", "model/params/**", "-q"]);
     assert!(out.starts_with("converted 3 tensors"), "{out}");
 }
+
+/// `convert` knows a source by its content, as the Python package does (the same detector,
+/// `treepack::convert::detect_format`; python/tests/test_detect_format.py holds the same cases):
+/// a safetensors file named `.npz` converts as safetensors, a treepack tree named `.zarr` as
+/// treepack, and an npy, zip or HDF5 file named `.safetensors` is said to be what it is.
+#[test]
+fn convert_knows_a_source_by_its_content_not_its_name() {
+    let (d, ckpt) = demo("ckpt");
+    let path = |name: &str| d.path().join(name).to_str().unwrap().to_string();
+    run_ok(&["convert", &ckpt, &path("w.safetensors"), "--select", "params/**", "-q"]);
+    std::fs::rename(path("w.safetensors"), path("w.npz")).unwrap();
+    let out = run_ok(&["convert", &path("w.npz"), &path("back"), "-q"]);
+    assert!(out.starts_with("converted 3 tensors"), "{out}");
+    std::fs::rename(&ckpt, path("tree.zarr")).unwrap();
+    let out = run_ok(&["convert", &path("tree.zarr"), &path("again.safetensors"), "--select", "params/**", "-q"]);
+    assert!(out.starts_with("converted 3 tensors"), "{out}");
+    for (name, bytes, format) in [
+        ("a.safetensors", &b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}"[..], "npy"),
+        (
+            "b.safetensors",
+            &b"PK\x05\x06\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"[..],
+            "npz",
+        ),
+        ("c.safetensors", &b"\x89HDF\r\n\x1a\n\x00\x00\x00\x00\x00\x08\x08\x00"[..], "hdf5"),
+    ] {
+        std::fs::write(path(name), bytes).unwrap();
+        assert_eq!(treepack::convert::detect_format(&path(name), true), format);
+        let out = tp().args(["convert", &path(name), &path("out")]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(&format!("\"{format}\"")), "{name}: {err}");
+    }
+    // A destination, or a source that is not there, is named by its extension.
+    assert_eq!(treepack::convert::detect_format(&path("new.NPZ"), true), "npz");
+    assert_eq!(treepack::convert::detect_format(&path("w.npz"), false), "npz");
+    assert_eq!(treepack::convert::detect_format(&path("w.npz"), true), "safetensors");
+}

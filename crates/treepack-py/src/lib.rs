@@ -150,6 +150,15 @@ fn diff(py: Python<'_>, a: &str, b: &str, storage_options: Options) -> PyResult<
     Ok(serde_json::Value::Array(d.iter().map(|x| x.to_json()).collect()).to_string())
 }
 
+/// The format of what is at `path` (`treepack::convert::detect_format`, as the CLI's
+/// `convert` tells it): read from a local file or folder's content when `read` (a source),
+/// else named by its extension.
+#[pyfunction]
+#[pyo3(signature = (path, read=true))]
+pub(crate) fn detect_format(path: &str, read: bool) -> &'static str {
+    treepack::convert::detect_format(path, read)
+}
+
 /// Convert between treepack and safetensors (`from`/`to`: "treepack" or "safetensors"):
 /// (tensors, bytes).
 #[pyfunction]
@@ -231,6 +240,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gc, m)?)?;
     m.add_function(wrap_pyfunction!(diff, m)?)?;
     m.add_function(wrap_pyfunction!(convert, m)?)?;
+    m.add_function(wrap_pyfunction!(detect_format, m)?)?;
     m.add_function(wrap_pyfunction!(export_json, m)?)?;
     m.add_function(wrap_pyfunction!(unpack_json, m)?)?;
     m.add_function(wrap_pyfunction!(forget_memory, m)?)?;

@@ -29,27 +29,121 @@ pub enum Format {
 }
 
 impl Format {
-    /// The format of `path`: `explicit` (`treepack`, `safetensors`) if given, else by extension.
+    /// The format of `path` as a destination: `explicit` (`treepack`, `safetensors`) if given,
+    /// else named by its extension ([`detect_format`] with `read` false).
     ///
     /// # Errors
-    /// [`Error::BadLocation`] for an unknown explicit name.
+    /// [`Error::BadLocation`] for an unknown explicit name, or a format only the Python package
+    /// converts.
     pub fn of(path: &str, explicit: Option<&str>) -> Result<Format> {
-        match explicit {
-            Some("treepack" | "tpk") => Ok(Format::Treepack),
-            Some("safetensors") => Ok(Format::Safetensors),
-            Some(other) => Err(Self::python_only(path, other)),
-            None if path.ends_with(".safetensors") => Ok(Format::Safetensors),
-            None => match PYTHON_FORMATS.iter().find(|(ext, _)| path.trim_end_matches('/').ends_with(ext)) {
-                Some((_, name)) => Err(Self::python_only(path, name)),
-                None => Ok(Format::Treepack),
-            },
+        Self::named(path, explicit, false)
+    }
+
+    /// The format of `path` as a source: `explicit` if given, else read from its content where
+    /// it is a local file or folder ([`detect_format`] with `read` true).
+    ///
+    /// # Errors
+    /// As [`Format::of`].
+    pub fn of_source(path: &str, explicit: Option<&str>) -> Result<Format> {
+        Self::named(path, explicit, true)
+    }
+
+    fn named(path: &str, explicit: Option<&str>, read: bool) -> Result<Format> {
+        match explicit.unwrap_or_else(|| detect_format(path, read)) {
+            "treepack" | "tpk" => Ok(Format::Treepack),
+            "safetensors" => Ok(Format::Safetensors),
+            other => Err(Self::python_only(path, other)),
         }
     }
 }
 
-/// Formats the Python package converts (through numpy, zarr-python and h5py), by extension.
-const PYTHON_FORMATS: [(&str, &str); 6] =
-    [(".npz", "npz"), (".npy", "npy"), (".zarr", "zarr"), (".h5", "hdf5"), (".hdf5", "hdf5"), (".he5", "hdf5")];
+/// The formats [`detect_format`] tells apart, as `convert` names them (the Python package
+/// converts those past the first two, through numpy, zarr-python and h5py).
+pub const FORMAT_NAMES: [&str; 6] = ["treepack", "safetensors", "npz", "npy", "zarr", "hdf5"];
+
+/// Extensions that name a format (compared without regard to case).
+const EXTENSIONS: [(&str, &str); 7] = [
+    ("safetensors", "safetensors"),
+    ("npz", "npz"),
+    ("npy", "npy"),
+    ("zarr", "zarr"),
+    ("h5", "hdf5"),
+    ("hdf5", "hdf5"),
+    ("he5", "hdf5"),
+];
+
+/// The format of what is at `path`, one of [`FORMAT_NAMES`]: the one detector of the CLI and
+/// the Python package. With `read` (a source), a local file or folder that exists is known by
+/// its content: a folder holding `treepack.json` is a treepack tree, one holding `zarr.json`,
+/// `.zgroup` or `.zarray` a Zarr store; a file by its first bytes (`TREEPACK`, numpy's
+/// `\x93NUMPY`, a zip's `PK`, HDF5's signature at 0 or past a user block, a safetensors
+/// header's length and `{`). Anything else (a destination, a remote place, content that no
+/// rule knows) is named by its extension, and is a treepack location without one it knows.
+pub fn detect_format(path: &str, read: bool) -> &'static str {
+    if read && !path.contains("://") {
+        if let Some(found) = content_format(std::path::Path::new(path)) {
+            return found;
+        }
+    }
+    let name = path.trim_end_matches('/').rsplit('/').next().unwrap_or_default();
+    let dots = name.len() - name.trim_start_matches('.').len();
+    let Some(i) = name[dots..].rfind('.') else { return "treepack" };
+    let ext = name[dots + i + 1..].to_ascii_lowercase();
+    EXTENSIONS.iter().find(|(e, _)| *e == ext).map_or("treepack", |(_, f)| f)
+}
+
+/// The format a local file or folder's content shows, if a rule of [`detect_format`] knows it.
+fn content_format(path: &std::path::Path) -> Option<&'static str> {
+    use std::io::{Read, Seek, SeekFrom};
+    const HDF5: &[u8; 8] = b"\x89HDF\r\n\x1a\n";
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.is_dir() {
+        if path.join(crate::store::MANIFEST_NAME).is_file() {
+            return Some("treepack");
+        }
+        let zarr = ["zarr.json", ".zgroup", ".zarray"].iter().any(|f| path.join(f).is_file());
+        return zarr.then_some("zarr");
+    }
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut head = [0u8; 16];
+    let mut n = 0;
+    while n < head.len() {
+        match f.read(&mut head[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(_) => return None,
+        }
+    }
+    let head = &head[..n];
+    if head.starts_with(crate::format::container::MAGIC) {
+        return Some("treepack");
+    }
+    if head.starts_with(b"\x93NUMPY") {
+        return Some("npy");
+    }
+    if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
+        return Some("npz");
+    }
+    if head.starts_with(HDF5) {
+        return Some("hdf5");
+    }
+    if n >= 9 && head[8] == b'{' {
+        let len = u64::from_le_bytes(head[..8].try_into().ok()?);
+        if len.checked_add(8).is_some_and(|end| end <= meta.len()) {
+            return Some("safetensors");
+        }
+    }
+    // HDF5 after a user block: its signature at 512, 1024, 2048, … bytes.
+    let mut at = 512u64;
+    while at + 8 <= meta.len() && at <= 1 << 30 {
+        let mut sig = [0u8; 8];
+        if f.seek(SeekFrom::Start(at)).is_ok() && f.read_exact(&mut sig).is_ok() && &sig == HDF5 {
+            return Some("hdf5");
+        }
+        at *= 2;
+    }
+    None
+}
 
 impl Format {
     fn python_only(path: &str, name: &str) -> Error {

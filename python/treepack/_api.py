@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import threading
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -201,6 +202,7 @@ def save(
             return _core.prepare(
                 t, enc, _codec.encode_array, snapshot=not blocking,
                 fast_datetime=_registry.lookup_class(_dt.datetime) is None, shared=shared, reset=run.reset,
+                context=_encode_context(),
             )
 
         out = walk()
@@ -446,6 +448,18 @@ def _foreign(p: str) -> Optional[str]:
     from ._convert import foreign_format
 
     return foreign_format(p)
+
+
+_ENCODING = threading.local()
+
+
+def _encode_context() -> Any:
+    """This thread's encoder context: the room its next save's walk starts with, learnt from its
+    saves before (a thread saving trees of one shape); saves on other threads keep their own."""
+    c = getattr(_ENCODING, "context", None)
+    if c is None:
+        c = _ENCODING.context = _core.EncodeContext()
+    return c
 
 
 def _load(request: LoadRequest, progress: Progress) -> Any:

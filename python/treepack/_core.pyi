@@ -80,10 +80,18 @@ def prepare(
     shared: bool = True,
     text: bool = True,
     reset: Optional[Callable[[], Any]] = None,
+    context: Optional[EncodeContext] = None,
 ) -> Prepared:
     """Convert a tree; with ``snapshot`` array bytes are copied so the caller may mutate them.
     Plain subtrees are written as manifest text during the walk unless ``text=False``; ``reset``
-    is called before a second walk (a plain container met twice after it was written as text)."""
+    is called before a second walk (a plain container met twice after it was written as text).
+    ``context`` sizes the walk's buffers from the saves made before with it, and learns."""
+
+class EncodeContext:
+    """The room an encoder starts with, learnt from the saves made with this context (one per
+    thread in ``save``: saves on other threads never change it)."""
+
+    def __init__(self) -> None: ...
 
 def gc(path: str, grace_secs: float = 3600.0, storage_options: StorageOptions = None) -> List[str]: ...
 def numpy_dtype_desc(dt: Any) -> Tuple[str, Any]:

@@ -561,13 +561,41 @@ fn free_threaded(py: Python<'_>) -> bool {
     })
 }
 
-/// Room the text writer starts with: about the size of the last tree that was all text.
-static TEXT_HINT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(64 << 10);
-/// Room the walk's marks and per-container flags start with: what the last walk used (a W11
-/// 100k walk grew them by doubling, ~3 % of it; a logging loop saves trees of one shape).
-static MARKS_HINT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static TEXTED_HINT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-/// The most either hint asks for (entries).
+/// Room an encoder starts with, learned from the saves made before with the same context (a
+/// logging loop saves trees of one shape): an encoder that starts small grows its text and its
+/// per-node vectors by doubling, copying everything each time. Each thread saving from Python
+/// keeps its own context (`_api.py`), so saves on other threads never change it; a walk with no
+/// context starts from the defaults.
+#[pyclass(frozen)]
+pub(crate) struct EncodeContext {
+    hints: std::sync::Mutex<Hints>,
+}
+
+/// What [`EncodeContext`] remembers: the text writer's room (about the size of the last tree
+/// that was all text) and the room of the walk's marks and per-container flags (what the last
+/// walk used).
+#[derive(Clone, Copy)]
+struct Hints {
+    text: usize,
+    marks: usize,
+    texted: usize,
+}
+
+impl Default for Hints {
+    fn default() -> Self {
+        Hints { text: 64 << 10, marks: 0, texted: 0 }
+    }
+}
+
+#[pymethods]
+impl EncodeContext {
+    #[new]
+    fn new() -> Self {
+        EncodeContext { hints: std::sync::Mutex::new(Hints::default()) }
+    }
+}
+
+/// The most either vector hint asks for (entries).
 const VEC_HINT_MAX: usize = 1 << 21;
 
 /// A Python tree converted to treepack's model, ready to be written (possibly on another thread).
@@ -579,9 +607,10 @@ pub(crate) struct Prepared {
 /// Convert a Python tree (with the GIL held). With `snapshot`, array bytes are copied.
 /// `text=False` builds a node for every value (tests compare the two ways' manifests). `reset`
 /// is called before the tree is walked a second time (see below): what `encode_other` gathered
-/// in order during the first walk (a save's Dask arrays) must be forgotten.
+/// in order during the first walk (a save's Dask arrays) must be forgotten. `context` sizes the
+/// encoder's buffers from the saves before (see [`EncodeContext`]) and learns from this one.
 #[pyfunction]
-#[pyo3(signature = (tree, encode_other, encode_array, snapshot=false, fast_datetime=false, shared=true, text=true, reset=None))]
+#[pyo3(signature = (tree, encode_other, encode_array, snapshot=false, fast_datetime=false, shared=true, text=true, reset=None, context=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn prepare(
     py: Python<'_>,
@@ -593,7 +622,10 @@ pub(crate) fn prepare(
     shared: bool,
     text: bool,
     reset: Option<Bound<'_, PyAny>>,
+    context: Option<Bound<'_, EncodeContext>>,
 ) -> PyResult<Prepared> {
+    let hints =
+        context.as_ref().map_or_else(Hints::default, |c| *c.get().hints.lock().unwrap_or_else(|p| p.into_inner()));
     let np = py.import("numpy")?;
     let (ndarray, generic) = (np.getattr("ndarray")?, np.getattr("generic")?);
     let plain_counts = !free_threaded(py);
@@ -620,10 +652,10 @@ pub(crate) fn prepare(
         open: Default::default(),
         copying: Vec::new(),
         fragile: false,
-        text: text.then(|| treepack::save::fragment_writer(TEXT_HINT.load(std::sync::atomic::Ordering::Relaxed))),
+        text: text.then(|| treepack::save::fragment_writer(hints.text)),
         inline_str: SaveOptions::default().inline_str_bytes,
-        marks: Vec::with_capacity(MARKS_HINT.load(std::sync::atomic::Ordering::Relaxed)),
-        texted: Vec::with_capacity(TEXTED_HINT.load(std::sync::atomic::Ordering::Relaxed)),
+        marks: Vec::with_capacity(hints.marks),
+        texted: Vec::with_capacity(hints.texted),
         restart: false,
         keys: Vec::new(),
         key_scratch: String::new(),
@@ -656,12 +688,14 @@ pub(crate) fn prepare(
             r => r?,
         }
     };
-    MARKS_HINT.store(enc.marks.capacity().min(VEC_HINT_MAX), std::sync::atomic::Ordering::Relaxed);
-    TEXTED_HINT.store(enc.texted.capacity().min(VEC_HINT_MAX), std::sync::atomic::Ordering::Relaxed);
-    if let Tree::Leaf(Leaf::Fragment(f)) = &node {
-        // The next save of a tree like this one (a logging loop) starts with room for its text.
-        let hint = (f.text().len() + f.text().len() / 8).min(256 << 20);
-        TEXT_HINT.store(hint, std::sync::atomic::Ordering::Relaxed);
+    if let Some(c) = &context {
+        let mut h = c.get().hints.lock().unwrap_or_else(|p| p.into_inner());
+        h.marks = enc.marks.capacity().min(VEC_HINT_MAX);
+        h.texted = enc.texted.capacity().min(VEC_HINT_MAX);
+        if let Tree::Leaf(Leaf::Fragment(f)) = &node {
+            // The next save of a tree like this one starts with room for its text.
+            h.text = (f.text().len() + f.text().len() / 8).min(256 << 20);
+        }
     }
     if !enc.refd.is_empty() {
         let refd = std::mem::take(&mut enc.refd);

@@ -237,6 +237,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(commit_parts, m)?)?;
     m.add_function(wrap_pyfunction!(block_chunk_shape, m)?)?;
     m.add_class::<Prepared>()?;
+    m.add_class::<EncodeContext>()?;
     m.add_function(wrap_pyfunction!(gc, m)?)?;
     m.add_function(wrap_pyfunction!(diff, m)?)?;
     m.add_function(wrap_pyfunction!(convert, m)?)?;

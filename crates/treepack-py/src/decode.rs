@@ -15,7 +15,8 @@ pub(crate) struct Decoder<'py> {
     /// and each lookup scan the whole cache (FxHash is unkeyed); aHash is about as fast.
     pub(crate) keys: std::cell::RefCell<HashMap<String, Bound<'py, PyAny>, ahash::RandomState>>,
     /// The keys a streamed parse numbered (`KeyRef::Interned`), by number: found by index,
-    /// with no hash of their text (12 % of a W11 load's building thread went to the cache).
+    /// with no hash of their text (hashing each key into the cache above was a large share of
+    /// the building thread's work in loads of many small records).
     /// Numbers belong to one parse, and a decoder serves one load's builder.
     key_ids: std::cell::RefCell<Vec<Bound<'py, PyAny>>>,
 }

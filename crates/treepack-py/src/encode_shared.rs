@@ -8,10 +8,10 @@ use super::*;
 /// Refs after which a first walk writing text gives way to a second (see `prepare`), when
 /// they are also at least one per 16 containers met. A ref made before the ids are known is a
 /// node, and so is every container holding one, with its siblings: a list of records each
-/// holding a ref to one of a few objects (W3i's 10k rows and 100 images, a log whose records
-/// share an array) became nodes record by record, ~3x the cost of the same records as text
-/// (W11 100k, each record holding one shared array: 412 M instructions against 100 M). A
-/// second walk writes those refs as text; it costs about one walk of text, so it is worth it
+/// holding a ref to one of a few objects (a dataset's rows sharing a few images, a log whose
+/// records share an array) became nodes record by record, several times the cost of the same
+/// records as text (bench/RESULTS.md, "Measurements cited by code comments"). A second walk
+/// writes those refs as text; it costs about one walk of text, so it is worth it
 /// for many refs among few containers only: a big tree with a few dozen refs keeps one walk.
 const TEXT_REFS: usize = 64;
 

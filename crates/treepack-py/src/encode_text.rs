@@ -21,8 +21,8 @@ pub(crate) struct Opened {
 }
 
 /// Slots of the key text cache: 2-way sets, so that two keys of every record that land in
-/// one set (which a hash of a few address bits made common: W11's records escaped two key
-/// texts each, ~5 % of a walk) both stay.
+/// one set (which a hash of a few address bits makes common) both stay, rather than each
+/// evicting the other and being escaped again for every record.
 const KEY_SLOTS_BITS: u32 = 9;
 const KEY_SLOTS: usize = 1 << KEY_SLOTS_BITS;
 
@@ -84,8 +84,8 @@ impl<'py> Encoder<'py> {
             return Ok(None);
         }
         // The items' iterator is made once the container is begun: it holds a reference of its
-        // own, which `maybe_shared` would count (every list in a record was kept as possibly
-        // shared: ~4 % of a W11 walk).
+        // own, which `maybe_shared` would count (every list in a record would be kept as
+        // possibly shared, for nothing).
         if let Some(l) = exact::<PyList>(obj) {
             return self.seq_text(obj, l.len(), || l.iter(), false, depth, fragile);
         }
@@ -265,7 +265,8 @@ impl<'py> Encoder<'py> {
 
     /// Whether `obj`, a container met as an item of the container being walked (the walk holds
     /// it through one reference of its own), may be met again: shared objects are found by
-    /// keeping every container met in `seen`, which cost ~10 % of a walk of plain values. An
+    /// keeping every container met in `seen`, a hash insert per container of a walk of plain
+    /// values. An
     /// object whose only other reference is the one its parent holds cannot be anywhere else
     /// in the tree, nor contain itself, so it is not kept. Conservative wherever the count is
     /// not the plain one: the root, and free-threaded builds (whose counts are biased).

@@ -1,8 +1,8 @@
 //! PNG encoding of Pillow images made in memory (`integrations/pillow.py` stores such an image
-//! as PNG, losslessly). Pillow's own encoder tries five filters per row and deflates at level 6:
-//! for W3i's 100 distinct 64×64 images it took 80 ms of a 134 ms save. The `png` crate with
-//! adaptive filtering and zlib-rs at level 2 writes them 3-4× faster, 1.06× the bytes
-//! (docs/design.md, decision 61). Decoding stays Pillow's (`Image.open`, formats allow-listed).
+//! as PNG, losslessly). Pillow's own encoder tries five filters per row and deflates at level 6,
+//! which made PNG encoding most of the save of a dataset of small images. The `png` crate with
+//! adaptive filtering and zlib-rs at level 2 writes them several times faster for about the
+//! same bytes (docs/design.md, decision 61; bench/RESULTS.md). Decoding stays Pillow's (`Image.open`, formats allow-listed).
 
 use super::*;
 

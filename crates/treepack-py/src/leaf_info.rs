@@ -174,8 +174,9 @@ impl LeafInfo {
 }
 
 /// A new `LeafInfo`, not tracked by Python's cycle collector: it holds no Python objects, so
-/// it can be part of no cycle, and 100k tracked leaves (with the dicts holding them) left a
-/// ~40 ms collection for the caller's next allocation after `load_structure` returned.
+/// it can be part of no cycle, and a big structure of tracked leaves (with the dicts holding
+/// them) would leave a full collection to the caller's next allocation after
+/// `load_structure` returned.
 pub(crate) fn leaf_info<'py>(py: Python<'py>, info: LeafInfo) -> PyResult<Bound<'py, PyAny>> {
     let obj = Bound::new(py, info)?.into_any();
     // SAFETY: a live object of a GC type (every pyclass is), untracked once; its dealloc

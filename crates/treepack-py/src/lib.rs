@@ -59,9 +59,8 @@ use treepack::format::manifest::{ArrayStorage, Entry};
 use treepack::format::model::shape_len;
 use treepack::{ArrayData, DType, Int, Key, Leaf, LoadOptions, Node, SaveOptions, Tree};
 
-/// mimalloc: trees of many small leaves are allocation-bound; measured on the 100k-leaf
-/// workload (crates/treepack/examples/profile_small_leaves.rs) it cut building the structure
-/// view from ~47 ms to ~28 ms against glibc malloc.
+/// mimalloc: trees of many small leaves are allocation-bound, and it builds them markedly
+/// faster than glibc malloc (crates/treepack/examples/profile_small_leaves.rs; bench/RESULTS.md).
 /// Big buffers (2 MiB and more) get huge-page mappings of their own (`treepack_alloc`).
 #[global_allocator]
 static GLOBAL: treepack_alloc::BigMapped<mimalloc::MiMalloc> = treepack_alloc::BigMapped(mimalloc::MiMalloc);
@@ -70,8 +69,8 @@ type Options = Option<HashMap<String, String>>;
 
 /// `obj` as an exact `T`, or `None`. Not `cast_exact(..).ok()`: a failed cast builds an error
 /// holding a new reference to `T`'s type object, and the save's walk tries several types per
-/// value (an int after a failed str cast, a container after four failed scalar casts: ~4 % of
-/// a W11 walk went to those errors' reference counts).
+/// value (an int after a failed str cast, a container after four failed scalar casts), each
+/// failure paying for that error's reference counts.
 #[inline]
 pub(crate) fn exact<'a, 'py, T: pyo3::PyTypeInfo>(obj: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, T>> {
     // SAFETY: `is_exact_instance_of` has just checked the type.

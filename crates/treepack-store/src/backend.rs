@@ -18,6 +18,41 @@ pub trait Progress: Sync {
     fn advance(&self, bytes: u64);
 }
 
+/// The names of a folder a listing keeps (see [`Backend::list`]).
+pub type Keep<'k> = dyn Fn(&str) -> bool + Sync + 'k;
+
+/// Byte ranges of one object to read, as [`Backend::read_ranges`] gets them.
+pub struct RangeRead<'a> {
+    /// The ranges, answered in this order.
+    pub ranges: Vec<Range<u64>>,
+    /// How a local read treats the page cache.
+    pub mode: ReadMode,
+    /// Hears of the bytes as they arrive.
+    pub progress: Option<&'a dyn Progress>,
+}
+
+/// An object to write, as [`Backend::put`] gets it.
+pub struct Write<'a> {
+    /// The object's bytes, in parts written one after the other.
+    pub parts: Vec<Bytes>,
+    /// Fail with [`Error::AlreadyExists`](crate::Error::AlreadyExists) if the object exists.
+    pub create_only: bool,
+    /// Survive a machine crash once written (object stores' writes always do).
+    pub durable: bool,
+    /// Hears of the bytes written.
+    pub progress: Option<&'a dyn Progress>,
+}
+
+/// A compare-and-swap replace, as [`Backend::replace_if`] gets it.
+pub struct Swap<'a> {
+    /// The new object's bytes.
+    pub parts: Vec<Bytes>,
+    /// The version that must still be there (`None`: the object must still not exist).
+    pub was: Option<&'a Version>,
+    /// Survive a machine crash once written.
+    pub durable: bool,
+}
+
 /// An object's version as read: what a compare-and-swap replace checks is still there.
 #[derive(Debug, Clone)]
 pub struct Version {
@@ -45,16 +80,8 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     /// size accepted ([`Error::LimitExceeded`](crate::Error::LimitExceeded) beyond it).
     fn get<'a>(&'a self, loc: &'a Location, rel: &'a str, limit: u64) -> BoxFuture<'a, Option<(Bytes, Version)>>;
 
-    /// Read byte ranges of one object, in the order asked. `mode` says how a local read treats
-    /// the page cache; `progress` hears of the bytes as they arrive.
-    fn read_ranges<'a>(
-        &'a self,
-        loc: &'a Location,
-        rel: &'a str,
-        ranges: Vec<Range<u64>>,
-        mode: ReadMode,
-        progress: Option<&'a dyn Progress>,
-    ) -> BoxFuture<'a, Vec<Bytes>>;
+    /// Read byte ranges of one object, in the order asked.
+    fn read_ranges<'a>(&'a self, loc: &'a Location, rel: &'a str, read: RangeRead<'a>) -> BoxFuture<'a, Vec<Bytes>>;
 
     /// Read the last `n` bytes of an object (all of it if smaller), with its total size.
     fn read_suffix<'a>(&'a self, loc: &'a Location, rel: &'a str, n: u64) -> BoxFuture<'a, (Bytes, u64)>;
@@ -65,30 +92,12 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     /// Whether an object exists (an empty one does).
     fn exists<'a>(&'a self, loc: &'a Location, rel: &'a str) -> BoxFuture<'a, bool>;
 
-    /// Write an object atomically: readers see the old object or the whole new one. With
-    /// `create_only`, fail with [`Error::AlreadyExists`](crate::Error::AlreadyExists) if it
-    /// exists. With `durable`, it survives a machine crash once this returns (object stores'
-    /// writes always do).
-    fn put<'a>(
-        &'a self,
-        loc: &'a Location,
-        rel: &'a str,
-        parts: Vec<Bytes>,
-        create_only: bool,
-        durable: bool,
-        progress: Option<&'a dyn Progress>,
-    ) -> BoxFuture<'a, ()>;
+    /// Write an object atomically: readers see the old object or the whole new one.
+    fn put<'a>(&'a self, loc: &'a Location, rel: &'a str, write: Write<'a>) -> BoxFuture<'a, ()>;
 
-    /// Replace an object only if it is still the version `was` (`None`: only if it still does
-    /// not exist). `false`, with nothing written, when another writer changed it first.
-    fn replace_if<'a>(
-        &'a self,
-        loc: &'a Location,
-        rel: &'a str,
-        parts: Vec<Bytes>,
-        was: Option<&'a Version>,
-        durable: bool,
-    ) -> BoxFuture<'a, bool>;
+    /// Replace an object only if it is still the version `swap.was`. `false`, with nothing
+    /// written, when another writer changed it first.
+    fn replace_if<'a>(&'a self, loc: &'a Location, rel: &'a str, swap: Swap<'a>) -> BoxFuture<'a, bool>;
 
     /// Delete an object; a missing one is not an error.
     fn delete<'a>(&'a self, loc: &'a Location, rel: &'a str) -> BoxFuture<'a, ()>;
@@ -96,12 +105,7 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     /// The objects directly in a folder (not in its subfolders), as paths relative to the root,
     /// of the names (last path segment) `keep` accepts; sorted. A folder that is not there
     /// lists empty.
-    fn list<'a>(
-        &'a self,
-        loc: &'a Location,
-        rel_dir: &'a str,
-        keep: &'a (dyn Fn(&str) -> bool + Sync),
-    ) -> BoxFuture<'a, Vec<Listed>>;
+    fn list<'a>(&'a self, loc: &'a Location, rel_dir: &'a str, keep: &'a Keep<'a>) -> BoxFuture<'a, Vec<Listed>>;
 
     /// The names directly inside the root (files and folders, links not followed), at most
     /// `limit`; empty when there is nothing there.

@@ -2,7 +2,7 @@
 //! the name shown in messages, the traffic counters and whether it may be written. Its methods
 //! hand the work to the backend.
 
-use crate::backend::{Backend, Listed, Progress, Version};
+use crate::backend::{Backend, Listed, Progress, RangeRead, Swap, Version, Write};
 use crate::local::{Local, SaveMarker};
 use crate::{Error, Layout, ReadMode, RemoteTuning, Result, StorageOptions, MANIFEST_NAME};
 use bytes::Bytes;
@@ -278,7 +278,7 @@ impl Location {
         if ranges.is_empty() {
             return Ok(vec![]);
         }
-        self.backend.read_ranges(self, rel, ranges, mode, progress).await
+        self.backend.read_ranges(self, rel, RangeRead { ranges, mode, progress }).await
     }
 
     /// Ranged reads through the page cache, reported to `progress` as they arrive. On object
@@ -366,7 +366,7 @@ impl Location {
         #[cfg(feature = "failpoints")]
         crate::local::failpoint::before_put();
         let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
-        self.backend.put(self, rel, parts, create_only, durable, progress).await?;
+        self.backend.put(self, rel, Write { parts, create_only, durable, progress }).await?;
         self.stats.wrote(n);
         Ok(())
     }
@@ -388,7 +388,7 @@ impl Location {
     ) -> Result<bool> {
         self.refuse_write()?;
         let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
-        let ok = self.backend.replace_if(self, rel, parts, was, durable).await?;
+        let ok = self.backend.replace_if(self, rel, Swap { parts, was, durable }).await?;
         if ok {
             self.stats.wrote(n);
         }

@@ -17,46 +17,49 @@ fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The crates a manifest's dependency tables name (normal, build and target ones; the
+/// tests' dev-dependencies are theirs), `-` written `_`.
+fn dependencies(toml: &str) -> Vec<String> {
+    let is_deps = |table: &str| {
+        table == "dependencies"
+            || table == "build-dependencies"
+            || (table.starts_with("target.") && table.ends_with(".dependencies"))
+    };
+    toml.split("\n[")
+        .filter_map(|t| t.split_once(']'))
+        .filter(|(table, _)| is_deps(table))
+        .flat_map(|(_, body)| body.lines().map(str::trim).filter(|l| !l.starts_with('#')))
+        .filter_map(|l| l.split_once('=').map(|(name, _)| name.trim().trim_matches('"').replace('-', "_")))
+        .collect()
+}
+
 #[test]
 fn the_manifest_names_no_engine_and_no_document_parser() {
-    let toml = std::fs::read_to_string(crate_dir().join("Cargo.toml")).unwrap();
-    let mut section = String::new();
-    let mut deps = vec![];
-    for line in toml.lines().map(str::trim) {
-        if line.starts_with('[') {
-            section = line.trim_matches(|c| c == '[' || c == ']').to_string();
-            continue;
-        }
-        let deps_section = section == "dependencies"
-            || section == "build-dependencies"
-            || (section.starts_with("target.") && section.ends_with(".dependencies"));
-        if deps_section && !line.is_empty() && !line.starts_with('#') {
-            if let Some((name, _)) = line.split_once('=') {
-                deps.push(name.trim().trim_matches('"').replace('-', "_"));
-            }
-        }
-    }
+    let deps = dependencies(&std::fs::read_to_string(crate_dir().join("Cargo.toml")).unwrap());
     assert!(deps.contains(&"object_store".to_string()), "the dependencies were not found: {deps:?}");
     for d in &deps {
         assert!(!FORBIDDEN_CRATES.contains(&d.as_str()), "treepack-store must not depend on `{d}`");
     }
 }
 
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            sources(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
+/// Every `.rs` file below `dir`.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let (mut out, mut todo) = (vec![], vec![dir.to_path_buf()]);
+    while let Some(d) = todo.pop() {
+        for p in std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()) {
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
         }
     }
+    out
 }
 
 #[test]
 fn the_code_names_no_tree_manifest_repository_or_document() {
-    let mut files = vec![];
-    sources(&crate_dir().join("src"), &mut files);
+    let files = sources(&crate_dir().join("src"));
     assert!(files.len() >= 10, "the sources were not found: {files:?}");
     for f in &files {
         let text = std::fs::read_to_string(f).unwrap();

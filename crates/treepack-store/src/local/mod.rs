@@ -20,7 +20,7 @@ mod read;
 pub use marker::SaveMarker;
 pub use read::{direct_bytes_on_this_thread, ReadMode, DIRECT_MIN_BYTES};
 
-use crate::backend::{maybe_spawn_blocking, BoxFuture, Listed, Progress, Version};
+use crate::backend::{maybe_spawn_blocking, BoxFuture, Keep, Listed, RangeRead, Swap, Version, Write};
 use crate::{Error, Layout, Location, Result};
 use beneath::{io_error, Dir, Kind, Target};
 use bytes::Bytes;
@@ -300,40 +300,6 @@ impl Local {
         Ok(out)
     }
 
-    async fn get_file(&self, loc: &Location, rel: &str, limit: u64) -> Result<Option<(Bytes, Version)>> {
-        let t = self.target(rel);
-        let data = maybe_spawn_blocking(move || {
-            use std::io::Read;
-            let p = t.path();
-            let f = match t.open_read() {
-                Ok(f) => f,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => return Err(io_error(p, e)),
-            };
-            let len = f.metadata().map_err(|e| io_error(p.clone(), e))?.len();
-            if len > limit {
-                return Err(Error::limit("file size", limit, format!("{} is {len} bytes", p.display())));
-            }
-            // Read through the descriptor just opened, no further than the limit even if
-            // the file grows meanwhile.
-            let mut d = Vec::new();
-            d.try_reserve_exact(len as usize)
-                .map_err(|_| Error::OutOfMemory { key: p.display().to_string(), bytes: len })?;
-            (&f).take(limit.saturating_add(1)).read_to_end(&mut d).map_err(|e| io_error(p.clone(), e))?;
-            if d.len() as u64 > limit {
-                return Err(Error::limit("file size", limit, format!("{} grew past it while read", p.display())));
-            }
-            Ok(Some(d))
-        })
-        .await?;
-        loc.stats().read(data.as_ref().map_or(0, |d| d.len() as u64));
-        // A local file's version is its content: a replace compares the bytes under a lock.
-        Ok(data.map(|d| {
-            let b = Bytes::from(d);
-            (b.clone(), Version { e_tag: None, version: None, bytes: b })
-        }))
-    }
-
     async fn file_size(&self, loc: &Location, rel: &str) -> Result<u64> {
         if let Some(f) = self.pinned_file(rel) {
             return f.metadata().map(|m| m.len()).map_err(|e| Error::Io { path: self.path.clone(), source: e });
@@ -344,83 +310,6 @@ impl Local {
             Ok(None) => Err(loc.not_found(rel, t.path().display())),
             Err(e) => Err(io_error(t.path(), e)),
         }
-    }
-
-    async fn ranges(
-        &self,
-        loc: &Location,
-        rel: &str,
-        ranges: Vec<Range<u64>>,
-        mode: ReadMode,
-        progress: Option<&dyn Progress>,
-    ) -> Result<Vec<Bytes>> {
-        let (stats, file) = (loc.stats().clone(), loc.file_name(rel));
-        let got = match self.pinned_file(rel).cloned() {
-            Some(f) => {
-                let p = self.path.clone();
-                maybe_spawn_blocking(move || read_file_ranges(&f, &p, &ranges, &stats, &file, mode)).await?
-            }
-            None => {
-                let (t, location) = (self.target(rel), loc.display().to_string());
-                maybe_spawn_blocking(move || {
-                    read_file_ranges(&open_pack(&t, &location, &file)?, &t.path(), &ranges, &stats, &file, mode)
-                })
-                .await?
-            }
-        };
-        if let Some(p) = progress {
-            p.advance(got.iter().map(|b| b.len() as u64).sum());
-        }
-        Ok(got)
-    }
-
-    async fn suffix(&self, loc: &Location, rel: &str, n: u64) -> Result<(Bytes, u64)> {
-        let size = self.file_size(loc, rel).await?;
-        let start = size.saturating_sub(n);
-        Ok((loc.read_range(rel, start..size).await?, size))
-    }
-
-    async fn exists_now(&self, loc: &Location, rel: &str) -> Result<bool> {
-        match self.file_size(loc, rel).await {
-            Ok(_) => Ok(true),
-            Err(Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn listing(&self, rel_dir: &str, keep: &(dyn Fn(&str) -> bool + Sync)) -> Result<Vec<Listed>> {
-        // Listed from the folder itself (not through object_store, which hides staging files
-        // `name#N`), so `gc` sees them.
-        let t = self.target(rel_dir);
-        let mut out = vec![];
-        let entries = match t.dir().and_then(|d| d.entries().map(|e| (d, e))) {
-            Ok(x) => x,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(io_error(t.path(), e)),
-        };
-        let (dir, entries) = entries;
-        for (name, m) in entries.into_iter().filter(|(n, _)| keep(n)) {
-            let rel = if t.rel.is_empty() { name.clone() } else { format!("{}/{name}", t.rel) };
-            match m.kind {
-                Kind::File => out.push((rel, m.len, m.modified)),
-                // `stat` refuses it, naming it.
-                Kind::Link => return Err(io_error(dir.join(&name), dir.refuse_link(&name))),
-                Kind::Folder | Kind::Other => {}
-            }
-        }
-        out.sort();
-        Ok(out)
-    }
-
-    fn top(&self, limit: usize) -> Result<Vec<String>> {
-        let rd = match std::fs::read_dir(&self.path) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-            // A file where the folder should be: the save's own error says so.
-            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => return Ok(vec![]),
-            Err(e) => return Err(Error::Io { path: self.path.clone(), source: e }),
-        };
-        Ok(rd.flatten().take(limit).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
     }
 }
 
@@ -444,22 +333,74 @@ impl StagedFile {
 
 impl crate::Backend for Local {
     fn get<'a>(&'a self, loc: &'a Location, rel: &'a str, limit: u64) -> BoxFuture<'a, Option<(Bytes, Version)>> {
-        self.get_file(loc, rel, limit).boxed()
+        async move {
+            let t = self.target(rel);
+            let data = maybe_spawn_blocking(move || {
+                use std::io::Read;
+                let p = t.path();
+                let f = match t.open_read() {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(io_error(p, e)),
+                };
+                let len = f.metadata().map_err(|e| io_error(p.clone(), e))?.len();
+                if len > limit {
+                    return Err(Error::limit("file size", limit, format!("{} is {len} bytes", p.display())));
+                }
+                // Read through the descriptor just opened, no further than the limit even if
+                // the file grows meanwhile.
+                let mut d = Vec::new();
+                d.try_reserve_exact(len as usize)
+                    .map_err(|_| Error::OutOfMemory { key: p.display().to_string(), bytes: len })?;
+                (&f).take(limit.saturating_add(1)).read_to_end(&mut d).map_err(|e| io_error(p.clone(), e))?;
+                if d.len() as u64 > limit {
+                    return Err(Error::limit("file size", limit, format!("{} grew past it while read", p.display())));
+                }
+                Ok(Some(d))
+            })
+            .await?;
+            loc.stats().read(data.as_ref().map_or(0, |d| d.len() as u64));
+            // A local file's version is its content: a replace compares the bytes under a lock.
+            Ok(data.map(|d| {
+                let b = Bytes::from(d);
+                (b.clone(), Version { e_tag: None, version: None, bytes: b })
+            }))
+        }
+        .boxed()
     }
 
-    fn read_ranges<'a>(
-        &'a self,
-        loc: &'a Location,
-        rel: &'a str,
-        ranges: Vec<Range<u64>>,
-        mode: ReadMode,
-        progress: Option<&'a dyn Progress>,
-    ) -> BoxFuture<'a, Vec<Bytes>> {
-        self.ranges(loc, rel, ranges, mode, progress).boxed()
+    fn read_ranges<'a>(&'a self, loc: &'a Location, rel: &'a str, read: RangeRead<'a>) -> BoxFuture<'a, Vec<Bytes>> {
+        let RangeRead { ranges, mode, progress } = read;
+        async move {
+            let (stats, file) = (loc.stats().clone(), loc.file_name(rel));
+            let got = match self.pinned_file(rel).cloned() {
+                Some(f) => {
+                    let p = self.path.clone();
+                    maybe_spawn_blocking(move || read_file_ranges(&f, &p, &ranges, &stats, &file, mode)).await?
+                }
+                None => {
+                    let (t, location) = (self.target(rel), loc.display().to_string());
+                    maybe_spawn_blocking(move || {
+                        read_file_ranges(&open_pack(&t, &location, &file)?, &t.path(), &ranges, &stats, &file, mode)
+                    })
+                    .await?
+                }
+            };
+            if let Some(p) = progress {
+                p.advance(got.iter().map(|b| b.len() as u64).sum());
+            }
+            Ok(got)
+        }
+        .boxed()
     }
 
     fn read_suffix<'a>(&'a self, loc: &'a Location, rel: &'a str, n: u64) -> BoxFuture<'a, (Bytes, u64)> {
-        self.suffix(loc, rel, n).boxed()
+        async move {
+            let size = self.file_size(loc, rel).await?;
+            let start = size.saturating_sub(n);
+            Ok((loc.read_range(rel, start..size).await?, size))
+        }
+        .boxed()
     }
 
     fn size<'a>(&'a self, loc: &'a Location, rel: &'a str) -> BoxFuture<'a, u64> {
@@ -467,18 +408,18 @@ impl crate::Backend for Local {
     }
 
     fn exists<'a>(&'a self, loc: &'a Location, rel: &'a str) -> BoxFuture<'a, bool> {
-        self.exists_now(loc, rel).boxed()
+        async move {
+            match self.file_size(loc, rel).await {
+                Ok(_) => Ok(true),
+                Err(Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+        .boxed()
     }
 
-    fn put<'a>(
-        &'a self,
-        loc: &'a Location,
-        rel: &'a str,
-        parts: Vec<Bytes>,
-        create_only: bool,
-        durable: bool,
-        progress: Option<&'a dyn Progress>,
-    ) -> BoxFuture<'a, ()> {
+    fn put<'a>(&'a self, loc: &'a Location, rel: &'a str, write: Write<'a>) -> BoxFuture<'a, ()> {
+        let Write { parts, create_only, durable, progress } = write;
         let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
         let put = durable::put_target(self.target(rel), parts, create_only, durable, loc.display().to_string());
         async move {
@@ -491,14 +432,8 @@ impl crate::Backend for Local {
         .boxed()
     }
 
-    fn replace_if<'a>(
-        &'a self,
-        _loc: &'a Location,
-        rel: &'a str,
-        parts: Vec<Bytes>,
-        was: Option<&'a Version>,
-        durable: bool,
-    ) -> BoxFuture<'a, bool> {
+    fn replace_if<'a>(&'a self, _loc: &'a Location, rel: &'a str, swap: Swap<'a>) -> BoxFuture<'a, bool> {
+        let Swap { parts, was, durable } = swap;
         durable::replace_target_if(self.target(rel), parts, was.map(|v| v.bytes.clone()), durable).boxed()
     }
 
@@ -508,17 +443,45 @@ impl crate::Backend for Local {
         futures::future::ready(r).boxed()
     }
 
-    fn list<'a>(
-        &'a self,
-        _loc: &'a Location,
-        rel_dir: &'a str,
-        keep: &'a (dyn Fn(&str) -> bool + Sync),
-    ) -> BoxFuture<'a, Vec<Listed>> {
-        self.listing(rel_dir, keep).boxed()
+    fn list<'a>(&'a self, _loc: &'a Location, rel_dir: &'a str, keep: &'a Keep<'a>) -> BoxFuture<'a, Vec<Listed>> {
+        async move {
+            // Listed from the folder itself (not through object_store, which hides staging files
+            // `name#N`), so `gc` sees them.
+            let t = self.target(rel_dir);
+            let mut out = vec![];
+            let entries = match t.dir().and_then(|d| d.entries().map(|e| (d, e))) {
+                Ok(x) => x,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+                Err(e) => return Err(io_error(t.path(), e)),
+            };
+            let (dir, entries) = entries;
+            for (name, m) in entries.into_iter().filter(|(n, _)| keep(n)) {
+                let rel = if t.rel.is_empty() { name.clone() } else { format!("{}/{name}", t.rel) };
+                match m.kind {
+                    Kind::File => out.push((rel, m.len, m.modified)),
+                    // `stat` refuses it, naming it.
+                    Kind::Link => return Err(io_error(dir.join(&name), dir.refuse_link(&name))),
+                    Kind::Folder | Kind::Other => {}
+                }
+            }
+            out.sort();
+            Ok(out)
+        }
+        .boxed()
     }
 
     fn top_names<'a>(&'a self, _loc: &'a Location, limit: usize) -> BoxFuture<'a, Vec<String>> {
-        futures::future::ready(self.top(limit)).boxed()
+        let top = || {
+            let rd = match std::fs::read_dir(&self.path) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+                // A file where the folder should be: the save's own error says so.
+                Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => return Ok(vec![]),
+                Err(e) => return Err(Error::Io { path: self.path.clone(), source: e }),
+            };
+            Ok(rd.flatten().take(limit).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        };
+        futures::future::ready(top()).boxed()
     }
 
     fn local(&self) -> Option<&Local> {

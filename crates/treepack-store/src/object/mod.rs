@@ -15,8 +15,8 @@ mod plan;
 pub(crate) use cloud::store_error;
 pub use cloud::{RemoteTuning, TUNING_KEYS};
 
-use crate::backend::{BoxFuture, Listed, Progress, Version};
-use crate::{Error, Layout, Location, ReadMode, Result, StorageOptions};
+use crate::backend::{BoxFuture, Keep, Listed, RangeRead, Swap, Version, Write};
+use crate::{Error, Layout, Location, Result, StorageOptions};
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::path::Path as ObjPath;
@@ -60,27 +60,6 @@ impl ObjectBackend {
         rel.split('/').fold(self.base.clone(), |p, seg| p.clone().join(seg))
     }
 
-    /// Read a whole object and its metadata (ETag, version), or `None` if it does not exist.
-    async fn get_meta(&self, loc: &Location, rel: &str, limit: u64) -> Result<Option<(Bytes, Version)>> {
-        match self.store.get(&self.obj(rel)).await {
-            Ok(r) => {
-                if r.meta.size > limit {
-                    return Err(Error::limit(
-                        "object size",
-                        limit,
-                        format!("{} is {} bytes", loc.file_name(rel), r.meta.size),
-                    ));
-                }
-                let meta = r.meta.clone();
-                let b = r.bytes().await.map_err(|e| read_err(loc, rel, e))?;
-                loc.stats().read(b.len() as u64);
-                Ok(Some((b.clone(), Version { e_tag: meta.e_tag, version: meta.version, bytes: b })))
-            }
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(read_err(loc, rel, e)),
-        }
-    }
-
     async fn head_size(&self, loc: &Location, rel: &str) -> Result<u64> {
         let m = self.store.head(&self.obj(rel)).await.map_err(|e| read_err(loc, rel, e))?;
         loc.stats().read(0);
@@ -117,170 +96,6 @@ impl ObjectBackend {
             Err(e) => Err(read_err(loc, rel, e)),
         }
     }
-
-    /// Ranged reads: coalesced into few requests (see [`plan::plan_requests`]), at most
-    /// `max_concurrency` in flight, each retried with backoff by the client.
-    async fn ranges(
-        &self,
-        loc: &Location,
-        rel: &str,
-        ranges: Vec<Range<u64>>,
-        progress: Option<&dyn Progress>,
-    ) -> Result<Vec<Bytes>> {
-        let tuning = self.tuning.unwrap_or_default();
-        let path = self.obj(rel);
-        let plan = plan::plan_requests(&ranges, tuning.max_request_bytes);
-        let fetched: Vec<(Range<u64>, Vec<usize>, Bytes)> =
-            futures::stream::iter(plan.into_iter().map(|(req, members)| {
-                let path = &path;
-                async move {
-                    let b = self.store.get_range(path, req.clone()).await.map_err(|e| read_err(loc, rel, e))?;
-                    if (b.len() as u64) != req.end - req.start {
-                        return Err(Error::OutOfBounds {
-                            file: loc.file_name(rel),
-                            key: String::new(),
-                            reason: format!(
-                                "asked for bytes {}..{}, got {} bytes (truncated?)",
-                                req.start,
-                                req.end,
-                                b.len()
-                            ),
-                        });
-                    }
-                    loc.stats().read(b.len() as u64);
-                    if let Some(t) = progress {
-                        t.advance(b.len() as u64);
-                    }
-                    Ok((req, members, b))
-                }
-            }))
-            .buffer_unordered(tuning.max_concurrency)
-            .try_collect()
-            .await?;
-        let mut out = vec![Bytes::new(); ranges.len()];
-        for (req, members, b) in fetched {
-            for i in members {
-                let r = &ranges[i];
-                out[i] = b.slice((r.start - req.start) as usize..(r.end - req.start) as usize);
-            }
-        }
-        Ok(out)
-    }
-
-    async fn suffix(&self, loc: &Location, rel: &str, n: u64) -> Result<(Bytes, u64)> {
-        let opts = object_store::GetOptions { range: Some(object_store::GetRange::Suffix(n)), ..Default::default() };
-        let r = match self.store.get_opts(&self.obj(rel), opts).await {
-            Ok(r) => r,
-            // Azure has no suffix ranges: ask for the size, then read the tail (two requests).
-            Err(object_store::Error::NotSupported { .. }) => {
-                let size = self.head_size(loc, rel).await?;
-                let start = size.saturating_sub(n);
-                return Ok((loc.read_range(rel, start..size).await?, size));
-            }
-            Err(e) => return Err(read_err(loc, rel, e)),
-        };
-        let size = r.meta.size;
-        let b = r.bytes().await.map_err(|e| read_err(loc, rel, e))?;
-        loc.stats().read(b.len() as u64);
-        Ok((b, size))
-    }
-
-    async fn write(
-        &self,
-        loc: &Location,
-        rel: &str,
-        parts: Vec<Bytes>,
-        create_only: bool,
-        progress: Option<&dyn Progress>,
-    ) -> Result<()> {
-        let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
-        // Conditional create needs a single PUT; manifests are always far below the threshold, and
-        // a large single-file object was checked for existence when the save began.
-        if let Some(t) = self.tuning.filter(|t| n >= t.multipart_threshold) {
-            return multipart::put(self.store.as_ref(), &self.obj(rel), parts, t, progress)
-                .await
-                .map_err(|e| write_err(loc, rel, e));
-        }
-        let payload: PutPayload = parts.into_iter().collect();
-        let mode = if create_only { PutMode::Create } else { PutMode::Overwrite };
-        self.store
-            .put_opts(&self.obj(rel), payload, PutOptions { mode, ..Default::default() })
-            .await
-            .map_err(|e| write_err(loc, rel, e))?;
-        if let Some(t) = progress {
-            t.advance(n);
-        }
-        Ok(())
-    }
-
-    async fn replace(&self, loc: &Location, rel: &str, parts: Vec<Bytes>, was: Option<&Version>) -> Result<bool> {
-        let mode = match was {
-            None => PutMode::Create,
-            Some(v) => {
-                PutMode::Update(object_store::UpdateVersion { e_tag: v.e_tag.clone(), version: v.version.clone() })
-            }
-        };
-        let payload: PutPayload = parts.into_iter().collect();
-        match self.store.put_opts(&self.obj(rel), payload, PutOptions { mode, ..Default::default() }).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. }) => Ok(false),
-            Err(object_store::Error::NotImplemented { .. }) => Err(Error::BadLocation {
-                location: loc.display().to_string(),
-                reason: "this store cannot replace an object conditionally (S3: set the storage option \
-                         conditional_put=etag)"
-                    .into(),
-            }),
-            Err(e) => Err(write_err(loc, rel, e)),
-        }
-    }
-
-    async fn remove(&self, loc: &Location, rel: &str) -> Result<()> {
-        match self.store.delete(&self.obj(rel)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(write_err(loc, rel, e)),
-        }
-    }
-
-    async fn listing(
-        &self,
-        loc: &Location,
-        rel_dir: &str,
-        keep: &(dyn Fn(&str) -> bool + Sync),
-    ) -> Result<Vec<Listed>> {
-        let prefix = self.obj(rel_dir);
-        let mut s = self.store.list(Some(&prefix));
-        let mut out = vec![];
-        let (base_len, depth) = (self.base.parts().count(), prefix.parts().count() + 1);
-        while let Some(m) = s.next().await {
-            let m = m.map_err(|e| read_err(loc, rel_dir, e))?;
-            // The folder's own objects, not its subfolders' (as on local disk).
-            if m.location.parts().count() != depth {
-                continue;
-            }
-            let rel: Vec<String> = m.location.parts().skip(base_len).map(|p| p.as_ref().to_string()).collect();
-            if keep(rel.last().map_or("", String::as_str)) {
-                out.push((rel.join("/"), m.size, std::time::SystemTime::from(m.last_modified)));
-            }
-        }
-        out.sort();
-        Ok(out)
-    }
-
-    async fn top(&self, loc: &Location, limit: usize) -> Result<Vec<String>> {
-        let listed = match self.store.list_with_delimiter(Some(&self.base)).await {
-            Ok(l) => l,
-            Err(object_store::Error::NotFound { .. }) => return Ok(vec![]),
-            Err(e) => return Err(store_error(loc.display().to_string(), e)),
-        };
-        let name = |p: &ObjPath| p.filename().map(str::to_string);
-        Ok(listed
-            .common_prefixes
-            .iter()
-            .filter_map(name)
-            .chain(listed.objects.iter().filter_map(|o| name(&o.location)))
-            .take(limit)
-            .collect())
-    }
 }
 
 /// A read's error: a missing manifest (or single file) means no tree; a missing pack, an
@@ -302,23 +117,97 @@ fn write_err(loc: &Location, rel: &str, e: object_store::Error) -> Error {
 }
 
 impl crate::Backend for ObjectBackend {
+    /// Read a whole object and its metadata (ETag, version), or `None` if it does not exist.
     fn get<'a>(&'a self, loc: &'a Location, rel: &'a str, limit: u64) -> BoxFuture<'a, Option<(Bytes, Version)>> {
-        self.get_meta(loc, rel, limit).boxed()
+        async move {
+            match self.store.get(&self.obj(rel)).await {
+                Ok(r) => {
+                    if r.meta.size > limit {
+                        return Err(Error::limit(
+                            "object size",
+                            limit,
+                            format!("{} is {} bytes", loc.file_name(rel), r.meta.size),
+                        ));
+                    }
+                    let meta = r.meta.clone();
+                    let b = r.bytes().await.map_err(|e| read_err(loc, rel, e))?;
+                    loc.stats().read(b.len() as u64);
+                    Ok(Some((b.clone(), Version { e_tag: meta.e_tag, version: meta.version, bytes: b })))
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(read_err(loc, rel, e)),
+            }
+        }
+        .boxed()
     }
 
-    fn read_ranges<'a>(
-        &'a self,
-        loc: &'a Location,
-        rel: &'a str,
-        ranges: Vec<Range<u64>>,
-        _mode: ReadMode,
-        progress: Option<&'a dyn Progress>,
-    ) -> BoxFuture<'a, Vec<Bytes>> {
-        self.ranges(loc, rel, ranges, progress).boxed()
+    /// Ranged reads: coalesced into few requests (see [`plan::plan_requests`]), at most
+    /// `max_concurrency` in flight, each retried with backoff by the client.
+    fn read_ranges<'a>(&'a self, loc: &'a Location, rel: &'a str, read: RangeRead<'a>) -> BoxFuture<'a, Vec<Bytes>> {
+        let RangeRead { ranges, progress, .. } = read;
+        async move {
+            let tuning = self.tuning.unwrap_or_default();
+            let path = self.obj(rel);
+            let plan = plan::plan_requests(&ranges, tuning.max_request_bytes);
+            let fetched: Vec<(Range<u64>, Vec<usize>, Bytes)> =
+                futures::stream::iter(plan.into_iter().map(|(req, members)| {
+                    let path = &path;
+                    async move {
+                        let b = self.store.get_range(path, req.clone()).await.map_err(|e| read_err(loc, rel, e))?;
+                        if (b.len() as u64) != req.end - req.start {
+                            return Err(Error::OutOfBounds {
+                                file: loc.file_name(rel),
+                                key: String::new(),
+                                reason: format!(
+                                    "asked for bytes {}..{}, got {} bytes (truncated?)",
+                                    req.start,
+                                    req.end,
+                                    b.len()
+                                ),
+                            });
+                        }
+                        loc.stats().read(b.len() as u64);
+                        if let Some(t) = progress {
+                            t.advance(b.len() as u64);
+                        }
+                        Ok((req, members, b))
+                    }
+                }))
+                .buffer_unordered(tuning.max_concurrency)
+                .try_collect()
+                .await?;
+            let mut out = vec![Bytes::new(); ranges.len()];
+            for (req, members, b) in fetched {
+                for i in members {
+                    let r = &ranges[i];
+                    out[i] = b.slice((r.start - req.start) as usize..(r.end - req.start) as usize);
+                }
+            }
+            Ok(out)
+        }
+        .boxed()
     }
 
     fn read_suffix<'a>(&'a self, loc: &'a Location, rel: &'a str, n: u64) -> BoxFuture<'a, (Bytes, u64)> {
-        self.suffix(loc, rel, n).boxed()
+        async move {
+            let opts =
+                object_store::GetOptions { range: Some(object_store::GetRange::Suffix(n)), ..Default::default() };
+            let r = match self.store.get_opts(&self.obj(rel), opts).await {
+                Ok(r) => r,
+                // Azure has no suffix ranges: ask for the size, then read the tail (two requests).
+                Err(object_store::Error::NotSupported { .. }) => {
+                    let size = self.head_size(loc, rel).await?;
+                    let start = size.saturating_sub(n);
+                    return Ok((loc.read_range(rel, start..size).await?, size));
+                }
+                Err(e) => return Err(read_err(loc, rel, e)),
+            };
+            let size = r.meta.size;
+            let b = r.bytes().await.map_err(|e| read_err(loc, rel, e))?;
+            loc.stats().read(b.len() as u64);
+            Ok((b, size))
+        }
+        .boxed()
     }
 
     fn size<'a>(&'a self, loc: &'a Location, rel: &'a str) -> BoxFuture<'a, u64> {
@@ -329,44 +218,106 @@ impl crate::Backend for ObjectBackend {
         self.exists_now(loc, rel).boxed()
     }
 
-    fn put<'a>(
-        &'a self,
-        loc: &'a Location,
-        rel: &'a str,
-        parts: Vec<Bytes>,
-        create_only: bool,
-        _durable: bool,
-        progress: Option<&'a dyn Progress>,
-    ) -> BoxFuture<'a, ()> {
-        self.write(loc, rel, parts, create_only, progress).boxed()
+    fn put<'a>(&'a self, loc: &'a Location, rel: &'a str, write: Write<'a>) -> BoxFuture<'a, ()> {
+        let Write { parts, create_only, progress, .. } = write;
+        async move {
+            let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
+            // Conditional create needs a single PUT; manifests are always far below the threshold, and
+            // a large single-file object was checked for existence when the save began.
+            if let Some(t) = self.tuning.filter(|t| n >= t.multipart_threshold) {
+                return multipart::put(self.store.as_ref(), &self.obj(rel), parts, t, progress)
+                    .await
+                    .map_err(|e| write_err(loc, rel, e));
+            }
+            let payload: PutPayload = parts.into_iter().collect();
+            let mode = if create_only { PutMode::Create } else { PutMode::Overwrite };
+            self.store
+                .put_opts(&self.obj(rel), payload, PutOptions { mode, ..Default::default() })
+                .await
+                .map_err(|e| write_err(loc, rel, e))?;
+            if let Some(t) = progress {
+                t.advance(n);
+            }
+            Ok(())
+        }
+        .boxed()
     }
 
-    fn replace_if<'a>(
-        &'a self,
-        loc: &'a Location,
-        rel: &'a str,
-        parts: Vec<Bytes>,
-        was: Option<&'a Version>,
-        _durable: bool,
-    ) -> BoxFuture<'a, bool> {
-        self.replace(loc, rel, parts, was).boxed()
+    fn replace_if<'a>(&'a self, loc: &'a Location, rel: &'a str, swap: Swap<'a>) -> BoxFuture<'a, bool> {
+        let Swap { parts, was, .. } = swap;
+        async move {
+            let mode = match was {
+                None => PutMode::Create,
+                Some(v) => {
+                    PutMode::Update(object_store::UpdateVersion { e_tag: v.e_tag.clone(), version: v.version.clone() })
+                }
+            };
+            let payload: PutPayload = parts.into_iter().collect();
+            match self.store.put_opts(&self.obj(rel), payload, PutOptions { mode, ..Default::default() }).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. }) => Ok(false),
+                Err(object_store::Error::NotImplemented { .. }) => Err(Error::BadLocation {
+                    location: loc.display().to_string(),
+                    reason: "this store cannot replace an object conditionally (S3: set the storage option \
+                             conditional_put=etag)"
+                        .into(),
+                }),
+                Err(e) => Err(write_err(loc, rel, e)),
+            }
+        }
+        .boxed()
     }
 
     fn delete<'a>(&'a self, loc: &'a Location, rel: &'a str) -> BoxFuture<'a, ()> {
-        self.remove(loc, rel).boxed()
+        async move {
+            match self.store.delete(&self.obj(rel)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(write_err(loc, rel, e)),
+            }
+        }
+        .boxed()
     }
 
-    fn list<'a>(
-        &'a self,
-        loc: &'a Location,
-        rel_dir: &'a str,
-        keep: &'a (dyn Fn(&str) -> bool + Sync),
-    ) -> BoxFuture<'a, Vec<Listed>> {
-        self.listing(loc, rel_dir, keep).boxed()
+    fn list<'a>(&'a self, loc: &'a Location, rel_dir: &'a str, keep: &'a Keep<'a>) -> BoxFuture<'a, Vec<Listed>> {
+        async move {
+            let prefix = self.obj(rel_dir);
+            let mut s = self.store.list(Some(&prefix));
+            let mut out = vec![];
+            let (base_len, depth) = (self.base.parts().count(), prefix.parts().count() + 1);
+            while let Some(m) = s.next().await {
+                let m = m.map_err(|e| read_err(loc, rel_dir, e))?;
+                // The folder's own objects, not its subfolders' (as on local disk).
+                if m.location.parts().count() != depth {
+                    continue;
+                }
+                let rel: Vec<String> = m.location.parts().skip(base_len).map(|p| p.as_ref().to_string()).collect();
+                if keep(rel.last().map_or("", String::as_str)) {
+                    out.push((rel.join("/"), m.size, std::time::SystemTime::from(m.last_modified)));
+                }
+            }
+            out.sort();
+            Ok(out)
+        }
+        .boxed()
     }
 
     fn top_names<'a>(&'a self, loc: &'a Location, limit: usize) -> BoxFuture<'a, Vec<String>> {
-        self.top(loc, limit).boxed()
+        async move {
+            let listed = match self.store.list_with_delimiter(Some(&self.base)).await {
+                Ok(l) => l,
+                Err(object_store::Error::NotFound { .. }) => return Ok(vec![]),
+                Err(e) => return Err(store_error(loc.display().to_string(), e)),
+            };
+            let name = |p: &ObjPath| p.filename().map(str::to_string);
+            Ok(listed
+                .common_prefixes
+                .iter()
+                .filter_map(name)
+                .chain(listed.objects.iter().filter_map(|o| name(&o.location)))
+                .take(limit)
+                .collect())
+        }
+        .boxed()
     }
 
     fn remote(&self) -> Option<RemoteTuning> {

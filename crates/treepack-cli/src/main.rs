@@ -11,10 +11,10 @@ use std::process::ExitCode;
 use treepack::format::manifest::Entry;
 use treepack::{LoadOptions, Location, Place, ProgressFn, Reader, SaveOptions, StorageOptions, Tree};
 
-/// mimalloc: trees of many small leaves are allocation-bound; measured on the 100k-leaf
-/// workload (crates/treepack/examples/profile_small_leaves.rs) it cut building the structure
-/// view from ~47 ms to ~28 ms against glibc malloc. Big buffers (2 MiB and more) get huge-page
-/// mappings of their own (`treepack_alloc`).
+/// mimalloc: trees of many small leaves are allocation-bound, and mimalloc serves their many
+/// small allocations faster than glibc malloc does (crates/treepack/examples/
+/// profile_small_leaves.rs; bench/RESULTS.md, "Measurements cited by code comments"). Big
+/// buffers (2 MiB and more) get huge-page mappings of their own (`treepack_alloc`).
 #[global_allocator]
 static GLOBAL: treepack_alloc::BigMapped<mimalloc::MiMalloc> = treepack_alloc::BigMapped(mimalloc::MiMalloc);
 

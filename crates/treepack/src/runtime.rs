@@ -114,8 +114,8 @@ fn compute_pool() -> Option<&'static rayon::ThreadPool> {
 }
 
 /// How many threads the compute pool has (the core count), without starting it. Asked once
-/// per process: the answer comes from cgroup files (~40 µs a call), and a manifest parse asks
-/// for every big container.
+/// per process: the answer comes from reading cgroup files, and a manifest parse asks for
+/// every big container.
 pub(crate) fn threads() -> usize {
     install_exec();
     static CORES: PerProcess<usize> = PerProcess::new();
@@ -133,11 +133,11 @@ pub(crate) fn parallel<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 }
 
 /// The threads that verify the leaves a whole load read from the device: half the cores, at
-/// least one. One core hashes BLAKE3 at 3.6-6.6 GiB/s here (faster than the devices it waits
-/// on), and hashing on every core starves the reads themselves: on the 2-core VM, cold W1 load
-/// medians over 9 alternating rounds, 1111 ms verifying with the whole pool against 764 ms with
-/// one thread (reading alone: ~700 ms). `None` if no thread could be started (the calling
-/// thread and the compute pool then verify).
+/// least one. One core hashes BLAKE3 faster than the devices it waits on deliver, and hashing
+/// on every core starves the reads themselves, so a cold load of big leaves is slower with the
+/// whole pool verifying than with half of it (bench/RESULTS.md, "Measurements cited by code
+/// comments"). `None` if no thread could be started (the calling thread and the compute pool
+/// then verify).
 pub(crate) fn verify_pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: PerProcess<Option<rayon::ThreadPool>> = PerProcess::new();
     POOL.get(|| {
@@ -151,11 +151,11 @@ pub(crate) fn verify_pool() -> Option<&'static rayon::ThreadPool> {
     .as_ref()
 }
 
-/// The thread that helps manifest parses whose builder must stay on the calling thread
-/// (`parse_items_helped`): one per process, kept (starting a thread per big container cost
-/// ~60 µs each, more than the help was worth on a manifest of 100 dicts of 1,000 items), and
-/// lent to one parse at a time. `None` while another parse holds it, or if it could not be
-/// started: the caller then parses alone.
+/// The thread that helps manifest parses whose builder must stay on the calling thread (the
+/// format's `exec::with_helper`, through `Exec::run_with_helper` below): one per process, kept
+/// (a thread started per big container costs more than its help is worth on a manifest of
+/// many mid-sized containers), and lent to one parse at a time. `None` while another parse
+/// holds it, or if it could not be started: the caller then parses alone.
 pub(crate) fn parse_helper() -> Option<HelperLease> {
     struct Helper {
         pool: Option<rayon::ThreadPool>,

@@ -3,10 +3,10 @@
 //!
 //! Why: a cold buffered read moves every byte twice (device -> page cache -> buffer) and the
 //! kernel's copy runs on the reading threads, competing with hash verification for the same
-//! cores. Reading around the cache lands the bytes once, by DMA. Measured on the 2-core
-//! benchmark VM for 766 MiB in 4 MiB reads, two threads, cold: buffered 0.66–1.3 s, direct
-//! 0.42–0.57 s. A warm load must not pay a trip to the device, so a range goes direct only
-//! when the kernel says (`cachestat`) that less than half of it is cached.
+//! cores. Reading around the cache lands the bytes once, by DMA, and a cold read of big ranges
+//! is faster for it (bench/RESULTS.md, "Measurements cited by code comments"). A warm load
+//! must not pay a trip to the device, so a range goes direct only when the kernel says
+//! (`cachestat`) that less than half of it is cached.
 //!
 //! Everything here is an optimisation with a plain fallback: no `/proc`, a filesystem without
 //! `O_DIRECT`, a kernel without `cachestat` or an unaligned device all end in an ordinary

@@ -79,8 +79,8 @@ pub(super) fn put_file(dir: &Dir, name: &str, parts: &[Bytes], create_only: bool
 
 /// A durable write asks the kernel to start writing each run of this many bytes to the device
 /// as soon as it is in the page cache, so that the device works while later bytes are copied
-/// and the final fsync has less left to wait for (1 GiB on the benchmark VM: write + fsync
-/// 1.75-2.8 s without, 1.4-1.7 s with).
+/// and the final fsync has less left to wait for (bench/RESULTS.md, "Measurements cited by
+/// code comments").
 const WRITEBACK_BYTES: usize = 8 << 20;
 
 /// Start writeback of `len` bytes at `offset` without waiting for it (Linux's

@@ -10,10 +10,12 @@ mod fetch;
 mod manifest_io;
 pub mod one_pass;
 mod select;
+mod slices;
 pub mod structure;
 
 pub use manifest_io::*;
 pub use select::*;
+pub use slices::READ_INTO_BATCH;
 
 use crate::error::{Error, Result};
 use crate::format::container;
@@ -150,10 +152,9 @@ const TAIL_READ: u64 = 64 << 10;
 /// Batches with less chunk data than this are assembled on the calling thread.
 const PARALLEL_MIN_BYTES: u64 = 4 << 20;
 /// Threads one whole local load reads with (see [`Reader::fetch_local_whole`]): twice the
-/// cores, at least 16 (a device serves more requests in flight faster; on the 2-core benchmark
-/// VM, cold W1 load medians, 4 threads 737 ms, 8 threads 617-748 ms, 16 threads 506-690 ms,
-/// 16 faster than 8 in three of four alternating rounds; 32 no better), at most 32. Readers
-/// mostly wait on the device, and each holds only the leaf it reads.
+/// cores, at least 16 (a device serves more requests in flight faster, even on few cores;
+/// beyond 32 nothing was gained: bench/RESULTS.md, "Measurements cited by code comments"), at
+/// most 32. Readers mostly wait on the device, and each holds only the leaf it reads.
 const MIN_READ_THREADS: usize = 16;
 const MAX_READ_THREADS: usize = 32;
 /// Batches a local load asks the kernel to read ahead (with `batch_bytes` of 64 MiB: 256 MiB).
@@ -529,164 +530,6 @@ impl Reader {
         Ok(m)
     }
 
-    /// Read a numpy-style slice (`"0:2, :, 3"`) of the array at `path`, touching only the chunks
-    /// that intersect it.
-    ///
-    /// # Errors
-    /// [`Error::BadSlice`], [`Error::KeyNotFound`], storage and integrity errors.
-    pub async fn read_array_async(&self, path: &str, slice: &str, verify: bool) -> Result<ArrayData> {
-        let a = self.array_entry(path)?;
-        let items = grid::parse_slice(slice)?;
-        let sel = grid::normalize(&items, &a.shape, slice)?;
-        let out_shape = grid::result_shape(&sel);
-        let count: u64 = sel.iter().map(|s| s.count).product();
-        let mut out = alloc(count * a.dtype.itemsize(), path)?;
-        self.fill(path, a, &sel, &mut out, verify).await?;
-        Ok(ArrayData::new(a.dtype.clone(), out_shape, out)?.annotated(a.annotation.as_ref()))
-    }
-
-    /// Read the whole array at `path` into `out`, which must be exactly its canonical bytes
-    /// (little-endian, C order) long: loads into memory the caller already has (a model's
-    /// tensors) without a second copy of the array. At most [`READ_INTO_BATCH`] stored bytes
-    /// are fetched at a time, so the extra memory stays bounded however big the array is.
-    ///
-    /// # Errors
-    /// [`Error::KeyNotFound`] when `path` is not an array, [`Error::InvalidTree`] when `out`
-    /// has the wrong length, storage and integrity errors.
-    pub async fn read_into_async(&self, path: &str, out: &mut [u8], verify: bool) -> Result<()> {
-        let a = self.array_entry(path)?;
-        if out.len() as u64 != a.nbytes() {
-            return Err(Error::invalid_tree(
-                path,
-                format!(
-                    "the destination has {} bytes but the stored {} array of shape {:?} has {}",
-                    out.len(),
-                    a.dtype.display(),
-                    a.shape,
-                    a.nbytes()
-                ),
-            ));
-        }
-        self.fill(path, a, &grid::full(&a.shape), out, verify).await
-    }
-
-    /// Write the elements `sel` selects of stored array `a` into `out` (C order, every axis of
-    /// the selection counted). When the selection is one contiguous run of the array and the
-    /// local, raw chunks it needs each lie wholly inside it (a whole array; a sharded load's
-    /// shard of whole rows), each chunk is read by the kernel straight into its place and hashed
-    /// there, chunks in parallel. Otherwise at most [`READ_INTO_BATCH`] stored bytes are
-    /// fetched at a time, decoded and verified in parallel, and copied into place.
-    async fn fill(&self, path: &str, a: &ArrayEntry, sel: &[grid::DimSel], out: &mut [u8], verify: bool) -> Result<()> {
-        let itemsize = a.dtype.itemsize();
-        let chunks = match &a.storage {
-            ArrayStorage::Inline(d) => {
-                if sel.iter().all(|s| s.count > 0) {
-                    grid::copy_chunk(out, sel, &vec![0u64; a.shape.len()], &a.shape, d, itemsize as usize);
-                }
-                return Ok(());
-            }
-            ArrayStorage::Chunked { chunks, .. } => chunks,
-        };
-        if sel.iter().any(|s| s.count == 0) {
-            return Ok(());
-        }
-        let grid = a.grid();
-        let ids = grid.chunks_for(sel);
-        if let (Some(_), Some((lo, hi))) = (self.loc.local_path(), contiguous_range(&a.shape, sel, itemsize)) {
-            let mut places: Vec<(usize, u64)> = Vec::with_capacity(ids.len());
-            let direct = ids.iter().all(|&i| {
-                let r = &chunks[i as usize];
-                let (origin, extent) = grid.chunk_region(i);
-                let off = grid::c_offset(&a.shape, &origin, itemsize);
-                let ok = r.codec.is_identity()
-                    && r.length == a.chunk_nbytes(&grid, i as usize)
-                    && grid::chunk_is_contiguous(&grid, &extent)
-                    && off >= lo
-                    && off + r.length <= hi;
-                places.push((i as usize, off - lo.min(off)));
-                ok
-            });
-            if direct {
-                places.sort_by_key(|p| p.1);
-                let mut slices: Vec<(usize, &mut [u8])> = Vec::with_capacity(places.len());
-                let mut rest = &mut out[..];
-                let mut at = 0u64;
-                for &(i, off) in &places {
-                    let len = chunks[i].length as usize;
-                    let tail = std::mem::take(&mut rest);
-                    let (_, tail) = tail.split_at_mut((off - at) as usize);
-                    let (here, tail) = tail.split_at_mut(len);
-                    slices.push((i, here));
-                    rest = tail;
-                    at = off + len as u64;
-                }
-                return crate::runtime::parallel(|| {
-                    slices.into_par_iter().try_for_each(|(i, dst)| {
-                        let r = &chunks[i];
-                        let rel = &self.manifest.packs[r.pack as usize].path;
-                        let read = self.loc.read_local_into(rel, r.offset, dst).map_err(|e| match e {
-                            Error::OutOfBounds { file, key, reason } if key.is_empty() => {
-                                Error::OutOfBounds { file, key: path.to_string(), reason }
-                            }
-                            e => e,
-                        })?;
-                        if !read {
-                            return Err(Error::internal("a local location without a local path"));
-                        }
-                        if verify {
-                            self.check_hash(path, i, r, dst)?;
-                        }
-                        Ok(())
-                    })
-                });
-            }
-        }
-        let mut start = 0;
-        while start < ids.len() {
-            let mut end = start + 1;
-            let mut bytes = chunks[ids[start] as usize].length;
-            while end < ids.len() && bytes + chunks[ids[end] as usize].length <= READ_INTO_BATCH {
-                bytes += chunks[ids[end] as usize].length;
-                end += 1;
-            }
-            let refs: Vec<ChunkRef> = ids[start..end].iter().map(|&i| chunks[i as usize].clone()).collect();
-            let fetched = self.fetch(&refs, false).await?;
-            // Decoded and verified in parallel (hashing sets the pace), then copied into place.
-            let decoded: Vec<Bytes> = crate::runtime::parallel(|| {
-                ids[start..end]
-                    .par_iter()
-                    .zip(refs.par_iter())
-                    .map(|(&i, r)| {
-                        self.chunk_bytes(
-                            path,
-                            i as usize,
-                            r,
-                            &fetched,
-                            (a.chunk_nbytes(&grid, i as usize), itemsize),
-                            verify,
-                        )
-                    })
-                    .collect::<Result<Vec<_>>>()
-            })?;
-            for (&i, b) in ids[start..end].iter().zip(decoded) {
-                let (origin, extent) = grid.chunk_region(i);
-                grid::copy_chunk(out, sel, &origin, &extent, &b, itemsize as usize);
-            }
-            start = end;
-        }
-        Ok(())
-    }
-
-    fn array_entry(&self, path: &str) -> Result<&ArrayEntry> {
-        match self.entry(path)? {
-            Tree::Leaf(Entry::Array(a)) => Ok(a),
-            other => Err(Error::KeyNotFound {
-                path: path.to_string(),
-                reason: format!("`{path}` is a {} node, not an array", leaf_kind(other)),
-            }),
-        }
-    }
-
     /// Re-hash every chunk and check every pack, collecting all problems instead of stopping
     /// at the first.
     ///
@@ -809,16 +652,6 @@ impl Reader {
     }
 }
 
-fn leaf_kind(t: &Tree<Entry>) -> &'static str {
-    match t {
-        Tree::Leaf(e) => e.kind(),
-        t => t.container_kind(),
-    }
-}
-
-/// Most stored bytes [`Reader::read_into_async`] holds at once.
-pub const READ_INTO_BATCH: u64 = 32 << 20;
-
 /// A leaf's zeroed output buffer, zeroed by the allocator (fresh pages for a big one, faulted in
 /// by the threads that fill it) rather than by a memset on this thread.
 fn alloc(n: u64, key: &str) -> Result<Vec<u8>> {
@@ -847,27 +680,6 @@ fn contiguous_in_pack(grid: &ChunkGrid, chunks: &[ChunkRef]) -> bool {
     let n = chunks.len();
     (0..n).all(|i| grid::chunk_is_contiguous(grid, &grid.chunk_region(i as u64).1))
         && chunks.windows(2).all(|w| w[0].pack == w[1].pack && w[0].offset + w[0].length == w[1].offset)
-}
-
-/// The byte range `[lo, hi)` of a C-order array of `shape` that `sel` selects, when the
-/// selection is one contiguous run: axes before some `k` select one index, axis `k` a step-1
-/// range, the axes after it whole.
-fn contiguous_range(shape: &[u64], sel: &[grid::DimSel], itemsize: u64) -> Option<(u64, u64)> {
-    let n = shape.len();
-    let mut k = 0;
-    while k < n && sel[k].count == 1 {
-        k += 1;
-    }
-    if k < n && sel[k].step != 1 {
-        return None;
-    }
-    if !(k + 1..n).all(|d| sel[d].start == 0 && sel[d].step == 1 && sel[d].count == shape[d]) {
-        return None;
-    }
-    let origin: Vec<u64> = sel.iter().map(|s| s.start).collect();
-    let lo = grid::c_offset(shape, &origin, itemsize);
-    let len = sel.iter().try_fold(itemsize, |acc, s| acc.checked_mul(s.count))?;
-    Some((lo, lo.checked_add(len)?))
 }
 
 fn inline_array(a: &ArrayEntry, file: &str, path: &str) -> Result<ArrayData> {

@@ -15,14 +15,14 @@ use std::cell::{Cell, RefCell};
 /// Distinct stored leaves a one-pass load reads one by one; past them it reads the tree's
 /// (small, see [`ONE_PASS_PACK_BYTES`]) packs whole, once, and takes every further leaf from
 /// memory. A tree with a few stored leaves in a big shared pack reads only those leaves; a
-/// dataset of 100 images in one small pack reads it in one go instead of 100 reads (a W3i load
-/// went through the Reader, parsing its manifest twice, before this).
+/// dataset of 100 images in one small pack reads it in one go instead of 100 reads (and is not
+/// sent to the Reader, which would parse its manifest a second time).
 pub const ONE_PASS_FETCHES: usize = 16;
 
 /// A one-pass load reads stored leaves on the spot only from packs holding at most this much
 /// in all (the most it reads when it reads them whole). Bigger trees go to the Reader, which
-/// reads them in parallel batches with read-ahead: a checkpoint's first 16 arrays read one by
-/// one, then again, cost a cold W1 load a quarter of its time.
+/// reads them in parallel batches with read-ahead: reading a checkpoint's first arrays one by
+/// one, then its packs again whole, costs a cold load of big leaves much of its time.
 pub const ONE_PASS_PACK_BYTES: u64 = 16 << 20;
 
 /// Whether a load with these options may take the one-pass path: a whole tree, read into

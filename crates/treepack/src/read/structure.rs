@@ -183,8 +183,8 @@ mod tests {
     }
 
     /// A manifest over 1 MiB: a root list of many small subtrees (typed and tuple keys, floats,
-    /// strings, an annotated array) with one big dict among them, or (`keyed`, W2's shape) a
-    /// root dict with one member holding all of them.
+    /// strings, an annotated array) with one big dict among them, or (`keyed`: a config-like
+    /// tree) a root dict with one member holding all of them.
     fn big(keyed: bool) -> crate::format::manifest::Manifest {
         use crate::format::codec::Codec;
         use crate::format::dtype::DType;

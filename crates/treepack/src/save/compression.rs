@@ -131,7 +131,7 @@ impl Compression {
 }
 
 /// zstd's level in the `auto` policy: on checkpoint-like data level 1 compresses as well as 3
-/// (bf16 weights 1.46x against 1.41x) and saves and loads faster (docs/compression.md).
+/// and saves and loads faster (docs/compression.md).
 pub const AUTO_ZSTD_LEVEL: i32 = 1;
 
 /// The `auto` policy: every stored leaf of 16 KiB or more through zstd at level 1, arrays

@@ -15,6 +15,13 @@ fn demo(name: &str) -> (tempfile::TempDir, String) {
     (d, ckpt)
 }
 
+/// Assert that `out` contains each of `parts` (naming the first missing one, with `out`).
+fn assert_contains(out: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(out.contains(p), "no {p:?} in: {out}");
+    }
+}
+
 fn run_ok(args: &[&str]) -> String {
     let out = tp().args(args).output().unwrap();
     assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -27,12 +34,10 @@ fn demo_inspect_ls_cat_verify() {
     let ckpt = d.path().join("ckpt");
     let c = ckpt.to_str().unwrap();
     let out = run_ok(&["demo", c]);
-    assert!(out.contains("loaded back: identical"), "{out}");
-    assert!(out.contains("kernel: float32[512, 256]"), "{out}");
+    assert_contains(&out, &["loaded back: identical", "kernel: float32[512, 256]"]);
 
     let out = run_ok(&["inspect", c]);
-    assert!(out.contains("embed: bfloat16[1000, 64]"), "{out}");
-    assert!(out.contains("totals: 41 leaves, 18 arrays"), "{out}");
+    assert_contains(&out, &["embed: bfloat16[1000, 64]", "totals: 41 leaves, 18 arrays"]);
 
     let out = run_ok(&["inspect", c, "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -71,8 +76,7 @@ fn verify_names_the_corrupt_chunk_and_fails() {
     let out = tp().args(["verify", c]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let s = String::from_utf8(out.stdout).unwrap();
-    assert!(s.contains("CORRUPT params/dense/kernel chunk 0"), "{s}");
-    assert!(s.contains("FAILED"), "{s}");
+    assert_contains(&s, &["CORRUPT params/dense/kernel chunk 0", "FAILED"]);
     let out = tp().args(["verify", c, "--json"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ok"], false);
@@ -435,11 +439,12 @@ fn refs_show_the_place_they_stand_for() {
     // that holds itself at `cycle/1`.
     let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/golden/demo-refs");
     let out = run_ok(&["inspect", golden]);
-    assert!(out.contains("├── model: dict[7] (shared #0)"), "{out}");
-    assert!(out.contains("again: ref -> model (shared #0, stored once)"), "{out}");
+    assert_contains(&out, &["├── model: dict[7] (shared #0)", "again: ref -> model (shared #0, stored once)"]);
     let ls = run_ok(&["ls", golden]);
-    assert!(ls.contains("\nagain\tref -> model (shared #0, stored once)\n"), "{ls}");
-    assert!(ls.contains("\ncycle/1\tref -> cycle (shared #1, stored once)\n"), "{ls}");
+    assert_contains(
+        &ls,
+        &["\nagain\tref -> model (shared #0, stored once)\n", "\ncycle/1\tref -> cycle (shared #1, stored once)\n"],
+    );
     assert_eq!(run_ok(&["ls", golden, "again"]).trim(), "again\tref -> model (shared #0, stored once)");
     let json: serde_json::Value = serde_json::from_str(&run_ok(&["inspect", "--json", golden])).unwrap();
     assert_eq!(

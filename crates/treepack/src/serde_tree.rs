@@ -161,6 +161,16 @@ fn wrap_variant(variant: Option<&'static str>, n: Node) -> Node {
     }
 }
 
+/// Serializer methods whose value is a leaf of the value widened to `$via` (the leaf kinds
+/// a tree holds: i64, u64 beyond it, f64).
+macro_rules! serialize_as {
+    ($($name:ident: $t:ty => $via:ty),* $(,)?) => {
+        $(fn $name(self, v: $t) -> Result<Node> {
+            Ok(Node::from(<$via>::from(v)))
+        })*
+    };
+}
+
 impl ser::Serializer for TreeSerializer {
     type Ok = Node;
     type Error = Error;
@@ -172,44 +182,24 @@ impl ser::Serializer for TreeSerializer {
     type SerializeStruct = StructSer;
     type SerializeStructVariant = StructSer;
 
-    fn serialize_bool(self, v: bool) -> Result<Node> {
-        Ok(Node::from(v))
-    }
-    fn serialize_i8(self, v: i8) -> Result<Node> {
-        Ok(Node::from(i64::from(v)))
-    }
-    fn serialize_i16(self, v: i16) -> Result<Node> {
-        Ok(Node::from(i64::from(v)))
-    }
-    fn serialize_i32(self, v: i32) -> Result<Node> {
-        Ok(Node::from(i64::from(v)))
-    }
-    fn serialize_i64(self, v: i64) -> Result<Node> {
-        Ok(Node::from(v))
+    serialize_as! {
+        serialize_bool: bool => bool,
+        serialize_i8: i8 => i64,
+        serialize_i16: i16 => i64,
+        serialize_i32: i32 => i64,
+        serialize_i64: i64 => i64,
+        serialize_u8: u8 => i64,
+        serialize_u16: u16 => i64,
+        serialize_u32: u32 => i64,
+        serialize_u64: u64 => u64,
+        serialize_f32: f32 => f64,
+        serialize_f64: f64 => f64,
     }
     fn serialize_i128(self, v: i128) -> Result<Node> {
         Ok(Tree::Leaf(Leaf::Int(Int::from_big(v.into()))))
     }
-    fn serialize_u8(self, v: u8) -> Result<Node> {
-        Ok(Node::from(i64::from(v)))
-    }
-    fn serialize_u16(self, v: u16) -> Result<Node> {
-        Ok(Node::from(i64::from(v)))
-    }
-    fn serialize_u32(self, v: u32) -> Result<Node> {
-        Ok(Node::from(i64::from(v)))
-    }
-    fn serialize_u64(self, v: u64) -> Result<Node> {
-        Ok(Node::from(v))
-    }
     fn serialize_u128(self, v: u128) -> Result<Node> {
         Ok(Tree::Leaf(Leaf::Int(Int::from_big(v.into()))))
-    }
-    fn serialize_f32(self, v: f32) -> Result<Node> {
-        Ok(Node::from(f64::from(v)))
-    }
-    fn serialize_f64(self, v: f64) -> Result<Node> {
-        Ok(Node::from(v))
     }
     fn serialize_char(self, v: char) -> Result<Node> {
         Ok(Node::from(v.to_string()))

@@ -2,6 +2,8 @@
 //! never a panic, hang, huge allocation, or a read outside the location.
 
 use std::path::Path;
+#[path = "support/files.rs"]
+mod files;
 use std::time::{Duration, Instant};
 use treepack::format::hash::Hash32;
 use treepack::format::manifest::seal;
@@ -233,9 +235,8 @@ fn manifest_damage_is_detected() {
 
 #[test]
 fn single_file_damage_is_detected() {
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("t.tpk");
-    let ps = p.to_str().unwrap();
+    let (_d, ps) = files::temp_place("t.tpk");
+    let (p, ps) = (std::path::PathBuf::from(&ps), ps.as_str());
     let arr = ArrayData::new(DType::U8, vec![100_000], vec![7u8; 100_000]).unwrap();
     save(&Node::dict([("a", Node::from(arr))]), ps, &SaveOptions::default()).unwrap();
     let good = std::fs::read(&p).unwrap();

@@ -52,6 +52,32 @@ fn outside() -> Outside {
 }
 
 /// Replace the folder `rel` of `loc` with a link to the target.
+/// The two halves of a test ([`child::case`]). In the child: print what `child_does` to the
+/// location, and `None` (the test returns). In the parent: a fresh outside, with `tree(1)`
+/// saved at `saved_at` beneath its location (`""`: the location itself) when given.
+fn child_or_outside(child_does: impl FnOnce(&Path) -> String, saved_at: Option<&str>) -> Option<Outside> {
+    if let Some(loc) = child::case() {
+        println!("{}", child_does(&loc));
+        return None;
+    }
+    let out = outside();
+    if let Some(rel) = saved_at {
+        let at = if rel.is_empty() { out.loc.clone() } else { out.loc.join(rel) };
+        save(&tree(1), s(&at), &SaveOptions::default()).unwrap();
+    }
+    Some(out)
+}
+
+/// A link planted at `rel` beneath the location, to `target` in the folder outside it: the
+/// child's operation (test `test`) refuses it, naming it, and nothing outside changes.
+fn link_refused(out: &Outside, test: &str, rel: &str, target: &str) -> PathBuf {
+    let link = out.loc.join(rel);
+    symlink(out.target().join(target), &link).unwrap();
+    assert_link(&run(test, &out.loc), &link);
+    out.assert_unchanged();
+    link
+}
+
 fn link_folder(out: &Outside, rel: &str) {
     let p = out.loc.join(rel);
     std::fs::remove_dir_all(&p).unwrap();
@@ -79,12 +105,7 @@ fn assert_link(got: &str, link: &Path) {
 // --- gc of a directory location
 
 fn gc_with_packs_linked(test: &str, grace: Duration) {
-    if let Some(loc) = child::case() {
-        println!("{}", child::outcome(gc(s(&loc), grace)));
-        return;
-    }
-    let out = outside();
-    save(&tree(1), s(&out.loc), &SaveOptions::default()).unwrap();
+    let Some(out) = child_or_outside(|loc| child::outcome(gc(s(loc), grace)), Some("")) else { return };
     link_folder(&out, "packs");
     assert_link(&run(test, &out.loc), &out.loc.join("packs"));
     out.assert_unchanged();
@@ -102,18 +123,15 @@ fn gc_refuses_a_linked_packs_folder_with_zero_grace() {
 
 #[test]
 fn gc_refuses_a_pack_that_is_a_link_and_load_refuses_it_too() {
-    if let Some(loc) = child::case() {
-        println!("{}", child::outcome(gc(s(&loc), Duration::ZERO)));
-        return;
-    }
-    let out = outside();
-    save(&tree(1), s(&out.loc), &SaveOptions::default()).unwrap();
+    let Some(out) = child_or_outside(|loc| child::outcome(gc(s(loc), Duration::ZERO)), Some("")) else { return };
     // An unreferenced pack beside the link, which gc would remove were it not refusing.
     std::fs::write(out.loc.join("packs/0000000000000000-0.tpp"), b"orphan").unwrap();
-    let link = out.loc.join("packs/deadbeef.tpp");
-    symlink(out.target().join("deadbeef.tpp"), &link).unwrap();
-    assert_link(&run("gc_refuses_a_pack_that_is_a_link_and_load_refuses_it_too", &out.loc), &link);
-    out.assert_unchanged();
+    let link = link_refused(
+        &out,
+        "gc_refuses_a_pack_that_is_a_link_and_load_refuses_it_too",
+        "packs/deadbeef.tpp",
+        "deadbeef.tpp",
+    );
     // Refused before anything was removed.
     assert!(out.loc.join("packs/0000000000000000-0.tpp").exists() && link.symlink_metadata().is_ok());
     std::fs::remove_file(out.loc.join("packs/0000000000000000-0.tpp")).unwrap();
@@ -131,48 +149,26 @@ fn gc_refuses_a_pack_that_is_a_link_and_load_refuses_it_too() {
 
 #[test]
 fn gc_refuses_a_staging_name_that_is_a_link() {
-    if let Some(loc) = child::case() {
-        println!("{}", child::outcome(gc(s(&loc), Duration::ZERO)));
-        return;
-    }
-    let out = outside();
-    save(&tree(1), s(&out.loc), &SaveOptions::default()).unwrap();
-    let link = out.loc.join("packs/x.tpp#1-1");
-    symlink(out.target().join("x.tpp#1-1"), &link).unwrap();
-    assert_link(&run("gc_refuses_a_staging_name_that_is_a_link", &out.loc), &link);
-    out.assert_unchanged();
+    let Some(out) = child_or_outside(|loc| child::outcome(gc(s(loc), Duration::ZERO)), Some("")) else { return };
+    let link = link_refused(&out, "gc_refuses_a_staging_name_that_is_a_link", "packs/x.tpp#1-1", "x.tpp#1-1");
     // Beside the manifest too.
     std::fs::remove_file(&link).unwrap();
-    let link = out.loc.join("treepack.json#1-1");
-    symlink(out.target().join("config.json"), &link).unwrap();
-    assert_link(&run("gc_refuses_a_staging_name_that_is_a_link", &out.loc), &link);
-    out.assert_unchanged();
+    link_refused(&out, "gc_refuses_a_staging_name_that_is_a_link", "treepack.json#1-1", "config.json");
 }
 
 #[test]
 fn gc_refuses_a_marker_name_that_is_a_link() {
-    if let Some(loc) = child::case() {
-        println!("{}", child::outcome(gc(s(&loc), Duration::ZERO)));
-        return;
-    }
-    let out = outside();
-    save(&tree(1), s(&out.loc), &SaveOptions::default()).unwrap();
-    let link = out.loc.join(".saving-1-1");
-    symlink(out.target().join("config.json"), &link).unwrap();
-    assert_link(&run("gc_refuses_a_marker_name_that_is_a_link", &out.loc), &link);
-    out.assert_unchanged();
+    let Some(out) = child_or_outside(|loc| child::outcome(gc(s(loc), Duration::ZERO)), Some("")) else { return };
+    link_refused(&out, "gc_refuses_a_marker_name_that_is_a_link", ".saving-1-1", "config.json");
 }
 
 // --- saves
 
 #[test]
 fn an_overwrite_refuses_a_linked_packs_folder() {
-    if let Some(loc) = child::case() {
-        println!("{}", child::outcome(save(&tree(7), s(&loc), &overwrite())));
+    let Some(out) = child_or_outside(|loc| child::outcome(save(&tree(7), s(loc), &overwrite())), Some("")) else {
         return;
-    }
-    let out = outside();
-    save(&tree(1), s(&out.loc), &SaveOptions::default()).unwrap();
+    };
     link_folder(&out, "packs");
     assert_link(&run("an_overwrite_refuses_a_linked_packs_folder", &out.loc), &out.loc.join("packs"));
     out.assert_unchanged();
@@ -183,11 +179,7 @@ fn an_overwrite_refuses_a_linked_packs_folder() {
 }
 
 fn save_onto_a_linked_manifest(test: &str, opts: SaveOptions) {
-    if let Some(loc) = child::case() {
-        println!("{}", child::outcome(save(&tree(7), s(&loc), &opts)));
-        return;
-    }
-    let out = outside();
+    let Some(out) = child_or_outside(|loc| child::outcome(save(&tree(7), s(loc), &opts)), None) else { return };
     std::fs::create_dir_all(&out.loc).unwrap();
     let link = out.loc.join("treepack.json");
     symlink(out.target().join("config.json"), &link).unwrap();
@@ -223,31 +215,27 @@ fn save_tpk_with_planted(loc: &Path, marker: bool) -> String {
     child::outcome(save(&tree(7), s(&loc.join("t.tpk")), &overwrite()))
 }
 
+/// A single-file save (test `test`) into links planted at the names it would take (see
+/// [`save_tpk_with_planted`]): refused, naming one (`named`), and nothing outside changed.
+/// `None` in the child.
+fn planted_link_refused(test: &str, marker: bool, named: &str) -> Option<Outside> {
+    let out = child_or_outside(|loc| save_tpk_with_planted(loc, marker), Some("t.tpk"))?;
+    let got = run(test, &out.loc);
+    assert!(got.starts_with("outcome error link: ") && got.contains(named), "{got}");
+    out.assert_unchanged();
+    Some(out)
+}
+
 #[test]
 fn a_single_file_save_refuses_a_planted_staging_link() {
-    if let Some(loc) = child::case() {
-        println!("{}", save_tpk_with_planted(&loc, false));
-        return;
+    if let Some(out) = planted_link_refused("a_single_file_save_refuses_a_planted_staging_link", false, "t.tpk#") {
+        assert!(load(s(&out.loc.join("t.tpk")), &LoadOptions::default()).unwrap().exact_eq(&tree(1)));
     }
-    let out = outside();
-    save(&tree(1), s(&out.loc.join("t.tpk")), &SaveOptions::default()).unwrap();
-    let got = run("a_single_file_save_refuses_a_planted_staging_link", &out.loc);
-    assert!(got.starts_with("outcome error link: ") && got.contains("t.tpk#"), "{got}");
-    out.assert_unchanged();
-    assert!(load(s(&out.loc.join("t.tpk")), &LoadOptions::default()).unwrap().exact_eq(&tree(1)));
 }
 
 #[test]
 fn a_single_file_save_refuses_a_planted_marker_link() {
-    if let Some(loc) = child::case() {
-        println!("{}", save_tpk_with_planted(&loc, true));
-        return;
-    }
-    let out = outside();
-    save(&tree(1), s(&out.loc.join("t.tpk")), &SaveOptions::default()).unwrap();
-    let got = run("a_single_file_save_refuses_a_planted_marker_link", &out.loc);
-    assert!(got.starts_with("outcome error link: ") && got.contains(".t.tpk.saving-"), "{got}");
-    out.assert_unchanged();
+    planted_link_refused("a_single_file_save_refuses_a_planted_marker_link", true, ".t.tpk.saving-");
 }
 
 #[test]
@@ -271,29 +259,26 @@ fn a_single_file_that_is_a_link_is_neither_overwritten_nor_loaded() {
 
 #[test]
 fn single_file_gc_refuses_a_staging_link() {
-    if let Some(loc) = child::case() {
-        println!("{}", child::outcome(gc(s(&loc.join("t.tpk")), Duration::ZERO)));
+    let Some(out) = child_or_outside(|loc| child::outcome(gc(s(&loc.join("t.tpk")), Duration::ZERO)), Some("t.tpk"))
+    else {
         return;
-    }
-    let out = outside();
-    save(&tree(1), s(&out.loc.join("t.tpk")), &SaveOptions::default()).unwrap();
-    let link = out.loc.join("t.tpk#1-1");
-    symlink(out.target().join("x.tpp#1-1"), &link).unwrap();
-    assert_link(&run("single_file_gc_refuses_a_staging_link", &out.loc), &link);
-    out.assert_unchanged();
+    };
+    link_refused(&out, "single_file_gc_refuses_a_staging_link", "t.tpk#1-1", "x.tpp#1-1");
 }
 
 // --- repositories
 
-fn repo_gc_with_linked(test: &str, folder: &str) {
-    if let Some(loc) = child::case() {
-        let r = Repository::open(s(&loc)).and_then(|r| r.gc(Duration::ZERO));
-        println!("{}", child::outcome(r));
-        return;
-    }
-    let out = outside();
+/// [`child_or_outside`] for a repository: in the child, `op` on the repository at the location;
+/// in the parent, a new repository there holding `tree(1)` as `a`.
+fn child_or_repository<T>(op: impl FnOnce(Repository) -> treepack::Result<T>) -> Option<(Outside, Repository)> {
+    let out = child_or_outside(|loc| child::outcome(Repository::open(s(loc)).and_then(op)), None)?;
     let repo = Repository::create(s(&out.loc)).unwrap();
     repo.save(&tree(1), "a", &SaveOptions::default()).unwrap();
+    Some((out, repo))
+}
+
+fn repo_gc_with_linked(test: &str, folder: &str) {
+    let Some((out, repo)) = child_or_repository(|r| r.gc(Duration::ZERO)) else { return };
     repo.save(&tree(2), "b", &SaveOptions::default()).unwrap();
     repo.delete("a").unwrap();
     link_folder(&out, folder);
@@ -323,14 +308,7 @@ fn repository_gc_refuses_a_linked_trees_folder() {
 
 #[test]
 fn a_repository_save_refuses_a_linked_packs_folder() {
-    if let Some(loc) = child::case() {
-        let r = Repository::open(s(&loc)).and_then(|r| r.save(&tree(9), "c", &SaveOptions::default()));
-        println!("{}", child::outcome(r));
-        return;
-    }
-    let out = outside();
-    let repo = Repository::create(s(&out.loc)).unwrap();
-    repo.save(&tree(1), "a", &SaveOptions::default()).unwrap();
+    let Some((out, _)) = child_or_repository(|r| r.save(&tree(9), "c", &SaveOptions::default())) else { return };
     link_folder(&out, "packs");
     assert_link(&run("a_repository_save_refuses_a_linked_packs_folder", &out.loc), &out.loc.join("packs"));
     out.assert_unchanged();

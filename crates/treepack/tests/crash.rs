@@ -35,10 +35,15 @@ fn child(loc: &str) -> Command {
 }
 
 /// A location (directory or `.tpk`, by `layout`'s name) holding `version(1)`.
-fn location_with_version_1(dir: &std::path::Path, layout: &str) -> String {
-    let loc = dir.join(layout).to_str().unwrap().to_string();
-    save(&version(1), &loc, &SaveOptions::default()).unwrap();
-    loc
+/// For each layout (a folder, a single file): `f(layout, loc, (version 1, version 2))` on a new
+/// location holding version 1.
+fn each_layout_at_version_1(mut f: impl FnMut(&str, &str, (Node, Node))) {
+    let dir = tempfile::tempdir().unwrap();
+    for layout in ["tree", "tree.tpk"] {
+        let loc = dir.path().join(layout).to_str().unwrap().to_string();
+        save(&version(1), &loc, &SaveOptions::default()).unwrap();
+        f(layout, &loc, (version(1), version(2)));
+    }
 }
 
 /// How the child overwrites: small chunks and packs so a save makes several storage writes, and
@@ -69,20 +74,17 @@ fn crash_child_helper() {
 
 #[test]
 fn sigkill_mid_save_leaves_old_or_new_tree() {
-    let dir = tempfile::tempdir().unwrap();
-    for layout in ["tree", "tree.tpk"] {
-        let loc = location_with_version_1(dir.path(), layout);
-        let (a, b) = (version(1), version(2));
+    each_layout_at_version_1(|layout, loc, (a, b)| {
         let mut seed = 0x9e37_79b9_u64;
         let mut saw = [0usize; 2];
         for _ in 0..30 {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let delay = Duration::from_millis(20 + (seed >> 33) % 300);
-            let mut child = child(&loc).spawn().unwrap();
+            let mut child = child(loc).spawn().unwrap();
             std::thread::sleep(delay);
             child.kill().unwrap(); // SIGKILL on Unix
             child.wait().unwrap();
-            let got = load(&loc, &LoadOptions::default()).expect("after a kill the location must still load");
+            let got = load(loc, &LoadOptions::default()).expect("after a kill the location must still load");
             if got.exact_eq(&a) {
                 saw[0] += 1;
             } else if got.exact_eq(&b) {
@@ -90,11 +92,11 @@ fn sigkill_mid_save_leaves_old_or_new_tree() {
             } else {
                 panic!("{layout}: a killed save left a tree that is neither the old nor the new one");
             }
-            gc(&loc, Duration::ZERO).unwrap();
-            assert!(load(&loc, &LoadOptions::default()).is_ok(), "gc must not break the committed tree");
+            gc(loc, Duration::ZERO).unwrap();
+            assert!(load(loc, &LoadOptions::default()).is_ok(), "gc must not break the committed tree");
         }
         eprintln!("{layout}: old/new after kills: {saw:?}");
-    }
+    });
 }
 
 /// Deterministic version: abort before each storage write of an overwrite in turn (packs, then
@@ -126,35 +128,43 @@ fn abort_before_each_write_leaves_old_or_new_tree() {
     }
 }
 
-#[test]
-fn two_writers_exactly_one_wins() {
+/// `rounds` races of two writers, each for a new location of each layout (`{name}{round}` and
+/// `{name}{round}.tpk` in a fresh folder): `race(folder, location, label)` runs one.
+fn race_rounds(rounds: usize, name: &str, mut race: impl FnMut(&std::path::Path, &str, &str)) {
     let dir = tempfile::tempdir().unwrap();
-    for round in 0..20 {
+    for round in 0..rounds {
         for ext in ["", ".tpk"] {
-            let loc = dir.path().join(format!("race{round}{ext}"));
-            let loc = loc.to_str().unwrap().to_string();
-            let barrier = std::sync::Barrier::new(2);
-            let results: Vec<Result<SaveInfo>> = std::thread::scope(|s| {
-                let hs: Vec<_> = (1..=2u8)
-                    .map(|v| {
-                        let (loc, barrier) = (&loc, &barrier);
-                        s.spawn(move || {
-                            let t = Node::dict([("writer", Node::from(i64::from(v)))]);
-                            barrier.wait();
-                            save(&t, loc, &SaveOptions::default())
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().unwrap()).collect()
-            });
-            let ok = results.iter().filter(|r| r.is_ok()).count();
-            assert_eq!(ok, 1, "round {round}{ext}: {results:?}");
-            assert!(results.iter().any(|r| matches!(r, Err(Error::AlreadyExists { .. }))));
-            let winner = results.iter().position(Result::is_ok).unwrap() as i64 + 1;
-            let got = load(&loc, &LoadOptions::default()).unwrap();
-            assert!(got.exact_eq(&Node::dict([("writer", Node::from(winner))])));
+            let label = format!("round {round}{ext}");
+            let loc = dir.path().join(format!("{name}{round}{ext}")).to_str().unwrap().to_string();
+            race(dir.path(), &loc, &label);
         }
     }
+}
+
+#[test]
+fn two_writers_exactly_one_wins() {
+    race_rounds(20, "race", |_, loc, label| {
+        let barrier = std::sync::Barrier::new(2);
+        let results: Vec<Result<SaveInfo>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (1..=2u8)
+                .map(|v| {
+                    let barrier = &barrier;
+                    s.spawn(move || {
+                        let t = Node::dict([("writer", Node::from(i64::from(v)))]);
+                        barrier.wait();
+                        save(&t, loc, &SaveOptions::default())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(ok, 1, "{label}: {results:?}");
+        assert!(results.iter().any(|r| matches!(r, Err(Error::AlreadyExists { .. }))));
+        let winner = results.iter().position(Result::is_ok).unwrap() as i64 + 1;
+        let got = load(loc, &LoadOptions::default()).unwrap();
+        assert!(got.exact_eq(&Node::dict([("writer", Node::from(winner))])));
+    });
 }
 
 /// Runs only as a child of `two_processes_exactly_one_wins`: wait for the go-file, save once,
@@ -181,48 +191,40 @@ fn race_child_helper() {
 
 #[test]
 fn two_processes_exactly_one_wins() {
-    let dir = tempfile::tempdir().unwrap();
-    for round in 0..10 {
-        for ext in ["", ".tpk"] {
-            let loc = dir.path().join(format!("prace{round}{ext}"));
-            let loc = loc.to_str().unwrap().to_string();
-            let go = dir.path().join(format!("go{round}{ext}"));
-            let mut kids: Vec<_> = (1..=2)
-                .map(|v| {
-                    Command::new(std::env::current_exe().unwrap())
-                        .args(["--exact", "race_child_helper", "--nocapture", "--test-threads=1"])
-                        .env("TREEPACK_RACE_CHILD", &loc)
-                        .env("TREEPACK_RACE_WRITER", v.to_string())
-                        .env("TREEPACK_RACE_GO", &go)
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .spawn()
-                        .unwrap()
-                })
-                .collect();
-            std::fs::write(&go, b"go").unwrap();
-            let codes: Vec<i32> = kids.iter_mut().map(|k| k.wait().unwrap().code().unwrap_or(-1)).collect();
-            let mut sorted = codes.clone();
-            sorted.sort();
-            assert_eq!(sorted, vec![0, 3], "round {round}{ext}: exit codes {codes:?} (0 saved, 3 already exists)");
-            let winner = codes.iter().position(|&c| c == 0).unwrap() as i64 + 1;
-            let got = load(&loc, &LoadOptions::default()).unwrap();
-            assert!(keypath::resolve(&got, "writer").unwrap().exact_eq(&Node::from(winner)), "round {round}{ext}");
-        }
-    }
+    race_rounds(10, "prace", |dir, loc, label| {
+        let go = dir.join(format!("go-{}", label.replace(' ', "-")));
+        let mut kids: Vec<_> = (1..=2)
+            .map(|v| {
+                Command::new(std::env::current_exe().unwrap())
+                    .args(["--exact", "race_child_helper", "--nocapture", "--test-threads=1"])
+                    .env("TREEPACK_RACE_CHILD", loc)
+                    .env("TREEPACK_RACE_WRITER", v.to_string())
+                    .env("TREEPACK_RACE_GO", &go)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        std::fs::write(&go, b"go").unwrap();
+        let codes: Vec<i32> = kids.iter_mut().map(|k| k.wait().unwrap().code().unwrap_or(-1)).collect();
+        let mut sorted = codes.clone();
+        sorted.sort();
+        assert_eq!(sorted, vec![0, 3], "{label}: exit codes {codes:?} (0 saved, 3 already exists)");
+        let winner = codes.iter().position(|&c| c == 0).unwrap() as i64 + 1;
+        let got = load(loc, &LoadOptions::default()).unwrap();
+        assert!(keypath::resolve(&got, "writer").unwrap().exact_eq(&Node::from(winner)), "{label}");
+    });
 }
 
 #[test]
 fn reader_process_during_saves_sees_whole_trees() {
-    let dir = tempfile::tempdir().unwrap();
-    for layout in ["tree", "tree.tpk"] {
-        let loc = location_with_version_1(dir.path(), layout);
-        let (a, b) = (version(1), version(2));
+    each_layout_at_version_1(|layout, loc, (a, b)| {
         // The writer overwrites 1 -> 2 -> 1 ... until killed.
-        let mut writer = child(&loc).spawn().unwrap();
+        let mut writer = child(loc).spawn().unwrap();
         let (mut seen_a, mut seen_b, mut not_found) = (0, 0, 0);
         for i in 0..40 {
-            match load(&loc, &LoadOptions::default()) {
+            match load(loc, &LoadOptions::default()) {
                 Ok(t) if t.exact_eq(&a) => seen_a += 1,
                 Ok(t) if t.exact_eq(&b) => seen_b += 1,
                 Ok(_) => panic!("{layout}: load {i} returned a tree that is neither version"),
@@ -235,5 +237,5 @@ fn reader_process_during_saves_sees_whole_trees() {
         writer.wait().unwrap();
         eprintln!("{layout}: old {seen_a}, new {seen_b}, not found {not_found}");
         assert!(seen_a + seen_b >= 20, "{layout}: most loads see a whole tree");
-    }
+    });
 }

@@ -358,21 +358,25 @@ fn check(name: &str, r: &Report) {
     );
 }
 
+/// A durable fresh save to `rel` and a durable overwrite of it, replayed and checked (`what`
+/// names the layout in failures).
+fn fresh_and_overwrite(rel: &str, what: &str) -> (Report, Report) {
+    let fresh = replay(rel, None, &tree(1), true);
+    check(&format!("fresh {what} save"), &fresh);
+    let over = replay(rel, Some(&tree(1)), &tree(2), true);
+    check(&format!("{what} overwrite"), &over);
+    (fresh, over)
+}
+
 #[test]
 fn durable_directory_saves_leave_the_old_tree_the_new_tree_or_nothing() {
-    let fresh = replay("ckpt", None, &tree(1), true);
-    check("fresh directory save", &fresh);
-    let over = replay("ckpt", Some(&tree(1)), &tree(2), true);
-    check("directory overwrite", &over);
+    let (fresh, over) = fresh_and_overwrite("ckpt", "directory");
     assert!(fresh.crash_points >= 15 && over.crash_points >= 15, "too few operations recorded");
 }
 
 #[test]
 fn durable_single_file_saves_leave_the_old_tree_the_new_tree_or_nothing() {
-    let fresh = replay("ckpt.tpk", None, &tree(1), true);
-    check("fresh .tpk save", &fresh);
-    let over = replay("ckpt.tpk", Some(&tree(1)), &tree(2), true);
-    check(".tpk overwrite", &over);
+    fresh_and_overwrite("ckpt.tpk", ".tpk");
     // A nested location: the folders the save creates must be durable too.
     let nested = replay("runs/7/ckpt", None, &tree(3), true);
     check("save into new folders", &nested);

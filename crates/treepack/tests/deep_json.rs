@@ -83,8 +83,12 @@ fn assert_all_refuse(got: &str, kind: &str, needles: &[&str]) {
     }
 }
 
-/// The parent's half of a manifest case: write it, run the child, check every reader refused it.
+/// A manifest case. In the child process the test runs itself in: every reader run on the tree
+/// there. In the parent: the manifest written, the child run, every reader's refusal checked.
 fn manifest_case(test: &str, manifest: Vec<u8>, needles: &[&str]) {
+    if let Some(dir) = child::case() {
+        return read_every_way(&dir);
+    }
     let out = Outside::new();
     write_tree(&out.loc, &manifest);
     let got = child::run(test, &out.loc);
@@ -96,26 +100,17 @@ const TOO_DEEP: &str = "JSON nested deeper than 128 levels";
 
 #[test]
 fn deep_metadata() {
-    if let Some(dir) = child::case() {
-        return read_every_way(&dir);
-    }
     manifest_case("deep_metadata", manifest_bytes(Some(&nested_lists(DEEP)), "1"), &["member `metadata`", TOO_DEEP]);
 }
 
 #[test]
 fn deep_metadata_objects() {
-    if let Some(dir) = child::case() {
-        return read_every_way(&dir);
-    }
     let m = manifest_bytes(Some(&nested_objects(DEEP)), "1");
     manifest_case("deep_metadata_objects", m, &["member `metadata`", TOO_DEEP]);
 }
 
 #[test]
 fn deep_custom_data() {
-    if let Some(dir) = child::case() {
-        return read_every_way(&dir);
-    }
     let root = format!("{{\"m\":{{\"t\":\"custom\",\"type\":\"x.Y\",\"data\":{}}}}}", nested_lists(DEEP));
     manifest_case("deep_custom_data", manifest_bytes(None, &root), &["at `m`", "member `data`", TOO_DEEP]);
 }
@@ -126,27 +121,18 @@ fn int8_array(extra: &str) -> String {
 
 #[test]
 fn deep_array_annotation() {
-    if let Some(dir) = child::case() {
-        return read_every_way(&dir);
-    }
     let root = int8_array(&format!("\"as\":{{\"type\":\"torch.Tensor\",\"x\":{}}},", nested_lists(DEEP)));
     manifest_case("deep_array_annotation", manifest_bytes(None, &root), &["at `model/w`", "member `as`", TOO_DEEP]);
 }
 
 #[test]
 fn deep_preview() {
-    if let Some(dir) = child::case() {
-        return read_every_way(&dir);
-    }
     let root = int8_array(&format!("\"preview\":{{\"head\":{}}},", nested_lists(DEEP)));
     manifest_case("deep_preview", manifest_bytes(None, &root), &["at `model/w`", "member `preview`", TOO_DEEP]);
 }
 
 #[test]
 fn deep_structured_dtype() {
-    if let Some(dir) = child::case() {
-        return read_every_way(&dir);
-    }
     // A dtype object nested as deep as it goes: refused at the dtype's own bound while it is
     // read, not after (its 16 struct levels are counted once it is whole).
     let root = format!(
@@ -174,9 +160,6 @@ fn deep_tagged_scalars() {
 /// structure is read by the outline (`OUTLINE_MIN_BYTES`).
 #[test]
 fn deep_value_in_a_big_manifest() {
-    if let Some(dir) = child::case() {
-        return read_every_way(&dir);
-    }
     let mut items: Vec<String> = (0..300).map(|i| format!("\"{}\"", format!("{i:04}").repeat(900))).collect();
     items.push(format!("{{\"t\":\"custom\",\"type\":\"x.Y\",\"data\":{}}}", nested_lists(DEEP)));
     let m = manifest_bytes(None, &format!("[{}]", items.join(",")));
@@ -450,34 +433,20 @@ fn repository_case(test: &str, kind: &str, rel: &str, load_refuses: bool) {
     out.assert_unchanged();
 }
 
+/// Each small file of a repository nested too deep, in turn: a ref, a pack index, the gc
+/// state, a lease (whether a load of the tree refuses it too).
 #[test]
-fn deep_repository_ref() {
+fn deep_repository_files() {
     if let Some(dir) = child::case() {
         return use_repository(&dir);
     }
-    repository_case("deep_repository_ref", "ref", "refs/t.json", true);
-}
-
-#[test]
-fn deep_repository_pack_index() {
-    if let Some(dir) = child::case() {
-        return use_repository(&dir);
+    let files = [
+        ("ref", "refs/t.json", true),
+        ("index", "index", false),
+        ("gc", "gc.json", false),
+        ("lease", "leases/x.json", false),
+    ];
+    for (kind, rel, load_refuses) in files {
+        repository_case("deep_repository_files", kind, rel, load_refuses);
     }
-    repository_case("deep_repository_pack_index", "index", "index", false);
-}
-
-#[test]
-fn deep_repository_gc_state() {
-    if let Some(dir) = child::case() {
-        return use_repository(&dir);
-    }
-    repository_case("deep_repository_gc_state", "gc", "gc.json", false);
-}
-
-#[test]
-fn deep_repository_lease() {
-    if let Some(dir) = child::case() {
-        return use_repository(&dir);
-    }
-    repository_case("deep_repository_lease", "lease", "leases/x.json", false);
 }

@@ -52,13 +52,20 @@ fn identical_chunks_are_stored_once() {
     assert!(load(p.to_str().unwrap(), &LoadOptions::default()).unwrap().exact_eq(&t));
 }
 
-#[test]
-fn gc_removes_only_unreferenced_leftovers() {
+/// `{"a": <5000 float32>}` saved in a fresh folder: the folder (removed when dropped), the
+/// tree's path and the tree.
+fn saved_dict() -> (tempfile::TempDir, std::path::PathBuf, Node) {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("t");
-    let ps = p.to_str().unwrap();
     let t = Node::dict([("a", arr(5000, 1))]);
-    save(&t, ps, &SaveOptions::default()).unwrap();
+    save(&t, p.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    (d, p, t)
+}
+
+#[test]
+fn gc_removes_only_unreferenced_leftovers() {
+    let (_d, p, t) = saved_dict();
+    let ps = p.to_str().unwrap();
     let live = pack_files(&p);
     // What a killed save leaves: an orphan pack and a staging file.
     std::fs::write(p.join("packs/deadbeefdeadbeef-0.tpp"), b"orphan").unwrap();
@@ -92,11 +99,8 @@ fn gc_single_file_staging() {
 
 #[test]
 fn gc_keeps_what_a_running_save_wrote_and_removes_dead_saves_markers() {
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("t");
+    let (_d, p, t) = saved_dict();
     let ps = p.to_str().unwrap();
-    let t = Node::dict([("a", arr(5000, 1))]);
-    save(&t, ps, &SaveOptions::default()).unwrap();
     let loc = Location::parse(ps).unwrap();
     // A save running now: its marker is held; a pack it wrote is unreferenced until it commits.
     let marker = loc.save_marker(true).unwrap().expect("local saves have markers");
@@ -247,15 +251,25 @@ fn pipelined_save_writes_the_same_files_as_a_one_batch_save() {
     assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "progress never goes back");
 }
 
+/// A folder `name` in `parent` holding the folders `dirs` and the files `files` (path, bytes).
+fn folder_of(parent: &std::path::Path, name: &str, dirs: &[&str], files: &[(&str, &[u8])]) -> std::path::PathBuf {
+    let folder = parent.join(name);
+    for d in dirs {
+        std::fs::create_dir_all(folder.join(d)).unwrap();
+    }
+    for (f, bytes) in files {
+        std::fs::write(folder.join(f), bytes).unwrap();
+    }
+    folder
+}
+
 /// A save into a folder holding other files and no tree is refused, with or without overwrite,
 /// and leaves the files alone; treepack's own leftovers (a dead save's packs, staging files)
 /// are not in the way; a repository folder says to save as LOCATION@NAME.
 #[test]
 fn a_save_into_a_folder_of_other_files_is_refused() {
     let d = tempfile::tempdir().unwrap();
-    let dir = d.path().join("ckpt");
-    std::fs::create_dir_all(dir.join("data")).unwrap();
-    std::fs::write(dir.join("config.json"), b"{\"mine\": true}").unwrap();
+    let dir = folder_of(d.path(), "ckpt", &["data"], &[("config.json", b"{\"mine\": true}")]);
     let tree = Node::dict([("x", Node::from(1i64))]);
     for overwrite in [false, true] {
         let e = save(&tree, dir.to_str().unwrap(), &SaveOptions { overwrite, ..Default::default() }).unwrap_err();
@@ -269,10 +283,7 @@ fn a_save_into_a_folder_of_other_files_is_refused() {
     let empty = d.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     save(&tree, empty.to_str().unwrap(), &SaveOptions::default()).unwrap();
-    let left = d.path().join("left");
-    std::fs::create_dir_all(left.join("packs")).unwrap();
-    std::fs::write(left.join("packs/0123.tpp"), b"x").unwrap();
-    std::fs::write(left.join("treepack.json#1-2"), b"x").unwrap();
+    let left = folder_of(d.path(), "left", &["packs"], &[("packs/0123.tpp", b"x"), ("treepack.json#1-2", b"x")]);
     save(&tree, left.to_str().unwrap(), &SaveOptions::default()).unwrap();
     // A tree with other files beside it is still a tree: it can be overwritten.
     std::fs::write(empty.join("README"), b"notes").unwrap();

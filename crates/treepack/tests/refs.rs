@@ -12,6 +12,14 @@ fn arr(v: &[i32]) -> Node {
 }
 
 /// `{"a": <shared 0: {"x": [1,2,3], "y": "why"}>, "b": ref 0, "c": [ref 0, <shared 1: a cycle>]}`
+/// `tree` saved in a fresh folder: the folder (removed when dropped) and the tree's location.
+fn saved(tree: &Node) -> (tempfile::TempDir, String) {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t").to_str().unwrap().to_string();
+    save(tree, &p, &SaveOptions::default()).unwrap();
+    (d, p)
+}
+
 fn tree() -> Node {
     let obj = Node::dict([("x", arr(&[1, 2, 3])), ("y", Node::from("why"))]);
     let cycle = Tree::Shared { id: 1, node: Box::new(Node::list([Node::from(7i64), Tree::Ref(1)])) };
@@ -50,10 +58,8 @@ fn shared_objects_and_cycles_round_trip_as_format_1_2() {
 
 #[test]
 fn a_selection_of_a_ref_place_loads_the_object() {
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("t");
-    let p = p.to_str().unwrap();
-    save(&tree(), p, &SaveOptions::default()).unwrap();
+    let (_d, p) = saved(&tree());
+    let p = p.as_str();
     let back = load(p, &LoadOptions { select: vec!["b".into()], ..Default::default() }).unwrap();
     let Tree::Dict(items) = &back else { panic!() };
     // `b` is still a ref, and its object is loaded at its own place `a`.
@@ -105,10 +111,8 @@ fn trees_without_refs_are_still_written_as_before() {
 #[test]
 fn small_trees_with_refs_still_load_in_one_pass() {
     use treepack::read::one_pass::{load_one_pass, NodeBuild};
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("t");
-    let p = p.to_str().unwrap();
-    save(&tree(), p, &SaveOptions::default()).unwrap();
+    let (_d, p) = saved(&tree());
+    let p = p.as_str();
     let loc = p.into_location().unwrap().pin().unwrap();
     let (bytes, file) = loc.block_on(read::manifest_bytes(&loc)).unwrap();
     let got = load_one_pass(&loc, &bytes, &file, &NodeBuild { file: &file }, true).expect("one pass");
@@ -137,10 +141,8 @@ fn objects() -> Node {
 
 #[test]
 fn partial_loads_build_whole_objects_and_drop_refs_to_objects_not_built() {
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("t");
-    let p = p.to_str().unwrap();
-    save(&objects(), p, &SaveOptions::default()).unwrap();
+    let (_d, p) = saved(&objects());
+    let p = p.as_str();
     let partial: std::collections::HashSet<String> = ["py.ordereddict".to_string()].into();
     let opts = |sel: &[&str]| LoadOptions {
         select: sel.iter().map(|s| s.to_string()).collect(),
@@ -177,10 +179,8 @@ fn partial_loads_build_whole_objects_and_drop_refs_to_objects_not_built() {
 /// (`b/x` where `b` is a ref) reads the object the ref names.
 #[test]
 fn selects_that_match_nothing_are_refused_and_selects_go_through_refs() {
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("t");
-    let p = p.to_str().unwrap();
-    save(&tree(), p, &SaveOptions::default()).unwrap();
+    let (_d, p) = saved(&tree());
+    let p = p.as_str();
     let sel = |v: &[&str]| LoadOptions { select: v.iter().map(|s| s.to_string()).collect(), ..Default::default() };
     for (patterns, missing) in [
         (vec!["a/xx"], vec!["a/xx"]),

@@ -27,6 +27,15 @@ fn with_layer(mut t: Node, i: usize, seed: u8) -> Node {
     t
 }
 
+/// A new repository `name` in a fresh folder: the folder (removed when dropped), the
+/// repository's path and the repository.
+fn new_repo(name: &str) -> (tempfile::TempDir, std::path::PathBuf, Repository) {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = dir.path().join(name);
+    let repo = Repository::create(loc.to_str().unwrap()).unwrap();
+    (dir, loc, repo)
+}
+
 fn dir_size(p: &std::path::Path) -> u64 {
     let mut n = 0;
     for e in std::fs::read_dir(p).unwrap().flatten() {
@@ -38,9 +47,7 @@ fn dir_size(p: &std::path::Path) -> u64 {
 
 #[test]
 fn a_second_save_writes_only_what_changed_and_both_load() {
-    let dir = tempfile::tempdir().unwrap();
-    let loc = dir.path().join("repo");
-    let repo = Repository::create(loc.to_str().unwrap()).unwrap();
+    let (dir, loc, repo) = new_repo("repo");
     let a = checkpoint(8, 0, 1);
     let ia = repo.save(&a, "step-1", &SaveOptions::default()).unwrap();
     let ra = ia.root.unwrap();
@@ -82,9 +89,7 @@ fn a_second_save_writes_only_what_changed_and_both_load() {
 
 #[test]
 fn a_plain_save_to_location_at_name_saves_into_the_repository() {
-    let dir = tempfile::tempdir().unwrap();
-    let loc = dir.path().join("repo");
-    Repository::create(loc.to_str().unwrap()).unwrap();
+    let (_dir, loc, _) = new_repo("repo");
     let t = checkpoint(2, 1, 5);
     let at = format!("{}@v1", loc.display());
     let info = save(&t, at.as_str(), &SaveOptions::default()).unwrap();
@@ -109,9 +114,7 @@ fn names_are_create_only_unless_overwritten() {
 
 #[test]
 fn of_concurrent_writers_of_one_name_one_wins_and_other_names_all_commit() {
-    let dir = tempfile::tempdir().unwrap();
-    let loc = dir.path().join("r");
-    Repository::create(loc.to_str().unwrap()).unwrap();
+    let (_dir, loc, _) = new_repo("r");
     let loc = loc.to_str().unwrap().to_string();
     let results: Vec<(Result<SaveInfo>, Node)> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..6u8)
@@ -145,9 +148,7 @@ fn of_concurrent_writers_of_one_name_one_wins_and_other_names_all_commit() {
 
 #[test]
 fn gc_frees_what_only_deleted_trees_used_and_keeps_the_rest() {
-    let dir = tempfile::tempdir().unwrap();
-    let loc = dir.path().join("r");
-    let repo = Repository::create(loc.to_str().unwrap()).unwrap();
+    let (_dir, loc, repo) = new_repo("r");
     let a = checkpoint(4, 0, 1);
     let b = with_layer(a.clone(), 0, 7);
     repo.save(&a, "a", &SaveOptions::default()).unwrap();
@@ -178,9 +179,7 @@ fn gc_frees_what_only_deleted_trees_used_and_keeps_the_rest() {
 
 #[test]
 fn gc_racing_saves_never_breaks_a_committed_tree() {
-    let dir = tempfile::tempdir().unwrap();
-    let loc = dir.path().join("r");
-    Repository::create(loc.to_str().unwrap()).unwrap();
+    let (_dir, loc, _) = new_repo("r");
     let loc = loc.to_str().unwrap().to_string();
     let stop = Arc::new(AtomicBool::new(false));
     std::thread::scope(|s| {
@@ -229,9 +228,7 @@ fn gc_racing_saves_never_breaks_a_committed_tree() {
 
 #[test]
 fn a_running_save_defers_gc_and_a_dead_ones_lease_does_not() {
-    let dir = tempfile::tempdir().unwrap();
-    let loc = dir.path().join("r");
-    let repo = Repository::create(loc.to_str().unwrap()).unwrap();
+    let (_dir, loc, repo) = new_repo("r");
     repo.save(&checkpoint(1, 0, 0), "a", &SaveOptions::default()).unwrap();
     repo.delete("a").unwrap();
     let leases = loc.join("leases");
@@ -310,9 +307,7 @@ fn a_repository_in_an_object_store_shares_chunks_too() {
 
 #[test]
 fn a_pack_deleted_by_hand_is_reported_for_every_tree_that_needs_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let loc = dir.path().join("r");
-    let repo = Repository::create(loc.to_str().unwrap()).unwrap();
+    let (_dir, loc, repo) = new_repo("r");
     let a = checkpoint(2, 0, 1);
     repo.save(&a, "a", &SaveOptions::default()).unwrap();
     repo.save(&with_layer(a.clone(), 1, 5), "b", &SaveOptions::default()).unwrap();
@@ -390,9 +385,7 @@ fn overwrites_are_compare_and_swap() {
 #[test]
 fn a_lying_pack_index_is_not_reused() {
     for case in ["longer", "missing pack", "smaller"] {
-        let dir = tempfile::tempdir().unwrap();
-        let loc = dir.path().join("repo");
-        let repo = Repository::create(loc.to_str().unwrap()).unwrap();
+        let (_dir, loc, repo) = new_repo("repo");
         let a = checkpoint(2, 0, 1);
         repo.save(&a, "step-1", &SaveOptions::default()).unwrap();
         let index_dir = loc.join("index");

@@ -2,6 +2,8 @@
 //! (in memory, or a `.json` file as a location), import, schema.
 
 use std::path::{Path, PathBuf};
+#[path = "support/files.rs"]
+mod files;
 use treepack::format::transport::{self as form, Encoding};
 use treepack::transport::{self, ExportOptions};
 use treepack::*;
@@ -88,9 +90,8 @@ fn a_json_file_is_a_read_only_location_and_import_stores_it() {
 
 #[test]
 fn a_repository_tree_exports_only_its_own_chunks() {
-    let d = tempfile::tempdir().unwrap();
-    let repo = d.path().join("repo");
-    let repo = repo.to_str().unwrap();
+    let (_d, repo) = files::temp_place("repo");
+    let repo = repo.as_str();
     Repository::create(repo).unwrap();
     let big = Node::from(
         ArrayData::new(DType::U8, vec![1 << 20], (0..1u32 << 20).map(|i| (i * 7) as u8).collect::<Vec<u8>>()).unwrap(),

@@ -37,27 +37,27 @@ pub struct RepoGcReport {
     pub leases_removed: usize,
 }
 
+/// `read` of each item, [`READ_CONCURRENCY`] at a time, the results in the items' order.
+async fn read_each<I: IntoIterator, T, F: std::future::Future<Output = Result<T>>>(
+    items: I,
+    read: impl FnMut(I::Item) -> F,
+) -> Vec<Result<T>> {
+    futures::stream::iter(items).map(read).buffered(READ_CONCURRENCY).collect().await
+}
+
 /// The manifests the refs name, and the packs those manifests name.
 async fn referenced(repo: &Repository) -> Result<(HashSet<String>, HashSet<String>)> {
     let listed = repo.loc.list(layout::REFS_DIR).await?;
     let names: Vec<String> =
         listed.iter().filter_map(|(rel, _, _)| layout::name_of_ref(rel).map(str::to_string)).collect();
-    let refs: Vec<Result<Option<RefRecord>>> = futures::stream::iter(names)
-        .map(|n| async move { repo.read_ref(&n).await })
-        .buffered(READ_CONCURRENCY)
-        .collect()
-        .await;
+    let refs = read_each(names, |n| async move { repo.read_ref(&n).await }).await;
     let mut trees = HashSet::new();
     for r in refs {
         if let Some(r) = r? {
             trees.insert(r.tree);
         }
     }
-    let lists: Vec<Result<Arc<Vec<String>>>> = futures::stream::iter(trees.iter().cloned())
-        .map(|t| async move { repo.packs_of_tree(&t).await })
-        .buffered(READ_CONCURRENCY)
-        .collect()
-        .await;
+    let lists = read_each(trees.iter().cloned(), |t| async move { repo.packs_of_tree(&t).await }).await;
     let mut packs = HashSet::new();
     for l in lists {
         packs.extend(l?.iter().cloned());

@@ -303,12 +303,7 @@ impl Repository {
         if let Some(i) = self.indexes.lock().ok().and_then(|m| m.get(rel).cloned()) {
             return Ok(i);
         }
-        let file = self.loc.file_name(rel);
-        let b = self
-            .loc
-            .get_opt(rel, layout::MAX_INDEX_FILE)
-            .await?
-            .ok_or_else(|| Error::missing_part(self.loc.display(), &file))?;
+        let (b, file) = self.get_part(rel, layout::MAX_INDEX_FILE).await?;
         let idx = Arc::new(PackIndex::decode(&b).map_err(|r| Error::manifest(&file, "", r))?);
         if layout::index_path(&idx.pack).as_deref() != Some(rel) {
             return Err(Error::manifest(&file, "pack", format!("{} does not belong to this index file", idx.pack)));
@@ -333,14 +328,17 @@ impl Repository {
         Ok(packs)
     }
 
+    /// A file of the repository that must be there (a missing one is a missing part), of at
+    /// most `limit` bytes, with its name for errors.
+    async fn get_part(&self, rel: &str, limit: u64) -> Result<(Bytes, String)> {
+        let file = self.loc.file_name(rel);
+        let b = self.loc.get_opt(rel, limit).await?.ok_or_else(|| Error::missing_part(self.loc.display(), &file))?;
+        Ok((b, file))
+    }
+
     /// A committed manifest's bytes, checked against the hash its file is named by.
     async fn manifest_bytes(&self, tree: &str) -> Result<(Bytes, String)> {
-        let file = self.loc.file_name(tree);
-        let b = self
-            .loc
-            .get_opt(tree, manifest::MAX_MANIFEST_BYTES)
-            .await?
-            .ok_or_else(|| Error::missing_part(self.loc.display(), &file))?;
+        let (b, file) = self.get_part(tree, manifest::MAX_MANIFEST_BYTES).await?;
         let want = tree.strip_prefix("trees/").and_then(|t| t.strip_suffix(".json")).and_then(Hash32::from_hex);
         let got = Hash32::of(&b);
         if want != Some(got) {

@@ -16,3 +16,11 @@ pub fn walk(p: &Path) -> Vec<PathBuf> {
     }
     v
 }
+
+/// A place named `name` in a fresh folder: the folder (removed when dropped) and the place's
+/// path as the location string the API takes.
+pub fn temp_place(name: &str) -> (tempfile::TempDir, String) {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join(name).to_str().unwrap().to_string();
+    (d, p)
+}

@@ -143,7 +143,7 @@ impl PickleError {
     }
 }
 
-/// An object's index in [`Pickle::objects`].
+/// An object's index in the objects of a [`Pickle`].
 pub type Id = u32;
 
 /// A torch storage named by a persistent id `('storage', storage_type, key, location, numel)`.

@@ -141,7 +141,7 @@ impl crate::Backend for ObjectBackend {
         .boxed()
     }
 
-    /// Ranged reads: coalesced into few requests (see [`plan::plan_requests`]), at most
+    /// Ranged reads: coalesced into few requests (`plan.rs`), at most
     /// `max_concurrency` in flight, each retried with backoff by the client.
     fn read_ranges<'a>(&'a self, loc: &'a Location, rel: &'a str, read: RangeRead<'a>) -> BoxFuture<'a, Vec<Bytes>> {
         let RangeRead { ranges, progress, .. } = read;

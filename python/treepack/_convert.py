@@ -21,7 +21,7 @@ from ._transport import memory_location
 
 __all__ = ["convert"]
 
-_FORMATS = ("treepack", "safetensors", "npz", "npy", "zarr", "hdf5")
+_FORMATS = ("treepack", "safetensors", "torch", "npz", "npy", "zarr", "hdf5")
 
 
 def _format_of(path: str, explicit: Optional[str], read: bool) -> str:
@@ -38,7 +38,9 @@ def foreign_format(path: str) -> Optional[str]:
     """The format another library writes that is at ``path`` (an existing local file or folder,
     known by its content), if any."""
     found = _core.detect_format(path, True)
-    return None if found == "treepack" else found
+    # A torch.save checkpoint is read by the core as the tree it holds, wherever a location is
+    # (load, open, load_structure), without pickle: no conversion here.
+    return None if found in ("treepack", "torch") else found
 
 
 def load_foreign(path: str, fmt: str, load_kwargs: Dict[str, Any]) -> Any:
@@ -79,6 +81,11 @@ def convert(
     - ``.npz`` (read and write, the same naming) and ``.npy`` (one array): read with numpy's
       ``allow_pickle=False`` (object arrays are refused), written one array at a time.
 
+    - ``torch.save`` checkpoints (``.pt``, ``.pth``, ``pytorch_model.bin``; known by content), read
+      only, without pickle: the pickle is interpreted as data by treepack's own reader, which
+      builds tensors, dicts, lists and plain values from an allow-list and refuses any other
+      class or function naming it (docs/security.md). ``treepack.load``/``open`` read such a
+      file directly.
     - Zarr (a ``.zarr`` folder: v3 written, v3 and v2 read, through zarr-python) and HDF5 (h5py):
       dicts, lists and tuples are groups, arrays are arrays/datasets (the chunk grid kept,
       compressed chunks written with zstd / gzip), other leaves attributes; see docs/convert.md.
@@ -116,7 +123,10 @@ def _convert(s: str, d: str, from_format: Optional[str], to_format: Optional[str
     if f == t:
         hint = "copy it with `treepack cp`" if f == "treepack" else "nothing to convert"
         raise ValueError(f"{s} and {d} are both {f}: {hint}")
-    if "safetensors" in (f, t) and "treepack" in (f, t):
+    if t == "torch":
+        raise ValueError(f"{d}: treepack reads torch.save checkpoints but does not write them; convert to treepack or "
+                         "safetensors, or torch.save(treepack.load(SRC), DST) with torch installed")
+    if ("safetensors" in (f, t) and "treepack" in (f, t)) or (f == "torch" and t in ("treepack", "safetensors")):
         unknown = set(save_kwargs) - {"compression", "durable"}
         if unknown:
             raise TypeError(f"convert() got unexpected keyword arguments {sorted(unknown)}")

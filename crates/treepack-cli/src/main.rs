@@ -576,7 +576,7 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>, vi
             }
         });
         let out = json!({
-            "location": path, "layout": format!("{:?}", r.location().layout()).to_lowercase(),
+            "location": path, "layout": format!("{:?}", r.location().layout()).to_lowercase(), "read_from": r.location().read_from(),
             "version": [m.version.0, m.version.1], "writer": m.writer, "metadata": m.metadata,
             "leaves": leaves, "refs": refs,
             "totals": {"leaves": t.leaves, "arrays": t.arrays, "array_bytes": t.array_bytes, "stored_bytes": stored, "packs": m.packs.len(),
@@ -585,16 +585,21 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>, vi
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "{path}  ({}, format {}.{}, {} pack{}, {} stored, written by {})",
-        format!("{:?}", r.location().layout()).to_lowercase(),
-        m.version.0,
-        m.version.1,
-        m.packs.len(),
-        if m.packs.len() == 1 { "" } else { "s" },
-        human_bytes(stored),
-        m.writer
-    );
+    if let Some(kind) = r.location().read_from() {
+        // The tree of another tool's file: its own layout and writer are not treepack's.
+        println!("{path}  ({kind}, read as a tree without running its code)");
+    } else {
+        println!(
+            "{path}  ({}, format {}.{}, {} pack{}, {} stored, written by {})",
+            format!("{:?}", r.location().layout()).to_lowercase(),
+            m.version.0,
+            m.version.1,
+            m.packs.len(),
+            if m.packs.len() == 1 { "" } else { "s" },
+            human_bytes(stored),
+            m.writer
+        );
+    }
     let targets = Targets::of(&m.root);
     let mut out = Render::new(&targets, view);
     if let Some(md) = &m.metadata {

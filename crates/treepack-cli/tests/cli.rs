@@ -713,3 +713,43 @@ fn convert_knows_a_source_by_its_content_not_its_name() {
     assert_eq!(treepack::convert::detect_format(&path("w.npz"), false), "npz");
     assert_eq!(treepack::convert::detect_format(&path("w.npz"), true), "safetensors");
 }
+
+/// A torch.save checkpoint (written by torch: crates/treepack/tests/data/torch/make_fixtures.py)
+/// is known by its content whatever its name, and every reading command reads it as the tree it
+/// holds, without Python and without pickle; treepack writes none.
+#[test]
+fn a_torch_checkpoint_is_read_by_every_reading_command() {
+    let d = tempfile::tempdir().unwrap();
+    let path = |name: &str| d.path().join(name).to_str().unwrap().to_string();
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/../treepack/tests/data/torch/");
+    std::fs::copy(format!("{fixtures}state_dict.pt"), path("pytorch_model.bin")).unwrap();
+    let ckpt = path("pytorch_model.bin");
+    assert_eq!(treepack::convert::detect_format(&ckpt, true), "torch");
+    assert_eq!(treepack::convert::detect_format(&path("new.pt"), false), "torch");
+    let out = run_ok(&["inspect", &ckpt]);
+    assert_contains(&out, &["(torch.save checkpoint, read as a tree", "w: float32[3, 4]", "torch.Tensor"]);
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&["inspect", &ckpt, "--json"])).unwrap();
+    assert_eq!(v["read_from"], "torch.save checkpoint");
+    let out = run_ok(&["ls", &ckpt, "nested/inner/*"]);
+    assert_contains(&out, &["nested/inner/scale\tfloat16[2]", "nested/inner/bf\tbfloat16[3]"]);
+    let out = run_ok(&["cat", &ckpt, "nested/s"]);
+    assert_eq!(out.trim(), "\"text\"");
+    assert_contains(&run_ok(&["verify", &ckpt]), &["0 problems"]);
+    let out = run_ok(&["convert", &ckpt, &path("t.tpk"), "-q"]);
+    assert!(out.starts_with("converted "), "{out}");
+    assert_eq!(run_ok(&["cat", &path("t.tpk"), "nested/s"]).trim(), "\"text\"");
+    let out = run_ok(&["convert", &format!("{fixtures}model.pt"), &path("m.safetensors"), "-q"]);
+    assert!(out.starts_with("converted 4 tensors"), "{out}");
+    // Never written: not as a destination, not as a location to save into.
+    let out = tp().args(["convert", &path("t.tpk"), &path("back.pt")]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("does not write them"), "{err}");
+    let out = tp().args(["cp", &path("t.tpk"), &ckpt, "--overwrite"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("read as a tree but not written"), "{err}");
+    // The legacy format is named, with what to do.
+    std::fs::write(path("old.pt"), b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19\x2e").unwrap();
+    let out = tp().args(["inspect", &path("old.pt")]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("legacy torch.save format") && err.contains("re-save"), "{err}");
+}

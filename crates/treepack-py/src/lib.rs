@@ -180,7 +180,7 @@ fn convert(
     use treepack::convert::{ConvertOptions, Format};
     let (s, d) = (location(src, storage_options.clone())?, location(dst, storage_options)?);
     let (f, t) =
-        (Format::of(src, Some(from_format)).map_err(py_err)?, Format::of(dst, Some(to_format)).map_err(py_err)?);
+        (Format::of_source(src, Some(from_format)).map_err(py_err)?, Format::of(dst, Some(to_format)).map_err(py_err)?);
     let mut save = SaveOptions { overwrite, durable, progress: progress_fn(progress), ..Default::default() };
     if let Some(c) = compression {
         save.compression = treepack::save::Compression::parse(&c).map_err(py_err)?;

@@ -1,5 +1,6 @@
 //! Converting trees to and from other formats (docs/convert.md). The Rust core handles
-//! safetensors; the Python package adds `.npy`/`.npz` through numpy.
+//! safetensors and reads `torch.save` checkpoints (without pickle, [`crate::foreign::torch`]);
+//! the Python package adds `.npy`/`.npz`, Zarr and HDF5.
 //!
 //! Conversion streams: a safetensors file is memory-mapped and each tensor becomes an array
 //! viewing the mapping (no copy; the save reads the pages as it writes them), and a tree is
@@ -26,6 +27,9 @@ pub enum Format {
     Treepack,
     /// A `.safetensors` file.
     Safetensors,
+    /// A `torch.save` checkpoint (`.pt`, `.pth`, `pytorch_model.bin`), read without pickle
+    /// ([`crate::foreign::torch`]); a source only.
+    Torch,
 }
 
 impl Format {
@@ -52,6 +56,13 @@ impl Format {
         match explicit.unwrap_or_else(|| detect_format(path, read)) {
             "treepack" | "tpk" => Ok(Format::Treepack),
             "safetensors" => Ok(Format::Safetensors),
+            "torch" if read => Ok(Format::Torch),
+            "torch" => Err(Error::BadLocation {
+                location: path.to_string(),
+                reason: "treepack reads torch.save checkpoints but does not write them: convert to treepack or \
+                         .safetensors, or torch.save(treepack.load(SRC), DST) in Python (tensors come back as torch tensors)"
+                    .into(),
+            }),
             other => Err(Self::python_only(path, other)),
         }
     }
@@ -59,11 +70,13 @@ impl Format {
 
 /// The formats [`detect_format`] tells apart, as `convert` names them (the Python package
 /// converts those past the first two, through numpy, zarr-python and h5py).
-pub const FORMAT_NAMES: [&str; 6] = ["treepack", "safetensors", "npz", "npy", "zarr", "hdf5"];
+pub const FORMAT_NAMES: [&str; 7] = ["treepack", "safetensors", "torch", "npz", "npy", "zarr", "hdf5"];
 
 /// Extensions that name a format (compared without regard to case).
-const EXTENSIONS: [(&str, &str); 7] = [
+const EXTENSIONS: [(&str, &str); 9] = [
     ("safetensors", "safetensors"),
+    ("pt", "torch"),
+    ("pth", "torch"),
     ("npz", "npz"),
     ("npy", "npy"),
     ("zarr", "zarr"),
@@ -76,8 +89,9 @@ const EXTENSIONS: [(&str, &str); 7] = [
 /// the Python package. With `read` (a source), a local file or folder that exists is known by
 /// its content: a folder holding `treepack.json` is a treepack tree, one holding `zarr.json`,
 /// `.zgroup` or `.zarray` a Zarr store; a file by its first bytes (`TREEPACK`, numpy's
-/// `\x93NUMPY`, a zip's `PK`, HDF5's signature at 0 or past a user block, a safetensors
-/// header's length and `{`). Anything else (a destination, a remote place, content that no
+/// `\x93NUMPY`, a zip whose first entry is `<name>/data.pkl` (a `torch.save` checkpoint; torch's
+/// legacy magic too), any other zip's `PK` (npz), HDF5's signature at 0 or past a user block, a
+/// safetensors header's length and `{`). Anything else (a destination, a remote place, content that no
 /// rule knows) is named by its extension, and is a treepack location without one it knows.
 pub fn detect_format(path: &str, read: bool) -> &'static str {
     if read && !path.contains("://") {
@@ -105,7 +119,7 @@ fn content_format(path: &std::path::Path) -> Option<&'static str> {
         return zarr.then_some("zarr");
     }
     let mut f = std::fs::File::open(path).ok()?;
-    let mut head = [0u8; 16];
+    let mut head = [0u8; 512];
     let mut n = 0;
     while n < head.len() {
         match f.read(&mut head[n..]) {
@@ -120,6 +134,9 @@ fn content_format(path: &std::path::Path) -> Option<&'static str> {
     }
     if head.starts_with(b"\x93NUMPY") {
         return Some("npy");
+    }
+    if crate::foreign::torch::is_checkpoint(head) {
+        return Some("torch");
     }
     if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
         return Some("npz");
@@ -150,7 +167,7 @@ impl Format {
         Error::BadLocation {
             location: path.to_string(),
             reason: format!(
-                "{name:?}: the Rust core converts treepack and safetensors; npz, npy, Zarr and HDF5 go through the Python package: python -m treepack convert SRC DST (pip install treepack; docs/convert.md)"
+                "{name:?}: the Rust core converts treepack and safetensors (and reads torch.save checkpoints); npz, npy, Zarr and HDF5 go through the Python package: python -m treepack convert SRC DST (pip install treepack; docs/convert.md)"
             ),
         }
     }
@@ -208,7 +225,17 @@ pub fn convert(src: &Location, dst: &Location, from: Format, to: Format, opts: &
             let saved = crate::save(&tree, dst, &save)?;
             Ok(ConvertInfo { tensors, bytes, saved: Some(saved) })
         }
-        (Format::Treepack, Format::Safetensors) => {
+        // A checkpoint's location reads as the tree it holds (crate::Location::parse).
+        (Format::Torch, Format::Treepack) => {
+            let mut tree = crate::load(src.clone(), &crate::LoadOptions::default())?;
+            if let Some(keep) = selected_paths(&tree, &opts.select, src.display())? {
+                tree = prune(tree, &mut String::new(), &keep);
+            }
+            let (tensors, bytes) = count_arrays(&tree);
+            let saved = crate::save(&tree, dst, &opts.save)?;
+            Ok(ConvertInfo { tensors, bytes, saved: Some(saved) })
+        }
+        (Format::Treepack | Format::Torch, Format::Safetensors) => {
             let r = Reader::open(src.clone())?;
             let keep = selected_paths(&r.manifest().root, &opts.select, src.display())?;
             write_safetensors(
@@ -223,6 +250,10 @@ pub fn convert(src: &Location, dst: &Location, from: Format, to: Format, opts: &
         (Format::Treepack, Format::Treepack) => Err(Error::BadLocation {
             location: dst.display().to_string(),
             reason: "both sides are treepack locations: copy with `treepack cp` (or convert to .safetensors)".into(),
+        }),
+        (_, Format::Torch) => Err(Error::BadLocation {
+            location: dst.display().to_string(),
+            reason: "treepack does not write torch.save checkpoints".into(),
         }),
         (Format::Safetensors, Format::Safetensors) => Err(Error::BadLocation {
             location: dst.display().to_string(),

@@ -21,6 +21,9 @@ pub struct Location {
     /// A tree of the repository at this location (`LOCATION@NAME`, crate::repo): its manifest
     /// is found through the name's ref instead of `treepack.json`.
     tree: Option<Arc<str>>,
+    /// What another tool wrote that this location's tree was read from (a transport document,
+    /// a torch.save checkpoint), for messages and `inspect`; `None` for a treepack tree.
+    read_from: Option<&'static str>,
 }
 
 /// Why a transport document's location refuses writes.
@@ -57,10 +60,15 @@ impl Location {
             return Self::parse_with(repo, options)?.with_tree(name);
         }
         let loc = store::Location::parse_with(s, options)?;
-        // A local single file named `.json` may be a transport document: read as its tree.
+        // A local single file named `.json` may be a transport document, and one of any name a
+        // torch.save checkpoint: each is read as the tree it holds.
         if let Some(path) = loc.local_path().filter(|_| loc.layout() == Layout::SingleFile) {
             if crate::transport::is_document_file(path) {
                 return crate::transport::read_document_file(path, s);
+            }
+            // A torch.save checkpoint: read without pickle, as the tree it holds.
+            if crate::foreign::torch::is_checkpoint_file(path) {
+                return crate::foreign::torch::open_location(path, s);
             }
         }
         Ok(loc.into())
@@ -74,7 +82,19 @@ impl Location {
 
     /// This location, refusing writes from now on (a transport document's, once unpacked).
     pub(crate) fn into_read_only(self) -> Location {
-        Location { store: self.store.refusing_writes(DOCUMENT_READ_ONLY), ..self }
+        self.into_read_only_as(DOCUMENT_READ_ONLY, "JSON transport document")
+    }
+
+    /// This location, refusing writes from now on with `why`: the tree read from a file of
+    /// the kind `read_from` names.
+    pub(crate) fn into_read_only_as(self, why: &'static str, read_from: &'static str) -> Location {
+        Location { store: self.store.refusing_writes(why), read_from: Some(read_from), ..self }
+    }
+
+    /// What kind of file this location's tree was read from, when it is not a treepack tree
+    /// (`"JSON transport document"`, `"torch.save checkpoint"`).
+    pub fn read_from(&self) -> Option<&'static str> {
+        self.read_from
     }
 
     /// Drop the process-wide `memory://bucket` store and everything in it (its memory is
@@ -98,7 +118,11 @@ impl Location {
     pub fn repository(&self) -> Location {
         let Some(name) = &self.tree else { return self.clone() };
         let display = self.display();
-        Location { store: self.store.relabeled(&display[..display.len() - name.len() - 1]), tree: None }
+        Location {
+            store: self.store.relabeled(&display[..display.len() - name.len() - 1]),
+            tree: None,
+            read_from: None,
+        }
     }
 
     /// The tree `name` of the repository at this location.
@@ -113,7 +137,7 @@ impl Location {
         }
         let base = self.repository();
         let display = format!("{}@{name}", base.display());
-        Ok(Location { store: base.store.relabeled(&display), tree: Some(name.into()) })
+        Ok(Location { store: base.store.relabeled(&display), tree: Some(name.into()), read_from: None })
     }
 
     /// For a local single file, open it now and read through that handle from then on (a
@@ -122,7 +146,7 @@ impl Location {
     /// # Errors
     /// [`Error::NotFound`] if the file does not exist; [`Error::Link`] if it is a symbolic link.
     pub fn pin(&self) -> Result<Location> {
-        Ok(Location { store: self.store.pin()?, tree: self.tree.clone() })
+        Ok(Location { store: self.store.pin()?, tree: self.tree.clone(), read_from: self.read_from })
     }
 
     /// Run a read of this location to completion from synchronous code: a local tree's on the
@@ -147,7 +171,7 @@ impl From<store::Location> for Location {
     /// pools whichever operation comes first.
     fn from(store: store::Location) -> Location {
         crate::runtime::install_exec();
-        Location { store, tree: None }
+        Location { store, tree: None, read_from: None }
     }
 }
 

@@ -51,6 +51,56 @@ pub fn sniff(head: &[u8]) -> Sniffed {
     }
 }
 
+/// torch's legacy (pre-1.6) files begin with this pickled magic number (`LONG1` of
+/// 0x1950a86a20f9469cfc6c after protocol 2).
+const LEGACY_MAGIC: [u8; 14] = [0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19];
+
+/// Whether `head` (a file's first bytes; 512 are enough) is a `torch.save` checkpoint: a zip
+/// whose first entry is `<name>/data.pkl` (torch writes that entry first; an `.npz` or any
+/// other zip begins otherwise), or torch's legacy magic number (read as such only to be
+/// refused with its own message). The rule [`crate::convert::detect_format`] and location
+/// strings use.
+pub fn is_checkpoint(head: &[u8]) -> bool {
+    if head.starts_with(&LEGACY_MAGIC) {
+        return true;
+    }
+    if !head.starts_with(b"PK\x03\x04") || head.len() < 30 {
+        return false;
+    }
+    let name_len = usize::from(u16::from_le_bytes([head[26], head[27]]));
+    head.get(30..30 + name_len)
+        .and_then(|n| n.strip_suffix(b"/data.pkl"))
+        .is_some_and(|prefix| !prefix.is_empty() && !prefix.contains(&b'/'))
+}
+
+/// Whether the local file at `path` is a `torch.save` checkpoint ([`is_checkpoint`] of its
+/// first bytes; `false` for what cannot be read).
+pub fn is_checkpoint_file(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(f) = File::open(path) else { return false };
+    let mut head = Vec::with_capacity(512);
+    f.take(512).read_to_end(&mut head).is_ok() && is_checkpoint(&head)
+}
+
+/// The tree of the checkpoint at `path` as a read-only location in memory, shown as `display`:
+/// every reader (load, selections, structure, `inspect`, `ls`, `cat`, verify, convert) then
+/// works on it as on a treepack tree. The tensors are read once, here.
+///
+/// # Errors
+/// As [`read`].
+pub fn open_location(path: &Path, display: &str) -> Result<crate::Location> {
+    let tree = read(path)?;
+    let loc = crate::Location::new_memory(display);
+    let opts = crate::SaveOptions { durable: false, ..Default::default() };
+    crate::save(&tree, loc.clone(), &opts)?;
+    Ok(loc.into_read_only_as(DOCUMENT_READ_ONLY, "torch.save checkpoint"))
+}
+
+/// Why a checkpoint's location refuses writes.
+const DOCUMENT_READ_ONLY: &str =
+    "a torch.save checkpoint is read as a tree but not written to; save to a directory or a \
+                                  .tpk (`treepack cp CHECKPOINT DST` stores its tree)";
+
 /// A checkpoint's structure, read without tensor bytes: the tree with each tensor described
 /// (storage key, dtype, shape, strides, offset), and the storages, each checked to be in the zip
 /// with the right size.
@@ -209,6 +259,10 @@ impl Opened {
     /// The tree with every tensor's bytes read.
     fn materialise(&self, s: &Structure) -> Result<Node> {
         let mut cache: HashMap<String, Bytes> = HashMap::new();
+        // Storages several tensors view, numbered as treepack's torch integration numbers them
+        // (`"storage": {"id", "offset", "stride"}` on each view), so that a load rebuilds one
+        // storage they share, as torch.load does (tied weights stay tied).
+        let mut ids: HashMap<String, usize> = HashMap::new();
         s.tree.clone().try_map(&mut |path, item| match item {
             Item::Leaf(l) => Ok(l),
             Item::Tensor(t) => {
@@ -218,6 +272,11 @@ impl Opened {
                 let mut ann = t.annotation();
                 if t.device != "cpu" {
                     ann["device"] = t.device.clone().into();
+                }
+                if shared {
+                    let next = ids.len();
+                    let id = *ids.entry(t.storage.clone()).or_insert(next);
+                    ann["storage"] = serde_json::json!({"id": id, "offset": t.offset, "stride": t.stride});
                 }
                 Ok(Leaf::Array(a.with_annotation(Some(ann))?))
             }

@@ -2,8 +2,9 @@
 //!
 //! [`torch`] reads `torch.save` files (`.pt`, `.pth`, `pytorch_model.bin`) through the pickle
 //! reader of [`format::pickle`](crate::format::pickle), which interprets pickles as data and
-//! never imports or calls anything. Nothing here is wired into [`load`](crate::load) or
-//! `convert` yet: the function that recognises foreign files by content calls
-//! [`torch::sniff`] and then [`torch::read`] or [`torch::read_structure`].
+//! never imports or calls anything. A local file [`torch::is_checkpoint_file`] recognises is
+//! read as the tree it holds wherever a location is parsed ([`crate::Location::parse`]: load,
+//! open, structure, the CLI's reading commands, convert), and
+//! [`crate::convert::detect_format`] names it `torch`.
 
 pub mod torch;

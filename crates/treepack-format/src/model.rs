@@ -469,6 +469,22 @@ pub enum Step<'a> {
     Name(&'a str),
 }
 
+/// The body of the leaf walks that need no key path, shared or mutable (`iter` or `iter_mut`):
+/// `f` on each leaf, children in order, `recurse` the walk itself.
+macro_rules! each_leaf {
+    ($tree:expr, $f:ident, $iter:ident, $recurse:ident) => {
+        match $tree {
+            Tree::Leaf(l) => $f(l),
+            Tree::List(v) | Tree::Tuple(v) => grow(|| v.$iter().for_each(|c| c.$recurse($f))),
+            Tree::Dict(v) => grow(|| v.$iter().for_each(|(_, c)| c.$recurse($f))),
+            Tree::Record { fields, .. } => grow(|| fields.$iter().for_each(|(_, c)| c.$recurse($f))),
+            Tree::Custom { children, .. } => grow(|| children.$iter().for_each(|(_, c)| c.$recurse($f))),
+            Tree::Shared { node, .. } => grow(|| node.$recurse($f)),
+            Tree::Ref(_) => {}
+        }
+    };
+}
+
 impl<L> Tree<L> {
     /// Children with the step that reaches each, in order (empty for leaves).
     pub fn children(&self) -> Vec<(Step<'_>, &Tree<L>)> {
@@ -701,28 +717,12 @@ impl<L> Tree<L> {
     /// Call `f` on every leaf in order, without building key paths (cheaper when the path is not
     /// needed).
     pub fn for_each_leaf_unpathed<'a>(&'a self, f: &mut impl FnMut(&'a L)) {
-        match self {
-            Tree::Leaf(l) => f(l),
-            Tree::List(v) | Tree::Tuple(v) => grow(|| v.iter().for_each(|c| c.for_each_leaf_unpathed(f))),
-            Tree::Dict(v) => grow(|| v.iter().for_each(|(_, c)| c.for_each_leaf_unpathed(f))),
-            Tree::Record { fields, .. } => grow(|| fields.iter().for_each(|(_, c)| c.for_each_leaf_unpathed(f))),
-            Tree::Custom { children, .. } => grow(|| children.iter().for_each(|(_, c)| c.for_each_leaf_unpathed(f))),
-            Tree::Shared { node, .. } => grow(|| node.for_each_leaf_unpathed(f)),
-            Tree::Ref(_) => {}
-        }
+        each_leaf!(self, f, iter, for_each_leaf_unpathed)
     }
 
     /// Call `f` on every leaf in order, mutably (patching leaves in place costs no new tree).
     pub fn for_each_leaf_mut(&mut self, f: &mut impl FnMut(&mut L)) {
-        match self {
-            Tree::Leaf(l) => f(l),
-            Tree::List(v) | Tree::Tuple(v) => grow(|| v.iter_mut().for_each(|c| c.for_each_leaf_mut(f))),
-            Tree::Dict(v) => grow(|| v.iter_mut().for_each(|(_, c)| c.for_each_leaf_mut(f))),
-            Tree::Record { fields, .. } => grow(|| fields.iter_mut().for_each(|(_, c)| c.for_each_leaf_mut(f))),
-            Tree::Custom { children, .. } => grow(|| children.iter_mut().for_each(|(_, c)| c.for_each_leaf_mut(f))),
-            Tree::Shared { node, .. } => grow(|| node.for_each_leaf_mut(f)),
-            Tree::Ref(_) => {}
-        }
+        each_leaf!(self, f, iter_mut, for_each_leaf_mut)
     }
 
     /// Number of leaves.

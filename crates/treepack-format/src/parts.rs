@@ -196,12 +196,7 @@ fn assemble(
         let seq = |v: Vec<Tree<Entry>>, path: &mut keypath::KeyPath, found: &mut HashMap<String, Vec<Blocks<'_>>>| {
             v.into_iter()
                 .enumerate()
-                .map(|(i, c)| {
-                    path.push(Segment::Index(i));
-                    let r = assemble(c, path, remap, found);
-                    path.pop();
-                    r
-                })
+                .map(|(i, c)| child(c, Segment::Index(i), path, remap, found))
                 .collect::<Result<Vec<_>>>()
         };
         Ok(match t {
@@ -214,12 +209,7 @@ fn assemble(
             Tree::Tuple(v) => Tree::Tuple(seq(v, path, found)?),
             Tree::Dict(v) => Tree::Dict(
                 v.into_iter()
-                    .map(|(k, c)| {
-                        path.push(Segment::Key(k.clone()));
-                        let r = assemble(c, path, remap, found);
-                        path.pop();
-                        Ok((k, r?))
-                    })
+                    .map(|(k, c)| Ok((k.clone(), child(c, Segment::Key(k), path, remap, found)?)))
                     .collect::<Result<Vec<_>>>()?,
             ),
             Tree::Record { type_name, fields } => {
@@ -240,14 +230,21 @@ fn named(
     remap: &[u32],
     found: &mut HashMap<String, Vec<Blocks<'_>>>,
 ) -> Result<Vec<(String, Tree<Entry>)>> {
-    v.into_iter()
-        .map(|(k, c)| {
-            path.push(Segment::Name(k.clone()));
-            let r = assemble(c, path, remap, found);
-            path.pop();
-            Ok((k, r?))
-        })
-        .collect()
+    v.into_iter().map(|(k, c)| Ok((k.clone(), child(c, Segment::Name(k), path, remap, found)?))).collect()
+}
+
+/// A child assembled at its key path.
+fn child(
+    c: Tree<Entry>,
+    at: Segment,
+    path: &mut keypath::KeyPath,
+    remap: &[u32],
+    found: &mut HashMap<String, Vec<Blocks<'_>>>,
+) -> Result<Tree<Entry>> {
+    path.push(at);
+    let r = assemble(c, path, remap, found);
+    path.pop();
+    r
 }
 
 /// One chunked array from the blocks every part wrote of it.

@@ -110,12 +110,17 @@ pub struct RefRecord {
     pub bytes_reused: u64,
 }
 
+/// A small file's JSON as one line (refs, gc state, leases).
+fn json_line(v: &impl Serialize) -> Vec<u8> {
+    let mut out = serde_json::to_vec(v).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
 impl RefRecord {
     /// Encode as one line of JSON.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec(self).unwrap_or_default();
-        v.push(b'\n');
-        v
+        json_line(self)
     }
 
     /// Parse and check a ref: `tree` must be `trees/<64 hex>.json`, `root` 64 hex digits.
@@ -205,9 +210,7 @@ pub struct GcState {
 impl GcState {
     /// Encode as JSON.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec(self).unwrap_or_default();
-        v.push(b'\n');
-        v
+        json_line(self)
     }
 
     /// Parse a gc state; paths must be valid pack or tree paths.
@@ -237,9 +240,7 @@ pub struct Lease {
 impl Lease {
     /// Encode as JSON.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec(self).unwrap_or_default();
-        v.push(b'\n');
-        v
+        json_line(self)
     }
 
     /// Parse a lease.

@@ -14,10 +14,50 @@ use crate::json::{BoundedValue, MAX_DTYPE_JSON_DEPTH};
 use crate::model::Int;
 use base64::Engine;
 use bytes::Bytes;
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess};
 use serde_json::Value;
 use std::collections::HashSet;
-use std::fmt;
+
+/// One rule of the grammar as a serde seed and its visitor: the seed asks the deserializer for
+/// the JSON kind the rule reads (`deserialize_str`, `_seq`, `_map`, `_any`), and the visitor names
+/// what it expected, for error messages; the rest of the visitor follows. The impl's generics go
+/// in brackets, `'de` first:
+/// `seed_visitor! { impl['de, B: Build] ItemsSeed<'_, B> => Vec<B::Node>, deserialize_seq, "an array of nodes"; fn visit_seq... }`.
+macro_rules! seed_visitor {
+    (impl[$($g:tt)*] $ty:ty => $val:ty, $kind:ident, $expecting:expr; $($body:tt)*) => {
+        impl<$($g)*> serde::de::DeserializeSeed<'de> for $ty {
+            type Value = $val;
+            fn deserialize<D: serde::de::Deserializer<'de>>(self, d: D) -> std::result::Result<$val, D::Error> {
+                d.$kind(self)
+            }
+        }
+
+        impl<$($g)*> serde::de::Visitor<'de> for $ty {
+            type Value = $val;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str($expecting)
+            }
+            $($body)*
+        }
+    };
+}
+pub(super) use seed_visitor;
+
+/// A seed reading a string to the variant of `$enum` it names (`"t" => T`), and anything else to
+/// the value after `else`.
+macro_rules! name_seed {
+    ($seed:ident => $enum:ident, $expecting:expr; $($name:literal => $variant:ident,)* else $other:pat => $fallback:expr) => {
+        seed_visitor! {
+            impl['de] $seed => $enum, deserialize_str, $expecting;
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<$enum, E> {
+                Ok(match v {
+                    $($name => $enum::$variant,)*
+                    $other => $fallback,
+                })
+            }
+        }
+    };
+}
 
 #[derive(serde::Deserialize)]
 pub(super) struct RawPack {
@@ -196,40 +236,13 @@ pub(super) enum Member {
 
 pub(super) struct MemberSeed;
 
-impl<'de> DeserializeSeed<'de> for MemberSeed {
-    type Value = Member;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Member, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for MemberSeed {
-    type Value = Member;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a member name")
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Member, E> {
-        Ok(match v {
-            "t" => Member::T,
-            "items" => Member::Items,
-            "type" => Member::Type,
-            "fields" => Member::Fields,
-            "children" => Member::Children,
-            "data" => Member::Data,
-            "v" => Member::V,
-            "id" => Member::Id,
-            "size" => Member::Size,
-            "blob" => Member::Blob,
-            "b64" => Member::B64,
-            "dtype" => Member::Dtype,
-            "shape" => Member::Shape,
-            "chunk_shape" => Member::ChunkShape,
-            "chunks" => Member::Chunks,
-            "preview" => Member::Preview,
-            "as" => Member::As,
-            _ => Member::Other,
-        })
-    }
+name_seed! {
+    MemberSeed => Member, "a member name";
+    "t" => T, "items" => Items, "type" => Type, "fields" => Fields, "children" => Children,
+    "data" => Data, "v" => V, "id" => Id, "size" => Size, "blob" => Blob, "b64" => B64,
+    "dtype" => Dtype, "shape" => Shape, "chunk_shape" => ChunkShape, "chunks" => Chunks,
+    "preview" => Preview, "as" => As,
+    else _ => Member::Other
 }
 
 /// The value of a node's `t` member.
@@ -252,52 +265,19 @@ pub(super) enum Tag {
 
 pub(super) struct TagSeed;
 
-impl<'de> DeserializeSeed<'de> for TagSeed {
-    type Value = Tag;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Tag, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for TagSeed {
-    type Value = Tag;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a node type name")
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Tag, E> {
-        Ok(match v {
-            "tuple" => Tag::Tuple,
-            "dict" => Tag::Dict,
-            "record" => Tag::Record,
-            "custom" => Tag::Custom,
-            "int" => Tag::Int,
-            "float" => Tag::Float,
-            "complex" => Tag::Complex,
-            "str" => Tag::Str,
-            "bytes" => Tag::Bytes,
-            "array" => Tag::Array,
-            "shared" => Tag::Shared,
-            "ref" => Tag::Ref,
-            other => Tag::Unknown(other.to_string()),
-        })
-    }
+name_seed! {
+    TagSeed => Tag, "a node type name";
+    "tuple" => Tuple, "dict" => Dict, "record" => Record, "custom" => Custom, "int" => Int,
+    "float" => Float, "complex" => Complex, "str" => Str, "bytes" => Bytes, "array" => Array,
+    "shared" => Shared, "ref" => Ref,
+    else other => Tag::Unknown(other.to_string())
 }
 
 /// Base64 text decoded straight from the input (no intermediate `String`).
 pub(super) struct Base64Seed(&'static str);
 
-impl<'de> DeserializeSeed<'de> for Base64Seed {
-    type Value = Bytes;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Bytes, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Base64Seed {
-    type Value = Bytes;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("base64 text")
-    }
+seed_visitor! {
+    impl['de] Base64Seed => Bytes, deserialize_str, "base64 text";
     fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Bytes, E> {
         let raw = base64::engine::general_purpose::STANDARD
             .decode(v.as_bytes())
@@ -309,18 +289,8 @@ impl<'de> Visitor<'de> for Base64Seed {
 /// A dtype: a name parsed straight from the input, or a structured dtype object.
 pub(super) struct DtypeSeed;
 
-impl<'de> DeserializeSeed<'de> for DtypeSeed {
-    type Value = DType;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<DType, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for DtypeSeed {
-    type Value = DType;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a dtype name or {\"struct\": [fields]}")
-    }
+seed_visitor! {
+    impl['de] DtypeSeed => DType, deserialize_any, "a dtype name or {\"struct\": [fields]}";
     fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<DType, E> {
         DType::from_name(v).map_err(|e| E::custom(e.to_string()))
     }
@@ -429,18 +399,8 @@ pub(super) fn parse_array<'de, A: MapAccess<'de>>(map: &mut A) -> std::result::R
 /// An array of dimensions, appended to a reused vector.
 pub(super) struct DimsSeed<'v>(pub(super) &'v mut Vec<u64>);
 
-impl<'de> DeserializeSeed<'de> for DimsSeed<'_> {
-    type Value = ();
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for DimsSeed<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an array of non-negative integers")
-    }
+seed_visitor! {
+    impl['de] DimsSeed<'_> => (), deserialize_seq, "an array of non-negative integers";
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
         while let Some(d) = seq.next_element::<u64>()? {
             self.0.push(d);
@@ -452,18 +412,8 @@ impl<'de> Visitor<'de> for DimsSeed<'_> {
 /// Base64 text decoded into a reused buffer, cut to the decoded length (the value).
 pub(super) struct Base64LenSeed<'v>(pub(super) &'v mut Vec<u8>);
 
-impl<'de> DeserializeSeed<'de> for Base64LenSeed<'_> {
-    type Value = u64;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<u64, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Base64LenSeed<'_> {
-    type Value = u64;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("base64 text")
-    }
+seed_visitor! {
+    impl['de] Base64LenSeed<'_> => u64, deserialize_str, "base64 text";
     fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<u64, E> {
         let engine = &base64::engine::general_purpose::STANDARD;
         self.0.clear();

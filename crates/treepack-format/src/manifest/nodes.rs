@@ -6,15 +6,14 @@ use super::strategy;
 use super::types::{Entry, PackInfo, Stored, MAX_DEPTH};
 use super::validate::first_duplicate;
 use crate::manifest::members::{
-    empty_pair, end_of_pair, pair_without_value, read_tagged_node, read_top_members, tagged_leaf, NodeSink, Tag,
-    TopSink,
+    empty_pair, end_of_pair, pair_without_value, read_tagged_node, read_top_members, seed_visitor, tagged_leaf,
+    NodeSink, Tag, TopSink,
 };
 use crate::manifest::split::{parse_items_split, parse_raws};
 use crate::model::{Int, Key, Step, Tree};
 use crate::refs::RefCheck;
-use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess};
 use serde_json::Value;
-use std::fmt;
 
 pub(super) struct TopSeed<'a, B> {
     pub(super) ctx: &'a Ctx<'a>,
@@ -22,18 +21,8 @@ pub(super) struct TopSeed<'a, B> {
     pub(super) b: &'a B,
 }
 
-impl<'de, B: Build> DeserializeSeed<'de> for TopSeed<'_, B> {
-    type Value = Parsed<B::Node>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de, B: Build> Visitor<'de> for TopSeed<'_, B> {
-    type Value = Parsed<B::Node>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a treepack manifest object")
-    }
+seed_visitor! {
+    impl['de, B: Build] TopSeed<'_, B> => Parsed<B::Node>, deserialize_map, "a treepack manifest object";
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Self::Value, A::Error> {
         let t = read_top_members(map, &mut StrictTop(&self))?;
         Ok(Parsed { version: t.version, writer: t.writer, metadata: t.metadata, packs: t.packs, root: t.root })
@@ -102,15 +91,6 @@ impl<'a, B> NodeSeed<'a, B> {
     }
 }
 
-impl<'de, B: Build> DeserializeSeed<'de> for NodeSeed<'_, B> {
-    type Value = B::Node;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<B::Node, D::Error> {
-        // The stack check is made where a node recurses (`visit_seq`, `visit_map`): most nodes
-        // are scalars, and the check costs two thread-local accesses.
-        d.deserialize_any(self)
-    }
-}
-
 impl<B: Build> NodeSeed<'_, B> {
     pub(super) fn leaf<E: de::Error>(&self, e: Entry) -> std::result::Result<B::Node, E> {
         self.ctx.check_leaf(&e)?;
@@ -118,11 +98,10 @@ impl<B: Build> NodeSeed<'_, B> {
     }
 }
 
-impl<'de, B: Build> Visitor<'de> for NodeSeed<'_, B> {
-    type Value = B::Node;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a tree node")
-    }
+// The stack check is made where a node recurses (`visit_seq`, `visit_map`): most nodes
+// are scalars, and the check costs two thread-local accesses.
+seed_visitor! {
+    impl['de, B: Build] NodeSeed<'_, B> => B::Node, deserialize_any, "a tree node";
     // Scalars have nothing to check against the packs (and a one-pass parse refuses a
     // manifest whose `packs` come after `root` when it meets that member, or its absence).
     fn visit_unit<E: de::Error>(self) -> std::result::Result<B::Node, E> {
@@ -344,18 +323,8 @@ impl<'de, B: Build> NodeSink<'de> for StrictNode<'_, 'de, B> {
 
 pub(super) struct ItemsSeed<'a, B>(NodeSeed<'a, B>);
 
-impl<'de, B: Build> DeserializeSeed<'de> for ItemsSeed<'_, B> {
-    type Value = Vec<B::Node>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de, B: Build> Visitor<'de> for ItemsSeed<'_, B> {
-    type Value = Vec<B::Node>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an array of nodes")
-    }
+seed_visitor! {
+    impl['de, B: Build] ItemsSeed<'_, B> => Vec<B::Node>, deserialize_seq, "an array of nodes";
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Self::Value, A::Error> {
         read_items(self.0, seq)
     }
@@ -483,18 +452,8 @@ impl<'a, K, B> PairsSeed<'a, K, B> {
     }
 }
 
-impl<'de, K: PairKey<'de>, B: Build> DeserializeSeed<'de> for PairsSeed<'_, K, B> {
-    type Value = Vec<(K, B::Node)>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairsSeed<'_, K, B> {
-    type Value = Vec<(K, B::Node)>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an array of [key, node] pairs")
-    }
+seed_visitor! {
+    impl['de, K: PairKey<'de>, B: Build] PairsSeed<'_, K, B> => Vec<(K, B::Node)>, deserialize_seq, "an array of [key, node] pairs";
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
         let out: Vec<(K, B::Node)> = if self.node.split && B::PARALLEL {
             let owned = parse_items_split(
@@ -531,18 +490,8 @@ pub(super) struct PairSeed<'a, K, B> {
     pub(super) _key: std::marker::PhantomData<K>,
 }
 
-impl<'de, K: PairKey<'de>, B: Build> DeserializeSeed<'de> for PairSeed<'_, K, B> {
-    type Value = (K, B::Node);
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairSeed<'_, K, B> {
-    type Value = (K, B::Node);
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a [key, node] pair")
-    }
+seed_visitor! {
+    impl['de, K: PairKey<'de>, B: Build] PairSeed<'_, K, B> => (K, B::Node), deserialize_seq, "a [key, node] pair";
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
         let key = K::read(&mut seq, self.node)?;
         let v = under_key(self.node, &key, || {
@@ -559,18 +508,8 @@ impl<'de, K: PairKey<'de>, B: Build> Visitor<'de> for PairSeed<'_, K, B> {
 /// (`entry_to_key`).
 pub(super) struct KeySeed<'a>(pub(super) NodeSeed<'a, OwnedTree>);
 
-impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
-    type Value = KeyRef<'de>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<KeyRef<'de>, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for KeySeed<'_> {
-    type Value = KeyRef<'de>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a dict key")
-    }
+seed_visitor! {
+    impl['de] KeySeed<'_> => KeyRef<'de>, deserialize_any, "a dict key";
     fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> std::result::Result<Self::Value, E> {
         Ok(KeyRef::Str(v))
     }
@@ -625,18 +564,8 @@ pub(super) fn entry_to_key<E: de::Error>(t: Tree<Entry>) -> std::result::Result<
 /// A string key of an object-form dict (or a tagged node's `t`), borrowed where it can be.
 pub(super) struct StrKeySeed;
 
-impl<'de> DeserializeSeed<'de> for StrKeySeed {
-    type Value = KeyRef<'de>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<KeyRef<'de>, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for StrKeySeed {
-    type Value = KeyRef<'de>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a string key")
-    }
+seed_visitor! {
+    impl['de] StrKeySeed => KeyRef<'de>, deserialize_str, "a string key";
     fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> std::result::Result<Self::Value, E> {
         Ok(KeyRef::Str(v))
     }

@@ -19,8 +19,8 @@ use crate::error::{Error, Result};
 use crate::keypath::KeyPath;
 use crate::manifest::build::OwnedTree;
 use crate::manifest::members::{
-    empty_pair, end_of_pair, pair_without_value, read_array, read_tagged_node, read_top_members, tagged_leaf,
-    ArrayBufs, NodeSink, Tag, TopSink,
+    empty_pair, end_of_pair, pair_without_value, read_array, read_tagged_node, read_top_members, seed_visitor,
+    tagged_leaf, ArrayBufs, NodeSink, Tag, TopSink,
 };
 use crate::manifest::nodes::{KeySeed, NodeSeed, StrKeySeed};
 use crate::manifest::parse::Ctx;
@@ -28,11 +28,10 @@ use crate::manifest::types::{ArrayEntry, ArrayStorage, Entry, PackInfo, MAX_DEPT
 use crate::manifest::validate::{array_nbytes, check_inline_len, validate_entry};
 use crate::model::{Key, Step};
 use crate::refs::RefCheck;
-use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess};
 use serde_json::Value;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::fmt;
 use std::sync::Arc;
 
 mod tree;
@@ -527,18 +526,8 @@ struct OTop<'a, 's> {
     key_ctx: &'a Ctx<'a>,
 }
 
-impl<'de> DeserializeSeed<'de> for OTop<'_, '_> {
-    type Value = Vec<PackInfo>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for OTop<'_, '_> {
-    type Value = Vec<PackInfo>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a treepack manifest object")
-    }
+seed_visitor! {
+    impl['de] OTop<'_, '_> => Vec<PackInfo>, deserialize_map, "a treepack manifest object";
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Self::Value, A::Error> {
         let mut sink = self;
         read_top_members(map, &mut sink).map(|t| t.packs)
@@ -618,19 +607,9 @@ impl<'a, 's> ONode<'a, 's> {
     }
 }
 
-impl<'de> DeserializeSeed<'de> for ONode<'_, '_> {
-    type Value = ();
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
-        // The stack check is made where a node recurses (as in the manifest parser).
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ONode<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a tree node")
-    }
+// The stack check is made where a node recurses (as in the manifest parser).
+seed_visitor! {
+    impl['de] ONode<'_, '_> => (), deserialize_any, "a tree node";
     fn visit_unit<E: de::Error>(self) -> std::result::Result<(), E> {
         self.scalar(NONE, 0)
     }
@@ -732,13 +711,13 @@ impl<'de> NodeSink<'de> for OSink<'_, '_> {
     }
     fn items<A: MapAccess<'de>>(&mut self, map: &mut A, dict: bool) -> std::result::Result<(), A::Error> {
         if dict {
-            map.next_value_seed(OPairs { node: self.0, named: false })
+            map.next_value_seed(OPairs(OPair { node: self.0, named: false }))
         } else {
             map.next_value_seed(OItems(self.0))
         }
     }
     fn named<A: MapAccess<'de>>(&mut self, map: &mut A) -> std::result::Result<(), A::Error> {
-        map.next_value_seed(OPairs { node: self.0, named: true })
+        map.next_value_seed(OPairs(OPair { node: self.0, named: true }))
     }
     fn end_items<E: de::Error>(&mut self, _dict: bool) -> std::result::Result<(), E> {
         self.0.st.borrow_mut().event(Event::End)
@@ -752,64 +731,33 @@ impl<'de> NodeSink<'de> for OSink<'_, '_> {
 
 struct OItems<'a, 's>(ONode<'a, 's>);
 
-impl<'de> DeserializeSeed<'de> for OItems<'_, '_> {
-    type Value = ();
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for OItems<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an array of nodes")
-    }
+seed_visitor! {
+    impl['de] OItems<'_, '_> => (), deserialize_seq, "an array of nodes";
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<(), A::Error> {
         self.0.items(seq)
     }
 }
 
 /// The `[key, node]` pairs of a dict (`named: false`) or a record/custom node's names.
-struct OPairs<'a, 's> {
-    node: ONode<'a, 's>,
-    named: bool,
-}
+struct OPairs<'a, 's>(OPair<'a, 's>);
 
-impl<'de> DeserializeSeed<'de> for OPairs<'_, '_> {
-    type Value = ();
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for OPairs<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an array of [key, node] pairs")
-    }
+seed_visitor! {
+    impl['de] OPairs<'_, '_> => (), deserialize_seq, "an array of [key, node] pairs";
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
-        while seq.next_element_seed(OPair { node: self.node, named: self.named })?.is_some() {}
+        while seq.next_element_seed(self.0)?.is_some() {}
         Ok(())
     }
 }
 
+/// One `[key, node]` pair of them.
+#[derive(Clone, Copy)]
 struct OPair<'a, 's> {
     node: ONode<'a, 's>,
     named: bool,
 }
 
-impl<'de> DeserializeSeed<'de> for OPair<'_, '_> {
-    type Value = ();
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for OPair<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a [key, node] pair")
-    }
+seed_visitor! {
+    impl['de] OPair<'_, '_> => (), deserialize_seq, "a [key, node] pair";
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
         let st = self.node.st;
         if self.named {
@@ -848,24 +796,14 @@ impl<'de> Visitor<'de> for OPair<'_, '_> {
 /// other keys are read as the strict parser reads them and returned.
 struct OKey<'a, 's>(ONode<'a, 's>);
 
-impl<'de> DeserializeSeed<'de> for OKey<'_, '_> {
-    type Value = Option<Key>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
 impl<'a> OKey<'a, '_> {
     fn strict(&self) -> KeySeed<'a> {
         KeySeed(NodeSeed { depth: self.0.depth + 1, ctx: self.0.key_ctx, split: false, b: &OwnedTree })
     }
 }
 
-impl<'de> Visitor<'de> for OKey<'_, '_> {
-    type Value = Option<Key>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a dict key")
-    }
+seed_visitor! {
+    impl['de] OKey<'_, '_> => Option<Key>, deserialize_any, "a dict key";
     fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Self::Value, E> {
         let mut s = self.0.st.borrow_mut();
         s.key_text(v)?;

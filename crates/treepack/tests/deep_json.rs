@@ -156,7 +156,7 @@ fn deep_tagged_scalars() {
 }
 
 /// A manifest over 1 MiB whose root is a list of 300 items: its items are parsed apart, on
-/// several threads (format/manifest/split.rs: `SPLIT_MIN_BYTES`, `SPLIT_MIN_ITEMS`), and the
+/// several threads (format/manifest/strategy.rs: `SPLIT_MIN_BYTES`, `SPLIT_MIN_ITEMS`), and the
 /// structure is read by the outline (`OUTLINE_MIN_BYTES`).
 #[test]
 fn deep_value_in_a_big_manifest() {

@@ -343,22 +343,16 @@ fn helped_build_refuses_what_the_one_thread_build_refuses() {
     let _turn = HELPED_TESTS.lock().unwrap_or_else(|p| p.into_inner());
     for keyed in [false, true] {
         let text = String::from_utf8(encode(&big(keyed), &serde_json::json!({}))).unwrap();
-        let damaged = [
-            // a bad dtype deep inside a late item
-            (text.rmatch_indices("\"float32\"").nth(100).map(|(i, _)| i), "\"float32\"", "\"float33\""),
-            // a bad int inside the big dict (item 7, key k1500)
-            (text.find("\"k1500\":1500"), "\"k1500\":1500", "\"k1500\":{\"t\":\"int\",\"v\":\"x\"}"),
-            // a duplicate key in the big dict
-            (text.find("\"k1501\":1501"), "\"k1501\":1501", "\"k1500\":1501"),
-            // a bad node in an early and in a late item of the big container
-            (text.find("{\"t\":\"tuple\""), "{\"t\":\"tuple\"", "{\"t\":\"tupel\""),
-            (text.rfind("{\"t\":\"tuple\""), "{\"t\":\"tuple\"", "{\"t\":\"tupel\""),
-            // a chunk past the end of its pack (a check made only inline by `build`)
-            (text.rfind("\"length\":"), "\"length\":", "\"length\":9"),
-        ];
-        for (at, from, to) in damaged {
-            let at = at.expect("pattern present");
-            let bad = format!("{}{}{}", &text[..at], to, &text[at + from.len()..]);
+        let damaged = damaged_copies(
+            &text,
+            [
+                // a bad node in an early item of the big container
+                (text.find("{\"t\":\"tuple\""), "{\"t\":\"tuple\"", "{\"t\":\"tupel\""),
+                // a chunk past the end of its pack (a check made only inline by `build`)
+                (text.rfind("\"length\":"), "\"length\":", "\"length\":9"),
+            ],
+        );
+        for (bad, to) in damaged {
             let with_hash = rehash(bad.as_bytes());
             assert!(decode(&with_hash, "t").is_err(), "{to}: decode accepts it");
             let errs: Vec<(String, String)> = [true, false]
@@ -369,12 +363,7 @@ fn helped_build_refuses_what_the_one_thread_build_refuses() {
                     } else {
                         build_one_thread(&with_hash, "t", &Helped::new())
                     };
-                    match r {
-                        Err(Error::InvalidManifest { key, reason, .. }) => {
-                            (key, reason.split(" at line ").next().unwrap_or_default().to_string())
-                        }
-                        other => panic!("{to}: expected InvalidManifest, got {other:?}"),
-                    }
+                    key_and_reason(r, to)
                 })
                 .collect();
             assert_eq!(errs[0], errs[1], "{to}");
@@ -400,29 +389,44 @@ fn split_parse_names_the_same_key_path_on_errors() {
 }
 
 fn split_errors_match(text: String) {
-    let damaged = [
-        // a bad dtype deep inside list item 2500
+    for (bad, to) in damaged_copies(&text, []) {
+        let errs: Vec<(String, String)> =
+            [true, false].iter().map(|&split| key_and_reason(parse_with(bad.as_bytes(), "t", split), to)).collect();
+        assert_eq!(errs[0], errs[1], "{to}");
+    }
+}
+
+/// Copies of a big manifest's text (`big`), each damaged at one place, with what was written
+/// there: a bad dtype deep inside a late item (list item 2500), a bad int inside the big dict
+/// (item 7, key k1500), a duplicate key in the big dict, a bad node in a late item of the root
+/// container; then each of `more`, (where, what is there, what replaces it).
+fn damaged_copies<const N: usize>(
+    text: &str,
+    more: [(Option<usize>, &str, &'static str); N],
+) -> Vec<(String, &'static str)> {
+    let common = [
         (text.rmatch_indices("\"float32\"").nth(100).map(|(i, _)| i), "\"float32\"", "\"float33\""),
-        // a bad int inside the big dict (item 7, key k1500)
         (text.find("\"k1500\":1500"), "\"k1500\":1500", "\"k1500\":{\"t\":\"int\",\"v\":\"x\"}"),
-        // a duplicate key in the big dict
         (text.find("\"k1501\":1501"), "\"k1501\":1501", "\"k1500\":1501"),
-        // a bad node in a late item of the root container
         (text.rfind("{\"t\":\"tuple\""), "{\"t\":\"tuple\"", "{\"t\":\"tupel\""),
     ];
-    for (at, from, to) in damaged {
-        let at = at.expect("pattern present");
-        let bad = format!("{}{}{}", &text[..at], to, &text[at + from.len()..]);
-        let errs: Vec<(String, String)> = [true, false]
-            .iter()
-            .map(|&split| match parse_with(bad.as_bytes(), "t", split) {
-                Err(Error::InvalidManifest { key, reason, .. }) => {
-                    (key, reason.split(" at line ").next().unwrap_or_default().to_string())
-                }
-                other => panic!("expected InvalidManifest, got {other:?}"),
-            })
-            .collect();
-        assert_eq!(errs[0], errs[1], "{to}");
+    common
+        .into_iter()
+        .chain(more)
+        .map(|(at, from, to)| {
+            let at = at.expect("pattern present");
+            (format!("{}{}{}", &text[..at], to, &text[at + from.len()..]), to)
+        })
+        .collect()
+}
+
+/// The key path and reason (without its line and column) of an `InvalidManifest` error.
+fn key_and_reason<T: std::fmt::Debug>(r: crate::error::Result<T>, to: &str) -> (String, String) {
+    match r {
+        Err(Error::InvalidManifest { key, reason, .. }) => {
+            (key, reason.split(" at line ").next().unwrap_or_default().to_string())
+        }
+        other => panic!("{to}: expected InvalidManifest, got {other:?}"),
     }
 }
 

@@ -138,6 +138,13 @@ fn expected_inner(t: &Tree<Entry>, path: &str, out: &mut Vec<String>) {
     }
 }
 
+/// `m` with more members in its root dict.
+fn with_members(mut m: Manifest, more: impl IntoIterator<Item = (Key, Tree<Entry>)>) -> Manifest {
+    let Tree::Dict(pairs) = &mut m.root else { unreachable!() };
+    pairs.extend(more);
+    m
+}
+
 fn rich() -> Manifest {
     let mut m = sample();
     let Tree::Dict(pairs) = &mut m.root else { unreachable!() };
@@ -317,15 +324,8 @@ fn outline_checks_leaves_packs_and_depth() {
         assert_eq!(strict_lines(&v).is_ok(), lines(&v).is_ok(), "{}", String::from_utf8_lossy(bad));
     }
     // Repeated record fields.
-    let mut m = rich();
-    let Tree::Dict(pairs) = &mut m.root else { unreachable!() };
-    pairs.push((
-        Key::Str("r2".into()),
-        Tree::Record {
-            type_name: "T".into(),
-            fields: vec![("a".into(), Tree::Leaf(Entry::None)), ("a".into(), Tree::Leaf(Entry::None))],
-        },
-    ));
+    let fields = vec![("a".into(), Tree::Leaf(Entry::None)), ("a".into(), Tree::Leaf(Entry::None))];
+    let m = with_members(rich(), [(Key::Str("r2".into()), Tree::Record { type_name: "T".into(), fields })]);
     let e = lines(&encode(&m, &serde_json::json!({}))).unwrap_err();
     assert!(e.contains("duplicate"), "{e}");
 }

@@ -32,6 +32,10 @@ fn get<'a, L>(t: &'a Tree<L>, path: &str) -> &'a Tree<L> {
                     .1
             }
             Tree::List(v) | Tree::Tuple(v) => &v[seg.parse::<usize>().unwrap()],
+            // An OrderedDict (py.ordereddict) or a numpy scalar (py.npscalar): named children.
+            Tree::Custom { children, .. } => {
+                &children.iter().find(|(k, _)| k == seg).unwrap_or_else(|| panic!("no child {seg} in {path}")).1
+            }
             other => panic!("{path}: {seg} in a {}", other.container_kind()),
         };
     }
@@ -63,10 +67,12 @@ fn check_file(name: &str) -> Node {
 #[test]
 fn a_state_dict_reads_with_every_tensor_and_value() {
     let t = check_file("state_dict.pt");
-    let Tree::Dict(items) = &t else { panic!("root is not a dict") };
-    let keys: Vec<String> = items.iter().map(|(k, _)| format!("{k:?}")).collect();
+    // The root is an OrderedDict, as treepack writes one (py.ordereddict, items by name).
+    let Tree::Custom { type_name, children, .. } = &t else { panic!("root is not an OrderedDict") };
+    assert_eq!(type_name, "py.ordereddict");
+    let keys: Vec<&str> = children.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(keys.len(), 14, "{keys:?}");
-    assert!(matches!(&items[0].0, Key::Str(s) if s == "w"), "order kept: {keys:?}");
+    assert_eq!(keys[0], "w", "order kept: {keys:?}");
     let leaf = |p: &str| match get(&t, p) {
         Tree::Leaf(l) => l.clone(),
         other => panic!("{p}: {other:?}"),
@@ -78,20 +84,24 @@ fn a_state_dict_reads_with_every_tensor_and_value() {
     assert_eq!(leaf("nested/big"), Leaf::Int(Int::parse("1180591620717411303424").unwrap()));
     assert_eq!(leaf("nested/list/1"), Leaf::Str("two".into()));
     assert_eq!(leaf("nested/tuple/0"), Leaf::Bool(true));
-    // torch.Size is a tuple of ints.
-    assert!(matches!(get(&t, "nested/size"), Tree::Tuple(v) if v.len() == 2));
+    // torch.Size, an OrderedDict and a numpy scalar as treepack writes them, so they load as
+    // the same types.
+    assert!(matches!(get(&t, "nested/size"), Tree::Custom { type_name, .. } if type_name == "py.torch_size"));
+    assert!(matches!(get(&t, "nested/size/dims"), Tree::List(v) if v.len() == 2));
+    assert!(matches!(get(&t, "nested/inner"), Tree::Custom { type_name, .. } if type_name == "py.ordereddict"));
+    assert!(matches!(get(&t, "nested"), Tree::Dict(_)), "a dict stays a dict");
     // The Parameter keeps its kind and requires_grad.
     let p = get(&t, "param").as_array().unwrap();
     assert_eq!(p.annotation().unwrap()["requires_grad"], true);
     // numpy values: a big-endian array read as little-endian, a Fortran-order array in C order,
-    // a numpy scalar as a 0-d array.
+    // a numpy scalar (py.npscalar) of a 0-d array.
     let n = get(&t, "numpy").as_array().unwrap();
     assert_eq!((n.dtype(), n.shape()), (&DType::I32, &[4u64][..]));
     assert_eq!(&n.bytes()[..], &[0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]);
     let f = get(&t, "fortran").as_array().unwrap();
     let vals: Vec<f64> = f.bytes().chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!((f.shape(), vals), (&[2u64, 3][..], vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]));
-    let s = get(&t, "np_scalar").as_array().unwrap();
+    let s = get(&t, "np_scalar/value").as_array().unwrap();
     assert_eq!((s.shape(), &s.bytes()[..]), (&[][..], &1.5f64.to_le_bytes()[..]));
     assert!(
         matches!(get(&t, "set"), Tree::Custom { type_name, children, .. } if type_name == "py.set" && children.len() == 2)

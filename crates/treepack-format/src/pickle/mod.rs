@@ -240,6 +240,9 @@ pub enum Obj {
         items: Vec<(Id, Id)>,
         /// Made by `collections.OrderedDict`.
         ordered: bool,
+        /// An `OrderedDict`'s instance attributes, set by `BUILD` (a state_dict's `_metadata`):
+        /// a dict of attribute names.
+        attrs: Option<Id>,
     },
     /// A set or frozenset, its items in pickle order.
     Set {

@@ -8,7 +8,7 @@
 //! ([`Limits::max_tree_nodes`]: an object shared at many places counts at each), refuses a
 //! container that holds itself, keys that cannot be dict keys in a tree, and duplicate keys.
 
-use super::{Id, Limits, NumpyArray, NumpyObj, Obj, Pickle, PickleError, StorageRef, TensorObj};
+use super::{Global, Id, Limits, NumpyArray, NumpyObj, Obj, Pickle, PickleError, StorageRef, TensorObj};
 use crate::dtype::DType;
 use crate::model::{ArrayData, Key, Leaf, Tree};
 use std::collections::{BTreeMap, HashSet};
@@ -227,9 +227,16 @@ impl Walk<'_> {
             }),
             Obj::List(v) => Ok(Tree::List(self.children(v)?)),
             Obj::Tuple(v) => Ok(Tree::Tuple(self.children(v)?)),
-            Obj::Size(v) => {
-                Ok(Tree::Tuple(v.iter().map(|&n| Tree::Leaf(Item::Leaf(Leaf::Int((n as i64).into())))).collect()))
-            }
+            // torch's own values as treepack's torch integration writes them (py.torch_*), so
+            // that they load as the same types.
+            Obj::Size(v) => Ok(Tree::Custom {
+                type_name: "py.torch_size".into(),
+                data: serde_json::Value::Null,
+                children: vec![(
+                    "dims".into(),
+                    Tree::List(v.iter().map(|&n| Tree::Leaf(Item::Leaf(Leaf::Int((n as i64).into())))).collect()),
+                )],
+            }),
             Obj::Set { items, frozen } => {
                 let kids = self.children(items)?;
                 Ok(Tree::Custom {
@@ -243,24 +250,33 @@ impl Walk<'_> {
                 data: serde_json::Value::Null,
                 children: self.named(&[("start", *a), ("stop", *b), ("step", *c)])?,
             }),
-            Obj::Dict { items, .. } => {
-                let mut out = Vec::with_capacity(items.len().min(1 << 16));
-                let mut seen = HashSet::new();
-                for &(k, v) in items {
-                    let key = self.key(k, 0)?;
-                    let text = crate::keypath::Segment::Key(key.clone()).text();
-                    if !seen.insert(format!("{key:?}")) {
-                        return Err(malformed(format!("key {text} appears twice in the dict at `{}`", self.at())));
-                    }
-                    self.path.push(text.chars().take(200).collect());
-                    let n = self.node(v);
-                    self.path.pop();
-                    out.push((key, n?));
+            Obj::Dict { items, ordered: true, attrs } => {
+                // As treepack writes an OrderedDict (py.ordereddict): its items as children when
+                // every key is a str, else one `items` child; its attributes as JSON data.
+                let mut data = serde_json::Map::new();
+                if let Some(a) = attrs {
+                    data.insert("attrs".into(), self.json(*a, 0)?);
                 }
-                Ok(Tree::Dict(out))
+                let pairs = self.dict(items)?;
+                let children = if pairs.iter().all(|(k, _)| matches!(k, Key::Str(_))) {
+                    pairs.into_iter().map(|(k, v)| (if let Key::Str(k) = k { k } else { String::new() }, v)).collect()
+                } else {
+                    data.insert("items".into(), true.into());
+                    vec![("items".into(), Tree::Dict(pairs))]
+                };
+                let data = if data.is_empty() { serde_json::Value::Null } else { data.into() };
+                Ok(Tree::Custom { type_name: "py.ordereddict".into(), data, children })
             }
+            Obj::Dict { items, .. } => Ok(Tree::Dict(self.dict(items)?)),
+            Obj::Global(Global::TorchDtype(d)) => Ok(Tree::Custom {
+                type_name: "py.torch_dtype".into(),
+                data: super::globals::torch_dtype_name(d).into(),
+                children: vec![],
+            }),
             Obj::Global(g) => leaf(Leaf::Str(g.name())),
-            Obj::Device(d) => leaf(Leaf::Str(d.clone())),
+            Obj::Device(d) => {
+                Ok(Tree::Custom { type_name: "py.torch_device".into(), data: d.clone().into(), children: vec![] })
+            }
             Obj::Storage(s) => {
                 // A storage saved by itself: the whole of it, as a 1-d tensor.
                 let t = TensorObj {
@@ -276,6 +292,56 @@ impl Walk<'_> {
             Obj::Tensor(t) => self.tensor(t),
             Obj::Numpy(n) => self.numpy(n),
         }
+    }
+
+    /// A dict's pairs as a tree's (keys checked, none twice).
+    fn dict(&mut self, items: &[(Id, Id)]) -> R<Vec<(Key, Tree<Item>)>> {
+        let mut out = Vec::with_capacity(items.len().min(1 << 16));
+        let mut seen = HashSet::new();
+        for &(k, v) in items {
+            let key = self.key(k, 0)?;
+            let text = crate::keypath::Segment::Key(key.clone()).text();
+            if !seen.insert(format!("{key:?}")) {
+                return Err(malformed(format!("key {text} appears twice in the dict at `{}`", self.at())));
+            }
+            self.path.push(text.chars().take(200).collect());
+            let n = self.node(v);
+            self.path.pop();
+            out.push((key, n?));
+        }
+        Ok(out)
+    }
+
+    /// An `OrderedDict`'s attributes as JSON (what treepack keeps of them): None, bools, ints
+    /// that fit 64 bits, finite floats, strings, lists, tuples and str-keyed dicts, nested at
+    /// most 32 deep; anything else is refused naming where.
+    fn json(&self, id: Id, depth: usize) -> R<serde_json::Value> {
+        use serde_json::Value as J;
+        let no =
+            |what: &str| self.bad("OrderedDict attributes", format!("{what} is not JSON data, which they must be"));
+        if depth > 32 {
+            return Err(no("a value nested more than 32 deep"));
+        }
+        Ok(match self.p.get(id) {
+            Obj::None => J::Null,
+            Obj::Bool(b) => J::Bool(*b),
+            Obj::Int(i) => match i.as_i64() {
+                Some(n) => n.into(),
+                None => return Err(no("an int beyond 64 bits")),
+            },
+            Obj::Float(f) if f.is_finite() => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+            Obj::Str(s) => J::String(s.clone()),
+            Obj::List(v) | Obj::Tuple(v) => J::Array(v.iter().map(|&c| self.json(c, depth + 1)).collect::<R<_>>()?),
+            Obj::Dict { items, attrs: None, .. } => {
+                let mut m = serde_json::Map::new();
+                for &(k, v) in items {
+                    let Obj::Str(k) = self.p.get(k) else { return Err(no("a dict with a key that is not a str")) };
+                    m.insert(k.clone(), self.json(v, depth + 1)?);
+                }
+                J::Object(m)
+            }
+            o => return Err(no(&format!("a {}", o.type_name()))),
+        })
     }
 
     fn key(&self, id: Id, depth: usize) -> R<Key> {
@@ -433,7 +499,13 @@ impl Walk<'_> {
                     swap_bytes(&mut bytes, d.swap_unit());
                 }
                 let a = ArrayData::scalar(d, bytes).map_err(|e| self.bad("numpy scalar", e.to_string()))?;
-                Ok(Tree::Leaf(Item::Leaf(Leaf::Array(a))))
+                // As treepack writes a numpy scalar (py.npscalar), so it loads as one, not as a
+                // 0-d array.
+                Ok(Tree::Custom {
+                    type_name: "py.npscalar".into(),
+                    data: serde_json::Value::Null,
+                    children: vec![("value".into(), Tree::Leaf(Item::Leaf(Leaf::Array(a))))],
+                })
             }
         }
     }

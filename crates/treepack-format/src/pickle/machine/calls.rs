@@ -172,7 +172,7 @@ impl Machine<'_> {
                         }
                     }
                 }
-                Obj::Dict { items, ordered: true }
+                Obj::Dict { items, ordered: true, attrs: None }
             }
             Global::Set { frozen } => {
                 self.arity(g, args, 0..=1)?;
@@ -300,8 +300,8 @@ impl Machine<'_> {
         }
     }
 
-    /// `BUILD`: set the state of what is on the stack. Only numpy arrays and dtypes take a
-    /// state; an `OrderedDict`'s attributes (a state_dict's `_metadata`) are dropped.
+    /// `BUILD`: set the state of what is on the stack. Only numpy arrays, dtypes and an
+    /// `OrderedDict`'s attributes (a state_dict's `_metadata`, kept) are read.
     pub(super) fn build(&mut self, target: Id, state: Id) -> R<()> {
         match self.obj(target).clone() {
             Obj::Numpy(NumpyObj::Dtype { descr, order: None }) => {
@@ -349,8 +349,18 @@ impl Machine<'_> {
                     Obj::Numpy(NumpyObj::Array(Some(NumpyArray { shape, dtype, fortran, data })));
                 Ok(())
             }
-            Obj::Dict { ordered: true, .. } => match self.obj(state) {
-                Obj::Dict { .. } | Obj::None => Ok(()),
+            Obj::Dict { ordered: true, attrs: None, .. } => match self.obj(state) {
+                Obj::None => Ok(()),
+                Obj::Dict { items, .. } if items.is_empty() => Ok(()),
+                Obj::Dict { items, .. } => {
+                    if !items.iter().all(|&(k, _)| matches!(self.obj(k), Obj::Str(_))) {
+                        return Err(self.build_err("OrderedDict", "its attributes are not named by strings"));
+                    }
+                    if let Obj::Dict { attrs, .. } = &mut self.objects[target as usize] {
+                        *attrs = Some(state);
+                    }
+                    Ok(())
+                }
                 _ => Err(self.build_err("OrderedDict", "state is not a dict of attributes")),
             },
             o => Err(self.build_err(o.type_name(), "BUILD (__setstate__) is only read for numpy arrays and dtypes")),

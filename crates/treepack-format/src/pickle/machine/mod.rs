@@ -420,7 +420,7 @@ impl<'a> Machine<'a> {
                 // Containers.
                 b')' => self.push(Obj::Tuple(vec![]))?,
                 b']' => self.push(Obj::List(vec![]))?,
-                b'}' => self.push(Obj::Dict { items: vec![], ordered: false })?,
+                b'}' => self.push(Obj::Dict { items: vec![], ordered: false, attrs: None })?,
                 0x8f => self.push(Obj::Set { items: vec![], frozen: false })?,
                 b't' => {
                     let items = self.pop_mark()?;
@@ -441,7 +441,7 @@ impl<'a> Machine<'a> {
                 b'd' => {
                     let items = self.pop_mark()?;
                     let pairs = self.pairs(&items)?;
-                    self.push(Obj::Dict { items: pairs, ordered: false })?
+                    self.push(Obj::Dict { items: pairs, ordered: false, attrs: None })?
                 }
                 0x91 => {
                     let items = self.pop_mark()?;

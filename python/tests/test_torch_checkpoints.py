@@ -1,0 +1,184 @@
+"""torch.save checkpoints read as trees without pickle (issue 54): found by their content,
+whatever their name; loaded, opened, listed and converted by the one reader in the core, which
+interprets the pickle as data and never imports or calls what it names."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import treepack
+from hostile_harness import CANARY_MODULE, Hostile
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=97, n_positions=16)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def trained_optimizer(model):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.arange(8)[None]).logits.sum().backward()
+    opt.step()
+    return opt
+
+
+def same(a, b, where="<root>"):
+    """Deep equality of what torch.load gives and what treepack gives."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), f"{where}: {type(b)}"
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
+        assert a.requires_grad == b.requires_grad, where
+        return
+    assert type(a) is type(b), f"{where}: {type(a)} vs {type(b)}"
+    if isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            same(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}/{i}")
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
+def test_a_gpt2_state_dict_and_its_adamw_state_load_as_torch_load_gives_them(tmp_path):
+    model = tiny_gpt2()
+    opt = trained_optimizer(model)
+    sd, osd = tmp_path / "pytorch_model.bin", tmp_path / "optimizer.pt"
+    torch.save(model.state_dict(), sd)
+    torch.save(opt.state_dict(), osd)
+    # The name says nothing (".bin"): the content does.
+    got = treepack.load(sd)
+    ref = torch.load(sd, weights_only=True)
+    same(ref, got)
+    assert got._metadata == ref._metadata  # the state_dict's versions, which load_state_dict reads
+    # Tied weights stay tied, as torch.load gives them.
+    tied = ("lm_head.weight", "transformer.wte.weight")
+    assert ref[tied[0]].data_ptr() == ref[tied[1]].data_ptr()
+    assert got[tied[0]].data_ptr() == got[tied[1]].data_ptr()
+    assert "transformer.h.0.attn.c_attn.weight" in got  # flat, keys as stored
+    fresh = tiny_gpt2()
+    torch.nn.init.zeros_(fresh.transformer.wte.weight)
+    fresh.load_state_dict(got)
+    assert torch.equal(fresh.transformer.wte.weight, model.transformer.wte.weight)
+    o = treepack.load(osd)
+    same(torch.load(osd, weights_only=True), o)
+    opt2 = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    opt2.load_state_dict(o)
+    assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+
+
+def test_structure_selection_open_and_conversion(tmp_path):
+    model = tiny_gpt2()
+    p = tmp_path / "model.pt"
+    torch.save(model.state_dict(), p)
+    s = treepack.load_structure(p)
+    info = s["transformer.wte.weight"]
+    assert (info.dtype, info.shape) == ("float32", (97, 32))
+    part = treepack.load(p, select=["lm_head.weight"])
+    assert torch.equal(part["lm_head.weight"], model.lm_head.weight.detach())
+    assert part["transformer.wte.weight"] is None  # not selected: not read
+    v = treepack.open(p)
+    assert np.array_equal(np.asarray(v["transformer.ln_f.bias"][:4]), model.transformer.ln_f.bias.detach().numpy()[:4])
+    n = treepack.convert(p, tmp_path / "m.safetensors", separator=None)
+    assert n["tensors"] == len(model.state_dict())
+    from safetensors.torch import load_file
+
+    st = load_file(tmp_path / "m.safetensors")
+    assert torch.equal(st["transformer.h.1.mlp.c_fc.weight"], model.transformer.h[1].mlp.c_fc.weight.detach())
+    treepack.convert(p, tmp_path / "m.tpk")
+    same(torch.load(p, weights_only=True), treepack.load(tmp_path / "m.tpk"))
+    with pytest.raises(ValueError, match="does not write them"):
+        treepack.convert(tmp_path / "m.tpk", tmp_path / "back.pt")
+    # A checkpoint's tree is read, never written to.
+    with pytest.raises(Exception, match="read as a tree but not written"):
+        treepack.save({"x": 1}, p, overwrite=True)
+    torch.load(p, weights_only=True)  # still the checkpoint it was
+
+
+def test_the_cli_inspects_a_checkpoint_without_python(tmp_path):
+    cli = Path(__file__).resolve().parents[2] / "target" / "debug" / "treepack"
+    if not cli.exists():
+        pytest.skip("the CLI is built by cargo (scripts/test.sh builds it before the Python suite)")
+    p = tmp_path / "weights.bin"
+    torch.save({"w": torch.ones(2, 3), "step": 7}, p)
+    out = subprocess.run([str(cli), "inspect", str(p)], capture_output=True, text=True, check=True).stdout
+    assert "torch.save checkpoint" in out and "w: float32[2, 3]" in out and "step: int 7" in out
+
+
+def checkpoint_with(tmp_path: Path, name: str, pkl: bytes) -> Path:
+    """A zip laid out as torch.save lays one out, holding the pickle ``pkl``."""
+    p = tmp_path / name
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/version", "3\n")
+    return p
+
+
+class Evil:
+    def __init__(self, func, args):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+@pytest.mark.parametrize(
+    "name, payload, named",
+    [
+        ("system", lambda o: Evil(os.system, (f"touch {o}/PWNED",)), "system"),
+        ("popen", lambda o: Evil(subprocess.Popen, (["touch", f"{o}/PWNED"],)), "Popen"),
+        ("eval", lambda o: Evil(eval, (f"open('{o}/PWNED', 'w')",)), "eval"),
+        ("canary", lambda o: {"w": Evil(_canary_class(), ())}, CANARY_MODULE),
+    ],
+)
+def test_a_checkpoint_naming_code_is_refused_and_nothing_runs(tmp_path, name, payload, named):
+    h = Hostile(tmp_path)
+    sys.path.insert(0, str(h.modules))
+    try:
+        pkl = pickle.dumps({"state": payload(h.outside)}, protocol=2)
+    finally:
+        sys.path.remove(str(h.modules))
+        sys.modules.pop(CANARY_MODULE, None)
+        for f in ("IMPORTED", "CONSTRUCTED"):
+            (h.outside / f).unlink(missing_ok=True)
+        h.before = __import__("hostile_harness")._snapshot(h.outside)
+    p = checkpoint_with(tmp_path, f"{name}.pt", pkl)
+    for call in ("treepack.load(P)", "treepack.load_structure(P)", "treepack.open(P)", "treepack.convert(P, LOC)"):
+        r = h.error(f"import treepack\nP = {str(p)!r}\n{call}\n", "TreepackError", "Exception", match=named)
+        assert "state" in r["message"], r["message"]  # the key path where it was met
+    assert not (h.outside / "PWNED").exists()
+
+
+def _canary_class():
+    import importlib
+
+    return importlib.import_module(CANARY_MODULE).Boom
+
+
+def test_a_legacy_checkpoint_and_a_bare_pickle_are_told_apart(tmp_path):
+    legacy = tmp_path / "old.pt"
+    torch.save({"w": torch.ones(2)}, legacy, _use_new_zipfile_serialization=False)
+    with pytest.raises(Exception, match="legacy torch.save format"):
+        treepack.load(legacy)
+    # A zip that is not a checkpoint (an .npz named .pt) is read as what it holds.
+    npz = tmp_path / "arrays.pt"
+    buf = io.BytesIO()
+    np.savez(buf, a=np.arange(3))
+    npz.write_bytes(buf.getvalue())
+    assert np.array_equal(treepack.load(npz)["a"], np.arange(3))

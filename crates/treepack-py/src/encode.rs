@@ -728,7 +728,7 @@ impl Prepared {
         let opts = save_options(overwrite, metadata, chunk_bytes, progress, compression, durable)?;
         let loc = location(path, storage_options)?;
         let info = py.detach(|| {
-            let r = treepack::block_on(treepack::save::save_async(&node, &loc, &opts));
+            let r = treepack::block_on(treepack::save_async(&node, &loc, &opts));
             if r.as_ref().is_ok_and(|i| i.leaves >= treepack::save::BACKGROUND_DROP_LEAVES) {
                 treepack::save::drop_in_background(node);
             } else {

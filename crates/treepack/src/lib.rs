@@ -103,7 +103,7 @@ impl IntoLocation for store::Location {
 /// [`Error::AlreadyExists`] unless `opts.overwrite`; [`Error::InvalidTree`]; storage errors.
 pub fn save(tree: &Node, location: impl IntoLocation, opts: &SaveOptions) -> Result<SaveInfo> {
     let loc = location.into_location()?;
-    block_on(save::save_async(tree, &loc, opts))
+    block_on(save_to(tree, &loc, opts))
 }
 
 /// Async [`save()`].
@@ -112,7 +112,17 @@ pub fn save(tree: &Node, location: impl IntoLocation, opts: &SaveOptions) -> Res
 /// As [`save()`].
 pub async fn save_async(tree: &Node, location: impl IntoLocation, opts: &SaveOptions) -> Result<SaveInfo> {
     let loc = location.into_location()?;
-    save::save_async(tree, &loc, opts).await
+    save_to(tree, &loc, opts).await
+}
+
+/// A save where the location says: a tree of a repository (`LOCATION@NAME`) through the
+/// repository, which hands its dedup hook to the save pipeline; any other place straight to
+/// the pipeline. Decided here, above both, so that `save` knows nothing of repositories.
+async fn save_to(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<SaveInfo> {
+    match loc.tree_name() {
+        Some(name) => Repository::open_async(loc.repository()).await?.save_async(tree, name, opts).await,
+        None => save::save_async(tree, loc, opts).await,
+    }
 }
 
 /// Write this process's part of a save many processes share (the processes of a JAX job): its

@@ -109,6 +109,30 @@ impl Location {
         &self.store
     }
 
+    /// The committed manifest of this location's tree (`LOCATION@NAME`): the name's ref, then
+    /// the manifest it names, checked against the hash its file is named by. How a name
+    /// resolves is this layer's; readers and the repository both read through it.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the repository or the name does not exist; a damaged ref or a
+    /// manifest whose bytes do not match its name.
+    pub(crate) async fn tree_manifest(&self) -> Result<(bytes::Bytes, String)> {
+        use crate::format::repo::{self as layout, RefRecord};
+        let name = self.tree.as_deref().unwrap_or_default();
+        let repo = self.repository();
+        let rel = layout::ref_path(name);
+        let Some(b) = repo.get_opt(&rel, layout::MAX_SMALL_FILE).await? else {
+            // Say whether the repository itself is missing.
+            let Some(marker) = repo.get_opt(layout::MARKER, layout::MAX_SMALL_FILE).await? else {
+                return Err(no_repository(&repo));
+            };
+            layout::check_marker(&marker).map_err(|r| Error::manifest(&repo.file_name(layout::MARKER), "", r))?;
+            return Err(unknown_tree(&repo, name));
+        };
+        let r = RefRecord::decode(&b).map_err(|e| Error::manifest(&repo.file_name(&rel), "", e))?;
+        committed_manifest(&repo, &r.tree).await
+    }
+
     /// The tree name of a `LOCATION@NAME` location.
     pub fn tree_name(&self) -> Option<&str> {
         self.tree.as_deref()
@@ -181,6 +205,45 @@ impl std::ops::Deref for Location {
     /// The store location: reads, writes, listings and the rest of the store's operations.
     fn deref(&self) -> &store::Location {
         &self.store
+    }
+}
+
+/// A repository's committed manifest at `tree` (`trees/<hash>.json`), checked against the hash
+/// its file is named by.
+pub(crate) async fn committed_manifest(repo: &Location, tree: &str) -> Result<(bytes::Bytes, String)> {
+    use crate::format::hash::Hash32;
+    let file = repo.file_name(tree);
+    let b = repo
+        .get_opt(tree, crate::format::manifest::MAX_MANIFEST_BYTES)
+        .await?
+        .ok_or_else(|| Error::missing_part(repo.display(), &file))?;
+    let want = tree.strip_prefix("trees/").and_then(|t| t.strip_suffix(".json")).and_then(Hash32::from_hex);
+    let got = Hash32::of(&b);
+    if want != Some(got) {
+        return Err(Error::ManifestChecksum {
+            file,
+            expected: want.map(|h| h.to_hex()).unwrap_or_default(),
+            actual: got.to_hex(),
+        });
+    }
+    Ok((b, file))
+}
+
+/// The error for a location that holds no repository.
+pub(crate) fn no_repository(repo: &Location) -> Error {
+    Error::NotFound {
+        location: repo.display().to_string(),
+        detail: "no treepack repository here; create one with Repository::create (Python: \
+                 treepack.Repository(location, create=True); CLI: treepack repo init)"
+            .into(),
+    }
+}
+
+/// The error for a name the repository at `repo` does not hold.
+pub(crate) fn unknown_tree(repo: &Location, name: &str) -> Error {
+    Error::NotFound {
+        location: format!("{}@{name}", repo.display()),
+        detail: format!("no tree named {name:?} in this repository (names() lists them)"),
     }
 }
 

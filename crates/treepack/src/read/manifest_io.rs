@@ -11,9 +11,8 @@ use super::*;
 /// [`Error::NotFound`], storage errors, [`Error::NotTreepack`] for a damaged single file.
 pub async fn manifest_bytes(loc: &Location) -> Result<(Bytes, String)> {
     Ok(match loc.layout() {
-        Layout::Directory if loc.tree_name().is_some() => {
-            crate::repo::manifest_bytes(loc, loc.tree_name().unwrap_or_default()).await?
-        }
+        // A tree of a repository: found through its name (crate::Location, the naming layer).
+        Layout::Directory if loc.tree_name().is_some() => loc.tree_manifest().await?,
         Layout::Directory => {
             let file = loc.file_name(MANIFEST_NAME);
             let Some(b) = loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await? else {

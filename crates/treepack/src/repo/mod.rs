@@ -74,12 +74,7 @@ impl Repository {
                 layout::check_marker(&b).map_err(|r| Error::manifest(&loc.file_name(layout::MARKER), "", r))?;
                 Ok(Repository::new(loc))
             }
-            None => Err(Error::NotFound {
-                location: loc.display().to_string(),
-                detail: "no treepack repository here; create one with Repository::create (Python: \
-                         treepack.Repository(location, create=True); CLI: treepack repo init)"
-                    .into(),
-            }),
+            None => Err(crate::location::no_repository(&loc)),
         }
     }
 
@@ -171,10 +166,7 @@ impl Repository {
     }
 
     fn unknown(&self, name: &str) -> Error {
-        Error::NotFound {
-            location: format!("{}@{name}", self.loc.display()),
-            detail: format!("no tree named {name:?} in this repository (names() lists them)"),
-        }
+        crate::location::unknown_tree(&self.loc, name)
     }
 
     /// Every committed name, sorted, with its root, save time and sizes.
@@ -338,35 +330,7 @@ impl Repository {
 
     /// A committed manifest's bytes, checked against the hash its file is named by.
     async fn manifest_bytes(&self, tree: &str) -> Result<(Bytes, String)> {
-        let (b, file) = self.get_part(tree, manifest::MAX_MANIFEST_BYTES).await?;
-        let want = tree.strip_prefix("trees/").and_then(|t| t.strip_suffix(".json")).and_then(Hash32::from_hex);
-        let got = Hash32::of(&b);
-        if want != Some(got) {
-            return Err(Error::ManifestChecksum {
-                file,
-                expected: want.map(|h| h.to_hex()).unwrap_or_default(),
-                actual: got.to_hex(),
-            });
-        }
-        Ok((b, file))
-    }
-}
-
-/// The manifest of `loc`'s tree (a `LOCATION@NAME` location): its ref, then the committed
-/// manifest it names. What [`crate::read::manifest_bytes`] reads for such a location.
-///
-/// # Errors
-/// [`Error::NotFound`] when the repository or the name does not exist; a damaged ref or a
-/// manifest whose bytes do not match its name.
-pub(crate) async fn manifest_bytes(loc: &Location, name: &str) -> Result<(Bytes, String)> {
-    let repo = Repository::new(loc.repository());
-    match repo.read_ref(name).await? {
-        Some(r) => repo.manifest_bytes(&r.tree).await,
-        None => {
-            // Say whether the repository itself is missing.
-            Repository::open_async(loc.repository()).await?;
-            Err(repo.unknown(name))
-        }
+        crate::location::committed_manifest(&self.loc, tree).await
     }
 }
 

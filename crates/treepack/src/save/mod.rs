@@ -346,17 +346,20 @@ fn needs_expansion(tree: &Node, inline_str_bytes: usize) -> bool {
     found
 }
 
-/// Read an existing manifest's pack list (for cleanup after an overwrite); errors are ignored
-/// because a damaged old tree must not prevent replacing it.
-/// Save `tree` at `loc`.
+/// Save `tree` at `loc` (a place, not a tree of a repository: [`crate::save_async`] sends
+/// those to the repository).
 ///
 /// # Errors
 /// [`Error::AlreadyExists`] unless overwriting, [`Error::InvalidTree`] for unsaveable trees,
 /// storage errors.
 pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<SaveInfo> {
-    if let Some(name) = loc.tree_name() {
-        let repo = crate::repo::Repository::open_async(loc.repository()).await?;
-        return repo.save_async(tree, name, opts).await;
+    if loc.tree_name().is_some() {
+        // A tree of a repository is saved by the repository (crate::save_async decides).
+        return Err(Error::BadLocation {
+            location: loc.display().to_string(),
+            reason: "a tree of a repository is saved through the repository (treepack::save, or the repository's save)"
+                .into(),
+        });
     }
     let w = write_data(tree, loc, opts, None).await?;
     commit(loc, w, opts).await

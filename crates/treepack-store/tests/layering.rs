@@ -4,7 +4,11 @@
 //! repositories — what a location string names beyond a place (`LOCATION@NAME`, a `.json`
 //! transport document) is resolved in the engine, one layer up.
 
-use std::path::{Path, PathBuf};
+#[path = "support/sources.rs"]
+mod support;
+
+use std::path::PathBuf;
+use support::sources;
 
 /// Crates the store may not depend on: the engine, and document parsers.
 const FORBIDDEN_CRATES: [&str; 4] = ["treepack", "serde_json", "serde", "treepack_py"];
@@ -40,21 +44,6 @@ fn the_manifest_names_no_engine_and_no_document_parser() {
     for d in &deps {
         assert!(!FORBIDDEN_CRATES.contains(&d.as_str()), "treepack-store must not depend on `{d}`");
     }
-}
-
-/// Every `.rs` file below `dir`.
-fn sources(dir: &Path) -> Vec<PathBuf> {
-    let (mut out, mut todo) = (vec![], vec![dir.to_path_buf()]);
-    while let Some(d) = todo.pop() {
-        for p in std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()) {
-            if p.is_dir() {
-                todo.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    out
 }
 
 #[test]

@@ -4,26 +4,15 @@
 //! the pipeline its dedup hook (`save::Reuse`), by the facade (`src/lib.rs`). So the repository
 //! sits on top of both, and nothing below it names it.
 
-use std::path::{Path, PathBuf};
+#[path = "../../treepack-store/tests/support/sources.rs"]
+mod support;
 
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            sources(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
+use std::path::PathBuf;
 
 #[test]
 fn save_and_read_name_no_repository() {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = vec![];
-    for layer in ["save", "read"] {
-        sources(&src.join(layer), &mut files);
-    }
+    let files: Vec<PathBuf> = ["save", "read"].iter().flat_map(|layer| support::sources(&src.join(layer))).collect();
     assert!(files.len() >= 8, "the sources were not found: {files:?}");
     for f in &files {
         for (n, line) in std::fs::read_to_string(f).unwrap().lines().enumerate() {

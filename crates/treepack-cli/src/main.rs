@@ -86,8 +86,9 @@ enum Cmd {
         #[arg(long)]
         key: Option<String>,
     },
-    /// Convert between treepack and safetensors (by extension, or --from/--to): nested keys
-    /// join into flat names with --separator ("." by default; "" keeps a flat dict's keys).
+    /// Convert between treepack and safetensors, or from a torch.save checkpoint (read without
+    /// pickle); a source by its content, a destination by its extension, or --from/--to: nested
+    /// keys join into flat names with --separator ("." by default; "" keeps a flat dict's keys).
     Convert {
         src: String,
         dst: String,

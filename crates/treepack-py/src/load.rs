@@ -321,7 +321,8 @@ pub(crate) fn load_tree(
         expect_root: expect_root.map(root_hash_arg).transpose()?,
         ..Default::default()
     };
-    let paths = PyLoadPaths { decode_other, np_dtype, free_types, open_reader, through_reader, verify };
+    let expect_root = opts.expect_root;
+    let paths = PyLoadPaths { decode_other, np_dtype, free_types, open_reader, through_reader, verify, expect_root };
     py.detach(|| treepack::read::one_pass::load_with(&loc, &opts, &paths))
 }
 
@@ -333,6 +334,7 @@ struct PyLoadPaths {
     open_reader: Py<PyAny>,
     through_reader: Py<PyAny>,
     verify: bool,
+    expect_root: Option<treepack::Hash32>,
 }
 
 impl treepack::read::one_pass::LoadPaths for PyLoadPaths {
@@ -349,7 +351,16 @@ impl treepack::read::one_pass::LoadPaths for PyLoadPaths {
             built.ok().flatten().map(Bound::unbind)
         })
     }
-    fn open(&self, _: &treepack::Location, _: Option<(treepack::Location, &[u8], String)>) -> PyResult<Py<PyAny>> {
+    fn open(&self, loc: &treepack::Location, _: Option<(treepack::Location, &[u8], String)>) -> PyResult<Py<PyAny>> {
+        if loc.read_from().is_some() {
+            // A tree read from another tool's file (a torch.save checkpoint) when its location
+            // was parsed: the reader is over that tree, not over a second reading of the file.
+            let inner = treepack::Reader::open(loc.clone()).map_err(py_err)?;
+            if let Some(want) = self.expect_root {
+                inner.expect_root(want).map_err(py_err)?;
+            }
+            return Python::attach(|py| Ok(Py::new(py, crate::reader::Reader { inner })?.into_any()));
+        }
         // Python opens its reader as its load hooks do (`LoadRequest.reader`).
         Python::attach(|py| self.open_reader.call0(py))
     }

@@ -182,3 +182,34 @@ def test_a_legacy_checkpoint_and_a_bare_pickle_are_told_apart(tmp_path):
     np.savez(buf, a=np.arange(3))
     npz.write_bytes(buf.getvalue())
     assert np.array_equal(treepack.load(npz)["a"], np.arange(3))
+
+
+def test_a_safetensors_file_is_read_flat_wherever_a_location_is(tmp_path):
+    from safetensors.numpy import save_file as save_numpy
+    from safetensors.torch import save_file
+
+    model = tiny_gpt2()
+    p = tmp_path / "model.safetensors"
+    sd = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied: saved once
+    save_file(sd, p, metadata={"format": "pt"})
+    got = treepack.load(p)
+    assert sorted(got) == sorted(sd)  # flat, names as stored
+    assert all(isinstance(v, torch.Tensor) and torch.equal(v, sd[k]) for k, v in got.items())  # "format": "pt"
+    fresh = tiny_gpt2()
+    fresh.load_state_dict(got, strict=False)
+    assert torch.equal(fresh.transformer.h[0].attn.c_attn.weight, model.transformer.h[0].attn.c_attn.weight)
+    assert isinstance(treepack.load(p, numpy=True)["transformer.wpe.weight"], np.ndarray)
+    assert treepack.load(p, separator=".")["transformer"]["h"]["0"]["ln_1"]["bias"].shape == (32,)
+    assert treepack.load_structure(p)["transformer.wte.weight"].shape == (97, 32)
+    assert np.array_equal(np.asarray(treepack.open(p)["transformer.ln_f.bias"][:3]), sd["transformer.ln_f.bias"][:3])
+    # A file without that mark holds arrays; an existing file is overwritten as a file by convert.
+    q = tmp_path / "arrays.safetensors"
+    save_numpy({"a.b": np.arange(3.0)}, q)
+    assert list(treepack.load(q)) == ["a.b"] and isinstance(treepack.load(q)["a.b"], np.ndarray)
+    treepack.save({"x": np.ones(2)}, tmp_path / "t")
+    treepack.convert(tmp_path / "t", q, overwrite=True)
+    assert list(treepack.load(q)) == ["x"]
+    with pytest.raises(Exception, match="read as a tree but not written"):
+        treepack.save({"y": 1}, q, overwrite=True)
+    with pytest.raises(TypeError, match="separator= applies to files of flat names"):
+        treepack.load(tmp_path / "t", separator=".")

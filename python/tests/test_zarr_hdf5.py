@@ -217,7 +217,9 @@ def test_safetensors_and_npz_load_directly(tmp_path):
     from safetensors.numpy import save_file
 
     save_file({"layers.0.w": np.ones((2, 2), np.float32)}, str(tmp_path / "m.safetensors"))
-    assert treepack.load(tmp_path / "m.safetensors")["layers"]["0"]["w"].shape == (2, 2)
+    # Flat where the source is flat: names as stored (a state_dict's keys); nested on request.
+    assert treepack.load(tmp_path / "m.safetensors")["layers.0.w"].shape == (2, 2)
+    assert treepack.load(tmp_path / "m.safetensors", separator=".")["layers"]["0"]["w"].shape == (2, 2)
     np.savez(tmp_path / "d.npz", a=np.arange(3))
     assert treepack.load(tmp_path / "d.npz", select=["a"])["a"].tolist() == [0, 1, 2]
     with pytest.raises(TypeError, match="mmap"):

@@ -308,6 +308,7 @@ def load(
     progress: Progress = None,
     numpy: bool = False,
     expect_root: Optional[str] = None,
+    separator: Optional[str] = None,
     **options: Any,
 ) -> Any:
     """Load a tree from a local path, ``.tpk`` file, ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` location.
@@ -331,6 +332,10 @@ def load(
       ``like=`` leaves that are JAX or torch arrays still give those.
     - ``expect_root``: a root hash (``root_hash``'s 64 hex digits); the load raises
       ``RootMismatchError`` before reading any data unless the stored tree has that root.
+    - ``separator``: for a file of flat names another tool wrote (safetensors, ``.npz``), the
+      text its names are split into nested dicts at (``"."``: ``layers.0.w`` is
+      ``tree["layers"]["0"]["w"]``). ``None`` (the default) keeps the names as stored: a
+      safetensors file loads as the flat mapping it holds, which ``load_state_dict`` takes.
 
     Options of the framework integrations (each passed to the integration that takes it; any
     other keyword is a ``TypeError``):
@@ -350,12 +355,16 @@ def load(
     hooks = _registry.load_hooks(options)  # (a TypeError for a keyword no integration takes)
     p = _path(path)
     fmt = _foreign(p)
+    if fmt == "safetensors" and separator is None:
+        fmt = None  # the core reads a safetensors file as the flat tree it holds, wherever a location is
+    elif fmt is None and separator is not None:
+        raise TypeError(f"load() of {p}: separator= applies to files of flat names (safetensors, npz), not to this")
     if fmt is not None:
         from ._convert import load_foreign
 
         kwargs = dict(select=select, like=like, trust=trust, allow_pickle=allow_pickle, on_missing=on_missing,
                       mmap=mmap, verify=verify, storage_options=storage_options, progress=progress,
-                      numpy=numpy, expect_root=expect_root, **options)
+                      numpy=numpy, expect_root=expect_root, separator=separator, **options)
         return load_foreign(p, fmt, kwargs)
     trust_t = tuple(trust)
     if on_missing not in ("error", "placeholder"):

@@ -52,7 +52,7 @@ def load_foreign(path: str, fmt: str, load_kwargs: Dict[str, Any]) -> Any:
             raise TypeError(f"load() of a .{fmt} file takes no {bad}=; convert it to treepack first "
                             f"(treepack.convert({path!r}, 'x.tpk'))")
     with memory_location() as loc:
-        convert(path, loc, from_format=fmt, to_format="treepack", separator=load_kwargs.pop("separator", "."))
+        convert(path, loc, from_format=fmt, to_format="treepack", separator=load_kwargs.pop("separator", None))
         return load(loc, **load_kwargs)
 
 

@@ -753,3 +753,22 @@ fn a_torch_checkpoint_is_read_by_every_reading_command() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("legacy torch.save format") && err.contains("re-save"), "{err}");
 }
+
+/// A safetensors file reads as the flat tree it holds (names as stored) in every reading
+/// command, and is still written as a file by convert.
+#[test]
+fn a_safetensors_file_is_read_by_every_reading_command() {
+    let (d, ckpt) = demo("ckpt");
+    let path = |n: &str| d.path().join(n).to_str().unwrap().to_string();
+    let st = path("params.safetensors");
+    run_ok(&["convert", &ckpt, &st, "--select", "params/**", "-q"]);
+    let out = run_ok(&["inspect", &st]);
+    assert_contains(&out, &["(safetensors file, read as a tree", "params.dense.kernel: float32[512, 256]"]);
+    let out = run_ok(&["ls", &st]);
+    assert_eq!(out.lines().count(), 3, "{out}");
+    let out = run_ok(&["cat", &st, "params.dense.kernel[0:1, 0:2]"]);
+    assert!(out.starts_with("float32[1, 2] ="), "{out}");
+    // Overwritten as a file, not refused as a tree read from one.
+    run_ok(&["convert", &ckpt, &st, "--select", "params/embed", "--overwrite", "-q"]);
+    assert_eq!(run_ok(&["ls", &st]).lines().count(), 1);
+}

@@ -178,9 +178,9 @@ fn convert(
     select: Option<Vec<String>>,
 ) -> PyResult<(usize, u64)> {
     use treepack::convert::{ConvertOptions, Format};
-    let (s, d) = (location(src, storage_options.clone())?, location(dst, storage_options)?);
     let (f, t) =
         (Format::of_source(src, Some(from_format)).map_err(py_err)?, Format::of(dst, Some(to_format)).map_err(py_err)?);
+    let (s, d) = (location(src, storage_options.clone())?, location(dst, storage_options)?);
     let mut save = SaveOptions { overwrite, durable, progress: progress_fn(progress), ..Default::default() };
     if let Some(c) = compression {
         save.compression = treepack::save::Compression::parse(&c).map_err(py_err)?;

@@ -107,7 +107,7 @@ pub fn detect_format(path: &str, read: bool) -> &'static str {
 }
 
 /// The format a local file or folder's content shows, if a rule of [`detect_format`] knows it.
-fn content_format(path: &std::path::Path) -> Option<&'static str> {
+pub(crate) fn content_format(path: &std::path::Path) -> Option<&'static str> {
     use std::io::{Read, Seek, SeekFrom};
     const HDF5: &[u8; 8] = b"\x89HDF\r\n\x1a\n";
     let meta = std::fs::metadata(path).ok()?;
@@ -391,6 +391,8 @@ fn bad_file(loc: &Location, reason: String) -> Error {
 /// [`Error::InvalidForeign`] for a damaged or hostile file (saying what is wrong),
 /// [`Error::InvalidTree`] when names collide once nested (`a` and `a.b`: pass no separator).
 pub fn read_safetensors(loc: &Location, separator: Option<&str>) -> Result<(Node, Option<serde_json::Value>)> {
+    // The file itself, not the tree its location reads as (crate::Location::parse).
+    let loc = &loc.place();
     let bytes: Bytes = match loc.mmap(".")? {
         Some(b) => b,
         None => {
@@ -561,6 +563,8 @@ pub fn write_safetensors(
     overwrite: bool,
     progress: Option<crate::progress::ProgressFn>,
 ) -> Result<ConvertInfo> {
+    // The file itself, not the tree an existing file's location reads as (crate::Location::parse).
+    let dst = &dst.place();
     let mut tensors: Vec<(String, DType, Vec<u64>)> = vec![];
     let mut paths: Vec<String> = vec![];
     let mut problem: Option<Error> = None;

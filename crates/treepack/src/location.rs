@@ -24,7 +24,32 @@ pub struct Location {
     /// What another tool wrote that this location's tree was read from (a transport document,
     /// a torch.save checkpoint), for messages and `inspect`; `None` for a treepack tree.
     read_from: Option<&'static str>,
+    /// The file that tree was read from, where there is one (a conversion reads and writes the
+    /// file itself, not the tree read from it).
+    file: Option<store::Location>,
 }
+
+/// A safetensors file whose metadata says `"format": "pt"` (how PyTorch's writers, Hugging Face's
+/// among them, mark their files) holds torch tensors: its arrays are annotated as treepack's
+/// torch integration annotates tensors, so they load as `torch.Tensor`s where torch is
+/// installed (numpy arrays elsewhere, or with `numpy=True`). Other files' arrays stay arrays.
+fn torch_tensors_where_said(tree: crate::Node, metadata: Option<&serde_json::Value>) -> Result<crate::Node> {
+    use crate::format::model::Leaf;
+    if metadata.and_then(|m| m.get("format")).and_then(|f| f.as_str()) != Some("pt") {
+        return Ok(tree);
+    }
+    tree.try_map(&mut |_, leaf| match leaf {
+        Leaf::Array(a) if a.annotation().is_none() => {
+            Ok(Leaf::Array(a.with_annotation(Some(serde_json::json!({"type": "torch.Tensor"})))?))
+        }
+        other => Ok(other),
+    })
+}
+
+/// Why a safetensors file's location refuses writes.
+const SAFETENSORS_READ_ONLY: &str =
+    "a safetensors file is read as a tree but not written to as one: save to a directory \
+                                     or a .tpk, or `treepack convert TREE FILE.safetensors`";
 
 /// Why a transport document's location refuses writes.
 const DOCUMENT_READ_ONLY: &str =
@@ -70,6 +95,13 @@ impl Location {
             if crate::foreign::torch::is_checkpoint_file(path) {
                 return crate::foreign::torch::open_location(path, s);
             }
+            // A safetensors file: its tensors, flat, named as stored (a state_dict's keys).
+            if crate::convert::content_format(path) == Some("safetensors") {
+                let plain: Location = loc.clone().into();
+                let (tree, metadata) = crate::convert::read_safetensors(&plain, None)?;
+                let tree = torch_tensors_where_said(tree, metadata.as_ref())?;
+                return Self::read_into_memory(&tree, metadata, s, SAFETENSORS_READ_ONLY, "safetensors file", loc);
+            }
         }
         Ok(loc.into())
     }
@@ -78,6 +110,32 @@ impl Location {
     /// `display`: where a transport document is unpacked to be read.
     pub(crate) fn new_memory(display: &str) -> Location {
         store::Location::new_memory(display).into()
+    }
+
+    /// A fresh read-only location in memory holding `tree` (with `metadata`), read from a file
+    /// of the kind `read_from` names and shown as `display`: every reader then works on it as on
+    /// a treepack tree.
+    pub(crate) fn read_into_memory(
+        tree: &crate::Node,
+        metadata: Option<serde_json::Value>,
+        display: &str,
+        why: &'static str,
+        read_from: &'static str,
+        file: store::Location,
+    ) -> Result<Location> {
+        let loc = Location::new_memory(display);
+        let opts = crate::SaveOptions { durable: false, metadata, ..Default::default() };
+        crate::save(tree, loc.clone(), &opts)?;
+        Ok(Location { file: Some(file), ..loc.into_read_only_as(why, read_from) })
+    }
+
+    /// The place itself: for a tree read from another tool's file, that file (what a
+    /// conversion reads or overwrites); this location otherwise.
+    pub fn place(&self) -> Location {
+        match &self.file {
+            Some(f) => f.clone().into(),
+            None => self.clone(),
+        }
     }
 
     /// This location, refusing writes from now on (a transport document's, once unpacked).
@@ -146,6 +204,7 @@ impl Location {
             store: self.store.relabeled(&display[..display.len() - name.len() - 1]),
             tree: None,
             read_from: None,
+            file: None,
         }
     }
 
@@ -161,7 +220,7 @@ impl Location {
         }
         let base = self.repository();
         let display = format!("{}@{name}", base.display());
-        Ok(Location { store: base.store.relabeled(&display), tree: Some(name.into()), read_from: None })
+        Ok(Location { store: base.store.relabeled(&display), tree: Some(name.into()), read_from: None, file: None })
     }
 
     /// For a local single file, open it now and read through that handle from then on (a
@@ -170,7 +229,12 @@ impl Location {
     /// # Errors
     /// [`Error::NotFound`] if the file does not exist; [`Error::Link`] if it is a symbolic link.
     pub fn pin(&self) -> Result<Location> {
-        Ok(Location { store: self.store.pin()?, tree: self.tree.clone(), read_from: self.read_from })
+        Ok(Location {
+            store: self.store.pin()?,
+            tree: self.tree.clone(),
+            read_from: self.read_from,
+            file: self.file.clone(),
+        })
     }
 
     /// Run a read of this location to completion from synchronous code: a local tree's on the
@@ -195,7 +259,7 @@ impl From<store::Location> for Location {
     /// pools whichever operation comes first.
     fn from(store: store::Location) -> Location {
         crate::runtime::install_exec();
-        Location { store, tree: None, read_from: None }
+        Location { store, tree: None, read_from: None, file: None }
     }
 }
 

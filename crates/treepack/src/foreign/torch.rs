@@ -89,11 +89,8 @@ pub fn is_checkpoint_file(path: &Path) -> bool {
 /// # Errors
 /// As [`read`].
 pub fn open_location(path: &Path, display: &str) -> Result<crate::Location> {
-    let tree = read(path)?;
-    let loc = crate::Location::new_memory(display);
-    let opts = crate::SaveOptions { durable: false, ..Default::default() };
-    crate::save(&tree, loc.clone(), &opts)?;
-    Ok(loc.into_read_only_as(DOCUMENT_READ_ONLY, "torch.save checkpoint"))
+    let file = crate::store::Location::parse(&path.to_string_lossy())?;
+    crate::Location::read_into_memory(&read(path)?, None, display, DOCUMENT_READ_ONLY, "torch.save checkpoint", file)
 }
 
 /// Why a checkpoint's location refuses writes.

@@ -109,6 +109,11 @@ pub fn detect_format(path: &str, read: bool) -> &'static str {
 /// The format a local file or folder's content shows, if a rule of [`detect_format`] knows it.
 pub(crate) fn content_format(path: &std::path::Path) -> Option<&'static str> {
     use std::io::{Read, Seek, SeekFrom};
+    // treepack's own extension is taken at its word: every load of a `.tpk` asks, and reading its
+    // head here would cost each a second open (a `.tpk` that is not one fails with its footer).
+    if path.extension().is_some_and(|e| e == crate::store::SINGLE_FILE_EXT) {
+        return Some("treepack");
+    }
     const HDF5: &[u8; 8] = b"\x89HDF\r\n\x1a\n";
     let meta = std::fs::metadata(path).ok()?;
     if meta.is_dir() {

@@ -60,7 +60,8 @@ impl Location {
     /// Parse a location string: a local path, `file://…`, or `memory://bucket/prefix` (a
     /// process-wide in-memory store, for tests). A path ending in `.tpk` uses the single-file
     /// layout; an existing local file is read as a single file whatever its name, and an
-    /// existing `.json` transport document as the tree it holds (read-only). `LOCATION@NAME`
+    /// existing `.json` transport document, `torch.save` checkpoint or safetensors file as the
+    /// tree it holds (read-only). `LOCATION@NAME`
     /// names the tree `NAME` of the repository at `LOCATION`.
     ///
     /// # Errors
@@ -86,21 +87,24 @@ impl Location {
         }
         let loc = store::Location::parse_with(s, options)?;
         // A local single file named `.json` may be a transport document, and one of any name a
-        // torch.save checkpoint: each is read as the tree it holds.
+        // torch.save checkpoint or a safetensors file (told by its content, by the one detector
+        // `convert` and the Python package use): each is read as the tree it holds.
         if let Some(path) = loc.local_path().filter(|_| loc.layout() == Layout::SingleFile) {
             if crate::transport::is_document_file(path) {
                 return crate::transport::read_document_file(path, s);
             }
-            // A torch.save checkpoint: read without pickle, as the tree it holds.
-            if crate::foreign::torch::is_checkpoint_file(path) {
-                return crate::foreign::torch::open_location(path, s);
-            }
-            // A safetensors file: its tensors, flat, named as stored (a state_dict's keys).
-            if crate::convert::content_format(path) == Some("safetensors") {
-                let plain: Location = loc.clone().into();
-                let (tree, metadata) = crate::convert::read_safetensors(&plain, None)?;
-                let tree = torch_tensors_where_said(tree, metadata.as_ref())?;
-                return Self::read_into_memory(&tree, metadata, s, SAFETENSORS_READ_ONLY, "safetensors file", loc);
+            match crate::convert::content_format(path) {
+                // Read without pickle.
+                Some("torch") => return crate::foreign::torch::open_location(path, s),
+                // Its tensors, flat, named as stored (a state_dict's keys).
+                Some("safetensors") => {
+                    let plain: Location = loc.clone().into();
+                    let (tree, metadata) = crate::convert::read_safetensors(&plain, None)?;
+                    let tree = torch_tensors_where_said(tree, metadata.as_ref())?;
+                    let why = SAFETENSORS_READ_ONLY;
+                    return Self::read_into_memory(&tree, metadata, s, why, "safetensors file", loc);
+                }
+                _ => {}
             }
         }
         Ok(loc.into())

@@ -2,7 +2,7 @@
 //!
 //! [`torch`] reads `torch.save` files (`.pt`, `.pth`, `pytorch_model.bin`) through the pickle
 //! reader of [`format::pickle`](crate::format::pickle), which interprets pickles as data and
-//! never imports or calls anything. A local file [`torch::is_checkpoint_file`] recognises is
+//! never imports or calls anything. A local file [`torch::is_checkpoint`] recognises is
 //! read as the tree it holds wherever a location is parsed ([`crate::Location::parse`]: load,
 //! open, structure, the CLI's reading commands, convert), and
 //! [`crate::convert::detect_format`] names it `torch`.

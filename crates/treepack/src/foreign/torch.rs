@@ -73,15 +73,6 @@ pub fn is_checkpoint(head: &[u8]) -> bool {
         .is_some_and(|prefix| !prefix.is_empty() && !prefix.contains(&b'/'))
 }
 
-/// Whether the local file at `path` is a `torch.save` checkpoint ([`is_checkpoint`] of its
-/// first bytes; `false` for what cannot be read).
-pub fn is_checkpoint_file(path: &Path) -> bool {
-    use std::io::Read;
-    let Ok(f) = File::open(path) else { return false };
-    let mut head = Vec::with_capacity(512);
-    f.take(512).read_to_end(&mut head).is_ok() && is_checkpoint(&head)
-}
-
 /// The tree of the checkpoint at `path` as a read-only location in memory, shown as `display`:
 /// every reader (load, selections, structure, `inspect`, `ls`, `cat`, verify, convert) then
 /// works on it as on a treepack tree. The tensors are read once, here.

@@ -1,14 +1,16 @@
 # Sourced by test.sh, wheels.sh and .ci/run: `stage TEXT` prints "== [Ns] TEXT" to stderr, N the
 # seconds since the outermost of them started (TREEPACK_T0, inherited), and notes the stage in
 # TREEPACK_STAGES (a file, inherited). The script that started the clock prints, when it exits,
-# how long each stage took and the total.
+# how long each stage took and the total. Each stage line also says how much disk is free.
 if [ -z "${TREEPACK_T0:-}" ]; then
   export TREEPACK_T0=$(date +%s) TREEPACK_STAGES=$(mktemp)
   trap 'stage_summary $?' EXIT
 fi
 stage() {
-  local t=$(($(date +%s) - TREEPACK_T0))
-  echo "== [${t}s] $*" >&2
+  local t=$(($(date +%s) - TREEPACK_T0)) free
+  # Free disk beside each stage: CI machines differ in disk, and a full one fails far from its cause.
+  free=$(df -Pk . 2>/dev/null | awk 'NR == 2 { printf "%.1f GiB free", $4 / 1048576 }')
+  echo "== [${t}s] $* (${free:-disk unknown})" >&2
   printf '%s\t%s\n' "$t" "${*:0:100}" >>"$TREEPACK_STAGES"
 }
 stage_summary() {

@@ -27,7 +27,7 @@ def test_safetensors_files_from_the_library_convert_both_ways(tmp_path):
     flat["layers.1.w"] = np.arange(12, dtype=np.float32).reshape(3, 4) * 2
     src = tmp_path / "m.safetensors"
     safetensors_numpy.save_file(flat, str(src), metadata={"format": "np", "note": "hi"})
-    info = treepack.convert(src, tmp_path / "t")
+    info = treepack.convert(src, tmp_path / "t", separator=".")
     assert info["tensors"] == len(flat)
     tree = treepack.load(tmp_path / "t")
     np.testing.assert_array_equal(tree["layers"]["1"]["w"], flat["layers.1.w"])  # nested at "."
@@ -42,8 +42,8 @@ def test_safetensors_files_from_the_library_convert_both_ways(tmp_path):
     for k in flat:
         assert back[k].dtype == flat[k].dtype
         np.testing.assert_array_equal(back[k], flat[k])
-    # Flat names kept as they are.
-    treepack.convert(src, tmp_path / "flat", separator=None)
+    # Flat names kept as they are: the default.
+    treepack.convert(src, tmp_path / "flat")
     assert "layers.0.w" in treepack.load(tmp_path / "flat")
 
 
@@ -99,7 +99,7 @@ def test_npz_and_npy_convert_both_ways_without_pickle(tmp_path):
     arrays = _arrays()
     arrays["a/b"] = np.ones(2)  # a name with the key-path separator in it
     np.savez(tmp_path / "d.npz", **{k.replace("/", "_"): v for k, v in arrays.items()}, **{"g.x": np.arange(3)})
-    treepack.convert(tmp_path / "d.npz", tmp_path / "t")
+    treepack.convert(tmp_path / "d.npz", tmp_path / "t", separator=".")
     t = treepack.load(tmp_path / "t")
     np.testing.assert_array_equal(t["g"]["x"], np.arange(3))
     np.testing.assert_array_equal(t["x_uint16"], arrays["x_uint16"])

@@ -30,7 +30,7 @@ def test_a_misleading_extension_is_read_past(tmp_path):
     np.testing.assert_array_equal(treepack.load(tmp_path / "w.npz")["params.w"], tree["params"]["w"])
     back = treepack.load(tmp_path / "w.npz", separator=".")
     np.testing.assert_array_equal(back["params"]["w"], tree["params"]["w"])
-    treepack.convert(tmp_path / "w.npz", tmp_path / "back")
+    treepack.convert(tmp_path / "w.npz", tmp_path / "back", separator=".")
     np.testing.assert_array_equal(treepack.load(tmp_path / "back")["params"]["b"], tree["params"]["b"])
     # a treepack tree named .zarr is a treepack tree
     os.rename(tmp_path / "t", tmp_path / "tree.zarr")

@@ -213,3 +213,64 @@ def test_a_safetensors_file_is_read_flat_wherever_a_location_is(tmp_path):
         treepack.save({"y": 1}, q, overwrite=True)
     with pytest.raises(TypeError, match="separator= applies to files of flat names"):
         treepack.load(tmp_path / "t", separator=".")
+
+
+def test_a_sharded_save_pretrained_folder_loads_as_its_state_dict(tmp_path):
+    # transformers' own writer: model.safetensors.index.json and its shards.
+    from safetensors.torch import load_file
+
+    model = tiny_gpt2()
+    d = tmp_path / "gpt2"
+    model.save_pretrained(d, max_shard_size="40KB")
+    shards = sorted(d.glob("model-*-of-*.safetensors"))
+    assert (d / "model.safetensors.index.json").exists() and len(shards) >= 3, os.listdir(d)
+    want = {}
+    for s in shards:
+        want.update(load_file(s))
+    got = treepack.load(d)
+    assert type(got) is dict and set(got) == set(want)
+    for k, v in want.items():
+        assert isinstance(got[k], torch.Tensor) and got[k].dtype == v.dtype and torch.equal(got[k], v), k
+    # Into a fresh model, as from_pretrained would: the tied lm_head is not stored.
+    fresh = transformers.GPT2LMHeadModel(model.config)
+    missing, unexpected = fresh.load_state_dict(got, strict=False)
+    assert unexpected == [] and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    fresh.tie_weights()
+    x = torch.arange(8)[None]
+    assert torch.equal(fresh.eval()(x).logits, model.eval()(x).logits)
+    # Every reading path takes the folder: structure, open, convert.
+    assert set(treepack.load_structure(d)) == set(want)
+    k = next(iter(want))
+    assert np.array_equal(np.asarray(treepack.open(d)[k][...]), want[k].numpy())
+    treepack.convert(d, tmp_path / "gpt2.tpk")
+    assert set(treepack.load(tmp_path / "gpt2.tpk")) == set(want)
+    # Read-only: a save there is refused rather than mixed into the checkpoint.
+    with pytest.raises(Exception, match="read as a tree but not written"):
+        treepack.save({"x": np.ones(2)}, d)
+
+
+def test_torch_shards_in_the_layout_transformers_4_wrote_load_in_order(tmp_path):
+    # pytorch_model-0000k-of-0000n.bin shards and pytorch_model.bin.index.json, as
+    # save_pretrained(safe_serialization=False) wrote them (transformers 5 writes none): each
+    # shard's storages are numbered from 0, so a merge that mixed them would mix tensors.
+    import json
+
+    model = tiny_gpt2()
+    sd = model.state_dict()
+    names = list(sd)
+    d = tmp_path / "gpt2-bin"
+    d.mkdir()
+    parts = [names[j * len(names) // 3:(j + 1) * len(names) // 3] for j in range(3)]
+    weight_map = {}
+    for j, part in enumerate(parts, 1):
+        f = f"pytorch_model-{j:05d}-of-00003.bin"
+        torch.save({k: sd[k] for k in part}, d / f)
+        weight_map.update({k: f for k in part})
+    (d / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": dict(sorted(weight_map.items()))}))
+    got = treepack.load(d)
+    assert list(got) == names  # shard by shard, each in its order: the model's own
+    for k in names:
+        assert torch.equal(got[k], sd[k]), k
+    fresh = transformers.GPT2LMHeadModel(model.config)
+    fresh.load_state_dict(got)  # strict: every key
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), sd.values()))

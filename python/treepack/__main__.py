@@ -21,7 +21,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("dst")
     c.add_argument("--from", dest="from_format", help="the source's format, when its extension does not say")
     c.add_argument("--to", dest="to_format", help="the destination's format, when its extension does not say")
-    c.add_argument("--separator", default=".", help='joins nested keys into flat names (npz, safetensors); "" keeps a flat dict\'s keys')
+    c.add_argument("--separator", default="", help='splits a flat file\'s names into nested keys when read, joins nested keys when written ("." where none is given); by default names are read as stored')
     c.add_argument("--select", action="append", metavar="GLOB", help="convert only what this key-path glob selects "
                    "(repeatable; as load(select=): a leading ? marks a pattern that may match nothing)")
     c.add_argument("--overwrite", action="store_true", help="replace what is at DST")

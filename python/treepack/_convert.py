@@ -38,9 +38,10 @@ def foreign_format(path: str) -> Optional[str]:
     """The format another library writes that is at ``path`` (an existing local file or folder,
     known by its content), if any."""
     found = _core.detect_format(path, True)
-    # A torch.save checkpoint is read by the core as the tree it holds, wherever a location is
-    # (load, open, load_structure), without pickle: no conversion here.
-    return None if found in ("treepack", "torch") else found
+    # A torch.save checkpoint (or a folder of its shards), a GGUF file and a torch distributed
+    # checkpoint are read by the core as the tree each holds, wherever a location is (load,
+    # open, load_structure), without pickle: no conversion here.
+    return None if found in ("treepack", "torch", "gguf", "dcp") else found
 
 
 def load_foreign(path: str, fmt: str, load_kwargs: Dict[str, Any]) -> Any:
@@ -62,7 +63,7 @@ def convert(
     *,
     from_format: Optional[str] = None,
     to_format: Optional[str] = None,
-    separator: Optional[str] = ".",
+    separator: Optional[str] = None,
     overwrite: bool = False,
     storage_options: StorageOptions = None,
     progress: Any = None,
@@ -75,9 +76,10 @@ def convert(
     else a treepack location).
 
     - safetensors (read and write, streamed array by array; read zero-copy from a memory map):
-      nested keys join into flat names with ``separator`` (``"."``: ``{"layers": {"0": {"w"}}}``
-      is ``layers.0.w``; ``None`` keeps a flat dict's keys as they are), and its
-      ``__metadata__`` is the tree's metadata.
+      names are read as stored (the flat mapping the file holds, what ``load_state_dict``
+      takes) unless ``separator`` splits them into nested keys (``"."``: ``layers.0.w`` is
+      ``{"layers": {"0": {"w"}}}``); a nested tree written to a flat file has its keys joined
+      by ``separator``, ``"."`` where none is given. Its ``__metadata__`` is the tree's metadata.
     - ``.npz`` (read and write, the same naming) and ``.npy`` (one array): read with numpy's
       ``allow_pickle=False`` (object arrays are refused), written one array at a time.
 
@@ -457,9 +459,8 @@ def _write_numpy(src: str, dst: str, fmt: str, separator: Optional[str], overwri
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
             names = set()
             for path, segs in leaves:
-                if not separator and len(segs) > 1:
-                    raise ValueError(f"`{path}`: a nested value needs a separator to be named in a flat file")
-                name = (separator or "").join(segs)
+                # A nested tree needs its names joined somehow: "." where no separator is given.
+                name = (separator or ".").join(segs)
                 if name in names:
                     raise ValueError(f"`{path}`: another leaf gets the name {name!r}; convert with another separator")
                 names.add(name)

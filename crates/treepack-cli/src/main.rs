@@ -87,8 +87,9 @@ enum Cmd {
         key: Option<String>,
     },
     /// Convert between treepack and safetensors, or from a torch.save checkpoint (read without
-    /// pickle); a source by its content, a destination by its extension, or --from/--to: nested
-    /// keys join into flat names with --separator ("." by default; "" keeps a flat dict's keys).
+    /// pickle); a source by its content, a destination by its extension, or --from/--to. A flat
+    /// file's names are read as stored unless --separator splits them into nested keys; nested
+    /// keys written to a flat file join with --separator ("." where none is given).
     Convert {
         src: String,
         dst: String,
@@ -96,7 +97,7 @@ enum Cmd {
         from: Option<String>,
         #[arg(long)]
         to: Option<String>,
-        #[arg(long, default_value = ".")]
+        #[arg(long, default_value = "")]
         separator: String,
         /// Convert only what this key-path glob selects (repeatable; the syntax and meaning of
         /// `load(select=)`: a leading `?` marks a pattern that may match nothing). What is not

@@ -398,7 +398,8 @@ fn convert_to_and_from_safetensors() {
     let out = run_ok(&["convert", &only, &st]);
     assert!(out.contains("converted") && out.contains("tensors"), "{out}");
     let back = d.path().join("back").to_str().unwrap().to_string();
-    run_ok(&["convert", &st, &back]);
+    // Nested again at "." (names are read as stored by default).
+    run_ok(&["convert", &st, &back, "--separator", "."]);
     let out = tp().args(["diff", &only, &back]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
 }
@@ -477,7 +478,10 @@ fn deep_json_exits_2_with_the_error() {
         (&["inspect", t, "--json"], "member `metadata`: JSON nested deeper than 128 levels"),
         (&["cat", t, "a"], "member `metadata`: JSON nested deeper than 128 levels"),
         (&["verify", t], "member `metadata`: JSON nested deeper than 128 levels"),
-        (&["convert", st.to_str().unwrap(), out_dir.to_str().unwrap()], "splits into more than 999 nested keys"),
+        (
+            &["convert", st.to_str().unwrap(), out_dir.to_str().unwrap(), "--separator", "."],
+            "splits into more than 999 nested keys",
+        ),
     ];
     for (args, want) in cases {
         let out = tp().args(args).output().unwrap();
@@ -643,7 +647,7 @@ fn convert_select_leaves_out_what_is_not_selected() {
     assert_eq!(names, ["params/dense/bias", "params/dense/kernel", "params/embed"]);
     // Back into treepack, selecting again: the key paths are the tree's (`params/dense/*`).
     let back = path("back");
-    let out = run_ok(&["convert", &st, &back, "--select", "params/dense/*", "-q"]);
+    let out = run_ok(&["convert", &st, &back, "--select", "params/dense/*", "--separator", ".", "-q"]);
     assert!(out.starts_with("converted 2 tensors"), "{out}");
     let ls = run_ok(&["ls", &back]);
     let listed: Vec<&str> = ls.lines().map(|l| l.split('\t').next().unwrap()).collect();

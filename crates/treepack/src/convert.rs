@@ -27,9 +27,46 @@ pub enum Format {
     Treepack,
     /// A `.safetensors` file.
     Safetensors,
-    /// A `torch.save` checkpoint (`.pt`, `.pth`, `pytorch_model.bin`), read without pickle
-    /// ([`crate::foreign::torch`]); a source only.
-    Torch,
+    /// A checkpoint another tool wrote whose location reads as the tree it holds, named as
+    /// [`detect_format`] names it: `torch` (a `torch.save` file, read without pickle,
+    /// [`crate::foreign::torch`], or a folder of torch shards), `gguf`, `dcp`. A source only.
+    Checkpoint(&'static str),
+}
+
+/// The checkpoints [`Format::Checkpoint`] reads, and what each is called in messages.
+const CHECKPOINTS: [(&str, &str); 3] =
+    [("torch", "torch.save checkpoints"), ("gguf", "GGUF files"), ("dcp", "torch.distributed.checkpoint folders")];
+
+/// The format of a folder that is not a treepack tree, by the files it holds.
+fn folder_format(path: &std::path::Path) -> Option<&'static str> {
+    let has = |f: &str| path.join(f).is_file();
+    if ["zarr.json", ".zgroup", ".zarray"].iter().any(|f| has(f)) {
+        return Some("zarr");
+    }
+    // jax.experimental.array_serialization.pytree_serialization.save's layout.
+    if has("pytreedef.json") {
+        return Some("jax");
+    }
+    // An Orbax checkpoint, or a CheckpointManager's folder of steps (or a step's folder of
+    // items) with one a level down.
+    const ORBAX: [&str; 3] = ["_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt"];
+    let orbax = |p: &std::path::Path| ORBAX.iter().any(|f| p.join(f).is_file());
+    if orbax(path) {
+        return Some("orbax");
+    }
+    // torch.distributed.checkpoint's layout: `.metadata` and `__<rank>_<n>.distcp` files.
+    let entries = || std::fs::read_dir(path).into_iter().flatten().filter_map(|e| e.ok()).take(4096);
+    if has(".metadata") && entries().any(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(".distcp"))) {
+        return Some("dcp");
+    }
+    if let Some(found) = crate::foreign::sharded::find(path) {
+        return Some(match found.weights() {
+            crate::foreign::sharded::Weights::Safetensors => "safetensors",
+            crate::foreign::sharded::Weights::Torch => "torch",
+        });
+    }
+    let below = entries().take(64).any(|e| e.file_type().is_ok_and(|t| t.is_dir()) && orbax(&e.path()));
+    below.then_some("orbax")
 }
 
 impl Format {
@@ -56,21 +93,29 @@ impl Format {
         match explicit.unwrap_or_else(|| detect_format(path, read)) {
             "treepack" | "tpk" => Ok(Format::Treepack),
             "safetensors" => Ok(Format::Safetensors),
-            "torch" if read => Ok(Format::Torch),
-            "torch" => Err(Error::BadLocation {
-                location: path.to_string(),
-                reason: "treepack reads torch.save checkpoints but does not write them: convert to treepack or \
-                         .safetensors, or torch.save(treepack.load(SRC), DST) in Python (tensors come back as torch tensors)"
-                    .into(),
-            }),
-            other => Err(Self::python_only(path, other)),
+            name => match CHECKPOINTS.iter().find(|(c, _)| *c == name) {
+                Some((c, _)) if read => Ok(Format::Checkpoint(c)),
+                Some((_, what)) => Err(Error::BadLocation {
+                    location: path.to_string(),
+                    reason: format!(
+                        "treepack reads {what} but does not write them: convert to treepack or .safetensors{}",
+                        if name == "torch" {
+                            ", or torch.save(treepack.load(SRC), DST) in Python (tensors come back as torch tensors)"
+                        } else {
+                            ""
+                        }
+                    ),
+                }),
+                None => Err(Self::python_only(path, name)),
+            },
         }
     }
 }
 
-/// The formats [`detect_format`] tells apart, as `convert` names them (the Python package
-/// converts those past the first two, through numpy, zarr-python and h5py).
-pub const FORMAT_NAMES: [&str; 7] = ["treepack", "safetensors", "torch", "npz", "npy", "zarr", "hdf5"];
+/// The formats [`detect_format`] tells apart, as `convert` names them (the Rust core reads the
+/// first five; the Python package the others, through numpy, zarr-python, h5py and TensorStore).
+pub const FORMAT_NAMES: [&str; 11] =
+    ["treepack", "safetensors", "torch", "gguf", "dcp", "npz", "npy", "zarr", "hdf5", "orbax", "jax"];
 
 /// Extensions that name a format (compared without regard to case).
 const EXTENSIONS: [(&str, &str); 9] = [
@@ -88,7 +133,10 @@ const EXTENSIONS: [(&str, &str); 9] = [
 /// The format of what is at `path`, one of [`FORMAT_NAMES`]: the one detector of the CLI and
 /// the Python package. With `read` (a source), a local file or folder that exists is known by
 /// its content: a folder holding `treepack.json` is a treepack tree, one holding `zarr.json`,
-/// `.zgroup` or `.zarray` a Zarr store; a file by its first bytes (`TREEPACK`, numpy's
+/// `.zgroup` or `.zarray` a Zarr store, `pytreedef.json` JAX's `pytree_serialization`, Orbax's
+/// metadata files (or a folder of such folders) Orbax, `.metadata` and `.distcp` files a torch
+/// distributed checkpoint, a Hugging Face index of shards or one `model.safetensors` /
+/// `pytorch_model.bin` those; a file by its first bytes (`GGUF`, (`TREEPACK`, numpy's
 /// `\x93NUMPY`, a zip whose first entry is `<name>/data.pkl` (a `torch.save` checkpoint; torch's
 /// legacy magic too), any other zip's `PK` (npz), HDF5's signature at 0 or past a user block, a
 /// safetensors header's length and `{`). Anything else (a destination, a remote place, content that no
@@ -120,8 +168,7 @@ pub(crate) fn content_format(path: &std::path::Path) -> Option<&'static str> {
         if path.join(crate::store::MANIFEST_NAME).is_file() {
             return Some("treepack");
         }
-        let zarr = ["zarr.json", ".zgroup", ".zarray"].iter().any(|f| path.join(f).is_file());
-        return zarr.then_some("zarr");
+        return folder_format(path);
     }
     let mut f = std::fs::File::open(path).ok()?;
     let mut head = [0u8; 512];
@@ -139,6 +186,9 @@ pub(crate) fn content_format(path: &std::path::Path) -> Option<&'static str> {
     }
     if head.starts_with(b"\x93NUMPY") {
         return Some("npy");
+    }
+    if head.starts_with(b"GGUF") {
+        return Some("gguf");
     }
     if crate::foreign::torch::is_checkpoint(head) {
         return Some("torch");
@@ -172,7 +222,7 @@ impl Format {
         Error::BadLocation {
             location: path.to_string(),
             reason: format!(
-                "{name:?}: the Rust core converts treepack and safetensors (and reads torch.save checkpoints); npz, npy, Zarr and HDF5 go through the Python package: python -m treepack convert SRC DST (pip install treepack; docs/convert.md)"
+                "{name:?}: the Rust core converts treepack and safetensors (and reads torch.save, GGUF and torch.distributed checkpoints); npz, npy, Zarr, HDF5, Orbax and JAX checkpoints go through the Python package: python -m treepack convert SRC DST (pip install treepack; docs/convert.md)"
             ),
         }
     }
@@ -181,9 +231,10 @@ impl Format {
 /// How [`convert`] maps names and writes.
 #[derive(Debug, Clone)]
 pub struct ConvertOptions {
-    /// Joins nested keys into flat names (and splits them back): `"."` makes
-    /// `{"layers": {"0": {"w": …}}}` the tensor `layers.0.w`. `None`: names are the top-level
-    /// keys of a flat dict, as they are.
+    /// Splits a flat file's names into nested keys when it is read (`"."`: the tensor
+    /// `layers.0.w` is `{"layers": {"0": {"w": …}}}`), and joins nested keys into names when one
+    /// is written. `None` (the default): names are read as stored, flat — the tree a flat file
+    /// holds — and nested keys are written joined by `"."`, the only way they fit a flat file.
     pub separator: Option<String>,
     /// Key-path globs, with the syntax and meaning of a load's `select` (docs/format.md section
     /// 6; a leading `?` marks a pattern that may match nothing): only what they select is
@@ -197,7 +248,7 @@ pub struct ConvertOptions {
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { separator: Some(".".into()), select: vec![], save: SaveOptions::default() }
+        ConvertOptions { separator: None, select: vec![], save: SaveOptions::default() }
     }
 }
 
@@ -231,7 +282,7 @@ pub fn convert(src: &Location, dst: &Location, from: Format, to: Format, opts: &
             Ok(ConvertInfo { tensors, bytes, saved: Some(saved) })
         }
         // A checkpoint's location reads as the tree it holds (crate::Location::parse).
-        (Format::Torch, Format::Treepack) => {
+        (Format::Checkpoint(_), Format::Treepack) => {
             let mut tree = crate::load(src.clone(), &crate::LoadOptions::default())?;
             if let Some(keep) = selected_paths(&tree, &opts.select, src.display())? {
                 tree = prune(tree, &mut String::new(), &keep);
@@ -240,7 +291,7 @@ pub fn convert(src: &Location, dst: &Location, from: Format, to: Format, opts: &
             let saved = crate::save(&tree, dst, &opts.save)?;
             Ok(ConvertInfo { tensors, bytes, saved: Some(saved) })
         }
-        (Format::Treepack | Format::Torch, Format::Safetensors) => {
+        (Format::Treepack | Format::Checkpoint(_), Format::Safetensors) => {
             let r = Reader::open(src.clone())?;
             let keep = selected_paths(&r.manifest().root, &opts.select, src.display())?;
             write_safetensors(
@@ -256,9 +307,9 @@ pub fn convert(src: &Location, dst: &Location, from: Format, to: Format, opts: &
             location: dst.display().to_string(),
             reason: "both sides are treepack locations: copy with `treepack cp` (or convert to .safetensors)".into(),
         }),
-        (_, Format::Torch) => Err(Error::BadLocation {
+        (_, Format::Checkpoint(name)) => Err(Error::BadLocation {
             location: dst.display().to_string(),
-            reason: "treepack does not write torch.save checkpoints".into(),
+            reason: format!("treepack does not write {name} checkpoints"),
         }),
         (Format::Safetensors, Format::Safetensors) => Err(Error::BadLocation {
             location: dst.display().to_string(),
@@ -398,6 +449,42 @@ fn bad_file(loc: &Location, reason: String) -> Error {
 pub fn read_safetensors(loc: &Location, separator: Option<&str>) -> Result<(Node, Option<serde_json::Value>)> {
     // The file itself, not the tree its location reads as (crate::Location::parse).
     let loc = &loc.place();
+    // A folder of shards and their index (crate::foreign::sharded): one flat tree, then nested.
+    if let Some(dir) = loc.local_path().filter(|p| p.is_dir()) {
+        use crate::foreign::sharded;
+        if let Some(found) = sharded::find(dir).filter(|f| f.weights() == sharded::Weights::Safetensors) {
+            let (tree, metadata) = sharded::read(&found)?;
+            return Ok((nest(tree, separator, loc)?, metadata));
+        }
+    }
+    read_safetensors_file(loc, separator)
+}
+
+/// A flat dict of tensors by name nested at `separator` (the names split as
+/// [`read_safetensors`] splits a file's).
+fn nest(tree: Node, separator: Option<&str>, loc: &Location) -> Result<Node> {
+    let Tree::Dict(items) = tree else { return Ok(tree) };
+    if separator.is_none_or(|s| s.is_empty()) {
+        return Ok(Tree::Dict(items));
+    }
+    let mut root = Builder::default();
+    for (k, v) in items {
+        let Key::Str(name) = k else {
+            return Err(Error::invalid_tree(loc.display(), "a tensor name that is not a string"));
+        };
+        let parts = split_name(&name, separator).map_err(|detail| {
+            Error::limit("tree depth", MAX_NAME_KEYS as u64, format!("{}: {detail}", loc.display()))
+        })?;
+        root.insert(&parts, v, &name)?;
+    }
+    Ok(root.finish())
+}
+
+/// [`read_safetensors`] of one file (`loc` the file itself).
+pub(crate) fn read_safetensors_file(
+    loc: &Location,
+    separator: Option<&str>,
+) -> Result<(Node, Option<serde_json::Value>)> {
     let bytes: Bytes = match loc.mmap(".")? {
         Some(b) => b,
         None => {
@@ -532,7 +619,8 @@ fn walk_places<'a>(t: &'a Tree<Entry>, steps: &mut Vec<Step<'a>>, f: &mut dyn Fn
     }
 }
 
-/// The flat name of a leaf: its key-path segments joined by `separator`.
+/// The flat name of a leaf: its key-path segments joined by `separator` (`"."` where none is
+/// given: a nested tree written to a flat file needs its names joined somehow).
 fn flat_name(steps: &[Step<'_>], separator: Option<&str>) -> std::result::Result<String, String> {
     let mut segs = Vec::with_capacity(steps.len());
     for s in steps {
@@ -547,9 +635,9 @@ fn flat_name(steps: &[Step<'_>], separator: Option<&str>) -> std::result::Result
         });
     }
     match separator {
-        Some(sep) => Ok(segs.join(sep)),
-        None if segs.len() == 1 => Ok(segs.remove(0)),
-        None => Err("a nested value needs a separator to be named in a flat file".into()),
+        Some(sep) if !sep.is_empty() => Ok(segs.join(sep)),
+        _ if segs.len() == 1 => Ok(segs.remove(0)),
+        _ => Ok(segs.join(".")),
     }
 }
 

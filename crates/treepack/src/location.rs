@@ -51,6 +51,10 @@ const SAFETENSORS_READ_ONLY: &str =
     "a safetensors file is read as a tree but not written to as one: save to a directory \
                                      or a .tpk, or `treepack convert TREE FILE.safetensors`";
 
+/// Why a folder of checkpoint shards refuses writes.
+const CHECKPOINT_READ_ONLY: &str = "a folder of checkpoint shards is read as a tree but not written to as one: save \
+                                    to another directory or a .tpk (`treepack cp CHECKPOINT DST` stores its tree)";
+
 /// Why a transport document's location refuses writes.
 const DOCUMENT_READ_ONLY: &str =
     "a JSON transport document is read as a tree but not written to; save to a directory or \
@@ -86,28 +90,35 @@ impl Location {
             return Self::parse_with(repo, options)?.with_tree(name);
         }
         let loc = store::Location::parse_with(s, options)?;
-        // A local single file named `.json` may be a transport document, and one of any name a
-        // torch.save checkpoint or a safetensors file (told by its content, by the one detector
-        // `convert` and the Python package use): each is read as the tree it holds.
-        if let Some(path) = loc.local_path().filter(|_| loc.layout() == Layout::SingleFile) {
-            if crate::transport::is_document_file(path) {
-                return crate::transport::read_document_file(path, s);
-            }
-            match crate::convert::content_format(path) {
-                // Read without pickle.
-                Some("torch") => return crate::foreign::torch::open_location(path, s),
-                // Its tensors, flat, named as stored (a state_dict's keys).
-                Some("safetensors") => {
-                    let plain: Location = loc.clone().into();
-                    let (tree, metadata) = crate::convert::read_safetensors(&plain, None)?;
-                    let tree = torch_tensors_where_said(tree, metadata.as_ref())?;
-                    let why = SAFETENSORS_READ_ONLY;
-                    return Self::read_into_memory(&tree, metadata, s, why, "safetensors file", loc);
-                }
-                _ => {}
-            }
+        // A local single file named `.json` may be a transport document, and a file or folder of
+        // any name another tool's checkpoint (told by its content, by the one detector `convert`
+        // and the Python package use): each is read as the tree it holds.
+        let Some(path) = loc.local_path() else { return Ok(loc.into()) };
+        let file = loc.layout() == Layout::SingleFile;
+        if file && crate::transport::is_document_file(path) {
+            return crate::transport::read_document_file(path, s);
         }
-        Ok(loc.into())
+        match crate::convert::content_format(path) {
+            // Read without pickle.
+            Some("torch") if file => crate::foreign::torch::open_location(path, s),
+            // A folder of Hugging Face shards and their index: one flat tree.
+            Some("torch") => match crate::foreign::sharded::find(path) {
+                Some(found) => {
+                    let (tree, metadata) = crate::foreign::sharded::read(&found)?;
+                    Self::read_into_memory(&tree, metadata, s, CHECKPOINT_READ_ONLY, "torch.save checkpoint", loc)
+                }
+                None => Ok(loc.into()),
+            },
+            // Its tensors, flat, named as stored (a state_dict's keys); a sharded one's too.
+            Some("safetensors") => {
+                let plain: Location = loc.clone().into();
+                let (tree, metadata) = crate::convert::read_safetensors(&plain, None)?;
+                let tree = torch_tensors_where_said(tree, metadata.as_ref())?;
+                let why = SAFETENSORS_READ_ONLY;
+                Self::read_into_memory(&tree, metadata, s, why, "safetensors file", loc)
+            }
+            _ => Ok(loc.into()),
+        }
     }
 
     /// A fresh in-memory location of its own (not reachable by a `memory://` name), shown as

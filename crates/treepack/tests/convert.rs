@@ -67,12 +67,12 @@ fn trees_of_arrays_round_trip_through_safetensors() {
     assert_eq!(header["__metadata__"], serde_json::json!({"format": "pt", "step": "3"}));
     assert_eq!((8 + n) % 8, 0, "data 8-aligned");
     let back = dir.path().join("back.tpk");
-    convert(&loc(&st), &loc(&back), Format::Safetensors, Format::Treepack, &ConvertOptions::default()).unwrap();
+    let nested = ConvertOptions { separator: Some(".".into()), ..Default::default() };
+    convert(&loc(&st), &loc(&back), Format::Safetensors, Format::Treepack, &nested).unwrap();
     assert!(load(back.to_str().unwrap(), &LoadOptions::default()).unwrap().exact_eq(&tree));
-    // Flat names: one level, dotted keys kept.
+    // Flat names by default: one level, dotted keys kept.
     let flat = dir.path().join("flat");
-    let opts = ConvertOptions { separator: None, ..Default::default() };
-    convert(&loc(&st), &loc(&flat), Format::Safetensors, Format::Treepack, &opts).unwrap();
+    convert(&loc(&st), &loc(&flat), Format::Safetensors, Format::Treepack, &ConvertOptions::default()).unwrap();
     let f = open(flat.to_str().unwrap()).unwrap();
     assert!(f.read_array("layers.0.w", "").is_ok());
     // Existing destinations are kept unless overwritten.

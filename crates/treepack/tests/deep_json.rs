@@ -301,7 +301,8 @@ fn safetensors_file(name: &str) -> Vec<u8> {
 
 fn convert_to_treepack(src: &Path, dst: &Path) -> Result<convert::ConvertInfo> {
     let (s, d) = (Location::parse(src.to_str().unwrap())?, Location::parse(dst.to_str().unwrap())?);
-    let opts = convert::ConvertOptions::default();
+    // Names split at ".": the nesting a hostile name's dots would make.
+    let opts = convert::ConvertOptions { separator: Some(".".into()), ..Default::default() };
     convert::convert(&s, &d, convert::Format::Safetensors, convert::Format::Treepack, &opts)
 }
 

@@ -5,6 +5,8 @@
 //! never imports or calls anything. A local file [`torch::is_checkpoint`] recognises is
 //! read as the tree it holds wherever a location is parsed ([`crate::Location::parse`]: load,
 //! open, structure, the CLI's reading commands, convert), and
-//! [`crate::convert::detect_format`] names it `torch`.
+//! [`crate::convert::detect_format`] names it `torch`. [`sharded`] reads a folder of
+//! Hugging Face shards and their index (safetensors or torch) as one flat tree.
 
+pub mod sharded;
 pub mod torch;

@@ -274,3 +274,37 @@ def test_torch_shards_in_the_layout_transformers_4_wrote_load_in_order(tmp_path)
     fresh = transformers.GPT2LMHeadModel(model.config)
     fresh.load_state_dict(got)  # strict: every key
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), sd.values()))
+
+
+def test_framework_torch_gives_tensors_from_any_file(tmp_path):
+    # A safetensors file without "format": "pt" (numpy's writer): arrays, unless asked.
+    from safetensors.numpy import save_file
+
+    model = tiny_gpt2()
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    save_file(sd, str(tmp_path / "np.safetensors"))
+    assert isinstance(treepack.load(tmp_path / "np.safetensors")["lm_head.weight"], np.ndarray)
+    got = treepack.load(tmp_path / "np.safetensors", framework="torch")
+    assert all(isinstance(v, torch.Tensor) for v in got.values())
+    fresh = transformers.GPT2LMHeadModel(model.config)
+    fresh.load_state_dict(got)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    # Nested trees, tuples and an array at two places (one tensor after), bfloat16 too.
+    bf = np.asarray(torch.ones(3, dtype=torch.bfloat16).view(torch.int16).numpy()).view(treepack_bf16())
+    shared = np.arange(4.0)
+    treepack.save({"a": [shared, (shared, 3)], "bf": bf, "s": "x"}, tmp_path / "t")
+    t = treepack.load(tmp_path / "t", framework="torch")
+    assert isinstance(t["a"][0], torch.Tensor) and t["a"][1][0] is t["a"][0] and t["a"][1][1] == 3
+    assert t["bf"].dtype == torch.bfloat16 and t["s"] == "x"
+    assert isinstance(treepack.load(tmp_path / "t", framework="numpy")["a"][0], np.ndarray)
+    jax = pytest.importorskip("jax")
+    j = treepack.load(tmp_path / "t", framework="jax")
+    assert isinstance(j["a"][0], jax.Array) and j["a"][1][0] is j["a"][0] and j["bf"].dtype == treepack_bf16()
+    with pytest.raises(ValueError, match="framework='tf'"):
+        treepack.load(tmp_path / "t", framework="tf")
+
+
+def treepack_bf16():
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16

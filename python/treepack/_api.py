@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import sys
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -309,6 +310,7 @@ def load(
     numpy: bool = False,
     expect_root: Optional[str] = None,
     separator: Optional[str] = None,
+    framework: Optional[str] = None,
     **options: Any,
 ) -> Any:
     """Load a tree from a local path, ``.tpk`` file, ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` location.
@@ -336,6 +338,12 @@ def load(
       text its names are split into nested dicts at (``"."``: ``layers.0.w`` is
       ``tree["layers"]["0"]["w"]``). ``None`` (the default) keeps the names as stored: a
       safetensors file loads as the flat mapping it holds, which ``load_state_dict`` takes.
+    - ``framework``: the library every array of the tree comes back as, whatever wrote it:
+      ``"torch"`` (tensors, zero-copy from what was read; ``map_location`` applies),
+      ``"jax"`` (``jax.Array``s) or ``"numpy"`` (as ``numpy=True``). Arrays inside dicts,
+      lists and tuples (OrderedDicts and namedtuples kept) are converted; an array met at two
+      places is one object after. ``model.load_state_dict(treepack.load("model.safetensors",
+      framework="torch"))`` works for any safetensors file.
 
     Options of the framework integrations (each passed to the integration that takes it; any
     other keyword is a ``TypeError``):
@@ -352,6 +360,18 @@ def load(
     tree of plain containers, values and built-in types such as datetime is built in one pass
     while its manifest is read; the audit has nothing to refuse there.)
     """
+    if framework is not None:
+        if framework not in _FRAMEWORKS:
+            raise ValueError(f"framework={framework!r}: one of {', '.join(map(repr, _FRAMEWORKS))}")
+        if framework == "numpy":
+            numpy = True
+        else:
+            # Torch tensors the tree holds load as they do (shared storages kept); JAX gets
+            # every array as the numpy array it is stored as, then made a jax.Array.
+            out = load(path, select=select, like=like, trust=trust, allow_pickle=allow_pickle, on_missing=on_missing,
+                       mmap=mmap, verify=verify, storage_options=storage_options, progress=progress,
+                       numpy=numpy or framework == "jax", expect_root=expect_root, separator=separator, **options)
+            return _as_framework(out, framework, options)
     hooks = _registry.load_hooks(options)  # (a TypeError for a keyword no integration takes)
     p = _path(path)
     fmt = _foreign(p)
@@ -387,6 +407,48 @@ def load(
         lib = e.type_name.partition(".")[0]
         paths = [path for t, path in _core.Reader(p, opts).array_types() if t.startswith(lib + ".")]
         raise ImportError(e.message(paths)) from None
+
+
+_FRAMEWORKS = ("torch", "jax", "numpy")
+
+
+def _as_framework(tree: Any, framework: str, options: Mapping[str, Any]) -> Any:
+    """``tree`` with every numpy array in its dicts, lists and tuples made an array of
+    ``framework`` (the tree was loaded with ``numpy=True``)."""
+    if framework == "torch":
+        from .integrations.torch import Loader
+
+        loader = Loader(options.get("map_location"))
+        convert = lambda a: loader.tensor(a, {"type": "torch.Tensor"})  # noqa: E731
+    else:
+        import jax.numpy as jnp
+
+        convert = jnp.asarray
+    done: Dict[int, Any] = {}
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, np.ndarray) and x.dtype != object:
+            if id(x) not in done:
+                done[id(x)] = convert(x)
+            return done[id(x)]
+        if isinstance(x, dict):
+            for k, v in x.items():
+                x[k] = walk(v)  # in place: an OrderedDict keeps its type and attributes
+        elif isinstance(x, list):
+            x[:] = [walk(v) for v in x]
+        elif isinstance(x, tuple):
+            items = [walk(v) for v in x]
+            if any(a is not b for a, b in zip(items, x)):
+                return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+        return x
+
+    # A tree nests up to 1000 deep (the format's limit): deeper than Python's default recursion.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 5000))
+    try:
+        return walk(tree)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 class LoadRequest:

@@ -1,7 +1,15 @@
-"""Loading a torch.save checkpoint (a GPT-2 124M state_dict, random init from its config, no
-download) through treepack (read without pickle) against torch.load(weights_only=True) and
-torch.load(mmap=True, weights_only=True): each load in a fresh process, the peers alternating,
-medians reported (issue 54's benchmark; results in bench/RESULTS.md).
+"""Loading another tool's checkpoint of GPT-2 124M (random init from its config, no download)
+through treepack against the tool's own loader, each load in a fresh process, the peers
+alternating, medians reported (issue 54's benchmark; results in bench/RESULTS.md):
+
+- `pytorch_model.bin` (torch.save): treepack (read without pickle) vs torch.load(weights_only=True)
+  and torch.load(mmap=True, weights_only=True);
+- `model.safetensors`: treepack vs safetensors.torch.load_file;
+- a `save_pretrained` folder of 8 safetensors shards and its index: treepack vs load_file of each
+  shard.
+
+Lazy loaders (mmap) touch every tensor's last element, so that every peer has its tensors' pages
+mapped when the clock stops; treepack and torch.load copy the bytes.
 
     .venv/bin/python bench/pt_load_bench.py [--runs 5] [--dir DIR]
 """
@@ -14,17 +22,25 @@ import sys
 import tempfile
 
 CHILD = r"""
-import sys, time
+import sys, time, glob, os
 import torch
+path, peer = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
-if sys.argv[2] == "treepack":
+if peer == "treepack":
     import treepack
-    sd = treepack.load(sys.argv[1])
-elif sys.argv[2] == "torch-mmap":
-    sd = torch.load(sys.argv[1], mmap=True, weights_only=True)
-    sum(float(t.view(-1)[-1]) for t in sd.values())  # touch every tensor's last page
+    sd = treepack.load(path)
+elif peer == "torch-mmap":
+    sd = torch.load(path, mmap=True, weights_only=True)
+elif peer == "torch":
+    sd = torch.load(path, weights_only=True)
 else:
-    sd = torch.load(sys.argv[1], weights_only=True)
+    from safetensors.torch import load_file
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors"))) if os.path.isdir(path) else [path]
+    sd = {}
+    for f in files:
+        sd.update(load_file(f))
+if peer in ("torch-mmap", "load_file"):
+    sum(float(t.view(-1)[-1]) for t in sd.values() if t.numel())  # touch every tensor's last page
 print(time.perf_counter() - t0, sum(t.numel() for t in sd.values()))
 """
 
@@ -36,26 +52,38 @@ def main() -> None:
     args = ap.parse_args()
     import torch
     import transformers
+    from safetensors.torch import save_file
 
     d = args.dir or tempfile.mkdtemp()
-    p = os.path.join(d, "pytorch_model.bin")
-    if not os.path.exists(p):
+    bin_, st, sharded = (os.path.join(d, n) for n in ("pytorch_model.bin", "model.safetensors", "sharded"))
+    if not all(os.path.exists(p) for p in (bin_, st, sharded)):
         torch.manual_seed(0)
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
-        torch.save(model.state_dict(), p)
-    size = os.path.getsize(p)
-    peers = ["torch", "torch-mmap", "treepack"]
-    times = {k: [] for k in peers}
-    for _ in range(args.runs):
+        torch.save(model.state_dict(), bin_)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}, st,
+                  metadata={"format": "pt"})
+        model.save_pretrained(sharded, max_shard_size="70MB")
+    cases = [
+        ("GPT-2 pytorch_model.bin", bin_, ["torch", "torch-mmap", "treepack"]),
+        ("GPT-2 model.safetensors", st, ["load_file", "treepack"]),
+        (f"GPT-2 in {len([f for f in os.listdir(sharded) if f.endswith('.safetensors')])} safetensors shards", sharded,
+         ["load_file", "treepack"]),
+    ]
+    for title, path, peers in cases:
+        size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) if os.path.isdir(path) \
+            else os.path.getsize(path)
+        times = {k: [] for k in peers}
+        for _ in range(args.runs):
+            for peer in peers:
+                out = subprocess.run([sys.executable, "-c", CHILD, path, peer], capture_output=True, text=True,
+                                     check=True)
+                t, n = out.stdout.split()
+                times[peer].append(float(t))
+        base = statistics.median(times[peers[0]])
+        print(f"{title}, {size / 2**20:.0f} MiB, {n} parameters; medians of {args.runs} fresh processes")
         for peer in peers:
-            out = subprocess.run([sys.executable, "-c", CHILD, p, peer], capture_output=True, text=True, check=True)
-            t, n = out.stdout.split()
-            times[peer].append(float(t))
-    base = statistics.median(times["torch"])
-    print(f"GPT-2 state_dict, {size / 2**20:.0f} MiB, {n} parameters; medians of {args.runs} fresh processes")
-    for peer in peers:
-        m = statistics.median(times[peer])
-        print(f"  {peer:11s} {m * 1e3:8.1f} ms  {size / m / 2**30:5.2f} GiB/s  torch.load time / this: {base / m:.2f}x")
+            m = statistics.median(times[peer])
+            print(f"  {peer:11s} {m * 1e3:8.1f} ms  {size / m / 2**30:5.2f} GiB/s  {peers[0]} time / this: {base / m:.2f}x")
 
 
 if __name__ == "__main__":

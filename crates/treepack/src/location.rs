@@ -139,7 +139,17 @@ impl Location {
         file: store::Location,
     ) -> Result<Location> {
         let loc = Location::new_memory(display);
-        let opts = crate::SaveOptions { durable: false, metadata, ..Default::default() };
+        // Each chunk in a pack of its own: the in-memory store keeps a one-part pack as the very
+        // bytes given (a view of the file read), where it would copy several parts into one
+        // buffer. Stored raw, with no previews: nothing here is written anywhere.
+        let opts = crate::SaveOptions {
+            durable: false,
+            metadata,
+            pack_bytes: 1,
+            preview: false,
+            compression: crate::save::Compression::none(),
+            ..Default::default()
+        };
         crate::save(tree, loc.clone(), &opts)?;
         Ok(Location { file: Some(file), ..loc.into_read_only_as(why, read_from) })
     }

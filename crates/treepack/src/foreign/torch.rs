@@ -134,6 +134,9 @@ struct Entry {
 
 struct Opened {
     file: File,
+    /// The file mapped copy-on-write where it can be (tensors are then views of it, with no
+    /// copy); `None` reads with `pread`.
+    map: Option<Bytes>,
     path: PathBuf,
     shown: String,
     prefix: String,
@@ -180,7 +183,13 @@ impl Opened {
                 return Err(bad(&shown, "a zip with several `<name>/data.pkl`: not one torch.save checkpoint"))
             }
         };
-        Ok(Opened { file, path: path.to_path_buf(), shown, prefix, entries })
+        // SAFETY: a private (copy-on-write) mapping of the file opened above; like every mmap
+        // reader, it assumes no other process truncates the file while it is read.
+        let map = match unsafe { memmap2::MmapOptions::new().map_copy(&file) } {
+            Ok(m) if m.len() as u64 == len => Some(Bytes::from_owner(m)),
+            _ => None,
+        };
+        Ok(Opened { file, map, path: path.to_path_buf(), shown, prefix, entries })
     }
 
     fn entry(&self, name: &str) -> Result<Option<Entry>> {
@@ -191,11 +200,18 @@ impl Opened {
         }
     }
 
-    fn read_range(&self, e: Entry, offset: u64, len: u64, what: &str) -> Result<Vec<u8>> {
+    fn read_range(&self, e: Entry, offset: u64, len: u64, what: &str) -> Result<Bytes> {
         if offset.checked_add(len).is_none_or(|end| end > e.size) {
             return Err(self.bad(format!("{what}: {len} bytes at {offset} lie outside its {} bytes", e.size)));
         }
         let n = usize::try_from(len).map_err(|_| self.bad(format!("{what}: {len} bytes")))?;
+        if let Some(map) = &self.map {
+            let start = e.start.checked_add(offset).and_then(|s| usize::try_from(s).ok());
+            return match start.and_then(|s| Some(s..s.checked_add(n)?)) {
+                Some(r) if r.end <= map.len() => Ok(map.slice(r)),
+                _ => Err(self.bad(format!("{what}: the file ends before its bytes (truncated)"))),
+            };
+        }
         let mut buf = Vec::new();
         buf.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { key: what.to_string(), bytes: len })?;
         buf.resize(n, 0);
@@ -204,13 +220,13 @@ impl Opened {
         if got != n {
             return Err(self.bad(format!("{what}: the file ends before its bytes (truncated)")));
         }
-        Ok(buf)
+        Ok(Bytes::from(buf))
     }
 
     fn structure(&self) -> Result<Structure> {
         let big_endian = match self.entry("byteorder")? {
             None => false,
-            Some(e) => match self.read_range(e, 0, e.size.min(16), "byteorder")?.as_slice() {
+            Some(e) => match self.read_range(e, 0, e.size.min(16), "byteorder")?.as_ref() {
                 b"little" => false,
                 b"big" => true,
                 other => {
@@ -284,22 +300,24 @@ impl Opened {
             .ok_or_else(|| self.bad(format!("no storage `{}`", t.storage)))?;
         let item = t.dtype.itemsize();
         let what = format!("storage `{}` of `{key}`", t.storage);
-        let swap = |mut v: Vec<u8>| {
-            if big {
-                tp::swap_bytes(&mut v, t.dtype.swap_unit());
+        let swap = |b: Bytes| {
+            if !big {
+                return b;
             }
-            v
+            let mut v = b.to_vec();
+            tp::swap_bytes(&mut v, t.dtype.swap_unit());
+            Bytes::from(v)
         };
         // The extents were checked against the storage by the pickle reader, and the storage's
         // size against its entry: these products do not overflow.
         if !shared && t.is_contiguous() {
             let n = t.numel() * item;
-            return Ok(Bytes::from(swap(self.read_range(e, t.offset * item, n, &what)?)));
+            return Ok(swap(self.read_range(e, t.offset * item, n, &what)?));
         }
         let whole = match cache.get(&t.storage) {
             Some(b) => b.clone(),
             None => {
-                let b = Bytes::from(swap(self.read_range(e, 0, e.size, &what)?));
+                let b = swap(self.read_range(e, 0, e.size, &what)?);
                 cache.insert(t.storage.clone(), b.clone());
                 b
             }

@@ -590,10 +590,20 @@ def load_structure(path: PathLike, *, storage_options: StorageOptions = None) ->
         hook()  # (JAX: StructNode as a pytree node)
     # One pass over the manifest, building these objects as it is read; whenever that path does
     # not apply (or fails), the Reader path below gives the result or the full error.
-    fast = _core.structure_one_pass(p, _struct_node, opts)
-    if fast is not None:
-        return fast
-    return _core.Reader(p, opts).structure(_struct_node)
+    try:
+        fast = _core.structure_one_pass(p, _struct_node, opts)
+        if fast is not None:
+            return fast
+        return _core.Reader(p, opts).structure(_struct_node)
+    except Exception:
+        # Not a treepack tree: an Orbax or JAX checkpoint is read as the tree it holds (asked
+        # only here, so that a treepack load pays nothing for it).
+        fmt = _foreign(p)
+        if fmt not in ("orbax", "jax"):
+            raise
+    from ._foreign_jax import structure
+
+    return structure(p, fmt)
 
 
 def untrusted_types(

@@ -21,7 +21,7 @@ from ._transport import memory_location
 
 __all__ = ["convert"]
 
-_FORMATS = ("treepack", "safetensors", "torch", "npz", "npy", "zarr", "hdf5")
+_FORMATS = ("treepack", "safetensors", "torch", "npz", "npy", "zarr", "hdf5", "orbax", "jax")
 
 
 def _format_of(path: str, explicit: Optional[str], read: bool) -> str:
@@ -52,6 +52,11 @@ def load_foreign(path: str, fmt: str, load_kwargs: Dict[str, Any]) -> Any:
         if load_kwargs.get(bad):
             raise TypeError(f"load() of a .{fmt} file takes no {bad}=; convert it to treepack first "
                             f"(treepack.convert({path!r}, 'x.tpk'))")
+    if fmt in ("orbax", "jax"):
+        # Read as a tree here (the arrays selected only, custom nodes kept as placeholders).
+        from . import _foreign_jax
+
+        return _foreign_jax.load(path, fmt, load_kwargs)
     with memory_location() as loc:
         convert(path, loc, from_format=fmt, to_format="treepack", separator=load_kwargs.pop("separator", None))
         return load(loc, **load_kwargs)
@@ -128,6 +133,15 @@ def _convert(s: str, d: str, from_format: Optional[str], to_format: Optional[str
     if t == "torch":
         raise ValueError(f"{d}: treepack reads torch.save checkpoints but does not write them; convert to treepack or "
                          "safetensors, or torch.save(treepack.load(SRC), DST) with torch installed")
+    if t in ("orbax", "jax"):
+        raise ValueError(f"{d}: treepack reads {'Orbax' if t == 'orbax' else 'JAX pytree_serialization'} checkpoints but "
+                         "does not write them; convert to treepack, safetensors, Zarr or HDF5")
+    if f in ("orbax", "jax") and t == "treepack":
+        from . import _foreign_jax
+
+        tree = _foreign_jax.read_tree(s, f, select)
+        save(tree, d, overwrite=overwrite, storage_options=storage_options, progress=report, **save_kwargs)
+        return _count(tree)
     if ("safetensors" in (f, t) and "treepack" in (f, t)) or (f == "torch" and t in ("treepack", "safetensors")):
         unknown = set(save_kwargs) - {"compression", "durable"}
         if unknown:

@@ -308,3 +308,13 @@ def treepack_bf16():
     import ml_dtypes
 
     return ml_dtypes.bfloat16
+
+
+def test_framework_torch_converts_arrays_other_libraries_saved(tmp_path):
+    jax = pytest.importorskip("jax")
+    treepack.save({"j": jax.numpy.arange(3.0), "t": torch.ones(2)}, tmp_path / "mixed")
+    assert isinstance(treepack.load(tmp_path / "mixed")["j"], jax.Array)
+    t = treepack.load(tmp_path / "mixed", framework="torch")
+    assert isinstance(t["j"], torch.Tensor) and torch.equal(t["j"], torch.arange(3.0)) and torch.equal(t["t"], torch.ones(2))
+    j = treepack.load(tmp_path / "mixed", framework="jax")
+    assert isinstance(j["t"], jax.Array) and isinstance(j["j"], jax.Array)

@@ -409,27 +409,31 @@ def load(
         raise ImportError(e.message(paths)) from None
 
 
-_FRAMEWORKS = ("torch", "jax", "numpy")
+# The array annotation whose integration builds each framework's arrays (docs/format.md 5).
+_FRAMEWORKS = {"torch": "torch.Tensor", "jax": "jax.Array", "numpy": None}
 
 
 def _as_framework(tree: Any, framework: str, options: Mapping[str, Any]) -> Any:
     """``tree`` with every numpy array in its dicts, lists and tuples made an array of
-    ``framework`` (the tree was loaded with ``numpy=True``)."""
-    if framework == "torch":
-        from .integrations.torch import Loader
-
-        loader = Loader(options.get("map_location"))
-        convert = lambda a: loader.tensor(a, {"type": "torch.Tensor"})  # noqa: E731
-    else:
-        import jax.numpy as jnp
-
-        convert = jnp.asarray
+    ``framework`` by the integration that builds that framework's arrays."""
+    kind = _FRAMEWORKS[framework]
+    h = _registry.array_handlers(kind)
+    if h is None:
+        raise ValueError(f"framework={framework!r}: no integration builds {kind} arrays")
+    build = h.arrays(dict(options))  # an ImportError when the framework is not installed
+    ann = {"type": kind}
+    convert = lambda a: build(a, ann)  # noqa: E731
     done: Dict[int, Any] = {}
 
+    def foreign(x: Any) -> bool:
+        # Another library's array (a jax.Array where torch is asked for, a tensor where JAX is).
+        top = type(x).__module__.partition(".")[0]
+        return top not in (framework, "numpy", "builtins") and all(hasattr(x, a) for a in ("__array__", "shape", "dtype"))
+
     def walk(x: Any) -> Any:
-        if isinstance(x, np.ndarray) and x.dtype != object:
+        if (isinstance(x, np.ndarray) and x.dtype != object) or foreign(x):
             if id(x) not in done:
-                done[id(x)] = convert(x)
+                done[id(x)] = convert(x if isinstance(x, np.ndarray) else np.asarray(x))
             return done[id(x)]
         if isinstance(x, dict):
             for k, v in x.items():

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from . import _core
+from . import _core, _registry
 from ._errors import ForeignFileError
 from ._foreign_jax_bytes import MAX_DEPTH as _MAX_DEPTH, Flat, unchunk, unpack
 
@@ -771,20 +771,25 @@ def _load(path: str, fmt: str, kwargs: Dict[str, Any]) -> Any:
         with memory_location() as loc:
             _api.save(full, loc, durable=False)
             out = _api.load(loc, **kwargs)
-    jax = None
+    # Saved jax.Arrays come back as jax.Arrays where JAX is installed, as torch tensors do where
+    # torch is: built by the integration that builds treepack's own (the generic layer imports
+    # no framework).
+    build = None
     jax_paths = {a.path for a in ck.arrays if a.kind == "jax"}
-    if jax_paths and not kwargs.get("numpy"):
-        import importlib.util
-
-        if importlib.util.find_spec("jax") is not None:  # as torch tensors come back where torch is installed
-            import jax
+    handler = _registry.array_handlers("jax.Array") if jax_paths and not kwargs.get("numpy") else None
+    if handler is not None:
+        try:
+            build = handler.arrays({})
+        except ImportError:
+            build = None
+    as_jax = {"type": "jax.Array"}
 
     def finish(x: Any, p: Path) -> Any:
-        if jax is not None and p in jax_paths and isinstance(x, np.ndarray):
-            return jax.device_put(x)
+        if build is not None and p in jax_paths and isinstance(x, np.ndarray):
+            return build(x, as_jax)
         return x
 
-    out = _walk(out, (), finish) if jax is not None else out
+    out = _walk(out, (), finish) if build is not None else out
     for p, c in sorted(ck.customs.items(), key=lambda pc: -len(pc[0])):  # inner nodes first
         found, v = _at(out, p)
         if found and v is not None:

@@ -775,4 +775,27 @@ fn a_safetensors_file_is_read_by_every_reading_command() {
     // Overwritten as a file, not refused as a tree read from one.
     run_ok(&["convert", &ckpt, &st, "--select", "params/embed", "--overwrite", "-q"]);
     assert_eq!(run_ok(&["ls", &st]).lines().count(), 1);
+    // A folder of shards and its index (Hugging Face's layout) reads as the one flat tree.
+    let folder = path("sharded");
+    std::fs::create_dir(&folder).unwrap();
+    let shard = |name: &str, select: &str| {
+        run_ok(&["convert", &ckpt, &format!("{folder}/{name}"), "--select", select, "-q"]);
+    };
+    shard("model-00001-of-00002.safetensors", "params/dense/**");
+    shard("model-00002-of-00002.safetensors", "params/embed");
+    let index = serde_json::json!({"weight_map": {
+        "params.dense.kernel": "model-00001-of-00002.safetensors",
+        "params.dense.bias": "model-00001-of-00002.safetensors",
+        "params.embed": "model-00002-of-00002.safetensors"}});
+    std::fs::write(format!("{folder}/model.safetensors.index.json"), index.to_string()).unwrap();
+    let out = run_ok(&["inspect", &folder]);
+    assert_contains(
+        &out,
+        &["(folder of safetensors shards, read as a tree", "params.dense.kernel: float32[512, 256]", "params.embed"],
+    );
+    assert_eq!(run_ok(&["ls", &folder]).lines().count(), 3);
+    let out = run_ok(&["cat", &folder, "params.dense.kernel[0:1, 0:2]"]);
+    assert!(out.starts_with("float32[1, 2] ="), "{out}");
+    let out = run_ok(&["convert", &folder, &path("from-shards.tpk"), "-q"]);
+    assert!(out.starts_with("converted 3 tensors"), "{out}");
 }

@@ -105,7 +105,7 @@ impl Location {
             Some("torch") => match crate::foreign::sharded::find(path) {
                 Some(found) => {
                     let (tree, metadata) = crate::foreign::sharded::read(&found)?;
-                    Self::read_into_memory(&tree, metadata, s, CHECKPOINT_READ_ONLY, "torch.save checkpoint", loc)
+                    Self::read_into_memory(&tree, metadata, s, CHECKPOINT_READ_ONLY, "folder of torch.save shards", loc)
                 }
                 None => Ok(loc.into()),
             },
@@ -114,8 +114,12 @@ impl Location {
                 let plain: Location = loc.clone().into();
                 let (tree, metadata) = crate::convert::read_safetensors(&plain, None)?;
                 let tree = torch_tensors_where_said(tree, metadata.as_ref())?;
-                let why = SAFETENSORS_READ_ONLY;
-                Self::read_into_memory(&tree, metadata, s, why, "safetensors file", loc)
+                let (why, kind) = if file {
+                    (SAFETENSORS_READ_ONLY, "safetensors file")
+                } else {
+                    (CHECKPOINT_READ_ONLY, "folder of safetensors shards")
+                };
+                Self::read_into_memory(&tree, metadata, s, why, kind, loc)
             }
             _ => Ok(loc.into()),
         }

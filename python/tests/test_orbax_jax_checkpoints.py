@@ -423,3 +423,9 @@ def test_treepack_imports_without_tensorstore_and_says_what_to_install(tmp_path)
     code = ("import sys\nsys.modules['tensorstore'] = None\nsys.modules['jax'] = None\nimport treepack\n"
             "treepack.save({'x': 1}, LOC + '.tree')\ntreepack.load(LOC)\n")
     h.error(code, "ImportError", match="pip install tensorstore")
+
+
+def test_open_of_a_checkpoint_read_through_python_says_what_works(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(3))
+    with pytest.raises(treepack.TreepackError, match=r"is a npy checkpoint, which treepack.open does not read lazily: load it"):
+        treepack.open(tmp_path / "a.npy")

@@ -196,7 +196,17 @@ def open(
     """Open a stored tree lazily: ``open(p)["params"]["w"][0:2]`` reads only the chunks it needs
     (on object stores: one GET for the manifest, then ranged GETs)."""
     p = _path(path)
-    reader = _core.Reader(p, _opts(storage_options))
+    try:
+        reader = _core.Reader(p, _opts(storage_options))
+    except _core.TreepackError as e:
+        # Files the Python package reads for another tool (Zarr, HDF5, npz, Orbax, JAX) have
+        # no lazy reader: say so, and what works, instead of "no treepack tree".
+        fmt = _core.detect_format(p, True)
+        if fmt in ("treepack", "safetensors", "torch", "gguf", "dcp"):
+            raise
+        raise type(e)(f"{p} is a {fmt} checkpoint, which treepack.open does not read lazily: load it with "
+                      f"treepack.load({p!r}), or convert it once (treepack.convert({p!r}, 'model.tpk')) and open "
+                      f"that") from None
     return View(reader, "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing, where=(p, storage_options))
 
 

@@ -799,3 +799,26 @@ fn a_safetensors_file_is_read_by_every_reading_command() {
     let out = run_ok(&["convert", &folder, &path("from-shards.tpk"), "-q"]);
     assert!(out.starts_with("converted 3 tensors"), "{out}");
 }
+
+/// A folder of another tool's that the Python package reads (Zarr, Orbax, JAX) is named as such
+/// by every reading command, with what to do, instead of "no treepack tree".
+#[test]
+fn a_folder_the_python_package_reads_is_named_with_what_to_do() {
+    let d = tempfile::tempdir().unwrap();
+    for (name, marker, fmt) in
+        [("a.zarr", "zarr.json", "zarr"), ("ckpt", "_CHECKPOINT_METADATA", "orbax"), ("tree", "pytreedef.json", "jax")]
+    {
+        let p = d.path().join(name);
+        std::fs::create_dir(&p).unwrap();
+        std::fs::write(p.join(marker), "{}").unwrap();
+        for cmd in ["inspect", "ls", "verify"] {
+            let out = tp().args([cmd, p.to_str().unwrap()]).output().unwrap();
+            assert_eq!(out.status.code(), Some(2), "{cmd} {name}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains(&format!("this is a {fmt} folder")) && err.contains("treepack.load("),
+                "{cmd} {name}: {err}"
+            );
+        }
+    }
+}

@@ -38,6 +38,17 @@ async fn no_tree_here(loc: &Location, file: &str) -> Error {
             ),
         };
     }
+    // Another tool's checkpoint folder the Python package reads (Zarr, Orbax, JAX).
+    if let Some(fmt) = loc.local_path().and_then(crate::convert::content_format).filter(|f| *f != "treepack") {
+        return Error::NotFound {
+            location: loc.display().to_string(),
+            detail: format!(
+                "no treepack tree here: this is a {fmt} folder, which the Python package reads \
+                 (treepack.load(\"{0}\")) or converts (python -m treepack convert {0} model.tpk)",
+                loc.display()
+            ),
+        };
+    }
     let packs = loc.list(crate::store::PACKS_DIR).await.map(|v| v.len()).unwrap_or(0);
     if packs > 0 {
         return Error::NotFound {

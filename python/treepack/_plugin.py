@@ -1,6 +1,9 @@
 """The extension API of treepack's framework integrations (``treepack/integrations/*``): the
 registry they plug into and the few helpers of the generic layer they need. An integration
-imports this module and nothing else of treepack (python/tests/test_architecture.py).
+imports this module and nothing else of treepack (python/tests/test_architecture.py). An
+integration that offers a whole API of its own (``treepack.jax``'s calls) makes them with the
+public ``save``, ``load`` and ``load_structure`` re-exported here, and runs background work on
+``executor()``, the pool of non-blocking saves.
 
 An integration module calls ``integrate(__name__, ...)`` when it is imported, with the functions
 of ``treepack._registry.Handlers``; ``treepack._registry.INTEGRATIONS`` says which names lead
@@ -12,7 +15,8 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, Optional
 
 from . import _core as core  # the extension (Reader, prepare, block_chunk_shape, encode_png…)
-from ._api import LoadRequest, _opts
+from ._api import LoadRequest, _opts, load, load_structure, save
+from ._async import _executor as executor
 from ._codec import PARTIAL_TYPES, encode_array, encode_other, np_dtype, resolve_class
 from ._codec.files import files_of
 from ._errors import ForeignFileError
@@ -26,8 +30,8 @@ from ._structure import LeafInfo, StructNode
 __all__ = [
     "DECLINE", "Description", "ForeignFileError", "LazyArray", "LeafInfo", "LoadRequest", "PARTIAL_TYPES", "Piece",
     "SHARDS", "SaveRun", "SaveState", "StructNode", "check_subtree", "child_path", "commit_parts", "core", "deref",
-    "describe_stored", "encode_array", "encode_other", "files_of", "integrate", "integrate_nodes", "np_dtype",
-    "resolve_class",
+    "describe_stored", "encode_array", "encode_other", "executor", "files_of", "integrate", "integrate_nodes", "load",
+    "load_structure", "np_dtype", "resolve_class", "save",
     "save_state", "slice_text", "storage_options", "stored_dtype", "take_all", "where",
 ]
 

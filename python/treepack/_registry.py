@@ -201,6 +201,8 @@ INTEGRATIONS: Tuple[Integration, ...] = (
     Integration(
         "treepack.integrations.jax", frameworks=("jax", "jaxlib"), class_nodes=("jax.pytree",),
         partial_nodes=("jax.pytree",), arrays=("jax.Array", "jax.random.key"), gate="jax",
+        # treepack.jax, JAX's pytree_serialization calls on treepack trees.
+        methods=("jax_save", "jax_load", "jax_load_pytreedef", "jax_nonblocking_save", "jax_nonblocking_load"),
     ),
     Integration(
         "treepack.integrations.dask", frameworks=("dask",), options=("dask",), location_options=("dask",),

@@ -18,6 +18,9 @@
   static data) and each array leaf exactly ``like``'s sharding, each device's shard read from the
   chunks it covers; a different dtype casts. No class from the file is constructed on this path.
 
+``treepack.jax`` (``pytree_api.py``) offers the calls of JAX's own
+``jax.experimental.array_serialization.pytree_serialization`` on treepack trees.
+
 Nothing here imports JAX unless the process already did (``sys.modules``) or the file holds
 JAX leaves.
 """
@@ -29,6 +32,7 @@ from .arrays import ARRAY, KEY, TYPES, Loader, encode, is_array, missing_message
 from .like import READ_AHEAD_BYTES, _read_target, applies, load_like
 from .multiprocess import TIMEOUT_S, save_collective, spans_processes
 from .pytrees import PYTREE, pytree, pytree_build, register
+from .pytree_api import METHODS
 
 __all__ = [
     "ARRAY", "KEY", "PYTREE", "_read_target", "READ_AHEAD_BYTES", "TIMEOUT_S", "TYPES", "Loader", "applies", "encode", "is_array",
@@ -101,4 +105,5 @@ _plugin.integrate(
     like=_like,
     save=_save,
     structure=register,
+    methods=METHODS,
 )

@@ -12,6 +12,7 @@ import numpy as np
 
 from ... import _plugin
 from ..._plugin import LeafInfo, StructNode
+from .arrays import KEY as _KEY
 from .pytrees import _NATIVE, _key_text, register
 
 
@@ -23,10 +24,18 @@ def applies(like: Any) -> bool:
         return False
     import jax.tree_util as jtu
 
-    leaves, td = jtu.tree_flatten(like, is_leaf=lambda x: isinstance(x, StructNode))
-    if any(isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) for x in leaves):
-        return True
-    return _custom_nodes(td)
+    stack = [like]
+    while stack:
+        # Into StructNodes too (a template built from load_structure's tree holds them).
+        leaves, td = jtu.tree_flatten(stack.pop(), is_leaf=lambda x: isinstance(x, StructNode))
+        for x in leaves:
+            if isinstance(x, (jax.Array, jax.ShapeDtypeStruct, Placement)):
+                return True
+            if isinstance(x, StructNode):
+                stack.extend(x.children.values())
+        if _custom_nodes(td):
+            return True
+    return False
 
 
 def _custom_nodes(td: Any) -> bool:
@@ -74,6 +83,57 @@ def _cast(arr: np.ndarray, dtype: Any) -> np.ndarray:
     return arr if arr.dtype == dtype else arr.astype(dtype)
 
 
+class Placement:
+    """A template leaf of ``treepack.jax.load``, where one sharding covers a whole subtree: the
+    stored array at this place, whatever its shape, on ``sharding`` (None: the default device)
+    and cast to ``dtype`` (None: the stored dtype as JAX holds it, float64 as float32 unless
+    x64 is on). Typed PRNG keys stay keys (a cast would make their data meaningless), and
+    arrays JAX cannot hold (strings, records) load as stored."""
+
+    __slots__ = ("sharding", "dtype")
+
+    def __init__(self, sharding: Any = None, dtype: Any = None) -> None:
+        self.sharding, self.dtype = sharding, dtype
+
+    def __repr__(self) -> str:
+        return f"Placement({self.sharding!r}, {self.dtype!r})"
+
+
+class _Keys:
+    """Which stored arrays are typed PRNG keys. The structure shows a key as its ``uint32`` key
+    data; the annotation saying it is a key is read from the manifest only when some array
+    could be one (``uint32``, last axis 2 or 4), so most loads never read it."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader, self.paths = reader, None
+
+    def __contains__(self, info: Any) -> bool:
+        if info.dtype != "uint32" or not info.shape or info.shape[-1] not in (2, 4):
+            return False
+        if self.paths is None:
+            self.paths = {p for t, p in self.reader.array_types() if t == _KEY}
+        return info.path in self.paths
+
+
+def _place(reader: Any, info: Any, pl: Placement, where: str, np_dtype: Callable[[str], Any], verify: bool,
+           dec: Any, keys: _Keys) -> Any:
+    """A ``Placement`` leaf: like a ``ShapeDtypeStruct`` of the stored shape (see ``_plan``)."""
+    import jax
+
+    if info.kind != "array":
+        raise ValueError(f"like=: at {where} a sharding applies to an array, but the file holds {_plugin.describe_stored(info)}")
+    if info in keys:
+        k = reader.load(dec, np_dtype, verify=verify, subpath=info.path)
+        return jax.device_put(k, pl.sharding) if pl.sharding is not None else k
+    stored = _plugin.stored_dtype(info)
+    if stored.kind in "OSUV" or stored.names is not None:
+        return reader.load(dec, np_dtype, verify=verify, subpath=info.path)
+    want = pl.dtype
+    if want is None or jax.dtypes.issubdtype(want, jax.dtypes.prng_key):
+        want = jax.dtypes.canonicalize_dtype(stored)
+    return _plan(reader, info, jax.ShapeDtypeStruct(tuple(info.shape), want, sharding=pl.sharding), where, np_dtype, verify)
+
+
 class _Sharded:
     """A stored array to read onto a sharding, checked and waiting for its reads."""
 
@@ -101,7 +161,8 @@ def _plan(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[s
     stored = _stored_dtype(info)
     want_shape = tuple(int(n) for n in target.shape)
     if jax.dtypes.issubdtype(target.dtype, jax.dtypes.prng_key):
-        impl = jax.random.key_impl(target) if isinstance(target, jax.Array) else None
+        # A ShapeDtypeStruct's key dtype knows its impl only privately; without it, JAX's default.
+        impl = jax.random.key_impl(target) if isinstance(target, jax.Array) else getattr(target.dtype, "_impl", None)
         if shape[: len(want_shape)] != want_shape:
             raise ValueError(f"like=: at {where} the file holds key data of shape {shape}, but like= asks for keys of shape {want_shape}")
         data = jax.numpy.asarray(reader.read_array(info.path, "", np_dtype, verify))
@@ -205,7 +266,7 @@ def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callab
         plan.append((path, deref(stored, structure)[0], leaf))
     subtrees: List[str] = []
     for path, stored, leaf in plan:
-        if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) and leaf is not None and leaf is not False:
+        if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct, Placement)) and leaf is not None and leaf is not False:
             # A Python number where a 0-d array is stored (a TrainState's step: 0 in a fresh
             # state, a JAX scalar once trained) loads the stored value; anything else gets the
             # usual checks (numpy arrays, scalars, True).
@@ -215,9 +276,13 @@ def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callab
     audit(subtrees, nodes)
     values: List[Any] = []
     sharded: List[Tuple[int, _Sharded]] = []
+    keys = _Keys(reader)
     for path, stored, leaf in plan:
-        if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)):
-            p = _plan(reader, stored, leaf, _where(path), np_dtype, verify)
+        if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct, Placement)):
+            if isinstance(leaf, Placement):
+                p = _place(reader, stored, leaf, _where(path), np_dtype, verify, dec, keys)
+            else:
+                p = _plan(reader, stored, leaf, _where(path), np_dtype, verify)
             if isinstance(p, _Sharded):
                 sharded.append((len(values), p))
                 p = None

@@ -139,6 +139,11 @@ def pytree(obj: Any, where: str, omit_static: bool, type_name: str) -> Optional[
     except Exception:  # not a registered node (ValueError), or a version without the API
         _node_types[t] = False
         return None
+    if not kids and aux is obj:
+        # jax.tree_util.register_static: the object is its own static data, opaque to JAX.
+        # Saved as what it is (a dataclass as a record, say), not as a node of itself.
+        _node_types[t] = False
+        return None
     _node_types[t] = True
     data: Dict[str, Any] = {"class": type_name}
     try:

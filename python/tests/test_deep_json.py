@@ -94,7 +94,7 @@ def test_safetensors_name_with_20000_dots(attack):
     attack.loc.mkdir()
     (attack.loc / "m.safetensors").write_bytes(safetensors("a." * 20_000 + "w"))
     r = attack.error(
-        "import treepack\nresult = treepack.convert(LOC + '/m.safetensors', LOC + '/t')",
+        "import treepack\nresult = treepack.convert(LOC + '/m.safetensors', LOC + '/t', separator='.')",
         "TreepackError",
         match="splits into more than 999 nested keys",
     )

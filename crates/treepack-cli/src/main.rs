@@ -2,6 +2,7 @@
 //! repositories; write a demo tree.
 
 mod show;
+mod view;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -71,7 +72,10 @@ enum Cmd {
         patterns: Vec<String>,
     },
     /// Print a value: `treepack cat ckpt 'params/w[0:2, :]'` (numpy-style slice, only those chunks are read).
-    Cat { path: String, key: String },
+    Cat {
+        path: String,
+        key: String,
+    },
     /// Re-hash every chunk; name corrupt ones and exit non-zero if any.
     Verify {
         path: String,
@@ -137,7 +141,9 @@ enum Cmd {
     },
     /// Print the JSON Schema (2020-12) of a tree's type: containers, key names, leaf kinds,
     /// dtypes and ranks; it validates the tree's transport document (and any tree of the same type).
-    Schema { path: String },
+    Schema {
+        path: String,
+    },
     /// What differs between two trees (key paths, dtypes, shapes, chunks by hash; no array data
     /// read). Exit status 0 when identical, 1 when different, 2 on error (as `diff`).
     Diff {
@@ -166,6 +172,7 @@ enum Cmd {
     /// repository wherever a location is taken: inspect, ls, cat, hash, verify, cp).
     #[command(subcommand)]
     Repo(RepoCmd),
+    View(view::ViewArgs),
     /// Remove leftovers of interrupted saves (unreferenced packs, staging files).
     Gc {
         path: String,
@@ -304,6 +311,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Demo { dir, overwrite } => demo(&dir, so, overwrite),
         Cmd::Cp { src, dst, out } => copy(&src, &dst, so, &out),
         Cmd::Repo(cmd) => repo(cmd, so),
+        Cmd::View(args) => view::run(args, so),
         Cmd::Gc { path, grace_secs } => {
             let r = treepack::gc(location(&path, so)?, std::time::Duration::from_secs(grace_secs))?;
             for p in &r.removed {

@@ -111,6 +111,17 @@ pub(crate) fn norm(x: &Opened, y: &Opened, path: &str) -> ApiResult<Value> {
     )
 }
 
+/// The repository's names in the order their trees were saved (oldest first), with when and
+/// their root hashes: what the page's tree picker lists (no manifest read).
+pub(crate) fn names(s: &State) -> ApiResult<Value> {
+    let Some(repo) = s.repository() else { return Ok(json!({"repository": null, "names": []})) };
+    let mut names = repo.names()?;
+    names.sort_by(|a, b| a.saved_ms.cmp(&b.saved_ms).then_with(|| a.name.cmp(&b.name)));
+    let rows: Vec<Value> =
+        names.iter().map(|t| json!({"name": t.name, "root": t.root.to_hex(), "saved_ms": t.saved_ms})).collect();
+    Ok(json!({"repository": s.repository_display(), "names": rows}))
+}
+
 /// The repository's trees in the order they were saved, and for each consecutive pair what
 /// changed (from the manifests): counts, and per array the fraction of its chunks that
 /// changed. Computed once per server, when first asked.

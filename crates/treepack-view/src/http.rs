@@ -25,7 +25,10 @@ const WORKERS: usize = 4;
 const INDEX_HTML: &str = include_str!("../assets/index.html");
 const ASSETS: &[(&str, &str, &[u8])] = &[
     ("app.js", "text/javascript; charset=utf-8", include_bytes!("../assets/app.js")),
+    ("core.js", "text/javascript; charset=utf-8", include_bytes!("../assets/core.js")),
     ("plots.js", "text/javascript; charset=utf-8", include_bytes!("../assets/plots.js")),
+    ("leaf.js", "text/javascript; charset=utf-8", include_bytes!("../assets/leaf.js")),
+    ("compare.js", "text/javascript; charset=utf-8", include_bytes!("../assets/compare.js")),
     ("app.css", "text/css; charset=utf-8", include_bytes!("../assets/app.css")),
     ("uPlot.iife.min.js", "text/javascript; charset=utf-8", include_bytes!("../assets/vendor/uplot/uPlot.iife.min.js")),
     ("uPlot.min.css", "text/css; charset=utf-8", include_bytes!("../assets/vendor/uplot/uPlot.min.css")),
@@ -184,6 +187,7 @@ fn api(s: &State, endpoint: &str, q: &Query) -> ApiResult<Reply> {
         }
         "diff" => compare::tree_diff(s, q.get("a"), q.get("b"))?,
         "norm" => compare::norm(&*s.tree(q.get("a"))?, &*s.tree(q.get("b"))?, path)?,
+        "names" => compare::names(s)?,
         "history" => (*compare::history(s)?).clone(),
         "history_norms" => compare::history_norms(s, path)?,
         _ => return Err(ApiError::not_found(format!("no API endpoint `{endpoint}`"))),

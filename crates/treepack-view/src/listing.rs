@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use treepack::format::diff::describe_entry;
 use treepack::format::dtype::float_json;
 use treepack::format::keypath::{self, Glob, Segment};
+use treepack::format::manifest::Stored;
 use treepack::format::manifest::{ArrayStorage, Entry};
 use treepack::format::merkle::node_hash;
 use treepack::format::model::{grow, Key, Step};
@@ -102,7 +103,7 @@ fn describe(o: &Opened, node: &Tree<Entry>, v: &mut Value) {
     match node {
         Tree::Leaf(e) => {
             v["kind"] = json!(e.kind());
-            v["summary"] = json!(describe_entry(e));
+            v["summary"] = json!(summary(e));
             v["bytes"] = json!(e.nbytes());
             if let Entry::Array(a) = e {
                 v["dtype"] = json!(a.dtype.display());
@@ -134,12 +135,50 @@ fn describe(o: &Opened, node: &Tree<Entry>, v: &mut Value) {
     }
 }
 
+/// A leaf in a few words, as Python would show a scalar: `1000`, `0.0003`, `nan`, `(1.5-2j)`,
+/// `"gelu"`, `bytes (9 B)`; arrays as `float32[512, 256]`.
+fn summary(e: &Entry) -> String {
+    fn clip(s: &str, n: usize) -> String {
+        if s.chars().count() > n {
+            format!("{}…", s.chars().take(n).collect::<String>())
+        } else {
+            s.to_string()
+        }
+    }
+    fn float(f: f64) -> String {
+        match float_json(f) {
+            Value::String(s) => s,
+            v => v.to_string(),
+        }
+    }
+    match e {
+        Entry::None => "None".into(),
+        Entry::Bool(b) => if *b { "True" } else { "False" }.into(),
+        Entry::Int(i) => clip(&i.to_string(), 40),
+        Entry::Float(f) => float(*f),
+        Entry::Complex(re, im) => format!("({}{}{}j)", float(*re), if *im < 0.0 { "" } else { "+" }, float(*im)),
+        Entry::Str(Stored::Inline(s)) => clip(&format!("{s:?}"), 80),
+        Entry::Str(Stored::Blob { size, .. }) => format!("str ({size} bytes)"),
+        Entry::Bytes(b) => format!("bytes ({} B)", stored_size(b).0),
+        e => describe_entry(e),
+    }
+}
+
 /// Everything the manifest says of the node at `path`: for an array its chunk grid, codecs,
 /// chunk hashes, annotation and preview; for a string or bytes where it is stored; for a
 /// scalar its value; for any node its Merkle hash (docs/format.md section 9).
 pub(crate) fn details(o: &Opened, path: &str) -> ApiResult<Value> {
     let node = node_at(o, path)?;
-    let mut v = json!({"path": path, "hash": node_hash(node).to_hex()});
+    // A subtree's hash is a walk of all of it: the root's is the reader's (computed once),
+    // a big subtree's is left to `treepack hash --key` rather than slow every click.
+    let hash = if path.is_empty() {
+        Some(o.root_hash())
+    } else if o.sub(node).leaves <= HASHED_LEAVES {
+        Some(node_hash(node).to_hex())
+    } else {
+        None
+    };
+    let mut v = json!({"path": path, "hash": hash});
     describe(o, node, &mut v);
     let inner = node.unshared();
     match inner {
@@ -149,6 +188,9 @@ pub(crate) fn details(o: &Opened, path: &str) -> ApiResult<Value> {
     }
     Ok(v)
 }
+
+/// The largest subtree (in leaves) whose hash the details compute.
+const HASHED_LEAVES: u64 = 100_000;
 
 /// How many chunk hashes the details list (a leaf may have millions of chunks).
 const HASHES_SHOWN: usize = 64;

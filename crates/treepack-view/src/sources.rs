@@ -70,15 +70,22 @@ pub(crate) struct Opened {
     counts: OnceLock<HashMap<usize, Sub>>,
     /// Where each shared object is stored, for refs' rows (one walk, when a ref is first shown).
     targets: OnceLock<HashMap<u64, String>>,
+    /// The root hash, computed once (a walk of the whole manifest).
+    root_hash: OnceLock<String>,
 }
 
 impl Opened {
     fn new(reader: Reader, display: String) -> Opened {
-        Opened { reader, display, counts: OnceLock::new(), targets: OnceLock::new() }
+        Opened { reader, display, counts: OnceLock::new(), targets: OnceLock::new(), root_hash: OnceLock::new() }
     }
 
     pub fn root(&self) -> &Tree<Entry> {
         &self.reader.manifest().root
+    }
+
+    /// The tree's root hash (docs/format.md section 9), as hex.
+    pub fn root_hash(&self) -> String {
+        self.root_hash.get_or_init(|| self.reader.root_hash().to_hex()).clone()
     }
 
     /// The key path of the shared object `id` (what a ref stands for).

@@ -2,6 +2,7 @@
 //! repositories; write a demo tree.
 
 mod show;
+mod signing;
 mod view;
 
 use anyhow::{bail, Context, Result};
@@ -76,12 +77,20 @@ enum Cmd {
         path: String,
         key: String,
     },
-    /// Re-hash every chunk; name corrupt ones and exit non-zero if any.
+    /// Re-hash every chunk; name corrupt ones and exit non-zero if any. --signed-by first
+    /// checks the tree's signature (before any data is read).
     Verify {
         path: String,
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        signed: signing::SignedByArgs,
     },
+    /// Sign the tree's root hash, format version and metadata with a private key: its signature
+    /// goes beside it (docs/signing.md). Reads only the manifest.
+    Sign(signing::SignArgs),
+    /// Make a key pair to sign with: KEY.pem (private) and KEY.pub.pem (public).
+    Keygen(signing::KeygenArgs),
     /// Print the tree's root hash (docs/format.md section 9), from the manifest alone: the same
     /// whether the tree is a directory, a .tpk, compressed or not. `--key` prints a subtree's.
     Hash {
@@ -256,7 +265,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Inspect { path, json, key, view } => inspect(&path, so, json, key.as_deref(), view),
         Cmd::Ls { path, patterns } => ls(&path, so, &patterns),
         Cmd::Cat { path, key } => cat(&path, so, &key),
-        Cmd::Verify { path, json } => verify(&path, so, json),
+        Cmd::Verify { path, json, signed } => signing::verify(&path, so, json, &signed),
+        Cmd::Sign(a) => signing::sign_cmd(a, so),
+        Cmd::Keygen(a) => signing::keygen(a),
         Cmd::Convert { src, dst, from, to, separator, select, out: WriteArgs { overwrite, compression, quiet } } => {
             use treepack::convert::{ConvertOptions, Format};
             let (f, t) = (Format::of_source(&src, from.as_deref())?, Format::of(&dst, to.as_deref())?);
@@ -393,7 +404,7 @@ fn repo(cmd: RepoCmd, so: &StorageOptions) -> Result<ExitCode> {
 }
 
 /// The last line of `verify` and `repo verify`: OK or FAILED, what was checked, problems.
-fn print_verify_summary(rep: &treepack::VerifyReport) {
+pub(crate) fn print_verify_summary(rep: &treepack::VerifyReport) {
     println!(
         "{}: {} chunks, {} checked, {} problem{}",
         if rep.ok() { "OK" } else { "FAILED" },
@@ -408,7 +419,7 @@ fn location(path: &str, so: &StorageOptions) -> Result<Location> {
     Ok(Location::parse_with(path, so)?)
 }
 
-fn open(path: &str, so: &StorageOptions) -> Result<Reader> {
+pub(crate) fn open(path: &str, so: &StorageOptions) -> Result<Reader> {
     treepack::open(location(path, so)?).with_context(|| format!("cannot open `{path}`"))
 }
 
@@ -459,6 +470,7 @@ fn copy(src: &str, dst: &str, so: &StorageOptions, out: &WriteArgs) -> Result<Ex
     if let Some(root) = info.root {
         println!("{} already in the repository, reused; root {}", human_bytes(info.bytes_reused), root.to_hex());
     }
+    signing::carry(src, dst, so)?.iter().for_each(|l| println!("{l}"));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -553,6 +565,7 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>, vi
     });
     let stored: u64 = m.packs.iter().map(|p| p.size).sum();
     let chunks = chunk_totals(node);
+    let (signature_line, signature) = signing::inspect(&r);
     if as_json {
         let mut leaves = vec![];
         node.for_each_leaf(&mut |p, e| {
@@ -588,7 +601,7 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>, vi
         let out = json!({
             "location": path, "layout": format!("{:?}", r.location().layout()).to_lowercase(), "read_from": r.location().read_from(),
             "version": [m.version.0, m.version.1], "writer": m.writer, "metadata": m.metadata,
-            "leaves": leaves, "refs": refs,
+            "leaves": leaves, "refs": refs, "signature": signature,
             "totals": {"leaves": t.leaves, "arrays": t.arrays, "array_bytes": t.array_bytes, "stored_bytes": stored, "packs": m.packs.len(),
                        "chunk_bytes": chunks.0, "chunk_stored_bytes": chunks.1},
         });
@@ -615,6 +628,7 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>, vi
     if let Some(md) = &m.metadata {
         println!("metadata: {}", out.cut(&md.to_string()));
     }
+    signature_line.iter().for_each(|l| println!("{l}"));
     out.node(node, key.unwrap_or("<root>").to_string(), "", true, true, 0);
     for l in &out.lines {
         println!("{l}");
@@ -832,33 +846,6 @@ fn cat(path: &str, so: &StorageOptions, key: &str) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn verify(path: &str, so: &StorageOptions, as_json: bool) -> Result<ExitCode> {
-    let r = open(path, so)?;
-    let rep = r.verify()?;
-    if as_json {
-        let problems: Vec<_> = rep
-            .problems
-            .iter()
-            .map(|p| json!({"file": p.file, "key": p.key, "chunk": p.chunk, "reason": p.reason}))
-            .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(
-                &json!({"ok": rep.ok(), "chunks_checked": rep.chunks_checked, "bytes_checked": rep.bytes_checked, "problems": problems})
-            )?
-        );
-    } else {
-        for p in &rep.problems {
-            match p.chunk {
-                Some(c) => println!("CORRUPT {} chunk {c} in {}: {}", p.key, p.file, p.reason),
-                None => println!("CORRUPT {}: {}", p.file, p.reason),
-            }
-        }
-        print_verify_summary(&rep);
-    }
-    Ok(if rep.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 fn demo(dir: &str, so: &StorageOptions, overwrite: bool) -> Result<ExitCode> {

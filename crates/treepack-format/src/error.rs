@@ -126,6 +126,61 @@ pub enum Error {
         actual: String,
     },
 
+    /// A signed tree was asked for (`signed_by`) and the tree has no signature.
+    #[error("{location}: the tree is not signed (no signature at {file}), and a signature by {trusted} was asked for: sign it (`treepack sign LOCATION --key KEY.pem`), or copy it with its signature (`treepack cp` carries it)")]
+    Unsigned {
+        /// The location loaded.
+        location: String,
+        /// Where its signature would be.
+        file: String,
+        /// The trusted keys, as fingerprints.
+        trusted: String,
+    },
+
+    /// The tree is signed, but by none of the keys trusted (`signed_by`): it may have been
+    /// re-signed by someone else.
+    #[error("{location}: signed by {signers}, not by a trusted key ({trusted}): refusing it; if you trust that signer, pass its public key to signed_by (--signed-by)")]
+    UntrustedSigner {
+        /// The location loaded.
+        location: String,
+        /// Who the signature says signed it (unauthenticated key ids), or `an unknown key`.
+        signers: String,
+        /// The trusted keys, as fingerprints.
+        trusted: String,
+    },
+
+    /// A trusted key's valid signature that does not hold for this tree: the tree (its root
+    /// hash, format version or metadata) was modified, the signature is another tree's, or it
+    /// is older than the caller accepts (`min_version`, `not_before`).
+    #[error("{location}: signature by {signer} does not match the tree: {reason}")]
+    SignatureMismatch {
+        /// The location loaded.
+        location: String,
+        /// The trusted key that signed, as `algorithm fingerprint`.
+        signer: String,
+        /// What differs, and what to do.
+        reason: String,
+    },
+
+    /// A signature file that cannot be read as one (malformed envelope, wrong payload type,
+    /// bad base64, too big), or whose signature by a trusted key does not verify (altered).
+    #[error("{file}: invalid signature: {reason}; sign the tree again (`treepack sign`) or get its signature from the signer")]
+    InvalidSignature {
+        /// The signature file.
+        file: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A key file (or key bytes) that is not a key treepack signs or verifies with.
+    #[error("{file}: {reason}")]
+    BadKey {
+        /// The key file, or `key bytes`.
+        file: String,
+        /// What is wrong, and what works.
+        reason: String,
+    },
+
     /// A chunk's bytes do not hash to the value recorded in the manifest.
     #[error("{file}: chunk {chunk} of `{key}` is corrupt: BLAKE3 {actual} but the manifest records {expected}")]
     ChunkCorrupt {
@@ -401,6 +456,11 @@ impl Error {
             Error::ManifestChecksum { .. } => "manifest_checksum",
             Error::ChunkCorrupt { .. } => "chunk_corrupt",
             Error::RootMismatch { .. } => "root_mismatch",
+            Error::Unsigned { .. } => "unsigned",
+            Error::UntrustedSigner { .. } => "untrusted_signer",
+            Error::SignatureMismatch { .. } => "signature_mismatch",
+            Error::InvalidSignature { .. } => "invalid_signature",
+            Error::BadKey { .. } => "bad_key",
             Error::OutOfBounds { .. } => "out_of_bounds",
             Error::Link { .. } => "link",
             Error::BadChunk { .. } => "bad_chunk",

@@ -13,7 +13,8 @@
 //! JSON document and [`schema`] describes a tree's type as a JSON Schema; [`json`] reads the free
 //! JSON values files hold (metadata, annotations, ...) with their depth bounded;
 //! [`manifest`] writes and parses `treepack.json`; [`container`] is the single-file (`.tpk`)
-//! layout around it; [`error`] holds the typed errors of the format and of the engine alike.
+//! layout around it; [`signature`] signs a tree's root hash (DSSE envelopes of in-toto
+//! statements); [`error`] holds the typed errors of the format and of the engine alike.
 //! Reading and writing bytes somewhere is the engine's job (`store`, `save`, `read`); the
 //! threads that big hashes and parses may use are the caller's, passed in through [`exec`].
 
@@ -40,6 +41,7 @@ pub mod refs;
 pub mod repo;
 pub mod safetensors;
 pub mod schema;
+pub mod signature;
 pub mod transport;
 
 pub use error::{Error, Result};

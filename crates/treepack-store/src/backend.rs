@@ -125,6 +125,13 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     fn local(&self) -> Option<&crate::local::Local> {
         None
     }
+
+    /// For a backend rooted at one file, the backend of the file beside it named as it is plus
+    /// `suffix` (`model.tpk` → `model.tpk.sig`): where a single file keeps what travels with it
+    /// (its signature). `None` where the backend cannot say.
+    fn sidecar(&self, _suffix: &str) -> Option<std::sync::Arc<dyn Backend>> {
+        None
+    }
 }
 
 /// Run blocking work (a file read) from async code: on tokio's blocking pool when a runtime

@@ -194,6 +194,34 @@ impl Location {
         }
     }
 
+    /// For a single-file location, the single file beside it named as it is plus `suffix`
+    /// (`model.tpk` → `model.tpk.sig`), on the same store with the same credentials: where a
+    /// single file keeps what travels with it.
+    ///
+    /// # Errors
+    /// [`Error::BadLocation`] for a directory location, or a store that cannot name it.
+    pub fn sidecar(&self, suffix: &str) -> Result<Location> {
+        let backend = match self.layout {
+            Layout::SingleFile => self.backend.sidecar(suffix),
+            Layout::Directory => None,
+        };
+        let Some(backend) = backend else {
+            return Err(Error::BadLocation {
+                location: self.display.to_string(),
+                reason: format!("has no file beside it named with `{suffix}` (not a single file)"),
+            });
+        };
+        let display = format!("{}{suffix}", self.display);
+        Ok(Location {
+            read_only: self.read_only.clone(),
+            backend,
+            layout: Layout::SingleFile,
+            files: display.as_str().into(),
+            display: display.into(),
+            stats: self.stats.clone(),
+        })
+    }
+
     /// Request shaping of a remote location (`None` when local or in memory).
     pub fn remote_tuning(&self) -> Option<RemoteTuning> {
         self.backend.remote()

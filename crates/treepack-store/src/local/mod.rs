@@ -487,4 +487,12 @@ impl crate::Backend for Local {
     fn local(&self) -> Option<&Local> {
         Some(self)
     }
+
+    fn sidecar(&self, suffix: &str) -> Option<Arc<dyn crate::Backend>> {
+        // A name in the same folder, reached beneath it as the file itself is (never pinned:
+        // it is read and written whole).
+        let mut name = self.path.file_name()?.to_os_string();
+        name.push(suffix);
+        Some(Arc::new(Local { path: self.path.with_file_name(name), single: true, pinned: None }))
+    }
 }

@@ -327,4 +327,15 @@ impl crate::Backend for ObjectBackend {
     fn read_only(&self) -> Option<&str> {
         self.read_only
     }
+
+    fn sidecar(&self, suffix: &str) -> Option<Arc<dyn crate::Backend>> {
+        let key = format!("{}{suffix}", self.base.as_ref());
+        let base = ObjPath::parse(&key).ok()?;
+        Some(Arc::new(ObjectBackend {
+            store: self.store.clone(),
+            base,
+            tuning: self.tuning,
+            read_only: self.read_only,
+        }))
+    }
 }

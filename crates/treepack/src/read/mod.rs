@@ -58,6 +58,10 @@ pub struct LoadOptions {
     /// an `OrderedDict` of tensors may; a DataFrame cannot). `None` (the default): custom nodes
     /// are data, and may come back in part. See [`close_selection`].
     pub partial_types: Option<std::collections::HashSet<String>>,
+    /// If set, the load fails unless the tree is signed by one of these keys (and as recently
+    /// as asked), checked from the manifest and the signature before any data is read
+    /// ([`Reader::verify_signature_async`], docs/signing.md).
+    pub signed_by: Option<crate::sign::SignedBy>,
 }
 
 impl Default for LoadOptions {
@@ -71,6 +75,7 @@ impl Default for LoadOptions {
             progress: None,
             expect_root: None,
             partial_types: None,
+            signed_by: None,
         }
     }
 }
@@ -252,6 +257,14 @@ impl Reader {
         opts.expect_root.map_or(Ok(()), |want| self.expect_root(want))
     }
 
+    /// The signature check `opts.signed_by` asks for (when it does).
+    async fn check_signed(&self, opts: &LoadOptions) -> Result<()> {
+        match &opts.signed_by {
+            Some(by) => self.verify_signature_async(by).await.map(drop),
+            None => Ok(()),
+        }
+    }
+
     /// Check the tree's root hash against `want`, from the manifest alone.
     ///
     /// # Errors
@@ -312,6 +325,7 @@ impl Reader {
     /// Storage errors, [`Error::ChunkCorrupt`] when a hash does not match, [`Error::OutOfMemory`].
     pub async fn load_async(&self, opts: &LoadOptions) -> Result<Node> {
         self.check_root(opts)?;
+        self.check_signed(opts).await?;
         self.materialize(&self.manifest.root, String::new(), opts).await
     }
 
@@ -321,6 +335,7 @@ impl Reader {
     /// As [`Reader::load_async`], plus [`Error::KeyNotFound`].
     pub async fn get_async(&self, path: &str, opts: &LoadOptions) -> Result<Node> {
         self.check_root(opts)?;
+        self.check_signed(opts).await?;
         let place = keypath::resolve_place(&self.manifest.root, path)?;
         let prefix = keypath::split(path)?.join("/");
         if place.has_refs() {

@@ -28,7 +28,12 @@ pub const ONE_PASS_PACK_BYTES: u64 = 16 << 20;
 /// Whether a load with these options may take the one-pass path: a whole tree, read into
 /// memory (mmap views and progress reports are the Reader's).
 pub fn one_pass_applies(opts: &LoadOptions) -> bool {
-    opts.select.is_empty() && opts.keep.is_none() && !opts.mmap && opts.progress.is_none() && opts.expect_root.is_none()
+    opts.select.is_empty()
+        && opts.keep.is_none()
+        && !opts.mmap
+        && opts.progress.is_none()
+        && opts.expect_root.is_none()
+        && opts.signed_by.is_none()
 }
 
 /// How many times a load starts over when the tree was replaced while it read it.

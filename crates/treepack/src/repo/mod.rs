@@ -213,7 +213,13 @@ impl Repository {
         if !self.loc.exists(&rel).await? {
             return Err(self.unknown(name));
         }
-        self.loc.delete(&rel).await
+        self.loc.delete(&rel).await?;
+        // Its signature goes with it (a later tree of the name must not find it).
+        let sig = format!("{}/{name}{}", crate::sign::REPO_SIGNATURES, crate::sign::SIDECAR_SUFFIX);
+        match self.loc.delete(&sig).await {
+            Ok(()) | Err(Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Remove what no committed name needs (the protocol: docs/repository.md, "How gc stays safe").
@@ -341,8 +347,9 @@ impl Repository {
 /// # Errors
 /// [`Error::BadLocation`] naming a few of the foreign names; storage errors.
 async fn refuse_foreign(loc: &Location) -> Result<()> {
-    const OWN: [&str; 7] = [
+    const OWN: [&str; 8] = [
         layout::MARKER,
+        crate::sign::REPO_SIGNATURES,
         layout::REFS_DIR,
         layout::TREES_DIR,
         layout::INDEX_DIR,

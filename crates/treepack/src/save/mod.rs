@@ -383,6 +383,7 @@ async fn refuse_foreign_folder(loc: &Location) -> Result<()> {
     }
     let own = |n: &str| {
         n == MANIFEST_NAME
+            || n == crate::sign::DIR_SIGNATURE
             || n == crate::store::PACKS_DIR
             || n.starts_with(&format!("{MANIFEST_NAME}#"))
             || n.starts_with(&format!("{MANIFEST_NAME}.lock"))

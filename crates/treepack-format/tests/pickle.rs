@@ -43,7 +43,7 @@ fn plain_values_of_every_protocol() {
 fn globals_outside_the_allow_list_are_refused_where_met() {
     let e = err(b"\x80\x02}X\x01\x00\x00\x00k]q\x00(K\x01cos\nsystem\n");
     match e {
-        PickleError::Refused { global, path } => assert_eq!((global.as_str(), path.as_str()), ("os.system", "k/1")),
+        PickleError::Refused { global, path, .. } => assert_eq!((global.as_str(), path.as_str()), ("os.system", "k/1")),
         e => panic!("{e}"),
     }
     // Even a global never called is refused: nothing outside the list is named and kept.
@@ -89,4 +89,82 @@ fn limits_hold() {
     // Nested lists deeper than the tree's bound.
     let lists = [&b"\x80\x02"[..], &[b']'; 12], &[b'a'; 11], b"."].concat();
     assert_eq!(read(&lists, &tight).unwrap_err().kind(), "limit");
+}
+
+/// `pickle.dumps(MetadataIndex('w', [1, 2]))`, `pickle.dumps(_StorageInfo('a.distcp', 3, 4))`,
+/// `pickle.dumps(PurePosixPath('/a/b'))` and `pickle.dumps(torch.strided)` as torch 2.x writes them.
+const DCP_INDEX: &[u8] = b"\x80\x04\x95z\x00\x00\x00\x00\x00\x00\x00\x8c%torch.distributed.checkpoint.metadata\x94\x8c\rMetadataIndex\x94\x93\x94)\x81\x94}\x94(\x8c\x03fqn\x94\x8c\x01w\x94\x8c\x05index\x94N\x8c\x06offset\x94\x8c\x05torch\x94\x8c\x04Size\x94\x93\x94K\x01K\x02\x86\x94\x85\x94R\x94ub.";
+const DCP_INFO: &[u8] = b"\x80\x04\x95u\x00\x00\x00\x00\x00\x00\x00\x8c'torch.distributed.checkpoint.filesystem\x94\x8c\x0c_StorageInfo\x94\x93\x94)\x81\x94}\x94(\x8c\rrelative_path\x94\x8c\x08a.distcp\x94\x8c\x06offset\x94K\x03\x8c\x06length\x94K\x04ub.";
+const POSIX_PATH: &[u8] = b"\x80\x04\x95-\x00\x00\x00\x00\x00\x00\x00\x8c\x07pathlib\x94\x8c\rPurePosixPath\x94\x93\x94\x8c\x01/\x94\x8c\x01a\x94\x8c\x01b\x94\x87\x94R\x94.";
+const LAYOUT: &[u8] = b"\x80\x04\x95;\x00\x00\x00\x00\x00\x00\x00\x8c\x13torch.serialization\x94\x8c\x0b_get_layout\x94\x93\x94\x8c\rtorch.strided\x94\x85\x94R\x94.";
+
+#[test]
+fn each_caller_has_its_own_allow_list() {
+    use treepack_format::pickle::{parse_with, AllowList, DcpClass, Global, Obj};
+    let dcp = |b: &[u8]| parse_with(b, &Limits::default(), AllowList::DcpMetadata);
+    // DCP's classes are records under the metadata's list...
+    let p = dcp(DCP_INDEX).unwrap();
+    let Obj::Record(r) = p.get(p.root()) else { panic!("{:?}", p.get(p.root())) };
+    assert_eq!(r.class, Global::Dcp(DcpClass::MetadataIndex));
+    assert_eq!(p.get(r.field("fqn").unwrap()), &Obj::Str("w".into()));
+    assert_eq!(p.get(r.field("offset").unwrap()), &Obj::Size(vec![1, 2]));
+    let p = dcp(DCP_INFO).unwrap();
+    let Obj::Record(r) = p.get(p.root()) else { panic!() };
+    assert_eq!(r.class, Global::Dcp(DcpClass::StorageInfo));
+    assert_eq!(p.get(r.field("length").unwrap()), &Obj::Int(4.into()));
+    let p = dcp(POSIX_PATH).unwrap();
+    assert_eq!(p.get(p.root()), &Obj::Str("/a/b".into()));
+    let win = b"\x80\x04\x951\x00\x00\x00\x00\x00\x00\x00\x8c\x07pathlib\x94\x8c\x0fPureWindowsPath\x94\x93\x94\x8c\x03C:\\\x94\x8c\x01a\x94\x8c\x01b\x94\x87\x94R\x94.";
+    let p = dcp(win).unwrap();
+    assert_eq!(p.get(p.root()), &Obj::Str("C:\\a\\b".into()));
+    let p = dcp(LAYOUT).unwrap();
+    assert!(matches!(p.get(p.root()), Obj::Record(r) if r.class == Global::TorchLayout));
+    // ... and refused by torch.save's, which reads checkpoints: its attack surface is unchanged.
+    for b in [DCP_INDEX, DCP_INFO, POSIX_PATH, LAYOUT] {
+        let e = parse(b, &Limits::default()).unwrap_err();
+        assert_eq!(e.kind(), "refused", "{e}");
+        assert!(e.to_string().contains("only tensors, storages"), "{e}");
+    }
+    // torch.save's own names are refused in a .metadata (a tensor rebuild, OrderedDict, numpy).
+    for (m, n) in [("torch._utils", "_rebuild_tensor_v2"), ("collections", "OrderedDict"), ("numpy", "dtype")] {
+        let s = format!("c{m}\n{n}\n.");
+        let e = dcp(s.as_bytes()).unwrap_err();
+        assert_eq!(e.kind(), "refused", "{e}");
+        assert!(e.to_string().contains("torch.distributed.checkpoint .metadata"), "{e}");
+    }
+}
+
+#[test]
+fn records_are_built_once_from_their_state() {
+    use treepack_format::pickle::{parse_with, AllowList};
+    let dcp = |b: &[u8]| parse_with(b, &Limits::default(), AllowList::DcpMetadata);
+    let class = b"\x80\x04\x8c'torch.distributed.checkpoint.filesystem\x8c\x0c_StorageInfo\x93";
+    let with = |rest: &[u8]| [&class[..], rest].concat();
+    // Called with arguments, built twice, given a list as state, a state of 65 fields.
+    assert_eq!(dcp(&with(b"K\x01\x85\x81.")).unwrap_err().kind(), "bad_call");
+    assert_eq!(dcp(&with(b")\x81}b}b.")).unwrap_err().kind(), "bad_call");
+    assert_eq!(dcp(&with(b")\x81]b.")).unwrap_err().kind(), "bad_call");
+    let mut many = with(b")\x81}(");
+    for i in 0..65 {
+        many.extend_from_slice(b"\x8c\x03");
+        many.extend_from_slice(format!("f{i:02}").as_bytes());
+        many.extend_from_slice(b"K\x00");
+    }
+    many.extend_from_slice(b"ub.");
+    let e = dcp(&many).unwrap_err();
+    assert!(e.to_string().contains("more than 64 fields"), "{e}");
+    // A slots state (None, {...}) sets fields.
+    assert!(dcp(&with(b")\x81N}\x8c\x06offsetK\x01s\x86b.")).is_ok());
+    // An enum member outside DCP's three, a layout name too long.
+    let e = dcp(b"\x80\x04\x8c%torch.distributed.checkpoint.metadata\x8c\x14_MEM_FORMAT_ENCODING\x93K\x07\x85R.")
+        .unwrap_err();
+    assert_eq!(e.kind(), "bad_call", "{e}");
+}
+
+#[test]
+fn dcp_metadata_reads_as_a_typed_description() {
+    use treepack_format::pickle::dcp;
+    // Not Metadata at its root: refused naming what it is.
+    let e = dcp::read(DCP_INDEX, &Limits::default()).unwrap_err();
+    assert!(e.to_string().contains("not torch.distributed.checkpoint.metadata.Metadata"), "{e}");
 }

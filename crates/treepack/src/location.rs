@@ -109,6 +109,8 @@ impl Location {
                 }
                 None => Ok(loc.into()),
             },
+            // A torch.distributed checkpoint folder: its entries, flat, by their names.
+            Some("dcp") if !file => crate::foreign::dcp::open_location(path, s),
             // Its tensors, flat, named as stored (a state_dict's keys); a sharded one's too.
             Some("safetensors") => {
                 let plain: Location = loc.clone().into();

@@ -1,7 +1,82 @@
-//! The allow-list: the `(module, name)` pairs a pickle may name, each mapped to what it stands
-//! for. Nothing is imported: a name maps to a [`Global`] or is refused.
+//! The allow-lists: the `(module, name)` pairs a pickle may name, each mapped to what it stands
+//! for. Nothing is imported: a name maps to a [`Global`] or is refused. Which list applies is
+//! the caller's choice ([`AllowList`]): a `torch.save` checkpoint's pickle may name tensors,
+//! storages and plain containers; a `torch.distributed.checkpoint` `.metadata` pickle the
+//! metadata's dataclasses, read as records — neither reader accepts the other's names.
 
 use crate::dtype::DType;
+
+/// Which allow-list a parse resolves globals through: chosen by the caller, never by the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AllowList {
+    /// What `torch.save` pickles a checkpoint's structure with (`data.pkl`): tensor and
+    /// parameter rebuilds, storages, dtypes, `torch.Size`/`device`, `OrderedDict`, numpy arrays,
+    /// scalars and dtypes, a few builtins.
+    #[default]
+    TorchSave,
+    /// What `torch.distributed.checkpoint` pickles its `.metadata` with: the dataclasses of
+    /// `torch.distributed.checkpoint.metadata` and `filesystem._StorageInfo` (as
+    /// [`Obj::Record`](super::Obj::Record)s), `_MEM_FORMAT_ENCODING`,
+    /// `torch.serialization._get_layout`, `pathlib`'s paths (as text), `torch.Size` and
+    /// torch dtypes. No tensors, storages, numpy or builtins.
+    DcpMetadata,
+}
+
+impl AllowList {
+    /// What a parse under this list reads, for the message of a refused global.
+    pub fn reads(self) -> &'static str {
+        match self {
+            AllowList::TorchSave => {
+                "only tensors, storages, OrderedDict, numpy arrays/scalars/dtypes and plain Python values are read"
+            }
+            AllowList::DcpMetadata => {
+                "a torch.distributed.checkpoint .metadata is read only as the metadata classes torch writes \
+                 (Metadata, TensorStorageMetadata, BytesStorageMetadata, ChunkStorageMetadata, \
+                 TensorProperties, MetadataIndex, StorageMeta, _StorageInfo), torch.Size, dtypes and plain values"
+            }
+        }
+    }
+}
+
+/// A class of `torch.distributed.checkpoint`'s metadata: a dataclass the DCP reader reads as a
+/// record of named fields ([`AllowList::DcpMetadata`] only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DcpClass {
+    /// `metadata.Metadata`: `state_dict_metadata`, `planner_data`, `storage_data`,
+    /// `storage_meta`, `version`.
+    Metadata,
+    /// `metadata.TensorStorageMetadata`: `properties`, `size`, `chunks`.
+    TensorStorageMetadata,
+    /// `metadata.BytesStorageMetadata`: no fields (a `torch.save`d object).
+    BytesStorageMetadata,
+    /// `metadata.ChunkStorageMetadata`: `offsets`, `sizes`.
+    ChunkStorageMetadata,
+    /// `metadata.TensorProperties`: its state is the tuple its `__getstate__` makes
+    /// (`dtype, layout, requires_grad, memory_format, pin_memory[, strides]`).
+    TensorProperties,
+    /// `metadata.MetadataIndex`: `fqn`, `offset`, `index`.
+    MetadataIndex,
+    /// `metadata.StorageMeta`: `checkpoint_id`, `save_id`, `load_id`, `modules`.
+    StorageMeta,
+    /// `filesystem._StorageInfo`: `relative_path`, `offset`, `length`, `transform_descriptors`.
+    StorageInfo,
+}
+
+impl DcpClass {
+    /// `module.name` of the class.
+    pub fn name(self) -> &'static str {
+        match self {
+            DcpClass::Metadata => "torch.distributed.checkpoint.metadata.Metadata",
+            DcpClass::TensorStorageMetadata => "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+            DcpClass::BytesStorageMetadata => "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+            DcpClass::ChunkStorageMetadata => "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+            DcpClass::TensorProperties => "torch.distributed.checkpoint.metadata.TensorProperties",
+            DcpClass::MetadataIndex => "torch.distributed.checkpoint.metadata.MetadataIndex",
+            DcpClass::StorageMeta => "torch.distributed.checkpoint.metadata.StorageMeta",
+            DcpClass::StorageInfo => "torch.distributed.checkpoint.filesystem._StorageInfo",
+        }
+    }
+}
 
 /// What an allowed global stands for.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +127,18 @@ pub enum Global {
     NumpyDtype,
     /// `numpy.core.multiarray.scalar` (and `numpy._core...`).
     NumpyScalar,
+    /// A dataclass of DCP's metadata, made as a record by `NEWOBJ` and filled by `BUILD`.
+    Dcp(DcpClass),
+    /// `torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING(n)`: an enum member.
+    DcpMemFormat,
+    /// `torch.serialization._get_layout(name)`: a `torch.layout` by its name (`torch.strided`).
+    TorchLayout,
+    /// `pathlib.PosixPath(*parts)` / `PurePosixPath` (and the Windows ones, where `windows`):
+    /// read as its text.
+    Path {
+        /// `WindowsPath` / `PureWindowsPath`: parts joined with `\\`.
+        windows: bool,
+    },
 }
 
 impl Global {
@@ -80,6 +167,11 @@ impl Global {
             Global::NumpyNdarray => "numpy.ndarray".into(),
             Global::NumpyDtype => "numpy.dtype".into(),
             Global::NumpyScalar => "numpy.core.multiarray.scalar".into(),
+            Global::Dcp(c) => c.name().into(),
+            Global::DcpMemFormat => "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING".into(),
+            Global::TorchLayout => "torch.serialization._get_layout".into(),
+            Global::Path { windows: false } => "pathlib.PosixPath".into(),
+            Global::Path { windows: true } => "pathlib.WindowsPath".into(),
         }
     }
 }
@@ -138,8 +230,39 @@ pub fn torch_dtype_name(d: &DType) -> &'static str {
     TORCH_DTYPES.iter().find(|(_, t)| t == d).map_or("unknown", |(n, _)| n)
 }
 
-/// What `module.name` stands for, or `None`: refused.
-pub fn lookup(module: &str, name: &str) -> Option<Global> {
+/// What `module.name` stands for under `list`, or `None`: refused.
+pub fn lookup(module: &str, name: &str, list: AllowList) -> Option<Global> {
+    match list {
+        AllowList::TorchSave => lookup_torch_save(module, name),
+        AllowList::DcpMetadata => lookup_dcp(module, name),
+    }
+}
+
+/// The `.metadata` list: DCP's classes, and the torch values their fields hold.
+fn lookup_dcp(module: &str, name: &str) -> Option<Global> {
+    const METADATA: &str = "torch.distributed.checkpoint.metadata";
+    Some(match (module, name) {
+        (METADATA, "Metadata") => Global::Dcp(DcpClass::Metadata),
+        (METADATA, "TensorStorageMetadata") => Global::Dcp(DcpClass::TensorStorageMetadata),
+        (METADATA, "BytesStorageMetadata") => Global::Dcp(DcpClass::BytesStorageMetadata),
+        (METADATA, "ChunkStorageMetadata") => Global::Dcp(DcpClass::ChunkStorageMetadata),
+        (METADATA, "TensorProperties") => Global::Dcp(DcpClass::TensorProperties),
+        (METADATA, "MetadataIndex") => Global::Dcp(DcpClass::MetadataIndex),
+        (METADATA, "StorageMeta") => Global::Dcp(DcpClass::StorageMeta),
+        (METADATA, "_MEM_FORMAT_ENCODING") => Global::DcpMemFormat,
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo") => Global::Dcp(DcpClass::StorageInfo),
+        ("torch.serialization", "_get_layout") => Global::TorchLayout,
+        // Python 3.13 defines the path classes in `pathlib._local`.
+        ("pathlib" | "pathlib._local", "PosixPath" | "PurePosixPath") => Global::Path { windows: false },
+        ("pathlib" | "pathlib._local", "WindowsPath" | "PureWindowsPath") => Global::Path { windows: true },
+        ("torch", "Size") => Global::TorchSize,
+        ("torch", n) => Global::TorchDtype(TORCH_DTYPES.iter().find(|(s, _)| *s == n)?.1.clone()),
+        _ => return None,
+    })
+}
+
+/// The `torch.save` list.
+fn lookup_torch_save(module: &str, name: &str) -> Option<Global> {
     let numpy_core = matches!(module, "numpy.core.multiarray" | "numpy._core.multiarray");
     Some(match (module, name) {
         ("torch._utils", "_rebuild_tensor_v2") => Global::RebuildTensorV2,

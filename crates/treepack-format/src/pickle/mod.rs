@@ -7,10 +7,14 @@
 //! as data. Every other global is refused when it is met, with an error naming `module.name`
 //! and the key path (the dict keys and list indexes leading there).
 //!
-//! What it allows is what `torch.save` (protocol 2), numpy arrays, scalars and dtypes, and plain
-//! Python containers pickle to: [`torch`] turns a parsed checkpoint pickle into a tree whose
-//! tensors are described by their storage, dtype, shape, strides and offset, for the engine to
-//! read from the checkpoint's zip.
+//! What it allows is chosen by the caller ([`AllowList`]). For a `torch.save` checkpoint, what
+//! `torch.save` (protocol 2), numpy arrays, scalars and dtypes, and plain Python containers
+//! pickle to: [`torch`] turns a parsed checkpoint pickle into a tree whose tensors are described
+//! by their storage, dtype, shape, strides and offset, for the engine to read from the
+//! checkpoint's zip. For a `torch.distributed.checkpoint` folder's `.metadata`, DCP's metadata
+//! dataclasses, read as [`Record`]s of named fields: [`dcp`] turns them into a typed
+//! description of the checkpoint. Records exist only under that list, so a `torch.save` file
+//! naming those classes is refused as before.
 //!
 //! Bounded: the interpreter is one loop (no recursion), every declared length is checked
 //! against the bytes left before anything is allocated, memo indexes, nesting of `MARK`s, the
@@ -19,14 +23,15 @@
 //! many places and so describe an exponentially large tree). Every failure is a
 //! [`PickleError`]; nothing here panics on data.
 
+pub mod dcp;
 pub mod globals;
 mod machine;
 pub mod torch;
 
 use crate::model::Int;
 
-pub use globals::Global;
-pub use machine::parse;
+pub use globals::{AllowList, DcpClass, Global};
+pub use machine::{parse, parse_with};
 
 /// Limits of one parse. The defaults suit checkpoints of any real size: the counts grow with
 /// the number of tensors (a few objects each), not with their bytes.
@@ -64,12 +69,14 @@ impl Default for Limits {
 #[non_exhaustive]
 pub enum PickleError {
     /// A global outside the allow-list: nothing was imported or called.
-    #[error("refused global `{global}` at `{path}`: only tensors, storages, OrderedDict, numpy arrays/scalars/dtypes and plain Python values are read; nothing named by the file is imported or run (load the file with the code that wrote it only if you trust it)")]
+    #[error("refused global `{global}` at `{path}`: {reads}; nothing named by the file is imported or run (load the file with the code that wrote it only if you trust it)")]
     Refused {
         /// `module.name` as the pickle names it.
         global: String,
         /// Key path where it was met (`/` for the root).
         path: String,
+        /// What the allow-list in use reads ([`AllowList::reads`]).
+        reads: &'static str,
     },
     /// An allowed global used in a way it may not be (called with the wrong arguments, built
     /// on with `BUILD`, a class where a function belongs...).
@@ -210,6 +217,27 @@ pub struct NumpyArray {
     pub data: Vec<u8>,
 }
 
+/// An instance of a class an allow-list reads as a record ([`AllowList::DcpMetadata`]'s
+/// dataclasses, an enum member, a `torch.layout`): its fields by name, as its `BUILD` state (or
+/// the call) gave them. Nothing of the class is run: only the reader that asked for the list
+/// makes sense of the fields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// The class ([`Global::Dcp`], [`Global::DcpMemFormat`], [`Global::TorchLayout`]).
+    pub class: Global,
+    /// Field name and value, in the order the state gave them.
+    pub fields: Vec<(String, Id)>,
+    /// Whether its state was set (`BUILD`); a record's state is set at most once.
+    pub built: bool,
+}
+
+impl Record {
+    /// The value of field `name`, if the state set it.
+    pub fn field(&self, name: &str) -> Option<Id> {
+        self.fields.iter().rev().find(|(n, _)| n == name).map(|&(_, v)| v)
+    }
+}
+
 /// An object the pickle made: plain Python values, and typed nodes for the allowed globals.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Obj {
@@ -265,6 +293,8 @@ pub enum Obj {
     Device(String),
     /// A numpy dtype, array or scalar.
     Numpy(NumpyObj),
+    /// An instance of a class read as a record (DCP's metadata only).
+    Record(Record),
 }
 
 impl Obj {
@@ -294,6 +324,12 @@ impl Obj {
             Obj::Numpy(NumpyObj::Dtype { .. }) => "numpy.dtype",
             Obj::Numpy(NumpyObj::Array(_)) => "numpy.ndarray",
             Obj::Numpy(NumpyObj::Scalar { .. }) => "numpy scalar",
+            Obj::Record(r) => match r.class {
+                Global::Dcp(c) => c.name(),
+                Global::DcpMemFormat => "_MEM_FORMAT_ENCODING",
+                Global::TorchLayout => "torch.layout",
+                _ => "record",
+            },
         }
     }
 }

@@ -291,6 +291,10 @@ impl Walk<'_> {
             }
             Obj::Tensor(t) => self.tensor(t),
             Obj::Numpy(n) => self.numpy(n),
+            // Records are made only under the DCP metadata's allow-list, never a checkpoint's.
+            Obj::Record(r) => {
+                Err(self.bad(&r.class.name(), "a record is not a value of a torch.save checkpoint".into()))
+            }
         }
     }
 

@@ -8,5 +8,6 @@
 //! [`crate::convert::detect_format`] names it `torch`. [`sharded`] reads a folder of
 //! Hugging Face shards and their index (safetensors or torch) as one flat tree.
 
+pub mod dcp;
 pub mod sharded;
 pub mod torch;

@@ -229,7 +229,7 @@ pub fn read(found: &Found) -> Result<(Node, Option<serde_json::Value>)> {
 }
 
 /// Move the storage ids of `tensors` to `base` and up; the next free id after them.
-fn renumber_storages(tensors: &mut [(String, Node)], base: u64) -> Result<u64> {
+pub(crate) fn renumber_storages(tensors: &mut [(String, Node)], base: u64) -> Result<u64> {
     use crate::format::model::Leaf;
     let mut next = base;
     for (_, t) in tensors.iter_mut() {

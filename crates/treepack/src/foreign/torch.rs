@@ -4,8 +4,10 @@
 //! (one entry per storage, stored uncompressed), `<archive>/byteorder` and `<archive>/version`.
 //! The zip's central directory is read with the `zip` crate; every entry this reader uses must
 //! be stored (not compressed), have a name without `..`, `/`-rooted or `\` segments, and lie
-//! inside the file; its bytes are then read by offset through the one file handle, opened
-//! without following a link. The pickle is read by
+//! inside the file; its bytes are then sliced from the file's bytes: a private memory map of
+//! the file, opened without following a link (its bytes read once where it cannot be mapped),
+//! or a range of another file's (a chunk of a torch.distributed checkpoint, [`read_bytes`]).
+//! The pickle is read by
 //! [`format::pickle::torch`](crate::format::pickle::torch) (allow-listed globals as data, nothing
 //! imported or run); tensors become arrays read from their storages: a tensor alone on its
 //! storage and contiguous reads just its bytes; a storage several tensors view is read once and
@@ -23,7 +25,7 @@ use crate::{Error, Result};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The largest `data.pkl` read (a pickle describes tensors; their bytes are elsewhere).
 pub const MAX_PICKLE_BYTES: u64 = 1 << 30;
@@ -117,6 +119,18 @@ pub fn read(path: impl AsRef<Path>) -> Result<Node> {
     c.materialise(&s)
 }
 
+/// Read a `torch.save` checkpoint held in `data` (a whole file, or a range of one: each chunk
+/// of a torch.distributed checkpoint is one), shown as `shown` in messages, as [`read`] reads a
+/// file. Tensors are views of `data` where they can be.
+///
+/// # Errors
+/// As [`read`].
+pub fn read_bytes(data: Bytes, shown: &str) -> Result<Node> {
+    let c = Opened::from_bytes(data, shown.to_string())?;
+    let s = c.structure()?;
+    c.materialise(&s)
+}
+
 /// Read only a checkpoint's structure (names, dtypes, shapes), no tensor bytes.
 ///
 /// # Errors
@@ -133,11 +147,9 @@ struct Entry {
 }
 
 struct Opened {
-    file: File,
-    /// The file mapped copy-on-write where it can be (tensors are then views of it, with no
-    /// copy); `None` reads with `pread`.
-    map: Option<Bytes>,
-    path: PathBuf,
+    /// The checkpoint's bytes: the file mapped copy-on-write (tensors are then views of it,
+    /// with no copy), or a range of a file (a chunk of a DCP checkpoint).
+    data: Bytes,
     shown: String,
     prefix: String,
     entries: HashMap<String, Result<Entry, String>>,
@@ -147,22 +159,52 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::Io { path: path.to_path_buf(), source: e }
 }
 
+/// The bytes of the regular file at `path`, opened without following a link: a private
+/// (copy-on-write) memory map of it, or — where it cannot be mapped — its bytes read into
+/// memory. What a checkpoint is read from.
+///
+/// # Errors
+/// [`Error::Link`] for a link, [`Error::NotFound`], [`Error::InvalidForeign`] (`format`) for
+/// something that is not a regular file, [`Error::Io`], [`Error::OutOfMemory`].
+pub(crate) fn map_file(path: &Path, format: &str) -> Result<Bytes> {
+    let file = open_nofollow(path)?;
+    let meta = file.metadata().map_err(io_err(path))?;
+    if !meta.is_file() {
+        return Err(Error::InvalidForeign {
+            file: path.display().to_string(),
+            format: format.into(),
+            reason: "not a regular file".into(),
+        });
+    }
+    let len = meta.len();
+    // SAFETY: a private (copy-on-write) mapping of the file opened above; like every mmap
+    // reader, it assumes no other process truncates the file while it is read.
+    if let Ok(m) = unsafe { memmap2::MmapOptions::new().map_copy(&file) } {
+        if m.len() as u64 == len {
+            return Ok(Bytes::from_owner(m));
+        }
+    }
+    let n = usize::try_from(len).map_err(|_| Error::OutOfMemory { key: path.display().to_string(), bytes: len })?;
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { key: path.display().to_string(), bytes: len })?;
+    buf.resize(n, 0);
+    let got = read_at(&file, &mut buf, 0, path, len)?;
+    buf.truncate(got);
+    Ok(Bytes::from(buf))
+}
+
 impl Opened {
     fn bad(&self, reason: impl Into<String>) -> Error {
         bad(&self.shown, reason)
     }
 
     fn open(path: &Path) -> Result<Opened> {
-        let shown = path.display().to_string();
-        let file = open_nofollow(path)?;
-        let meta = file.metadata().map_err(io_err(path))?;
-        if !meta.is_file() {
-            return Err(bad(&shown, "not a regular file"));
-        }
-        let len = meta.len();
-        let mut head = [0u8; 512];
-        let n = read_at(&file, &mut head, 0, path, len)?;
-        match sniff(&head[..n]) {
+        Opened::from_bytes(map_file(path, "PyTorch checkpoint")?, path.display().to_string())
+    }
+
+    /// A checkpoint whose bytes are `data` (a whole file, or a range of one), shown as `shown`.
+    fn from_bytes(data: Bytes, shown: String) -> Result<Opened> {
+        match sniff(&data[..data.len().min(512)]) {
             Sniffed::Zip => {}
             Sniffed::Legacy => {
                 return Err(bad(
@@ -173,7 +215,7 @@ impl Opened {
             }
             Sniffed::Other => return Err(bad(&shown, "not a zip: a torch.save checkpoint (torch >= 1.6) is a zip")),
         }
-        let entries = zip_entries(&file, len).map_err(|r| bad(&shown, r))?;
+        let entries = zip_entries(&data).map_err(|r| bad(&shown, r))?;
         // The archive's folder: the one `<name>/data.pkl` in the zip.
         let mut pkls = entries.keys().filter_map(|k| k.strip_suffix("/data.pkl")).filter(|p| !p.contains('/'));
         let prefix = match (pkls.next(), pkls.next()) {
@@ -183,13 +225,7 @@ impl Opened {
                 return Err(bad(&shown, "a zip with several `<name>/data.pkl`: not one torch.save checkpoint"))
             }
         };
-        // SAFETY: a private (copy-on-write) mapping of the file opened above; like every mmap
-        // reader, it assumes no other process truncates the file while it is read.
-        let map = match unsafe { memmap2::MmapOptions::new().map_copy(&file) } {
-            Ok(m) if m.len() as u64 == len => Some(Bytes::from_owner(m)),
-            _ => None,
-        };
-        Ok(Opened { file, map, path: path.to_path_buf(), shown, prefix, entries })
+        Ok(Opened { data, shown, prefix, entries })
     }
 
     fn entry(&self, name: &str) -> Result<Option<Entry>> {
@@ -204,23 +240,12 @@ impl Opened {
         if offset.checked_add(len).is_none_or(|end| end > e.size) {
             return Err(self.bad(format!("{what}: {len} bytes at {offset} lie outside its {} bytes", e.size)));
         }
-        let n = usize::try_from(len).map_err(|_| self.bad(format!("{what}: {len} bytes")))?;
-        if let Some(map) = &self.map {
-            let start = e.start.checked_add(offset).and_then(|s| usize::try_from(s).ok());
-            return match start.and_then(|s| Some(s..s.checked_add(n)?)) {
-                Some(r) if r.end <= map.len() => Ok(map.slice(r)),
-                _ => Err(self.bad(format!("{what}: the file ends before its bytes (truncated)"))),
-            };
+        let start = e.start.checked_add(offset).and_then(|s| usize::try_from(s).ok());
+        let n = usize::try_from(len).ok();
+        match start.zip(n).and_then(|(s, n)| Some(s..s.checked_add(n)?)) {
+            Some(r) if r.end <= self.data.len() => Ok(self.data.slice(r)),
+            _ => Err(self.bad(format!("{what}: the file ends before its bytes (truncated)"))),
         }
-        let mut buf = Vec::new();
-        buf.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { key: what.to_string(), bytes: len })?;
-        buf.resize(n, 0);
-        let flen = self.file.metadata().map_err(io_err(&self.path))?.len();
-        let got = read_at(&self.file, &mut buf, e.start + offset, &self.path, flen)?;
-        if got != n {
-            return Err(self.bad(format!("{what}: the file ends before its bytes (truncated)")));
-        }
-        Ok(Bytes::from(buf))
     }
 
     fn structure(&self) -> Result<Structure> {
@@ -402,11 +427,10 @@ fn read_at(file: &File, buf: &mut [u8], offset: u64, path: &Path, len: u64) -> R
 /// The zip's entries by name: where each one's bytes start and how many there are, or why
 /// it cannot be used (compressed, encrypted, a link, outside the file). A name that could
 /// escape a folder (`..`, rooted, `\`) refuses the whole zip.
-fn zip_entries(
-    file: &File,
-    len: u64,
-) -> std::result::Result<HashMap<String, std::result::Result<Entry, String>>, String> {
-    let mut z = zip::ZipArchive::new(file).map_err(|e| format!("its zip directory cannot be read: {e}"))?;
+fn zip_entries(data: &[u8]) -> std::result::Result<HashMap<String, std::result::Result<Entry, String>>, String> {
+    let len = data.len() as u64;
+    let mut z = zip::ZipArchive::new(std::io::Cursor::new(data))
+        .map_err(|e| format!("its zip directory cannot be read: {e}"))?;
     let mut out = HashMap::new();
     for i in 0..z.len() {
         let f = z.by_index_raw(i).map_err(|e| format!("zip entry {i} cannot be read: {e}"))?;

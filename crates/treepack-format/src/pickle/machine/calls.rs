@@ -4,14 +4,21 @@
 
 use super::{Machine, R};
 use crate::model::Int;
-use crate::pickle::globals::{self, Global};
-use crate::pickle::{Id, NumpyArray, NumpyObj, Obj, PickleError, StorageRef, TensorObj};
+use crate::pickle::globals::{self, DcpClass, Global};
+use crate::pickle::{Id, NumpyArray, NumpyObj, Obj, PickleError, Record, StorageRef, TensorObj};
+
+/// The most parts a `pathlib` path is rebuilt from, and the most bytes of its text.
+const MAX_PATH_PARTS: usize = 256;
+const MAX_PATH_BYTES: usize = 4096;
+/// The most fields a record's state may set.
+const MAX_RECORD_FIELDS: usize = 64;
 
 impl Machine<'_> {
     pub(super) fn global(&self, module: &str, name: &str) -> R<Global> {
-        globals::lookup(module, name).ok_or_else(|| PickleError::Refused {
+        globals::lookup(module, name, self.allow).ok_or_else(|| PickleError::Refused {
             global: format!("{}.{}", truncate(module), truncate(name)),
             path: self.path(),
+            reads: self.allow.reads(),
         })
     }
 
@@ -283,6 +290,55 @@ impl Machine<'_> {
                 };
                 Obj::Numpy(NumpyObj::Scalar { dtype: args[0], data })
             }
+            Global::Dcp(_) => {
+                // `copyreg.__newobj__(cls)`: an empty instance, its fields set by `BUILD`.
+                if !args.is_empty() {
+                    return Err(self.bad_call(
+                        g,
+                        "is read as a record made empty and filled by its state (BUILD), not called with arguments",
+                    ));
+                }
+                Obj::Record(Record { class: g.clone(), fields: vec![], built: false })
+            }
+            Global::DcpMemFormat => {
+                self.arity(g, args, 1..=1)?;
+                let v = self.int_arg(g, args[0], "the member's value")?;
+                if v > 2 {
+                    return Err(self.bad_call(g, format!("has no member {v} (0, 1 and 2 are its members)")));
+                }
+                Obj::Record(Record { class: g.clone(), fields: vec![("value".into(), args[0])], built: true })
+            }
+            Global::TorchLayout => {
+                self.arity(g, args, 1..=1)?;
+                let name = self.str_arg(g, args[0], "the layout's name")?;
+                if name.len() > 64 {
+                    return Err(self.bad_call(g, "layout name longer than 64 bytes"));
+                }
+                Obj::Record(Record { class: g.clone(), fields: vec![("name".into(), args[0])], built: true })
+            }
+            Global::Path { windows } => {
+                // `PurePosixPath(*parts)`, joined as pathlib joins them: a part that is rooted
+                // (`/x`; on Windows `\\x`, `C:...`) starts over.
+                if args.len() > MAX_PATH_PARTS {
+                    return Err(self.bad_call(g, format!("made of {} parts (at most {MAX_PATH_PARTS})", args.len())));
+                }
+                let sep = if *windows { '\\' } else { '/' };
+                let mut text = String::new();
+                for &a in args {
+                    let part = self.str_arg(g, a, "a part of the path")?;
+                    let rooted = part.starts_with(sep) || (*windows && (part.starts_with('/') || part.contains(':')));
+                    if rooted {
+                        text.clear();
+                    } else if !text.is_empty() && !text.ends_with(sep) {
+                        text.push(sep);
+                    }
+                    text.push_str(&part);
+                    if text.len() > MAX_PATH_BYTES {
+                        return Err(self.bad_call(g, format!("a path longer than {MAX_PATH_BYTES} bytes")));
+                    }
+                }
+                Obj::Str(text)
+            }
             Global::TensorClass { .. } | Global::StorageType(_) | Global::TorchDtype(_) | Global::NumpyNdarray => {
                 return Err(
                     self.bad_call(g, "is not called by this reader (a class or value, not a constructor it reads)")
@@ -300,8 +356,9 @@ impl Machine<'_> {
         }
     }
 
-    /// `BUILD`: set the state of what is on the stack. Only numpy arrays, dtypes and an
-    /// `OrderedDict`'s attributes (a state_dict's `_metadata`, kept) are read.
+    /// `BUILD`: set the state of what is on the stack. Only numpy arrays, dtypes, an
+    /// `OrderedDict`'s attributes (a state_dict's `_metadata`, kept) and records (DCP's
+    /// metadata, under its allow-list only) are read.
     pub(super) fn build(&mut self, target: Id, state: Id) -> R<()> {
         match self.obj(target).clone() {
             Obj::Numpy(NumpyObj::Dtype { descr, order: None }) => {
@@ -363,8 +420,65 @@ impl Machine<'_> {
                 }
                 _ => Err(self.build_err("OrderedDict", "state is not a dict of attributes")),
             },
+            Obj::Record(r) => self.build_record(target, r, state),
             o => Err(self.build_err(o.type_name(), "BUILD (__setstate__) is only read for numpy arrays and dtypes")),
         }
+    }
+
+    /// `BUILD` on a record: its `__dict__` (a dict of field names), a slots state
+    /// `(dict or None, dict)`, or — for `TensorProperties` — the tuple its `__getstate__` makes.
+    fn build_record(&mut self, target: Id, r: Record, state: Id) -> R<()> {
+        let what = r.class.name();
+        if r.built {
+            return Err(self.build_err(&what, "its state is set twice (BUILD of a record already built)"));
+        }
+        let Global::Dcp(class) = r.class else {
+            return Err(self.build_err(&what, "has no state to set"));
+        };
+        let mut fields = vec![];
+        match self.obj(state).clone() {
+            Obj::Dict { items, ordered: false, attrs: None } => self.named_fields(&what, &items, &mut fields)?,
+            Obj::Tuple(t) if class == DcpClass::TensorProperties && matches!(t.len(), 5 | 6) => {
+                const NAMES: [&str; 6] = ["dtype", "layout", "requires_grad", "memory_format", "pin_memory", "strides"];
+                fields.extend(NAMES.iter().zip(&t).map(|(n, &v)| (n.to_string(), v)));
+            }
+            Obj::Tuple(t) if t.len() == 2 => {
+                // `(__dict__ or None, slots)`, as `copyreg` pickles a class with `__slots__`.
+                for &part in &t {
+                    match self.obj(part).clone() {
+                        Obj::None => {}
+                        Obj::Dict { items, ordered: false, attrs: None } => {
+                            self.named_fields(&what, &items, &mut fields)?
+                        }
+                        o => {
+                            return Err(self.build_err(
+                                &what,
+                                &format!("state (dict, slots) holds a {}, not a dict of fields", o.type_name()),
+                            ))
+                        }
+                    }
+                }
+            }
+            Obj::None => {}
+            o => return Err(self.build_err(&what, &format!("state is a {}, not a dict of its fields", o.type_name()))),
+        }
+        self.objects[target as usize] = Obj::Record(Record { class: r.class, fields, built: true });
+        Ok(())
+    }
+
+    fn named_fields(&self, what: &str, items: &[(Id, Id)], out: &mut Vec<(String, Id)>) -> R<()> {
+        // DCP's dataclasses have at most 6 fields: a bigger state is not theirs (and copying it
+        // into every record sharing it would multiply it).
+        if out.len() + items.len() > MAX_RECORD_FIELDS {
+            return Err(self.build_err(what, &format!("a state of more than {MAX_RECORD_FIELDS} fields")));
+        }
+        for &(k, v) in items {
+            match self.obj(k) {
+                Obj::Str(name) if name.len() <= 200 => out.push((name.clone(), v)),
+                _ => return Err(self.build_err(what, "its fields are not named by short strings")),
+            }
+        }
+        Ok(())
     }
     fn build_err(&self, what: &str, reason: &str) -> PickleError {
         PickleError::BadCall { global: what.into(), path: self.path(), reason: reason.into() }

@@ -3,7 +3,7 @@
 //! typed node from its arguments (`apply`, in calls.rs), never calls anything. The text inside
 //! opcodes is decoded in literals.rs.
 
-use super::globals::Global;
+use super::globals::{AllowList, Global};
 use super::{Id, Limits, Obj, Pickle, PickleError};
 use crate::model::Int;
 use num_bigint::BigInt;
@@ -16,14 +16,33 @@ use literals::{py2_string, raw_unicode_escape, string_literal};
 
 type R<T> = Result<T, PickleError>;
 
-/// Parse a pickle stream into its objects, refusing every global outside the allow-list.
+/// Parse a `torch.save` pickle stream into its objects, refusing every global outside
+/// [`AllowList::TorchSave`].
 ///
 /// # Errors
 /// A [`PickleError`] for a refused global, an opcode this reader does not interpret, a
 /// truncated or malformed stream, or a limit exceeded.
 pub fn parse(data: &[u8], limits: &Limits) -> R<Pickle> {
-    let mut m =
-        Machine { data, pos: 0, op_at: 0, limits, objects: vec![], stack: vec![], marks: vec![], memo: HashMap::new() };
+    parse_with(data, limits, AllowList::TorchSave)
+}
+
+/// Parse a pickle stream into its objects, refusing every global outside `allow` (the
+/// caller's choice: what the file is expected to be decides, never the file).
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_with(data: &[u8], limits: &Limits, allow: AllowList) -> R<Pickle> {
+    let mut m = Machine {
+        data,
+        pos: 0,
+        op_at: 0,
+        limits,
+        allow,
+        objects: vec![],
+        stack: vec![],
+        marks: vec![],
+        memo: HashMap::new(),
+    };
     let root = m.run()?;
     Ok(Pickle { objects: m.objects, root })
 }
@@ -34,6 +53,8 @@ struct Machine<'a> {
     /// Where the opcode being run starts.
     op_at: usize,
     limits: &'a Limits,
+    /// The globals this parse may resolve.
+    allow: AllowList,
     objects: Vec<Obj>,
     stack: Vec<Id>,
     /// Stack lengths at each open `MARK`.

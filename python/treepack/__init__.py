@@ -36,6 +36,8 @@ from ._registry import Registration, register, registered
 from ._convert import convert
 from ._repo import CheckpointManager, Repository, TreeRef
 from ._transport import dumps, export_json, loads, schema
+from ._html import HTMLTree, html_tree
+from ._view import ViewServer, view
 
 __version__ = _core.__version__
 
@@ -43,4 +45,5 @@ __all__ = [
     "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",
     "register", "registered", "Registration", "File", "LeafInfo", "StructNode", "SaveInfo", "Unloadable", "BuildError",
     "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "ForeignFileError", "RootMismatchError", "root_hash", "diff", "convert", "dumps", "loads", "export_json", "schema", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
+    "view", "ViewServer", "html_tree", "HTMLTree",
 ]

@@ -180,6 +180,10 @@ class View:
     def __repr__(self) -> str:
         return f"View({self.path or '<root>'!r}, {self.kind}, {len(self)} children)"
 
+    def _repr_html_(self) -> str:
+        """Notebooks: the subtree as a compact HTML tree, from the manifest alone (no server)."""
+        return _core.reader_html(self._r, self.path)
+
 
 def _same_key(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b

@@ -73,6 +73,12 @@ class StructNode:
     def get(self, key: Any, default: Any = None) -> Any:
         return self.children.get(key, default) if key in self else default
 
+    def _repr_html_(self) -> str:
+        """Notebooks: this node and what is below it as a compact HTML tree (no server)."""
+        from ._html import structure_html
+
+        return structure_html(self, self.path or "<root>")
+
 
 def _struct_node(kind: str, type_name: str, data: Optional[str], children: List[Tuple[Any, Any]], path: str) -> StructNode:
     return StructNode(kind, type_name, json.loads(data) if data else None, dict(children), path)

@@ -9,9 +9,9 @@
 //! One concern per module: `errors`, `memory` (owners behind zero-copy buffers), `leaf_info`,
 //! `encode` (Python -> tree; `encode_text` its text walk, `encode_shared` shared objects),
 //! `decode` (tree -> Python), `datetime`, `load` (whole loads), `reader` (the `Reader` class),
-//! `repo` (repositories), `results` (typed results), `structure` (`load_structure`'s builders)
-//! and `image` (PNG of images made in memory). They share the imports below through
-//! `use super::*`.
+//! `repo` (repositories), `results` (typed results), `structure` (`load_structure`'s builders),
+//! `image` (PNG of images made in memory) and `view` (the viewer's server, notebooks' HTML).
+//! They share the imports below through `use super::*`.
 
 mod datetime;
 mod decode;
@@ -28,6 +28,7 @@ mod reader;
 mod repo;
 mod results;
 mod structure;
+mod view;
 
 use bytes::Bytes;
 use datetime::*;
@@ -58,6 +59,7 @@ use treepack::format::manifest::outline::{Block, Event, LeafTable};
 use treepack::format::manifest::{ArrayStorage, Entry};
 use treepack::format::model::shape_len;
 use treepack::{ArrayData, DType, Int, Key, Leaf, LoadOptions, Node, SaveOptions, Tree};
+use view::*;
 
 /// mimalloc: trees of many small leaves are allocation-bound, and it builds them markedly
 /// faster than glibc malloc (crates/treepack/examples/profile_small_leaves.rs; bench/RESULTS.md).
@@ -254,6 +256,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_png, m)?)?;
     m.add_function(wrap_pyfunction!(check_compression, m)?)?;
     m.add_class::<Reader>()?;
+    m.add_class::<ViewServer>()?;
+    m.add_function(wrap_pyfunction!(reader_html, m)?)?;
     m.add_class::<Repository>()?;
     m.add_class::<BytesOwner>()?;
     m.add_class::<LeafInfo>()?;

@@ -17,6 +17,7 @@
 mod browser;
 mod compare;
 mod data;
+pub mod html;
 mod http;
 mod listing;
 mod numeric;
@@ -109,6 +110,17 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// The subtree at `path` of the tree `reader` reads, as a compact HTML fragment with at most
+/// `max_rows` rows (what notebooks show for `treepack.open(...)`; see [`html`]).
+///
+/// # Errors
+/// [`Error::KeyNotFound`] when `path` is not in the tree.
+pub fn reader_html(reader: &treepack::Reader, path: &str, max_rows: usize) -> Result<String> {
+    let node = reader.entry(path)?;
+    let title = if path.is_empty() { "<root>" } else { path };
+    Ok(html::tree_html(node, title, max_rows))
 }
 
 /// Open `location` (and `other`, to compare with it) and serve the viewer for them.

@@ -137,7 +137,7 @@ fn describe(o: &Opened, node: &Tree<Entry>, v: &mut Value) {
 
 /// A leaf in a few words, as Python would show a scalar: `1000`, `0.0003`, `nan`, `(1.5-2j)`,
 /// `"gelu"`, `bytes (9 B)`; arrays as `float32[512, 256]`.
-fn summary(e: &Entry) -> String {
+pub(crate) fn summary(e: &Entry) -> String {
     fn clip(s: &str, n: usize) -> String {
         if s.chars().count() > n {
             format!("{}…", s.chars().take(n).collect::<String>())

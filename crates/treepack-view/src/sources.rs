@@ -123,6 +123,11 @@ fn leaf_sub(e: &Entry) -> Sub {
     Sub { leaves: 1, arrays, bytes }
 }
 
+/// The counts of `t`, with every container's below it in `m` (by address).
+pub(crate) fn count_into(t: &Tree<Entry>, m: &mut HashMap<usize, Sub>) -> Sub {
+    count(t, m)
+}
+
 /// Post-order walk filling `m` with every container's counts, keyed by its address (the
 /// manifest's tree never moves while its reader lives).
 fn count(t: &Tree<Entry>, m: &mut HashMap<usize, Sub>) -> Sub {

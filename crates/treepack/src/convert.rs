@@ -229,7 +229,7 @@ impl Format {
 }
 
 /// How [`convert`] maps names and writes.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ConvertOptions {
     /// Splits a flat file's names into nested keys when it is read (`"."`: the tensor
     /// `layers.0.w` is `{"layers": {"0": {"w": …}}}`), and joins nested keys into names when one
@@ -246,11 +246,6 @@ pub struct ConvertOptions {
     pub save: SaveOptions,
 }
 
-impl Default for ConvertOptions {
-    fn default() -> Self {
-        ConvertOptions { separator: None, select: vec![], save: SaveOptions::default() }
-    }
-}
 
 /// What a conversion did.
 #[derive(Debug, Clone, PartialEq, Eq)]

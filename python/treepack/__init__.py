@@ -36,6 +36,10 @@ from ._registry import Registration, register, registered
 from ._convert import convert
 from ._repo import CheckpointManager, Repository, TreeRef
 from ._transport import dumps, export_json, loads, schema
+from ._signing import SignatureInfo, generate_key, sign, signature, verify_signature
+from ._core import (
+    InvalidSignatureError, SignatureError, SignatureMismatchError, UnsignedError, UntrustedSignerError,
+)
 from ._html import HTMLTree, html_tree
 from ._view import ViewServer, view
 
@@ -46,4 +50,6 @@ __all__ = [
     "register", "registered", "Registration", "File", "LeafInfo", "StructNode", "SaveInfo", "Unloadable", "BuildError",
     "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "ForeignFileError", "RootMismatchError", "root_hash", "diff", "convert", "dumps", "loads", "export_json", "schema", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
     "view", "ViewServer", "html_tree", "HTMLTree",
+    "sign", "verify_signature", "signature", "generate_key", "SignatureInfo", "SignatureError", "UnsignedError",
+    "UntrustedSignerError", "SignatureMismatchError", "InvalidSignatureError",
 ]

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from . import _codec, _core, _like, _registry
+from . import _codec, _core, _like, _registry, _signing
 from ._async import SaveHandle, _executor
 from ._core import TreepackError
 from ._structure import LeafInfo, StructNode, _struct_node
@@ -311,6 +311,9 @@ def load(
     expect_root: Optional[str] = None,
     separator: Optional[str] = None,
     framework: Optional[str] = None,
+    signed_by: Any = None,
+    min_version: Optional[int] = None,
+    not_before: Any = None,
     **options: Any,
 ) -> Any:
     """Load a tree from a local path, ``.tpk`` file, ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` location.
@@ -344,6 +347,10 @@ def load(
       lists and tuples (OrderedDicts and namedtuples kept) are converted; an array met at two
       places is one object after. ``model.load_state_dict(treepack.load("model.safetensors",
       framework="torch"))`` works for any safetensors file.
+    - ``signed_by``: a public key (a PEM file's path, PEM bytes, a ``cryptography`` key) or a
+      list of them: the load raises a ``SignatureError`` before reading any data unless the
+      tree is signed by one of them and unchanged since (docs/signing.md); ``min_version`` /
+      ``not_before`` also refuse an older signed tree put back in its place.
 
     Options of the framework integrations (each passed to the integration that takes it; any
     other keyword is a ``TypeError``):
@@ -360,6 +367,12 @@ def load(
     tree of plain containers, values and built-in types such as datetime is built in one pass
     while its manifest is read; the audit has nothing to refuse there.)
     """
+    if signed_by is not None:
+        # Checked first, from the manifest and the signature; the load then requires the signed
+        # root of the manifest it reads (a tree replaced meanwhile is refused too).
+        expect_root = _signing.checked_root(_path(path), signed_by, min_version, not_before, storage_options, expect_root)
+    else:
+        _signing.no_policy_without_keys(min_version, not_before)
     if framework is not None:
         if framework not in _FRAMEWORKS:
             raise ValueError(f"framework={framework!r}: one of {', '.join(map(repr, _FRAMEWORKS))}")

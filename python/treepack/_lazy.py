@@ -4,11 +4,11 @@ the chunks a slice touches."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator, List, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from . import _codec, _core, _registry
+from . import _codec, _core, _registry, _signing
 from ._api import PathLike, StorageOptions, UntrustedTypeError, _opts, _path, _struct_node
 
 
@@ -196,9 +196,15 @@ def open(
     allow_pickle: bool = False,
     on_missing: str = "error",
     storage_options: StorageOptions = None,
+    signed_by: Any = None,
+    min_version: Optional[int] = None,
+    not_before: Any = None,
 ) -> View:
     """Open a stored tree lazily: ``open(p)["params"]["w"][0:2]`` reads only the chunks it needs
-    (on object stores: one GET for the manifest, then ranged GETs)."""
+    (on object stores: one GET for the manifest, then ranged GETs). ``signed_by`` (and
+    ``min_version``, ``not_before``) as ``load``'s: the signature is checked against the
+    manifest the view reads through, before the view is returned; every chunk read is then
+    hash-checked against it."""
     p = _path(path)
     try:
         reader = _core.Reader(p, _opts(storage_options))
@@ -211,6 +217,10 @@ def open(
         raise type(e)(f"{p} is a {fmt} checkpoint, which treepack.open does not read lazily: load it with "
                       f"treepack.load({p!r}), or convert it once (treepack.convert({p!r}, 'model.tpk')) and open "
                       f"that") from None
+    if signed_by is not None:
+        _signing.check_reader(reader, signed_by, min_version, not_before)
+    else:
+        _signing.no_policy_without_keys(min_version, not_before)
     return View(reader, "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing, where=(p, storage_options))
 
 

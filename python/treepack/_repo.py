@@ -69,9 +69,9 @@ class Repository:
     def load_structure(self, name: str) -> Any:
         return load_structure(self.tree(name), storage_options=self.storage_options)
 
-    def open(self, name: str) -> Any:
-        """A lazy view of tree ``name`` (``treepack.open``)."""
-        return open_view(self.tree(name), storage_options=self.storage_options)
+    def open(self, name: str, **open_kwargs: Any) -> Any:
+        """A lazy view of tree ``name`` (``treepack.open``'s keywords: ``signed_by=``, ``trust=``…)."""
+        return open_view(self.tree(name), storage_options=self.storage_options, **open_kwargs)
 
     def names(self) -> List[TreeRef]:
         """Every committed name, sorted, with its root hash, save time and what its save wrote."""

@@ -142,24 +142,9 @@ fn version_text(info: &SignatureInfo) -> String {
     info.claims.tree_version.map(|v| format!(", tree version {v}")).unwrap_or_default()
 }
 
-/// The signature as `inspect --json` and `verify --json` show it (`null` when unsigned).
+/// The signature as `inspect --json` and `verify --json` show it.
 pub fn to_json(info: &SignatureInfo) -> Value {
-    let c = &info.claims;
-    json!({
-        "file": info.file,
-        "name": c.name,
-        "root": c.root.to_hex(),
-        "format_version": [c.format_version.0, c.format_version.1],
-        "metadata_blake3": c.metadata.map(|h| h.to_hex()),
-        "signed_at": treepack::format::signature::time::format_utc(c.signed_at_ms),
-        "tree_version": c.tree_version,
-        "algorithm": info.signer.as_ref().map(|k| k.algorithm().name()),
-        "fingerprint": info.signer.as_ref().map(|k| k.fingerprint()),
-        "trusted": info.trusted,
-        "matches_tree": info.mismatch.is_none(),
-        "mismatch": info.mismatch,
-        "model_signing_files": c.model_signing.as_ref().map(|m| m.files.len()),
-    })
+    info.to_json()
 }
 
 /// What `inspect` says about the signature: who signed and whether it holds for the tree —

@@ -11,6 +11,16 @@ pyo3::create_exception!(
     "The tree's root hash is not the one asked for (load's expect_root=)."
 );
 pyo3::create_exception!(_core, FormatError, TreepackError, "The location is not a valid treepack tree.");
+pyo3::create_exception!(_core, SignatureError, TreepackError, "The tree is not signed as load's signed_by= asks.");
+pyo3::create_exception!(_core, UnsignedError, SignatureError, "The tree has no signature.");
+pyo3::create_exception!(_core, UntrustedSignerError, SignatureError, "The tree is signed by none of the keys trusted.");
+pyo3::create_exception!(
+    _core,
+    SignatureMismatchError,
+    SignatureError,
+    "A trusted key's signature that does not hold for this tree (modified, another tree's, or too old)."
+);
+pyo3::create_exception!(_core, InvalidSignatureError, SignatureError, "The signature file is malformed or altered.");
 
 /// Map a core error to the most fitting Python exception (message keeps file and key path).
 pub(crate) fn py_err(e: treepack::Error) -> PyErr {
@@ -38,6 +48,11 @@ pub(crate) fn py_err(e: treepack::Error) -> PyErr {
         },
         E::Store { .. } => PyIOError::new_err(msg),
         E::RootMismatch { .. } => RootMismatchError::new_err(msg),
+        E::Unsigned { .. } => UnsignedError::new_err(msg),
+        E::UntrustedSigner { .. } => UntrustedSignerError::new_err(msg),
+        E::SignatureMismatch { .. } => SignatureMismatchError::new_err(msg),
+        E::InvalidSignature { .. } => InvalidSignatureError::new_err(msg),
+        E::BadKey { .. } => PyValueError::new_err(msg),
         E::ReadOnly { .. } => PyPermissionError::new_err(msg),
         // A symbolic link inside a location: not a treepack location as treepack reads and
         // writes them (the message names the link and says what to do).

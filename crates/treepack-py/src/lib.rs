@@ -27,6 +27,7 @@ mod memory;
 mod reader;
 mod repo;
 mod results;
+mod signing;
 mod structure;
 mod view;
 
@@ -255,6 +256,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load_tree, m)?)?;
     m.add_function(wrap_pyfunction!(encode_png, m)?)?;
     m.add_function(wrap_pyfunction!(check_compression, m)?)?;
+    signing::register(m)?;
     m.add_class::<Reader>()?;
     m.add_class::<ViewServer>()?;
     m.add_function(wrap_pyfunction!(reader_html, m)?)?;

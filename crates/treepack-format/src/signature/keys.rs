@@ -137,7 +137,12 @@ impl SigningKey {
     /// Encoding errors (none expected).
     pub fn to_pem(&self) -> Result<String, String> {
         let pem = match self {
-            SigningKey::Ed25519(k) => k.to_pkcs8_pem(LineEnding::LF),
+            // PKCS#8 v1, the secret alone (as OpenSSL writes it): OpenSSL 3 and `cryptography`
+            // refuse the v2 form with the public key that ed25519-dalek writes by default.
+            SigningKey::Ed25519(k) => {
+                ed25519_dalek::ed25519::pkcs8::KeypairBytes { secret_key: k.to_bytes(), public_key: None }
+                    .to_pkcs8_pem(LineEnding::LF)
+            }
             SigningKey::P256(k) => k.to_pkcs8_pem(LineEnding::LF),
         };
         pem.map(|p| p.to_string()).map_err(|e| e.to_string())

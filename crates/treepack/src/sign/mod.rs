@@ -93,6 +93,29 @@ pub struct SignatureInfo {
     pub mismatch: Option<String>,
 }
 
+impl SignatureInfo {
+    /// As `inspect --json`, `verify --json` and the Python package show it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let c = &self.claims;
+        serde_json::json!({
+            "file": self.file,
+            "name": c.name,
+            "root": c.root.to_hex(),
+            "format_version": [c.format_version.0, c.format_version.1],
+            "metadata_blake3": c.metadata.map(|h| h.to_hex()),
+            "signed_at": sig::time::format_utc(c.signed_at_ms),
+            "signed_at_ms": c.signed_at_ms,
+            "tree_version": c.tree_version,
+            "algorithm": self.signer.as_ref().map(|k| k.algorithm().name()),
+            "fingerprint": self.signer.as_ref().map(VerifyingKey::fingerprint),
+            "trusted": self.trusted,
+            "matches_tree": self.mismatch.is_none(),
+            "mismatch": self.mismatch,
+            "model_signing_files": c.model_signing.as_ref().map(|m| m.files.len()),
+        })
+    }
+}
+
 /// A key as messages show it: `ed25519 key 1a2b3c4d5e6f7a8b`.
 pub fn describe(k: &VerifyingKey) -> String {
     format!("{} key {}", k.algorithm().name(), &k.fingerprint()[..16])

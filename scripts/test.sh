@@ -12,13 +12,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/stages.sh
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
+# The viewer's browser test fails, rather than skips, when Chromium is missing (scripts/browser.sh
+# installs it below).
+export TREEPACK_REQUIRE_BROWSER="${TREEPACK_REQUIRE_BROWSER:-1}"
 # Installs that wait on the network, not the CPU (the object-store servers, then the Python test
-# and framework requirements), run in the background while the Rust checks below compile; on a
-# fresh machine that hides minutes. Both go into .venv, one after the other (never two pips in
-# one venv at once).
+# and framework requirements, then Chromium for the viewer's browser test: scripts/browser.sh),
+# run in the background while the Rust checks below compile; on a fresh machine that hides
+# minutes. The Python ones go into .venv, one after the other (never two pips in one venv at once).
 setup_log=$(mktemp)
 (bash scripts/servers.sh && .venv/bin/python -m pip install -q -r python/requirements-dev.txt \
-  -r python/requirements-frameworks.txt) >"$setup_log" 2>&1 &
+  -r python/requirements-frameworks.txt && bash scripts/browser.sh) >"$setup_log" 2>&1 &
 setup_pid=$!
 finish_setup() {
   if ! wait "$setup_pid"; then cat "$setup_log" >&2; echo "error: installing the test servers or requirements failed" >&2; exit 1; fi
@@ -40,8 +43,8 @@ target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 (cd fuzz && CARGO_TARGET_DIR="$target_dir" cargo check --quiet --config 'profile.dev.debug="line-tables-only"' \
   --config 'profile.dev.package."*".opt-level=2' --config 'profile.dev.package."*".debug=false')
 stage "cargo package (the crates as crates.io would get them; without --no-verify it would also build each, minutes)"
-cargo package -p treepack-format -p treepack-store -p treepack -p treepack-alloc -p treepack-cli --allow-dirty --no-verify --quiet
-stage "wait for the background installs: local object-store servers (moto, azurite, gcp-storage-emulator), the Python requirements"
+cargo package -p treepack-format -p treepack-store -p treepack -p treepack-alloc -p treepack-view -p treepack-cli --allow-dirty --no-verify --quiet
+stage "wait for the background installs: local object-store servers (moto, azurite, gcp-storage-emulator), the Python requirements, Chromium"
 finish_setup
 stage "cargo test (core + CLI; remote tests start their servers on 127.0.0.1; crash tests need the failpoints feature)"
 cargo test --features treepack/failpoints

@@ -33,10 +33,20 @@ pub fn run(args: ViewArgs, so: &StorageOptions) -> Result<ExitCode> {
     };
     let mut server = treepack_view::start(&args.location, args.other.as_deref(), &opts)
         .with_context(|| format!("cannot view {what}"))?;
-    println!("treepack view: {what} at {}", server.url());
-    println!("(the URL's token is what opens it: share it only with whom may read the tree; Ctrl-C stops)");
-    // Tests and scripts read the URL from a pipe: it must leave now, not when the buffer fills.
-    std::io::stdout().flush()?;
+    // A server outlives whoever reads its first line (`treepack view x | head -1`, a script
+    // that took the URL): a closed stdout must not end it, as SIGPIPE would (main restores
+    // SIGPIPE's default for the listing commands).
+    #[cfg(unix)]
+    // SAFETY: changing a signal's disposition; the handler is the kernel's "ignore".
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "treepack view: {what} at {}", server.url());
+    let _ =
+        writeln!(out, "(the URL's token is what opens it: share it only with whom may read the tree; Ctrl-C stops)");
+    // Scripts read the URL from a pipe: it must leave now, not when the buffer fills.
+    let _ = out.flush();
     if !args.no_browser {
         if let Err(e) = server.open_browser() {
             eprintln!("treepack view: could not open a browser ({e}); open the URL above");

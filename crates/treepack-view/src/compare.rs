@@ -77,15 +77,18 @@ pub(crate) fn norm(x: &Opened, y: &Opened, path: &str) -> ApiResult<Value> {
             "`{path}` has {n} elements; change norms read at most {NORM_CAP} from each tree"
         )));
     }
-    // Identical chunks (by hash, on the same grid) need no read.
-    if let (ArrayStorage::Chunked { chunk_shape: g, chunks: c }, ArrayStorage::Chunked { chunk_shape: h, chunks: d }) =
-        (&a.storage, &b.storage)
-    {
-        if g == h && c.iter().zip(d).all(|(p, q)| p.hash == q.hash) {
-            return Ok(
-                json!({"path": path, "l2": 0.0, "linf": 0.0, "rel": 0.0, "changed": 0, "elements": n, "read": false}),
-            );
+    // Identical chunks (by hash, on the same grid) or inline bytes need no read.
+    let same = match (&a.storage, &b.storage) {
+        (ArrayStorage::Chunked { chunk_shape: g, chunks: c }, ArrayStorage::Chunked { chunk_shape: h, chunks: d }) => {
+            g == h && c.iter().zip(d).all(|(p, q)| p.hash == q.hash)
         }
+        (ArrayStorage::Inline(x), ArrayStorage::Inline(y)) => x == y,
+        _ => false,
+    };
+    if same {
+        return Ok(
+            json!({"path": path, "l2": 0.0, "linf": 0.0, "rel": 0.0, "changed": 0, "elements": n, "read": false}),
+        );
     }
     let (mut d2, mut a2, mut linf, mut changed) = (0f64, 0f64, 0f64, 0u64);
     zip_blocks(x, y, path, a, |u, v| {

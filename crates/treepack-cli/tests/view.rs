@@ -1,0 +1,334 @@
+//! `treepack view`'s server, driven over HTTP as the page drives it: the token every request
+//! needs, listings of the demo tree, known slice values, slice bounds and caps, paths outside
+//! the tree, diffs and a repository's history. The page itself is tested in a real browser by
+//! python/tests/test_view_browser.py.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use treepack::{ArrayData, DType, Node, SaveOptions};
+
+/// A `treepack view --no-browser` process, killed when dropped.
+struct Viewer {
+    child: Child,
+    /// The server's stdout, kept open (the rest of it is not read).
+    _stdout: BufReader<std::process::ChildStdout>,
+    addr: String,
+    token: String,
+}
+
+impl Drop for Viewer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn treepack() -> Command {
+    Command::new(assert_cmd::cargo::cargo_bin!("treepack"))
+}
+
+/// Start the viewer on `args` and read the URL it prints.
+fn view(args: &[&str]) -> Viewer {
+    let mut child = treepack()
+        .arg("view")
+        .args(args)
+        .arg("--no-browser")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start treepack view");
+    let mut line = String::new();
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    stdout.read_line(&mut line).expect("read the URL line");
+    let url =
+        line.split_whitespace().find(|w| w.starts_with("http://")).unwrap_or_else(|| panic!("no URL in {line:?}"));
+    let rest = url.strip_prefix("http://").unwrap();
+    let (addr, query) = rest.split_once("/?token=").expect("a token in the URL");
+    assert!(addr.starts_with("127.0.0.1:"), "serves on loopback only: {url}");
+    assert_eq!(query.len(), 32, "a 128-bit token: {url}");
+    Viewer { child, _stdout: stdout, addr: addr.to_string(), token: query.to_string() }
+}
+
+/// Percent-encode a query value.
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// GET `target` (path and query) with a plain HTTP/1.1 request: (status, body).
+fn get_raw(addr: &str, target: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(s, "GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).unwrap();
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status");
+    (status, body.to_string())
+}
+
+impl Viewer {
+    /// GET an API endpoint with the token and `params`: (status, JSON body).
+    fn api(&self, endpoint: &str, params: &[(&str, &str)]) -> (u16, Value) {
+        let mut q = format!("token={}", self.token);
+        for (k, v) in params {
+            q.push_str(&format!("&{k}={}", enc(v)));
+        }
+        let (status, body) = get_raw(&self.addr, &format!("/api/{endpoint}?{q}"));
+        (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("{endpoint}: not JSON ({e}): {body}")))
+    }
+
+    fn ok(&self, endpoint: &str, params: &[(&str, &str)]) -> Value {
+        let (status, v) = self.api(endpoint, params);
+        assert_eq!(status, 200, "{endpoint} {params:?}: {v}");
+        v
+    }
+
+    /// The error message of a request expected to fail with `status`.
+    fn err(&self, endpoint: &str, params: &[(&str, &str)], status: u16) -> String {
+        let (got, v) = self.api(endpoint, params);
+        assert_eq!(got, status, "{endpoint} {params:?}: {v}");
+        v["error"].as_str().expect("an error message").to_string()
+    }
+}
+
+fn demo(dir: &Path) -> String {
+    let p = dir.join("demo").to_str().unwrap().to_string();
+    assert!(treepack().args(["demo", &p]).output().unwrap().status.success());
+    p
+}
+
+fn f32_array(shape: Vec<u64>, f: impl Fn(u64) -> f32) -> Node {
+    let n: u64 = shape.iter().product();
+    let data: Vec<u8> = (0..n).flat_map(|i| f(i).to_le_bytes()).collect();
+    Node::from(ArrayData::new(DType::F32, shape, data).unwrap())
+}
+
+#[test]
+fn every_request_needs_the_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v = view(&[&demo(tmp.path())]);
+    for target in
+        ["/", "/api/info", "/api/children?path=", "/assets/app.js", "/nothing", "/?token=", "/api/info?token=0"]
+    {
+        let (status, body) = get_raw(&v.addr, target);
+        assert_eq!(status, 403, "{target}: {body}");
+        assert!(!body.contains("params"), "a 403 says nothing of the tree: {body}");
+    }
+    // A token of the right length but wrong.
+    let wrong: String = v.token.chars().map(|c| if c == '0' { '1' } else { '0' }).collect();
+    assert_eq!(get_raw(&v.addr, &format!("/api/info?token={wrong}")).0, 403);
+    // With it: the page, its assets (the vendored uPlot among them) and the API.
+    let (status, page) = get_raw(&v.addr, &format!("/?token={}", v.token));
+    assert_eq!(status, 200);
+    assert!(page.contains(&format!("/assets/app.js?token={}", v.token)), "assets carry the token");
+    assert!(!page.contains("http://") && !page.contains("https://"), "no CDN: {page}");
+    let (status, js) = get_raw(&v.addr, &format!("/assets/uPlot.iife.min.js?token={}", v.token));
+    assert!(status == 200 && js.contains("uPlot"));
+    assert_eq!(get_raw(&v.addr, &format!("/api/nothing?token={}", v.token)).0, 404);
+}
+
+#[test]
+fn the_demo_tree_lists_with_counts_and_reads_a_known_slice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v = view(&[&demo(tmp.path())]);
+    let info = v.ok("info", &[]);
+    assert_eq!(info["tree"], true);
+    assert_eq!(info["totals"]["leaves"], 41);
+    let root = v.ok("children", &[("path", "")]);
+    let names: Vec<&str> = root["children"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["params", "dtypes", "scalars", "history", "config", "custom", "odd_keys"]);
+    let params = &root["children"][0];
+    assert_eq!(
+        (params["kind"].as_str(), params["leaves"].as_u64(), params["arrays"].as_u64()),
+        (Some("dict"), Some(3), Some(3))
+    );
+    // 512*256*4 + 256*4 + 1000*64*2 bytes below params.
+    assert_eq!(params["bytes"], 524288 + 1024 + 128000);
+    // Pages: offset and limit, with the total.
+    let page = v.ok("children", &[("path", "dtypes"), ("offset", "2"), ("limit", "3")]);
+    assert_eq!(page["total"], 14);
+    assert_eq!(page["children"].as_array().unwrap().len(), 3);
+    assert_eq!(page["children"][0]["path"], "dtypes/uint16");
+    let node = v.ok("node", &[("path", "params/dense/kernel")]);
+    assert_eq!(node["dtype"], "float32");
+    assert_eq!(node["shape"], serde_json::json!([512, 256]));
+    assert_eq!(node["storage"]["chunk_shape"], serde_json::json!([128, 256]));
+    assert_eq!(node["storage"]["chunks"], 4);
+    assert_eq!(node["hash"].as_str().unwrap().len(), 64);
+    // The demo's kernel is ((i % 97) * 0.01 - 0.3) as f32 at flat index i.
+    let s = v.ok("slice", &[("path", "params/dense/kernel"), ("slice", "1:3, 10:14")]);
+    assert_eq!(s["kind"], "heatmap");
+    assert_eq!(s["shape"], serde_json::json!([2, 4]));
+    let data: Vec<f64> = s["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let want: Vec<f64> = [1u64, 2]
+        .iter()
+        .flat_map(|r| (10..14u64).map(move |c| f64::from(((r * 256 + c) % 97) as f32 * 0.01 - 0.3)))
+        .collect();
+    for (g, w) in data.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-6, "{data:?} vs {want:?}");
+    }
+    // A 1-D slice: every point when it fits, with the index each came from.
+    let line = v.ok("slice", &[("path", "params/dense/bias"), ("slice", "100:103")]);
+    assert_eq!(line["x"], serde_json::json!([100, 101, 102]));
+    assert!((line["y"][2].as_f64().unwrap() - f64::from(102f32 * 0.001)).abs() < 1e-9);
+    // Downsampled to the points asked for, keeping the extremes.
+    let small = v.ok("slice", &[("path", "params/dense/kernel"), ("slice", ":, :"), ("max", "16")]);
+    assert_eq!(small["shape"], serde_json::json!([16, 16]));
+    assert_eq!(small["factor"], serde_json::json!([32, 16]));
+    // Stats: the whole array's.
+    let st = v.ok("stats", &[("path", "dtypes/float64"), ("bins", "4")]);
+    assert_eq!((st["count"].as_u64(), st["nan"].as_u64(), st["posinf"].as_u64()), (Some(4), Some(1), Some(1)));
+    // Strings, bytes, elements of any dtype.
+    let t = v.ok("text", &[("path", "scalars/name")]);
+    assert_eq!(t["text"], "treepack demo ✓");
+    let b = v.ok("text", &[("path", "scalars/raw")]);
+    assert!(b["hex"].as_str().unwrap().starts_with("00000000  00 01 62 69 6e"));
+    let rec = v.ok("values", &[("path", "dtypes/record_dtype"), ("slice", "1:2")]);
+    assert_eq!(rec["values"][0]["id"], 1);
+    // Glob search.
+    let found = v.ok("search", &[("glob", "*kern*")]);
+    assert_eq!(found["total"], 1);
+    assert_eq!(found["matches"][0]["path"], "params/dense/kernel");
+}
+
+#[test]
+fn slices_outside_the_array_or_too_big_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v = view(&[&demo(tmp.path())]);
+    let kernel = ("path", "params/dense/kernel");
+    let m = v.err("slice", &[kernel, ("slice", "0:600, :")], 400);
+    assert!(m.contains("outside the array") && m.contains("axis 0 of length 512"), "{m}");
+    let m = v.err("slice", &[kernel, ("slice", "512, :")], 400);
+    assert!(m.contains("out of bounds for axis 0"), "{m}");
+    let m = v.err("slice", &[kernel, ("slice", "-513:, :")], 400);
+    assert!(m.contains("outside the array"), "{m}");
+    let m = v.err("slice", &[kernel, ("slice", "0:x")], 400);
+    assert!(m.contains("not an integer"), "{m}");
+    let m = v.err("slice", &[kernel, ("slice", "0, 0, 0")], 400);
+    assert!(m.contains("3 indices for an array with 2 axes"), "{m}");
+    let m = v.err("slice", &[("path", "scalars/name"), ("slice", ":")], 400);
+    assert!(m.contains("not an array"), "{m}");
+    let m = v.err("slice", &[kernel, ("max", "lots")], 400);
+    assert!(m.contains("must be a number"), "{m}");
+    // Only images and audio are served raw: never a leaf as a page of this origin.
+    let m = v.err("raw", &[("path", "scalars/raw")], 400);
+    assert!(m.contains("not an image"), "{m}");
+
+    // An array of more elements than one read may take: refused before anything is read,
+    // saying what to ask instead; a step brings it under the cap.
+    let big = tmp.path().join("big");
+    let data = vec![0u8; 4100 * 4100];
+    let tree = Node::dict([("img", Node::from(ArrayData::new(DType::U8, vec![4100, 4100], data).unwrap()))]);
+    treepack::save(&tree, big.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    let v = view(&[big.to_str().unwrap()]);
+    let m = v.err("slice", &[("path", "img"), ("slice", ":, :")], 400);
+    assert!(m.contains("16810000 elements") && m.contains("at most 16777216") && m.contains("step"), "{m}");
+    let ok = v.ok("slice", &[("path", "img"), ("slice", "::2, ::2"), ("max", "64")]);
+    // 2050 rows in blocks of 33: 63 rows of at most 64 asked for.
+    assert_eq!((&ok["shape"], &ok["factor"]), (&serde_json::json!([63, 63]), &serde_json::json!([33, 33])));
+}
+
+#[test]
+fn paths_outside_the_tree_are_404() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v = view(&[&demo(tmp.path())]);
+    for (endpoint, path) in [
+        ("node", "params/nope"),
+        ("children", "nope"),
+        ("slice", "params/dense/kernel/deeper"),
+        ("stats", "../../etc/passwd"),
+        ("text", "/etc/passwd"),
+        ("node", "history/7"),
+    ] {
+        let m = v.err(endpoint, &[("path", path), ("slice", ":")], 404);
+        assert!(m.starts_with("treepack: error: key path"), "{endpoint} {path}: {m}");
+    }
+    // Trees by name exist only in repositories; `b` only with a second location.
+    assert!(v.err("children", &[("t", "@step1"), ("path", "")], 400).contains("not a repository"));
+    assert!(v.err("children", &[("t", "b"), ("path", "")], 400).contains("no second location"));
+}
+
+#[test]
+fn two_trees_diff_with_change_norms() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let w = |k: f32| f32_array(vec![4, 4], move |_| k);
+    let ta = Node::dict([("w", w(1.0)), ("gone", Node::from(1i64)), ("same", w(5.0))]);
+    let tb = Node::dict([("w", w(3.0)), ("new", Node::from("x")), ("same", w(5.0))]);
+    treepack::save(&ta, a.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    treepack::save(&tb, b.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    let v = view(&[a.to_str().unwrap(), b.to_str().unwrap()]);
+    let d = v.ok("diff", &[("a", "a"), ("b", "b")]);
+    assert_eq!((d["added"].as_u64(), d["removed"].as_u64(), d["changed"].as_u64()), (Some(1), Some(1), Some(1)));
+    let w_row = d["rows"].as_array().unwrap().iter().find(|r| r["path"] == "w").unwrap();
+    assert_eq!(w_row["norm"], true);
+    let n = v.ok("norm", &[("a", "a"), ("b", "b"), ("path", "w")]);
+    // |3 - 1| over 16 elements: L2 8, max 2; relative to ‖a‖ = 4: 2.
+    assert_eq!((n["l2"].as_f64(), n["linf"].as_f64(), n["rel"].as_f64()), (Some(8.0), Some(2.0), Some(2.0)));
+    assert_eq!(n["changed"], 16);
+    // Identical chunks are not read.
+    assert_eq!(v.ok("norm", &[("a", "a"), ("b", "b"), ("path", "same")])["read"], false);
+    // The second tree is browsable too.
+    assert_eq!(v.ok("node", &[("t", "b"), ("path", "new")])["summary"], "\"x\"");
+}
+
+#[test]
+fn a_repository_shows_its_history() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo_dir = tmp.path().join("repo");
+    let repo = treepack::Repository::create(repo_dir.to_str().unwrap()).unwrap();
+    for step in 0..3u8 {
+        let t = Node::dict([
+            ("w", f32_array(vec![8, 8], move |i| f32::from(step) + i as f32)),
+            ("frozen", f32_array(vec![4], |_| 7.0)),
+            ("step", Node::from(i64::from(step))),
+        ]);
+        repo.save(&t, &format!("step{step}"), &SaveOptions::default()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5)); // distinct save times
+    }
+    let v = view(&[repo_dir.to_str().unwrap()]);
+    let info = v.ok("info", &[]);
+    assert_eq!(info["tree"], false);
+    assert!(info["repository"].as_str().is_some());
+    assert!(v.err("children", &[("path", "")], 400).contains("is a repository"));
+    let names = v.ok("names", &[]);
+    assert_eq!(names["names"].as_array().unwrap().len(), 3);
+    let h = v.ok("history", &[]);
+    let trees = h["trees"].as_array().unwrap();
+    let order: Vec<&str> = trees.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(order, ["step0", "step1", "step2"]);
+    assert_eq!((trees[1]["changed"].as_u64(), trees[1]["added"].as_u64()), (Some(2), Some(0)));
+    let arrays = h["arrays"].as_array().unwrap();
+    assert_eq!(arrays.len(), 1, "only w changed among the arrays: {arrays:?}");
+    assert_eq!(arrays[0]["chunks_changed"], serde_json::json!([null, 1.0, 1.0]));
+    let norms = v.ok("history_norms", &[("path", "w")]);
+    let steps = norms["steps"].as_array().unwrap();
+    assert!(steps[0].is_null());
+    // Each step adds 1 to all 64 elements: ‖Δ‖ = 8.
+    assert_eq!(steps[1]["l2"], 8.0);
+    // Trees of the repository by name.
+    assert_eq!(v.ok("node", &[("t", "@step2"), ("path", "step")])["value"], "2");
+    let m = v.err("node", &[("t", "@nope"), ("path", "")], 404);
+    assert!(m.contains("nope"), "{m}");
+}
+
+#[test]
+fn a_location_that_does_not_open_fails_as_the_cli_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("missing");
+    let out = treepack().args(["view", missing.to_str().unwrap(), "--no-browser"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("treepack: error: cannot view") && err.contains("no treepack tree found"), "{err}");
+}

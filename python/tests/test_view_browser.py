@@ -1,0 +1,245 @@
+"""The viewer's page in a real browser (issue 56): headless Chromium from Debian's `chromium` and
+`chromium-driver` packages (scripts/browser.sh installs them; nothing is downloaded here), driven by
+Selenium. It opens the demo tree's page from `treepack view`, expands a branch, searches by glob,
+checks that a heatmap's pixels come from the data (a known gradient), and opens the diff of two
+trees and the history of a repository, through `treepack.view`. Screenshots go to a folder under
+pytest's tmp dir (kept when a test fails; also copied to $TREEPACK_VIEW_SCREENSHOTS when set).
+
+Skipped only when Chromium is absent and TREEPACK_REQUIRE_BROWSER is unset: scripts/test.sh sets
+it, so CI fails rather than skips. Marked slow: the page is the same for every CPython, so the
+per-wheel venvs leave it out."""
+
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import treepack
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (CHROMIUM and DRIVER) and not os.environ.get("TREEPACK_REQUIRE_BROWSER"),
+        reason="chromium and chromium-driver are not installed (scripts/browser.sh installs them)",
+    ),
+]
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1400,900"]
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    return tmp_path_factory.mktemp("view-screenshots")
+
+
+@pytest.fixture
+def browser(tmp_path, shots):
+    assert CHROMIUM and DRIVER, "TREEPACK_REQUIRE_BROWSER is set but chromium or chromedriver is missing: run scripts/browser.sh"
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    opts = Options()
+    for f in FLAGS:
+        opts.add_argument(f)
+    opts.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
+    opts.binary_location = CHROMIUM
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # The driver named explicitly: Selenium then looks nothing up or down.
+    driver = webdriver.Chrome(options=opts, service=Service(DRIVER))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def shot(driver, shots, name):
+    path = shots / f"{name}.png"
+    driver.save_screenshot(str(path))
+    extra = os.environ.get("TREEPACK_VIEW_SCREENSHOTS")
+    if extra:
+        os.makedirs(extra, exist_ok=True)
+        shutil.copy(path, extra)
+    return path
+
+
+def wait(driver, what, timeout=15):
+    """Wait until the JS expression `what` is truthy; its value."""
+    end = time.time() + timeout
+    while time.time() < end:
+        v = driver.execute_script(f"return ({what});")
+        if v:
+            return v
+        time.sleep(0.1)
+    logs = driver.get_log("browser")
+    raise AssertionError(f"timed out waiting for {what}; browser log: {logs}")
+
+
+def no_errors(driver):
+    """Nothing went wrong on the page: no banner, no script error in the console."""
+    banner = driver.execute_script("return document.getElementById('error').hidden ? '' : document.getElementById('error-text').textContent")
+    assert not banner, banner
+    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not severe, severe
+
+
+def row_names(driver):
+    return driver.execute_script("return [...document.querySelectorAll('#tree-rows .row .name')].map(e => e.textContent)")
+
+
+def click_row(driver, name, caret=False):
+    sel = "span.caret" if caret else "span.name"
+    driver.execute_script(
+        "const r = [...document.querySelectorAll('#tree-rows .row')].find(r => r.querySelector('.name').textContent === arguments[0]);"
+        f"r.querySelector('{sel}').click();", name)
+
+
+@pytest.fixture
+def cli():
+    exe = ROOT / "target" / "debug" / "treepack"
+    assert exe.exists(), "the treepack CLI is not built: run `cargo build` (scripts/test.sh does)"
+    return str(exe)
+
+
+def test_demo_tree_expand_search_and_the_token(browser, shots, tmp_path, cli):
+    demo = tmp_path / "demo"
+    subprocess.run([cli, "demo", str(demo)], check=True, capture_output=True)
+    proc = subprocess.Popen([cli, "view", str(demo), "--no-browser"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        url = next(w for w in line.split() if w.startswith("http://127.0.0.1:"))
+        # Without the token: 403, and nothing of the tree.
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url.split("?")[0] + "api/info")
+        assert e.value.code == 403
+        browser.get(url)
+        wait(browser, "document.querySelectorAll('#tree-rows .row').length >= 8")
+        assert row_names(browser)[:3] == ["<root>", "params", "dtypes"]
+        # Expand a branch: params, then dense.
+        click_row(browser, "params", caret=True)
+        wait(browser, "[...document.querySelectorAll('#tree-rows .name')].some(e => e.textContent === 'dense')")
+        click_row(browser, "dense", caret=True)
+        wait(browser, "[...document.querySelectorAll('#tree-rows .name')].some(e => e.textContent === 'kernel')")
+        assert "512.0 KiB" in browser.execute_script("return document.getElementById('tree-rows').textContent")
+        # Pick the kernel: its details and the heatmap.
+        click_row(browser, "kernel")
+        wait(browser, "document.getElementById('leaf-path').textContent === 'params/dense/kernel'")
+        wait(browser, "document.getElementById('heatmap-canvas') && document.getElementById('heatmap-canvas').width === 256")
+        details = browser.execute_script("return document.getElementById('leaf-details').textContent")
+        assert "float32" in details and "[128, 256] on a [4, 1] grid" in details
+        shot(browser, shots, "demo-expanded")
+        # Search by glob: only matches listed, flat.
+        box = browser.find_element("id", "search")
+        box.send_keys("**/float*\n")
+        wait(browser, "!document.getElementById('search-info').hidden")
+        names = row_names(browser)
+        assert names == ["dtypes/float16", "dtypes/float64", "dtypes/float8_e4m3fn", "dtypes/float8_e5m2"], names
+        assert "4 matches" in browser.find_element("id", "search-info").text
+        shot(browser, shots, "demo-search")
+        # A 1-D array as a line plot (uPlot draws on a canvas of its own).
+        click_row(browser, "dtypes/float16")
+        wait(browser, "document.querySelector('#view-body .uplot canvas')")
+        # Back to the tree, as it was.
+        browser.find_element("id", "search-clear").click()
+        assert "kernel" in row_names(browser)
+        no_errors(browser)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_heatmap_pixels_come_from_the_data(browser, shots, tmp_path):
+    # Each column's value is its index: a left-to-right gradient of 256 steps, and a NaN block.
+    grad = np.tile(np.arange(256, dtype=np.float32), (64, 1))
+    grad[60:, 250:] = np.nan
+    treepack.save({"grad": grad, "cube": np.arange(2 * 3 * 4, dtype=np.int16).reshape(2, 3, 4)}, tmp_path / "t")
+    with treepack.view(tmp_path / "t", open_browser=False) as server:
+        browser.get(server.url + "#tab=tree&t=a&path=grad")
+        wait(browser, "document.getElementById('heatmap-canvas') && document.getElementById('heatmap-canvas').width === 256")
+        wait(browser, "document.getElementById('heatmap-canvas').dataset.hi === '255'")
+        shot(browser, shots, "heatmap-gradient")
+        # Read back the canvas's pixels and compare with the colormap of each value.
+        pixels = browser.execute_script("""
+            const c = document.getElementById('heatmap-canvas');
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            const at = (r, j) => Array.from(d.slice(4 * (r * c.width + j), 4 * (r * c.width + j) + 3));
+            const cols = [0, 1, 64, 128, 200, 249];
+            return {rows: c.height, got: cols.map(j => [j, at(10, j), Plots.colormap(j / 255)]), missing: at(63, 255),
+                    want_missing: Plots.MISSING, lo: c.dataset.lo, hi: c.dataset.hi};
+        """)
+        assert pixels["rows"] == 64 and (pixels["lo"], pixels["hi"]) == ("0", "255")
+        for j, got, want in pixels["got"]:
+            assert all(abs(g - w) <= 1 for g, w in zip(got, want)), (j, got, want)
+        firsts = [tuple(g) for _, g, _ in pixels["got"]]
+        assert len(set(firsts)) == len(firsts), "every column a colour of its own"
+        assert pixels["missing"] == pixels["want_missing"], "NaN blocks drawn apart"
+        # A histogram of the same array: stats from the server, bars by uPlot.
+        browser.find_element("css selector", '.views button[data-view="histogram"]').click()
+        wait(browser, "document.querySelector('#view-body .uplot canvas')")
+        stats = browser.find_element("id", "view-body").text
+        assert "NaN" in stats and "16,384" in stats  # 64 × 256 elements
+        # An n-D array: pick the axes; the other axis gets an index slider.
+        browser.get("about:blank")
+        browser.get(server.url + "#tab=tree&t=a&path=cube")
+        wait(browser, "document.getElementById('heatmap-canvas') && document.getElementById('heatmap-canvas').width === 4")
+        assert browser.execute_script("return document.querySelector('#view-controls input[type=text]').value") == "0, :, :"
+        no_errors(browser)
+        shot(browser, shots, "heatmap-3d")
+
+
+def test_diff_of_two_trees(browser, shots, tmp_path):
+    a = {"w": np.ones((8, 8), np.float32), "b": np.zeros(4), "old": 1}
+    b = {"w": np.ones((8, 8), np.float32) * 2, "b": np.zeros(4), "new": "hello"}
+    treepack.save(a, tmp_path / "a")
+    treepack.save(b, tmp_path / "b")
+    with treepack.view(tmp_path / "a", tmp_path / "b", open_browser=False) as server:
+        browser.get(server.url)
+        wait(browser, "document.querySelectorAll('#diff-table tr').length === 4")
+        rows = browser.execute_script(
+            "return [...document.querySelectorAll('#diff-table tr')].slice(1).map(r => [...r.children].map(c => c.textContent))")
+        by_path = {r[1]: r for r in rows}
+        assert by_path["w"][0] == "~" and by_path["old"][0] == "-" and by_path["new"][0] == "+"
+        # The change norm of w arrives: ‖2 - 1‖ / ‖1‖ = 1.
+        wait(browser, "[...document.querySelectorAll('#diff-table tr')].some(r => r.children[1].textContent === 'w' && r.children[5].textContent === '1')")
+        assert "1 added, 1 removed, 1 changed" in browser.find_element("id", "diff-summary").text
+        shot(browser, shots, "diff")
+        # Click the changed row: the tree pane opens on it in the second tree.
+        browser.execute_script("[...document.querySelectorAll('#diff-table tr')].find(r => r.children[1].textContent === 'w').click()")
+        wait(browser, "document.getElementById('leaf-path').textContent === 'w' && !document.getElementById('pane-tree').hidden")
+        assert browser.execute_script("return document.getElementById('source').value") == "b"
+        no_errors(browser)
+
+
+def test_history_of_a_repository(browser, shots, tmp_path):
+    repo = tmp_path / "repo"
+    treepack.Repository(repo, create=True)
+    for step in range(3):
+        treepack.save({"w": np.full((16, 16), step, np.float32) + np.eye(16, dtype=np.float32), "step": step}, f"{repo}@step{step}")
+        time.sleep(0.01)
+    with treepack.view(repo, open_browser=False) as server:
+        browser.get(server.url)
+        wait(browser, "document.querySelectorAll('#history-table tr').length === 4")
+        names = browser.execute_script("return [...document.querySelectorAll('#history-table tr')].slice(1).map(r => r.children[0].textContent)")
+        assert names == ["step0", "step1", "step2"]
+        assert browser.execute_script("return document.getElementById('history-array').value") == "w"
+        # The plot of w over the steps, with its relative change read from the data.
+        wait(browser, "document.querySelector('#history-array-plot .uplot canvas') && document.getElementById('history-array-info').textContent === ''")
+        shot(browser, shots, "history")
+        # A step's row opens the diff of that step with the one before.
+        browser.execute_script("document.querySelectorAll('#history-table tr')[2].click()")
+        wait(browser, "!document.getElementById('pane-diff').hidden && document.querySelectorAll('#diff-table tr').length === 3")
+        assert browser.execute_script("return [document.getElementById('diff-a').value, document.getElementById('diff-b').value]") == ["@step0", "@step1"]
+        no_errors(browser)
+        shot(browser, shots, "history-diff")

@@ -332,3 +332,30 @@ fn a_location_that_does_not_open_fails_as_the_cli_does() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.starts_with("treepack: error: cannot view") && err.contains("no treepack tree found"), "{err}");
 }
+
+#[test]
+fn foreign_checkpoints_and_single_files_are_viewed_as_trees() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = demo(tmp.path());
+    // A safetensors file (read as the flat tree it holds) and a .tpk.
+    let st = tmp.path().join("m.safetensors");
+    let tpk = tmp.path().join("m.tpk");
+    for (dst, extra) in [(&st, vec!["--select", "params/**"]), (&tpk, vec![])] {
+        let cmd = if extra.is_empty() { "cp" } else { "convert" };
+        let out = treepack().arg(cmd).args([&d, dst.to_str().unwrap()]).args(extra).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let v = view(&[st.to_str().unwrap()]);
+    assert_eq!(v.ok("info", &[])["read_from"], "safetensors file");
+    let names: Vec<String> = v.ok("children", &[("path", "")])["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.contains(&"params.dense.kernel".to_string()), "{names:?}");
+    let s = v.ok("slice", &[("path", "params.dense.kernel"), ("slice", "0, 0:2")]);
+    assert_eq!(s["y"][0].as_f64().map(|x| (x * 1e6).round() / 1e6), Some(-0.3));
+    let v = view(&[tpk.to_str().unwrap()]);
+    assert_eq!(v.ok("children", &[("path", "params")])["total"], 2);
+}

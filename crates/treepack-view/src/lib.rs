@@ -14,6 +14,8 @@
 //! other users of the machine can reach 127.0.0.1 too, and the token is what keeps the tree
 //! theirs to read only if they were given the URL (docs/view.md, "Security").
 
+#![warn(missing_docs)]
+
 mod browser;
 mod compare;
 mod data;

@@ -248,7 +248,8 @@ const App = (() => {
     const hash = new URLSearchParams(location.hash.slice(1));
     const tab = hash.get("tab") || (info.other ? "diff" : info.tree ? "tree" : "history");
     if (tab === "diff") {
-      const a = hash.get("a") || (info.other ? "a" : `@${state.names[state.names.length - 2].name}`);
+      const prev = state.names.length > 1 ? `@${state.names[state.names.length - 2].name}` : state.source;
+      const a = hash.get("a") || (info.other ? "a" : prev);
       const b = hash.get("b") || (info.other ? "b" : state.source);
       openDiff(a, b);
       loadTree();

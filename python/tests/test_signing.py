@@ -107,6 +107,8 @@ def test_a_flipped_pack_byte_fails_the_read_against_the_signed_manifest(tmp_path
         f.write(bytes([b[0] ^ 0x10]))
     with pytest.raises(treepack.CorruptError):
         treepack.load(loc, signed_by=me_pub)
+    with pytest.raises(treepack.CorruptError):  # mmap loads check chunks when a signature is asked for
+        treepack.load(loc, signed_by=me_pub, mmap=True)
     view = treepack.open(loc, signed_by=me_pub)  # the signature holds: the manifest is the signed one
     with pytest.raises(treepack.CorruptError):
         view["params"]["w"][:]
@@ -240,3 +242,43 @@ def test_the_model_signing_reference_verifier_checks_a_signed_tree(tmp_path):
         fh.write(b"\xff")
     ok, out = check(d, os.path.join(d, "treepack.sig"))
     assert not ok and "Hash mismatch" in out, out
+
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "golden")
+
+
+@pytest.mark.parametrize("alg", ["ed25519", "p256"])
+def test_the_golden_signature_checks_with_another_implementation(alg):
+    """docs/format.md section 12 checked by `cryptography` and the standard library alone: the
+    bundle's DSSE pre-authentication encoding verifies under the golden public key, and the
+    statement's subject is the golden demo tree's root hash — in all four of its layouts."""
+    import base64
+    import hashlib
+    import json
+
+    serialization = pytest.importorskip("cryptography.hazmat.primitives.serialization")
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    d = os.path.join(GOLDEN, "signing")
+    pub_pem = open(os.path.join(d, f"{alg}.pub.pem"), "rb").read()
+    bundle = json.load(open(os.path.join(d, f"demo.{alg}.sig")))
+    env = bundle["dsseEnvelope"]
+    payload = base64.b64decode(env["payload"])
+    ptype = env["payloadType"].encode()
+    pae = b"DSSEv1 %d %s %d %s" % (len(ptype), ptype, len(payload), payload)
+    key = serialization.load_pem_public_key(pub_pem)
+    sig = base64.b64decode(env["signatures"][0]["sig"])
+    if alg == "p256":
+        key.verify(sig, pae, ec.ECDSA(hashes.SHA256()))
+    else:
+        key.verify(sig, pae)
+    fingerprint = hashlib.sha256(pub_pem).hexdigest()
+    assert bundle["verificationMaterial"]["publicKey"]["hint"] == fingerprint == env["signatures"][0]["keyid"]
+    statement = json.loads(payload)
+    assert statement["_type"] == "https://in-toto.io/Statement/v1"
+    assert statement["predicateType"] == "https://treepack/signature/v1"
+    root = statement["subject"][0]["digest"]["treepackRootBlake3"]
+    for layout in ("demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4"):
+        assert treepack.root_hash(os.path.join(GOLDEN, layout)) == root
+    assert statement["predicate"]["formatVersion"] == [1, 4]

@@ -349,8 +349,9 @@ def load(
       framework="torch"))`` works for any safetensors file.
     - ``signed_by``: a public key (a PEM file's path, PEM bytes, a ``cryptography`` key) or a
       list of them: the load raises a ``SignatureError`` before reading any data unless the
-      tree is signed by one of them and unchanged since (docs/signing.md); ``min_version`` /
-      ``not_before`` also refuse an older signed tree put back in its place.
+      tree is signed by one of them and unchanged since (docs/signing.md), then checks every
+      chunk against the signed manifest (``mmap=True`` too, unless ``verify=False``);
+      ``min_version`` / ``not_before`` also refuse an older signed tree put back in its place.
 
     Options of the framework integrations (each passed to the integration that takes it; any
     other keyword is a ``TypeError``):
@@ -371,6 +372,9 @@ def load(
         # Checked first, from the manifest and the signature; the load then requires the signed
         # root of the manifest it reads (a tree replaced meanwhile is refused too).
         expect_root = _signing.checked_root(_path(path), signed_by, min_version, not_before, storage_options, expect_root)
+        # Every chunk is checked against the signed manifest, memory-mapped loads too, unless
+        # verify=False says otherwise.
+        verify = True if verify is None else verify
     else:
         _signing.no_policy_without_keys(min_version, not_before)
     if framework is not None:

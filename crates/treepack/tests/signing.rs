@@ -386,3 +386,67 @@ fn signing_reads_no_array_data_and_a_check_reads_one_small_file() {
     block_on(r.verify_signature_async(&by(&k))).unwrap();
     assert_eq!(r.location().stats().read_requests(), 1, "the signature file only");
 }
+
+/// `tests/golden/signing/`: fixed keys and the signature of `tests/golden/demo` (docs/format.md
+/// section 12). Signing is deterministic (Ed25519; ECDSA with RFC 6979 nonces), so the files
+/// are reproduced byte for byte (`TREEPACK_BLESS=1` rewrites them). One signature holds for the
+/// demo tree in all four golden layouts: the root hash does not depend on the layout or codecs.
+#[test]
+fn golden_signatures_are_reproduced_and_hold_in_every_layout() {
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden");
+    let dir = golden.join("signing");
+    let keys = [("ed25519", key(42)), ("p256", p256(42))];
+    let opts = SignOptions {
+        tree_version: Some(1),
+        name: Some("demo".into()),
+        signed_at: Some(UNIX_EPOCH + Duration::from_secs(1_795_000_000)),
+        ..Default::default()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = tmp.path().join("demo.tpk");
+    std::fs::copy(golden.join("demo.tpk"), &copy).unwrap();
+    let copy = copy.to_str().unwrap();
+    for (alg, k) in &keys {
+        let made = sign::sign(copy, k, &opts).unwrap();
+        let bytes = std::fs::read(format!("{copy}.sig")).unwrap();
+        let (priv_file, pub_file, sig_file) =
+            (dir.join(format!("{alg}.pem")), dir.join(format!("{alg}.pub.pem")), dir.join(format!("demo.{alg}.sig")));
+        if std::env::var_os("TREEPACK_BLESS").is_some() {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&priv_file, k.to_pem().unwrap()).unwrap();
+            std::fs::write(&pub_file, k.verifying_key().to_pem()).unwrap();
+            std::fs::write(&sig_file, &bytes).unwrap();
+        }
+        assert_eq!(std::fs::read(&sig_file).unwrap(), bytes, "{alg}: re-bless with TREEPACK_BLESS=1");
+        assert_eq!(sign::read_signing_key(&priv_file).unwrap().verifying_key(), k.verifying_key());
+        let trusted = SignedBy::keys([sign::read_verifying_key(&pub_file).unwrap()]);
+        assert_eq!(made.claims.root.to_hex(), "146c2c6856389c807c2b4773d07a333deab7b2cc03111df931f56f2e5781dab4");
+        for layout in ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4"] {
+            let target = tmp.path().join(format!("{alg}-{layout}"));
+            let src = golden.join(layout);
+            if src.is_dir() {
+                std::fs::create_dir_all(target.join("packs")).unwrap();
+                for f in files_of(&src) {
+                    std::fs::copy(src.join(&f), target.join(&f)).unwrap();
+                }
+                std::fs::copy(&sig_file, target.join(sign::DIR_SIGNATURE)).unwrap();
+            } else {
+                std::fs::copy(&src, &target).unwrap();
+                std::fs::copy(&sig_file, format!("{}.sig", target.display())).unwrap();
+            }
+            let t = target.to_str().unwrap();
+            let info = sign::verify_signature(t, &trusted).unwrap_or_else(|e| panic!("{alg} {layout}: {e}"));
+            assert_eq!(info.claims.tree_version, Some(1));
+            assert_eq!(info.claims.name, "demo");
+        }
+    }
+}
+
+/// The files of a golden directory tree: its manifest and packs, relative paths.
+fn files_of(dir: &Path) -> Vec<String> {
+    let mut out = vec!["treepack.json".to_string()];
+    for e in std::fs::read_dir(dir.join("packs")).unwrap() {
+        out.push(format!("packs/{}", e.unwrap().file_name().to_string_lossy()));
+    }
+    out
+}

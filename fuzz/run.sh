@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 secs="${1:-300}"; shift || true
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(manifest directory single_file keypath codec parts repo safetensors signature transport); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(manifest directory single_file keypath codec parts repo safetensors gguf signature transport); fi
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 # The kept corpus (minimised with `cargo fuzz cmin`) lives compressed in corpus.tar.xz; re-pack it
 # after a run with: cargo fuzz cmin -s none -a <target> corpus/<target>; tar -cJf corpus.tar.xz corpus
@@ -18,6 +18,8 @@ if [ ! -d corpus/manifest ]; then
 fi
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t"
+  # GGUF's seed: the file gguf-py wrote for the engine's tests.
+  if [ "$t" = gguf ] && [ -z "$(ls -A corpus/gguf)" ]; then cp ../crates/treepack/tests/data/gguf/*.gguf corpus/gguf/; fi
   echo "== fuzz $t for ${secs}s"
   cargo fuzz run -s none -a "$t" "corpus/$t" -- \
     -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 2>&1 \

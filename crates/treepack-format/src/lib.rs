@@ -9,7 +9,8 @@
 //! [`model`] is the in-memory tree; [`dtype`], [`keypath`], [`grid`] (chunking and slicing),
 //! [`hash`] (BLAKE3 of canonical bytes), [`codec`] and [`preview`] describe its leaves;
 //! [`merkle`] is the root hash over a whole tree, [`diff`] what differs between two;
-//! [`safetensors`] reads and writes that format's header; [`transport`] frames a tree as one
+//! [`safetensors`] reads and writes that format's header, [`gguf`] parses llama.cpp's model files'
+//! headers; [`transport`] frames a tree as one
 //! JSON document and [`schema`] describes a tree's type as a JSON Schema; [`json`] reads the free
 //! JSON values files hold (metadata, annotations, ...) with their depth bounded;
 //! [`manifest`] writes and parses `treepack.json`; [`container`] is the single-file (`.tpk`)
@@ -27,6 +28,7 @@ pub mod dtype;
 pub mod element;
 pub mod error;
 pub mod exec;
+pub mod gguf;
 pub mod grid;
 pub mod hash;
 pub mod json;

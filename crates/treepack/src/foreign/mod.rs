@@ -6,8 +6,12 @@
 //! read as the tree it holds wherever a location is parsed ([`crate::Location::parse`]: load,
 //! open, structure, the CLI's reading commands, convert), and
 //! [`crate::convert::detect_format`] names it `torch`. [`sharded`] reads a folder of
-//! Hugging Face shards and their index (safetensors or torch) as one flat tree.
+//! Hugging Face shards and their index (safetensors or torch) as one flat tree. [`gguf`] reads
+//! llama.cpp's GGUF model files (their header parsed by [`format::gguf`](crate::format::gguf))
+//! as a flat dict of tensors, quantized ones as their bytes, with the key-value pairs as the
+//! tree's metadata.
 
 pub mod dcp;
+pub mod gguf;
 pub mod sharded;
 pub mod torch;

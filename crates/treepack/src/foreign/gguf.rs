@@ -1,0 +1,181 @@
+//! GGUF files (llama.cpp's and ggml's models) read as treepack trees (issue 54).
+//!
+//! The header is parsed by [`format::gguf`](crate::format::gguf), strictly and with limits; the
+//! file is opened without following a link and mapped copy-on-write, and each tensor is a view
+//! of its bytes in the map (read with `pread` into one buffer where the file cannot be mapped).
+//! Nothing is read past the file's end: every tensor's extent was checked against its size.
+//!
+//! The tree is a flat dict from tensor name to array, names as stored, in file order:
+//!
+//! - `F32`, `F16`, `BF16`, `F64`, `I8`, `I16`, `I32` and `I64` tensors are arrays of that dtype
+//!   with numpy's shape (GGUF's dims, fastest-varying first, reversed);
+//! - quantized tensors (`Q4_0`, `Q8_0`, `Q4_K`, `IQ2_XXS`, …) are their raw bytes: a `uint8`
+//!   array of shape `[nbytes]` annotated `{"type": "gguf.quantized", "ggml_type": "Q4_K",
+//!   "shape": [...]}` ([`QUANTIZED`]; the logical shape in numpy's order). A reader that does
+//!   not know the annotation gets the `uint8` array (docs/format.md, section 5), so a quantized
+//!   model loads and round-trips everywhere, and the annotation tells how to dequantize it.
+//!
+//! The metadata key-value pairs are the tree's metadata: one JSON object, key → value
+//! ([`format::gguf::Value::to_json`](crate::format::gguf::Value::to_json): integers exact, a
+//! `uint64` above 2^53 too; arrays as arrays; non-finite floats as `"nan"`, `"inf"`, `"-inf"`).
+//! Big-endian and version-1 files are refused with a message saying so.
+
+use crate::format::dtype::DType;
+use crate::format::gguf::{self as g, GgufError};
+use crate::format::model::{ArrayData, Key, Node, Tree};
+use crate::{Error, Result};
+use bytes::Bytes;
+use std::fs::File;
+use std::path::Path;
+
+/// The annotation `type` of a quantized tensor's bytes.
+pub const QUANTIZED: &str = "gguf.quantized";
+
+/// What the location of a GGUF file is shown as having been read from.
+const READ_FROM: &str = "GGUF file";
+
+/// Why a GGUF file's location refuses writes.
+const READ_ONLY: &str = "a GGUF file is read as a tree but not written to; save to a directory or a .tpk \
+                         (`treepack cp MODEL.gguf DST` stores its tree)";
+
+/// The tree of the GGUF file at `path` as a read-only location in memory, shown as `display`:
+/// every reader (load, selections, structure, `inspect`, `ls`, `cat`, verify, convert) then
+/// works on it as on a treepack tree.
+///
+/// # Errors
+/// As [`read`].
+pub fn open_location(path: &Path, display: &str) -> Result<crate::Location> {
+    let file = crate::store::Location::parse(&path.to_string_lossy())?;
+    let (tree, metadata) = read(path)?;
+    crate::Location::read_into_memory(&tree, metadata, display, READ_ONLY, READ_FROM, file)
+}
+
+/// Read a GGUF file as a tree (a flat dict of its tensors, in file order) and its metadata
+/// (a JSON object of its key-value pairs; `None` when it has none). See the module's
+/// documentation for the shapes and annotations.
+///
+/// # Errors
+/// [`Error::InvalidForeign`] (format `GGUF`) for a file the header parser refuses, saying what
+/// and where; [`Error::Link`] if `path` is a symbolic link; [`Error::NotFound`], [`Error::Io`],
+/// [`Error::OutOfMemory`].
+pub fn read(path: impl AsRef<Path>) -> Result<(Node, Option<serde_json::Value>)> {
+    let path = path.as_ref();
+    let shown = path.display().to_string();
+    let bytes = file_bytes(path, &shown)?;
+    let header = g::parse_with(&bytes, bytes.len() as u64, &g::Limits::default()).map_err(|e| bad(&shown, &e))?;
+    let mut items = Vec::with_capacity(header.tensors.len());
+    for t in &header.tensors {
+        let r = header.range(t);
+        // Checked by the parser against the file's length, which is the buffer's.
+        let data = bytes.slice(r.start as usize..r.end as usize);
+        let a = match t.ggml_type.dtype() {
+            Some(dtype) => ArrayData::new(dtype, t.shape(), data)?,
+            None => ArrayData::new(DType::U8, vec![t.nbytes], data)?.with_annotation(Some(serde_json::json!({
+                "type": QUANTIZED,
+                "ggml_type": t.ggml_type.name,
+                "shape": t.shape(),
+            })))?,
+        };
+        items.push((Key::Str(t.name.clone()), Node::from(a)));
+    }
+    let metadata = header.metadata_json();
+    Ok((Tree::Dict(items), (!metadata.is_empty()).then_some(serde_json::Value::Object(metadata))))
+}
+
+fn bad(file: &str, e: &GgufError) -> Error {
+    Error::InvalidForeign { file: file.to_string(), format: "GGUF".into(), reason: e.to_string() }
+}
+
+/// The whole file: mapped copy-on-write, or read into one buffer where it cannot be mapped.
+fn file_bytes(path: &Path, shown: &str) -> Result<Bytes> {
+    let file = open_nofollow(path)?;
+    let meta = file.metadata().map_err(|e| Error::Io { path: path.to_path_buf(), source: e })?;
+    if !meta.is_file() {
+        return Err(Error::InvalidForeign {
+            file: shown.into(),
+            format: "GGUF".into(),
+            reason: "not a regular file".into(),
+        });
+    }
+    let len = meta.len();
+    // SAFETY: a private (copy-on-write) mapping of the file opened above; like every mmap
+    // reader, it assumes no other process truncates the file while it is read.
+    if let Ok(m) = unsafe { memmap2::MmapOptions::new().map_copy(&file) } {
+        if m.len() as u64 == len {
+            return Ok(Bytes::from_owner(m));
+        }
+    }
+    let n = usize::try_from(len).map_err(|_| Error::OutOfMemory { key: shown.into(), bytes: len })?;
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { key: shown.into(), bytes: len })?;
+    buf.resize(n, 0);
+    let got = read_at(&file, &mut buf, path)?;
+    buf.truncate(got);
+    Ok(Bytes::from(buf))
+}
+
+/// Open `path` for reading, refusing a symbolic link (the file given is the only one read).
+fn open_nofollow(path: &Path) -> Result<File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    }
+    match o.open(path) {
+        Ok(f) => Ok(f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::NotFound { location: path.display().to_string(), detail: "no such file".into() })
+        }
+        Err(_) if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) => {
+            Err(Error::Link { path: path.to_path_buf(), fix: "give the file itself, not a link to it".into() })
+        }
+        Err(e) => Err(Error::Io { path: path.to_path_buf(), source: e }),
+    }
+}
+
+/// Fill `buf` from the start of `file`, as far as the file goes; the bytes read.
+fn read_at(file: &File, buf: &mut [u8], path: &Path) -> Result<usize> {
+    use std::io::Read;
+    let mut f = file;
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read(&mut buf[done..]) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::Io { path: path.to_path_buf(), source: e }),
+        }
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_and_folders_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("m.gguf");
+        let mut b = b"GGUF".to_vec();
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&[0u8; 16]);
+        std::fs::write(&f, &b).unwrap();
+        let (tree, md) = read(&f).unwrap();
+        assert_eq!(tree, Tree::Dict(vec![]));
+        assert_eq!(md, None);
+        #[cfg(unix)]
+        {
+            let l = dir.path().join("l.gguf");
+            std::os::unix::fs::symlink(&f, &l).unwrap();
+            assert_eq!(read(&l).unwrap_err().kind(), "link");
+        }
+        assert_eq!(read(dir.path()).unwrap_err().kind(), "invalid_foreign");
+        assert_eq!(read(dir.path().join("none.gguf")).unwrap_err().kind(), "not_found");
+        std::fs::write(&f, b"GGUF\x01\0\0\0").unwrap();
+        let e = read(&f).unwrap_err();
+        assert!(e.to_string().contains("m.gguf") && e.to_string().contains("version 1"), "{e}");
+    }
+}

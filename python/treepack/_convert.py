@@ -21,7 +21,7 @@ from ._transport import memory_location
 
 __all__ = ["convert"]
 
-_FORMATS = ("treepack", "safetensors", "torch", "dcp", "npz", "npy", "zarr", "hdf5", "orbax", "jax")
+_FORMATS = ("treepack", "safetensors", "torch", "gguf", "dcp", "npz", "npy", "zarr", "hdf5", "orbax", "jax")
 
 
 def _format_of(path: str, explicit: Optional[str], read: bool) -> str:
@@ -133,9 +133,9 @@ def _convert(s: str, d: str, from_format: Optional[str], to_format: Optional[str
     if t == "torch":
         raise ValueError(f"{d}: treepack reads torch.save checkpoints but does not write them; convert to treepack or "
                          "safetensors, or torch.save(treepack.load(SRC), DST) with torch installed")
-    if t == "dcp":
-        raise ValueError(f"{d}: treepack reads torch.distributed checkpoints but does not write them; convert to "
-                         "treepack or safetensors")
+    if t in ("dcp", "gguf"):
+        what = "torch.distributed checkpoints" if t == "dcp" else "GGUF files"
+        raise ValueError(f"{d}: treepack reads {what} but does not write them; convert to treepack or safetensors")
     if t in ("orbax", "jax"):
         raise ValueError(f"{d}: treepack reads {'Orbax' if t == 'orbax' else 'JAX pytree_serialization'} checkpoints but "
                          "does not write them; convert to treepack, safetensors, Zarr or HDF5")
@@ -145,7 +145,7 @@ def _convert(s: str, d: str, from_format: Optional[str], to_format: Optional[str
         tree = _foreign_jax.read_tree(s, f, select)
         save(tree, d, overwrite=overwrite, storage_options=storage_options, progress=report, **save_kwargs)
         return _count(tree)
-    if ("safetensors" in (f, t) and "treepack" in (f, t)) or (f in ("torch", "dcp") and t in ("treepack", "safetensors")):
+    if ("safetensors" in (f, t) and "treepack" in (f, t)) or (f in ("torch", "dcp", "gguf") and t in ("treepack", "safetensors")):
         unknown = set(save_kwargs) - {"compression", "durable"}
         if unknown:
             raise TypeError(f"convert() got unexpected keyword arguments {sorted(unknown)}")

@@ -246,7 +246,6 @@ pub struct ConvertOptions {
     pub save: SaveOptions,
 }
 
-
 /// What a conversion did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConvertInfo {

@@ -111,6 +111,8 @@ impl Location {
             },
             // A torch.distributed checkpoint folder: its entries, flat, by their names.
             Some("dcp") if !file => crate::foreign::dcp::open_location(path, s),
+            // llama.cpp's models: tensors flat by name, quantized ones as their bytes.
+            Some("gguf") if file => crate::foreign::gguf::open_location(path, s),
             // Its tensors, flat, named as stored (a state_dict's keys); a sharded one's too.
             Some("safetensors") => {
                 let plain: Location = loc.clone().into();

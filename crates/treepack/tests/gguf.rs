@@ -338,9 +338,8 @@ fn the_tree_loads_through_its_location() {
 }
 
 /// `treepack::load(path)` of a GGUF file: on once location.rs reads GGUF files through
-/// `foreign::gguf::open_location` (the lead wires it; then drop the `ignore`).
+/// `foreign::gguf::open_location`.
 #[test]
-#[ignore = "until Location::parse routes GGUF files to foreign::gguf::open_location"]
 fn treepack_load_reads_a_gguf_path() {
     let dir = tempfile::tempdir().unwrap();
     let (bytes, want_md) = every_kind();

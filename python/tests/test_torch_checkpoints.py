@@ -318,3 +318,51 @@ def test_framework_torch_converts_arrays_other_libraries_saved(tmp_path):
     assert isinstance(t["j"], torch.Tensor) and torch.equal(t["j"], torch.arange(3.0)) and torch.equal(t["t"], torch.ones(2))
     j = treepack.load(tmp_path / "mixed", framework="jax")
     assert isinstance(j["t"], jax.Array) and isinstance(j["j"], jax.Array)
+
+
+def test_with_placeholders_a_checkpoint_naming_code_loads_with_unloadables_and_nothing_runs(tmp_path):
+    h = Hostile(tmp_path)
+    sys.path.insert(0, str(h.modules))
+    try:
+        obj = {
+            "model": {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(2)},
+            "thing": [_canary_class()(), 3],  # pickled as copyreg.__newobj__ + BUILD of its __dict__
+            "system": Evil(os.system, (f"touch {h.outside}/PWNED",)),
+        }
+        p = tmp_path / "model.pt"
+        torch.save(obj, p)
+    finally:
+        sys.path.remove(str(h.modules))
+        sys.modules.pop(CANARY_MODULE, None)
+        for f in ("IMPORTED", "CONSTRUCTED"):
+            (h.outside / f).unlink(missing_ok=True)
+        h.before = __import__("hostile_harness")._snapshot(h.outside)
+    boom = f"{CANARY_MODULE}.Boom"
+    r = h.run(f"""
+import numpy as np, treepack
+from treepack import _codec, _core
+P = {str(p)!r}
+t = treepack.load(P, on_missing="placeholder")
+assert sorted(t) == ["model", "system", "thing"], t
+assert np.array_equal(np.asarray(t["model"]["w"]), np.arange(6, dtype=np.float32).reshape(2, 3))
+assert np.array_equal(np.asarray(t["model"]["b"]), np.ones(2, dtype=np.float32))
+u = t["thing"][0]
+assert isinstance(u, treepack.Unloadable) and u.type_name == {boom!r} and u.data is None, u
+assert "refused global" in u.reason and "nothing named by the file was imported or run" in u.reason, u.reason
+assert t["thing"][1] == 3
+s = t["system"]
+assert isinstance(s, treepack.Unloadable) and s.type_name in ("posix.system", "os.system"), s
+# Selections too.
+t = treepack.load(P, on_missing="placeholder", select="model")
+assert t["thing"] == [None, None] and t["system"] is None and set(t["model"]) == {{"w", "b"}}, t
+t = treepack.load(P, on_missing="placeholder", select="thing")
+assert isinstance(t["thing"][0], treepack.Unloadable) and t["model"] == {{"w": None, "b": None}}, t
+# Such a tree loaded strictly would be refused by the audit, naming the placeholder and where.
+bad = _codec.audit(_core.Reader.torch_placeholders(P).types(_codec.AUDIT_FREE), (), False)
+assert bad["pickle:" + {boom!r}] == ["thing/0"], bad
+""", timeout=120)
+    assert r["outcome"] == "ok", r.get("traceback", r)
+    # The default is as strict as before: refused, naming the global and the key path.
+    r = h.error(f"import treepack\ntreepack.load({str(p)!r})\n", "TreepackError", "Exception", match=CANARY_MODULE)
+    assert "thing" in r["message"], r["message"]
+    assert not (h.outside / "PWNED").exists()

@@ -486,7 +486,8 @@ class LoadRequest:
 
     def reader(self) -> Any:
         """A Reader of the location (checked against ``expect_root``)."""
-        r = _core.Reader(self.path, _opts(self.storage_options))
+        r = _core.Reader.torch_placeholders(self.path) if _torch_placeholders(self) else \
+            _core.Reader(self.path, _opts(self.storage_options))
         if self.expect_root is not None:
             r.expect_root(self.expect_root)
         return r
@@ -562,12 +563,23 @@ def _load(request: LoadRequest, progress: Progress) -> Any:
     in full. The core starts over when an overwrite replaced the tree meanwhile."""
     select, like = request.select, request.like
     sel = [select] if isinstance(select, str) else (list(select) if select is not None else None)
+    if _torch_placeholders(request):
+        return _through_reader(request, request.reader(), sel, progress)
     return _core.load(
         request.path, request.decoder, _codec.np_dtype, _codec.AUDIT_FREE,
         request.reader, lambda r: _through_reader(request, r, sel, progress),
         select=sel, like=like is not None, mmap=request.mmap, progress=not (progress is None or progress is False),
         verify=request.verify, expect_root=request.expect_root, storage_options=_opts(request.storage_options),
     )
+
+
+def _torch_placeholders(request: LoadRequest) -> bool:
+    """Whether the load reads a local torch.save checkpoint with ``on_missing="placeholder"``:
+    then objects its pickle builds from globals outside the reader's allow-list come back as
+    ``Unloadable`` (nothing imported or run) instead of refusing the whole file."""
+    p = request.path
+    return request.on_missing == "placeholder" and "://" not in p and os.path.isfile(p) \
+        and _core.detect_format(p, True) == "torch"
 
 
 def _through_reader(request: LoadRequest, r: Any, sel: Optional[List[str]], progress: Progress) -> Any:

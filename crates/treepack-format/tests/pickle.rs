@@ -168,3 +168,65 @@ fn dcp_metadata_reads_as_a_typed_description() {
     let e = dcp::read(DCP_INDEX, &Limits::default()).unwrap_err();
     assert!(e.to_string().contains("not torch.distributed.checkpoint.metadata.Metadata"), "{e}");
 }
+
+/// The placeholder of an object built from the refused global `g`, as `read_placeholders` makes it.
+fn is_placeholder(t: &Tree<Item>, g: &str) -> bool {
+    matches!(t, Tree::Custom { type_name, data, children }
+        if *type_name == format!("pickle:{g}") && children.is_empty() && data["global"] == g
+            && data["reason"].as_str().is_some_and(|r| r.contains(g) && r.contains("nothing named by the file was imported or run")))
+}
+
+#[test]
+fn refused_globals_become_placeholders_only_when_asked() {
+    use treepack_format::pickle::parse_placeholders;
+    use treepack_format::pickle::torch::read_placeholders;
+    let ph = |b: &[u8]| read_placeholders(b, &Limits::default()).unwrap_or_else(|e| panic!("{e}")).tree;
+    // {'a': os.system('ls'), 'b': 7}: REDUCE on a refused global.
+    let system = b"\x80\x02}(X\x01\x00\x00\x00acos\nsystem\nX\x02\x00\x00\x00ls\x85RX\x01\x00\x00\x00bK\x07u.";
+    match err(system) {
+        PickleError::Refused { global, path, .. } => assert_eq!((global.as_str(), path.as_str()), ("os.system", "a")),
+        e => panic!("{e}"),
+    }
+    let Tree::Dict(items) = ph(system) else { panic!() };
+    assert!(is_placeholder(&items[0].1, "os.system"), "{:?}", items[0].1);
+    assert_eq!(items[1], (Key::Str("b".into()), leaf(Leaf::Int(7.into()))));
+    // NEWOBJ then BUILD on a refused class: its state is dropped, unread.
+    let built = b"\x80\x02cmypkg\nThing\n)\x81}X\x01\x00\x00\x00xcos\nsystem\nsb.";
+    assert_eq!(err(built).kind(), "refused");
+    assert!(is_placeholder(&ph(built), "mypkg.Thing"));
+    // A list subclass with APPENDS, a dict subclass with SETITEMS, INST, OBJ and NEWOBJ_EX: all placeholders.
+    let list_sub = b"\x80\x02cmypkg\nL\n)\x81(K\x01K\x02e.";
+    assert!(is_placeholder(&ph(list_sub), "mypkg.L"));
+    let dict_sub = b"\x80\x02cmypkg\nD\n)\x81(K\x01K\x02u.";
+    assert!(is_placeholder(&ph(dict_sub), "mypkg.D"));
+    assert!(is_placeholder(&ph(b"(K\x01imypkg\nThing\n."), "mypkg.Thing"));
+    assert!(is_placeholder(&ph(b"\x80\x02(cmypkg\nThing\nK\x01o."), "mypkg.Thing"));
+    assert!(is_placeholder(&ph(b"\x80\x04\x8c\x05mypkg\x8c\x05Thing\x93)}\x92."), "mypkg.Thing"));
+    // A refused global never called, inside a list and as a dict value.
+    let Tree::List(v) = ph(b"\x80\x02](cmypkg\nThing\n)\x81K\x01}X\x01\x00\x00\x00kcbuiltins\neval\nse.") else {
+        panic!()
+    };
+    assert!(is_placeholder(&v[0], "mypkg.Thing"));
+    assert_eq!(v[1], leaf(Leaf::Int(1.into())));
+    let Tree::Dict(d) = &v[2] else { panic!() };
+    assert!(is_placeholder(&d[0].1, "builtins.eval"));
+    // As a dict key a placeholder cannot stand: still refused, naming it and where.
+    match read_placeholders(b"\x80\x02}(X\x01\x00\x00\x00k}cmypkg\nThing\n)\x81K\x01su.", &Limits::default()) {
+        Err(PickleError::Refused { global, path, .. }) => {
+            assert_eq!((global.as_str(), path.as_str()), ("mypkg.Thing", "k"))
+        }
+        r => panic!("{r:?}"),
+    }
+    // A placeholder given to an allowed global is checked as data, as anything else would be.
+    let arg = b"\x80\x02ccollections\nOrderedDict\ncmypkg\nX\n)R\x85R.";
+    assert_eq!(read_placeholders(arg, &Limits::default()).unwrap_err().kind(), "bad_call");
+    // Other opcodes and every limit hold as before.
+    assert_eq!(parse_placeholders(b"\x80\x02\x82\x01.", &Limits::default()).unwrap_err().kind(), "opcode");
+    let tight = Limits { max_depth: 10, max_memo: 4, max_objects: 100, ..Limits::default() };
+    let many = [&b"\x80\x02("[..], &b"cmypkg\nT\n)R".repeat(60), b"l."].concat();
+    assert_eq!(parse_placeholders(&many, &tight).unwrap_err().kind(), "limit");
+    let deep = [&b"\x80\x02cmypkg\nT\n"[..], &[b'('; 11], b"."].concat();
+    assert_eq!(parse_placeholders(&deep, &tight).unwrap_err().kind(), "limit");
+    let big = b"\x80\x02cmypkg\nT\n\x8b\x00\x00\x00\x40";
+    assert_eq!(parse_placeholders(big, &tight).unwrap_err().kind(), "limit");
+}

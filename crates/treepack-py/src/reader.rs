@@ -21,6 +21,19 @@ impl Reader {
         Ok(Reader { inner })
     }
 
+    /// A reader over the tree of the local `torch.save` checkpoint at `path` in which each
+    /// object its pickle builds from a global outside the allow-list is a `pickle:<module.name>`
+    /// placeholder, not an error (`treepack::foreign::torch::read_placeholders`): for loads
+    /// with `on_missing="placeholder"`. Nothing named by the file is imported or run.
+    #[staticmethod]
+    pub(crate) fn torch_placeholders(py: Python<'_>, path: &str) -> PyResult<Self> {
+        let loc = py
+            .detach(|| treepack::foreign::torch::open_location_placeholders(std::path::Path::new(path), path))
+            .map_err(py_err)?;
+        let inner = py.detach(|| treepack::Reader::open(loc)).map_err(py_err)?;
+        Ok(Reader { inner })
+    }
+
     /// Every record/custom node a load with `select`/`keep` would build: (kind, type, data JSON
     /// or None, key path), leaving out custom nodes whose type is in `skip` (types the caller
     /// accepts whatever their data, so 10k datetimes cost no rows). Constructs nothing.

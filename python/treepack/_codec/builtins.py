@@ -467,6 +467,12 @@ class Decoder:
             except LookupError as e:
                 return self._missing(type_name, kids, str(e))
             return records.build(cls, kids)
+        if type_name.startswith("pickle:"):
+            # An object a torch checkpoint's pickle builds from a global outside the reader's
+            # allow-list (read with on_missing="placeholder"): never built, whatever is trusted.
+            reason = data.get("reason") if isinstance(data, dict) else None
+            return self._missing(type_name[len("pickle:"):], None,
+                                 reason if isinstance(reason, str) else "refused by treepack's pickle reader")
         if type_name.startswith("py."):
             return self._builtin(type_name, data, kids)
         build = reg.node_decoder(type_name)

@@ -31,7 +31,7 @@ pub mod torch;
 use crate::model::Int;
 
 pub use globals::{AllowList, DcpClass, Global};
-pub use machine::{parse, parse_with};
+pub use machine::{parse, parse_placeholders, parse_with};
 
 /// Limits of one parse. The defaults suit checkpoints of any real size: the counts grow with
 /// the number of tensors (a few objects each), not with their bytes.
@@ -295,6 +295,10 @@ pub enum Obj {
     Numpy(NumpyObj),
     /// An instance of a class read as a record (DCP's metadata only).
     Record(Record),
+    /// A global outside the allow-list, or what the stream made by calling it or setting its
+    /// state, as a placeholder naming it (`module.name`): only made by
+    /// [`parse_placeholders`]; nothing of it was imported or run.
+    Refused(String),
 }
 
 impl Obj {
@@ -324,6 +328,7 @@ impl Obj {
             Obj::Numpy(NumpyObj::Dtype { .. }) => "numpy.dtype",
             Obj::Numpy(NumpyObj::Array(_)) => "numpy.ndarray",
             Obj::Numpy(NumpyObj::Scalar { .. }) => "numpy scalar",
+            Obj::Refused(_) => "refused global",
             Obj::Record(r) => match r.class {
                 Global::Dcp(c) => c.name(),
                 Global::DcpMemFormat => "_MEM_FORMAT_ENCODING",

@@ -115,6 +115,29 @@ pub fn read(data: &[u8], limits: &Limits) -> R<Checkpoint> {
     interpret(&p, limits)
 }
 
+/// Parse `data` as [`read`] does, except that an object the pickle builds from a global
+/// outside the allow-list becomes a placeholder instead of an error
+/// ([`parse_placeholders`](super::parse_placeholders)): a [`Tree::Custom`] of type
+/// `pickle:<module.name>` (a name no treepack type has) with data `{"global", "reason"}` and
+/// no children. Nothing named by the file is imported or run; every other check and limit
+/// holds as in [`read`].
+///
+/// # Errors
+/// As [`read`], less refused globals (a refused object used as a dict key is still refused:
+/// a placeholder cannot be a key).
+pub fn read_placeholders(data: &[u8], limits: &Limits) -> R<Checkpoint> {
+    let p = super::parse_placeholders(data, limits)?;
+    interpret(&p, limits)
+}
+
+/// The custom type of the placeholder for an object built from the refused global `global`.
+pub fn placeholder_type(global: &str) -> String {
+    format!("{PLACEHOLDER_PREFIX}{global}")
+}
+
+/// The prefix of placeholders' custom types ([`read_placeholders`]).
+pub const PLACEHOLDER_PREFIX: &str = "pickle:";
+
 /// Build the tree of a parsed pickle.
 ///
 /// # Errors
@@ -291,6 +314,18 @@ impl Walk<'_> {
             }
             Obj::Tensor(t) => self.tensor(t),
             Obj::Numpy(n) => self.numpy(n),
+            Obj::Refused(g) => Ok(Tree::Custom {
+                type_name: placeholder_type(g),
+                data: serde_json::json!({
+                    "global": g,
+                    "reason": format!(
+                        "refused global `{g}` by treepack's non-executing pickle reader ({}); nothing named by \
+                         the file was imported or run",
+                        super::AllowList::TorchSave.reads()
+                    ),
+                }),
+                children: vec![],
+            }),
             // Records are made only under the DCP metadata's allow-list, never a checkpoint's.
             Obj::Record(r) => {
                 Err(self.bad(&r.class.name(), "a record is not a value of a torch.save checkpoint".into()))
@@ -363,6 +398,13 @@ impl Walk<'_> {
                     return Err(self.bad("dict key", "a tuple key of more than 64 items".into()));
                 }
                 Key::Tuple(v.iter().map(|&c| self.key(c, depth + 1)).collect::<R<_>>()?)
+            }
+            Obj::Refused(g) => {
+                return Err(PickleError::Refused {
+                    global: g.clone(),
+                    path: self.at(),
+                    reads: super::AllowList::TorchSave.reads(),
+                })
             }
             o => return Err(self.bad("dict key", format!("a {} cannot be a key of a tree's dict", o.type_name()))),
         })

@@ -115,8 +115,33 @@ pub struct Structure {
 /// [`Error::OutOfMemory`].
 pub fn read(path: impl AsRef<Path>) -> Result<Node> {
     let c = Opened::open(path.as_ref())?;
-    let s = c.structure()?;
+    let s = c.structure(false)?;
     c.materialise(&s)
+}
+
+/// Read a `torch.save` checkpoint as [`read`] does, except that each object its pickle builds
+/// from a global outside the allow-list is a placeholder instead of an error: a custom node of
+/// type `pickle:<module.name>` (a name no treepack type has, so it is never built: Python's
+/// `on_missing="placeholder"` gives a `treepack.Unloadable` for it) whose data says why
+/// ([`format::pickle::torch::read_placeholders`](crate::format::pickle::torch::read_placeholders)).
+/// Nothing named by the file is imported or run; every other check is as in [`read`].
+///
+/// # Errors
+/// As [`read`], less refused globals (but for one used as a dict key).
+pub fn read_placeholders(path: impl AsRef<Path>) -> Result<Node> {
+    let c = Opened::open(path.as_ref())?;
+    let s = c.structure(true)?;
+    c.materialise(&s)
+}
+
+/// [`open_location`] over [`read_placeholders`]'s tree.
+///
+/// # Errors
+/// As [`read_placeholders`].
+pub fn open_location_placeholders(path: &Path, display: &str) -> Result<crate::Location> {
+    let file = crate::store::Location::parse(&path.to_string_lossy())?;
+    let tree = read_placeholders(path)?;
+    crate::Location::read_into_memory(&tree, None, display, DOCUMENT_READ_ONLY, "torch.save checkpoint", file)
 }
 
 /// Read a `torch.save` checkpoint held in `data` (a whole file, or a range of one: each chunk
@@ -127,7 +152,7 @@ pub fn read(path: impl AsRef<Path>) -> Result<Node> {
 /// As [`read`].
 pub fn read_bytes(data: Bytes, shown: &str) -> Result<Node> {
     let c = Opened::from_bytes(data, shown.to_string())?;
-    let s = c.structure()?;
+    let s = c.structure(false)?;
     c.materialise(&s)
 }
 
@@ -136,7 +161,7 @@ pub fn read_bytes(data: Bytes, shown: &str) -> Result<Node> {
 /// # Errors
 /// As [`read`].
 pub fn read_structure(path: impl AsRef<Path>) -> Result<Structure> {
-    Opened::open(path.as_ref())?.structure()
+    Opened::open(path.as_ref())?.structure(false)
 }
 
 /// One zip entry this reader may use.
@@ -248,7 +273,8 @@ impl Opened {
         }
     }
 
-    fn structure(&self) -> Result<Structure> {
+    /// The tree and storages; `placeholders`: refused globals as placeholders, not errors.
+    fn structure(&self, placeholders: bool) -> Result<Structure> {
         let big_endian = match self.entry("byteorder")? {
             None => false,
             Some(e) => match self.read_range(e, 0, e.size.min(16), "byteorder")?.as_ref() {
@@ -266,7 +292,8 @@ impl Opened {
             return Err(Error::limit("data.pkl size", MAX_PICKLE_BYTES, format!("{}: {} bytes", self.shown, pkl.size)));
         }
         let bytes = self.read_range(pkl, 0, pkl.size, "data.pkl")?;
-        let Checkpoint { tree, storages } = tp::read(&bytes, &Limits::default())
+        let read = if placeholders { tp::read_placeholders } else { tp::read };
+        let Checkpoint { tree, storages } = read(&bytes, &Limits::default())
             .map_err(|e| Error::Pickle { file: format!("{} (data.pkl)", self.shown), source: e })?;
         for (key, s) in &storages {
             let e = self

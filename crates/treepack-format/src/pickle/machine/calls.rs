@@ -22,6 +22,25 @@ impl Machine<'_> {
         })
     }
 
+    /// A global met by `GLOBAL`, `STACK_GLOBAL` or `INST`: the allowed one, or — when
+    /// placeholders are asked for — an [`Obj::Refused`] naming one outside the list.
+    pub(super) fn global_obj(&self, module: &str, name: &str) -> R<Obj> {
+        match self.global(module, name) {
+            Ok(g) => Ok(Obj::Global(g)),
+            Err(PickleError::Refused { global, .. }) if self.placeholders => Ok(Obj::Refused(global)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What calling `f` makes when `f` is a refused global's placeholder (or an object made
+    /// from one): that placeholder again, its arguments never looked at.
+    pub(super) fn refused(&self, f: Id) -> Option<Obj> {
+        match self.obj(f) {
+            Obj::Refused(name) => Some(Obj::Refused(name.clone())),
+            _ => None,
+        }
+    }
+
     pub(super) fn callable(&self, f: Id) -> R<Global> {
         match self.obj(f) {
             Obj::Global(g) => Ok(g.clone()),
@@ -421,6 +440,8 @@ impl Machine<'_> {
                 _ => Err(self.build_err("OrderedDict", "state is not a dict of attributes")),
             },
             Obj::Record(r) => self.build_record(target, r, state),
+            // A refused class's instance (placeholders only): its state is dropped, unread.
+            Obj::Refused(_) => Ok(()),
             o => Err(self.build_err(o.type_name(), "BUILD (__setstate__) is only read for numpy arrays and dtypes")),
         }
     }

@@ -32,12 +32,31 @@ pub fn parse(data: &[u8], limits: &Limits) -> R<Pickle> {
 /// # Errors
 /// As [`parse`].
 pub fn parse_with(data: &[u8], limits: &Limits, allow: AllowList) -> R<Pickle> {
+    run(data, limits, allow, false)
+}
+
+/// Parse a `torch.save` pickle as [`parse`] does, except that a global outside
+/// [`AllowList::TorchSave`] is not an error: it becomes an [`Obj::Refused`] naming it, and
+/// whatever the stream makes by calling it (`REDUCE`, `NEWOBJ`, `OBJ`, `INST`) or setting its
+/// state (`BUILD`), appending or setting items on it, is that placeholder again, its arguments
+/// dropped and never interpreted. Nothing is imported or run either way; every other check and
+/// limit holds as in [`parse`]. For loads that ask for placeholders (Python's
+/// `on_missing="placeholder"`); the default stays [`parse`].
+///
+/// # Errors
+/// As [`parse`], less [`PickleError::Refused`].
+pub fn parse_placeholders(data: &[u8], limits: &Limits) -> R<Pickle> {
+    run(data, limits, AllowList::TorchSave, true)
+}
+
+fn run(data: &[u8], limits: &Limits, allow: AllowList, placeholders: bool) -> R<Pickle> {
     let mut m = Machine {
         data,
         pos: 0,
         op_at: 0,
         limits,
         allow,
+        placeholders,
         objects: vec![],
         stack: vec![],
         marks: vec![],
@@ -55,6 +74,8 @@ struct Machine<'a> {
     limits: &'a Limits,
     /// The globals this parse may resolve.
     allow: AllowList,
+    /// Refused globals become [`Obj::Refused`] placeholders instead of errors.
+    placeholders: bool,
     objects: Vec<Obj>,
     stack: Vec<Id>,
     /// Stack lengths at each open `MARK`.
@@ -218,7 +239,7 @@ impl<'a> Machine<'a> {
                         };
                         // The items since the MARK are finished elements, but for a callable
                         // whose arguments are being built: that one is the element being made.
-                        let pending = matches!(self.obj(self.stack[end - 1]), Obj::Global(_));
+                        let pending = matches!(self.obj(self.stack[end - 1]), Obj::Global(_) | Obj::Refused(_));
                         steps.push((before + count - usize::from(pending)).to_string());
                     } else if let Obj::List(v) = o {
                         steps.push(v.len().to_string());
@@ -537,8 +558,8 @@ impl<'a> Machine<'a> {
                 b'c' => {
                     let module = self.line_str("GLOBAL module")?;
                     let name = self.line_str("GLOBAL name")?;
-                    let g = self.global(module, name)?;
-                    self.push(Obj::Global(g))?
+                    let o = self.global_obj(module, name)?;
+                    self.push(o)?
                 }
                 0x93 => {
                     let name = self.pop()?;
@@ -546,15 +567,22 @@ impl<'a> Machine<'a> {
                     let (Obj::Str(module), Obj::Str(name)) = (self.obj(module).clone(), self.obj(name).clone()) else {
                         return Err(self.malformed("STACK_GLOBAL of non-strings"));
                     };
-                    let g = self.global(&module, &name)?;
-                    self.push(Obj::Global(g))?
+                    let o = self.global_obj(&module, &name)?;
+                    self.push(o)?
                 }
                 b'i' => {
                     let module = self.line_str("INST module")?;
                     let name = self.line_str("INST name")?;
-                    let g = self.global(module, name)?;
-                    let args = self.pop_mark()?;
-                    let o = self.apply(&g, &args)?;
+                    let o = match self.global_obj(module, name)? {
+                        Obj::Global(g) => {
+                            let args = self.pop_mark()?;
+                            self.apply(&g, &args)?
+                        }
+                        refused => {
+                            self.pop_mark()?;
+                            refused
+                        }
+                    };
                     self.push(o)?
                 }
                 b'o' => {
@@ -563,6 +591,10 @@ impl<'a> Machine<'a> {
                         return Err(self.malformed("OBJ without a class"));
                     }
                     let cls = args.remove(0);
+                    if let Some(r) = self.refused(cls) {
+                        self.push(r)?;
+                        continue;
+                    }
                     let g = self.callable(cls)?;
                     let o = self.apply(&g, &args)?;
                     self.push(o)?
@@ -570,6 +602,10 @@ impl<'a> Machine<'a> {
                 b'R' | 0x81 => {
                     let args = self.pop()?;
                     let f = self.pop()?;
+                    if let Some(r) = self.refused(f) {
+                        self.push(r)?;
+                        continue;
+                    }
                     let g = self.callable(f)?;
                     let Obj::Tuple(args) = self.obj(args).clone() else {
                         return Err(self.bad_call(&g, "arguments are not a tuple"));
@@ -581,6 +617,10 @@ impl<'a> Machine<'a> {
                     let kwargs = self.pop()?;
                     let args = self.pop()?;
                     let f = self.pop()?;
+                    if let Some(r) = self.refused(f) {
+                        self.push(r)?;
+                        continue;
+                    }
                     let g = self.callable(f)?;
                     match self.obj(kwargs) {
                         Obj::Dict { items, .. } if items.is_empty() => {}
@@ -647,6 +687,8 @@ impl<'a> Machine<'a> {
                 v.extend_from_slice(items);
                 Ok(())
             }
+            // A placeholder's items (a list subclass of a refused class): dropped.
+            Some(Obj::Refused(_)) => Ok(()),
             _ => Err(self.malformed(format!("APPEND to a {}, not a list", self.obj(l).type_name()))),
         }
     }
@@ -659,6 +701,8 @@ impl<'a> Machine<'a> {
                 items.extend_from_slice(pairs);
                 Ok(())
             }
+            // A placeholder's items (a dict subclass of a refused class): dropped.
+            Some(Obj::Refused(_)) => Ok(()),
             _ => Err(self.malformed(format!("SETITEM on a {}, not a dict", self.obj(d).type_name()))),
         }
     }

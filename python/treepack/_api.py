@@ -368,10 +368,11 @@ def load(
     tree of plain containers, values and built-in types such as datetime is built in one pass
     while its manifest is read; the audit has nothing to refuse there.)
     """
+    signed = None
     if signed_by is not None:
-        # Checked first, from the manifest and the signature; the load then requires the signed
-        # root of the manifest it reads (a tree replaced meanwhile is refused too).
-        expect_root = _signing.checked_root(_path(path), signed_by, min_version, not_before, storage_options, expect_root)
+        # Checked before anything is built, against the very manifest the load builds from (the
+        # core's one pass), or by the reader the load reads through (`LoadRequest.reader`).
+        signed = _signing.Signed(signed_by, min_version, not_before)
         # Every chunk is checked against the signed manifest, memory-mapped loads too, unless
         # verify=False says otherwise.
         verify = True if verify is None else verify
@@ -387,7 +388,8 @@ def load(
             # every array as the numpy array it is stored as, then made a jax.Array.
             out = load(path, select=select, like=like, trust=trust, allow_pickle=allow_pickle, on_missing=on_missing,
                        mmap=mmap, verify=verify, storage_options=storage_options, progress=progress,
-                       numpy=numpy or framework == "jax", expect_root=expect_root, separator=separator, **options)
+                       numpy=numpy or framework == "jax", expect_root=expect_root, separator=separator,
+                       signed_by=signed_by, min_version=min_version, not_before=not_before, **options)
             return _as_framework(out, framework, options)
     hooks = _registry.load_hooks(options)  # (a TypeError for a keyword no integration takes)
     p = _path(path)
@@ -396,6 +398,9 @@ def load(
         fmt = None  # the core reads a safetensors file as the flat tree it holds, wherever a location is
     elif fmt is None and separator is not None:
         raise TypeError(f"load() of {p}: separator= applies to files of flat names (safetensors, npz), not to this")
+    if fmt is not None and signed is not None:
+        raise _core.UnsignedError(f"{p}: a {fmt} file holds no treepack signature, and signed_by= asks for one: store "
+                                  "it as a treepack tree (treepack.convert), sign that, and load it")
     if fmt is not None:
         from ._convert import load_foreign
 
@@ -410,7 +415,7 @@ def load(
     dec = _codec.Decoder(trust_t, allow_pickle, on_missing == "placeholder", options, plain=numpy)
     verify = (not mmap) if verify is None else verify
     request = LoadRequest(p, storage_options, select, like, trust_t, allow_pickle, on_missing, mmap, verify,
-                          expect_root, dec, options)
+                          expect_root, dec, options, signed)
     for hook in hooks:
         # A load an integration makes its own way (dask=True: lazy Dask arrays).
         out = hook(request)
@@ -478,18 +483,21 @@ class LoadRequest:
 
     def __init__(self, path: str, storage_options: StorageOptions, select: Any, like: Any, trust: Tuple[str, ...],
                  allow_pickle: bool, on_missing: str, mmap: bool, verify: bool, expect_root: Optional[str],
-                 decoder: Any, options: Mapping[str, Any]) -> None:
+                 decoder: Any, options: Mapping[str, Any], signed: Any = None) -> None:
         self.path, self.storage_options, self.select, self.like = path, storage_options, select, like
         self.trust, self.allow_pickle, self.on_missing = trust, allow_pickle, on_missing
         self.mmap, self.verify, self.expect_root = mmap, verify, expect_root
-        self.decoder, self.options = decoder, options
+        self.decoder, self.options, self.signed = decoder, options, signed
 
     def reader(self) -> Any:
-        """A Reader of the location (checked against ``expect_root``)."""
+        """A Reader of the location (checked against ``expect_root`` and, for a signed load,
+        its signature: before anything is read through it)."""
         r = _core.Reader.torch_placeholders(self.path) if _torch_placeholders(self) else \
             _core.Reader(self.path, _opts(self.storage_options))
         if self.expect_root is not None:
             r.expect_root(self.expect_root)
+        if self.signed is not None:
+            self.signed.check(r)
         return r
 
     def structure(self, reader: Any) -> Any:
@@ -570,6 +578,7 @@ def _load(request: LoadRequest, progress: Progress) -> Any:
         request.reader, lambda r: _through_reader(request, r, sel, progress),
         select=sel, like=like is not None, mmap=request.mmap, progress=not (progress is None or progress is False),
         verify=request.verify, expect_root=request.expect_root, storage_options=_opts(request.storage_options),
+        **(request.signed.core_kwargs() if request.signed is not None else {}),
     )
 
 

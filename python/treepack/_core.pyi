@@ -142,6 +142,9 @@ def load(
     verify: bool = True,
     expect_root: Optional[str] = None,
     storage_options: StorageOptions = None,
+    signed_by: Optional[List[Tuple[str, str]]] = None,
+    min_version: Optional[int] = None,
+    not_before_ms: Optional[int] = None,
 ) -> Any:
     """A load on the path the core's policy picks: one pass over the manifest for a whole tree
     that needs no audit, else ``through_reader(open_reader())``; a ``FileNotFoundError`` from it

@@ -167,17 +167,20 @@ def generate_key(path: Any = None, *, algorithm: str = "ed25519", overwrite: boo
     return private.encode("ascii"), public.encode("ascii")
 
 
-def checked_root(path: str, signed_by: Any, min_version: Optional[int], not_before: Any,
-                 storage_options: Any, expect_root: Optional[str]) -> str:
-    """``load(signed_by=)``'s check, before anything is read: the signed root hash, which the
-    load then requires (``expect_root``) of the manifest it reads — so a tree replaced between
-    the check and the load is refused too."""
-    info = verify_signature(path, signed_by, min_version=min_version, not_before=not_before,
-                            storage_options=storage_options)
-    if expect_root is not None and expect_root.lower() != info.root:
-        raise _core.RootMismatchError(
-            f"{path}: signed root hash is {info.root}, but {expect_root} was expected: this is not the tree asked for")
-    return info.root
+class Signed:
+    """What a signed load requires (``load``'s ``signed_by``, ``min_version``, ``not_before``),
+    keys read once: the core checks the manifest its one pass builds from, and each reader the
+    load opens is checked before anything is read through it."""
+
+    def __init__(self, signed_by: Any, min_version: Optional[int], not_before: Any) -> None:
+        self.keys, self.min_version, self.not_before_ms = _keys(signed_by), min_version, _ms(not_before)
+
+    def core_kwargs(self) -> Dict[str, Any]:
+        return {"signed_by": self.keys, "min_version": self.min_version, "not_before_ms": self.not_before_ms}
+
+    def check(self, reader: Any) -> SignatureInfo:
+        return SignatureInfo._from_json(
+            _core.reader_verify_signature(reader, self.keys, self.min_version, self.not_before_ms))
 
 
 def check_reader(reader: Any, signed_by: Any, min_version: Optional[int], not_before: Any) -> SignatureInfo:

@@ -292,7 +292,7 @@ impl<'py> LoadBuilder<'py, '_> {
 /// tree was replaced. `select`, `like` (a template is given), `mmap`, `progress` (a callback is
 /// given) and `expect_root` are what the policy reads of the load's options.
 #[pyfunction]
-#[pyo3(name = "load", signature = (path, decode_other, np_dtype, free_types, open_reader, through_reader, select=None, like=false, mmap=false, progress=false, verify=true, expect_root=None, storage_options=None))]
+#[pyo3(name = "load", signature = (path, decode_other, np_dtype, free_types, open_reader, through_reader, select=None, like=false, mmap=false, progress=false, verify=true, expect_root=None, storage_options=None, signed_by=None, min_version=None, not_before_ms=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn load_tree(
     py: Python<'_>,
@@ -309,8 +309,14 @@ pub(crate) fn load_tree(
     verify: bool,
     expect_root: Option<&str>,
     storage_options: Options,
+    signed_by: Option<Vec<(String, String)>>,
+    min_version: Option<u64>,
+    not_before_ms: Option<u64>,
 ) -> PyResult<Py<PyAny>> {
     let loc = location(path, storage_options)?;
+    // A signed load: the core checks the manifest it builds from (docs/signing.md); readers
+    // Python opens check their own (`LoadRequest.reader`).
+    let signed_by = signed_by.map(|keys| crate::signing::policy(keys, min_version, not_before_ms)).transpose()?;
     let opts = LoadOptions {
         select: select.unwrap_or_default(),
         keep: like.then(HashSet::new),
@@ -319,10 +325,12 @@ pub(crate) fn load_tree(
         // Only whether there is one: the callback itself is Python's, given to `Reader.load`.
         progress: progress.then(|| treepack::ProgressFn::new(|_, _| {})),
         expect_root: expect_root.map(root_hash_arg).transpose()?,
+        signed_by: signed_by.clone(),
         ..Default::default()
     };
     let expect_root = opts.expect_root;
-    let paths = PyLoadPaths { decode_other, np_dtype, free_types, open_reader, through_reader, verify, expect_root };
+    let paths =
+        PyLoadPaths { decode_other, np_dtype, free_types, open_reader, through_reader, verify, expect_root, signed_by };
     py.detach(|| treepack::read::one_pass::load_with(&loc, &opts, &paths))
 }
 
@@ -335,6 +343,7 @@ struct PyLoadPaths {
     through_reader: Py<PyAny>,
     verify: bool,
     expect_root: Option<treepack::Hash32>,
+    signed_by: Option<treepack::SignedBy>,
 }
 
 impl treepack::read::one_pass::LoadPaths for PyLoadPaths {
@@ -358,6 +367,9 @@ impl treepack::read::one_pass::LoadPaths for PyLoadPaths {
             let inner = treepack::Reader::open(loc.clone()).map_err(py_err)?;
             if let Some(want) = self.expect_root {
                 inner.expect_root(want).map_err(py_err)?;
+            }
+            if let Some(by) = &self.signed_by {
+                inner.location().block_on(inner.verify_signature_async(by)).map_err(py_err)?;
             }
             return Python::attach(|py| Ok(Py::new(py, crate::reader::Reader { inner })?.into_any()));
         }

@@ -15,7 +15,11 @@ fn signing_key(label: &str, pem: &str) -> PyResult<SigningKey> {
 }
 
 /// What a check requires: the keys, and how recent.
-fn policy(keys: Vec<(String, String)>, min_version: Option<u64>, not_before_ms: Option<u64>) -> PyResult<SignedBy> {
+pub(crate) fn policy(
+    keys: Vec<(String, String)>,
+    min_version: Option<u64>,
+    not_before_ms: Option<u64>,
+) -> PyResult<SignedBy> {
     let keys = keys
         .iter()
         .map(|(label, pem)| VerifyingKey::from_pem(pem).map_err(|r| bad_key(label, r)))

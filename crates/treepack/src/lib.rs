@@ -21,8 +21,8 @@
 //! are kept: local disk, memory and object stores behind one backend trait (the
 //! `treepack-store` crate); the engine — [`Location`] (what a location string names: a
 //! repository's tree, a transport document), [`save`](mod@save), [`read`], [`gc`](mod@gc),
-//! [`repo`], [`transport`], [`sign`] (signed trees); and [`serde_tree`] for Rust values. The
-//! format is specified in `docs/format.md`.
+//! [`repo`], [`transport`], [`sign`](mod@sign) (signed trees); and [`serde_tree`] for Rust
+//! values. The format is specified in `docs/format.md`.
 
 #![warn(missing_docs)]
 
@@ -56,7 +56,7 @@ pub use repo::{Repository, TreeRef};
 pub use runtime::block_on;
 pub use save::{SaveInfo, SaveOptions};
 pub use serde_tree::{from_tree, to_tree};
-pub use sign::{SignOptions, SignedBy};
+pub use sign::{sign, verify_signature, SignOptions, SignedBy};
 pub use store::{IoStats, Layout, StorageOptions, Version};
 
 /// Anything that names a location: a string (parsed with [`Location::parse`], so cloud settings

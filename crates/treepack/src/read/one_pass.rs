@@ -28,12 +28,7 @@ pub const ONE_PASS_PACK_BYTES: u64 = 16 << 20;
 /// Whether a load with these options may take the one-pass path: a whole tree, read into
 /// memory (mmap views and progress reports are the Reader's).
 pub fn one_pass_applies(opts: &LoadOptions) -> bool {
-    opts.select.is_empty()
-        && opts.keep.is_none()
-        && !opts.mmap
-        && opts.progress.is_none()
-        && opts.expect_root.is_none()
-        && opts.signed_by.is_none()
+    opts.select.is_empty() && opts.keep.is_none() && !opts.mmap && opts.progress.is_none() && opts.expect_root.is_none()
 }
 
 /// How many times a load starts over when the tree was replaced while it read it.
@@ -92,6 +87,11 @@ pub fn load_with<P: LoadPaths>(loc: &Location, opts: &LoadOptions, paths: &P) ->
         let r = if one_pass_applies(opts) {
             let pinned = loc.pin().map_err(|e| paths.error(e))?;
             let (bytes, file) = pinned.block_on(manifest_bytes(&pinned)).map_err(|e| paths.error(e))?;
+            // A signed load checks the signature against these very bytes before anything is
+            // built from them (docs/signing.md); each attempt checks the manifest it reads.
+            if let Some(by) = &opts.signed_by {
+                pinned.block_on(crate::sign::check_bytes(&pinned, &bytes, &file, by)).map_err(|e| paths.error(e))?;
+            }
             if let Some(out) = paths.one_pass(&pinned, &bytes, &file) {
                 return Ok(out);
             }

@@ -4,20 +4,8 @@ use serde_json::Value;
 use treepack::format::manifest::{ArrayStorage, Entry, Stored};
 use treepack::{ArrayData, DType, Leaf, Node, Tree};
 
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
+/// Sizes as people read them (`1.5 MiB`): the viewer's wording, one implementation.
+pub use treepack_view::html::human_bytes;
 
 fn shape_text(shape: &[u64]) -> String {
     format!("[{}]", shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", "))

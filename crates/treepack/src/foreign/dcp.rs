@@ -83,7 +83,7 @@ pub fn read(dir: &Path) -> Result<(Node, Option<serde_json::Value>)> {
         ));
     }
     let md = {
-        let bytes = super::torch::map_file(&meta_path, FORMAT)?;
+        let bytes = super::map_file(&meta_path, FORMAT)?;
         dm::read(&bytes, &Limits::default())
             .map_err(|e| Error::Pickle { file: meta_path.display().to_string(), source: e })?
     };
@@ -185,7 +185,7 @@ impl<'a> Files<'a> {
         for (name, mut rs) in ranges {
             let path = dir.join(name);
             regular_file(&path)?;
-            let bytes = super::torch::map_file(&path, FORMAT)?;
+            let bytes = super::map_file(&path, FORMAT)?;
             rs.sort_unstable();
             for (i, &(start, end, fqn)) in rs.iter().enumerate() {
                 if end > bytes.len() as u64 {

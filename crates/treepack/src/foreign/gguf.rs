@@ -24,8 +24,6 @@ use crate::format::dtype::DType;
 use crate::format::gguf::{self as g, GgufError};
 use crate::format::model::{ArrayData, Key, Node, Tree};
 use crate::{Error, Result};
-use bytes::Bytes;
-use std::fs::File;
 use std::path::Path;
 
 /// The annotation `type` of a quantized tensor's bytes.
@@ -61,7 +59,8 @@ pub fn open_location(path: &Path, display: &str) -> Result<crate::Location> {
 pub fn read(path: impl AsRef<Path>) -> Result<(Node, Option<serde_json::Value>)> {
     let path = path.as_ref();
     let shown = path.display().to_string();
-    let bytes = file_bytes(path, &shown)?;
+    // Mapped copy-on-write, or read into one buffer where it cannot be mapped.
+    let bytes = super::map_file(path, "GGUF")?;
     let header = g::parse_with(&bytes, bytes.len() as u64, &g::Limits::default()).map_err(|e| bad(&shown, &e))?;
     let mut items = Vec::with_capacity(header.tensors.len());
     for t in &header.tensors {
@@ -84,71 +83,6 @@ pub fn read(path: impl AsRef<Path>) -> Result<(Node, Option<serde_json::Value>)>
 
 fn bad(file: &str, e: &GgufError) -> Error {
     Error::InvalidForeign { file: file.to_string(), format: "GGUF".into(), reason: e.to_string() }
-}
-
-/// The whole file: mapped copy-on-write, or read into one buffer where it cannot be mapped.
-fn file_bytes(path: &Path, shown: &str) -> Result<Bytes> {
-    let file = open_nofollow(path)?;
-    let meta = file.metadata().map_err(|e| Error::Io { path: path.to_path_buf(), source: e })?;
-    if !meta.is_file() {
-        return Err(Error::InvalidForeign {
-            file: shown.into(),
-            format: "GGUF".into(),
-            reason: "not a regular file".into(),
-        });
-    }
-    let len = meta.len();
-    // SAFETY: a private (copy-on-write) mapping of the file opened above; like every mmap
-    // reader, it assumes no other process truncates the file while it is read.
-    if let Ok(m) = unsafe { memmap2::MmapOptions::new().map_copy(&file) } {
-        if m.len() as u64 == len {
-            return Ok(Bytes::from_owner(m));
-        }
-    }
-    let n = usize::try_from(len).map_err(|_| Error::OutOfMemory { key: shown.into(), bytes: len })?;
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { key: shown.into(), bytes: len })?;
-    buf.resize(n, 0);
-    let got = read_at(&file, &mut buf, path)?;
-    buf.truncate(got);
-    Ok(Bytes::from(buf))
-}
-
-/// Open `path` for reading, refusing a symbolic link (the file given is the only one read).
-fn open_nofollow(path: &Path) -> Result<File> {
-    let mut o = std::fs::OpenOptions::new();
-    o.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        o.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
-    }
-    match o.open(path) {
-        Ok(f) => Ok(f),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(Error::NotFound { location: path.display().to_string(), detail: "no such file".into() })
-        }
-        Err(_) if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) => {
-            Err(Error::Link { path: path.to_path_buf(), fix: "give the file itself, not a link to it".into() })
-        }
-        Err(e) => Err(Error::Io { path: path.to_path_buf(), source: e }),
-    }
-}
-
-/// Fill `buf` from the start of `file`, as far as the file goes; the bytes read.
-fn read_at(file: &File, buf: &mut [u8], path: &Path) -> Result<usize> {
-    use std::io::Read;
-    let mut f = file;
-    let mut done = 0;
-    while done < buf.len() {
-        match f.read(&mut buf[done..]) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::Io { path: path.to_path_buf(), source: e }),
-        }
-    }
-    Ok(done)
 }
 
 #[cfg(test)]

@@ -45,9 +45,11 @@ def test_doc_example_runs(code, request):
         request.getfixturevalue("s3_env")
     if "import torch" in code:
         pytest.importorskip("torch")  # the wheel venvs have no torch; .venv does
-    for lib in ("jax", "flax", "optax", "dask", "distributed", "xarray", "pandas", "zarr"):
+    for lib in ("jax", "flax", "optax", "dask", "distributed", "xarray", "pandas", "zarr", "orbax"):
         if re.search(rf"^(import|from) {lib}\b", code, re.M):
             pytest.importorskip(lib)  # nor JAX's ecosystem, Dask or xarray; zarr needs Python 3.11+
+    if "pytree_serialization" in code or "orbax" in code:
+        pytest.importorskip("tensorstore")  # JAX's and Orbax's writers need it
     exec(compile(code, "<doc>", "exec"), {"__name__": "__main__"})
 
 

@@ -246,21 +246,11 @@ mod tests {
     }
 }
 
-/// `YYYY-MM-DD HH:MM:SS UTC` for milliseconds since the Unix epoch (civil-from-days, no
-/// time-zone database needed).
+/// `YYYY-MM-DD HH:MM:SS UTC` for milliseconds since the Unix epoch: the format crate's civil
+/// time (signatures' `signedAt`), worded for people.
 pub fn utc_time(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = ((secs / 86400) as i64, secs % 86400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
+    let t = treepack::format::signature::time::format_utc(ms);
+    format!("{} UTC", t.trim_end_matches('Z').replacen('T', " ", 1))
 }
 
 #[cfg(test)]

@@ -13,6 +13,12 @@ const MAX_PATH_BYTES: usize = 4096;
 /// The most fields a record's state may set.
 const MAX_RECORD_FIELDS: usize = 64;
 
+/// The arguments of a call: popped from the stack as they are (`OBJ`), or one tuple.
+pub(super) enum Args {
+    Listed(Vec<Id>),
+    Tuple(Id),
+}
+
 impl Machine<'_> {
     pub(super) fn global(&self, module: &str, name: &str) -> R<Global> {
         globals::lookup(module, name, self.allow).ok_or_else(|| PickleError::Refused {
@@ -39,6 +45,29 @@ impl Machine<'_> {
             Obj::Refused(name) => Some(Obj::Refused(name.clone())),
             _ => None,
         }
+    }
+
+    /// A call as data (`OBJ`, `REDUCE`, `NEWOBJ`, `NEWOBJ_EX`): a refused callable stays a
+    /// placeholder, its arguments unread; an allowed global is applied to `args` (keyword
+    /// arguments, where the opcode has them, must be none).
+    pub(super) fn call(&mut self, f: Id, args: Args, kwargs: Option<Id>) -> R<Obj> {
+        if let Some(r) = self.refused(f) {
+            return Ok(r);
+        }
+        let g = self.callable(f)?;
+        if let Some(kw) = kwargs {
+            if !matches!(self.obj(kw), Obj::Dict { items, .. } if items.is_empty()) {
+                return Err(self.bad_call(&g, "keyword arguments are not read"));
+            }
+        }
+        let args = match args {
+            Args::Listed(v) => v,
+            Args::Tuple(t) => match self.obj(t) {
+                Obj::Tuple(v) => v.clone(),
+                _ => return Err(self.bad_call(&g, "arguments are not a tuple")),
+            },
+        };
+        self.apply(&g, &args)
     }
 
     pub(super) fn callable(&self, f: Id) -> R<Global> {

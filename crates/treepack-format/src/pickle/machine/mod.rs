@@ -10,6 +10,7 @@ use num_bigint::BigInt;
 use std::collections::HashMap;
 
 mod calls;
+use calls::Args;
 mod literals;
 
 use literals::{py2_string, raw_unicode_escape, string_literal};
@@ -591,45 +592,20 @@ impl<'a> Machine<'a> {
                         return Err(self.malformed("OBJ without a class"));
                     }
                     let cls = args.remove(0);
-                    if let Some(r) = self.refused(cls) {
-                        self.push(r)?;
-                        continue;
-                    }
-                    let g = self.callable(cls)?;
-                    let o = self.apply(&g, &args)?;
+                    let o = self.call(cls, Args::Listed(args), None)?;
                     self.push(o)?
                 }
                 b'R' | 0x81 => {
                     let args = self.pop()?;
                     let f = self.pop()?;
-                    if let Some(r) = self.refused(f) {
-                        self.push(r)?;
-                        continue;
-                    }
-                    let g = self.callable(f)?;
-                    let Obj::Tuple(args) = self.obj(args).clone() else {
-                        return Err(self.bad_call(&g, "arguments are not a tuple"));
-                    };
-                    let o = self.apply(&g, &args)?;
+                    let o = self.call(f, Args::Tuple(args), None)?;
                     self.push(o)?
                 }
                 0x92 => {
                     let kwargs = self.pop()?;
                     let args = self.pop()?;
                     let f = self.pop()?;
-                    if let Some(r) = self.refused(f) {
-                        self.push(r)?;
-                        continue;
-                    }
-                    let g = self.callable(f)?;
-                    match self.obj(kwargs) {
-                        Obj::Dict { items, .. } if items.is_empty() => {}
-                        _ => return Err(self.bad_call(&g, "keyword arguments are not read")),
-                    }
-                    let Obj::Tuple(args) = self.obj(args).clone() else {
-                        return Err(self.bad_call(&g, "arguments are not a tuple"));
-                    };
-                    let o = self.apply(&g, &args)?;
+                    let o = self.call(f, Args::Tuple(args), Some(kwargs))?;
                     self.push(o)?
                 }
                 b'b' => {

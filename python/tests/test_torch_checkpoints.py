@@ -120,6 +120,21 @@ def test_the_cli_inspects_a_checkpoint_without_python(tmp_path):
     assert "torch.save checkpoint" in out and "w: float32[2, 3]" in out and "step: int 7" in out
 
 
+def written_beside_canary(h: Hostile, write):
+    """``write()``'s result, made with the canary module importable (a payload must name it);
+    then the canary's traces of being written are cleared, so that the test sees only what a
+    load does."""
+    sys.path.insert(0, str(h.modules))
+    try:
+        return write()
+    finally:
+        sys.path.remove(str(h.modules))
+        sys.modules.pop(CANARY_MODULE, None)
+        for f in ("IMPORTED", "CONSTRUCTED"):
+            (h.outside / f).unlink(missing_ok=True)
+        h.before = __import__("hostile_harness")._snapshot(h.outside)
+
+
 def checkpoint_with(tmp_path: Path, name: str, pkl: bytes) -> Path:
     """A zip laid out as torch.save lays one out, holding the pickle ``pkl``."""
     p = tmp_path / name
@@ -149,15 +164,7 @@ class Evil:
 )
 def test_a_checkpoint_naming_code_is_refused_and_nothing_runs(tmp_path, name, payload, named):
     h = Hostile(tmp_path)
-    sys.path.insert(0, str(h.modules))
-    try:
-        pkl = pickle.dumps({"state": payload(h.outside)}, protocol=2)
-    finally:
-        sys.path.remove(str(h.modules))
-        sys.modules.pop(CANARY_MODULE, None)
-        for f in ("IMPORTED", "CONSTRUCTED"):
-            (h.outside / f).unlink(missing_ok=True)
-        h.before = __import__("hostile_harness")._snapshot(h.outside)
+    pkl = written_beside_canary(h, lambda: pickle.dumps({"state": payload(h.outside)}, protocol=2))
     p = checkpoint_with(tmp_path, f"{name}.pt", pkl)
     for call in ("treepack.load(P)", "treepack.load_structure(P)", "treepack.open(P)", "treepack.convert(P, LOC)"):
         r = h.error(f"import treepack\nP = {str(p)!r}\n{call}\n", "TreepackError", "Exception", match=named)
@@ -322,21 +329,17 @@ def test_framework_torch_converts_arrays_other_libraries_saved(tmp_path):
 
 def test_with_placeholders_a_checkpoint_naming_code_loads_with_unloadables_and_nothing_runs(tmp_path):
     h = Hostile(tmp_path)
-    sys.path.insert(0, str(h.modules))
-    try:
+    p = tmp_path / "model.pt"
+
+    def write():
         obj = {
             "model": {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(2)},
             "thing": [_canary_class()(), 3],  # pickled as copyreg.__newobj__ + BUILD of its __dict__
             "system": Evil(os.system, (f"touch {h.outside}/PWNED",)),
         }
-        p = tmp_path / "model.pt"
         torch.save(obj, p)
-    finally:
-        sys.path.remove(str(h.modules))
-        sys.modules.pop(CANARY_MODULE, None)
-        for f in ("IMPORTED", "CONSTRUCTED"):
-            (h.outside / f).unlink(missing_ok=True)
-        h.before = __import__("hostile_harness")._snapshot(h.outside)
+
+    written_beside_canary(h, write)
     boom = f"{CANARY_MODULE}.Boom"
     r = h.run(f"""
 import numpy as np, treepack

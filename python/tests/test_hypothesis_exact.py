@@ -120,7 +120,9 @@ def shared_trees(draw):
         if not pool:
             continue
         obj = pool[draw(st.integers(0, len(pool) - 1))]
-        if any(obj is u for u in up) or not _holds(obj, target):
+        # The edge target -> obj closes a cycle through every object on a path from obj down to
+        # target — paths earlier edges made included, not only the path the tree was drawn with.
+        if all(filled_after(c) for c in _on_paths(obj, target)):
             _put(target, obj, draw)
     for rec, _ in places:
         if isinstance(rec, Rec) and draw(st.booleans()):
@@ -128,23 +130,41 @@ def shared_trees(draw):
     return root
 
 
-def _holds(obj, target, seen=None):
-    """Whether ``target`` lies inside ``obj`` (a new edge target -> obj would close a cycle)."""
-    seen = seen if seen is not None else set()
-    if obj is target:
-        return True
-    if id(obj) in seen:
-        return False
-    seen.add(id(obj))
+def _kids(obj):
     if isinstance(obj, (list, tuple, collections.deque, frozenset)):
-        kids = list(obj)
-    elif isinstance(obj, dict):
-        kids = list(obj.values())
-    elif isinstance(obj, (Rec,)):
-        kids = list(vars(obj).values())
-    else:
-        return False
-    return any(_holds(k, target, seen) for k in kids)
+        return list(obj)
+    if isinstance(obj, dict):
+        return list(obj.values())
+    if isinstance(obj, Rec):
+        return list(vars(obj).values())
+    return []
+
+
+def _on_paths(obj, target):
+    """Every object on some path from ``obj`` down to ``target`` (both included; none when
+    ``target`` does not lie inside ``obj``): the objects a new edge target -> obj would put on
+    a cycle."""
+    reaches = {}  # id -> whether target lies at or below it (False while being walked)
+    keep = {}
+
+    def walk(o):
+        if o is target:
+            reaches[id(o)] = True
+            keep[id(o)] = o
+            return True
+        if id(o) in reaches:
+            return reaches[id(o)]
+        reaches[id(o)] = False
+        found = False
+        for k in _kids(o):
+            found = walk(k) or found
+        if found:
+            reaches[id(o)] = True
+            keep[id(o)] = o
+        return found
+
+    walk(obj)
+    return list(keep.values())
 
 
 def _put(target, obj, draw):

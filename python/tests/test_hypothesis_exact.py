@@ -73,10 +73,11 @@ def containers(children):
 
 trees = st.recursive(scalars, containers, max_leaves=20)
 
-#: Containers a loader makes first and fills after (a cycle may close through them). A dict
-#: whose keys are not all format keys (numpy scalars, enum members) is built from its pairs:
-#: a cycle through it is refused at save (test_exact_state.py).
-FILLED_AFTER = (list, dict, Rec)
+#: Containers a loader makes first and fills after, or patches after (a cycle may close
+#: through them, as pickle allows). A dict whose keys are not all format keys (numpy scalars,
+#: enum members) is built from its pairs: a cycle through it is refused at save
+#: (test_exact_state.py).
+FILLED_AFTER = (list, dict, Rec, collections.OrderedDict, collections.deque)
 
 
 def filled_after(x):
@@ -106,9 +107,9 @@ def _mutable_places(x, ancestors, out, seen):
 @st.composite
 def shared_trees(draw):
     """A generated tree, then references to some of its objects put elsewhere in it (sharing),
-    some of them pointing up at an ancestor (cycles through lists, dicts and records only: a
-    cycle through a tuple or a deque cannot be rebuilt, by pickle either, and is refused at
-    save — tested in test_exact_state.py) — and attributes set on records beside their fields."""
+    some of them pointing up at an ancestor (cycles through lists, dicts, records, OrderedDicts
+    and deques only: one that closes inside a tuple cannot be rebuilt and is refused at save —
+    tested in test_exact_state.py) — and attributes set on records beside their fields."""
     root = [draw(trees), draw(trees)]
     places = []
     _mutable_places(root, [], places, set())
@@ -168,7 +169,7 @@ def _on_paths(obj, target):
 
 
 def _put(target, obj, draw):
-    if isinstance(target, list):
+    if isinstance(target, (list, collections.deque)):
         target.append(obj)
     elif isinstance(target, dict):
         key = f"shared{len(target)}" if all(type(k) is str for k in target) or not target else None

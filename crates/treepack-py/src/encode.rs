@@ -457,8 +457,10 @@ impl<'py> Encoder<'py> {
         }
         let o = (kind != "value").then(|| self.begin(Some(obj)));
         // Records of classes that exist before their fields are set (dataclasses, attrs) can
-        // be rebuilt inside themselves; the rest are built from their children's values.
-        let copying = kind == "custom" || kind == "record_built";
+        // be rebuilt inside themselves; the rest are built from their children's values, and
+        // of those a loader patches the copies only in the containers of `PATCHED_AFTER`.
+        let copying =
+            (kind == "custom" && !crate::PATCHED_AFTER.contains(&type_name.as_str())) || kind == "record_built";
         if let Some(o) = o {
             self.open.push(o);
             if copying {

@@ -78,13 +78,15 @@ impl<'py> Encoder<'py> {
             // belongs and replacing it once the object exists, which works in lists, dicts and
             // records made before their fields. It cannot work when the stand-in goes straight
             // into a tuple, or when an object from the cycle's top down to here is built from
-            // copies of its children (a deque, an object array, an OrderedDict, a namedtuple,
-            // a pydantic model, a registered type): the copy would keep the stand-in.
+            // copies of its children (an object array, a namedtuple, a pydantic model, a
+            // registered type): the copy would keep the stand-in. The loader patches the copies
+            // of a few such containers, as pickle fills them after making them (`PATCHED_AFTER`).
             let through = self.copying.iter().rev().find(|(p, _)| *p >= at).map(|(_, t)| t);
             if fragile || through.is_some() {
                 let what = match through.map(String::as_str) {
-                    Some("py.dict") => "through a dict whose keys are not all str, int, float, bool or None (numpy \
-                                        scalars, enum members: stored as key-value pairs, built from them)"
+                    Some("py.dict") => "through a dict whose keys are not all str, int, float, bool, None or \
+                                        tuples of them (numpy scalars, enum members: stored as key-value pairs, \
+                                        built from them)"
                         .to_string(),
                     Some(t) => {
                         let t = match t {
@@ -104,8 +106,8 @@ impl<'py> Encoder<'py> {
                 };
                 return Err(PyValueError::new_err(format!(
                     "cannot save `{}`: an object contains itself {what}; loading could not rebuild \
-                     that cycle (pickle would not either for most such types). Hold the object in a \
-                     list, a dict or a dataclass at that place instead",
+                     that cycle. Hold the object in a list, a dict with str or int keys or a dataclass \
+                     at that place instead",
                     self.here()
                 )));
             }

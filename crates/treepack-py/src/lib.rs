@@ -58,6 +58,13 @@ use std::sync::Arc;
 use structure::*;
 use treepack::format::manifest::outline::{Block, Event, LeafTable};
 use treepack::format::manifest::{ArrayStorage, Entry};
+
+/// The containers of the Python codec that a load builds from copies of their children and
+/// can still rebuild inside themselves (a cycle through them), as pickle does: each is a dict,
+/// a dict subclass or a deque whose copies of a cycle's placeholder the loader finds and
+/// patches (`LoadBuilder::note_copied`). A save refuses a cycle through any other container
+/// built from copies (a tuple, a namedtuple, an object array, a dict keyed by numpy scalars).
+pub(crate) const PATCHED_AFTER: &[&str] = &["py.ordereddict", "py.counter", "py.defaultdict", "py.deque", "py.mapping"];
 use treepack::format::model::shape_len;
 use treepack::{ArrayData, DType, Int, Key, Leaf, LoadOptions, Node, SaveOptions, Tree};
 use view::*;

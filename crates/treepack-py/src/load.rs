@@ -167,7 +167,12 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         for slot in slots {
             let r = match slot {
                 Slot::Item(list, i) => list.set_item(i, &node),
-                Slot::Value(d, k) => d.set_item(k, &node),
+                // A dict's own store, not a subclass's `__setitem__` (which may do more than
+                // store: the value was given to it already, as the placeholder).
+                Slot::Value(d, k) => match d.cast::<PyDict>() {
+                    Ok(d) => d.set_item(k, &node),
+                    Err(_) => d.set_item(k, &node),
+                },
                 Slot::Field(obj, name) => {
                     let py = node.py();
                     py.import("builtins")
@@ -185,7 +190,7 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         if unsafe { pyo3::ffi::Py_REFCNT(stand_in.as_ptr()) } > 1 {
             return Err(format!(
                 "shared object {id} holds itself through an object built from copies of its contents \
-                 (a deque, an object array, a namedtuple, a model or a registered type): that cycle cannot \
+                 (a tuple, an object array, a namedtuple, a model or a registered type): that cycle cannot \
                  be rebuilt"
             ));
         }
@@ -219,10 +224,19 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         if self.free.is_some_and(|f| !f.contains(&type_name)) {
             return Err("a custom type that needs the audit".into());
         }
-        if !self.placeholders(children.iter().map(|(n, v)| (n.clone(), v))).is_empty() {
-            return Err(format!("a cycle through an object of type {type_name}: only lists, dicts and records can be rebuilt inside themselves"));
+        let patched = crate::PATCHED_AFTER.contains(&type_name.as_str());
+        if !patched && !self.placeholders(children.iter().map(|(n, v)| (n.clone(), v))).is_empty() {
+            return Err(format!(
+                "a cycle through an object of type {type_name}: only lists, dicts, records and the \
+                 containers pickle also fills after making them (OrderedDict, defaultdict, Counter, deque, \
+                 dict subclasses) can be rebuilt inside themselves"
+            ));
         }
-        self.other("custom", &type_name, &data, children)
+        let obj = self.other("custom", &type_name, &data, children)?;
+        if patched && !self.open.borrow().is_empty() {
+            self.py_ok(self.note_copied(&obj))?;
+        }
+        Ok(obj)
     }
 }
 
@@ -244,6 +258,54 @@ impl<'py> LoadBuilder<'py, '_> {
             }
         }
         Ok(d)
+    }
+
+    /// The places in `obj`, a container built from copies of its children (`PATCHED_AFTER`),
+    /// that hold a cycle's placeholder, noted to be patched as a list's or a dict's are: its
+    /// values (a dict or a dict subclass), its items (a deque), its instance attributes and a
+    /// `UserDict`'s `data`. A copy kept anywhere else is found by the count of references to
+    /// the placeholder when its object is complete, and refused there.
+    fn note_copied(&self, obj: &Bound<'py, PyAny>) -> PyResult<()> {
+        let py = obj.py();
+        let mut dicts: Vec<Bound<'py, PyDict>> = Vec::new();
+        if let Ok(d) = obj.cast::<PyDict>() {
+            dicts.push(d.clone());
+        } else if obj.is_instance(&py.import("collections")?.getattr("deque")?)? {
+            for (i, v) in obj.try_iter()?.enumerate() {
+                if let Some(id) = self.placeholder_id(&v?) {
+                    self.put(id, Slot::Item(obj.clone(), i));
+                }
+            }
+        }
+        // The instance dict as the object stores it (no `__dict__` property or `__getattr__` of
+        // the class runs). SAFETY: called with the GIL on an object this builder holds; it
+        // returns a new reference, or null with an exception set.
+        let attrs = unsafe { pyo3::ffi::PyObject_GenericGetDict(obj.as_ptr(), std::ptr::null_mut()) };
+        if attrs.is_null() {
+            // No instance dict (an OrderedDict, a deque): nothing more to patch.
+            drop(PyErr::take(py));
+        } else {
+            // SAFETY: a new reference PyObject_GenericGetDict returned.
+            let attrs = unsafe { Bound::from_owned_ptr(py, attrs) };
+            if let Ok(attrs) = attrs.cast::<PyDict>() {
+                if obj.is_instance(&py.import("collections")?.getattr("UserDict")?)? {
+                    if let Some(data) = attrs.get_item("data")? {
+                        if let Ok(data) = data.cast::<PyDict>() {
+                            dicts.push(data.clone());
+                        }
+                    }
+                }
+                dicts.push(attrs.clone());
+            }
+        }
+        for d in dicts {
+            for (k, v) in d.iter() {
+                if let Some(id) = self.placeholder_id(&v) {
+                    self.put(id, Slot::Value(d.clone().into_any(), k));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The id of the shared object `v` stands for, if `v` is a cycle's placeholder.

@@ -243,3 +243,117 @@ def test_history_of_a_repository(browser, shots, tmp_path):
         assert browser.execute_script("return [document.getElementById('diff-a').value, document.getElementById('diff-b').value]") == ["@step0", "@step1"]
         no_errors(browser)
         shot(browser, shots, "history-diff")
+
+
+@pytest.fixture
+def cli_view(cli):
+    """`treepack view LOCATION --no-browser` as a process: the URL it prints (stopped after the test)."""
+    procs = []
+
+    def start(*locations):
+        proc = subprocess.Popen([cli, "view", *map(str, locations), "--no-browser"], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        line = proc.stdout.readline()
+        return next(w for w in line.split() if w.startswith("http://127.0.0.1:"))
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+def image_pixels(driver):
+    """The image view's pixels, drawn at their natural size on a canvas: (width, height, RGBA bytes)."""
+    wait(driver, "document.getElementById('image-view') && document.getElementById('image-view').dataset.ready === '1'")
+    return driver.execute_script("""
+        const img = document.getElementById('image-view');
+        const c = document.createElement('canvas');
+        c.width = img.naturalWidth; c.height = img.naturalHeight;
+        const ctx = c.getContext('2d');
+        ctx.drawImage(img, 0, 0);
+        return [c.width, c.height, Array.from(ctx.getImageData(0, 0, c.width, c.height).data)];
+    """)
+
+
+def test_images_are_shown_as_images(browser, shots, tmp_path, cli_view):
+    # Red rises along the columns, green down the rows, blue a constant 7.
+    rows, cols = np.mgrid[0:32, 0:48]
+    rgb = np.stack([cols * 5, rows * 8, np.full_like(rows, 7)], axis=-1).astype(np.uint8)
+    grey = np.linspace(0, 1, 40 * 30, dtype=np.float32).reshape(40, 30)
+    treepack.save({"rgb": rgb, "grey": grey}, tmp_path / "t")
+    url = cli_view(tmp_path / "t")
+    browser.get(url + "#tab=tree&t=a&path=rgb")
+    # A uint8 (H, W, 3) array opens on its image.
+    wait(browser, "document.querySelector('.views button.active') && document.querySelector('.views button.active').dataset.view === 'image'")
+    w, h, px = image_pixels(browser)
+    assert (w, h) == (48, 32)
+    got = np.array(px, np.uint8).reshape(h, w, 4)
+    assert (got[..., :3] == rgb).all() and (got[..., 3] == 255).all(), "every pixel the array's"
+    assert "48 × 32 pixels (RGB)" in browser.find_element("id", "view-body").text
+    shot(browser, shots, "image-rgb")
+    # A float array in 0–1 is offered as an image after its heatmap: grey levels of the values.
+    browser.get("about:blank")
+    browser.get(url + "#tab=tree&t=a&path=grey")
+    wait(browser, "document.querySelector('.views button[data-view=\"image\"]')")
+    browser.find_element("css selector", '.views button[data-view="image"]').click()
+    w, h, px = image_pixels(browser)
+    got = np.array(px, np.uint8).reshape(h, w, 4)
+    assert (w, h) == (30, 40)
+    assert np.abs(got[..., 0].astype(int) - np.round(grey * 255).astype(int)).max() <= 1
+    assert (got[..., 0] == got[..., 1]).all() and (got[..., 1] == got[..., 2]).all(), "grey"
+    no_errors(browser)
+
+
+def test_dataframes_are_shown_as_tables(browser, shots, tmp_path, cli_view):
+    pd = pytest.importorskip("pandas")
+    n = 120
+    df = pd.DataFrame({
+        "count": np.arange(n) * 10,
+        "name": [f"é{i}" if i != 2 else None for i in range(n)],
+        "colour": pd.Categorical(["red", "blue"] * (n // 2)),
+        "when": pd.date_range("2024-01-01", periods=n, freq="D"),
+        "maybe": pd.array([None if i % 3 == 0 else i for i in range(n)], dtype="Int64"),
+    }, index=pd.RangeIndex(100, 100 + 2 * n, 2, name="row"))
+    treepack.save({"df": df, "s": pd.Series([1.5, 2.5], name="x")}, tmp_path / "t")
+    url = cli_view(tmp_path / "t")
+    browser.get(url + "#tab=tree&t=a&path=df")
+    wait(browser, "document.getElementById('frame-table')")
+    table = browser.execute_script(
+        "return [...document.querySelectorAll('#frame-table tr')].map(r => [...r.children].map(c => c.textContent))")
+    assert table[0] == ["row", "count", "name", "colour", "when", "maybe"]
+    # dtypes as pandas prints them.
+    assert table[1] == ["range"] + [str(df[c].dtype) for c in df.columns], table[1]
+    assert table[2] == ["100", "0", "é0", "red", "2024-01-01 00:00:00", "–"], table[2]
+    assert table[3][4] == "2024-01-02 00:00:00"
+    assert table[4][2] == "–" and table[3][5] == "1", table[3:5]
+    assert len(table) == 2 + 50
+    assert "rows 1–50 of 120" in browser.find_element("id", "frame-info").text
+    shot(browser, shots, "dataframe")
+    # The next page.
+    browser.find_element("id", "frame-next").click()
+    wait(browser, "document.getElementById('frame-info').textContent.startsWith('rows 51–100 of 120')")
+    assert browser.execute_script("return document.querySelectorAll('#frame-table tr')[2].children[0].textContent") == "200"
+    # A Series: one column, named.
+    browser.get("about:blank")
+    browser.get(url + "#tab=tree&t=a&path=s")
+    wait(browser, "document.getElementById('frame-table')")
+    assert browser.execute_script("return document.querySelector('#frame-table tr').textContent") == "x"
+    no_errors(browser)
+
+
+def test_history_of_a_checkpoint_manager_directory(browser, shots, tmp_path, cli_view):
+    ckpts = tmp_path / "ckpts"
+    mgr = treepack.CheckpointManager(ckpts, keep_last=None)
+    for step in (0, 100, 200):
+        mgr.save(step, {"w": np.full((8, 8), step, np.float32), "step": step}, blocking=True)
+        time.sleep(0.01)
+    mgr.wait_until_finished()
+    url = cli_view(ckpts)
+    browser.get(url)
+    wait(browser, "document.querySelectorAll('#history-table tr').length === 4")
+    names = browser.execute_script("return [...document.querySelectorAll('#history-table tr')].slice(1).map(r => r.children[0].textContent)")
+    assert names == ["step-0", "step-100", "step-200"]
+    assert browser.execute_script("return document.getElementById('history-array').value") == "w"
+    wait(browser, "document.querySelector('#history-array-plot .uplot canvas') && document.getElementById('history-array-info').textContent === ''")
+    shot(browser, shots, "checkpoint-manager-history")
+    no_errors(browser)

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use treepack::{ArrayData, DType, Node, SaveOptions};
+use treepack::{ArrayData, DType, Node, SaveOptions, Tree};
 
 /// A `treepack view --no-browser` process, killed when dropped.
 struct Viewer {
@@ -358,4 +358,196 @@ fn foreign_checkpoints_and_single_files_are_viewed_as_trees() {
     assert_eq!(s["y"][0].as_f64().map(|x| (x * 1e6).round() / 1e6), Some(-0.3));
     let v = view(&[tpk.to_str().unwrap()]);
     assert_eq!(v.ok("children", &[("path", "params")])["total"], 2);
+}
+
+/// GET `target` and keep the body's bytes: (status, content type, body).
+fn get_bytes(addr: &str, target: &str) -> (u16, String, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(s, "GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).unwrap();
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").expect("an HTTP response");
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status");
+    let mime = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type:").map(|m| m.trim().to_string()))
+        .unwrap_or_default();
+    (status, mime, buf[end + 4..].to_vec())
+}
+
+/// A PNG's size and colour type, from its header (the pixels are checked by the viewer
+/// crate's own tests and in the browser).
+fn png_header(bytes: &[u8]) -> (u32, u32, u8) {
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && &bytes[12..16] == b"IHDR", "not a PNG");
+    let be = |i: usize| u32::from_be_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+    (be(16), be(20), bytes[25])
+}
+
+#[test]
+fn image_shaped_arrays_are_served_as_png() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("img");
+    let rgb: Vec<u8> = (0..32u32 * 48).flat_map(|p| [(p % 48 * 5) as u8, (p / 48 * 8) as u8, 7]).collect();
+    let grey: Vec<u8> = (0..4096u32 * 64).map(|p| (p % 64) as u8).collect();
+    let tree = Node::dict([
+        ("rgb", Node::from(ArrayData::new(DType::U8, vec![32, 48, 3], rgb).unwrap())),
+        ("tall", Node::from(ArrayData::new(DType::U8, vec![4096, 64], grey).unwrap())),
+        ("batch", Node::from(ArrayData::new(DType::U8, vec![2, 2, 2, 4], (0..32u8).collect::<Vec<u8>>()).unwrap())),
+        ("w", f32_array(vec![8, 8], |i| i as f32)),
+    ]);
+    treepack::save(&tree, dir.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    let v = view(&[dir.to_str().unwrap()]);
+    // The leaf panel offers the image first for bytes, after the heatmap for other floats.
+    assert_eq!(
+        v.ok("node", &[("path", "rgb")])["views"],
+        serde_json::json!(["image", "heatmap", "histogram", "table"])
+    );
+    assert_eq!(v.ok("node", &[("path", "w")])["views"], serde_json::json!(["heatmap", "image", "histogram", "table"]));
+    let image = |path: &str, slice: &str, max: &str| {
+        let q = format!("/api/image?token={}&path={path}&slice={}&max={max}", v.token, enc(slice));
+        let (status, mime, body) = get_bytes(&v.addr, &q);
+        assert_eq!((status, mime.as_str()), (200, "image/png"), "{path} {slice}: {}", String::from_utf8_lossy(&body));
+        png_header(&body)
+    };
+    // PNG colour types: 0 grey, 2 RGB, 6 RGBA.
+    assert_eq!(image("rgb", ":, :, :", "1024"), (48, 32, 2));
+    assert_eq!(image("rgb", "2:4, ::16, :", "1024"), (3, 2, 2));
+    // Larger than `max` a side: block means, one factor for both axes (proportions kept).
+    assert_eq!(image("tall", ":, :", "256"), (4, 256, 0));
+    assert_eq!(image("batch", "1, :, :, :", "1024"), (2, 2, 6));
+    // Not images: refused, saying why; the token is needed as everywhere.
+    let m = v.err("image", &[("path", "rgb"), ("slice", ":, :, 0:2")], 400);
+    assert!(m.contains("not an image") && m.contains("colour channels"), "{m}");
+    let m = v.err("image", &[("path", "rgb"), ("slice", "0, :, :")], 400);
+    assert!(m.contains("not an image"), "{m}");
+    let m = v.err("image", &[("path", "rgb"), ("slice", "0:40, :, :")], 400);
+    assert!(m.contains("outside the array"), "{m}");
+    let m = v.err("image", &[("path", "rgb"), ("slice", "0:0, :, :")], 400);
+    assert!(m.contains("empty"), "{m}");
+    assert_eq!(get_bytes(&v.addr, "/api/image?path=rgb&slice=:,:,:").0, 403);
+}
+
+/// A `py.dataframe` node as python/treepack/integrations/pandas.py writes one.
+fn frame_node() -> Node {
+    let s = |x: &str| Node::from(x);
+    let arr = |d: DType, vals: Vec<u8>| {
+        Node::from(ArrayData::new(d.clone(), vec![vals.len() as u64 / d.itemsize()], vals).unwrap())
+    };
+    let i64s = |v: &[i64]| arr(DType::I64, v.iter().flat_map(|x| x.to_le_bytes()).collect());
+    let bools = |v: &[bool]| arr(DType::Bool, v.iter().map(|&b| u8::from(b)).collect());
+    let strings = |text: &str, ends: &[i64], mask: &[bool]| {
+        Node::dict([
+            ("kind", s("string")),
+            ("storage", s("python")),
+            ("na", s("nan")),
+            ("mask", bools(mask)),
+            ("text", s(text)),
+            ("ends", i64s(ends)),
+        ])
+    };
+    let index = |values: Node, name: Node| Node::dict([("kind", s("index")), ("values", values), ("name", name)]);
+    let n = 120i64;
+    let ints: Vec<i64> = (0..n).map(|i| i * 10).collect();
+    let names: Vec<String> = (0..n).map(|i| format!("é{i}")).collect();
+    let mut ends = vec![];
+    let mut total = 0;
+    for x in &names {
+        total += x.chars().count() as i64;
+        ends.push(total);
+    }
+    let datetime = Tree::Custom {
+        type_name: "py.datetime64".into(),
+        data: serde_json::json!({"count": 1, "kind": "M", "unit": "s"}),
+        children: vec![("values".into(), i64s(&(0..n).map(|i| 86_400 * i + 3600).collect::<Vec<_>>()))],
+    };
+    let columns = index(strings("countnametimecolour", &[5, 9, 13, 19], &[false; 4]), Node::none());
+    let values = Node::list([
+        Node::dict([("kind", s("numpy")), ("values", i64s(&ints))]),
+        strings(&names.concat(), &ends, &(0..n).map(|i| i == 2).collect::<Vec<_>>()),
+        Node::dict([("kind", s("numpy")), ("values", datetime)]),
+        Node::dict([
+            ("kind", s("category")),
+            ("codes", arr(DType::I8, (0..n).map(|i| if i == 3 { 0xff } else { (i % 2) as u8 }).collect())),
+            ("categories", index(strings("redblue", &[3, 7], &[false, false]), Node::none())),
+            ("ordered", Node::from(false)),
+        ]),
+    ]);
+    let range = Node::dict([
+        ("kind", s("range")),
+        ("start", Node::from(100i64)),
+        ("stop", Node::from(100 + 2 * n)),
+        ("step", Node::from(2i64)),
+        ("name", s("row")),
+    ]);
+    Tree::Custom {
+        type_name: "py.dataframe".into(),
+        data: serde_json::Value::Null,
+        children: vec![("columns".into(), columns), ("index".into(), range), ("values".into(), values)],
+    }
+}
+
+#[test]
+fn dataframes_show_as_tables_of_their_columns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("df");
+    treepack::save(&Node::dict([("df", frame_node())]), dir.to_str().unwrap(), &SaveOptions::default()).unwrap();
+    let v = view(&[dir.to_str().unwrap()]);
+    assert_eq!(v.ok("node", &[("path", "df")])["views"], serde_json::json!(["frame"]));
+    let f = v.ok("frame", &[("path", "df"), ("offset", "1"), ("limit", "3")]);
+    assert_eq!((f["rows"].as_u64(), f["offset"].as_u64(), f["count"].as_u64()), (Some(120), Some(1), Some(3)));
+    assert_eq!(f["index"]["name"], "row");
+    assert_eq!(f["index"]["values"], serde_json::json!([102, 104, 106]));
+    let cols = f["columns"].as_array().unwrap();
+    let labels: Vec<&str> = cols.iter().map(|c| c["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["count", "name", "time", "colour"]);
+    let dtypes: Vec<&str> = cols.iter().map(|c| c["dtype"].as_str().unwrap()).collect();
+    assert_eq!(dtypes, ["int64", "str", "datetime64[s]", "category"]);
+    assert_eq!(cols[0]["values"], serde_json::json!([10, 20, 30]));
+    // Strings cut at code points, a masked one missing.
+    assert_eq!(cols[1]["values"], serde_json::json!(["é1", null, "é3"]));
+    assert_eq!(
+        cols[2]["values"],
+        serde_json::json!(["1970-01-02 01:00:00", "1970-01-03 01:00:00", "1970-01-04 01:00:00"])
+    );
+    // Category codes as their labels; −1 missing.
+    assert_eq!(cols[3]["values"], serde_json::json!(["blue", "red", null]));
+    // The last page is clipped; past the end there is nothing.
+    let last = v.ok("frame", &[("path", "df"), ("offset", "115"), ("limit", "50")]);
+    assert_eq!(last["count"], 5);
+    assert_eq!(last["columns"][1]["values"][4], "é119");
+    assert_eq!(v.ok("frame", &[("path", "df"), ("offset", "500")])["count"], 0);
+    // Columns paged too.
+    let c = v.ok("frame", &[("path", "df"), ("col_offset", "2"), ("col_limit", "1"), ("limit", "1")]);
+    assert_eq!((c["columns_total"].as_u64(), c["columns"][0]["label"].as_str()), (Some(4), Some("time")));
+    let m = v.err("frame", &[("path", "df/values")], 400);
+    assert!(m.contains("not a pandas DataFrame"), "{m}");
+}
+
+#[test]
+fn a_heatmap_slice_reads_only_the_chunks_it_touches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("big");
+    // 2048 × 2048 float32 (16 MiB) in 64 chunks of 256 × 256 (256 KiB each).
+    let opts = SaveOptions { chunk_shapes: vec![("big".into(), vec![256, 256])], ..SaveOptions::default() };
+    let tree = Node::dict([("big", f32_array(vec![2048, 2048], |i| (i % 2048) as f32))]);
+    treepack::save(&tree, dir.to_str().unwrap(), &opts).unwrap();
+    let v = view(&[dir.to_str().unwrap()]);
+    let node = v.ok("node", &[("path", "big")]);
+    assert_eq!(node["storage"]["chunks"], 64);
+    let chunk = node["storage"]["stored_bytes"].as_u64().unwrap() / 64;
+    let read = || v.ok("io", &[])["bytes_read"].as_u64().unwrap();
+    // A heatmap of one chunk's region; of a region across two chunks (one row of the grid, two
+    // columns); of one across four. The reader may read less than a whole raw chunk (only the
+    // rows it needs), never more than the chunks touched: the whole array is 64.
+    for (slice, chunks) in [("0:256, 0:256", 1), ("300:400, 500:700", 2), ("1000:1100, 250:260", 4)] {
+        let before = read();
+        let s = v.ok("slice", &[("path", "big"), ("slice", slice), ("max", "512")]);
+        assert_eq!(s["kind"], "heatmap");
+        let got = read() - before;
+        assert!(
+            got > 0 && got <= chunks * chunk,
+            "{slice}: read {got} bytes, more than the {chunks} chunks it touches"
+        );
+    }
 }

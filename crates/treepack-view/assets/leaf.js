@@ -1,6 +1,7 @@
 // The leaf panel: what the manifest says of the node picked, and the views of its data —
 // line plot (1-D), heatmap with axis and slice pickers (n-D), histogram with stats, element
-// table, string text, bytes as hex or as the image or audio they hold. Arrays are read by
+// table, image (pixels of (H, W), (H, W, 3|4) arrays, a PNG the server encodes), a pandas
+// DataFrame's table, string text, bytes as hex or as the image or audio they hold. Arrays are read by
 // slice and downsampled on the server; the page asks for a step so that a read stays bounded.
 "use strict";
 
@@ -44,7 +45,7 @@ const Leaf = (() => {
   }
 
   function viewsOf(n) {
-    if (n.kind === "array") return n.views || [];
+    if (n.views) return n.views;
     if (n.kind === "str") return ["text"];
     if (n.kind === "bytes") return ["bytes"];
     return [];
@@ -93,7 +94,7 @@ const Leaf = (() => {
     for (const b of $("views").children) b.classList.toggle("active", b.dataset.view === view);
     $("view-controls").textContent = "";
     $("view-body").textContent = "";
-    const fn = { line, heatmap, histogram, table, text, bytes: bytesView }[view];
+    const fn = { line, heatmap, histogram, table, image: imageView, frame: frameView, text, bytes: bytesView }[view];
     if (fn) fn(current);
   }
 
@@ -282,6 +283,99 @@ const Leaf = (() => {
       bodyEl.append(t);
     };
     draw(defaultTableSlice(dims));
+  }
+
+  // ---- image: the server encodes the slice as a PNG (block means when bigger than asked)
+  function imageView(cur) {
+    const dims = cur.node.shape;
+    const nd = dims.length;
+    const colour = nd >= 3 && (dims[nd - 1] === 3 || dims[nd - 1] === 4);
+    const hAx = colour ? nd - 3 : nd - 2;
+    const channels = colour ? dims[nd - 1] : 1;
+    // One step on both axes keeps a read under the server's cap.
+    const step = Math.max(1, Math.ceil(Math.sqrt((dims[hAx] * dims[hAx + 1] * channels) / READ_CAP)));
+    const spec = dims.map((d, i) => (i < hAx ? "0" : i <= hAx + 1 && step > 1 ? `::${step}` : ":")).join(", ");
+    const { box, input } = sliceInput(spec, (s) => draw(s), step > 1 ? `every ${step}th pixel (reads stay under ${count(READ_CAP)} elements)` : "");
+    const maxSel = h("select", {}, [256, 512, 1024, 2048].map((m) => h("option", { value: m }, `${m} px`)));
+    maxSel.value = 1024;
+    maxSel.addEventListener("change", () => draw(input.value));
+    const status = h("div", { class: "muted" });
+    $("view-controls").append(box, h("label", {}, "max ", maxSel));
+    const img = h("img", { class: "array-image", id: "image-view", alt: cur.path });
+    const bodyEl = h("div", {}, status, img);
+    $("view-body").append(bodyEl);
+    let objectUrl = null;
+    const draw = async (s) => {
+      const blob = await guarded(cur, status, async () => {
+        const r = await fetch(url("image", { t: cur.source, path: cur.path, slice: s, max: maxSel.value }), { cache: "no-store" });
+        if (!r.ok) {
+          const text = await r.text();
+          let msg = text;
+          try { msg = JSON.parse(text).error || text; } catch (e) { /* plain text */ }
+          throw new Error(msg);
+        }
+        return r.blob();
+      });
+      if (!blob) { img.hidden = true; return; }
+      if (objectUrl) URL.revokeObjectURL(objectUrl);
+      objectUrl = URL.createObjectURL(blob);
+      img.onload = () => {
+        const [w, hgt] = [img.naturalWidth, img.naturalHeight];
+        // Small images enlarged (pixels kept square and sharp), big ones fit the pane.
+        const scale = Math.max(1, Math.floor(256 / Math.max(w, hgt)));
+        img.style.width = `${w * scale}px`;
+        img.classList.toggle("pixelated", scale > 1);
+        img.dataset.ready = "1";
+        status.textContent = `${w} × ${hgt} pixels${channels === 1 ? " (grey)" : channels === 3 ? " (RGB)" : " (RGBA)"}` +
+          (cur.node.dtype === "uint8" ? "" : ", values 0–1 as 0–255, clipped");
+      };
+      img.hidden = false;
+      img.src = objectUrl;
+    };
+    draw(spec);
+  }
+
+  // ---- a pandas DataFrame or Series: a page of rows, built on the server from its columns
+  function frameView(cur) {
+    const st = { offset: 0, limit: 50, colOffset: 0 };
+    const COLS = 50;
+    const info = h("span", { class: "muted", id: "frame-info" });
+    const prev = h("button", { onclick: () => { st.offset = Math.max(0, st.offset - st.limit); draw(); } }, "◀ rows");
+    const next = h("button", { id: "frame-next", onclick: () => { st.offset += st.limit; draw(); } }, "rows ▶");
+    const cprev = h("button", { onclick: () => { st.colOffset = Math.max(0, st.colOffset - COLS); draw(); } }, "◀ columns");
+    const cnext = h("button", { onclick: () => { st.colOffset += COLS; draw(); } }, "columns ▶");
+    const per = h("select", {}, [20, 50, 100, 500].map((n) => h("option", { value: n }, `${n} rows`)));
+    per.value = st.limit;
+    per.addEventListener("change", () => { st.limit = Number(per.value); draw(); });
+    $("view-controls").append(prev, next, per, cprev, cnext, info);
+    const bodyEl = h("div", { class: "scroll table-scroll" });
+    $("view-body").append(bodyEl);
+    const cell = (v) => h("td", { class: typeof v === "number" ? "num" : v === null ? "muted" : "" },
+      v === null ? "–" : typeof v === "object" ? JSON.stringify(v) : String(v));
+    const label = (v) => (v === null ? "" : typeof v === "object" ? JSON.stringify(v) : String(v));
+    const draw = async () => {
+      const r = await guarded(cur, bodyEl, () => api("frame", {
+        t: cur.source, path: cur.path, offset: st.offset, limit: st.limit, col_offset: st.colOffset, col_limit: COLS,
+      }));
+      if (!r) return;
+      st.offset = r.offset;
+      const cols = r.columns;
+      const t = h("table", { class: "grid values frame", id: "frame-table" });
+      t.append(h("tr", {}, h("th", { title: r.index.dtype }, label(r.index.name)), cols.map((c) => h("th", { title: c.path }, label(c.label)))));
+      t.append(h("tr", { class: "dtypes" }, h("th", { class: "muted" }, r.index.dtype), cols.map((c) => h("th", { class: "muted" }, c.dtype))));
+      for (let i = 0; i < r.count; i++) {
+        t.append(h("tr", {}, h("td", { class: "index" }, label(r.index.values[i])), cols.map((c) => cell(c.values[i]))));
+      }
+      bodyEl.append(t);
+      prev.disabled = r.offset === 0;
+      next.disabled = r.offset + r.count >= r.rows;
+      cprev.disabled = r.columns_offset === 0;
+      cnext.disabled = r.columns_offset + cols.length >= r.columns_total;
+      cprev.hidden = cnext.hidden = r.columns_total <= COLS;
+      info.textContent = `rows ${count(r.count ? r.offset + 1 : 0)}–${count(r.offset + r.count)} of ${count(r.rows)}; ` +
+        `${r.columns_total > COLS ? `columns ${count(r.columns_offset + 1)}–${count(r.columns_offset + cols.length)} of ` : ""}${count(r.columns_total)} column${r.columns_total === 1 ? "" : "s"}`;
+    };
+    draw();
   }
 
   // ---- strings and bytes

@@ -210,6 +210,118 @@ fn heatmap(v: &[f64], r: &DimSel, c: &DimSel, max: u64) -> Value {
     })
 }
 
+/// The longest side, in pixels, of an image the server encodes: a bigger slice is averaged
+/// down to it.
+pub(crate) const IMAGE_SIDE: u64 = 4096;
+
+/// Whether elements of this dtype can be pixels: bytes (0–255) or floats (0–1, clipped).
+pub(crate) fn pixel_dtype(d: &treepack::DType) -> bool {
+    use treepack::DType as D;
+    matches!(d, D::U8 | D::F16 | D::BF16 | D::F32 | D::F64)
+}
+
+/// Whether an array can be shown as an image: pixels of [`pixel_dtype`], its last axes
+/// `(H, W)` (rank 2) or `(H, W, 3)`/`(H, W, 4)` (RGB, RGBA; leading axes are indexed).
+pub(crate) fn image_like(a: &ArrayEntry) -> bool {
+    pixel_dtype(&a.dtype)
+        && match a.shape.as_slice() {
+            [h, w] => *h > 0 && *w > 0,
+            [.., h, w, c] => *h > 0 && *w > 0 && matches!(c, 3 | 4),
+            _ => false,
+        }
+}
+
+/// The slice `spec` of the array at `path` as a PNG: two axes kept (grey), or three whose last
+/// is the array's last axis of 3 or 4 channels taken whole (RGB, RGBA). Bytes are pixels as
+/// they are; floats are read as 0–1 and clipped (NaN black). A slice of more than `max` pixels
+/// a side is shown as block means, the same factor on both axes so that the image keeps its
+/// proportions.
+pub(crate) fn image(o: &Opened, path: &str, spec: &str, max: u64) -> ApiResult<(&'static str, Vec<u8>)> {
+    let a = array_at(o, path)?;
+    if !pixel_dtype(&a.dtype) {
+        return Err(ApiError::bad(format!(
+            "`{path}` holds {} elements: images are uint8 (0–255) or floats (0–1)",
+            a.dtype.display()
+        )));
+    }
+    let sel = selection(spec, &a.shape)?;
+    let kept: Vec<(usize, &DimSel)> = sel.iter().enumerate().filter(|(_, s)| s.keep).collect();
+    let last = a.shape.len().saturating_sub(1);
+    // The last axis of 3 or 4 is colour: kept, it must be kept whole, as the channels.
+    let colour = a.shape.len() >= 3 && matches!(a.shape[last], 3 | 4);
+    let (h, w, channels) = match kept.as_slice() {
+        [(_, r), (ax, c)] if !(colour && *ax == last) => (r.count, c.count, 1),
+        [(_, r), (_, c), (ax, ch)]
+            if *ax == last
+                && ch.start == 0
+                && ch.step == 1
+                && ch.count == a.shape[last]
+                && matches!(ch.count, 3 | 4) =>
+        {
+            (r.count, c.count, ch.count)
+        }
+        _ => {
+            return Err(ApiError::bad(format!(
+                "slice `{spec}` of `{path}` is not an image: keep two axes (height, width), or three whose last is \
+                 the 3 or 4 colour channels taken whole (`..., :`)"
+            )))
+        }
+    };
+    if h == 0 || w == 0 {
+        return Err(ApiError::bad(format!("slice `{spec}` of `{path}` is empty: an image needs pixels")));
+    }
+    let count = h * w * channels;
+    if count > READ_CAP {
+        return Err(ApiError::bad(format!(
+            "slice `{spec}` of `{path}` has {count} elements; the viewer reads at most {READ_CAP} at once: \
+             ask for a smaller region or a step (`::4, ::4`)"
+        )));
+    }
+    let max = max.clamp(16, IMAGE_SIDE);
+    let arr = o.reader.read_array(path, spec)?;
+    let v = to_f64(&a.dtype, arr.bytes()).unwrap_or_default();
+    let scale = if matches!(a.dtype, treepack::DType::U8) { 1.0 } else { 255.0 };
+    let (h, w, c) = (h as usize, w as usize, channels as usize);
+    let f = h.max(w).div_ceil(max as usize).max(1);
+    let (oh, ow) = (h.div_ceil(f), w.div_ceil(f));
+    let mut sum = vec![0f64; oh * ow * c];
+    let mut cnt = vec![0u32; oh * ow];
+    for i in 0..h {
+        for j in 0..w {
+            let b = (i / f) * ow + j / f;
+            cnt[b] += 1;
+            for k in 0..c {
+                let x = v.get((i * w + j) * c + k).copied().unwrap_or(0.0);
+                // NaN adds nothing: black where a block is all NaN.
+                sum[b * c + k] += if x.is_nan() { 0.0 } else { (x * scale).clamp(0.0, 255.0) };
+            }
+        }
+    }
+    let pixels: Vec<u8> =
+        sum.iter().enumerate().map(|(i, &s)| (s / f64::from(cnt[i / c].max(1))).round() as u8).collect();
+    let color = match c {
+        1 => png::ColorType::Grayscale,
+        3 => png::ColorType::Rgb,
+        _ => png::ColorType::Rgba,
+    };
+    Ok(("image/png", encode_png(&pixels, ow as u32, oh as u32, color)?))
+}
+
+/// PNG of 8-bit pixels. Quick rather than small: these images go to the local browser once.
+fn encode_png(pixels: &[u8], width: u32, height: u32, color: png::ColorType) -> ApiResult<Vec<u8>> {
+    let fail = |e: png::EncodingError| ApiError { status: 500, message: format!("PNG encoding failed: {e}") };
+    let mut out = Vec::with_capacity(pixels.len() / 2 + 1024);
+    let mut e = png::Encoder::new(&mut out, width, height);
+    e.set_color(color);
+    e.set_depth(png::BitDepth::Eight);
+    e.set_deflate_compression(png::DeflateCompression::Level(1));
+    e.set_filter(png::Filter::Adaptive);
+    let mut wr = e.write_header().map_err(fail)?;
+    wr.write_image_data(pixels).map_err(fail)?;
+    wr.finish().map_err(fail)?;
+    Ok(out)
+}
+
 /// Running sums of one pass over an array's values.
 #[derive(Default)]
 struct Moments {
@@ -379,6 +491,14 @@ fn blob(o: &Opened, path: &str, size: u64) -> ApiResult<Vec<u8>> {
     }
 }
 
+/// What the tree's reader has read from its location so far (every request's reads together):
+/// requests and bytes. Tells how much a view cost, and lets tests check that a slice reads only
+/// the chunks it touches.
+pub(crate) fn io(o: &Opened) -> Value {
+    let st = o.reader.location().store().stats();
+    json!({"bytes_read": st.bytes_read(), "read_requests": st.read_requests()})
+}
+
 /// The media types the page shows, told by their magic numbers (never SVG: it can hold script).
 fn sniff(b: &[u8]) -> Option<&'static str> {
     let starts = |m: &[u8]| b.starts_with(m);
@@ -468,6 +588,48 @@ mod tests {
         let out = heatmap(&v, &r, &r, 2);
         assert_eq!(out["shape"], json!([2, 2]));
         assert_eq!(out["data"], json!([2.5, 4.5, 10.5, 12.5]));
+    }
+
+    /// The pixels of the PNG `image` answers for `slice` of `path`: (width, height, samples).
+    fn pixels(o: &Opened, path: &str, slice: &str, max: u64) -> (u32, u32, Vec<u8>) {
+        let (mime, body) = image(o, path, slice, max).unwrap();
+        assert_eq!(mime, "image/png");
+        let mut r = png::Decoder::new(std::io::Cursor::new(body)).read_info().unwrap();
+        let mut buf = vec![0; r.output_buffer_size().unwrap()];
+        let info = r.next_frame(&mut buf).unwrap();
+        buf.truncate(info.buffer_size());
+        (info.width, info.height, buf)
+    }
+
+    #[test]
+    fn images_are_the_arrays_pixels() {
+        use treepack::{ArrayData, DType, Node};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("t");
+        // RGB: red rises along the columns, green down the rows, blue a constant 7.
+        let rgb: Vec<u8> = (0..32u32 * 48).flat_map(|p| [(p % 48 * 5) as u8, (p / 48 * 8) as u8, 7]).collect();
+        let grey: Vec<u8> = (0..4096u32 * 64).map(|p| (p % 64) as u8).collect();
+        let unit: Vec<u8> = [0.0f32, 0.5, 1.0, 2.0, -1.0, f32::NAN].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let tree = Node::dict([
+            ("rgb", Node::from(ArrayData::new(DType::U8, vec![32, 48, 3], rgb).unwrap())),
+            ("tall", Node::from(ArrayData::new(DType::U8, vec![4096, 64], grey).unwrap())),
+            ("unit", Node::from(ArrayData::new(DType::F32, vec![2, 3], unit).unwrap())),
+        ]);
+        treepack::save(&tree, dir.to_str().unwrap(), &treepack::SaveOptions::default()).unwrap();
+        let state = crate::sources::State::open(dir.to_str().unwrap(), None, &Default::default()).unwrap();
+        let o = state.tree("a").unwrap();
+        let (w, h, px) = pixels(&o, "rgb", ":, :, :", 1024);
+        assert_eq!((w, h), (48, 32));
+        let at = |r: usize, c: usize| px[(r * 48 + c) * 3..(r * 48 + c) * 3 + 3].to_vec();
+        assert_eq!((at(0, 0), at(3, 10), at(31, 47)), (vec![0, 0, 7], vec![50, 24, 7], vec![235, 248, 7]));
+        // A region with a step: rows 2..4, columns 0, 16, 32.
+        let (w, h, px) = pixels(&o, "rgb", "2:4, ::16, :", 1024);
+        assert_eq!((w, h, &px[3..6]), (3, 2, &[80u8, 16, 7][..]));
+        // Bigger than `max` a side: means of 16 × 16 blocks; columns 0..16 average 7.5 → 8.
+        let (w, h, px) = pixels(&o, "tall", ":, :", 256);
+        assert_eq!((w, h, &px[..4]), (4, 256, &[8u8, 24, 40, 56][..]));
+        // Floats are 0–1, clipped; NaN is black.
+        assert_eq!(pixels(&o, "unit", ":, :", 1024).2, [0, 128, 255, 255, 0, 0]);
     }
 
     #[test]

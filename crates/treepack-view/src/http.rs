@@ -180,7 +180,20 @@ fn api(s: &State, endpoint: &str, q: &Query) -> ApiResult<Reply> {
         "slice" => data::slice(&*tree()?, path, q.get("slice"), q.num("max", 1024)?)?,
         "stats" => data::stats(&*tree()?, path, q.num("bins", 64)?)?,
         "values" => data::values(&*tree()?, path, q.get("slice"))?,
+        "frame" => crate::frame::frame(
+            &*tree()?,
+            path,
+            q.num("offset", 0)?,
+            q.num("limit", 50)?,
+            q.num("col_offset", 0)?,
+            q.num("col_limit", 50)?,
+        )?,
+        "io" => data::io(&*tree()?),
         "text" => data::text(&*tree()?, path, q.num("limit", 65536)?)?,
+        "image" => {
+            let (mime, body) = data::image(&*tree()?, path, q.get("slice"), q.num("max", 1024)?)?;
+            return Ok(Reply::Media(mime, body));
+        }
         "raw" => {
             let (mime, body) = data::raw(&*tree()?, path)?;
             return Ok(Reply::Media(mime, body));

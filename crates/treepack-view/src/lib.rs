@@ -19,6 +19,7 @@
 mod browser;
 mod compare;
 mod data;
+mod frame;
 pub mod html;
 mod http;
 mod listing;

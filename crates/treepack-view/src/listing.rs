@@ -181,6 +181,11 @@ pub(crate) fn details(o: &Opened, path: &str) -> ApiResult<Value> {
     let mut v = json!({"path": path, "hash": hash});
     describe(o, node, &mut v);
     let inner = node.unshared();
+    if let Tree::Custom { type_name, .. } = inner {
+        if crate::frame::is_frame(type_name) {
+            v["views"] = json!(["frame"]);
+        }
+    }
     match inner {
         Tree::Custom { data, .. } if !data.is_null() => v["data"] = data.clone(),
         Tree::Leaf(e) => leaf_details(e, &mut v),
@@ -243,11 +248,22 @@ fn views(a: &treepack::format::manifest::ArrayEntry) -> Vec<&'static str> {
     if !is_numeric(&a.dtype) {
         return vec!["table"];
     }
-    match a.shape.len() {
+    let mut v = match a.shape.len() {
         0 => vec!["table"],
         1 => vec!["line", "histogram", "table"],
         _ => vec!["heatmap", "histogram", "table"],
+    };
+    if crate::data::image_like(a) {
+        // Bytes of these shapes are most likely pixels, and so are floats all in 0–1 (as the
+        // preview's range says) with colour channels: the image first; other floats may be
+        // pixels too, after their heatmap.
+        let colour = a.shape.last().is_some_and(|&c| c == 3 || c == 4) && a.shape.len() >= 3;
+        let unit = |k: &str| a.preview.as_ref().and_then(|p| p.get(k)).and_then(Value::as_f64);
+        let in_unit = matches!((unit("min"), unit("max")), (Some(lo), Some(hi)) if lo >= 0.0 && hi <= 1.0);
+        let first = a.dtype == treepack::DType::U8 || (colour && in_unit);
+        v.insert(usize::from(!first), "image");
     }
+    v
 }
 
 /// Nodes whose key path `pattern` matches (docs/format.md's globs: `*` within a segment,

@@ -214,6 +214,9 @@ def save(
             out = None
             run.reset()
             out = walk()
+        if not blocking:
+            # The arrays' copies, made once the last walk is done, before the caller goes on.
+            out.snapshot()
         return out
 
     write_opts = dict(overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes, storage_options=_opts(storage_options),

@@ -40,6 +40,8 @@ class VerifyReport:
 
 class Prepared:
     """A Python tree converted to treepack's model, ready to be written once (on any thread)."""
+    def snapshot(self) -> int:
+        """Make a ``snapshot=True`` tree's deferred array copies (GIL held); the bytes copied."""
     def write(
         self,
         path: str,
@@ -64,6 +66,9 @@ class Prepared:
     ) -> Tuple[bytes, SaveInfo]:
         """Write this process's part of a save shared by processes (packs only); returns the
         part's manifest, for ``commit_parts``."""
+
+def release_snapshot_buffers() -> int:
+    """Free the buffers background saves keep for the next one; the bytes freed."""
 
 def commit_parts(
     path: str, parts: List[bytes], overwrite: bool = False, storage_options: StorageOptions = None, durable: bool = True

@@ -21,6 +21,8 @@ pub(crate) struct Encoder<'py> {
     /// Copy array bytes instead of borrowing them, so the caller may mutate its arrays as soon
     /// as `prepare` returns (non-blocking saves).
     pub(crate) snapshot: bool,
+    /// The snapshot's copies still to make, once the last walk is done (`snapshot::run`).
+    pub(crate) pending: Vec<crate::snapshot::Pending>,
     /// Encode naive and UTC `datetime`s here rather than through `encode_other` (off when the
     /// user registered a custom codec for `datetime`).
     pub(crate) fast_datetime: bool,
@@ -398,7 +400,13 @@ impl<'py> Encoder<'py> {
         // SAFETY: `canon` is C-contiguous with exactly `nbytes` bytes (checked by numpy / Python helper).
         let ptr = unsafe { (*carr.as_array_ptr()).fields.data } as *const u8;
         let owner = NumpyOwner { ptr, len: nbytes as usize, _obj: canon.clone().unbind() };
-        let data = if self.snapshot { Bytes::copy_from_slice(owner.as_ref()) } else { Bytes::from_owner(owner) };
+        let data = if self.snapshot {
+            let (bytes, copy) = crate::snapshot::reserve(owner);
+            self.pending.extend(copy);
+            bytes
+        } else {
+            Bytes::from_owner(owner)
+        };
         ArrayData::new(dtype, shape, data).map_err(|e| self.err(e))
     }
 
@@ -605,6 +613,9 @@ const VEC_HINT_MAX: usize = 1 << 21;
 #[pyclass(frozen)]
 pub(crate) struct Prepared {
     pub(crate) node: std::sync::Mutex<Option<Node>>,
+    /// A background save's copies not made yet: `snapshot()` makes them (the caller's thread,
+    /// before it goes on), else the write does, before anything reads the bytes.
+    pub(crate) pending: std::sync::Mutex<Vec<crate::snapshot::Pending>>,
 }
 
 /// Convert a Python tree (with the GIL held). With `snapshot`, array bytes are copied.
@@ -640,6 +651,7 @@ pub(crate) fn prepare(
         encode_array: encode_array.clone(),
         path: vec![],
         snapshot,
+        pending: Vec::new(),
         fast_datetime,
         seen_bytes: HashMap::new(),
         root: tree.clone(),
@@ -700,16 +712,27 @@ pub(crate) fn prepare(
             h.text = (f.text().len() + f.text().len() / 8).min(256 << 20);
         }
     }
+    let pending = std::mem::take(&mut enc.pending);
     if !enc.refd.is_empty() {
         let refd = std::mem::take(&mut enc.refd);
         drop(enc);
         node = share_refs(node, &refd)?;
     }
-    Ok(Prepared { node: std::sync::Mutex::new(Some(node)) })
+    Ok(Prepared { node: std::sync::Mutex::new(Some(node)), pending: std::sync::Mutex::new(pending) })
 }
 
 #[pymethods]
 impl Prepared {
+    /// Make the copies of a background save's arrays (see `snapshot`), with the GIL held:
+    /// once this returns the caller may change them. Returns the bytes copied (0 the second
+    /// time, and for a save that copies nothing).
+    pub(crate) fn snapshot(&self) -> PyResult<usize> {
+        let pending = std::mem::take(
+            &mut *self.pending.lock().map_err(|_| PyValueError::new_err("prepared tree is poisoned"))?,
+        );
+        Ok(if pending.is_empty() { 0 } else { crate::snapshot::run(pending) })
+    }
+
     /// Write the tree (GIL released).
     /// A prepared tree is written once; its memory is freed afterwards.
     #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, progress=None, compression=None, durable=true))]
@@ -726,6 +749,7 @@ impl Prepared {
         compression: Option<String>,
         durable: bool,
     ) -> PyResult<SaveInfo> {
+        self.snapshot()?;
         let node = self.take()?;
         let opts = save_options(overwrite, metadata, chunk_bytes, progress, compression, durable)?;
         let loc = location(path, storage_options)?;
@@ -756,6 +780,7 @@ impl Prepared {
         compression: Option<String>,
         durable: bool,
     ) -> PyResult<(Bound<'py, PyBytes>, SaveInfo)> {
+        self.snapshot()?;
         let node = self.take()?;
         let opts = save_options(overwrite, metadata, chunk_bytes, None, compression, durable)?;
         let loc = location(path, storage_options)?;
@@ -794,6 +819,12 @@ fn save_options(
         opts.compression = treepack::save::Compression::parse(&c).map_err(py_err)?;
     }
     Ok(opts)
+}
+
+/// Free the buffers background saves keep for the next one (`snapshot`); the bytes freed.
+#[pyfunction]
+pub(crate) fn release_snapshot_buffers() -> usize {
+    crate::snapshot::release()
 }
 
 /// Commit a save written in parts (each part's manifest from `Prepared.write_part`, the

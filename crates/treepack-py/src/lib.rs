@@ -28,6 +28,7 @@ mod reader;
 mod repo;
 mod results;
 mod signing;
+mod snapshot;
 mod structure;
 mod view;
 
@@ -244,6 +245,7 @@ fn schema(py: Python<'_>, path: &str, storage_options: Options) -> PyResult<Stri
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prepare, m)?)?;
     m.add_function(wrap_pyfunction!(commit_parts, m)?)?;
+    m.add_function(wrap_pyfunction!(release_snapshot_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(block_chunk_shape, m)?)?;
     m.add_class::<Prepared>()?;
     m.add_class::<EncodeContext>()?;

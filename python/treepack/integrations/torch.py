@@ -335,21 +335,32 @@ class Loader:
         if via is not None:
             t = t.view(getattr(torch, stored))
         saved = ann.get("device")
+        on_adopted = None
         if "storage" in ann:
-            t = self._in_storage(t, ann["storage"], saved)
+            t, on_adopted = self._in_storage(t, ann["storage"], saved, own=bool(base.flags.writeable))
         else:
             t = self._place(t, saved)
         if ann.get("type") == PARAMETER:
-            return torch.nn.Parameter(t, requires_grad=bool(ann.get("requires_grad", True)))
-        if ann.get("requires_grad"):
+            t = torch.nn.Parameter(t, requires_grad=bool(ann.get("requires_grad", True)))
+        elif ann.get("requires_grad"):
             t.requires_grad_(True)
+        if on_adopted is not None:
+            on_adopted.append(t)
         return t
 
-    def _in_storage(self, values: Any, st: Any, saved: Optional[str]) -> Any:
+    def _in_storage(self, values: Any, st: Any, saved: Optional[str], own: bool = False) -> Tuple[Any, Optional[List[Any]]]:
         """A tensor holding ``values`` that lies in the storage numbered ``st["id"]`` (shared
         with other tensors of this load), at its offset and strides. The storage is made on the
         device this tensor goes to and grows to whatever its tensors reach, within
-        ``Storages.RATIO`` times the bytes they hold."""
+        ``Storages.RATIO`` times the bytes they hold.
+
+        The first tensor of a storage that starts it and is laid out as its values are
+        (offset 0, C order: tied weights, the base before its views) *is* the storage when
+        ``own`` (its memory is this load's alone) and tensors stay on the CPU: no second buffer
+        of its size is allocated, zeroed and copied into. Such a storage cannot grow in place,
+        so the list returned with the tensor collects the tensors made on it (the caller
+        appends what it returns), to be moved onto a bigger storage if a later tensor reaches
+        past it."""
         import torch
 
         if not isinstance(st, dict) or not isinstance(st.get("id"), int) or isinstance(st.get("id"), bool):
@@ -370,23 +381,39 @@ class Loader:
         # would go past it (a small view met before its big base, a select of one view) is
         # loaded as its own tensor: its values are all there, only the sharing is not.
         if self._storage_bytes + grow > Storages.RATIO * (self._held_bytes + nbytes) + Storages.SLACK:
-            return self._place(values, saved)
+            return self._place(values, saved), None
         self._storage_bytes += grow
         self._held_bytes += nbytes
         held = (entry[1] if entry else 0) + nbytes
+        if (
+            entry is None
+            and own
+            and self.map_location is None
+            and values.device.type == "cpu"
+            and offset == 0
+            and list(values.stride()) == stride
+            and values.untyped_storage().nbytes() == extent
+        ):
+            # [storage, bytes held, tensors on it (None once the storage is torch's own)]
+            entry = self._storages[st["id"]] = [values.untyped_storage(), held, []]
+            return values, entry[2]
         if entry is None:
-            entry = self._storages[st["id"]] = [torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0]
+            entry = self._storages[st["id"]] = [torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0, None]
         storage = entry[0]
         if storage.nbytes() < extent:
             old = storage.nbytes()
-            storage.resize_(extent)
-            _fill(storage, old, extent)
+            if entry[2] is not None:
+                storage = entry[0] = _regrown(storage, extent, entry[2])
+                entry[2] = None
+            else:
+                storage.resize_(extent)
+                _fill(storage, old, extent)
         entry[1] = held
         t = torch.empty(0, dtype=values.dtype, device=storage.device).set_(storage, offset, values.shape, stride)
         _copy_into(t, values)
         if self.map_location is not None and callable(self.map_location) and not isinstance(self.map_location, (str, dict)):
             t = self.map_location(t, saved or "cpu")
-        return t
+        return t, entry[2]
 
     def _device(self, saved: Optional[str]) -> Any:
         """Where ``_place`` puts a tensor saved on ``saved`` (the CPU for a callable, which then
@@ -409,6 +436,25 @@ class Loader:
             target = m.get(saved or "cpu")
             return t if target is None else t.to(target)
         return t.to(m)
+
+
+def _regrown(storage: Any, extent: int, tensors: List[Any]) -> Any:
+    """A CPU storage of ``extent`` bytes holding ``storage``'s bytes (the rest zero), with the
+    ``tensors`` made on ``storage`` moved onto it (same offsets, shapes and strides): the
+    storage a loaded tensor's memory became cannot be resized (see ``Loader._in_storage``)."""
+    import ctypes
+
+    import torch
+
+    old = storage.nbytes()
+    new = torch.empty(0, dtype=torch.uint8).untyped_storage()
+    new.resize_(extent)
+    ctypes.memmove(new.data_ptr(), storage.data_ptr(), old)
+    _fill(new, old, extent)
+    with torch.no_grad():
+        for t in tensors:
+            t.data = torch.empty(0, dtype=t.dtype).set_(new, t.storage_offset(), t.shape, t.stride())
+    return new
 
 
 def _fill(storage: Any, start: int, end: int) -> None:

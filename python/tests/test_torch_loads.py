@@ -1,0 +1,131 @@
+"""Loads into torch (issue 53): what a load gives ``load_state_dict`` and how tensors that share a
+storage are rebuilt without a second buffer.
+
+Runs against real torch (installed into .venv by scripts/python-env.sh); skipped without it.
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import treepack  # noqa: E402
+import treepack.integrations.torch as tt  # noqa: E402
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Bytes zeroed into and copied into shared storages during a load (``_fill``, ``_copy_into``)."""
+    seen = {"filled": 0, "copied": 0}
+    fill, copy = tt._fill, tt._copy_into
+
+    def _fill(storage, start, end):
+        seen["filled"] += end - start
+        fill(storage, start, end)
+
+    def _copy_into(dst, src):
+        seen["copied"] += src.numel() * src.element_size()
+        copy(dst, src)
+
+    monkeypatch.setattr(tt, "_fill", _fill)
+    monkeypatch.setattr(tt, "_copy_into", _copy_into)
+    return seen
+
+
+def test_tied_weights_load_into_the_first_tensors_memory(loc, counted):
+    # GPT-2's lm_head.weight and wte.weight: two tensors over one storage. The storage is the
+    # first tensor's loaded buffer: nothing of its size is allocated and zeroed, and only the
+    # second tensor's values are copied into it.
+    w = torch.randn(300, 64)
+    sd = {"wte": w, "mid": torch.randn(8), "lm_head": w.detach()}  # two tensor objects, as state_dict() gives
+    treepack.save(sd, loc)
+    out = treepack.load(loc)
+    assert counted["filled"] == 0
+    assert counted["copied"] == w.numel() * 4
+    assert out["wte"].data_ptr() == out["lm_head"].data_ptr()
+    assert out["wte"].untyped_storage().nbytes() == w.numel() * 4
+    assert torch.equal(out["wte"], w) and torch.equal(out["lm_head"], w)
+    out["lm_head"][0, 0] = 1234.0
+    assert out["wte"][0, 0].item() == 1234.0
+
+
+@pytest.mark.parametrize("param", [False, True], ids=["tensor", "parameter"])
+def test_a_storage_that_outgrows_its_first_tensor_takes_that_tensor_along(loc, param):
+    # The first tensor (a prefix view) becomes the storage; the whole tensor after it reaches
+    # further, so the storage is remade bigger and the first tensor moved onto it.
+    x = torch.arange(40.0).reshape(8, 5)
+    wrap = (lambda t: torch.nn.Parameter(t, requires_grad=False)) if param else (lambda t: t)
+    base = wrap(x)
+    tree = {"head": base[:3], "all": base, "tail": base[5:]}
+    if param:
+        tree = {"head": torch.nn.Parameter(x[:3]), "all": base, "tail": x[5:]}
+    treepack.save(tree, loc)
+    out = treepack.load(loc)
+    for k in tree:
+        assert torch.equal(out[k].detach(), tree[k].detach()), k
+        assert out[k].storage_offset() == tree[k].storage_offset() and out[k].stride() == tree[k].stride(), k
+    assert len({out[k].untyped_storage().data_ptr() for k in tree}) == 1
+    assert out["head"].untyped_storage().nbytes() == x.numel() * 4
+    with torch.no_grad():
+        out["all"][1, 1] = -7.0
+        out["tail"][0, 0] = -9.0
+    assert out["head"][1, 1].item() == -7.0
+    assert out["all"][5, 0].item() == -9.0
+    if param:
+        assert type(out["head"]) is torch.nn.Parameter and out["head"].requires_grad
+        assert type(out["all"]) is torch.nn.Parameter and not out["all"].requires_grad
+
+
+def test_views_met_before_their_base_still_share_one_storage(loc):
+    x = torch.arange(24.0).reshape(4, 6)
+    tree = {"late": x[2:], "base": x, "cols": x[:, 1::2]}
+    treepack.save(tree, loc)
+    out = treepack.load(loc)
+    assert len({out[k].untyped_storage().data_ptr() for k in tree}) == 1
+    for k in tree:
+        assert torch.equal(out[k], tree[k]), k
+
+
+def test_mmap_loads_keep_tied_weights_tied(loc):
+    w = torch.randn(64, 32)
+    treepack.save({"a": w, "b": w}, loc)
+    out = treepack.load(loc, mmap=True)
+    assert out["a"].data_ptr() == out["b"].data_ptr()
+    assert torch.equal(out["a"], w)
+
+
+def test_loaded_tensors_are_what_load_state_dict_copies_fastest(loc):
+    # Plain, writable, C-contiguous, aligned CPU tensors of the saved dtype that do not require
+    # grad: load_state_dict's copy_ takes them as it takes torch.load's.
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.LayerNorm(256), torch.nn.Linear(256, 64, bias=False))
+    model[2].weight = torch.nn.Parameter(torch.randn(64, 256))
+    sd = model.state_dict()
+    treepack.save(sd, loc)
+    for kw in ({}, {"verify": False}):
+        got = treepack.load(loc, **kw)
+        assert list(got) == list(sd)
+        for k, t in got.items():
+            assert type(t) is torch.Tensor and not t.requires_grad, k
+            assert t.dtype == sd[k].dtype and t.shape == sd[k].shape and t.device.type == "cpu", k
+            assert t.is_contiguous() and t.storage_offset() == 0, k
+            assert t.data_ptr() % 64 == 0, k
+            assert t.numpy().flags.writeable, k
+        fresh = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.LayerNorm(256), torch.nn.Linear(256, 64, bias=False))
+        fresh.load_state_dict(got)
+        for k, t in fresh.state_dict().items():
+            assert torch.equal(t, sd[k]), k
+
+
+def test_like_a_state_dict_reads_into_the_models_tensors(loc):
+    model = torch.nn.Linear(128, 64)
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    treepack.save(sd, loc)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    target = model.state_dict()
+    ptrs = {k: v.data_ptr() for k, v in target.items()}
+    treepack.load(loc, like=target)
+    for k, v in model.state_dict().items():
+        assert v.data_ptr() == ptrs[k] and torch.equal(v, sd[k]), k
+    assert np.all(model.weight.detach().numpy() == sd["weight"].numpy())

@@ -235,7 +235,9 @@ def save(
 
     def write() -> Any:
         try:
-            return prepared.write(p, progress=callback, **write_opts)
+            # In the background, on a thread of the save pool: its CPU is what the program
+            # leaves idle (docs/python.md, Concurrency).
+            return prepared.write(p, progress=callback, background=not blocking, **write_opts)
         finally:
             done()
 

@@ -52,8 +52,10 @@ class Prepared:
         progress: Progress = None,
         compression: Optional[str] = None,
         durable: bool = True,
+        background: bool = False,
     ) -> SaveInfo:
-        """Write with the GIL released (``compression``: a policy as text, see ``check_compression``)."""
+        """Write with the GIL released (``compression``: a policy as text, see ``check_compression``;
+        ``background``: at the lowest CPU priority, from a thread kept for background saves)."""
     def write_part(
         self,
         path: str,

@@ -727,15 +727,16 @@ impl Prepared {
     /// once this returns the caller may change them. Returns the bytes copied (0 the second
     /// time, and for a save that copies nothing).
     pub(crate) fn snapshot(&self) -> PyResult<usize> {
-        let pending = std::mem::take(
-            &mut *self.pending.lock().map_err(|_| PyValueError::new_err("prepared tree is poisoned"))?,
-        );
+        let pending =
+            std::mem::take(&mut *self.pending.lock().map_err(|_| PyValueError::new_err("prepared tree is poisoned"))?);
         Ok(if pending.is_empty() { 0 } else { crate::snapshot::run(pending) })
     }
 
     /// Write the tree (GIL released).
-    /// A prepared tree is written once; its memory is freed afterwards.
-    #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, progress=None, compression=None, durable=true))]
+    /// A prepared tree is written once; its memory is freed afterwards. `background`: a save
+    /// nobody waits for, written at the lowest CPU priority by this thread and pools of their
+    /// own (`treepack::in_background`: call it so only from a thread kept for such saves).
+    #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, progress=None, compression=None, durable=true, background=false))]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn write(
         &self,
@@ -748,13 +749,15 @@ impl Prepared {
         progress: Option<Py<PyAny>>,
         compression: Option<String>,
         durable: bool,
+        background: bool,
     ) -> PyResult<SaveInfo> {
         self.snapshot()?;
         let node = self.take()?;
         let opts = save_options(overwrite, metadata, chunk_bytes, progress, compression, durable)?;
         let loc = location(path, storage_options)?;
         let info = py.detach(|| {
-            let r = treepack::block_on(treepack::save_async(&node, &loc, &opts));
+            let save = || treepack::block_on(treepack::save_async(&node, &loc, &opts));
+            let r = if background { treepack::in_background(save) } else { save() };
             if r.as_ref().is_ok_and(|i| i.leaves >= treepack::save::BACKGROUND_DROP_LEAVES) {
                 treepack::save::drop_in_background(node);
             } else {

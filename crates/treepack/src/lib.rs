@@ -53,7 +53,7 @@ pub use location::Location;
 pub use progress::ProgressFn;
 pub use read::{LoadOptions, Problem, Reader, VerifyReport};
 pub use repo::{Repository, TreeRef};
-pub use runtime::block_on;
+pub use runtime::{block_on, in_background};
 pub use save::{SaveInfo, SaveOptions};
 pub use serde_tree::{from_tree, to_tree};
 pub use sign::{sign, verify_signature, SignOptions, SignedBy};

@@ -53,15 +53,73 @@ impl<T> PerProcess<T> {
     }
 }
 
+thread_local! {
+    /// Whether this thread does background work (see [`in_background`]).
+    static BACKGROUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread does background work: its pools are the background ones.
+pub(crate) fn is_background() -> bool {
+    BACKGROUND.with(|b| b.get())
+}
+
+/// Give this thread the lowest CPU priority (nice 19). For good: an unprivileged process may
+/// not raise a thread's priority again, so only threads that do nothing else are lowered.
+fn lower_this_thread() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: changes only the calling thread's nice value; failure (a sandbox forbidding it)
+    // leaves the priority as it was, which is still correct, only less polite.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+    }
+}
+
+fn mark_background_thread() {
+    lower_this_thread();
+    BACKGROUND.with(|b| b.set(true));
+}
+
+/// Run `f` as background work: a save the caller does not wait for (`save(blocking=False)`, a
+/// checkpoint manager's), which should take only the CPU the program leaves idle. The calling
+/// thread is lowered to the lowest priority for good (call it only from a thread kept for such
+/// work), and every pool `f` uses — hashing, the I/O runtime and its blocking threads, the
+/// threads a save starts — is a second set whose threads are lowered too, so the program's own
+/// threads (a training loop) run first while the save takes what is left.
+pub fn in_background<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BACKGROUND.with(|b| b.set(self.0));
+        }
+    }
+    let _restore = Restore(is_background());
+    mark_background_thread();
+    f()
+}
+
+/// Run `f` as background work if `background` (a thread started by background work, which
+/// inherits its priority but not its pools).
+pub(crate) fn in_background_if<R>(background: bool, f: impl FnOnce() -> R) -> R {
+    if background {
+        in_background(f)
+    } else {
+        f()
+    }
+}
+
 fn tokio_runtime() -> &'static tokio::runtime::Runtime {
     static RT: PerProcess<tokio::runtime::Runtime> = PerProcess::new();
-    RT.get(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads().clamp(2, 8))
-            .thread_name("treepack-io")
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("treepack: cannot start the I/O runtime: {e}"))
+    static BACKGROUND_RT: PerProcess<tokio::runtime::Runtime> = PerProcess::new();
+    let background = is_background();
+    (if background { &BACKGROUND_RT } else { &RT }).get(|| {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads().clamp(2, 8)).enable_all();
+        if background {
+            b.thread_name("treepack-bg-io").on_thread_start(mark_background_thread);
+        } else {
+            b.thread_name("treepack-io");
+        }
+        b.build().unwrap_or_else(|e| panic!("treepack: cannot start the I/O runtime: {e}"))
     })
 }
 
@@ -73,9 +131,12 @@ where
 {
     install_exec();
     if tokio::runtime::Handle::try_current().is_ok() {
-        std::thread::scope(|s| match s.spawn(|| tokio_runtime().block_on(fut)).join() {
-            Ok(v) => v,
-            Err(p) => std::panic::resume_unwind(p),
+        let background = is_background();
+        std::thread::scope(|s| {
+            match s.spawn(|| in_background_if(background, || tokio_runtime().block_on(fut))).join() {
+                Ok(v) => v,
+                Err(p) => std::panic::resume_unwind(p),
+            }
         })
     } else {
         tokio_runtime().block_on(fut)
@@ -110,6 +171,18 @@ pub(crate) fn block_on_here<F: Future>(fut: F) -> F::Output {
 /// (the work then runs on the calling thread).
 fn compute_pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: PerProcess<Option<rayon::ThreadPool>> = PerProcess::new();
+    static BACKGROUND_POOL: PerProcess<Option<rayon::ThreadPool>> = PerProcess::new();
+    if is_background() {
+        return BACKGROUND_POOL
+            .get(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .thread_name(|i| format!("treepack-bg-cpu-{i}"))
+                    .start_handler(|_| mark_background_thread())
+                    .build()
+                    .ok()
+            })
+            .as_ref();
+    }
     POOL.get(|| rayon::ThreadPoolBuilder::new().thread_name(|i| format!("treepack-cpu-{i}")).build().ok()).as_ref()
 }
 
@@ -229,6 +302,45 @@ pub(crate) fn install_exec() {
 #[cfg(all(test, unix))]
 mod tests {
     use rayon::prelude::*;
+
+    #[cfg(target_os = "linux")]
+    fn nice_of_this_thread() -> i32 {
+        // SAFETY: reads the calling thread's nice value.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+    }
+
+    /// Background work runs lowered, on pools of its own; other work keeps its priority.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn background_work_runs_at_the_lowest_priority_on_its_own_pools() {
+        let base = std::thread::spawn(nice_of_this_thread).join().unwrap_or(-100);
+        let (caller, pool, io, blocking, hash_thread) = std::thread::spawn(|| {
+            super::in_background(|| {
+                let pool = super::parallel(|| (0..4).into_par_iter().map(|_| nice_of_this_thread()).max());
+                let (io, blocking) = super::block_on(async {
+                    let io = tokio::spawn(async { nice_of_this_thread() }).await.unwrap_or(-100);
+                    let blocking = super::maybe_spawn_blocking(|| Ok(nice_of_this_thread())).await.unwrap_or(-100);
+                    (io, blocking)
+                });
+                let background = super::is_background();
+                let hash_thread = std::thread::spawn(move || {
+                    super::in_background_if(background, || super::parallel(nice_of_this_thread))
+                })
+                .join()
+                .unwrap_or(-100);
+                (nice_of_this_thread(), pool, io, blocking, hash_thread)
+            })
+        })
+        .join()
+        .expect("background thread");
+        assert_eq!((caller, pool, io, blocking, hash_thread), (19, Some(19), 19, 19, 19));
+        // The foreground pools were not lowered.
+        let fg = std::thread::spawn(|| super::parallel(|| (0..4).into_par_iter().map(|_| nice_of_this_thread()).max()))
+            .join()
+            .unwrap_or(None);
+        assert_eq!(fg, Some(base));
+        assert!(!std::thread::spawn(super::is_background).join().unwrap_or(true));
+    }
 
     /// A pool used before `fork()` works in the child (it used to hang forever).
     #[test]

@@ -283,12 +283,15 @@ pub(super) async fn hash_and_write_pipelined(
     let create_only = reuse.is_some();
     let (tx, rx) = futures::channel::mpsc::channel::<PackOut>(1);
     let (done_tx, done_rx) = futures::channel::oneshot::channel();
+    let background = crate::runtime::is_background();
     std::thread::Builder::new()
         .name("treepack-hash".into())
         .spawn(move || {
             let mut tx = tx;
-            let hashed = hash_and_layout(&pending, false, pack_bytes, batch_bytes, reuse, |pack| {
-                futures::executor::block_on(tx.send(pack)).is_ok()
+            let hashed = crate::runtime::in_background_if(background, || {
+                hash_and_layout(&pending, false, pack_bytes, batch_bytes, reuse, |pack| {
+                    futures::executor::block_on(tx.send(pack)).is_ok()
+                })
             });
             drop(tx);
             // The chunks go back to the caller's thread, which owns (and frees) the buffers.

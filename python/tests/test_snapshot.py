@@ -118,3 +118,16 @@ def test_a_forked_child_saves_in_the_background_too(tmp_path):
             os._exit(1)
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
+
+
+def test_a_background_save_is_written_at_the_lowest_priority_and_the_caller_keeps_its_own(tmp_path):
+    # Linux's nice is per thread: the save pool's thread is lowered, the caller is not.
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    seen = {}
+
+    def progress(done, total):
+        seen.setdefault("nice", os.getpriority(os.PRIO_PROCESS, 0))
+
+    treepack.save(_tree(1), str(tmp_path / "t"), blocking=False, progress=progress).result()
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+    assert seen.get("nice") == 19, seen

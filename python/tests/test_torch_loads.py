@@ -129,3 +129,20 @@ def test_like_a_state_dict_reads_into_the_models_tensors(loc):
     for k, v in model.state_dict().items():
         assert v.data_ptr() == ptrs[k] and torch.equal(v, sd[k]), k
     assert np.all(model.weight.detach().numpy() == sd["weight"].numpy())
+
+
+def test_a_whole_load_reads_equal_leaves_once_and_keeps_them_apart(loc):
+    # Big leaves with equal bytes (the zeroed tensors of a fresh model, tied weights) take the
+    # whole-load path too: read once, then two tensors that do not alias unless tied.
+    w = torch.randn(1024, 1024)
+    zeros = [torch.zeros(512, 1024) for _ in range(3)]
+    sd = {"wte": w, "z0": zeros[0], "z1": zeros[1], "lm_head": w.detach(), "z2": zeros[2], "other": torch.randn(1024, 1024)}
+    treepack.save(sd, loc)
+    for kw in ({}, {"verify": False}):
+        out = treepack.load(loc, **kw)
+        for k, t in sd.items():
+            assert torch.equal(out[k], t), k
+        assert out["wte"].data_ptr() == out["lm_head"].data_ptr()
+        assert len({out[f"z{i}"].data_ptr() for i in range(3)}) == 3
+        out["z1"][0, 0] = 5.0
+        assert out["z0"][0, 0].item() == 0.0 and out["z2"][0, 0].item() == 0.0

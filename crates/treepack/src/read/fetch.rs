@@ -136,13 +136,12 @@ impl Reader {
         Ok(map.slice(off as usize..end as usize))
     }
 
-    /// A whole local load of big leaves (90 % of the bytes in leaves of 1 MiB or more) that
-    /// share no chunk: leaves are read by more threads than cores (a thread waiting for the
+    /// A whole local load of big leaves (90 % of the bytes in leaves of 1 MiB or more): leaves are read by more threads than cores (a thread waiting for the
     /// device needs no core), uncached bytes straight from the device
     /// ([`ReadMode::CachedOrDirect`]), and verified by half the cores (`verify_pool`) as
     /// they arrive, so the device never waits for a hashing phase and there is no kernel
     /// read-ahead to pay for twice. `Ok(None)` when this does not apply (mmap, remote, little
-    /// data, shared chunks): the batched path then reads.
+    /// data, chunks shared other than by raw leaves of equal bytes): the batched path then reads.
     pub(super) async fn fetch_local_whole(
         &self,
         jobs: &[Job<'_>],
@@ -161,12 +160,31 @@ impl Reader {
         if total < PARALLEL_MIN_BYTES || small > total / 10 {
             return Ok(None);
         }
-        let mut keys: Vec<ChunkKey> = jobs.iter().flat_map(|j| self.job_keys(j, false)).collect();
-        let n = keys.len();
-        keys.sort_unstable();
-        keys.dedup();
-        if keys.len() != n {
-            return Ok(None);
+        // Leaves that repeat an earlier leaf's bytes (chunk dedup: tied weights, the zeroed
+        // biases of a fresh model) are read once: the repeat takes the first one's verified
+        // bytes. Only a raw array read as one range can: its leaf's bytes are that range.
+        // Other overlaps leave the load to the batched path.
+        let mut claimed: HashSet<ChunkKey> = HashSet::new();
+        let mut first_of: HashMap<ChunkKey, usize> = HashMap::new();
+        let mut unique: Vec<Job<'_>> = Vec::with_capacity(jobs.len());
+        let mut repeats: Vec<(usize, ChunkKey)> = Vec::new();
+        for (i, j) in jobs.iter().enumerate() {
+            let keys = self.job_keys(j, false);
+            let whole_range = match (&keys[..], j.entry) {
+                ([k], Entry::Array(_)) if j.entry.chunks().iter().all(|c| c.codec.is_identity()) => Some(*k),
+                _ => None,
+            };
+            if let Some(k) = whole_range.filter(|k| first_of.contains_key(k)) {
+                repeats.push((i, k));
+                continue;
+            }
+            if !keys.iter().all(|k| claimed.insert(*k)) {
+                return Ok(None);
+            }
+            if let Some(k) = whole_range {
+                first_of.insert(k, unique.len());
+            }
+            unique.push(Job { id: j.id, path: j.path.clone(), entry: j.entry });
         }
         if check_header {
             let key = (0u32, 0u64, container::HEADER_LEN);
@@ -178,6 +196,50 @@ impl Reader {
                 jobs.iter().filter(is_small).map(|j| Job { id: j.id, path: String::new(), entry: j.entry }).collect();
             self.advise_ahead(&small_jobs, opts.batch_bytes.saturating_mul(READ_AHEAD_BATCHES));
         }
+        let read = self.read_whole(&unique, opts, tracker)?;
+        if repeats.is_empty() {
+            return Ok(Some(read));
+        }
+        let mut firsts: HashMap<ChunkKey, Bytes> = HashMap::new();
+        for (k, &u) in &first_of {
+            if let Some((_, Leaf::Array(a))) = read.get(u) {
+                firsts.insert(*k, a.bytes().clone());
+            }
+        }
+        let mut read = read.into_iter();
+        let mut repeats = repeats.into_iter().peekable();
+        let mut out = Vec::with_capacity(jobs.len());
+        for (i, j) in jobs.iter().enumerate() {
+            let Some((_, k)) = repeats.next_if(|r| r.0 == i) else {
+                out.push(read.next().ok_or_else(|| Error::internal("a whole load lost a leaf"))?);
+                continue;
+            };
+            let bytes =
+                firsts.get(&k).cloned().ok_or_else(|| Error::internal("a repeated leaf's first was not read"))?;
+            if let Some(t) = tracker {
+                t.advance(k.2);
+            }
+            // Verified as the first leaf's bytes unless a chunk of its names another hash.
+            let same = |a: &[ChunkRef], b: &[ChunkRef]| {
+                a.len() == b.len()
+                    && a.iter()
+                        .zip(b)
+                        .all(|(x, y)| (x.pack, x.offset, x.length, x.hash) == (y.pack, y.offset, y.length, y.hash))
+            };
+            let verified = first_of.get(&k).is_some_and(|&u| same(unique[u].entry.chunks(), j.entry.chunks()));
+            out.push((j.id, self.assemble(j, &HashMap::from([(k, bytes)]), opts, opts.verify && !verified)?));
+        }
+        Ok(Some(out))
+    }
+
+    /// The leaves of `jobs`, which share no chunk, read by the threads of
+    /// [`Reader::fetch_local_whole`].
+    fn read_whole(
+        &self,
+        jobs: &[Job<'_>],
+        opts: &LoadOptions,
+        tracker: Option<&Tracker>,
+    ) -> Result<Vec<(usize, Leaf)>> {
         let threads = (crate::runtime::threads() * 2).clamp(MIN_READ_THREADS, MAX_READ_THREADS).min(jobs.len());
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed = std::sync::atomic::AtomicBool::new(false);
@@ -258,7 +320,7 @@ impl Reader {
         if out.len() != jobs.len() {
             return Err(Error::internal("a whole load stopped without an error"));
         }
-        Ok(Some(out))
+        Ok(out)
     }
 
     /// The byte ranges to read for one leaf: its whole span when its chunks are contiguous

@@ -2,19 +2,22 @@
 `chromium-driver` packages (scripts/browser.sh installs them; nothing is downloaded here), driven by
 Selenium. It opens the demo tree's page from `treepack view`, expands a branch, searches by glob,
 checks that a heatmap's pixels come from the data (a known gradient), and opens the diff of two
-trees and the history of a repository, through `treepack.view`. Screenshots go to a folder under
-pytest's tmp dir (kept when a test fails; also copied to $TREEPACK_VIEW_SCREENSHOTS when set).
+trees and the history of a repository, through `treepack.view`. Screenshots are kept as the tests'
+artefacts in $TREEPACK_VIEW_SCREENSHOTS, else target/view-screenshots/ (emptied when the tests
+start; the folder is printed at the end of the run).
 
 Skipped only when Chromium is absent and TREEPACK_REQUIRE_BROWSER is unset: scripts/test.sh sets
 it, so CI fails rather than skips. Marked slow: the page is the same for every CPython, so the
 per-wheel venvs leave it out."""
 
+import io
 import os
 import shutil
 import subprocess
 import time
 import urllib.error
 import urllib.request
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +42,19 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 
 @pytest.fixture(scope="module")
-def shots(tmp_path_factory):
-    return tmp_path_factory.mktemp("view-screenshots")
+def shots(request):
+    """The folder the screenshots are kept in, as the tests' artefacts (printed at the end)."""
+    folder = Path(os.environ.get("TREEPACK_VIEW_SCREENSHOTS") or ROOT / "target" / "view-screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.png"):
+        old.unlink()
+    yield folder
+    taken = sorted(p.name for p in folder.glob("*.png"))
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None and taken:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"\nviewer screenshots ({len(taken)}): {folder}")
 
 
 @pytest.fixture
@@ -67,11 +81,8 @@ def browser(tmp_path, shots):
 
 def shot(driver, shots, name):
     path = shots / f"{name}.png"
-    driver.save_screenshot(str(path))
-    extra = os.environ.get("TREEPACK_VIEW_SCREENSHOTS")
-    if extra:
-        os.makedirs(extra, exist_ok=True)
-        shutil.copy(path, extra)
+    assert driver.save_screenshot(str(path)), f"no screenshot {path}"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000, path
     return path
 
 
@@ -93,6 +104,12 @@ def no_errors(driver):
     assert not banner, banner
     severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not severe, severe
+
+
+def expected_failures(driver, status):
+    """Drain the console's log, where Chromium reports each failed request: only `status` failed."""
+    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert all(f"status of {status}" in e["message"] for e in severe), severe
 
 
 def row_names(driver):
@@ -140,6 +157,15 @@ def test_demo_tree_expand_search_and_the_token(browser, shots, tmp_path, cli):
         details = browser.execute_script("return document.getElementById('leaf-details').textContent")
         assert "float32" in details and "[128, 256] on a [4, 1] grid" in details
         shot(browser, shots, "demo-expanded")
+        # A slice outside the array: refused by the server, its message (the CLI's words) in the view.
+        browser.execute_script("""
+            const input = document.querySelector('#view-controls input[type=text]');
+            input.value = '0:600, :';
+            input.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'}));""")
+        err = wait(browser, "document.querySelector('#view-body .error') && document.querySelector('#view-body .error').textContent")
+        assert err.startswith("treepack: error:") and "outside the array" in err, err
+        shot(browser, shots, "demo-slice-refused")
+        expected_failures(browser, "400")
         # Search by glob: only matches listed, flat.
         box = browser.find_element("id", "search")
         box.send_keys("**/float*\n")
@@ -215,6 +241,15 @@ def test_diff_of_two_trees(browser, shots, tmp_path):
         wait(browser, "[...document.querySelectorAll('#diff-table tr')].some(r => r.children[1].textContent === 'w' && r.children[5].textContent === '1')")
         assert "1 added, 1 removed, 1 changed" in browser.find_element("id", "diff-summary").text
         shot(browser, shots, "diff")
+        # Sortable: by path (a click; again: the other way), by the relative change (largest first).
+        paths = "return [...document.querySelectorAll('#diff-table tr')].slice(1).map(r => r.children[1].textContent)"
+        header = "[...document.querySelectorAll('#diff-table th')].find(t => t.textContent.startsWith(arguments[0])).click()"
+        browser.execute_script(header, "path")
+        assert browser.execute_script(paths) == ["new", "old", "w"]
+        browser.execute_script(header, "path")
+        assert browser.execute_script(paths) == ["w", "old", "new"]
+        browser.execute_script(header, "‖Δ‖/‖a‖")
+        assert browser.execute_script(paths)[0] == "w"
         # Click the changed row: the tree pane opens on it in the second tree.
         browser.execute_script("[...document.querySelectorAll('#diff-table tr')].find(r => r.children[1].textContent === 'w').click()")
         wait(browser, "document.getElementById('leaf-path').textContent === 'w' && !document.getElementById('pane-tree').hidden")
@@ -243,6 +278,39 @@ def test_history_of_a_repository(browser, shots, tmp_path):
         assert browser.execute_script("return [document.getElementById('diff-a').value, document.getElementById('diff-b').value]") == ["@step0", "@step1"]
         no_errors(browser)
         shot(browser, shots, "history-diff")
+        # A tree of the repository that does not open: the error at the top, as the CLI words it.
+        browser.get("about:blank")
+        browser.get(server.url + "#tab=tree&t=@nope")
+        banner = wait(browser, "!document.getElementById('error').hidden && document.getElementById('error-text').textContent")
+        assert banner.startswith("treepack: error:") and "nope" in banner, banner
+        shot(browser, shots, "history-missing-tree")
+        expected_failures(browser, "404")
+
+
+def test_a_wide_level_is_virtualised_and_paged(browser, shots, tmp_path):
+    # 5,000 children in one level: a thousand fetched at a time, and only the rows in view in the page.
+    treepack.save({"wide": {f"k{i:05d}": i for i in range(5000)}, "z": 1}, tmp_path / "t")
+    with treepack.view(tmp_path / "t", open_browser=False) as server:
+        browser.get(server.url)
+        wait(browser, "document.querySelectorAll('#tree-rows .row').length === 3")
+        click_row(browser, "wide", caret=True)
+        wait(browser, "[...document.querySelectorAll('#tree-rows .name')].some(e => e.textContent === 'k00000')")
+        spacer = "return parseInt(document.getElementById('tree-spacer').style.height)"
+        # <root>, wide, 1,000 of its children, "… 4,000 more", z: 1,004 rows of 22 px.
+        assert browser.execute_script(spacer) == 1004 * 22
+        in_dom = "return document.querySelectorAll('#tree-rows .row').length"
+        assert browser.execute_script(in_dom) < 100
+        browser.execute_script("document.getElementById('tree-scroll').scrollTop = 1002 * 22 - 300")
+        more = wait(browser, "[...document.querySelectorAll('#tree-rows .row.more')].map(e => e.textContent).join()")
+        assert "4,000 more (load 1,000)" in more, more
+        shot(browser, shots, "wide-level")
+        browser.execute_script("document.querySelector('#tree-rows .row.more').click()")
+        wait(browser, "parseInt(document.getElementById('tree-spacer').style.height) === 2004 * 22")
+        assert browser.execute_script(in_dom) < 100
+        browser.execute_script("document.getElementById('tree-scroll').scrollTop = 2002 * 22 - 300")
+        wait(browser, "[...document.querySelectorAll('#tree-rows .name')].some(e => e.textContent === 'k01999')")
+        assert "k00000" not in row_names(browser)
+        no_errors(browser)
 
 
 @pytest.fixture
@@ -280,7 +348,14 @@ def test_images_are_shown_as_images(browser, shots, tmp_path, cli_view):
     rows, cols = np.mgrid[0:32, 0:48]
     rgb = np.stack([cols * 5, rows * 8, np.full_like(rows, 7)], axis=-1).astype(np.uint8)
     grey = np.linspace(0, 1, 40 * 30, dtype=np.float32).reshape(40, 30)
-    treepack.save({"rgb": rgb, "grey": grey}, tmp_path / "t")
+    # A second of 8 kHz mono WAV held in a bytes leaf: playable in the page.
+    wav = io.BytesIO()
+    with wave.open(wav, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes((np.sin(np.arange(8000) * 0.3) * 3000).astype("<i2").tobytes())
+    treepack.save({"rgb": rgb, "grey": grey, "clip": wav.getvalue()}, tmp_path / "t")
     url = cli_view(tmp_path / "t")
     browser.get(url + "#tab=tree&t=a&path=rgb")
     # A uint8 (H, W, 3) array opens on its image.
@@ -301,6 +376,15 @@ def test_images_are_shown_as_images(browser, shots, tmp_path, cli_view):
     assert (w, h) == (30, 40)
     assert np.abs(got[..., 0].astype(int) - np.round(grey * 255).astype(int)).max() <= 1
     assert (got[..., 0] == got[..., 1]).all() and (got[..., 1] == got[..., 2]).all(), "grey"
+    no_errors(browser)
+    # Audio held in bytes: an <audio> element the browser decodes (its length read from the WAV).
+    browser.get("about:blank")
+    browser.get(url + "#tab=tree&t=a&path=clip")
+    duration = wait(browser, "document.querySelector('#view-body audio') && document.querySelector('#view-body audio').readyState >= 1 "
+                             "&& document.querySelector('#view-body audio').duration")
+    assert abs(duration - 1.0) < 0.01, duration
+    assert "audio/wav" in browser.find_element("id", "view-body").text
+    shot(browser, shots, "audio")
     no_errors(browser)
 
 

@@ -98,7 +98,10 @@ impl Viewer {
     fn err(&self, endpoint: &str, params: &[(&str, &str)], status: u16) -> String {
         let (got, v) = self.api(endpoint, params);
         assert_eq!(got, status, "{endpoint} {params:?}: {v}");
-        v["error"].as_str().expect("an error message").to_string()
+        assert_eq!(v["status"], status, "{v}");
+        let m = v["error"].as_str().expect("an error message").to_string();
+        assert!(m.starts_with("treepack: error: "), "worded as the CLI's errors: {m}");
+        m
     }
 }
 
@@ -166,6 +169,10 @@ fn the_demo_tree_lists_with_counts_and_reads_a_known_slice() {
     assert_eq!(node["storage"]["chunk_shape"], serde_json::json!([128, 256]));
     assert_eq!(node["storage"]["chunks"], 4);
     assert_eq!(node["hash"].as_str().unwrap().len(), 64);
+    // The root's hash is a walk of the whole tree: the tree list's root row asks without it.
+    assert_eq!(v.ok("node", &[("path", "")])["hash"].as_str().map(str::len), Some(64));
+    let root_row = v.ok("node", &[("path", ""), ("hash", "0")]);
+    assert!(root_row["hash"].is_null() && root_row["leaves"] == 41, "{root_row}");
     // The demo's kernel is ((i % 97) * 0.01 - 0.3) as f32 at flat index i.
     let s = v.ok("slice", &[("path", "params/dense/kernel"), ("slice", "1:3, 10:14")]);
     assert_eq!(s["kind"], "heatmap");
@@ -224,6 +231,8 @@ fn slices_outside_the_array_or_too_big_are_refused() {
     // Only images and audio are served raw: never a leaf as a page of this origin.
     let m = v.err("raw", &[("path", "scalars/raw")], 400);
     assert!(m.contains("not an image"), "{m}");
+    let m = v.err("raw", &[("path", "params/dense/kernel")], 400);
+    assert!(m.contains("not a bytes leaf"), "{m}");
 
     // An array of more elements than one read may take: refused before anything is read,
     // saying what to ask instead; a step brings it under the cap.
@@ -321,6 +330,25 @@ fn a_repository_shows_its_history() {
     assert_eq!(v.ok("node", &[("t", "@step2"), ("path", "step")])["value"], "2");
     let m = v.err("node", &[("t", "@nope"), ("path", "")], 404);
     assert!(m.contains("nope"), "{m}");
+    // A name is one of the repository's trees, never a path out of it: a tree saved next to the
+    // repository is not reachable through it.
+    let outside = tmp.path().join("outside");
+    treepack::save(&Node::dict([("secret", Node::from(1i64))]), outside.to_str().unwrap(), &SaveOptions::default())
+        .unwrap();
+    for name in ["@../outside", "@../../outside", "@/etc/passwd", "@step0/../../outside", "@..", "@"] {
+        let (status, e) = v.api("children", &[("t", name), ("path", "")]);
+        assert!(status == 400 || status == 404, "{name}: {status} {e}");
+        assert!(!e.to_string().contains("secret"), "{name}: {e}");
+    }
+
+    // `LOCATION@NAME`: that tree, with the repository's others and its history one tab away.
+    let v = view(&[&format!("{}@step1", repo_dir.to_str().unwrap())]);
+    let info = v.ok("info", &[]);
+    assert_eq!((info["tree"].as_bool(), info["totals"]["leaves"].as_u64()), (Some(true), Some(3)));
+    assert!(info["repository"].as_str().is_some(), "{info}");
+    assert_eq!(v.ok("node", &[("path", "step")])["value"], "1");
+    assert_eq!(v.ok("node", &[("t", "@step2"), ("path", "step")])["value"], "2");
+    assert_eq!(v.ok("history", &[])["trees"].as_array().unwrap().len(), 3);
 }
 
 #[test]
@@ -390,11 +418,15 @@ fn image_shaped_arrays_are_served_as_png() {
     let dir = tmp.path().join("img");
     let rgb: Vec<u8> = (0..32u32 * 48).flat_map(|p| [(p % 48 * 5) as u8, (p / 48 * 8) as u8, 7]).collect();
     let grey: Vec<u8> = (0..4096u32 * 64).map(|p| (p % 64) as u8).collect();
+    // A WAV file's first bytes (RIFF…WAVE) and a few samples: audio, served as it is stored.
+    let wav: Vec<u8> = [&b"RIFF\x24\0\0\0WAVEfmt "[..], &[0u8; 24], b"data\x04\0\0\0\x01\x02\x03\x04"].concat();
     let tree = Node::dict([
         ("rgb", Node::from(ArrayData::new(DType::U8, vec![32, 48, 3], rgb).unwrap())),
         ("tall", Node::from(ArrayData::new(DType::U8, vec![4096, 64], grey).unwrap())),
         ("batch", Node::from(ArrayData::new(DType::U8, vec![2, 2, 2, 4], (0..32u8).collect::<Vec<u8>>()).unwrap())),
         ("w", f32_array(vec![8, 8], |i| i as f32)),
+        ("clip", Node::from(wav.clone())),
+        ("page", Node::from(b"<html><script>alert(1)</script>".to_vec())),
     ]);
     treepack::save(&tree, dir.to_str().unwrap(), &SaveOptions::default()).unwrap();
     let v = view(&[dir.to_str().unwrap()]);
@@ -426,6 +458,11 @@ fn image_shaped_arrays_are_served_as_png() {
     let m = v.err("image", &[("path", "rgb"), ("slice", "0:0, :, :")], 400);
     assert!(m.contains("empty"), "{m}");
     assert_eq!(get_bytes(&v.addr, "/api/image?path=rgb&slice=:,:,:").0, 403);
+    // Bytes leaves: audio (and images) raw, as stored; markup never.
+    let (status, mime, body) = get_bytes(&v.addr, &format!("/api/raw?token={}&path=clip", v.token));
+    assert_eq!((status, mime.as_str(), body), (200, "audio/wav", wav));
+    let m = v.err("raw", &[("path", "page")], 400);
+    assert!(m.contains("not an image or audio"), "{m}");
 }
 
 /// A `py.dataframe` node as python/treepack/integrations/pandas.py writes one.

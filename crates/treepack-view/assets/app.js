@@ -115,7 +115,7 @@ const App = (() => {
     $("leaf-empty").hidden = false;
     render();
     try {
-      const [root, page] = await Promise.all([api("node", { t: state.source, path: "" }), fetchChildren("", 0)]);
+      const [root, page] = await Promise.all([api("node", { t: state.source, path: "", hash: 0 }), fetchChildren("", 0)]);
       rows = [{ depth: 0, node: Object.assign({ label: "<root>" }, root), open: true }, ...childRows(page, 1)];
       $("tree-totals").textContent = `${count(root.leaves)} leaves, ${count(root.arrays)} arrays, ${bytes(root.bytes)}`;
     } catch (e) {

@@ -98,7 +98,7 @@ const Leaf = (() => {
     if (fn) fn(current);
   }
 
-  /** Run a view's request; its error goes in the view (and the banner), not a blank pane. */
+  /** Run a view's request; its error (the server's, in the CLI's words) goes in the view, not a blank pane. */
   async function guarded(cur, body, work) {
     const my = seq;
     body.textContent = "loading…";

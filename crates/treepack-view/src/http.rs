@@ -18,6 +18,9 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use tokio::sync::{oneshot, Semaphore};
 
+/// How the CLI begins an error's message (`treepack: error: …`), and so every error of the API.
+const CLI_PREFIX: &str = "treepack: error: ";
+
 /// Reads of trees running at once (the machines this runs on may have two cores).
 const WORKERS: usize = 4;
 
@@ -155,7 +158,11 @@ async fn respond(
         Ok(Ok(Reply::Media(mime, body))) => with_headers(StatusCode::OK, mime, Bytes::from(body)),
         Ok(Err(e)) => {
             let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            let body = serde_json::json!({"error": e.message, "status": e.status}).to_string();
+            // Every error worded as the CLI words its errors, whether the engine or the viewer
+            // refused the request.
+            let message =
+                if e.message.starts_with(CLI_PREFIX) { e.message } else { format!("{CLI_PREFIX}{}", e.message) };
+            let body = serde_json::json!({"error": message, "status": e.status}).to_string();
             with_headers(status, "application/json", Bytes::from(body))
         }
         Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "the request's thread ended without an answer"),
@@ -175,7 +182,7 @@ fn api(s: &State, endpoint: &str, q: &Query) -> ApiResult<Reply> {
     Ok(Reply::Json(match endpoint {
         "info" => listing::info(s)?,
         "children" => listing::children(&*tree()?, path, q.num("offset", 0)? as usize, limit(500, 5000)?)?,
-        "node" => listing::details(&*tree()?, path)?,
+        "node" => listing::details(&*tree()?, path, q.get("hash") != "0")?,
         "search" => listing::search(&*tree()?, q.get("glob"), limit(500, 5000)?)?,
         "slice" => data::slice(&*tree()?, path, q.get("slice"), q.num("max", 1024)?)?,
         "stats" => data::stats(&*tree()?, path, q.num("bins", 64)?)?,

@@ -166,12 +166,16 @@ pub(crate) fn summary(e: &Entry) -> String {
 
 /// Everything the manifest says of the node at `path`: for an array its chunk grid, codecs,
 /// chunk hashes, annotation and preview; for a string or bytes where it is stored; for a
-/// scalar its value; for any node its Merkle hash (docs/format.md section 9).
-pub(crate) fn details(o: &Opened, path: &str) -> ApiResult<Value> {
+/// scalar its value; for any node its Merkle hash (docs/format.md section 9) unless `hashed`
+/// is false (the tree list's root row, which needs its counts only: a first paint of a big
+/// tree does not wait for the walk its hash is).
+pub(crate) fn details(o: &Opened, path: &str, hashed: bool) -> ApiResult<Value> {
     let node = node_at(o, path)?;
     // A subtree's hash is a walk of all of it: the root's is the reader's (computed once),
     // a big subtree's is left to `treepack hash --key` rather than slow every click.
-    let hash = if path.is_empty() {
+    let hash = if !hashed {
+        None
+    } else if path.is_empty() {
         Some(o.root_hash())
     } else if o.sub(node).leaves <= HASHED_LEAVES {
         Some(node_hash(node).to_hex())

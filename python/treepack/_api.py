@@ -141,6 +141,7 @@ def save(
     shared: bool = True,
     durable: bool = True,
     omit_static: bool = False,
+    compress_manifest: Optional[bool] = None,
 ) -> Any:
     """Save ``tree`` at ``path``: a directory, a ``.tpk`` file, ``s3://…``, ``gs://…``, ``az://…``,
     ``file://…`` or ``memory://…``.
@@ -182,6 +183,12 @@ def save(
     ``min_size``, ``codec``, ``level``, ``filter``) decides leaf by leaf, the first matching rule
     winning. A chunk that does not shrink by at least 20 % is stored raw. A bad policy raises
     ``ValueError`` before anything is written.
+
+    ``compress_manifest``: store the manifest (the tree's structure, its small values and
+    strings) as one zstd frame (format 1.6) — ``None`` (the default) does when ``compression``
+    is on and the tree is a ``.tpk`` file or a repository's, ``True`` always (a directory's
+    ``treepack.json`` too), ``False`` never. A tree of many small values (a log of traced calls)
+    is mostly manifest. ``treepack inspect`` and every load read it as usual.
     """
     p = _path(path)
     policy = _compression_text(compression)
@@ -219,8 +226,10 @@ def save(
             out.snapshot()
         return out
 
+    if compress_manifest is not None and not isinstance(compress_manifest, bool):
+        raise TypeError(f"compress_manifest= takes True, False or None, not {type(compress_manifest).__name__}")
     write_opts = dict(overwrite=overwrite, metadata=md, chunk_bytes=chunk_bytes, storage_options=_opts(storage_options),
-                      compression=policy, durable=durable)
+                      compression=policy, durable=durable, compress_manifest=compress_manifest)
     for hook in _registry.gated("save"):
         # A save an integration writes whole (every process of a JAX job writes its part).
         whole = hook(tree, p, prepare, write_opts, chunk_bytes)

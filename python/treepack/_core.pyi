@@ -53,6 +53,7 @@ class Prepared:
         compression: Optional[str] = None,
         durable: bool = True,
         background: bool = False,
+        compress_manifest: Optional[bool] = None,
     ) -> SaveInfo:
         """Write with the GIL released (``compression``: a policy as text, see ``check_compression``;
         ``background``: at the lowest CPU priority, from a thread kept for background saves)."""
@@ -65,6 +66,7 @@ class Prepared:
         storage_options: StorageOptions = None,
         compression: Optional[str] = None,
         durable: bool = True,
+        compress_manifest: Optional[bool] = None,
     ) -> Tuple[bytes, SaveInfo]:
         """Write this process's part of a save shared by processes (packs only); returns the
         part's manifest, for ``commit_parts``."""
@@ -73,7 +75,8 @@ def release_snapshot_buffers() -> int:
     """Free the buffers background saves keep for the next one; the bytes freed."""
 
 def commit_parts(
-    path: str, parts: List[bytes], overwrite: bool = False, storage_options: StorageOptions = None, durable: bool = True
+    path: str, parts: List[bytes], overwrite: bool = False, storage_options: StorageOptions = None, durable: bool = True,
+    compress_manifest: Optional[bool] = None,
 ) -> SaveInfo:
     """Merge the parts of a save written by several processes (the committer's first) and commit it."""
 

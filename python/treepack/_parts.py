@@ -31,4 +31,5 @@ class Piece:
 def commit(p: str, parts: List[bytes], write_opts: Dict[str, Any]) -> Any:
     """Merge the parts (the committer's own first) and commit the tree at ``p``."""
     return _core.commit_parts(p, parts, overwrite=write_opts.get("overwrite", False),
-                              storage_options=write_opts.get("storage_options"), durable=write_opts.get("durable", True))
+                              storage_options=write_opts.get("storage_options"), durable=write_opts.get("durable", True),
+                              compress_manifest=write_opts.get("compress_manifest"))

@@ -736,7 +736,7 @@ impl Prepared {
     /// A prepared tree is written once; its memory is freed afterwards. `background`: a save
     /// nobody waits for, written at the lowest CPU priority by this thread and pools of their
     /// own (`treepack::in_background`: call it so only from a thread kept for such saves).
-    #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, progress=None, compression=None, durable=true, background=false))]
+    #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, progress=None, compression=None, durable=true, background=false, compress_manifest=None))]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn write(
         &self,
@@ -750,10 +750,12 @@ impl Prepared {
         compression: Option<String>,
         durable: bool,
         background: bool,
+        compress_manifest: Option<bool>,
     ) -> PyResult<SaveInfo> {
         self.snapshot()?;
         let node = self.take()?;
-        let opts = save_options(overwrite, metadata, chunk_bytes, progress, compression, durable)?;
+        let mut opts = save_options(overwrite, metadata, chunk_bytes, progress, compression, durable)?;
+        opts.manifest_compression = compress_manifest;
         let loc = location(path, storage_options)?;
         let info = py.detach(|| {
             let save = || treepack::block_on(treepack::save_async(&node, &loc, &opts));
@@ -770,7 +772,7 @@ impl Prepared {
 
     /// Write this process's part of a save shared by processes (packs only): returns the
     /// part's manifest (bytes, for `commit_parts`) and what was written.
-    #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, compression=None, durable=true))]
+    #[pyo3(signature = (path, overwrite=false, metadata=None, chunk_bytes=None, storage_options=None, compression=None, durable=true, compress_manifest=None))]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn write_part<'py>(
         &self,
@@ -782,10 +784,12 @@ impl Prepared {
         storage_options: Options,
         compression: Option<String>,
         durable: bool,
+        compress_manifest: Option<bool>,
     ) -> PyResult<(Bound<'py, PyBytes>, SaveInfo)> {
         self.snapshot()?;
         let node = self.take()?;
-        let opts = save_options(overwrite, metadata, chunk_bytes, None, compression, durable)?;
+        let mut opts = save_options(overwrite, metadata, chunk_bytes, None, compression, durable)?;
+        opts.manifest_compression = compress_manifest;
         let loc = location(path, storage_options)?;
         let (bytes, info) =
             py.detach(|| treepack::block_on(treepack::save::save_part_async(&node, &loc, &opts))).map_err(py_err)?;
@@ -833,7 +837,7 @@ pub(crate) fn release_snapshot_buffers() -> usize {
 /// Commit a save written in parts (each part's manifest from `Prepared.write_part`, the
 /// committer's own first): merged into one tree, committed atomically.
 #[pyfunction]
-#[pyo3(signature = (path, parts, overwrite=false, storage_options=None, durable=true))]
+#[pyo3(signature = (path, parts, overwrite=false, storage_options=None, durable=true, compress_manifest=None))]
 pub(crate) fn commit_parts(
     py: Python<'_>,
     path: &str,
@@ -841,8 +845,9 @@ pub(crate) fn commit_parts(
     overwrite: bool,
     storage_options: Options,
     durable: bool,
+    compress_manifest: Option<bool>,
 ) -> PyResult<SaveInfo> {
-    let opts = SaveOptions { overwrite, durable, ..Default::default() };
+    let opts = SaveOptions { overwrite, durable, manifest_compression: compress_manifest, ..Default::default() };
     let loc = location(path, storage_options)?;
     let info = py.detach(|| treepack::block_on(treepack::save::commit_parts_async(&loc, &parts, &opts)));
     Ok(info.map_err(py_err)?.into())

@@ -92,7 +92,10 @@ pub async fn gc_async(loc: &Location, grace: std::time::Duration) -> Result<GcRe
 /// Packs the committed manifest references (none if there is no manifest).
 async fn referenced_packs(loc: &Location) -> Result<HashSet<String>> {
     Ok(match loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await? {
-        Some(b) => manifest::decode(&b, &loc.file_name(MANIFEST_NAME))?.packs.into_iter().map(|p| p.path).collect(),
+        Some(b) => {
+            let file = loc.file_name(MANIFEST_NAME);
+            manifest::decode(&manifest::unpack(b, &file)?, &file)?.packs.into_iter().map(|p| p.path).collect()
+        }
         None => HashSet::new(),
     })
 }

@@ -24,8 +24,11 @@ fn golden_dir() -> PathBuf {
 /// (`demo`, `demo.tpk`), 1.1 (`demo-zstd.tpk`, `demo-lz4`), 1.2 (`demo-refs`) and 1.3
 /// (`demo-torch`) made them. `demo-dtypes` is format 1.5: an array of each dtype that format
 /// added (every canonical byte of each, NaN and infinities included), an inline one and a
-/// struct with such fields; the others stay 1.4, byte for byte as before 1.5.
-const NAMES: [&str; 7] = ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4", "demo-refs", "demo-torch", "demo-dtypes"];
+/// struct with such fields; the others stay 1.4, byte for byte as before 1.5. `demo-packed.tpk`
+/// is format 1.6: `demo-zstd.tpk` with its manifest stored as one zstd frame (what a compressed
+/// single-file save writes by default; `demo-zstd.tpk` asks for a plain manifest).
+const NAMES: [&str; 8] =
+    ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4", "demo-refs", "demo-torch", "demo-dtypes", "demo-packed.tpk"];
 
 /// The golden locations of `tests/golden/v1.3/` (written before format 1.4).
 const NAMES_V1_3: [&str; 6] = ["demo", "demo.tpk", "demo-zstd.tpk", "demo-lz4", "demo-refs", "demo-torch"];
@@ -92,7 +95,7 @@ fn tree_for(name: &str) -> Node {
 fn options(name: &str) -> SaveOptions {
     // float32 arrays without the shuffle, everything else with it (where it moves bytes).
     let compression = match name {
-        "demo-zstd.tpk" => {
+        "demo-zstd.tpk" | "demo-packed.tpk" => {
             r#"[{"dtypes": ["float32"], "codec": "zstd", "filter": "none"}, {"codec": "zstd", "level": 3, "filter": "shuffle"}]"#
         }
         "demo-lz4" => {
@@ -105,6 +108,8 @@ fn options(name: &str) -> SaveOptions {
         metadata: Some(serde_json::json!({"purpose": "golden file for docs/format.md"})),
         chunk_bytes: 64 << 10,
         compression: save::Compression::parse(compression).unwrap(),
+        // demo-zstd.tpk stays the 1.4 file it was; demo-packed.tpk takes the default.
+        manifest_compression: (name == "demo-zstd.tpk").then_some(false),
         ..Default::default()
     }
 }
@@ -186,7 +191,15 @@ fn golden_files_are_reproduced_byte_for_byte() {
 
 #[test]
 fn golden_files_load_to_the_demo_tree() {
-    golden_files_in_load_to_the_demo_tree(&golden_dir(), &NAMES, |name| if name == "demo-dtypes" { 5 } else { 4 });
+    golden_files_in_load_to_the_demo_tree(&golden_dir(), &NAMES, |name| match name {
+        "demo-dtypes" => 5,
+        "demo-packed.tpk" => 6,
+        _ => 4,
+    });
+    // The packed manifest is the plain one, compressed: the same JSON, hash included.
+    let packed = std::fs::read(golden_dir().join("demo-packed.tpk")).unwrap();
+    let plain = std::fs::read(golden_dir().join("demo-zstd.tpk")).unwrap();
+    assert!(packed.len() < plain.len());
 }
 
 /// Files written by earlier versions (the golden files of format 1.3, before dicts were
@@ -217,7 +230,7 @@ fn golden_files_in_load_to_the_demo_tree(dir: &Path, names: &[&str], minor_of: i
             v
         };
         let want: &[&str] = match name {
-            "demo-zstd.tpk" => &["raw", "shuffle+zstd", "zstd"],
+            "demo-zstd.tpk" | "demo-packed.tpk" => &["raw", "shuffle+zstd", "zstd"],
             "demo-lz4" => &["lz4", "raw", "shuffle+lz4"],
             _ => &["raw"],
         };

@@ -48,6 +48,19 @@ fn zstd_frame(data: &[u8]) -> Vec<u8> {
     zstd::bulk::compress(data, 19).unwrap()
 }
 
+/// One zstd frame of `n` spaces then `tail`, made a MiB at a time (a test building it whole
+/// would raise the process's peak memory, which the corpus test measures).
+fn spaces_then(n: usize, tail: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = zstd::stream::write::Encoder::new(Vec::new(), 19).unwrap();
+    let mib = vec![b' '; 1 << 20];
+    for _ in 0..n >> 20 {
+        e.write_all(&mib).unwrap();
+    }
+    e.write_all(tail).unwrap();
+    e.finish().unwrap()
+}
+
 fn array_root(shape: &str, chunk_shape: &str, chunks: &str) -> String {
     format!("{{\"t\":\"dict\",\"items\":[[\"w\",{{\"t\":\"array\",\"dtype\":\"int32\",\"shape\":{shape},\"chunk_shape\":{chunk_shape},\"chunks\":[{chunks}]}}]]}}")
 }
@@ -258,6 +271,14 @@ fn cases() -> Vec<Case> {
             let packs = format!("[{{\"path\":\"packs/p.tpp\",\"size\":{}}}]", f.len());
             sealed(&packs, format!("{{\"t\":\"bytes\",\"size\":16,\"blob\":{}}}", coded("shuffle+zstd", &f, &DATA)), Some(&f))
         }),
+        // --- compressed manifests (format 1.6): a zstd frame holding the manifest's JSON
+        case("packed-manifest-truncated", "invalid_manifest", "a compressed manifest with its last bytes cut", Build::Dir { manifest: { let f = zstd_frame(&m); f[..f.len() - 6].to_vec() }, pack: Some(DATA.to_vec()) }),
+        case("packed-manifest-trailing", "invalid_manifest", "bytes after a compressed manifest's frame", Build::Dir { manifest: [zstd_frame(&m), b"{}".to_vec()].concat(), pack: Some(DATA.to_vec()) }),
+        case("packed-manifest-not-json", "invalid_manifest", "a frame holding a zip file", Build::Dir { manifest: zstd_frame(b"PK\x03\x04 not json"), pack: Some(DATA.to_vec()) }),
+        case("packed-manifest-edited", "manifest_checksum", "a frame holding a manifest edited after sealing", Build::Dir { manifest: zstd_frame(String::from_utf8(m.clone()).unwrap().replace("hostile", "hostilE").as_bytes()), pack: Some(DATA.to_vec()) }),
+        case("packed-manifest-garbled", "invalid_manifest", "the zstd magic followed by random bytes", Build::Dir { manifest: vec![0x28, 0xb5, 0x2f, 0xfd, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2], pack: Some(DATA.to_vec()) }),
+        case("packed-manifest-bomb", "invalid_manifest", "a small frame of 64 MiB of spaces before the JSON (refused at its first bytes)", Build::Dir { manifest: spaces_then(64 << 20, &m), pack: Some(DATA.to_vec()) }),
+        case("packed-manifest-nested", "invalid_manifest", "a frame holding a frame holding the manifest", Build::Dir { manifest: zstd_frame(&zstd_frame(&m)), pack: Some(DATA.to_vec()) }),
         // --- shared nodes and refs (format 1.2)
         case("ref-unknown", "invalid_manifest", "a ref to an id no shared node has", sealed("[]", "[1,{\"t\":\"ref\",\"id\":7}]".into(), None)),
         case("ref-forward", "invalid_manifest", "a ref before the shared node it names", sealed("[]", "[{\"t\":\"ref\",\"id\":0},{\"t\":\"shared\",\"id\":0,\"v\":[1]}]".into(), None)),

@@ -31,6 +31,7 @@ mod fragment;
 mod members;
 mod nodes;
 pub mod outline;
+mod packed;
 mod parse;
 mod split;
 mod strategy;
@@ -44,6 +45,7 @@ mod write;
 
 pub use build::{replay, replay_values, replay_with, Build, KeyRef, LeafFn, OwnedTree, Parsed};
 pub use fragment::{Fragment, FragmentWriter, Mark, PairText, Recycle};
+pub use packed::{is_packed, pack, unpack, PACKED_MINOR, ZSTD_MAGIC};
 pub use parse::{build, build_one_thread, build_streamed_any_size, decode, packs_of, parse_unchecked};
 pub use tape::{HandOver, Replay, Tape, TapeBuilder};
 pub use types::{

@@ -16,9 +16,9 @@ pub const FORMAT_NAME: &str = "treepack";
 pub const VERSION_MAJOR: u16 = 1;
 /// Newest minor version this build writes (1.1 adds chunk codecs, 1.2 shared nodes and refs,
 /// 1.3 array annotations, 1.4 dicts written as JSON objects, 1.5 the sub-byte and remaining
-/// ml_dtypes dtypes; a writer writes the oldest minor that holds its tree). Readers accept any
-/// minor of a known major.
-pub const VERSION_MINOR: u16 = 5;
+/// ml_dtypes dtypes, 1.6 the manifest stored as one zstd frame; a writer writes the oldest minor
+/// that holds its tree). Readers accept any minor of a known major.
+pub const VERSION_MINOR: u16 = 6;
 /// Deepest container nesting accepted (Python's default recursion limit is 1000).
 pub const MAX_DEPTH: usize = 1000;
 /// Largest manifest accepted, in bytes.

@@ -10,6 +10,13 @@ use super::*;
 /// # Errors
 /// [`Error::NotFound`], storage errors, [`Error::NotTreepack`] for a damaged single file.
 pub async fn manifest_bytes(loc: &Location) -> Result<(Bytes, String)> {
+    let (bytes, file) = stored_manifest(loc).await?;
+    // A compressed manifest (format 1.6) is read as the JSON it holds, by every reader.
+    Ok((manifest::unpack(bytes, &file)?, file))
+}
+
+/// The manifest's bytes as stored (compressed or not).
+async fn stored_manifest(loc: &Location) -> Result<(Bytes, String)> {
     Ok(match loc.layout() {
         // A tree of a repository: found through its name (crate::Location, the naming layer).
         Layout::Directory if loc.tree_name().is_some() => loc.tree_manifest().await?,

@@ -107,9 +107,14 @@ async fn save_leased(
 
     // The manifest, named by its hash (an identical manifest already there is the same file).
     let root = crate::format::merkle::root_hash(&w.manifest.root);
-    let mbytes = manifest::encode(&w.manifest, &w.stats);
+    let mbytes = Bytes::from(manifest::encode(&w.manifest, &w.stats));
+    let mbytes = if w.packed {
+        manifest::pack(vec![mbytes], crate::save::MANIFEST_ZSTD_LEVEL).into_iter().next().unwrap_or_default()
+    } else {
+        mbytes
+    };
     let tree_rel = layout::tree_path(&Hash32::of(&mbytes));
-    match loc.put_tracked(&tree_rel, vec![Bytes::from(mbytes)], true, opts.durable, None).await {
+    match loc.put_tracked(&tree_rel, vec![mbytes], true, opts.durable, None).await {
         Ok(()) | Err(Error::AlreadyExists { .. }) => {}
         Err(e) => return Err(e),
     }

@@ -5,6 +5,7 @@ use super::*;
 
 pub(super) async fn old_packs(loc: &Location) -> Option<Vec<String>> {
     let bytes = loc.get_opt(MANIFEST_NAME, manifest::MAX_MANIFEST_BYTES).await.ok()??;
+    let bytes = manifest::unpack(bytes, MANIFEST_NAME).ok()?;
     let packs = manifest::packs_of(&bytes, MANIFEST_NAME).ok()?;
     Some(packs.into_iter().map(|p| p.path).collect())
 }
@@ -59,6 +60,11 @@ pub async fn commit_parts_async(loc: &Location, parts: &[Vec<u8>], opts: &SaveOp
     // As a save stamps its manifest (the merged tree's dicts are written as objects too).
     let object_dicts = manifest::has_object_dicts(&merged.root);
     merged.version.1 = super::oldest_minor(dtype_minor, object_dicts, annotated, has_refs, compressed);
+    // Parts go to a directory: its manifest is plain JSON unless asked.
+    let packed = opts.manifest_compression == Some(true);
+    if packed {
+        merged.version.1 = merged.version.1.max(manifest::PACKED_MINOR);
+    }
     let exists = loc.exists(MANIFEST_NAME).await?;
     if exists && !opts.overwrite {
         return Err(Error::AlreadyExists { location: loc.display().to_string() });
@@ -72,6 +78,7 @@ pub async fn commit_parts_async(loc: &Location, parts: &[Vec<u8>], opts: &SaveOp
     let new_names: HashSet<String> = merged.packs.iter().map(|p| p.path.clone()).collect();
     let w = Written {
         manifest: merged,
+        packed,
         stats,
         previous,
         single_parts: None,
@@ -113,6 +120,9 @@ fn refuse_repository(loc: &Location) -> Result<()> {
 /// Everything a save has written or decided before its commit.
 pub(crate) struct Written {
     pub(crate) manifest: Manifest,
+    /// Whether the manifest is stored compressed (`SaveOptions::packs_manifest`; its version
+    /// says 1.6 then).
+    pub(crate) packed: bool,
     pub(crate) stats: serde_json::Value,
     /// Packs of the tree being replaced (directory layout), removed after the commit.
     pub(crate) previous: Option<Vec<String>>,
@@ -133,6 +143,7 @@ pub(crate) struct Written {
 pub(super) async fn commit(loc: &Location, w: Written, opts: &SaveOptions) -> Result<SaveInfo> {
     let single = loc.layout() == Layout::SingleFile;
     let mparts = manifest::encode_parts(&w.manifest, &w.stats);
+    let mparts = if w.packed { manifest::pack(mparts, super::MANIFEST_ZSTD_LEVEL) } else { mparts };
     let mlen: u64 = mparts.iter().map(|p| p.len() as u64).sum();
     let minor = w.manifest.version.1;
     let leaves = w.info.leaves;

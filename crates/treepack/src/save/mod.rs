@@ -77,7 +77,24 @@ pub struct SaveOptions {
     /// scratch data; the commit stays atomic against a killed process. Object stores are
     /// durable once a PUT succeeds, so remote saves ignore it.
     pub durable: bool,
+    /// Store the manifest compressed (one zstd frame, format 1.6): `Some(true)` always,
+    /// `Some(false)` never, `None` (the default) when `compression` compresses anything and the
+    /// tree is a single file or a repository's — a directory's `treepack.json` stays plain
+    /// JSON, readable with any tool, unless asked.
+    pub manifest_compression: Option<bool>,
 }
+
+impl SaveOptions {
+    /// Whether this save stores its manifest compressed (see `manifest_compression`), as a
+    /// single file or a repository's tree (`opaque`) or as a directory's `treepack.json`.
+    pub(crate) fn packs_manifest(&self, opaque: bool) -> bool {
+        self.manifest_compression.unwrap_or(!self.compression.is_none() && opaque)
+    }
+}
+
+/// zstd's level for a compressed manifest: JSON compresses well at the default, which keeps
+/// a manifest of hundreds of MB to a few seconds.
+pub(crate) const MANIFEST_ZSTD_LEVEL: i32 = 3;
 
 impl Default for SaveOptions {
     fn default() -> Self {
@@ -96,6 +113,7 @@ impl Default for SaveOptions {
             durable: true,
             progress: None,
             compression: Compression::none(),
+            manifest_compression: None,
         }
     }
 }
@@ -542,8 +560,10 @@ pub(crate) async fn write_data(
         pack_list.extend(hashed.known_packs.iter().filter_map(|&i| r.packs.get(i as usize).cloned()));
     }
     let compressed = hashed.refs.iter().any(|r| !r.codec.is_identity());
+    let packed = opts.packs_manifest(loc.layout() == Layout::SingleFile || reuse.is_some());
     let minor =
         oldest_minor(planner.dtype_minor, manifest::has_object_dicts(&root), planner.annotated, has_refs, compressed);
+    let minor = if packed { minor.max(manifest::PACKED_MINOR) } else { minor };
     let manifest = Manifest {
         version: (manifest::VERSION_MAJOR, minor),
         writer: opts.writer.clone(),
@@ -569,6 +589,7 @@ pub(crate) async fn write_data(
     };
     Ok(Written {
         manifest,
+        packed,
         stats,
         previous,
         single_parts,

@@ -48,6 +48,10 @@ def test_notebooks_draw_views_and_structures_as_html(tmp_path):
     s = treepack.load_structure(tmp_path / "t")
     html = treepack.html_tree(s)._repr_html_()
     assert "float32</b>[4, 8]" in html and "&lt;script&gt;" in html and "<script>" not in html
+    # A chunked array shows the manifest's preview: min, max and its first values.
+    treepack.save({"ramp": np.arange(1000, dtype=np.float64) - 5}, tmp_path / "r")
+    html = treepack.open(tmp_path / "r")._repr_html_()
+    assert "min -5.0 max 994.0  [-5.0, -4.0, -3.0, -2.0, -1.0, 0.0, …]" in html, html
 
 
 def test_struct_nodes_draw_themselves(tmp_path):

@@ -80,16 +80,10 @@ pub fn entry_summary(e: &Entry) -> String {
                 }
             }
             if let Some(p) = &a.preview {
-                if let (Some(lo), Some(hi)) = (p.get("min"), p.get("max")) {
-                    s.push_str(&format!("  min {} max {}", json_val(lo), json_val(hi)));
-                }
-                if let Some(Value::Array(h)) = p.get("head") {
-                    let items: Vec<String> = h.iter().map(json_val).collect();
-                    s.push_str(&format!(
-                        "  [{}{}]",
-                        clip(&items.join(", "), 60),
-                        if h.len() as u64 >= 6 { ", …" } else { "" }
-                    ));
+                let text = treepack::format::preview::text(p, 60);
+                if !text.is_empty() {
+                    s.push_str("  ");
+                    s.push_str(&text);
                 }
             }
             s

@@ -151,6 +151,31 @@ pub fn to_json(dtype: &DType, head: Value, mm: Option<(f64, f64)>) -> Value {
     o
 }
 
+/// A preview as one line of text, `min -0.3 max 0.66  [-0.3, -0.29, …]` (empty parts left
+/// out), the first values clipped to about `width` characters: what `treepack inspect` and the
+/// viewer's notebook tree show.
+pub fn text(preview: &Value, width: usize) -> String {
+    let val = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        v => v.to_string(),
+    };
+    let mut s = String::new();
+    if let (Some(lo), Some(hi)) = (preview.get("min"), preview.get("max")) {
+        s.push_str(&format!("min {} max {}", val(lo), val(hi)));
+    }
+    if let Some(Value::Array(h)) = preview.get("head") {
+        let mut items = h.iter().map(val).collect::<Vec<_>>().join(", ");
+        if items.chars().count() > width {
+            items = items.chars().take(width).collect::<String>() + "…";
+        }
+        if !s.is_empty() {
+            s.push_str("  ");
+        }
+        s.push_str(&format!("[{}{}]", items, if h.len() >= HEAD_LEN { ", …" } else { "" }));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -144,12 +144,18 @@ fn indent(depth: usize) -> &'static str {
 
 fn leaf(e: &Entry) -> String {
     match e {
-        Entry::Array(a) => format!(
-            "<b>{}</b>{:?} <span style=\"{MUTED}\">{}</span>",
-            escape(&a.dtype.display()),
-            a.shape,
-            human_bytes(a.nbytes())
-        ),
+        Entry::Array(a) => {
+            // The manifest's preview (first values, min and max), as `treepack inspect` shows it.
+            let preview = a.preview.as_ref().map(|p| treepack::format::preview::text(p, 60)).unwrap_or_default();
+            format!(
+                "<b>{}</b>{:?} <span style=\"{MUTED}\">{}{}{}</span>",
+                escape(&a.dtype.display()),
+                a.shape,
+                human_bytes(a.nbytes()),
+                if preview.is_empty() { "" } else { "  " },
+                escape(&preview)
+            )
+        }
         Entry::Str(_) | Entry::Bytes(_) => {
             format!("{} <span style=\"{MUTED}\">{}</span>", e.kind(), human_bytes(e.nbytes()))
         }

@@ -2,8 +2,10 @@
 through the containers a loader patches after building (OrderedDict, deque, dict subclasses...).
 
 Hostile files are opened in a child process (`hostile_harness`, through the `attack` fixture:
-time and address-space limits, canary files that must not change). Known bugs are
-`xfail(strict=True)`: each turns into a failure once fixed, so the marker is removed then.
+time and address-space limits, canary files that must not change). Also the
+regression tests of the bugs this pass found, fixed in the same session: repository gc reading
+compressed tree manifests, a compressed manifest's expansion capped by its stored size, and
+sets/dict keys built from objects a cycle completes later checked once it has.
 """
 
 from __future__ import annotations
@@ -199,10 +201,6 @@ def test_a_signature_holds_whether_the_manifest_is_compressed_or_not(tmp_path):
         treepack.load(str(p), signed_by=pub)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Repository.packs_of_tree (crates/treepack/src/repo/mod.rs) decodes a committed tree "
-    "manifest without manifest::unpack, so repository gc fails with 'manifest must start with "
-    "{\"format\":' on any repository holding a compressed tree (the default with compression on)"))
 def test_repository_gc_reads_compressed_tree_manifests(tmp_path):
     repo = treepack.Repository(str(tmp_path / "r"), create=True)
     repo.save({"a": np.arange(1000.0)}, "one", compression="zstd")
@@ -214,10 +212,6 @@ def test_repository_gc_reads_compressed_tree_manifests(tmp_path):
     assert repo.load("two")["a"][0] == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: CheckpointManager's retention runs repository gc, which cannot read compressed tree "
-    "manifests (see test_repository_gc_reads_compressed_tree_manifests): every save with "
-    "compression on fails once there is something to gc"))
 def test_checkpoint_manager_keeps_the_last_steps_with_compression_on(tmp_path):
     m = treepack.CheckpointManager(str(tmp_path / "ck"), keep_last=2)
     for s in range(4):
@@ -226,12 +220,6 @@ def test_checkpoint_manager_keeps_the_last_steps_with_compression_on(tmp_path):
     assert m.all_steps() == [2, 3]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a compressed manifest decodes up to MAX_MANIFEST_BYTES (1 GiB) whatever its stored "
-    "size: a 32 KiB frame (the manifest's signature, then RLE blocks of spaces, valid JSON "
-    "whitespace) makes every reader allocate ~1 GiB (treepack ls: peak RSS 1.06 GB; in a 2 GiB "
-    "address space, 564 MiB and 'damaged zstd frame (out of memory)'), against "
-    "docs/security.md guarantee 3 and the hostile corpus's 100 MiB RSS budget"))
 def test_a_small_compressed_manifest_cannot_make_a_reader_allocate_a_gigabyte(attack):
     _plain_tree(attack.loc)
     bomb = (_frame_header(window_log=20) + _raw_blocks(SIGNATURE, last=False)
@@ -439,11 +427,6 @@ def _crafted_key_cycle(tmp_path, as_set):
     return str(p)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a set element or a py.dict key that holds (through a record field) a ref to an object "
-    "still being built is hashed while it holds the loader's stand-in; the field is patched after, "
-    "so the set/dict comes back with a stale hash (`k in s` is False for its own element): "
-    "neither exact nor refused"))
 @pytest.mark.parametrize("as_set", [True, False], ids=["set", "dict-key"])
 def test_a_crafted_ref_inside_a_hashed_element_is_refused_or_exact(tmp_path, as_set):
     p = _crafted_key_cycle(tmp_path, as_set)

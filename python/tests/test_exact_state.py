@@ -388,3 +388,20 @@ def test_a_cycle_through_an_attrs_class_with_slots_round_trips(tmp_path):
     treepack.save({"s": s}, p)
     back = treepack.load(p, trust=["test_exact_state.*"])["s"]
     assert back.me[0] is back
+
+
+@dataclasses.dataclass(eq=False)
+class ByIdentity:
+    parent: Any = None
+
+
+def test_a_set_holding_an_object_a_cycle_completes_later_loads_when_its_hash_is_its_identity(tmp_path):
+    # The set is built while its element still awaits the cycle's field; an object hashed by
+    # identity keeps its hash, so the load is exact (a content hash would be refused).
+    lst = []
+    n = ByIdentity(lst)
+    lst.extend([n, {n}, frozenset([n])])
+    p = str(tmp_path / "t")
+    treepack.save({"l": lst}, p)
+    back = treepack.load(p, trust=["test_exact_state.*"])["l"]
+    assert back[0].parent is back and back[0] in back[1] and back[0] in back[2]

@@ -28,7 +28,36 @@ pub(crate) struct LoadBuilder<'py, 'a> {
     /// returns, and the places that placeholder was put, patched when the object is built.
     open: std::cell::RefCell<HashMap<u64, OpenShared<'py>>>,
     refs: std::cell::RefCell<treepack::format::refs::RefCheck>,
+    /// Sets and dicts built with elements or keys a cycle had not completed yet, with those
+    /// elements: each must still be found in its container once every cycle is complete.
+    hashed: std::cell::RefCell<Vec<HashedCheck<'py>>>,
 }
+
+/// The elements (`py.set`, `py.frozenset`: its children) or keys (`py.dict`: the first of each
+/// pair of its `items`) a hashed container is built from.
+fn hashed_elements<'py>(type_name: &str, children: &[(String, Bound<'py, PyAny>)]) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if type_name != "py.dict" {
+        return Ok(children.iter().map(|(_, v)| v.clone()).collect());
+    }
+    let mut out = Vec::new();
+    for (_, v) in children.iter().filter(|(n, _)| n == "items") {
+        for item in v.try_iter()? {
+            if let Ok(pair) = item?.cast::<PyTuple>() {
+                if let Ok(k) = pair.get_item(0) {
+                    out.push(k);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A set or dict built before a cycle completed its elements or keys: (the container, its
+/// type, those elements).
+type HashedCheck<'py> = (Bound<'py, PyAny>, String, Vec<Bound<'py, PyAny>>);
+
+/// How deep `holds_unfinished` looks into a hashed container's elements.
+const HASHED_SCAN_DEPTH: usize = 64;
 
 /// A shared object being built: the placeholder a cycle's ref gets, and where it was put.
 type OpenShared<'py> = (Py<PyAny>, Vec<Slot<'py>>);
@@ -51,6 +80,7 @@ impl<'py, 'a> LoadBuilder<'py, 'a> {
             objects: Default::default(),
             open: Default::default(),
             refs: Default::default(),
+            hashed: Default::default(),
         }
     }
 
@@ -194,6 +224,20 @@ impl<'py> Build for LoadBuilder<'py, '_> {
                  be rebuilt"
             ));
         }
+        if self.open.borrow().is_empty() {
+            let checks = std::mem::take(&mut *self.hashed.borrow_mut());
+            for (container, type_name, elems) in checks {
+                for e in elems {
+                    if !self.py_ok(container.contains(&e))? {
+                        return Err(format!(
+                            "a {type_name} whose element or key held an object a cycle completed after it was \
+                             hashed: its hash changed, so the {type_name} cannot be rebuilt (no treepack writes \
+                             such a cycle)"
+                        ));
+                    }
+                }
+            }
+        }
         let mut objects = self.objects.borrow_mut();
         let i = usize::try_from(id).map_err(|_| format!("shared id {id} is too large"))?;
         if objects.len() <= i {
@@ -224,6 +268,21 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         if self.free.is_some_and(|f| !f.contains(&type_name)) {
             return Err("a custom type that needs the audit".into());
         }
+        // Elements and keys are hashed as the container is built: one holding an object that a
+        // cycle's patch completes later is hashed half-built. Its hash may not depend on what
+        // the patch changes (an object hashed by identity), so it is checked once every cycle
+        // is complete (`shared`), and the load refused if an element is no longer found.
+        let hashed =
+            if matches!(type_name.as_str(), "py.set" | "py.frozenset" | "py.dict") && !self.open.borrow().is_empty() {
+                let elems = self.py_ok(hashed_elements(&type_name, &children))?;
+                if self.py_ok(self.holds_unfinished(elems.clone()))? {
+                    Some(elems)
+                } else {
+                    None
+                }
+            } else {
+                None
+            };
         let patched = crate::PATCHED_AFTER.contains(&type_name.as_str());
         if !patched && !self.placeholders(children.iter().map(|(n, v)| (n.clone(), v))).is_empty() {
             return Err(format!(
@@ -235,6 +294,9 @@ impl<'py> Build for LoadBuilder<'py, '_> {
         let obj = self.other("custom", &type_name, &data, children)?;
         if patched && !self.open.borrow().is_empty() {
             self.py_ok(self.note_copied(&obj))?;
+        }
+        if let Some(elems) = hashed {
+            self.hashed.borrow_mut().push((obj.clone(), type_name, elems));
         }
         Ok(obj)
     }
@@ -306,6 +368,58 @@ impl<'py> LoadBuilder<'py, '_> {
             }
         }
         Ok(())
+    }
+
+    /// Whether any of `values`, or what they hold (items of lists, tuples and sets; instance
+    /// attributes), is an object a pending patch will still complete (a record awaiting a
+    /// cycle's field) or a cycle's placeholder itself. Only asked while a cycle is open.
+    fn holds_unfinished(&self, values: Vec<Bound<'py, PyAny>>) -> PyResult<bool> {
+        let open = self.open.borrow();
+        let mut pending: HashSet<usize> = HashSet::new();
+        for (p, slots) in open.values() {
+            pending.insert(p.as_ptr() as usize);
+            for slot in slots {
+                if let Slot::Field(obj, _) = slot {
+                    pending.insert(obj.as_ptr() as usize);
+                }
+            }
+        }
+        drop(open);
+        let mut stack: Vec<(Bound<'py, PyAny>, usize)> = values.into_iter().map(|v| (v, 0)).collect();
+        let mut seen: HashSet<usize> = HashSet::new();
+        while let Some((v, depth)) = stack.pop() {
+            let addr = v.as_ptr() as usize;
+            if pending.contains(&addr) {
+                return Ok(true);
+            }
+            if depth > HASHED_SCAN_DEPTH || !seen.insert(addr) {
+                continue;
+            }
+            let kids: Vec<Bound<'py, PyAny>> = if let Ok(l) = v.cast::<PyList>() {
+                l.iter().collect()
+            } else if let Ok(t) = v.cast::<PyTuple>() {
+                t.iter().collect()
+            } else if let Ok(s) = v.cast::<pyo3::types::PyFrozenSet>() {
+                s.iter().collect()
+            } else if let Ok(s) = v.cast::<pyo3::types::PySet>() {
+                s.iter().collect()
+            } else {
+                // SAFETY: as in `note_copied`: the instance dict as stored, no Python code run.
+                let attrs = unsafe { pyo3::ffi::PyObject_GenericGetDict(v.as_ptr(), std::ptr::null_mut()) };
+                if attrs.is_null() {
+                    drop(PyErr::take(v.py()));
+                    continue;
+                }
+                // SAFETY: a new reference PyObject_GenericGetDict returned.
+                let attrs = unsafe { Bound::from_owned_ptr(v.py(), attrs) };
+                match attrs.cast::<PyDict>() {
+                    Ok(d) => d.values().iter().collect(),
+                    Err(_) => continue,
+                }
+            };
+            stack.extend(kids.into_iter().map(|k| (k, depth + 1)));
+        }
+        Ok(false)
     }
 
     /// The id of the shared object `v` stands for, if `v` is a cycle's placeholder.

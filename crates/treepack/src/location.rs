@@ -323,6 +323,8 @@ pub(crate) async fn committed_manifest(repo: &Location, tree: &str) -> Result<(b
             actual: got.to_hex(),
         });
     }
+    // Named by the hash of its stored bytes; read, by every caller (loads, gc), as its JSON.
+    let b = crate::format::manifest::unpack(b, &file)?;
     Ok((b, file))
 }
 

@@ -23,6 +23,18 @@ pub const PACKED_MINOR: u16 = 6;
 /// is taken for it.
 const WINDOW_LOG_MAX: u32 = 24;
 
+/// The most a compressed manifest may expand: `MAX_RATIO` times its stored bytes, or
+/// `RATIO_FLOOR` bytes, whichever is more (and never past the manifest limit). JSON manifests
+/// compress far less; a writer stores a manifest that would expand more as plain JSON, so a
+/// reader never allocates much more than a file's own size for a small hostile frame.
+pub const MAX_RATIO: u64 = 1024;
+/// See [`MAX_RATIO`].
+pub const RATIO_FLOOR: u64 = 4 << 20;
+
+fn max_expansion(stored: usize) -> u64 {
+    (stored as u64).saturating_mul(MAX_RATIO).max(RATIO_FLOOR)
+}
+
 /// Whether `bytes` hold a compressed manifest.
 pub fn is_packed(bytes: &[u8]) -> bool {
     bytes.starts_with(&ZSTD_MAGIC)
@@ -43,6 +55,7 @@ fn unpack_limited(bytes: Bytes, file: &str, limit: u64) -> Result<Bytes> {
     if !is_packed(&bytes) {
         return Ok(bytes);
     }
+    let allowed = max_expansion(bytes.len()).min(limit);
     let bad = |e: &dyn std::fmt::Display| {
         Error::manifest(file, "", format!("the manifest is a damaged zstd frame ({e}); the file was cut or changed"))
     };
@@ -64,13 +77,21 @@ fn unpack_limited(bytes: Bytes, file: &str, limit: u64) -> Result<Bytes> {
         return Err(Error::manifest(file, "", "the compressed manifest does not hold a JSON manifest"));
     }
     out.reserve((bytes.len() * 4).min(64 << 20));
-    (&mut dec).take(limit + 1 - out.len() as u64).read_to_end(&mut out).map_err(|e| bad(&e))?;
-    if out.len() as u64 > limit {
-        return Err(Error::limit(
-            "manifest size",
-            limit,
-            format!("{file} holds a compressed manifest that decodes to more"),
-        ));
+    (&mut dec).take(allowed + 1 - out.len() as u64).read_to_end(&mut out).map_err(|e| bad(&e))?;
+    if out.len() as u64 > allowed {
+        return Err(if allowed < limit {
+            Error::limit(
+                "compressed manifest expansion",
+                allowed,
+                format!(
+                    "{file} holds a {} B compressed manifest that decodes to more than {MAX_RATIO} times that \
+                     (no treepack writes one: it stores such a manifest plain)",
+                    bytes.len()
+                ),
+            )
+        } else {
+            Error::limit("manifest size", limit, format!("{file} holds a compressed manifest that decodes to more"))
+        });
     }
     if !dec.finish().is_empty() {
         return Err(Error::manifest(file, "", "bytes follow the compressed manifest's zstd frame"));
@@ -93,8 +114,9 @@ pub fn pack(parts: Vec<Bytes>, level: i32) -> Vec<Bytes> {
         enc.finish().ok()
     })();
     match packed {
-        Some(v) => vec![Bytes::from(v)],
-        None => parts,
+        // A manifest that compresses past what a reader accepts stays plain (`MAX_RATIO`).
+        Some(v) if total as u64 <= max_expansion(v.len()) => vec![Bytes::from(v)],
+        _ => parts,
     }
 }
 
@@ -126,11 +148,25 @@ mod tests {
     }
 
     #[test]
+    fn a_small_frame_cannot_expand_past_its_ratio_and_a_writer_keeps_such_a_manifest_plain() {
+        let json = format!("{{\"format\":\"treepack\",\"version\":[1,6],\"x\":\"{}\"}}", "a".repeat(64 << 20));
+        let json = Bytes::from(json);
+        // Written by hand past the ratio (64 MiB in a few KiB): refused, naming the ratio.
+        let frame = zstd::bulk::compress(&json, 19).unwrap_or_default();
+        assert!((frame.len() as u64) * MAX_RATIO < json.len() as u64);
+        let e = unpack(Bytes::from(frame), "t").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("compressed manifest expansion") && e.contains("1024 times"), "{e}");
+        // The writer stores it plain instead.
+        let stored = pack(vec![json.clone()], 3);
+        assert!(!is_packed(&stored[0]) && stored[0] == json);
+    }
+
+    #[test]
     fn a_frame_that_decodes_past_the_limit_stops_at_it() {
         let json =
             Bytes::from(format!("{{\"format\":\"treepack\",\"version\":[1,6],\"x\":\"{}\"}}", " ".repeat(1 << 20)));
         let packed = pack(vec![json], 19);
-        assert!(packed[0].len() < 1024);
+        assert!(is_packed(&packed[0]) && packed[0].len() < 1024);
         let e = unpack_limited(packed[0].clone(), "t", 1 << 16).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("manifest size") && e.contains("decodes to more"), "{e}");
     }

@@ -56,6 +56,21 @@ fn hashed_elements<'py>(type_name: &str, children: &[(String, Bound<'py, PyAny>)
 /// type, those elements).
 type HashedCheck<'py> = (Bound<'py, PyAny>, String, Vec<Bound<'py, PyAny>>);
 
+/// `obj`'s instance dict as the object stores it — no `__dict__` property or `__getattr__` of
+/// its class runs — or `None` when it has none.
+fn instance_dict<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyDict>> {
+    // SAFETY: called with the GIL (a `Bound` proves it) on a live object; it returns a new
+    // reference, or null with an exception set, which is cleared.
+    let attrs = unsafe { pyo3::ffi::PyObject_GenericGetDict(obj.as_ptr(), std::ptr::null_mut()) };
+    if attrs.is_null() {
+        drop(PyErr::take(obj.py()));
+        return None;
+    }
+    // SAFETY: the new reference PyObject_GenericGetDict returned.
+    let attrs = unsafe { Bound::from_owned_ptr(obj.py(), attrs) };
+    attrs.cast_into::<PyDict>().ok()
+}
+
 /// How deep `holds_unfinished` looks into a hashed container's elements.
 const HASHED_SCAN_DEPTH: usize = 64;
 
@@ -339,26 +354,16 @@ impl<'py> LoadBuilder<'py, '_> {
                 }
             }
         }
-        // The instance dict as the object stores it (no `__dict__` property or `__getattr__` of
-        // the class runs). SAFETY: called with the GIL on an object this builder holds; it
-        // returns a new reference, or null with an exception set.
-        let attrs = unsafe { pyo3::ffi::PyObject_GenericGetDict(obj.as_ptr(), std::ptr::null_mut()) };
-        if attrs.is_null() {
-            // No instance dict (an OrderedDict, a deque): nothing more to patch.
-            drop(PyErr::take(py));
-        } else {
-            // SAFETY: a new reference PyObject_GenericGetDict returned.
-            let attrs = unsafe { Bound::from_owned_ptr(py, attrs) };
-            if let Ok(attrs) = attrs.cast::<PyDict>() {
-                if obj.is_instance(&py.import("collections")?.getattr("UserDict")?)? {
-                    if let Some(data) = attrs.get_item("data")? {
-                        if let Ok(data) = data.cast::<PyDict>() {
-                            dicts.push(data.clone());
-                        }
+        // No instance dict (an OrderedDict, a deque): nothing more to patch there.
+        if let Some(attrs) = instance_dict(obj) {
+            if obj.is_instance(&py.import("collections")?.getattr("UserDict")?)? {
+                if let Some(data) = attrs.get_item("data")? {
+                    if let Ok(data) = data.cast::<PyDict>() {
+                        dicts.push(data.clone());
                     }
                 }
-                dicts.push(attrs.clone());
             }
+            dicts.push(attrs);
         }
         for d in dicts {
             for (k, v) in d.iter() {
@@ -404,17 +409,9 @@ impl<'py> LoadBuilder<'py, '_> {
             } else if let Ok(s) = v.cast::<pyo3::types::PySet>() {
                 s.iter().collect()
             } else {
-                // SAFETY: as in `note_copied`: the instance dict as stored, no Python code run.
-                let attrs = unsafe { pyo3::ffi::PyObject_GenericGetDict(v.as_ptr(), std::ptr::null_mut()) };
-                if attrs.is_null() {
-                    drop(PyErr::take(v.py()));
-                    continue;
-                }
-                // SAFETY: a new reference PyObject_GenericGetDict returned.
-                let attrs = unsafe { Bound::from_owned_ptr(v.py(), attrs) };
-                match attrs.cast::<PyDict>() {
-                    Ok(d) => d.values().iter().collect(),
-                    Err(_) => continue,
+                match instance_dict(&v) {
+                    Some(d) => d.values().iter().collect(),
+                    None => continue,
                 }
             };
             stack.extend(kids.into_iter().map(|k| (k, depth + 1)));

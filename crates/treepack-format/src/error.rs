@@ -181,6 +181,49 @@ pub enum Error {
         reason: String,
     },
 
+    /// The tree is encrypted and no key was given.
+    #[error("{location}: the tree is encrypted ({with}); pass its key: Python `encryption=` (32 bytes, treepack.Passphrase(...) or a key provider), CLI --encryption-key FILE or --passphrase-env VAR")]
+    Encrypted {
+        /// The location read.
+        location: String,
+        /// What it was encrypted with, as its envelope says.
+        with: String,
+    },
+
+    /// A key was given, and the tree is not encrypted: a plain tree where an encrypted one was
+    /// expected may have been put there by someone else.
+    #[error("{location}: the tree is not encrypted, but a key was given: refusing it (a plain tree where an encrypted one was expected may have been put there by someone else); read it without a key if a plain tree is expected")]
+    NotEncrypted {
+        /// The location read.
+        location: String,
+    },
+
+    /// The key given does not open the tree (another key, another kind of key, a key provider
+    /// that refused), or the tree's envelope cannot be read.
+    #[error("{location}: {reason}")]
+    WrongKey {
+        /// The location read.
+        location: String,
+        /// Which key the tree wants and what was given, or what is wrong with the envelope.
+        reason: String,
+    },
+
+    /// Encrypted bytes that do not authenticate: modified, moved within or between files, cut
+    /// short, or taken from another save.
+    #[error("{file}: {}the encrypted bytes at {start}..{end} do not authenticate ({reason}): they were modified, moved, cut short or come from another save; restore the file from a good copy", key_prefix(key))]
+    Tampered {
+        /// The file read.
+        file: String,
+        /// Key path of the leaf whose bytes these are (empty when not known).
+        key: String,
+        /// The plain byte range of the segment that failed.
+        start: u64,
+        /// Its end.
+        end: u64,
+        /// Which segment, or what else is wrong.
+        reason: String,
+    },
+
     /// A chunk's bytes do not hash to the value recorded in the manifest.
     #[error("{file}: chunk {chunk} of `{key}` is corrupt: BLAKE3 {actual} but the manifest records {expected}")]
     ChunkCorrupt {
@@ -455,6 +498,10 @@ impl Error {
             Error::InvalidManifest { .. } => "invalid_manifest",
             Error::ManifestChecksum { .. } => "manifest_checksum",
             Error::ChunkCorrupt { .. } => "chunk_corrupt",
+            Error::Encrypted { .. } => "encrypted",
+            Error::NotEncrypted { .. } => "not_encrypted",
+            Error::WrongKey { .. } => "wrong_key",
+            Error::Tampered { .. } => "tampered",
             Error::RootMismatch { .. } => "root_mismatch",
             Error::Unsigned { .. } => "unsigned",
             Error::UntrustedSigner { .. } => "untrusted_signer",
@@ -505,4 +552,13 @@ fn shortened(key: String) -> String {
     let head = key.char_indices().map(|(i, _)| i).take_while(|&i| i <= KEEP).last().unwrap_or(0);
     let tail = key.char_indices().map(|(i, _)| i).find(|&i| i >= key.len() - KEEP).unwrap_or(key.len());
     format!("{}…({} bytes)…{}", &key[..head], tail - head, &key[tail..])
+}
+
+/// `` `key`: `` before a message about a leaf's bytes, nothing when the leaf is not known.
+fn key_prefix(key: &str) -> String {
+    if key.is_empty() {
+        String::new()
+    } else {
+        format!("`{key}`: ")
+    }
 }

@@ -23,6 +23,7 @@
 
 pub mod codec;
 pub mod container;
+pub mod crypt;
 pub mod diff;
 pub mod dtype;
 pub mod element;

@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod crypt;
 pub mod local;
 mod location;
 pub mod memory;
@@ -31,6 +32,7 @@ pub use object::{RemoteTuning, TUNING_KEYS};
 
 use std::collections::BTreeMap;
 
+pub use treepack_format::crypt::{KeyProvider, KeySource};
 pub use treepack_format::error::{Error, Result};
 
 /// File name of the manifest in a directory location.

@@ -82,6 +82,9 @@ pub struct Location {
     /// Why writes are refused, when they are.
     read_only: Option<Arc<str>>,
     stats: Arc<IoStats>,
+    /// For an encrypted location, its backend again (`backend` is this, as a `dyn Backend`):
+    /// the key and what the location learned (docs/encryption.md).
+    crypt: Option<Arc<crate::crypt::Encrypted>>,
 }
 
 impl Location {
@@ -137,6 +140,58 @@ impl Location {
             files: display.clone(),
             display,
             stats: Arc::default(),
+            crypt: None,
+        }
+    }
+
+    /// This location, encrypted with `source`: saves seal the tree's files (a fresh data key
+    /// per save, wrapped by `source`), and reads open them, refusing a tree that is not
+    /// encrypted (docs/encryption.md). Objects beside the tree (a signature) stay clear.
+    pub fn with_encryption(&self, source: crate::KeySource) -> Location {
+        self.encrypted_with(source, None)
+    }
+
+    /// [`with_encryption`](Self::with_encryption) with the data key and salt fixed, so that a
+    /// save is byte-identical each time: for golden files only (a fixed data key reused across
+    /// saves of different trees would repeat AES-GCM nonces).
+    #[doc(hidden)]
+    pub fn with_fixed_encryption(&self, source: crate::KeySource, data_key: [u8; 32], salt: [u8; 32]) -> Location {
+        self.encrypted_with(source, Some((treepack_format::crypt::DataKey(data_key), salt)))
+    }
+
+    fn encrypted_with(
+        &self,
+        source: crate::KeySource,
+        fixed: Option<(treepack_format::crypt::DataKey, [u8; 32])>,
+    ) -> Location {
+        let plain = self.plain();
+        let e = Arc::new(crate::crypt::Encrypted::new(plain, source, fixed));
+        Location { backend: e.clone(), crypt: Some(e), ..self.clone() }
+    }
+
+    /// This location without its encryption: its files' stored bytes.
+    fn plain(&self) -> Location {
+        match &self.crypt {
+            Some(e) => Location { crypt: None, ..e.plain().clone() }.relabeled(&self.display),
+            None => self.clone(),
+        }
+    }
+
+    /// Whether the location was given a key ([`with_encryption`](Self::with_encryption)).
+    pub fn is_encrypted(&self) -> bool {
+        self.crypt.is_some()
+    }
+
+    /// For an encrypted location, the key the save in progress names its packs with (instead
+    /// of a name derived from their content alone, which would let anyone confirm a guess of
+    /// it). `None` for a plain location.
+    ///
+    /// # Errors
+    /// A key provider that fails to wrap the save's data key; no randomness.
+    pub fn pack_name_key(&self) -> Result<Option<[u8; 32]>> {
+        match &self.crypt {
+            Some(e) => Ok(Some(treepack_format::crypt::pack_name_key(&e.write_key()?.0))),
+            None => Ok(None),
         }
     }
 
@@ -185,6 +240,12 @@ impl Location {
     /// # Errors
     /// [`Error::NotFound`] if the file does not exist; [`Error::Link`] if it is a symbolic link.
     pub fn pin(&self) -> Result<Location> {
+        if let Some(e) = &self.crypt {
+            // The stored file pinned, read with the same key and nothing learned yet.
+            let plain = self.plain().pin()?;
+            let e = Arc::new(e.fresh(plain));
+            return Ok(Location { backend: e.clone(), crypt: Some(e), ..self.clone() });
+        }
         match self.local().filter(|_| self.layout == Layout::SingleFile) {
             Some(l) => match l.pin(self)? {
                 Some(pinned) => Ok(Location { backend: Arc::new(pinned), ..self.clone() }),
@@ -219,6 +280,8 @@ impl Location {
             files: display.as_str().into(),
             display: display.into(),
             stats: self.stats.clone(),
+            // What travels beside a tree (its signature) is clear.
+            crypt: None,
         })
     }
 
@@ -240,7 +303,11 @@ impl Location {
         &self.stats
     }
     /// Local filesystem path, if the location is on local disk.
+    /// `None` for an encrypted location: its files hold ciphertext, read through the backend.
     pub fn local_path(&self) -> Option<&Path> {
+        if self.crypt.is_some() {
+            return None;
+        }
         self.local().map(Local::path)
     }
 
@@ -336,7 +403,7 @@ impl Location {
     /// the page cache or the device, into memory the caller already has. `Ok(false)` for
     /// locations that are not local (the caller fetches instead).
     pub fn read_local_into(&self, rel: &str, offset: u64, out: &mut [u8]) -> Result<bool> {
-        match self.local() {
+        match self.local().filter(|_| self.crypt.is_none()) {
             Some(l) => l.read_into(self, rel, offset, out).map(|()| true),
             None => Ok(false),
         }
@@ -344,13 +411,13 @@ impl Location {
 
     /// Memory-map a local file (see [`Local::mmap`]). `None` for non-local locations.
     pub fn mmap(&self, rel: &str) -> Result<Option<Bytes>> {
-        self.local().map(|l| l.mmap(rel)).transpose()
+        self.local().filter(|_| self.crypt.is_none()).map(|l| l.mmap(rel)).transpose()
     }
 
     /// The size of a local file (`Ok(None)` if it does not exist; `Err` for a symlink or other
     /// failure). For non-local locations: `Ok(None)`.
     pub fn local_size(&self, rel: &str) -> Result<Option<u64>> {
-        self.local().map_or(Ok(None), |l| l.size(rel))
+        self.local().filter(|_| self.crypt.is_none()).map_or(Ok(None), |l| l.size(rel))
     }
 
     /// Hint that these ranges of a local file will be read next, so the kernel reads them ahead

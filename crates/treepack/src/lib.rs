@@ -57,7 +57,7 @@ pub use runtime::{block_on, in_background};
 pub use save::{SaveInfo, SaveOptions};
 pub use serde_tree::{from_tree, to_tree};
 pub use sign::{sign, verify_signature, SignOptions, SignedBy};
-pub use store::{IoStats, Layout, StorageOptions, Version};
+pub use store::{IoStats, KeyProvider, KeySource, Layout, StorageOptions, Version};
 
 /// Anything that names a location: a string (parsed with [`Location::parse`], so cloud settings
 /// come from the environment) or a [`Location`] built with [`Location::parse_with`] and explicit

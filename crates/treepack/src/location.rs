@@ -241,6 +241,26 @@ impl Location {
         }
     }
 
+    /// This location with its tree encrypted by `key` (docs/encryption.md): a save seals the
+    /// tree's files with a fresh data key wrapped by `key`; a read opens them, and refuses a tree
+    /// that is not encrypted ([`Error::NotEncrypted`]).
+    ///
+    /// # Errors
+    /// [`Error::BadLocation`] for a tree of a repository (not supported yet) or another tool's
+    /// file read as a tree (never encrypted).
+    pub fn with_encryption(&self, key: crate::store::KeySource) -> Result<Location> {
+        let bad = |reason: String| Error::BadLocation { location: self.display().to_string(), reason };
+        if self.tree.is_some() {
+            return Err(bad("trees of a repository cannot be encrypted yet: save an encrypted tree to a \
+                            directory or a .tpk"
+                .into()));
+        }
+        if let Some(kind) = self.read_from {
+            return Err(bad(format!("is a {kind}, read as a tree, and is not encrypted: read it without a key")));
+        }
+        Ok(Location { store: self.store.with_encryption(key), ..self.clone() })
+    }
+
     /// The tree `name` of the repository at this location.
     ///
     /// # Errors

@@ -52,6 +52,10 @@ pub fn unpack(bytes: Bytes, file: &str) -> Result<Bytes> {
 }
 
 fn unpack_limited(bytes: Bytes, file: &str, limit: u64) -> Result<Bytes> {
+    // An encrypted tree read without its key (a reader with the key sees the plain bytes).
+    if crate::crypt::is_encrypted(&bytes) {
+        return Err(Error::Encrypted { location: file.to_string(), with: crate::crypt::describe_stored(&bytes) });
+    }
     if !is_packed(&bytes) {
         return Ok(bytes);
     }

@@ -18,7 +18,7 @@ pub const VERSION_MAJOR: u16 = 1;
 /// 1.3 array annotations, 1.4 dicts written as JSON objects, 1.5 the sub-byte and remaining
 /// ml_dtypes dtypes, 1.6 the manifest stored as one zstd frame; a writer writes the oldest minor
 /// that holds its tree). Readers accept any minor of a known major.
-pub const VERSION_MINOR: u16 = 6;
+pub const VERSION_MINOR: u16 = 7;
 /// Deepest container nesting accepted (Python's default recursion limit is 1000).
 pub const MAX_DEPTH: usize = 1000;
 /// Largest manifest accepted, in bytes.

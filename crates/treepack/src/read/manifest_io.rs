@@ -92,6 +92,12 @@ pub(super) enum Tail {
 /// Check a single file's footer (and header, if the tail read covers the whole file) and find
 /// its manifest.
 pub(super) fn locate_manifest(tail: Bytes, size: u64, file: &str) -> Result<Tail> {
+    if tail.ends_with(&crate::format::crypt::MAGIC) {
+        return Err(Error::Encrypted {
+            location: file.to_string(),
+            with: crate::format::crypt::describe_stored(&tail),
+        });
+    }
     let min = container::HEADER_LEN + container::FOOTER_LEN;
     if size < min || (tail.len() as u64) < size.min(TAIL_READ) {
         return Err(Error::NotTreepack {

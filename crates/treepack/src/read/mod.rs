@@ -488,7 +488,7 @@ impl Reader {
                 let read = self.loc.read_ranges_with(&rel, want, mode, progress.map(|t| t as _)).await;
                 let got = match read {
                     Ok(got) => got,
-                    Err(e @ Error::OutOfBounds { .. }) => {
+                    Err(e @ (Error::OutOfBounds { .. } | Error::Tampered { .. })) => {
                         // The store knows the file, not the leaves: name the leaf here.
                         let size = self.loc.size(&rel).await.ok();
                         let want: Vec<Range<u64>> = ranges.iter().map(|&(o, l)| o..o + l).collect();
@@ -511,10 +511,21 @@ impl Reader {
     /// the leaf it hit: the first, in tree order, with a chunk among `ranges` that ends past the
     /// file's `size` (or, the size unknown, that lies in them). Other errors come back as is.
     pub(crate) fn name_leaf(&self, e: Error, pack: u32, ranges: &[Range<u64>], size: Option<u64>) -> Error {
+        if let Error::Tampered { file, key, start, end, reason } = e {
+            // The segment that failed, named by the first leaf with bytes in it.
+            let key = if key.is_empty() { self.leaf_at(pack, &[start..end], None) } else { key };
+            return Error::Tampered { file, key, start, end, reason };
+        }
         let Error::OutOfBounds { file, key, reason } = e else { return e };
         if !key.is_empty() {
             return Error::OutOfBounds { file, key, reason };
         }
+        Error::OutOfBounds { file, key: self.leaf_at(pack, ranges, size), reason }
+    }
+
+    /// The first leaf, in tree order, with a chunk of pack `pack` among `ranges` that ends past
+    /// `size` (or, the size unknown, that lies in them); empty when none.
+    fn leaf_at(&self, pack: u32, ranges: &[Range<u64>], size: Option<u64>) -> String {
         let mut hit: Option<String> = None;
         self.manifest.root.for_each_leaf(&mut |p, entry| {
             if hit.is_some() {
@@ -530,7 +541,7 @@ impl Reader {
                 hit = Some(if p.is_root() { "<root>".to_string() } else { p.to_string() });
             }
         });
-        Error::OutOfBounds { file, key: hit.unwrap_or_default(), reason }
+        hit.unwrap_or_default()
     }
 
     fn mmap_pack(&self, pack: u32, rel: &str) -> Result<Option<Bytes>> {

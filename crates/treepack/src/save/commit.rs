@@ -25,6 +25,7 @@ pub async fn save_part_async(tree: &Node, loc: &Location, opts: &SaveOptions) ->
         });
     }
     refuse_repository(loc)?;
+    refuse_encrypted_parts(loc)?;
     let w = write_data(tree, loc, opts, None).await?;
     let bytes = manifest::encode(&w.manifest, &w.stats);
     Ok((bytes, w.info))
@@ -40,6 +41,7 @@ pub async fn save_part_async(tree: &Node, loc: &Location, opts: &SaveOptions) ->
 pub async fn commit_parts_async(loc: &Location, parts: &[Vec<u8>], opts: &SaveOptions) -> Result<SaveInfo> {
     loc.refuse_write()?;
     refuse_repository(loc)?;
+    refuse_encrypted_parts(loc)?;
     let decoded =
         parts.iter().enumerate().map(|(i, b)| manifest::decode(b, &format!("part {i}"))).collect::<Result<Vec<_>>>()?;
     let mut merged = crate::format::parts::merge(decoded)?;
@@ -105,6 +107,20 @@ pub async fn commit_parts_async(loc: &Location, parts: &[Vec<u8>], opts: &SaveOp
 
 /// Saves written in parts go to plain locations only (for now): a repository's saves take a
 /// lease and reuse its chunks, which the parts' writers would each have to do.
+/// Parts written by several processes would each make their own data key, and the manifest
+/// holds one: an encrypted save is written by one process.
+fn refuse_encrypted_parts(loc: &Location) -> Result<()> {
+    if loc.is_encrypted() {
+        return Err(Error::BadLocation {
+            location: loc.display().to_string(),
+            reason: "a save written in parts by several processes cannot be encrypted yet (each process would \
+                     make its own data key): save the tree from one process, or save it plain"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 fn refuse_repository(loc: &Location) -> Result<()> {
     if loc.tree_name().is_some() {
         return Err(Error::BadLocation {

@@ -456,7 +456,7 @@ pub(crate) async fn write_data(
         if exists && !opts.overwrite {
             return Err(Error::AlreadyExists { location: loc.display().to_string() });
         }
-        if !exists && !single && loc.local_path().is_some() {
+        if !exists && !single && loc.local().is_some() {
             refuse_foreign_folder(loc).await?;
         }
         let marker = loc.save_marker(opts.durable)?;
@@ -492,9 +492,11 @@ pub(crate) async fn write_data(
     let tracker = Tracker::new(opts.progress.clone(), pending_bytes);
     let concurrency = opts.concurrency.max(1);
     let batch = opts.pipeline_batch_bytes.max(1);
+    // An encrypted tree's packs are named by a key of the save's, not by their content alone.
+    let name_key = loc.pack_name_key()?;
     let (hashed, pack_list, single_parts) = if single || pending_bytes <= batch {
         let mut packs: Vec<PackOut> = vec![];
-        let hashed = hash_and_layout(&pending, single, opts.pack_bytes, u64::MAX, reuse.clone(), |p| {
+        let hashed = hash_and_layout(&pending, single, opts.pack_bytes, u64::MAX, reuse.clone(), name_key, |p| {
             packs.push(p);
             true
         })
@@ -513,6 +515,7 @@ pub(crate) async fn write_data(
             loc,
             pending,
             reuse.clone(),
+            name_key,
             opts.pack_bytes,
             batch,
             concurrency,
@@ -564,6 +567,7 @@ pub(crate) async fn write_data(
     let minor =
         oldest_minor(planner.dtype_minor, manifest::has_object_dicts(&root), planner.annotated, has_refs, compressed);
     let minor = if packed { minor.max(manifest::PACKED_MINOR) } else { minor };
+    let minor = if loc.is_encrypted() { minor.max(crate::format::crypt::ENCRYPTED_MINOR) } else { minor };
     let manifest = Manifest {
         version: (manifest::VERSION_MAJOR, minor),
         writer: opts.writer.clone(),

@@ -63,7 +63,7 @@ struct Layouter {
 }
 
 impl Layouter {
-    fn new(single: bool, pack_bytes: u64, reuse: Option<std::sync::Arc<Reuse>>) -> Self {
+    fn new(single: bool, pack_bytes: u64, reuse: Option<std::sync::Arc<Reuse>>, name_key: Option<[u8; 32]>) -> Self {
         Layouter {
             single,
             reuse,
@@ -74,7 +74,7 @@ impl Layouter {
             pack_bytes,
             refs: vec![],
             seen: HashMap::new(),
-            id: blake3::Hasher::new(),
+            id: name_key.as_ref().map_or_else(blake3::Hasher::new, blake3::Hasher::new_keyed),
             open: None,
             closed: 0,
         }
@@ -162,10 +162,11 @@ pub(super) fn hash_and_layout(
     pack_bytes: u64,
     batch_bytes: u64,
     reuse: Option<std::sync::Arc<Reuse>>,
+    name_key: Option<[u8; 32]>,
     mut emit: impl FnMut(PackOut) -> bool,
 ) -> Option<Hashed> {
     let known = reuse.clone();
-    let mut lay = Layouter::new(single, pack_bytes, reuse);
+    let mut lay = Layouter::new(single, pack_bytes, reuse, name_key);
     let mut min_max = Vec::with_capacity(pending.len());
     let mut start = 0;
     while start < pending.len() {
@@ -271,6 +272,7 @@ pub(super) async fn hash_and_write_pipelined(
     loc: &Location,
     pending: Vec<Pending>,
     reuse: Option<std::sync::Arc<Reuse>>,
+    name_key: Option<[u8; 32]>,
     pack_bytes: u64,
     batch_bytes: u64,
     concurrency: usize,
@@ -289,7 +291,7 @@ pub(super) async fn hash_and_write_pipelined(
         .spawn(move || {
             let mut tx = tx;
             let hashed = crate::runtime::in_background_if(background, || {
-                hash_and_layout(&pending, false, pack_bytes, batch_bytes, reuse, |pack| {
+                hash_and_layout(&pending, false, pack_bytes, batch_bytes, reuse, name_key, |pack| {
                     futures::executor::block_on(tx.send(pack)).is_ok()
                 })
             });

@@ -1,0 +1,446 @@
+//! Encrypted locations (docs/format.md section 13; docs/encryption.md): a backend that seals
+//! what a tree's files hold on the way out and opens it on the way in, over any other backend.
+//!
+//! The engine above sees plain bytes, offsets and sizes, as of an unencrypted tree: ranged reads
+//! become reads of the segments that hold them, decrypted and cut to the range; writes of the
+//! tree's files (its manifest, or single file, and its packs) are sealed whole. Other objects
+//! (a signature beside the tree, save markers) pass through in the clear. Local files are read
+//! through the backend only: no memory maps, no reads straight into the caller's memory (what
+//! they would hand out is ciphertext).
+//!
+//! Each save makes a fresh random data key, wrapped into the envelope of the object that holds
+//! the manifest; the key is dropped once that object is written, so no two saves share one
+//! (AES-GCM's nonces, a segment's index, are unique per object key).
+
+use crate::backend::{Backend, BoxFuture, Keep, Listed, RangeRead, Swap, Version, Write};
+use crate::{Error, Layout, Location, RemoteTuning, Result, MANIFEST_NAME, PACKS_DIR};
+use bytes::Bytes;
+use futures::FutureExt;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use treepack_format::crypt::{self as fc, DataKey, KeySource, ObjectKey, Params};
+
+/// One tree's keys: its data key, how its objects are cut, its envelope as stored, and what
+/// it is encrypted with (for messages).
+struct TreeKey {
+    dek: DataKey,
+    params: Params,
+    envelope: Vec<u8>,
+}
+
+/// The key a location was given, and what it has learned: the data key of the tree read, the
+/// data key of the save in progress, and the sizes of the objects read.
+pub(crate) struct Crypt {
+    source: KeySource,
+    /// A data key and salt fixed in advance, for golden files (byte-identical saves).
+    fixed: Option<(DataKey, [u8; 32])>,
+    write: Mutex<Option<Arc<TreeKey>>>,
+    read: Mutex<Option<Arc<TreeKey>>>,
+    /// Envelopes already opened (Argon2id runs once per envelope and process location).
+    opened: Mutex<Vec<(Vec<u8>, Arc<TreeKey>)>>,
+    /// Stored size and envelope length of the objects read.
+    sizes: Mutex<HashMap<String, (u64, u64)>>,
+}
+
+impl Crypt {
+    fn new(source: KeySource, fixed: Option<(DataKey, [u8; 32])>) -> Crypt {
+        Crypt {
+            source,
+            fixed,
+            write: Mutex::new(None),
+            read: Mutex::new(None),
+            opened: Mutex::new(vec![]),
+            sizes: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The backend of an encrypted location: `plain` is the same location on the backend below,
+/// through which the stored bytes move.
+pub(crate) struct Encrypted {
+    plain: Location,
+    crypt: Crypt,
+}
+
+impl std::fmt::Debug for Encrypted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Encrypted({:?})", self.plain.backend())
+    }
+}
+
+/// Whether `rel` is the object that holds a tree's manifest (and its envelope).
+fn holds_envelope(layout: Layout, rel: &str) -> bool {
+    match layout {
+        Layout::SingleFile => rel == "." || rel.is_empty(),
+        Layout::Directory => rel == MANIFEST_NAME,
+    }
+}
+
+/// The name an object's key is derived from.
+fn object_name(rel: &str) -> &str {
+    if rel.is_empty() {
+        "."
+    } else {
+        rel
+    }
+}
+
+impl Encrypted {
+    pub(crate) fn new(plain: Location, source: KeySource, fixed: Option<(DataKey, [u8; 32])>) -> Encrypted {
+        Encrypted { plain, crypt: Crypt::new(source, fixed) }
+    }
+
+    /// The same location and key, with nothing learned: a pinned reader's view.
+    pub(crate) fn fresh(&self, plain: Location) -> Encrypted {
+        Encrypted::new(plain, self.crypt.source.clone(), self.crypt.fixed.clone())
+    }
+
+    pub(crate) fn plain(&self) -> &Location {
+        &self.plain
+    }
+
+    fn layout(&self) -> Layout {
+        self.plain.layout()
+    }
+
+    /// Whether `rel` is one of the tree's own files (sealed), not something beside it.
+    fn sealed(&self, rel: &str) -> bool {
+        holds_envelope(self.layout(), rel) || rel.starts_with(&format!("{PACKS_DIR}/"))
+    }
+
+    fn manifest_rel(&self) -> &'static str {
+        match self.layout() {
+            Layout::SingleFile => ".",
+            Layout::Directory => MANIFEST_NAME,
+        }
+    }
+
+    fn tampered(&self, rel: &str, span: Range<u64>, reason: impl Into<String>) -> Error {
+        Error::Tampered {
+            file: self.plain.file_name(rel),
+            key: String::new(),
+            start: span.start,
+            end: span.end,
+            reason: reason.into(),
+        }
+    }
+
+    fn wrong_key(&self, e: fc::KeyError) -> Error {
+        let reason = match &e {
+            fc::KeyError::WrongKind { .. } | fc::KeyError::WrongKey(_) => {
+                format!("{e}: pass the key it was encrypted with")
+            }
+            fc::KeyError::Invalid(s) => format!("the tree's encryption envelope cannot be read: {s}"),
+            fc::KeyError::Provider(s) => format!("the key provider failed: {s}"),
+        };
+        Error::WrongKey { location: self.plain.display().to_string(), reason }
+    }
+
+    /// The data key a save writes with: made on first use, dropped when the manifest is written.
+    pub(crate) fn write_key(&self) -> Result<(DataKey, Params)> {
+        let t = self.write_tree()?;
+        Ok((t.dek.clone(), t.params))
+    }
+
+    fn write_tree(&self) -> Result<Arc<TreeKey>> {
+        let mut w = lock(&self.crypt.write);
+        if let Some(t) = &*w {
+            return Ok(t.clone());
+        }
+        let (dek, salt) = match &self.crypt.fixed {
+            Some(f) => f.clone(),
+            None => {
+                let mut k = [0u8; 32];
+                let mut s = [0u8; 32];
+                getrandom::fill(&mut k)
+                    .and_then(|()| getrandom::fill(&mut s))
+                    .map_err(|e| Error::internal(format!("the system's random number generator failed: {e}")))?;
+                (DataKey(k), s)
+            }
+        };
+        let params = Params::WRITER;
+        let env = fc::seal_envelope(&self.crypt.source, params, &dek, salt).map_err(|e| self.wrong_key(e))?;
+        let t = Arc::new(TreeKey { dek, params, envelope: fc::envelope_bytes(&env) });
+        *w = Some(t.clone());
+        Ok(t)
+    }
+
+    /// The key of the tree read: from the envelope of its manifest's object, read once.
+    async fn read_tree(&self) -> Result<Arc<TreeKey>> {
+        if let Some(t) = lock(&self.crypt.read).clone() {
+            return Ok(t);
+        }
+        let rel = self.manifest_rel();
+        self.object_size(rel).await?;
+        lock(&self.crypt.read).clone().ok_or_else(|| Error::internal("an encrypted tree's key was not learned"))
+    }
+
+    /// The stored size and envelope length of `rel` (the envelope read and opened, for the
+    /// manifest's object).
+    async fn object_size(&self, rel: &str) -> Result<(u64, u64)> {
+        if let Some(s) = lock(&self.crypt.sizes).get(rel) {
+            return Ok(*s);
+        }
+        let got = if holds_envelope(self.layout(), rel) {
+            let (tail, size) = self.plain.read_suffix(rel, fc::TRAILER_LEN + fc::MAX_ENVELOPE_BYTES).await?;
+            let (_, e) = self.envelope_from_tail(rel, &tail, size)?;
+            (size, e)
+        } else {
+            (self.plain.size(rel).await?, 0)
+        };
+        lock(&self.crypt.sizes).insert(rel.to_string(), got);
+        Ok(got)
+    }
+
+    /// The tree key from the envelope at the end of `tail` (the last bytes of the manifest's
+    /// object, `size` bytes in all), and the envelope's length.
+    fn envelope_from_tail(&self, rel: &str, tail: &[u8], size: u64) -> Result<(Arc<TreeKey>, u64)> {
+        if !tail.ends_with(&fc::MAGIC) {
+            return Err(Error::NotEncrypted { location: self.plain.display().to_string() });
+        }
+        let e = fc::trailer_envelope_len(tail, size).map_err(|r| self.tampered(rel, 0..0, r))?;
+        let end = tail.len() - fc::TRAILER_LEN as usize;
+        let env =
+            tail.get(end - e as usize..end).ok_or_else(|| self.tampered(rel, 0..0, "the envelope was not read"))?;
+        if let Some((_, t)) = lock(&self.crypt.opened).iter().find(|(b, _)| b == env) {
+            let t = t.clone();
+            *lock(&self.crypt.read) = Some(t.clone());
+            return Ok((t, e));
+        }
+        let (parsed, params) = fc::parse_envelope(env).map_err(|e| self.wrong_key(e))?;
+        let dek = fc::open_envelope(&self.crypt.source, &parsed, params).map_err(|e| self.wrong_key(e))?;
+        let t = Arc::new(TreeKey { dek, params, envelope: env.to_vec() });
+        lock(&self.crypt.opened).push((env.to_vec(), t.clone()));
+        *lock(&self.crypt.read) = Some(t.clone());
+        Ok((t, e))
+    }
+
+    /// Open a whole stored object.
+    async fn open_whole(&self, rel: &str, c: &[u8]) -> Result<Bytes> {
+        let size = c.len() as u64;
+        let (t, e) = if holds_envelope(self.layout(), rel) {
+            if !fc::is_encrypted(c) {
+                return Err(Error::NotEncrypted { location: self.plain.display().to_string() });
+            }
+            self.envelope_from_tail(rel, c, size)?
+        } else {
+            let t = self.read_tree().await?;
+            let e = fc::trailer_envelope_len(c, size).map_err(|r| self.tampered(rel, 0..0, r))?;
+            if e != 0 {
+                return Err(self.tampered(rel, 0..0, "a pack holds an envelope"));
+            }
+            (t, 0)
+        };
+        let header = Params::from_header(c).map_err(|r| self.tampered(rel, 0..0, r))?;
+        if header != t.params {
+            return Err(self.tampered(rel, 0..0, "the header does not match the tree's envelope"));
+        }
+        let plain = t.params.plain_len(size, e).map_err(|r| self.tampered(rel, 0..0, r))?;
+        lock(&self.crypt.sizes).insert(rel.to_string(), (size, e));
+        let key = ObjectKey::new(&t.dek, t.params, object_name(rel));
+        let mut out = vec![0u8; plain as usize];
+        let seg = t.params.segment;
+        key.open(0, &c[fc::HEADER_LEN as usize..], plain, &mut out)
+            .map_err(|i| self.tampered(rel, i * seg..((i + 1) * seg).min(plain), format!("segment {i}")))?;
+        Ok(Bytes::from(out))
+    }
+
+    /// Ranges of the plain bytes of `rel`.
+    async fn read_plain(&self, rel: &str, read: RangeRead<'_>) -> Result<Vec<Bytes>> {
+        let t = self.read_tree().await?;
+        let (stored, e) = self.object_size(rel).await?;
+        let p = t.params;
+        let plain = p.plain_len(stored, e).map_err(|r| self.tampered(rel, 0..0, r))?;
+        let mut want = Vec::with_capacity(read.ranges.len());
+        let mut segs = Vec::with_capacity(read.ranges.len());
+        for r in &read.ranges {
+            if r.end > plain || r.start > r.end {
+                return Err(Error::OutOfBounds {
+                    file: self.plain.file_name(rel),
+                    key: String::new(),
+                    reason: format!("bytes {}..{} lie past the end of the file ({plain} bytes)", r.start, r.end),
+                });
+            }
+            let s = p.segments_of(r);
+            want.push(p.stored_range(s.clone(), plain));
+            segs.push(s);
+        }
+        let got = self
+            .plain
+            .backend()
+            .read_ranges(&self.plain, rel, RangeRead { ranges: want, mode: read.mode, progress: read.progress })
+            .await?;
+        let key = ObjectKey::new(&t.dek, p, object_name(rel));
+        let mut out = Vec::with_capacity(got.len());
+        for ((r, s), c) in read.ranges.iter().zip(segs).zip(got) {
+            if r.start == r.end {
+                out.push(Bytes::new());
+                continue;
+            }
+            let from = s.start * p.segment;
+            let to = (s.end * p.segment).min(plain);
+            let mut buf = vec![0u8; (to - from) as usize];
+            key.open(s.start, &c, plain, &mut buf).map_err(|i| {
+                self.tampered(rel, i * p.segment..((i + 1) * p.segment).min(plain), format!("segment {i}"))
+            })?;
+            out.push(Bytes::from(buf).slice((r.start - from) as usize..(r.end - from) as usize));
+        }
+        Ok(out)
+    }
+
+    /// Seal `parts` as the object `rel`: with the envelope for the manifest's object, after
+    /// which the save's data key is dropped (the next save makes its own).
+    async fn seal(&self, rel: &str, parts: Vec<Bytes>) -> Result<(Bytes, Option<Arc<TreeKey>>)> {
+        let t = self.write_tree()?;
+        let last = holds_envelope(self.layout(), rel);
+        let key = ObjectKey::new(&t.dek, t.params, object_name(rel));
+        let env = if last { t.envelope.clone() } else { vec![] };
+        let sealed = crate::backend::maybe_spawn_blocking(move || Ok(key.seal(&parts, &env))).await?;
+        lock(&self.crypt.sizes).remove(rel);
+        Ok((Bytes::from(sealed), last.then_some(t)))
+    }
+
+    /// After the manifest's object is written: the tree written is the one read from now on,
+    /// and the next save makes a new data key.
+    fn committed(&self, t: Option<Arc<TreeKey>>) {
+        if let Some(t) = t {
+            *lock(&self.crypt.read) = Some(t);
+            *lock(&self.crypt.write) = None;
+        }
+    }
+}
+
+impl Backend for Encrypted {
+    fn get<'a>(&'a self, _loc: &'a Location, rel: &'a str, limit: u64) -> BoxFuture<'a, Option<(Bytes, Version)>> {
+        async move {
+            if !self.sealed(rel) {
+                return self.plain.get_versioned(rel, limit).await;
+            }
+            // What `limit` plain bytes take stored, with the largest envelope.
+            let overhead = (limit / fc::SEGMENT_BYTES.min(4096) + 1) * fc::TAG_LEN
+                + fc::HEADER_LEN
+                + fc::TRAILER_LEN
+                + fc::MAX_ENVELOPE_BYTES;
+            let Some((c, v)) = self.plain.get_versioned(rel, limit.saturating_add(overhead)).await? else {
+                return Ok(None);
+            };
+            let b = self.open_whole(rel, &c).await?;
+            if b.len() as u64 > limit {
+                return Err(Error::LimitExceeded {
+                    what: self.plain.file_name(rel),
+                    limit,
+                    detail: format!("{} bytes decrypted", b.len()),
+                });
+            }
+            Ok(Some((b, v)))
+        }
+        .boxed()
+    }
+
+    fn read_ranges<'a>(&'a self, _loc: &'a Location, rel: &'a str, read: RangeRead<'a>) -> BoxFuture<'a, Vec<Bytes>> {
+        async move {
+            if !self.sealed(rel) {
+                return self.plain.backend().read_ranges(&self.plain, rel, read).await;
+            }
+            self.read_plain(rel, read).await
+        }
+        .boxed()
+    }
+
+    fn read_suffix<'a>(&'a self, _loc: &'a Location, rel: &'a str, n: u64) -> BoxFuture<'a, (Bytes, u64)> {
+        async move {
+            if !self.sealed(rel) {
+                return self.plain.read_suffix(rel, n).await;
+            }
+            let t = self.read_tree().await?;
+            let (stored, e) = self.object_size(rel).await?;
+            let plain = t.params.plain_len(stored, e).map_err(|r| self.tampered(rel, 0..0, r))?;
+            let r = plain.saturating_sub(n)..plain;
+            let got = self
+                .read_plain(rel, RangeRead { ranges: vec![r], mode: crate::ReadMode::Buffered, progress: None })
+                .await?;
+            Ok((got.into_iter().next().unwrap_or_default(), plain))
+        }
+        .boxed()
+    }
+
+    fn size<'a>(&'a self, _loc: &'a Location, rel: &'a str) -> BoxFuture<'a, u64> {
+        async move {
+            if !self.sealed(rel) {
+                return self.plain.size(rel).await;
+            }
+            let t = self.read_tree().await?;
+            let (stored, e) = self.object_size(rel).await?;
+            t.params.plain_len(stored, e).map_err(|r| self.tampered(rel, 0..0, r))
+        }
+        .boxed()
+    }
+
+    fn exists<'a>(&'a self, _loc: &'a Location, rel: &'a str) -> BoxFuture<'a, bool> {
+        self.plain.exists(rel).boxed()
+    }
+
+    fn put<'a>(&'a self, _loc: &'a Location, rel: &'a str, write: Write<'a>) -> BoxFuture<'a, ()> {
+        async move {
+            if !self.sealed(rel) {
+                return self.plain.backend().put(&self.plain, rel, write).await;
+            }
+            let (sealed, t) = self.seal(rel, write.parts).await?;
+            self.plain.backend().put(&self.plain, rel, Write { parts: vec![sealed], ..write }).await?;
+            self.committed(t);
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn replace_if<'a>(&'a self, _loc: &'a Location, rel: &'a str, swap: Swap<'a>) -> BoxFuture<'a, bool> {
+        async move {
+            if !self.sealed(rel) {
+                return self.plain.backend().replace_if(&self.plain, rel, swap).await;
+            }
+            let (sealed, t) = self.seal(rel, swap.parts).await?;
+            let ok = self.plain.backend().replace_if(&self.plain, rel, Swap { parts: vec![sealed], ..swap }).await?;
+            if ok {
+                self.committed(t);
+            }
+            Ok(ok)
+        }
+        .boxed()
+    }
+
+    fn delete<'a>(&'a self, _loc: &'a Location, rel: &'a str) -> BoxFuture<'a, ()> {
+        lock(&self.crypt.sizes).remove(rel);
+        self.plain.backend().delete(&self.plain, rel)
+    }
+
+    fn list<'a>(&'a self, _loc: &'a Location, rel_dir: &'a str, keep: &'a Keep<'a>) -> BoxFuture<'a, Vec<Listed>> {
+        self.plain.backend().list(&self.plain, rel_dir, keep)
+    }
+
+    fn top_names<'a>(&'a self, _loc: &'a Location, limit: usize) -> BoxFuture<'a, Vec<String>> {
+        self.plain.backend().top_names(&self.plain, limit)
+    }
+
+    fn remote(&self) -> Option<RemoteTuning> {
+        self.plain.backend().remote()
+    }
+
+    fn read_only(&self) -> Option<&str> {
+        self.plain.backend().read_only()
+    }
+
+    fn local(&self) -> Option<&crate::local::Local> {
+        // For what is not the tree's bytes (save markers, directory syncs, gc's leftovers):
+        // `Location` keeps reads of bytes off it for an encrypted location.
+        self.plain.backend().local()
+    }
+
+    fn sidecar(&self, suffix: &str) -> Option<Arc<dyn Backend>> {
+        self.plain.backend().sidecar(suffix)
+    }
+}

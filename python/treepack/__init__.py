@@ -39,7 +39,9 @@ from ._transport import dumps, export_json, loads, schema
 from ._signing import SignatureInfo, generate_key, sign, signature, verify_signature
 from ._core import (
     InvalidSignatureError, SignatureError, SignatureMismatchError, UnsignedError, UntrustedSignerError,
+    EncryptionError, EncryptedError, NotEncryptedError, WrongKeyError, TamperedError,
 )
+from ._encryption import KeyProvider, Passphrase, generate_encryption_key
 from ._html import HTMLTree, html_tree
 from ._view import ViewServer, view
 
@@ -52,4 +54,6 @@ __all__ = [
     "view", "ViewServer", "html_tree", "HTMLTree",
     "sign", "verify_signature", "signature", "generate_key", "SignatureInfo", "SignatureError", "UnsignedError",
     "UntrustedSignerError", "SignatureMismatchError", "InvalidSignatureError",
+    "Passphrase", "KeyProvider", "generate_encryption_key", "EncryptionError", "EncryptedError", "NotEncryptedError",
+    "WrongKeyError", "TamperedError",
 ]

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from . import _codec, _core, _like, _registry, _signing
+from . import _codec, _core, _encryption, _like, _registry, _signing
 from ._async import SaveHandle, _executor
 from ._core import TreepackError
 from ._structure import LeafInfo, StructNode, _struct_node
@@ -72,10 +72,9 @@ def _nothing() -> None:
     pass
 
 
-def _opts(storage_options: StorageOptions) -> Optional[Dict[str, str]]:
-    if storage_options is None:
-        return None
-    return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in storage_options.items()}
+def _opts(storage_options: StorageOptions) -> Any:
+    # A dict of strings, or (dict, key) for an encrypted tree (_encryption.keyed).
+    return _encryption.core_options(storage_options)
 
 
 class UntrustedTypeError(TreepackError):
@@ -142,6 +141,7 @@ def save(
     durable: bool = True,
     omit_static: bool = False,
     compress_manifest: Optional[bool] = None,
+    encryption: Any = None,
 ) -> Any:
     """Save ``tree`` at ``path``: a directory, a ``.tpk`` file, ``s3://…``, ``gs://…``, ``az://…``,
     ``file://…`` or ``memory://…``.
@@ -189,8 +189,14 @@ def save(
     is on and the tree is a ``.tpk`` file or a repository's, ``True`` always (a directory's
     ``treepack.json`` too), ``False`` never. A tree of many small values (a log of traced calls)
     is mostly manifest. ``treepack inspect`` and every load read it as usual.
+
+    ``encryption`` (docs/encryption.md): 32 bytes, a :class:`treepack.Passphrase` or a key
+    provider. Every file of the tree — its structure and values as well as its arrays — is
+    encrypted (AES-256-GCM) with a fresh data key the key given wraps; reading it needs the same
+    key (``load(..., encryption=...)``).
     """
     p = _path(path)
+    storage_options = _encryption.keyed(storage_options, encryption)
     policy = _compression_text(compression)
 
     # The save as integrations see it: what they keep for it lives in `run` (torch's shared
@@ -328,6 +334,7 @@ def load(
     signed_by: Any = None,
     min_version: Optional[int] = None,
     not_before: Any = None,
+    encryption: Any = None,
     **options: Any,
 ) -> Any:
     """Load a tree from a local path, ``.tpk`` file, ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` location.
@@ -366,6 +373,9 @@ def load(
       tree is signed by one of them and unchanged since (docs/signing.md), then checks every
       chunk against the signed manifest (``mmap=True`` too, unless ``verify=False``);
       ``min_version`` / ``not_before`` also refuse an older signed tree put back in its place.
+    - ``encryption``: the key of an encrypted tree (32 bytes, a :class:`treepack.Passphrase`, a
+      key provider; docs/encryption.md). A tree that is not encrypted is then refused
+      (``NotEncryptedError``), as is an encrypted one without its key (``EncryptedError``).
 
     Options of the framework integrations (each passed to the integration that takes it; any
     other keyword is a ``TypeError``):
@@ -382,6 +392,7 @@ def load(
     tree of plain containers, values and built-in types such as datetime is built in one pass
     while its manifest is read; the audit has nothing to refuse there.)
     """
+    storage_options = _encryption.keyed(storage_options, encryption)
     signed = None
     if signed_by is not None:
         # Checked before anything is built, against the very manifest the load builds from (the
@@ -412,6 +423,9 @@ def load(
         fmt = None  # the core reads a safetensors file as the flat tree it holds, wherever a location is
     elif fmt is None and separator is not None:
         raise TypeError(f"load() of {p}: separator= applies to files of flat names (safetensors, npz), not to this")
+    if fmt is not None and encryption is not None:
+        raise _core.NotEncryptedError(f"{p}: a {fmt} file is not encrypted, and encryption= was given: load it "
+                                      "without a key")
     if fmt is not None and signed is not None:
         raise _core.UnsignedError(f"{p}: a {fmt} file holds no treepack signature, and signed_by= asks for one: store "
                                   "it as a treepack tree (treepack.convert), sign that, and load it")
@@ -634,14 +648,14 @@ def _through_reader(request: LoadRequest, r: Any, sel: Optional[List[str]], prog
         done()
 
 
-def load_structure(path: PathLike, *, storage_options: StorageOptions = None) -> Any:
+def load_structure(path: PathLike, *, storage_options: StorageOptions = None, encryption: Any = None) -> Any:
     """The tree with a ``LeafInfo`` at every leaf, reading only the manifest.
 
     Containers come back as dict/list/tuple; records and custom objects as ``StructNode`` (their
     classes are never constructed or imported). When JAX is imported, ``StructNode`` is a pytree
     node, so ``jax.tree.map`` over the structure reaches the fields of records.
     """
-    p, opts = _path(path), _opts(storage_options)
+    p, opts = _path(path), _opts(_encryption.keyed(storage_options, encryption))
     for hook in _registry.gated("structure"):
         hook()  # (JAX: StructNode as a pytree node)
     # One pass over the manifest, building these objects as it is read; whenever that path does
@@ -663,11 +677,13 @@ def load_structure(path: PathLike, *, storage_options: StorageOptions = None) ->
 
 
 def untrusted_types(
-    path: PathLike, trust: Iterable[str] = (), allow_pickle: bool = False, *, storage_options: StorageOptions = None
+    path: PathLike, trust: Iterable[str] = (), allow_pickle: bool = False, *, storage_options: StorageOptions = None,
+    encryption: Any = None,
 ) -> Dict[str, List[str]]:
     """What loading ``path`` would need trusted: {type name: [key paths]}. Constructs nothing."""
     return _codec.audit(
-        _core.Reader(_path(path), _opts(storage_options)).types(_codec.AUDIT_FREE), tuple(trust), allow_pickle
+        _core.Reader(_path(path), _opts(_encryption.keyed(storage_options, encryption))).types(_codec.AUDIT_FREE),
+        tuple(trust), allow_pickle
     )
 
 
@@ -675,31 +691,34 @@ VerifyReport = _core.VerifyReport
 """What ``verify`` found: ``ok``, ``chunks_checked``, ``bytes_checked``, ``problems`` (one line each)."""
 
 
-def root_hash(path: PathLike, *, key: Optional[str] = None, storage_options: StorageOptions = None) -> str:
+def root_hash(path: PathLike, *, key: Optional[str] = None, storage_options: StorageOptions = None,
+              encryption: Any = None) -> str:
     """The tree's root hash, 64 hex digits (docs/format.md section 9), or the subtree's at ``key``.
 
     A Merkle hash over the structure and the leaves' canonical bytes, computed from the manifest
     (no array data is read): the same whether the tree is a directory, a ``.tpk``, compressed or
     in a repository. Pass it to ``load(expect_root=...)`` to be sure to load that very tree.
     """
-    return _core.Reader(_path(path), _opts(storage_options)).root_hash(key)
+    return _core.Reader(_path(path), _opts(_encryption.keyed(storage_options, encryption))).root_hash(key)
 
 
-def diff(a: PathLike, b: PathLike, *, storage_options: StorageOptions = None) -> List[Dict[str, Any]]:
+def diff(a: PathLike, b: PathLike, *, storage_options: StorageOptions = None,
+         encryption: Any = None) -> List[Dict[str, Any]]:
     """What differs between the trees at ``a`` and ``b``, from their manifests (no array data is
     read): a list of ``{"path", "op", "old", "new"}`` dicts — ``op`` is ``"+"`` (only in ``b``),
     ``"-"`` (only in ``a``) or ``"~"`` (changed); arrays with the same dtype, shape and chunk grid
     also get ``"chunks_differ"`` and ``"chunks"``, counted by hash. Empty when the trees are equal.
     """
-    return json.loads(_core.diff(_path(a), _path(b), _opts(storage_options)))
+    return json.loads(_core.diff(_path(a), _path(b), _opts(_encryption.keyed(storage_options, encryption))))
 
 
-def verify(path: PathLike, *, storage_options: StorageOptions = None) -> VerifyReport:
+def verify(path: PathLike, *, storage_options: StorageOptions = None, encryption: Any = None) -> VerifyReport:
     """Re-hash every chunk; the report names corrupt chunks."""
-    return _core.Reader(_path(path), _opts(storage_options)).verify()
+    return _core.Reader(_path(path), _opts(_encryption.keyed(storage_options, encryption))).verify()
 
 
-def gc(path: PathLike, grace_secs: float = 3600.0, *, storage_options: StorageOptions = None) -> List[str]:
+def gc(path: PathLike, grace_secs: float = 3600.0, *, storage_options: StorageOptions = None,
+       encryption: Any = None) -> List[str]:
     """Remove leftovers of interrupted saves older than ``grace_secs``; returns what was removed."""
-    return _core.gc(_path(path), grace_secs, _opts(storage_options))
+    return _core.gc(_path(path), grace_secs, _opts(_encryption.keyed(storage_options, encryption)))
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
-from . import _codec, _core, _errors, _registry
+from . import _codec, _core, _encryption, _errors, _registry
 from ._api import (
     PathLike, StorageOptions, _compression_text, _opts, _path, _progress_callback, _struct_node, load, save,
 )
@@ -73,6 +73,8 @@ def convert(
     storage_options: StorageOptions = None,
     progress: Any = None,
     select: Optional[Union[str, Sequence[str]]] = None,
+    encryption: Any = None,
+    dst_encryption: Any = None,
     **save_kwargs: Any,
 ) -> Dict[str, int]:
     """Convert ``src`` to ``dst``; formats from ``from_format``/``to_format``, else a local
@@ -111,8 +113,13 @@ def convert(
     ``ValueError`` naming the key path, before anything is written. ``save_kwargs``
     (``compression=``, ``durable=``, ...) apply when the target is treepack. Returns
     ``{"tensors": n, "bytes": n}``.
+
+    ``encryption``: the key of an encrypted treepack source; ``dst_encryption``: a key to
+    encrypt a treepack target with (docs/encryption.md).
     """
     s, d = _path(src), _path(dst)
+    storage_options = (_encryption.keyed(storage_options, encryption),
+                       _encryption.keyed(_encryption.unkeyed(storage_options), dst_encryption))
     sel = [select] if isinstance(select, str) else (list(select) if select is not None else None)
     if progress is None or progress is False:
         return _convert(s, d, from_format, to_format, separator, overwrite, storage_options, None, save_kwargs, sel)
@@ -124,8 +131,10 @@ def convert(
 
 
 def _convert(s: str, d: str, from_format: Optional[str], to_format: Optional[str], separator: Optional[str],
-             overwrite: bool, storage_options: StorageOptions, report: Any, save_kwargs: Dict[str, Any],
-             select: Optional[List[str]] = None) -> Dict[str, int]:
+             overwrite: bool, both_options: Tuple[StorageOptions, StorageOptions], report: Any,
+             save_kwargs: Dict[str, Any], select: Optional[List[str]] = None) -> Dict[str, int]:
+    # The source's storage options (with its key) and the target's (with its own).
+    src_options, dst_options = both_options
     f, t = _format_of(s, from_format, True), _format_of(d, to_format, False)
     if f == t:
         hint = "copy it with `treepack cp`" if f == "treepack" else "nothing to convert"
@@ -143,32 +152,32 @@ def _convert(s: str, d: str, from_format: Optional[str], to_format: Optional[str
         from . import _foreign_jax
 
         tree = _foreign_jax.read_tree(s, f, select)
-        save(tree, d, overwrite=overwrite, storage_options=storage_options, progress=report, **save_kwargs)
+        save(tree, d, overwrite=overwrite, storage_options=dst_options, progress=report, **save_kwargs)
         return _count(tree)
     if ("safetensors" in (f, t) and "treepack" in (f, t)) or (f in ("torch", "dcp", "gguf") and t in ("treepack", "safetensors")):
         unknown = set(save_kwargs) - {"compression", "durable"}
         if unknown:
             raise TypeError(f"convert() got unexpected keyword arguments {sorted(unknown)}")
-        n, b = _core.convert(s, d, f, t, separator, overwrite, _opts(storage_options),
+        n, b = _core.convert(s, d, f, t, separator, overwrite, _opts(src_options),
                              _compression_text(save_kwargs.get("compression")), save_kwargs.get("durable", True), report,
-                             select)
+                             select, _opts(dst_options))
         return {"tensors": n, "bytes": b}
     if f in ("npz", "npy") and t == "treepack":
         tree = _read_numpy(s, f, separator)
         if select:
             tree = select_tree(tree, select, s)
-        save(tree, d, overwrite=overwrite, storage_options=storage_options, progress=report, **save_kwargs)
+        save(tree, d, overwrite=overwrite, storage_options=dst_options, progress=report, **save_kwargs)
         return _count(tree)
     if f == "treepack" and t in ("npz", "npy"):
-        return _write_numpy(s, d, t, separator, overwrite, storage_options, report, select)
+        return _write_numpy(s, d, t, separator, overwrite, src_options, report, select)
     if f == "treepack" and t in ("zarr", "hdf5"):
         from . import _hierarchy
 
-        return _hierarchy.write(s, d, t, overwrite, storage_options, report, select)
+        return _hierarchy.write(s, d, t, overwrite, src_options, report, select)
     if f in ("zarr", "hdf5") and t == "treepack":
         from . import _hierarchy
 
-        return _hierarchy.read_and_save(s, d, f, overwrite, storage_options, select, progress=report, **save_kwargs)
+        return _hierarchy.read_and_save(s, d, f, overwrite, dst_options, select, progress=report, **save_kwargs)
     # Between two foreign formats: through a treepack tree in a temporary folder (the selection
     # made on the way in).
     import tempfile

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from . import _codec, _core, _registry, _signing
+from . import _codec, _core, _encryption, _registry, _signing
 from ._api import PathLike, StorageOptions, UntrustedTypeError, _opts, _path, _struct_node
 
 
@@ -199,13 +199,16 @@ def open(
     signed_by: Any = None,
     min_version: Optional[int] = None,
     not_before: Any = None,
+    encryption: Any = None,
 ) -> View:
     """Open a stored tree lazily: ``open(p)["params"]["w"][0:2]`` reads only the chunks it needs
     (on object stores: one GET for the manifest, then ranged GETs). ``signed_by`` (and
     ``min_version``, ``not_before``) as ``load``'s: the signature is checked against the
     manifest the view reads through, before the view is returned; every chunk read is then
-    hash-checked against it."""
+    hash-checked against it. ``encryption``: the key of an encrypted tree (docs/encryption.md);
+    each read decrypts only the segments it touches."""
     p = _path(path)
+    storage_options = _encryption.keyed(storage_options, encryption)
     try:
         reader = _core.Reader(p, _opts(storage_options))
     except _core.TreepackError as e:

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from . import _core
+from . import _core, _encryption
 
 KeyLike = Union[str, "os.PathLike[str]", bytes, Any]
 """A key: a path to a PEM file, the PEM text or bytes, or a ``cryptography`` key object."""
@@ -110,12 +110,13 @@ def _ms(not_before: Any) -> Optional[int]:
     raise TypeError(f"not_before=: a datetime, date, ISO string or seconds since the epoch, not {type(not_before).__name__}")
 
 
-def _opts(storage_options: Optional[Dict[str, str]]) -> Optional[Dict[str, str]]:
-    return None if storage_options is None else {str(k): str(v) for k, v in storage_options.items()}
+def _opts(storage_options: Any, encryption: Any = None) -> Any:
+    return _encryption.core_options(_encryption.keyed(storage_options, encryption))
 
 
 def sign(path: Any, key: KeyLike, *, tree_version: Optional[int] = None, name: Optional[str] = None,
-         model_signing: bool = False, storage_options: Optional[Dict[str, str]] = None) -> SignatureInfo:
+         model_signing: bool = False, storage_options: Optional[Dict[str, str]] = None,
+         encryption: Any = None) -> SignatureInfo:
     """Sign the tree at ``path`` with a private ``key``: its root hash, format version and
     metadata, as a DSSE envelope over an in-toto statement, written beside the tree
     (``ckpt/treepack.sig``, ``model.tpk.sig``, a repository's ``signatures/NAME.sig``). Reads
@@ -127,27 +128,32 @@ def sign(path: Any, key: KeyLike, *, tree_version: Optional[int] = None, name: O
     - ``model_signing=True``: also list every file's SHA-256 as the OpenSSF model-signing
       specification does, so its verifier (P-256 keys) checks this layout's files too; reads
       every byte.
+    - ``encryption``: the key of an encrypted tree, to read its manifest. The signature itself
+      is stored in the clear and names the root hash (docs/encryption.md, what stays visible).
     """
-    text = _core.sign(os.fspath(path), _pem(key, True), tree_version, name, model_signing, _opts(storage_options))
+    text = _core.sign(os.fspath(path), _pem(key, True), tree_version, name, model_signing,
+                      _opts(storage_options, encryption))
     return SignatureInfo._from_json(text)
 
 
 def verify_signature(path: Any, signed_by: Union[KeyLike, Sequence[KeyLike]], *, min_version: Optional[int] = None,
-                     not_before: Any = None, storage_options: Optional[Dict[str, str]] = None) -> SignatureInfo:
+                     not_before: Any = None, storage_options: Optional[Dict[str, str]] = None,
+                     encryption: Any = None) -> SignatureInfo:
     """Check that the tree at ``path`` is signed by ``signed_by`` (a public key, or a list:
     any one of them), reading its manifest and signature only. Raises ``UnsignedError``,
     ``UntrustedSignerError``, ``SignatureMismatchError`` (modified, another tree's signature,
     or older than ``min_version``/``not_before``) or ``InvalidSignatureError``."""
     text = _core.verify_signature(os.fspath(path), _keys(signed_by), min_version, _ms(not_before),
-                                  _opts(storage_options))
+                                  _opts(storage_options, encryption))
     return SignatureInfo._from_json(text)
 
 
-def signature(path: Any, *, storage_options: Optional[Dict[str, str]] = None) -> Optional[SignatureInfo]:
+def signature(path: Any, *, storage_options: Optional[Dict[str, str]] = None,
+              encryption: Any = None) -> Optional[SignatureInfo]:
     """The tree's signature as it states itself — who it names, whether that key made it,
     whether it holds for the tree — with nothing trusted (``trusted`` is False); ``None`` when
     unsigned. Trust needs ``verify_signature`` or ``load(signed_by=)``."""
-    text = _core.signature(os.fspath(path), _opts(storage_options))
+    text = _core.signature(os.fspath(path), _opts(storage_options, encryption))
     return None if text is None else SignatureInfo._from_json(text)
 
 

@@ -1,6 +1,7 @@
 //! `treepack`: inspect, list, print, hash, diff, verify, copy, convert and clean stored trees; manage
 //! repositories; write a demo tree.
 
+mod keys;
 mod show;
 mod signing;
 mod view;
@@ -30,6 +31,8 @@ struct Cli {
     /// AZURE_*) are read too; these override them.
     #[arg(short = 'o', long = "storage-option", value_name = "KEY=VALUE", global = true)]
     storage_options: Vec<String>,
+    #[command(flatten)]
+    keys: keys::KeyArgs,
 }
 
 /// How much of a tree `inspect` prints (not `--json`, which prints everything).
@@ -261,6 +264,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         so.insert(k.trim().to_string(), v.to_string());
     }
     let so = &so;
+    keys::install(&cli.keys)?;
     match cli.cmd {
         Cmd::Inspect { path, json, key, view } => inspect(&path, so, json, key.as_deref(), view),
         Cmd::Ls { path, patterns } => ls(&path, so, &patterns),
@@ -275,7 +279,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let (bar, progress) = progress_bar("convert", quiet);
             let save = SaveOptions { overwrite, compression, progress: Some(progress), ..Default::default() };
             let opts = ConvertOptions { separator: (!separator.is_empty()).then_some(separator), select, save };
-            let info = treepack::convert::convert(&location(&src, so)?, &location(&dst, so)?, f, t, &opts)
+            // A key applies to the treepack side(s) of a conversion.
+            let (s, d) = (Location::parse_with(&src, so)?, Location::parse_with(&dst, so)?);
+            let s = if f == Format::Treepack { keys::source(s)? } else { s };
+            let d = if t == Format::Treepack { keys::destination(d)? } else { d };
+            let info = treepack::convert::convert(&s, &d, f, t, &opts)
                 .with_context(|| format!("converting {src} to {dst}"))?;
             bar.finish_and_clear();
             println!("converted {} tensors ({}) from {src} to {dst}", info.tensors, human_bytes(info.bytes));
@@ -416,7 +424,13 @@ pub(crate) fn print_verify_summary(rep: &treepack::VerifyReport) {
 }
 
 fn location(path: &str, so: &StorageOptions) -> Result<Location> {
-    Ok(Location::parse_with(path, so)?)
+    keys::source(Location::parse_with(path, so)?)
+}
+
+/// The destination of a copy or import: with its own key (`--dst-encryption-key`), the source's
+/// by default, none with `--decrypt`.
+fn dst_location(path: &str, so: &StorageOptions) -> Result<Location> {
+    keys::destination(Location::parse_with(path, so)?)
 }
 
 pub(crate) fn open(path: &str, so: &StorageOptions) -> Result<Reader> {
@@ -454,9 +468,9 @@ fn copy(src: &str, dst: &str, so: &StorageOptions, out: &WriteArgs) -> Result<Ex
     let (bar, f) = progress_bar("write", quiet);
     let opts =
         SaveOptions { overwrite, metadata: m.metadata.clone(), progress: Some(f), compression, ..Default::default() };
-    let info = treepack::save(&tree, location(dst, so)?, &opts).with_context(|| format!("saving to `{dst}`"))?;
+    let info = treepack::save(&tree, dst_location(dst, so)?, &opts).with_context(|| format!("saving to `{dst}`"))?;
     bar.finish_and_clear();
-    let (canonical, stored) = chunk_totals(&treepack::Reader::open(location(dst, so)?)?.manifest().root);
+    let (canonical, stored) = chunk_totals(&treepack::Reader::open(dst_location(dst, so)?)?.manifest().root);
     println!(
         "copied {} leaves ({} of array data) from {src} to {dst}: {} written in {} pack(s); chunks {} -> {} ({})",
         info.leaves,
@@ -517,7 +531,7 @@ fn import(doc: &str, dst: &str, so: &StorageOptions, out: &WriteArgs) -> Result<
         std::fs::read(doc).with_context(|| format!("cannot read {doc}"))?
     };
     let opts = SaveOptions { overwrite, compression, ..Default::default() };
-    let info = treepack::transport::import(&bytes, location(dst, so)?, &opts)
+    let info = treepack::transport::import(&bytes, dst_location(dst, so)?, &opts)
         .with_context(|| format!("cannot import {doc} into `{dst}`"))?;
     println!(
         "imported {} leaves ({} of array data) from {doc} to {dst}: {} written in {} pack(s)",
@@ -601,7 +615,7 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>, vi
         let out = json!({
             "location": path, "layout": format!("{:?}", r.location().layout()).to_lowercase(), "read_from": r.location().read_from(),
             "version": [m.version.0, m.version.1], "writer": m.writer, "metadata": m.metadata,
-            "leaves": leaves, "refs": refs, "signature": signature,
+            "leaves": leaves, "refs": refs, "signature": signature, "encrypted": r.location().is_encrypted(),
             "totals": {"leaves": t.leaves, "arrays": t.arrays, "array_bytes": t.array_bytes, "stored_bytes": stored, "packs": m.packs.len(),
                        "chunk_bytes": chunks.0, "chunk_stored_bytes": chunks.1},
         });
@@ -613,8 +627,9 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>, vi
         println!("{path}  ({kind}, read as a tree without running its code)");
     } else {
         println!(
-            "{path}  ({}, format {}.{}, {} pack{}, {} stored, written by {})",
+            "{path}  ({}{}, format {}.{}, {} pack{}, {} stored, written by {})",
             format!("{:?}", r.location().layout()).to_lowercase(),
+            if r.location().is_encrypted() { ", encrypted" } else { "" },
             m.version.0,
             m.version.1,
             m.packs.len(),

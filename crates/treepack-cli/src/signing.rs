@@ -129,7 +129,7 @@ pub fn keygen(a: KeygenArgs) -> Result<ExitCode> {
 
 pub fn sign_cmd(a: SignArgs, so: &StorageOptions) -> Result<ExitCode> {
     let key = sign::read_signing_key(&a.key)?;
-    let loc = Location::parse_with(&a.location, so)?;
+    let loc = crate::keys::source(Location::parse_with(&a.location, so)?)?;
     let opts =
         SignOptions { tree_version: a.tree_version, name: a.name, model_signing: a.model_signing, signed_at: None };
     let info = sign::sign(loc, &key, &opts).with_context(|| format!("signing `{}`", a.location))?;
@@ -182,7 +182,10 @@ pub fn check(r: &Reader, a: &SignedByArgs) -> Result<Option<Result<SignatureInfo
 
 /// After `cp` copied `src` to `dst`: carry its signature, and say what became of it.
 pub fn carry(src: &str, dst: &str, so: &StorageOptions) -> Result<Option<String>> {
-    let (s, d) = (Location::parse_with(src, so)?, Location::parse_with(dst, so)?);
+    let (s, d) = (
+        crate::keys::source(Location::parse_with(src, so)?)?,
+        crate::keys::destination(Location::parse_with(dst, so)?)?,
+    );
     Ok(match sign::copy_signature(&s, &d).with_context(|| format!("carrying the signature of `{src}`"))? {
         Carried::Copied => Some(format!("signature carried to {dst} (the root hash is the same)")),
         Carried::Unsigned => None,

@@ -21,6 +21,21 @@ pyo3::create_exception!(
     "A trusted key's signature that does not hold for this tree (modified, another tree's, or too old)."
 );
 pyo3::create_exception!(_core, InvalidSignatureError, SignatureError, "The signature file is malformed or altered.");
+pyo3::create_exception!(_core, EncryptionError, TreepackError, "An encrypted tree cannot be opened as asked.");
+pyo3::create_exception!(_core, EncryptedError, EncryptionError, "The tree is encrypted and no key was given.");
+pyo3::create_exception!(
+    _core,
+    NotEncryptedError,
+    EncryptionError,
+    "A key was given and the tree is not encrypted (it may have been put in place of the encrypted one)."
+);
+pyo3::create_exception!(_core, WrongKeyError, EncryptionError, "The key given does not open the tree.");
+pyo3::create_exception!(
+    _core,
+    TamperedError,
+    CorruptError,
+    "Encrypted bytes that do not authenticate: modified, moved, cut short or from another save."
+);
 
 /// Map a core error to the most fitting Python exception (message keeps file and key path).
 pub(crate) fn py_err(e: treepack::Error) -> PyErr {
@@ -53,6 +68,10 @@ pub(crate) fn py_err(e: treepack::Error) -> PyErr {
         E::SignatureMismatch { .. } => SignatureMismatchError::new_err(msg),
         E::InvalidSignature { .. } => InvalidSignatureError::new_err(msg),
         E::BadKey { .. } => PyValueError::new_err(msg),
+        E::Encrypted { .. } => EncryptedError::new_err(msg),
+        E::NotEncrypted { .. } => NotEncryptedError::new_err(msg),
+        E::WrongKey { .. } => WrongKeyError::new_err(msg),
+        E::Tampered { .. } => TamperedError::new_err(msg),
         E::ReadOnly { .. } => PyPermissionError::new_err(msg),
         // A symbolic link inside a location: not a treepack location as treepack reads and
         // writes them (the message names the link and says what to do).

@@ -13,6 +13,7 @@
 //! `image` (PNG of images made in memory) and `view` (the viewer's server, notebooks' HTML).
 //! They share the imports below through `use super::*`.
 
+mod access;
 mod datetime;
 mod decode;
 mod dtypes;
@@ -76,7 +77,8 @@ use view::*;
 #[global_allocator]
 static GLOBAL: treepack_alloc::BigMapped<mimalloc::MiMalloc> = treepack_alloc::BigMapped(mimalloc::MiMalloc);
 
-type Options = Option<HashMap<String, String>>;
+/// Storage options, with the key of an encrypted tree when one was given (access.rs).
+type Options = Option<access::Access>;
 
 /// `obj` as an exact `T`, or `None`. Not `cast_exact(..).ok()`: a failed cast builds an error
 /// holding a new reference to `T`'s type object, and the save's walk tries several types per
@@ -90,8 +92,13 @@ pub(crate) fn exact<'a, 'py, T: pyo3::PyTypeInfo>(obj: &'a Bound<'py, PyAny>) ->
 
 /// Parse a location with optional storage options (credentials, endpoint, tuning).
 fn location(path: &str, storage_options: Options) -> PyResult<treepack::Location> {
-    let opts: treepack::StorageOptions = storage_options.unwrap_or_default().into_iter().collect();
-    treepack::Location::parse_with(path, &opts).map_err(py_err)
+    let access = storage_options.unwrap_or_default();
+    let opts: treepack::StorageOptions = access.options.into_iter().collect();
+    let loc = treepack::Location::parse_with(path, &opts).map_err(py_err)?;
+    match access.key {
+        Some(key) => loc.with_encryption(key).map_err(py_err),
+        None => Ok(loc),
+    }
 }
 
 /// Wrap a Python callable `(done, total)` as a progress callback; its errors are reported as
@@ -172,7 +179,7 @@ pub(crate) fn detect_format(path: &str, read: bool) -> &'static str {
 /// Convert between treepack and safetensors (`from`/`to`: "treepack" or "safetensors"):
 /// (tensors, bytes).
 #[pyfunction]
-#[pyo3(signature = (src, dst, from_format, to_format, separator=None, overwrite=false, storage_options=None, compression=None, durable=true, progress=None, select=None))]
+#[pyo3(signature = (src, dst, from_format, to_format, separator=None, overwrite=false, storage_options=None, compression=None, durable=true, progress=None, select=None, dst_options=None))]
 #[allow(clippy::too_many_arguments)]
 fn convert(
     py: Python<'_>,
@@ -187,11 +194,14 @@ fn convert(
     durable: bool,
     progress: Option<Py<PyAny>>,
     select: Option<Vec<String>>,
+    dst_options: Options,
 ) -> PyResult<(usize, u64)> {
     use treepack::convert::{ConvertOptions, Format};
     let (f, t) =
         (Format::of_source(src, Some(from_format)).map_err(py_err)?, Format::of(dst, Some(to_format)).map_err(py_err)?);
-    let (s, d) = (location(src, storage_options.clone())?, location(dst, storage_options)?);
+    // The destination's own key, if any (`dst_options`); the source's key opens the source only.
+    let dst_options = dst_options.or_else(|| storage_options.clone().map(|a| access::Access { key: None, ..a }));
+    let (s, d) = (location(src, storage_options)?, location(dst, dst_options)?);
     let mut save = SaveOptions { overwrite, durable, progress: progress_fn(progress), ..Default::default() };
     if let Some(c) = compression {
         save.compression = treepack::save::Compression::parse(&c).map_err(py_err)?;

@@ -124,6 +124,11 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("UntrustedSignerError", m.py().get_type::<UntrustedSignerError>()),
         ("SignatureMismatchError", m.py().get_type::<SignatureMismatchError>()),
         ("InvalidSignatureError", m.py().get_type::<InvalidSignatureError>()),
+        ("EncryptionError", m.py().get_type::<EncryptionError>()),
+        ("EncryptedError", m.py().get_type::<EncryptedError>()),
+        ("NotEncryptedError", m.py().get_type::<NotEncryptedError>()),
+        ("WrongKeyError", m.py().get_type::<WrongKeyError>()),
+        ("TamperedError", m.py().get_type::<TamperedError>()),
     ] {
         m.add(name, ty)?;
     }

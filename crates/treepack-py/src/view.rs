@@ -18,7 +18,7 @@ impl ViewServer {
     #[new]
     #[pyo3(signature = (path, other=None, port=0, storage_options=None))]
     fn new(py: Python<'_>, path: &str, other: Option<&str>, port: u16, storage_options: Options) -> PyResult<Self> {
-        let storage: treepack::StorageOptions = storage_options.unwrap_or_default().into_iter().collect();
+        let storage: treepack::StorageOptions = storage_options.unwrap_or_default().options.into_iter().collect();
         let opts = treepack_view::ViewOptions { port, storage };
         let server = py.detach(|| treepack_view::start(path, other, &opts)).map_err(py_err)?;
         Ok(ViewServer { url: server.url().to_string(), inner: Mutex::new(Some(server)) })

@@ -255,8 +255,9 @@ impl Location {
                             directory or a .tpk"
                 .into()));
         }
-        if let Some(kind) = self.read_from {
-            return Err(bad(format!("is a {kind}, read as a tree, and is not encrypted: read it without a key")));
+        if self.read_from.is_some() {
+            // Another tool's file: never encrypted (a key given expects what is not there).
+            return Err(Error::NotEncrypted { location: self.display().to_string() });
         }
         Ok(Location { store: self.store.with_encryption(key), ..self.clone() })
     }

@@ -262,6 +262,13 @@ impl Location {
         Ok(Location { store: self.store.with_encryption(key), ..self.clone() })
     }
 
+    /// [`with_encryption`](Self::with_encryption) with the data key and salt fixed: for golden
+    /// files only (see [`store::Location::with_fixed_encryption`]).
+    #[doc(hidden)]
+    pub fn with_fixed_encryption(&self, key: crate::store::KeySource, data_key: [u8; 32], salt: [u8; 32]) -> Location {
+        Location { store: self.store.with_fixed_encryption(key, data_key, salt), ..self.clone() }
+    }
+
     /// The tree `name` of the repository at this location.
     ///
     /// # Errors

@@ -114,6 +114,18 @@ fn options(name: &str) -> SaveOptions {
     }
 }
 
+/// The encrypted golden file (format 1.7): `demo.tpk` encrypted with the 32-byte key of bytes
+/// 0..32, with the data key and salt fixed (docs/format.md section 13).
+const ENCRYPTED: (&str, &str) = ("demo-encrypted.tpk", "demo.tpk");
+
+fn golden_key() -> KeySource {
+    KeySource::Key(std::array::from_fn(|i| i as u8))
+}
+
+fn encrypted_at(p: &Path) -> Location {
+    Location::parse(p.to_str().unwrap()).unwrap().with_fixed_encryption(golden_key(), [0x42; 32], [0x24; 32])
+}
+
 /// All files of a location, relative path → bytes.
 fn files(root: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out = vec![];
@@ -145,6 +157,10 @@ fn hashes_text_of(dir: &Path) -> String {
     }
     let doc = std::fs::read(dir.join(TRANSPORT.0)).unwrap_or_default();
     s.push_str(&format!("{}  {}\n", hash::Hash32::of(&doc).to_hex(), TRANSPORT.0));
+    if !dir.ends_with("v1.3") {
+        let enc = std::fs::read(dir.join(ENCRYPTED.0)).unwrap_or_default();
+        s.push_str(&format!("{}  {}\n", hash::Hash32::of(&enc).to_hex(), ENCRYPTED.0));
+    }
     s
 }
 
@@ -160,6 +176,8 @@ fn golden_files_are_reproduced_byte_for_byte() {
             save(&tree_for(name), g.join(name).to_str().unwrap(), &options(name)).unwrap();
         }
         std::fs::write(g.join(TRANSPORT.0), transport_doc(&g.join(TRANSPORT.1))).unwrap();
+        let _ = std::fs::remove_file(g.join(ENCRYPTED.0));
+        save(&tree_for(ENCRYPTED.1), encrypted_at(&g.join(ENCRYPTED.0)), &options(ENCRYPTED.1)).unwrap();
         std::fs::write(g.join("BLAKE3SUMS"), hashes_text()).unwrap();
     }
     for name in NAMES {
@@ -185,8 +203,32 @@ fn golden_files_are_reproduced_byte_for_byte() {
     );
     let back = load(golden_dir().join(TRANSPORT.0).to_str().unwrap(), &LoadOptions::default()).unwrap();
     assert!(back.exact_eq(&tree_for(TRANSPORT.1)));
+    let fresh = tmp.path().join(ENCRYPTED.0);
+    save(&tree_for(ENCRYPTED.1), encrypted_at(&fresh), &options(ENCRYPTED.1)).unwrap();
+    assert!(
+        std::fs::read(&fresh).unwrap() == std::fs::read(golden_dir().join(ENCRYPTED.0)).unwrap(),
+        "{}: bytes changed — the format changed; if deliberate, bump docs/format.md section 13 and re-bless",
+        ENCRYPTED.0
+    );
     let listed = std::fs::read_to_string(golden_dir().join("BLAKE3SUMS")).unwrap();
     assert_eq!(listed, hashes_text(), "BLAKE3SUMS does not match the golden files");
+}
+
+/// The encrypted golden file opens with its key (any reader's data key comes from its
+/// envelope), holds the demo tree with `demo.tpk`'s root hash, and is refused without the key.
+#[test]
+fn the_encrypted_golden_file_loads_with_its_key() {
+    let p = golden_dir().join(ENCRYPTED.0);
+    let loc = Location::parse(p.to_str().unwrap()).unwrap().with_encryption(golden_key()).unwrap();
+    let r = open(loc.clone()).unwrap();
+    assert_eq!(r.manifest().version, (1, 7));
+    let plain = open(golden_dir().join(ENCRYPTED.1).to_str().unwrap()).unwrap();
+    assert_eq!(r.root_hash(), plain.root_hash());
+    assert!(load(loc, &LoadOptions::default()).unwrap().exact_eq(&tree_for(ENCRYPTED.1)));
+    assert!(r.verify().unwrap().ok());
+    let e = load(p.to_str().unwrap(), &LoadOptions::default()).unwrap_err();
+    assert_eq!(e.kind(), "encrypted", "{e}");
+    assert!(e.to_string().contains(&treepack::format::crypt::key_id(&std::array::from_fn(|i| i as u8))), "{e}");
 }
 
 #[test]

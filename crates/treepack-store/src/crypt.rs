@@ -267,7 +267,16 @@ impl Encrypted {
                 });
             }
             let s = p.segments_of(r);
-            want.push(p.stored_range(s.clone(), plain));
+            // A read of the first segment takes the header with it, and of the last the envelope
+            // and trailer, to check them: a whole load so checks every byte of every file.
+            let mut sr = p.stored_range(s.clone(), plain);
+            if s.start == 0 {
+                sr.start = 0;
+            }
+            if s.end == p.segments(plain) {
+                sr.end = stored;
+            }
+            want.push(sr);
             segs.push(s);
         }
         let got = self
@@ -282,15 +291,39 @@ impl Encrypted {
                 out.push(Bytes::new());
                 continue;
             }
+            let c = self.check_ends(rel, &t, &c, s.start == 0, s.end == p.segments(plain), e)?;
             let from = s.start * p.segment;
             let to = (s.end * p.segment).min(plain);
             let mut buf = vec![0u8; (to - from) as usize];
-            key.open(s.start, &c, plain, &mut buf).map_err(|i| {
+            key.open(s.start, c, plain, &mut buf).map_err(|i| {
                 self.tampered(rel, i * p.segment..((i + 1) * p.segment).min(plain), format!("segment {i}"))
             })?;
             out.push(Bytes::from(buf).slice((r.start - from) as usize..(r.end - from) as usize));
         }
         Ok(out)
+    }
+
+    /// The segments of `c` (stored bytes read from a segment's start, or from the object's start
+    /// when `first`, through its end when `last`), having checked the header and trailer read
+    /// with them against the tree's envelope.
+    fn check_ends<'c>(&self, rel: &str, t: &TreeKey, c: &'c [u8], first: bool, last: bool, e: u64) -> Result<&'c [u8]> {
+        let mut c = c;
+        if first {
+            let h = c.get(..fc::HEADER_LEN as usize).unwrap_or_default();
+            if Params::from_header(h).ok() != Some(t.params) {
+                return Err(self.tampered(rel, 0..0, "the header does not match the tree's envelope"));
+            }
+            c = &c[fc::HEADER_LEN as usize..];
+        }
+        if last {
+            let ok = fc::trailer_envelope_len(c, u64::MAX).ok() == Some(e);
+            let body = c.len().checked_sub((fc::TRAILER_LEN + e) as usize);
+            let Some(body) = body.filter(|_| ok) else {
+                return Err(self.tampered(rel, 0..0, "the trailer does not match the file"));
+            };
+            c = &c[..body];
+        }
+        Ok(c)
     }
 
     /// Seal `parts` as the object `rel`: with the envelope for the manifest's object, after

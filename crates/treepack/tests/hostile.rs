@@ -186,6 +186,143 @@ impl Build {
     }
 }
 
+/// The key the `encrypted-…` cases are opened with (`encrypted-pw-…`: a passphrase).
+const ENC_KEY: [u8; 32] = [7; 32];
+
+fn case_key(name: &str) -> Option<KeySource> {
+    if name.starts_with("encrypted-pw-") {
+        Some(KeySource::Passphrase("hostile".into()))
+    } else if name.starts_with("encrypted-") {
+        Some(KeySource::Key(ENC_KEY))
+    } else {
+        None
+    }
+}
+
+/// A case's location, with its key when it has one.
+fn case_location(name: &str, p: &str) -> Result<Location> {
+    let loc = Location::parse(p)?;
+    match case_key(name) {
+        Some(k) => loc.with_encryption(k),
+        None => Ok(loc),
+    }
+}
+
+/// An encrypted location's files, as the writer makes them (the data key and salt fixed, so
+/// the corpus is reproduced byte for byte): 256 KiB of int32 in 64 KiB chunks, so several
+/// segments.
+fn encrypted_files(single: bool, key: KeySource) -> Vec<(String, Vec<u8>)> {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join(if single { "t.tpk" } else { "t" });
+    let w: Vec<u8> = (0..65536i32).flat_map(|i| i.to_le_bytes()).collect();
+    let tree = Node::dict([("w", Node::from(ArrayData::new(DType::I32, vec![65536], w).unwrap()))]);
+    let loc = Location::parse(p.to_str().unwrap()).unwrap().with_fixed_encryption(key, [0x42; 32], [0x24; 32]);
+    save(&tree, loc, &SaveOptions { chunk_bytes: 64 << 10, durable: false, ..Default::default() }).unwrap();
+    if single {
+        return vec![(String::new(), std::fs::read(&p).unwrap())];
+    }
+    let mut out = vec![("treepack.json".to_string(), std::fs::read(p.join("treepack.json")).unwrap())];
+    for e in std::fs::read_dir(p.join("packs")).unwrap() {
+        let e = e.unwrap();
+        out.push((format!("packs/{}", e.file_name().to_string_lossy()), std::fs::read(e.path()).unwrap()));
+    }
+    out
+}
+
+/// `obj` (an encrypted object) with its envelope replaced by `f(envelope)`.
+fn with_envelope(obj: &[u8], f: impl Fn(&str) -> String) -> Vec<u8> {
+    let n = obj.len();
+    let e = u32::from_le_bytes(obj[n - 16..n - 12].try_into().unwrap()) as usize;
+    let env = std::str::from_utf8(&obj[n - 16 - e..n - 16]).unwrap();
+    let new = f(env);
+    let mut out = obj[..n - 16 - e].to_vec();
+    out.extend_from_slice(new.as_bytes());
+    out.extend_from_slice(&(new.len() as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(b"TPKCRYPT");
+    out
+}
+
+/// An encrypted directory whose files `edit` changes (path, bytes) before they are written.
+fn encrypted_dir_case(edit: fn(&str, &mut Vec<u8>)) -> Build {
+    Build::Custom(Box::new(move |p: &Path| {
+        std::fs::create_dir_all(p.join("packs")).unwrap();
+        for (rel, mut b) in encrypted_files(false, KeySource::Key(ENC_KEY)) {
+            edit(&rel, &mut b);
+            std::fs::write(p.join(rel), b).unwrap();
+        }
+    }))
+}
+
+fn encrypted_cases() -> Vec<Case> {
+    let tpk = encrypted_files(true, KeySource::Key(ENC_KEY)).remove(0).1;
+    let pw = encrypted_files(true, KeySource::Passphrase("hostile".into())).remove(0).1;
+    let n = tpk.len();
+    let seg = (64 << 10) + 16;
+    let env_len = u32::from_le_bytes(tpk[n - 16..n - 12].try_into().unwrap()) as usize;
+    let tail = tpk[n - 16 - env_len..].to_vec();
+    vec![
+        case("encrypted-trailer-huge-envelope.tpk", "tampered", "a trailer declaring a 1 GiB envelope", Build::File({
+            let mut b = tpk.clone();
+            b[n - 16..n - 12].copy_from_slice(&(1u32 << 30).to_le_bytes());
+            b
+        })),
+        case("encrypted-envelope-not-json.tpk", "wrong_key", "an envelope that is not JSON", Build::File(with_envelope(&tpk, |_| "{not json".into()))),
+        case("encrypted-envelope-deep.tpk", "wrong_key", "an envelope of 10 000 nested lists", Build::File(with_envelope(&tpk, |_| "[".repeat(10_000)))),
+        case("encrypted-envelope-segment-tiny.tpk", "wrong_key", "an envelope saying 1-byte segments", Build::File(with_envelope(&tpk, |e| e.replace("\"segment_bytes\":65536", "\"segment_bytes\":1")))),
+        case("encrypted-envelope-segment-other.tpk", "wrong_key", "an envelope saying 4 KiB segments (the wrapped key binds the size)", Build::File(with_envelope(&tpk, |e| e.replace("\"segment_bytes\":65536", "\"segment_bytes\":4096")))),
+        case("encrypted-envelope-data-key-short.tpk", "wrong_key", "a wrapped data key of one byte", Build::File(with_envelope(&tpk, |e| {
+            let at = e.find("\"data_key\":\"").unwrap() + 12;
+            format!("{}00\"}}", &e[..at])
+        }))),
+        case("encrypted-envelope-unknown-kind.tpk", "wrong_key", "a key kind no treepack has", Build::File(with_envelope(&tpk, |e| e.replace("\"kind\":\"key\"", "\"kind\":\"rot13\"")))),
+        case("encrypted-pw-argon2-huge.tpk", "wrong_key", "an envelope asking Argon2id for 4 TiB (refused before any memory is taken)", Build::File(with_envelope(&pw, |e| e.replace("\"m_kib\":65536", "\"m_kib\":4294967295")))),
+        case("encrypted-pw-argon2-slow.tpk", "wrong_key", "an envelope asking Argon2id for a million passes", Build::File(with_envelope(&pw, |e| e.replace("\"t\":3", "\"t\":1000000")))),
+        case("encrypted-header-flipped.tpk", "tampered", "the header's segment size changed", Build::File({
+            let mut b = tpk.clone();
+            b[13] = 12;
+            b
+        })),
+        case("encrypted-segment-flipped.tpk", "tampered", "one byte of the second segment flipped", Build::File({
+            let mut b = tpk.clone();
+            b[16 + seg + 100] ^= 1;
+            b
+        })),
+        case("encrypted-cut.tpk", "tampered", "cut after its first segment, the envelope and trailer put back", Build::File([&tpk[..16 + seg], &tail[..]].concat())),
+        case("encrypted-size-in-tag.tpk", "tampered", "8 bytes of the last segment's tag removed", Build::File({
+            let body_end = n - 16 - env_len;
+            [&tpk[..body_end - 8], &tail[..]].concat()
+        })),
+        case("encrypted-empty.tpk", "not_encrypted", "a 0-byte file opened with a key", Build::File(vec![])),
+        case("encrypted-plain-dir", "not_encrypted", "a plain tree where an encrypted one is expected", Build::Custom(Box::new(|p: &Path| {
+            std::fs::create_dir_all(p.join("packs")).unwrap();
+            std::fs::write(p.join("treepack.json"), good_manifest()).unwrap();
+            std::fs::write(p.join("packs/p.tpp"), DATA).unwrap();
+        }))),
+        case("encrypted-pack-flipped", "tampered", "one byte of a pack flipped", encrypted_dir_case(|rel, b| {
+            if rel.starts_with("packs/") {
+                b[16 + 3] ^= 0x40;
+            }
+        })),
+        case("encrypted-pack-trailer", "tampered", "a pack whose trailer declares an envelope", encrypted_dir_case(|rel, b| {
+            if rel.starts_with("packs/") {
+                let n = b.len();
+                b[n - 16] = 5;
+            }
+        })),
+        case("encrypted-pack-header", "tampered", "a pack whose header says another cipher", encrypted_dir_case(|rel, b| {
+            if rel.starts_with("packs/") {
+                b[12] = 2;
+            }
+        })),
+        case("encrypted-manifest-flipped", "tampered", "one byte of the manifest's file flipped", encrypted_dir_case(|rel, b| {
+            if rel == "treepack.json" {
+                b[20] ^= 1;
+            }
+        })),
+    ]
+}
+
 fn cases() -> Vec<Case> {
     let tpk = good_tpk();
     let n = tpk.len();
@@ -393,6 +530,10 @@ fn cases() -> Vec<Case> {
             std::fs::write(dir.join("treepack-repo.json"), treepack::format::repo::marker_bytes()).unwrap();
         }))),
     ]
+    .into_iter()
+    // Encrypted trees (docs/format.md section 13), opened with their key (`case_key`).
+    .chain(encrypted_cases())
+    .collect()
 }
 
 fn write_case(root: &Path, c: &Case) {
@@ -483,7 +624,7 @@ fn every_hostile_case_fails_fast_with_its_error_kind() {
         let path = corpus_dir().join(name);
         let p = path.to_str().unwrap();
         let t = Instant::now();
-        let e = load(p, &LoadOptions::default()).expect_err(name);
+        let e = case_location(name, p).and_then(|l| load(l, &LoadOptions::default())).expect_err(name);
         let took = t.elapsed();
         assert_eq!(e.kind(), kind, "{name} ({what}): {e}");
         assert!(took < Duration::from_secs(1), "{name} took {took:?}");
@@ -493,7 +634,7 @@ fn every_hostile_case_fails_fast_with_its_error_kind() {
         assert!(e.to_string().contains(shown), "{name}: {e}");
         // The other entry points refuse it too (or, where only data is bad, read just the manifest).
         let t = Instant::now();
-        match open(p) {
+        match case_location(name, p).and_then(open) {
             Ok(r) => {
                 let _ = r.structure();
                 let _ = r.verify();
@@ -503,7 +644,7 @@ fn every_hostile_case_fails_fast_with_its_error_kind() {
                 // The one-pass parse (what the Python bindings build from) refuses every manifest
                 // that `open` refuses for its content.
                 // (A transport document that cannot be read is refused as its location is parsed.)
-                let Ok(loc) = Location::parse(p) else { continue };
+                let Ok(loc) = case_location(name, p) else { continue };
                 if let Ok((bytes, file)) = block_on(treepack::read::manifest_bytes(&loc)) {
                     let one_pass = manifest::build(&bytes, &file, &manifest::OwnedTree);
                     let layout_ok =

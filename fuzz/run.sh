@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 secs="${1:-300}"; shift || true
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(manifest directory single_file keypath codec parts repo safetensors gguf signature transport); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(manifest directory single_file keypath codec parts repo safetensors gguf signature transport encrypted); fi
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 # The kept corpus (minimised with `cargo fuzz cmin`) lives compressed in corpus.tar.xz; re-pack it
 # after a run with: cargo fuzz cmin -s none -a <target> corpus/<target>; tar -cJf corpus.tar.xz corpus

@@ -81,6 +81,10 @@ def test_round_trip_every_key_kind_and_layout(tmp_path, layout, kind):
         treepack.load(p)
     if isinstance(enc, KMS):
         assert enc.calls[0] == "wrap" and "unwrap" in enc.calls
+        # One load asks the service once (its reader's pinned view reuses the opened envelope).
+        enc.calls.clear()
+        treepack.load(p, encryption=enc, trust=trust)
+        assert enc.calls == ["unwrap"], enc.calls
 
 
 def _plain_copy(tmp_path, t):

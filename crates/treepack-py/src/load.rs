@@ -534,9 +534,11 @@ impl treepack::read::one_pass::LoadPaths for PyLoadPaths {
         })
     }
     fn open(&self, loc: &treepack::Location, _: Option<(treepack::Location, &[u8], String)>) -> PyResult<Py<PyAny>> {
-        if loc.read_from().is_some() {
+        if loc.read_from().is_some() || loc.is_encrypted() {
             // A tree read from another tool's file (a torch.save checkpoint) when its location
             // was parsed: the reader is over that tree, not over a second reading of the file.
+            // An encrypted tree's: over the location that opened its envelope already (a second
+            // location would run Argon2id, or call the key provider, again).
             let inner = treepack::Reader::open(loc.clone()).map_err(py_err)?;
             if let Some(want) = self.expect_root {
                 inner.expect_root(want).map_err(py_err)?;

@@ -29,30 +29,31 @@ struct TreeKey {
     envelope: Vec<u8>,
 }
 
-/// The key a location was given, and what it has learned: the data key of the tree read, the
-/// data key of the save in progress, and the sizes of the objects read.
+/// The key a location was given, the data key of the save in progress, and what the location
+/// has learned (shared with the location each save writes through, [`Encrypted::for_save`]).
 pub(crate) struct Crypt {
     source: KeySource,
     /// A data key and salt fixed in advance, for golden files (byte-identical saves).
     fixed: Option<(DataKey, [u8; 32])>,
     write: Mutex<Option<Arc<TreeKey>>>,
+    learned: Arc<Learned>,
+}
+
+/// What a location has learned: the data key of the tree read, the envelopes opened and the
+/// sizes of the objects read.
+#[derive(Default)]
+struct Learned {
     read: Mutex<Option<Arc<TreeKey>>>,
-    /// Envelopes already opened (Argon2id runs once per envelope and process location).
-    opened: Mutex<Vec<(Vec<u8>, Arc<TreeKey>)>>,
+    /// Envelopes already opened (Argon2id, or a key provider's call, runs once per envelope),
+    /// shared with the pinned views of the location ([`Encrypted::fresh`]).
+    opened: Arc<Mutex<Vec<(Vec<u8>, Arc<TreeKey>)>>>,
     /// Stored size and envelope length of the objects read.
     sizes: Mutex<HashMap<String, (u64, u64)>>,
 }
 
 impl Crypt {
     fn new(source: KeySource, fixed: Option<(DataKey, [u8; 32])>) -> Crypt {
-        Crypt {
-            source,
-            fixed,
-            write: Mutex::new(None),
-            read: Mutex::new(None),
-            opened: Mutex::new(vec![]),
-            sizes: Mutex::new(HashMap::new()),
-        }
+        Crypt { source, fixed, write: Mutex::new(None), learned: Arc::default() }
     }
 }
 
@@ -97,7 +98,25 @@ impl Encrypted {
 
     /// The same location and key, with nothing learned: a pinned reader's view.
     pub(crate) fn fresh(&self, plain: Location) -> Encrypted {
-        Encrypted::new(plain, self.crypt.source.clone(), self.crypt.fixed.clone())
+        let mut e = Encrypted::new(plain, self.crypt.source.clone(), self.crypt.fixed.clone());
+        // The envelopes opened stay opened: an envelope's bytes give the same data key.
+        e.crypt.learned = Arc::new(Learned { opened: self.crypt.learned.opened.clone(), ..Learned::default() });
+        e
+    }
+
+    /// The same location, key and what it learned, for one save: the save's data key is its
+    /// own, made on first use and dropped with it. So two saves through one location — at once,
+    /// or one retried after another failed with its packs or manifest sealed — never seal
+    /// anything under the same data key (AES-GCM nonce reuse), and a save never mixes its packs'
+    /// key with another save's manifest.
+    pub(crate) fn for_save(&self) -> Encrypted {
+        let crypt = Crypt {
+            source: self.crypt.source.clone(),
+            fixed: self.crypt.fixed.clone(),
+            write: Mutex::new(None),
+            learned: self.crypt.learned.clone(),
+        };
+        Encrypted { plain: self.plain.clone(), crypt }
     }
 
     pub(crate) fn plain(&self) -> &Location {
@@ -128,6 +147,20 @@ impl Encrypted {
             end: span.end,
             reason: reason.into(),
         }
+    }
+
+    /// The error for the manifest's object when it lacks the encrypted object's header or
+    /// trailer: a file with neither is a plain one (`NotEncrypted`); one with either is an
+    /// encrypted file cut short, extended or damaged (`Tampered`), not a plain tree put there.
+    fn not_encrypted_or_cut(&self, rel: &str, looks_encrypted: bool) -> Result<()> {
+        if looks_encrypted {
+            return Err(self.tampered(
+                rel,
+                0..0,
+                "the file has only one of the TPKCRYPT header and trailer: it was cut short, extended or damaged",
+            ));
+        }
+        Err(Error::NotEncrypted { location: self.plain.display().to_string() })
     }
 
     fn wrong_key(&self, e: fc::KeyError) -> Error {
@@ -172,28 +205,33 @@ impl Encrypted {
 
     /// The key of the tree read: from the envelope of its manifest's object, read once.
     async fn read_tree(&self) -> Result<Arc<TreeKey>> {
-        if let Some(t) = lock(&self.crypt.read).clone() {
+        if let Some(t) = lock(&self.crypt.learned.read).clone() {
             return Ok(t);
         }
         let rel = self.manifest_rel();
         self.object_size(rel).await?;
-        lock(&self.crypt.read).clone().ok_or_else(|| Error::internal("an encrypted tree's key was not learned"))
+        lock(&self.crypt.learned.read).clone().ok_or_else(|| Error::internal("an encrypted tree's key was not learned"))
     }
 
     /// The stored size and envelope length of `rel` (the envelope read and opened, for the
     /// manifest's object).
     async fn object_size(&self, rel: &str) -> Result<(u64, u64)> {
-        if let Some(s) = lock(&self.crypt.sizes).get(rel) {
+        if let Some(s) = lock(&self.crypt.learned.sizes).get(rel) {
             return Ok(*s);
         }
         let got = if holds_envelope(self.layout(), rel) {
             let (tail, size) = self.plain.read_suffix(rel, fc::TRAILER_LEN + fc::MAX_ENVELOPE_BYTES).await?;
+            if !tail.ends_with(&fc::MAGIC) {
+                // No trailer: a plain file, or an encrypted one cut short or extended.
+                let head = self.plain.read_range(rel, 0..size.min(fc::MAGIC.len() as u64)).await?;
+                self.not_encrypted_or_cut(rel, fc::is_encrypted(&head))?;
+            }
             let (_, e) = self.envelope_from_tail(rel, &tail, size)?;
             (size, e)
         } else {
             (self.plain.size(rel).await?, 0)
         };
-        lock(&self.crypt.sizes).insert(rel.to_string(), got);
+        lock(&self.crypt.learned.sizes).insert(rel.to_string(), got);
         Ok(got)
     }
 
@@ -201,22 +239,22 @@ impl Encrypted {
     /// object, `size` bytes in all), and the envelope's length.
     fn envelope_from_tail(&self, rel: &str, tail: &[u8], size: u64) -> Result<(Arc<TreeKey>, u64)> {
         if !tail.ends_with(&fc::MAGIC) {
-            return Err(Error::NotEncrypted { location: self.plain.display().to_string() });
+            return Err(self.tampered(rel, 0..0, "no TPKCRYPT trailer"));
         }
         let e = fc::trailer_envelope_len(tail, size).map_err(|r| self.tampered(rel, 0..0, r))?;
         let end = tail.len() - fc::TRAILER_LEN as usize;
         let env =
             tail.get(end - e as usize..end).ok_or_else(|| self.tampered(rel, 0..0, "the envelope was not read"))?;
-        if let Some((_, t)) = lock(&self.crypt.opened).iter().find(|(b, _)| b == env) {
+        if let Some((_, t)) = lock(&self.crypt.learned.opened).iter().find(|(b, _)| b == env) {
             let t = t.clone();
-            *lock(&self.crypt.read) = Some(t.clone());
+            *lock(&self.crypt.learned.read) = Some(t.clone());
             return Ok((t, e));
         }
         let (parsed, params) = fc::parse_envelope(env).map_err(|e| self.wrong_key(e))?;
         let dek = fc::open_envelope(&self.crypt.source, &parsed, params).map_err(|e| self.wrong_key(e))?;
         let t = Arc::new(TreeKey { dek, params, envelope: env.to_vec() });
-        lock(&self.crypt.opened).push((env.to_vec(), t.clone()));
-        *lock(&self.crypt.read) = Some(t.clone());
+        lock(&self.crypt.learned.opened).push((env.to_vec(), t.clone()));
+        *lock(&self.crypt.learned.read) = Some(t.clone());
         Ok((t, e))
     }
 
@@ -224,8 +262,8 @@ impl Encrypted {
     async fn open_whole(&self, rel: &str, c: &[u8]) -> Result<Bytes> {
         let size = c.len() as u64;
         let (t, e) = if holds_envelope(self.layout(), rel) {
-            if !fc::is_encrypted(c) {
-                return Err(Error::NotEncrypted { location: self.plain.display().to_string() });
+            if !fc::is_encrypted(c) || !c.ends_with(&fc::MAGIC) {
+                self.not_encrypted_or_cut(rel, fc::is_encrypted(c) || c.ends_with(&fc::MAGIC))?;
             }
             self.envelope_from_tail(rel, c, size)?
         } else {
@@ -241,7 +279,7 @@ impl Encrypted {
             return Err(self.tampered(rel, 0..0, "the header does not match the tree's envelope"));
         }
         let plain = t.params.plain_len(size, e).map_err(|r| self.tampered(rel, 0..0, r))?;
-        lock(&self.crypt.sizes).insert(rel.to_string(), (size, e));
+        lock(&self.crypt.learned.sizes).insert(rel.to_string(), (size, e));
         let key = ObjectKey::new(&t.dek, t.params, object_name(rel));
         let mut out = vec![0u8; plain as usize];
         let seg = t.params.segment;
@@ -334,7 +372,7 @@ impl Encrypted {
         let key = ObjectKey::new(&t.dek, t.params, object_name(rel));
         let env = if last { t.envelope.clone() } else { vec![] };
         let sealed = crate::backend::maybe_spawn_blocking(move || Ok(key.seal(&parts, &env))).await?;
-        lock(&self.crypt.sizes).remove(rel);
+        lock(&self.crypt.learned.sizes).remove(rel);
         Ok((Bytes::from(sealed), last.then_some(t)))
     }
 
@@ -342,7 +380,7 @@ impl Encrypted {
     /// and the next save makes a new data key.
     fn committed(&self, t: Option<Arc<TreeKey>>) {
         if let Some(t) = t {
-            *lock(&self.crypt.read) = Some(t);
+            *lock(&self.crypt.learned.read) = Some(t);
             *lock(&self.crypt.write) = None;
         }
     }
@@ -447,7 +485,7 @@ impl Backend for Encrypted {
     }
 
     fn delete<'a>(&'a self, _loc: &'a Location, rel: &'a str) -> BoxFuture<'a, ()> {
-        lock(&self.crypt.sizes).remove(rel);
+        lock(&self.crypt.learned.sizes).remove(rel);
         self.plain.backend().delete(&self.plain, rel)
     }
 

@@ -169,12 +169,31 @@ impl Location {
         Location { backend: e.clone(), crypt: Some(e), ..self.clone() }
     }
 
+    /// The location one save writes through: for an encrypted location, the same key and what
+    /// the location learned, with a data key of the save's own (two saves through one location,
+    /// at once or one retried after a failure, never share one). Itself elsewhere.
+    pub fn for_save(&self) -> Location {
+        match &self.crypt {
+            Some(e) => {
+                let e = Arc::new(e.for_save());
+                Location { backend: e.clone(), crypt: Some(e), ..self.clone() }
+            }
+            None => self.clone(),
+        }
+    }
+
     /// This location without its encryption: its files' stored bytes.
     fn plain(&self) -> Location {
         match &self.crypt {
             Some(e) => Location { crypt: None, ..e.plain().clone() }.relabeled(&self.display),
             None => self.clone(),
         }
+    }
+
+    /// The files' bytes as stored: for an encrypted location, the same location without its
+    /// key (what the files hold on disk: what a digest of the files is of); itself elsewhere.
+    pub fn stored(&self) -> Location {
+        self.plain()
     }
 
     /// Whether the location was given a key ([`with_encryption`](Self::with_encryption)).

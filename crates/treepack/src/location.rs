@@ -194,6 +194,12 @@ impl Location {
         store::Location::forget_memory(bucket)
     }
 
+    /// The location one save writes through (store::Location::for_save): an encrypted save's
+    /// data key is its own, never shared with another save through this location.
+    pub(crate) fn for_save(&self) -> Location {
+        Location { store: self.store.for_save(), ..self.clone() }
+    }
+
     /// The store location (for a tree of a repository: the repository's, shown as
     /// `LOCATION@NAME`).
     pub fn store(&self) -> &store::Location {

@@ -262,64 +262,154 @@ fn encrypted_cases() -> Vec<Case> {
     let env_len = u32::from_le_bytes(tpk[n - 16..n - 12].try_into().unwrap()) as usize;
     let tail = tpk[n - 16 - env_len..].to_vec();
     vec![
-        case("encrypted-trailer-huge-envelope.tpk", "tampered", "a trailer declaring a 1 GiB envelope", Build::File({
-            let mut b = tpk.clone();
-            b[n - 16..n - 12].copy_from_slice(&(1u32 << 30).to_le_bytes());
-            b
-        })),
-        case("encrypted-envelope-not-json.tpk", "wrong_key", "an envelope that is not JSON", Build::File(with_envelope(&tpk, |_| "{not json".into()))),
-        case("encrypted-envelope-deep.tpk", "wrong_key", "an envelope of 10 000 nested lists", Build::File(with_envelope(&tpk, |_| "[".repeat(10_000)))),
-        case("encrypted-envelope-segment-tiny.tpk", "wrong_key", "an envelope saying 1-byte segments", Build::File(with_envelope(&tpk, |e| e.replace("\"segment_bytes\":65536", "\"segment_bytes\":1")))),
-        case("encrypted-envelope-segment-other.tpk", "wrong_key", "an envelope saying 4 KiB segments (the wrapped key binds the size)", Build::File(with_envelope(&tpk, |e| e.replace("\"segment_bytes\":65536", "\"segment_bytes\":4096")))),
-        case("encrypted-envelope-data-key-short.tpk", "wrong_key", "a wrapped data key of one byte", Build::File(with_envelope(&tpk, |e| {
-            let at = e.find("\"data_key\":\"").unwrap() + 12;
-            format!("{}00\"}}", &e[..at])
-        }))),
-        case("encrypted-envelope-unknown-kind.tpk", "wrong_key", "a key kind no treepack has", Build::File(with_envelope(&tpk, |e| e.replace("\"kind\":\"key\"", "\"kind\":\"rot13\"")))),
-        case("encrypted-pw-argon2-huge.tpk", "wrong_key", "an envelope asking Argon2id for 4 TiB (refused before any memory is taken)", Build::File(with_envelope(&pw, |e| e.replace("\"m_kib\":65536", "\"m_kib\":4294967295")))),
-        case("encrypted-pw-argon2-slow.tpk", "wrong_key", "an envelope asking Argon2id for a million passes", Build::File(with_envelope(&pw, |e| e.replace("\"t\":3", "\"t\":1000000")))),
-        case("encrypted-header-flipped.tpk", "tampered", "the header's segment size changed", Build::File({
-            let mut b = tpk.clone();
-            b[13] = 12;
-            b
-        })),
-        case("encrypted-segment-flipped.tpk", "tampered", "one byte of the second segment flipped", Build::File({
-            let mut b = tpk.clone();
-            b[16 + seg + 100] ^= 1;
-            b
-        })),
-        case("encrypted-cut.tpk", "tampered", "cut after its first segment, the envelope and trailer put back", Build::File([&tpk[..16 + seg], &tail[..]].concat())),
-        case("encrypted-size-in-tag.tpk", "tampered", "8 bytes of the last segment's tag removed", Build::File({
-            let body_end = n - 16 - env_len;
-            [&tpk[..body_end - 8], &tail[..]].concat()
-        })),
+        case(
+            "encrypted-trailer-huge-envelope.tpk",
+            "tampered",
+            "a trailer declaring a 1 GiB envelope",
+            Build::File({
+                let mut b = tpk.clone();
+                b[n - 16..n - 12].copy_from_slice(&(1u32 << 30).to_le_bytes());
+                b
+            }),
+        ),
+        case(
+            "encrypted-envelope-not-json.tpk",
+            "wrong_key",
+            "an envelope that is not JSON",
+            Build::File(with_envelope(&tpk, |_| "{not json".into())),
+        ),
+        case(
+            "encrypted-envelope-deep.tpk",
+            "wrong_key",
+            "an envelope of 10 000 nested lists",
+            Build::File(with_envelope(&tpk, |_| "[".repeat(10_000))),
+        ),
+        case(
+            "encrypted-envelope-segment-tiny.tpk",
+            "wrong_key",
+            "an envelope saying 1-byte segments",
+            Build::File(with_envelope(&tpk, |e| e.replace("\"segment_bytes\":65536", "\"segment_bytes\":1"))),
+        ),
+        case(
+            "encrypted-envelope-segment-other.tpk",
+            "wrong_key",
+            "an envelope saying 4 KiB segments (the wrapped key binds the size)",
+            Build::File(with_envelope(&tpk, |e| e.replace("\"segment_bytes\":65536", "\"segment_bytes\":4096"))),
+        ),
+        case(
+            "encrypted-envelope-data-key-short.tpk",
+            "wrong_key",
+            "a wrapped data key of one byte",
+            Build::File(with_envelope(&tpk, |e| {
+                let at = e.find("\"data_key\":\"").unwrap() + 12;
+                format!("{}00\"}}", &e[..at])
+            })),
+        ),
+        case(
+            "encrypted-envelope-unknown-kind.tpk",
+            "wrong_key",
+            "a key kind no treepack has",
+            Build::File(with_envelope(&tpk, |e| e.replace("\"kind\":\"key\"", "\"kind\":\"rot13\""))),
+        ),
+        case(
+            "encrypted-pw-argon2-huge.tpk",
+            "wrong_key",
+            "an envelope asking Argon2id for 4 TiB (refused before any memory is taken)",
+            Build::File(with_envelope(&pw, |e| e.replace("\"m_kib\":65536", "\"m_kib\":4294967295"))),
+        ),
+        case(
+            "encrypted-pw-argon2-slow.tpk",
+            "wrong_key",
+            "an envelope asking Argon2id for a million passes",
+            Build::File(with_envelope(&pw, |e| e.replace("\"t\":3", "\"t\":1000000"))),
+        ),
+        case(
+            "encrypted-header-flipped.tpk",
+            "tampered",
+            "the header's segment size changed",
+            Build::File({
+                let mut b = tpk.clone();
+                b[13] = 12;
+                b
+            }),
+        ),
+        case(
+            "encrypted-segment-flipped.tpk",
+            "tampered",
+            "one byte of the second segment flipped",
+            Build::File({
+                let mut b = tpk.clone();
+                b[16 + seg + 100] ^= 1;
+                b
+            }),
+        ),
+        case(
+            "encrypted-cut.tpk",
+            "tampered",
+            "cut after its first segment, the envelope and trailer put back",
+            Build::File([&tpk[..16 + seg], &tail[..]].concat()),
+        ),
+        case(
+            "encrypted-size-in-tag.tpk",
+            "tampered",
+            "8 bytes of the last segment's tag removed",
+            Build::File({
+                let body_end = n - 16 - env_len;
+                [&tpk[..body_end - 8], &tail[..]].concat()
+            }),
+        ),
         case("encrypted-empty.tpk", "not_encrypted", "a 0-byte file opened with a key", Build::File(vec![])),
-        case("encrypted-plain-dir", "not_encrypted", "a plain tree where an encrypted one is expected", Build::Custom(Box::new(|p: &Path| {
-            std::fs::create_dir_all(p.join("packs")).unwrap();
-            std::fs::write(p.join("treepack.json"), good_manifest()).unwrap();
-            std::fs::write(p.join("packs/p.tpp"), DATA).unwrap();
-        }))),
-        case("encrypted-pack-flipped", "tampered", "one byte of a pack flipped", encrypted_dir_case(|rel, b| {
-            if rel.starts_with("packs/") {
-                b[16 + 3] ^= 0x40;
-            }
-        })),
-        case("encrypted-pack-trailer", "tampered", "a pack whose trailer declares an envelope", encrypted_dir_case(|rel, b| {
-            if rel.starts_with("packs/") {
-                let n = b.len();
-                b[n - 16] = 5;
-            }
-        })),
-        case("encrypted-pack-header", "tampered", "a pack whose header says another cipher", encrypted_dir_case(|rel, b| {
-            if rel.starts_with("packs/") {
-                b[12] = 2;
-            }
-        })),
-        case("encrypted-manifest-flipped", "tampered", "one byte of the manifest's file flipped", encrypted_dir_case(|rel, b| {
-            if rel == "treepack.json" {
-                b[20] ^= 1;
-            }
-        })),
+        case(
+            "encrypted-plain-dir",
+            "not_encrypted",
+            "a plain tree where an encrypted one is expected",
+            Build::Custom(Box::new(|p: &Path| {
+                std::fs::create_dir_all(p.join("packs")).unwrap();
+                std::fs::write(p.join("treepack.json"), good_manifest()).unwrap();
+                std::fs::write(p.join("packs/p.tpp"), DATA).unwrap();
+            })),
+        ),
+        case(
+            "encrypted-pack-flipped",
+            "tampered",
+            "one byte of a pack flipped",
+            encrypted_dir_case(|rel, b| {
+                if rel.starts_with("packs/") {
+                    b[16 + 3] ^= 0x40;
+                }
+            }),
+        ),
+        case(
+            "encrypted-pack-trailer",
+            "tampered",
+            "a pack whose trailer declares an envelope",
+            encrypted_dir_case(|rel, b| {
+                if rel.starts_with("packs/") {
+                    let n = b.len();
+                    b[n - 16] = 5;
+                }
+            }),
+        ),
+        case(
+            "encrypted-pack-header",
+            "tampered",
+            "a pack whose header says another cipher",
+            encrypted_dir_case(|rel, b| {
+                if rel.starts_with("packs/") {
+                    b[12] = 2;
+                }
+            }),
+        ),
+        case(
+            "encrypted-manifest-flipped",
+            "tampered",
+            "one byte of the manifest's file flipped",
+            encrypted_dir_case(|rel, b| {
+                if rel == "treepack.json" {
+                    b[20] ^= 1;
+                }
+            }),
+        ),
     ]
 }
 

@@ -379,6 +379,9 @@ pub async fn save_async(tree: &Node, loc: &Location, opts: &SaveOptions) -> Resu
                 .into(),
         });
     }
+    // Its own data key when encrypted: a key left by a failed save, or another save's through
+    // a clone of `loc`, is never used again.
+    let loc = &loc.for_save();
     let w = write_data(tree, loc, opts, None).await?;
     commit(loc, w, opts).await
 }

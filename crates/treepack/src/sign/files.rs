@@ -36,6 +36,9 @@ async fn sha256(loc: &Location, rel: &str) -> Result<[u8; 32]> {
 /// [`Error::BadLocation`] for a tree of a repository (its packs are shared with other trees, so
 /// no folder holds just its files); storage errors.
 pub(super) async fn digests(loc: &Location, m: &Manifest, sig_rel: &str) -> Result<ModelSigning> {
+    // The files as they are on disk: an encrypted tree's sealed bytes (the digests of its plain
+    // bytes would let anyone confirm a guess of a file's content, and describe no file there).
+    let stored: Location = loc.store().stored().into();
     if loc.tree_name().is_some() {
         return Err(Error::BadLocation {
             location: loc.display().to_string(),
@@ -45,14 +48,14 @@ pub(super) async fn digests(loc: &Location, m: &Manifest, sig_rel: &str) -> Resu
         });
     }
     if loc.layout() == Layout::SingleFile {
-        return Ok(ModelSigning { files: vec![(".".into(), sha256(loc, ".").await?)], ignore_paths: vec![] });
+        return Ok(ModelSigning { files: vec![(".".into(), sha256(&stored, ".").await?)], ignore_paths: vec![] });
     }
     let mut names: Vec<&str> = std::iter::once(MANIFEST_NAME).chain(m.packs.iter().map(|p| p.path.as_str())).collect();
     names.sort_unstable();
     names.dedup();
     let mut files = Vec::with_capacity(names.len());
     for n in names {
-        files.push((n.to_string(), sha256(loc, n).await?));
+        files.push((n.to_string(), sha256(&stored, n).await?));
     }
     Ok(ModelSigning { files, ignore_paths: vec![sig_rel.to_string()] })
 }

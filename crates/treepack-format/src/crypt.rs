@@ -13,9 +13,8 @@
 //! key is stored in the envelope wrapped by the user's key: 32 bytes, a passphrase (Argon2id),
 //! or a [`KeyProvider`] (a KMS).
 
-use aes_gcm::aead::{AeadInOut, KeyInit};
-use aes_gcm::{Aes256Gcm, Nonce, Tag};
 use bytes::Bytes;
+use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM as RING_AES_256_GCM};
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
@@ -210,9 +209,18 @@ pub fn trailer_envelope_len(trailer: &[u8], stored: u64) -> Result<u64, String> 
 /// The key of one object of a tree: derived from the tree's data key, the params and the
 /// object's name (`treepack.json`, `packs/<name>.tpp`, `.` for a single file).
 pub struct ObjectKey {
-    cipher: Aes256Gcm,
+    cipher: LessSafeKey,
     header: [u8; 16],
     params: Params,
+}
+
+/// An AES-256-GCM key (a 32-byte key always is one).
+fn aes_key(key: &[u8; 32]) -> LessSafeKey {
+    LessSafeKey::new(UnboundKey::new(&RING_AES_256_GCM, key).unwrap_or_else(|_| unreachable!("32 bytes")))
+}
+
+fn tag_of(b: &[u8]) -> Option<Tag> {
+    <[u8; 16]>::try_from(b).ok().map(Tag::from)
 }
 
 impl ObjectKey {
@@ -223,17 +231,15 @@ impl ObjectKey {
         h.update(&dek.0);
         h.update(&header);
         h.update(name.as_bytes());
-        let key = h.finalize();
-        // A 32-byte key is always a valid AES-256 key.
-        let cipher = Aes256Gcm::new(&(*key.as_bytes()).into());
-        ObjectKey { cipher, header, params }
+        ObjectKey { cipher: aes_key(h.finalize().as_bytes()), header, params }
     }
 
-    fn nonce(i: u64, last: bool) -> Nonce<aes_gcm::aead::consts::U12> {
+    fn nonce(i: u64, last: bool) -> Nonce {
         let mut n = [0u8; 12];
         n[..8].copy_from_slice(&i.to_le_bytes());
         n[8] = u8::from(last);
-        n.into()
+        // Unique per key: a segment's index (and last flag) under a key of its object and save.
+        Nonce::assume_unique_for_key(n)
     }
 
     /// The stored object holding `parts` (its plain bytes, one after the other) and
@@ -263,9 +269,9 @@ impl ObjectKey {
             let len = (b - a) as usize;
             let (data, tag) = slot.split_at_mut(len);
             gather(parts, &starts, a, data);
-            // Encryption of a slice of the right length cannot fail.
-            if let Ok(t) = self.cipher.encrypt_inout_detached(&Self::nonce(i, i == last), &self.header, data.into()) {
-                tag[..TAG_LEN as usize].copy_from_slice(&t);
+            // Sealing a segment (far below AES-GCM's 64 GiB limit) cannot fail.
+            if let Ok(t) = self.cipher.seal_in_place_separate_tag(Self::nonce(i, i == last), Aad::from(&self.header), data) {
+                tag[..TAG_LEN as usize].copy_from_slice(t.as_ref());
             }
         };
         let body = &mut out[HEADER_LEN as usize..body_end];
@@ -297,9 +303,10 @@ impl ObjectKey {
             let src = stored.get(k * whole..k * whole + dst.len() + TAG_LEN as usize).ok_or(i)?;
             let (data, tag) = src.split_at(dst.len());
             dst.copy_from_slice(data);
-            let tag = Tag::try_from(tag).map_err(|_| i)?;
+            let tag = tag_of(tag).ok_or(i)?;
             self.cipher
-                .decrypt_inout_detached(&Self::nonce(i, i == last), &self.header, dst.into(), &tag)
+                .open_in_place_separate_tag(Self::nonce(i, i == last), Aad::from(&self.header), tag, dst, 0..)
+                .map(|_| ())
                 .map_err(|_| i)
         };
         if out.is_empty() {
@@ -510,11 +517,16 @@ fn argon2id(pass: &str, salt: &[u8; 32], (m, t, p): (u32, u32, u32)) -> Result<[
 
 /// The AEAD that wraps a data key under `kek`: keyed by `kek` and the salt, so its one nonce is
 /// never reused; bound to the params and the key's kind.
-fn wrap_cipher(kek: &[u8; 32], salt: &[u8; 32]) -> Aes256Gcm {
+fn wrap_cipher(kek: &[u8; 32], salt: &[u8; 32]) -> LessSafeKey {
     let mut h = blake3::Hasher::new_derive_key("treepack 1.7 data key wrap");
     h.update(kek);
     h.update(salt);
-    Aes256Gcm::new(&(*h.finalize().as_bytes()).into())
+    aes_key(h.finalize().as_bytes())
+}
+
+/// The one nonce of a wrapping key (each wrapping key, derived from a fresh salt, seals once).
+fn zero_nonce() -> Nonce {
+    Nonce::assume_unique_for_key([0u8; 12])
 }
 
 fn wrap_aad(params: Params, kind: &str) -> Vec<u8> {
@@ -526,8 +538,8 @@ fn wrap_aad(params: Params, kind: &str) -> Vec<u8> {
 fn seal_key(kek: &[u8; 32], salt: &[u8; 32], params: Params, kind: &str, dek: &DataKey) -> String {
     let mut buf = dek.0;
     let tag = wrap_cipher(kek, salt)
-        .encrypt_inout_detached(&[0u8; 12].into(), &wrap_aad(params, kind), (&mut buf[..]).into())
-        .map(|t| t.to_vec())
+        .seal_in_place_separate_tag(zero_nonce(), Aad::from(wrap_aad(params, kind)), &mut buf[..])
+        .map(|t| t.as_ref().to_vec())
         .unwrap_or_default();
     let mut out = buf.to_vec();
     out.extend_from_slice(&tag);
@@ -548,9 +560,9 @@ fn open_key(
     }
     let mut buf = [0u8; 32];
     buf.copy_from_slice(&w[..32]);
-    let tag = Tag::try_from(&w[32..]).map_err(|_| KeyError::Invalid("bad data_key tag".into()))?;
+    let tag = tag_of(&w[32..]).ok_or_else(|| KeyError::Invalid("bad data_key tag".into()))?;
     wrap_cipher(kek, salt)
-        .decrypt_inout_detached(&[0u8; 12].into(), &wrap_aad(params, kind), (&mut buf[..]).into(), &tag)
+        .open_in_place_separate_tag(zero_nonce(), Aad::from(wrap_aad(params, kind)), tag, &mut buf[..], 0..)
         .map_err(|_| match tree {
             KeyInfo::Passphrase { .. } => KeyError::WrongKey("the passphrase given does not open this tree".into()),
             _ => KeyError::WrongKey(format!(

@@ -6,7 +6,8 @@ Target: encrypted save and load >= 0.7x plain (time ratio plain/encrypted).
 W1 (bench/workloads.py: ~1 GiB x scale in 200 float32 arrays) is saved as a directory and as a
 `.tpk`, plain and with a 32-byte key (`encryption=`), each save and each load in a fresh process
 (the child times only the call), the variants interleaved run by run, medians reported. Saves
-are durable (the default: fsync). Loads read from the page cache (the tree was just written):
+are durable (the default: fsync), each to a fresh place after `sync` (a plain save over an
+identical tree would find its content-named packs already there). Loads read from the page cache (the tree was just written):
 the case where decryption is the most visible against the I/O it adds to. A passphrase save
 and load is timed too (Argon2id: one derivation each), and `open(...)[leaf][slice]` — a
 partial read of one row — plain and encrypted.
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,7 +38,7 @@ key = {{"plain": None, "key": bytes(range(32)), "passphrase": treepack.Passphras
 if op == "save":
     tree = w1(scale)
     t = time.perf_counter()
-    treepack.save(tree, path, overwrite=True, encryption=key)
+    treepack.save(tree, path, encryption=key)
 elif op == "load":
     t = time.perf_counter()
     treepack.load(path, encryption=key)
@@ -51,7 +53,20 @@ print(time.perf_counter() - t)
 """
 
 
+def fresh(path: str) -> None:
+    """Each save writes to a fresh place, with the disk's earlier writes flushed first: a plain
+    save over the same tree finds its content-named packs there already, and dirty pages of the
+    last save would be flushed by this one's fsync."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+    os.sync()
+
+
 def timed(op: str, path: str, enc: str, scale: float) -> float:
+    if op == "save":
+        fresh(path)
     code = CHILD.format(here=HERE)
     out = subprocess.run([sys.executable, "-c", code, op, path, enc, str(scale)], capture_output=True, text=True,
                          check=True, env=os.environ)

@@ -246,14 +246,25 @@ impl ObjectKey {
     /// `envelope`. Segments are sealed in parallel on the installed executor.
     pub fn seal(&self, parts: &[Bytes], envelope: &[u8]) -> Vec<u8> {
         let plain: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let mut out = vec![0u8; self.params.stored_len(plain, envelope.len() as u64) as usize];
+        self.seal_into(parts, envelope, &mut out);
+        out
+    }
+
+    /// [`seal`](Self::seal) into `out`, which must be exactly
+    /// [`Params::stored_len`] long (every byte of it is written: it may hold anything before).
+    pub fn seal_into(&self, parts: &[Bytes], envelope: &[u8], out: &mut [u8]) {
+        let plain: u64 = parts.iter().map(|p| p.len() as u64).sum();
         let p = self.params;
         let total = p.stored_len(plain, envelope.len() as u64) as usize;
-        let mut out = vec![0u8; total];
+        assert_eq!(out.len(), total, "seal_into: the output is not the object's stored size");
         out[..16].copy_from_slice(&self.header);
         let body_end = total - TRAILER_LEN as usize - envelope.len();
         out[body_end..body_end + envelope.len()].copy_from_slice(envelope);
-        out[body_end + envelope.len()..total - 8][..4].copy_from_slice(&(envelope.len() as u32).to_le_bytes());
-        out[total - 8..].copy_from_slice(&MAGIC);
+        let trailer = &mut out[body_end + envelope.len()..];
+        trailer[..4].copy_from_slice(&(envelope.len() as u32).to_le_bytes());
+        trailer[4..8].fill(0);
+        trailer[8..].copy_from_slice(&MAGIC);
         let mut starts = Vec::with_capacity(parts.len());
         let mut at = 0u64;
         for part in parts {
@@ -270,7 +281,9 @@ impl ObjectKey {
             let (data, tag) = slot.split_at_mut(len);
             gather(parts, &starts, a, data);
             // Sealing a segment (far below AES-GCM's 64 GiB limit) cannot fail.
-            if let Ok(t) = self.cipher.seal_in_place_separate_tag(Self::nonce(i, i == last), Aad::from(&self.header), data) {
+            if let Ok(t) =
+                self.cipher.seal_in_place_separate_tag(Self::nonce(i, i == last), Aad::from(&self.header), data)
+            {
                 tag[..TAG_LEN as usize].copy_from_slice(t.as_ref());
             }
         };
@@ -284,7 +297,6 @@ impl ObjectKey {
                 seal_one(i as u64, slot);
             }
         }
-        out
     }
 
     /// Open consecutive segments starting at `first` whose stored bytes are `stored` (from the
@@ -314,6 +326,42 @@ impl ObjectKey {
             let mut none = [0u8; 0];
             return open_one(0, &mut none);
         }
+        let run = |out: &mut [u8]| {
+            use rayon::prelude::*;
+            out.par_chunks_mut(seg).enumerate().try_for_each(|(k, dst)| open_one(k, dst))
+        };
+        if out.len() >= 1 << 20 {
+            if let Some(r) = crate::exec::parallel(|| run(&mut *out)) {
+                return r;
+            }
+        }
+        out.chunks_mut(seg).enumerate().try_for_each(|(k, dst)| open_one(k, dst))
+    }
+}
+
+impl ObjectKey {
+    /// How this key's object is cut.
+    pub fn params(&self) -> Params {
+        self.params
+    }
+
+    /// Open consecutive segments starting at `first`, of an object of `plain` bytes, whose
+    /// ciphertexts are already in place in `out` (the plain bytes of those segments, exactly)
+    /// and whose tags are `tags`, 16 bytes each. In parallel for big reads.
+    ///
+    /// # Errors
+    /// The index of the first segment that does not authenticate.
+    pub fn open_detached(&self, first: u64, out: &mut [u8], tags: &[u8], plain: u64) -> Result<(), u64> {
+        let last = self.params.segments(plain) - 1;
+        let seg = self.params.segment as usize;
+        let open_one = |k: usize, dst: &mut [u8]| -> Result<(), u64> {
+            let i = first + k as u64;
+            let tag = tags.get(k * TAG_LEN as usize..(k + 1) * TAG_LEN as usize).and_then(tag_of).ok_or(i)?;
+            self.cipher
+                .open_in_place_separate_tag(Self::nonce(i, i == last), Aad::from(&self.header), tag, dst, 0..)
+                .map(|_| ())
+                .map_err(|_| i)
+        };
         let run = |out: &mut [u8]| {
             use rayon::prelude::*;
             out.par_chunks_mut(seg).enumerate().try_for_each(|(k, dst)| open_one(k, dst))

@@ -57,6 +57,54 @@ impl Crypt {
     }
 }
 
+/// Buffers of sealed files, kept for the next file or save: a fresh buffer costs the kernel's
+/// zeroing of its pages, about as much as sealing into it. At most [`KEEP_BUFFERS`], each at
+/// most [`KEEP_BUFFER_BYTES`] (a directory's packs; a big single file's buffer is freed).
+static BUFFERS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+const KEEP_BUFFERS: usize = 4;
+const KEEP_BUFFER_BYTES: usize = 80 << 20;
+
+/// A buffer of `len` bytes (of any content) for a sealed file.
+fn buffer(len: usize) -> Vec<u8> {
+    let kept = {
+        let mut pool = lock(&BUFFERS);
+        let best = pool.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity());
+        best.map(|(i, _)| i).map(|i| pool.swap_remove(i))
+    };
+    match kept {
+        Some(mut b) => {
+            // Only bytes past its old length are zeroed (sealing writes every byte anyway).
+            b.resize(len, 0);
+            b
+        }
+        None => vec![0u8; len],
+    }
+}
+
+/// A sealed file's bytes, whose buffer goes back to [`BUFFERS`] once written.
+struct Pooled(Vec<u8>);
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if self.0.capacity() <= KEEP_BUFFER_BYTES {
+            let mut pool = lock(&BUFFERS);
+            if pool.len() < KEEP_BUFFERS {
+                pool.push(std::mem::take(&mut self.0));
+            }
+        }
+    }
+}
+
+fn t_params_len(key: &ObjectKey, plain: u64, envelope: usize) -> usize {
+    key.params().stored_len(plain, envelope as u64) as usize
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -317,12 +365,27 @@ impl Encrypted {
             want.push(sr);
             segs.push(s);
         }
+        let key = ObjectKey::new(&t.dek, p, object_name(rel));
+        if let Some(l) = self.plain.local() {
+            // A local file: each segment read straight into its place in the range's buffer.
+            let mut out = Vec::with_capacity(read.ranges.len());
+            for ((r, s), sr) in read.ranges.iter().zip(segs).zip(&want) {
+                if r.start == r.end {
+                    out.push(Bytes::new());
+                    continue;
+                }
+                out.push(self.read_local(l, rel, &t, &key, (stored, e, plain), r, s)?);
+                if let Some(pr) = read.progress {
+                    pr.advance(sr.end - sr.start);
+                }
+            }
+            return Ok(out);
+        }
         let got = self
             .plain
             .backend()
             .read_ranges(&self.plain, rel, RangeRead { ranges: want, mode: read.mode, progress: read.progress })
             .await?;
-        let key = ObjectKey::new(&t.dek, p, object_name(rel));
         let mut out = Vec::with_capacity(got.len());
         for ((r, s), c) in read.ranges.iter().zip(segs).zip(got) {
             if r.start == r.end {
@@ -339,6 +402,55 @@ impl Encrypted {
             out.push(Bytes::from(buf).slice((r.start - from) as usize..(r.end - from) as usize));
         }
         Ok(out)
+    }
+
+    /// The plain bytes `r` of the local file `rel` (`sizes`: stored size, envelope length, plain
+    /// size), in segments `s`: one vectored read puts each segment's ciphertext where its plain
+    /// bytes go and its tag beside, then each is opened in place (in parallel when big) — one
+    /// buffer, one copy by the kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn read_local(
+        &self,
+        l: &crate::local::Local,
+        rel: &str,
+        t: &TreeKey,
+        key: &ObjectKey,
+        (_stored, e, plain): (u64, u64, u64),
+        r: &Range<u64>,
+        s: Range<u64>,
+    ) -> Result<Bytes> {
+        let p = t.params;
+        let (first, last) = (s.start == 0, s.end == p.segments(plain));
+        let from = s.start * p.segment;
+        let to = (s.end * p.segment).min(plain);
+        let mut out = vec![0u8; (to - from) as usize];
+        let mut tags = vec![0u8; (fc::TAG_LEN * (s.end - s.start)) as usize];
+        let mut head = [0u8; fc::HEADER_LEN as usize];
+        let mut tail = vec![0u8; if last { (fc::TRAILER_LEN + e) as usize } else { 0 }];
+        let start = if first { 0 } else { p.stored_range(s.clone(), plain).start };
+        {
+            let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(2 * (s.end - s.start) as usize + 2);
+            if first {
+                bufs.push(&mut head);
+            }
+            for (slot, tag) in out.chunks_mut(p.segment as usize).zip(tags.chunks_mut(fc::TAG_LEN as usize)) {
+                bufs.push(slot);
+                bufs.push(tag);
+            }
+            if last {
+                bufs.push(&mut tail);
+            }
+            l.read_vectored_into(&self.plain, rel, start, &mut bufs)?;
+        }
+        if first && Params::from_header(&head).ok() != Some(p) {
+            return Err(self.tampered(rel, 0..0, "the header does not match the tree's envelope"));
+        }
+        if last && fc::trailer_envelope_len(&tail, u64::MAX).ok() != Some(e) {
+            return Err(self.tampered(rel, 0..0, "the trailer does not match the file"));
+        }
+        key.open_detached(s.start, &mut out, &tags, plain)
+            .map_err(|i| self.tampered(rel, i * p.segment..((i + 1) * p.segment).min(plain), format!("segment {i}")))?;
+        Ok(Bytes::from(out).slice((r.start - from) as usize..(r.end - from) as usize))
     }
 
     /// The segments of `c` (stored bytes read from a segment's start, or from the object's start
@@ -371,9 +483,15 @@ impl Encrypted {
         let last = holds_envelope(self.layout(), rel);
         let key = ObjectKey::new(&t.dek, t.params, object_name(rel));
         let env = if last { t.envelope.clone() } else { vec![] };
-        let sealed = crate::backend::maybe_spawn_blocking(move || Ok(key.seal(&parts, &env))).await?;
+        let sealed = crate::backend::maybe_spawn_blocking(move || {
+            let plain: u64 = parts.iter().map(|p| p.len() as u64).sum();
+            let mut out = Pooled(buffer(t_params_len(&key, plain, env.len())));
+            key.seal_into(&parts, &env, &mut out.0);
+            Ok(Bytes::from_owner(out))
+        })
+        .await?;
         lock(&self.crypt.learned.sizes).remove(rel);
-        Ok((Bytes::from(sealed), last.then_some(t)))
+        Ok((sealed, last.then_some(t)))
     }
 
     /// After the manifest's object is written: the tree written is the one read from now on,

@@ -443,7 +443,8 @@ impl Location {
     /// while the caller is busy (hashing the batch before). Only a hint: elsewhere, or if
     /// anything fails, nothing happens.
     pub fn will_need(&self, rel: &str, ranges: &[Range<u64>]) {
-        if let Some(l) = self.local() {
+        // An encrypted file's plain offsets are not its stored ones.
+        if let Some(l) = self.local().filter(|_| self.crypt.is_none()) {
             l.will_need(rel, ranges);
         }
     }

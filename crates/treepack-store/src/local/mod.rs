@@ -123,6 +123,72 @@ impl Local {
         Ok(())
     }
 
+    /// Read the file `rel` from `offset` into `bufs`, one after the other, with as few
+    /// `preadv` calls as the system's vector limit allows: an encrypted file's segments straight
+    /// into their places in a leaf's buffer, their tags beside (crate::crypt).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`], [`Error::OutOfBounds`] when the file ends first, I/O errors.
+    pub fn read_vectored_into(&self, loc: &Location, rel: &str, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
+        use std::io::IoSliceMut;
+        const MAX_IOV: usize = 1024;
+        let t = self.target(rel);
+        let p = t.path();
+        let opened;
+        let f = match self.pinned_file(rel) {
+            Some(f) => f.as_ref(),
+            None => {
+                opened = t.open_read().map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => loc.not_found(rel, p.display()),
+                    _ => io_error(p.clone(), e),
+                })?;
+                &opened
+            }
+        };
+        let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        // (buffer index, bytes of it already read)
+        let (mut i, mut done_in, mut at) = (0usize, 0usize, offset);
+        while i < bufs.len() {
+            let mut iov: Vec<IoSliceMut<'_>> = Vec::with_capacity(MAX_IOV.min(bufs.len() - i));
+            for (k, b) in bufs[i..].iter_mut().take(MAX_IOV).enumerate() {
+                let skip = if k == 0 { done_in } else { 0 };
+                iov.push(IoSliceMut::new(&mut b[skip..]));
+            }
+            let n = loop {
+                match rustix::io::preadv(f, &mut iov, at) {
+                    Ok(n) => break n,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return Err(Error::Io { path: p.clone(), source: e.into() }),
+                }
+            };
+            if n == 0 {
+                return Err(Error::OutOfBounds {
+                    file: loc.file_name(rel),
+                    key: String::new(),
+                    reason: format!("the file ends before byte {}", offset + total),
+                });
+            }
+            at += n as u64;
+            let mut left = n;
+            while left > 0 && i < bufs.len() {
+                let room = bufs[i].len() - done_in;
+                if left >= room {
+                    left -= room;
+                    i += 1;
+                    done_in = 0;
+                } else {
+                    done_in += left;
+                    left = 0;
+                }
+            }
+            while i < bufs.len() && bufs[i].is_empty() {
+                i += 1;
+            }
+        }
+        loc.stats().read(total);
+        Ok(())
+    }
+
     /// Memory-map the file `rel`.
     ///
     /// The mapping is private and copy-on-write (`MAP_PRIVATE`, as `torch.load(mmap=True)` and

@@ -149,7 +149,9 @@ impl Reader {
         tracker: Option<&Tracker>,
         check_header: bool,
     ) -> Result<Option<Vec<(usize, Leaf)>>> {
-        if opts.mmap || self.loc.local_path().is_none() {
+        // Local files (an encrypted tree's too: its reads decrypt as they arrive, on these
+        // threads, and the hashing overlaps them as for a plain tree).
+        if opts.mmap || self.loc.local().is_none() {
             return Ok(None);
         }
         // Mostly big leaves (a checkpoint's matrices next to its biases and norms): the small

@@ -427,6 +427,9 @@ async fn refuse_foreign_folder(loc: &Location) -> Result<()> {
     })
 }
 
+/// The pack size target of an encrypted directory save (docs/encryption.md, Performance).
+const ENCRYPTED_PACK_BYTES: u64 = 64 << 20;
+
 /// Hash, lay out and write the packs of `tree`; build (not write) its manifest. With `reuse`
 /// (a save into a repository), chunks it knows are referred to, not written, and the caller
 /// checks and commits the name.
@@ -495,11 +498,14 @@ pub(crate) async fn write_data(
     let tracker = Tracker::new(opts.progress.clone(), pending_bytes);
     let concurrency = opts.concurrency.max(1);
     let batch = opts.pipeline_batch_bytes.max(1);
+    // An encrypted pack is sealed into a buffer of its own before it is written: smaller packs
+    // keep those buffers few and reused (store crypt.rs), not one per 256 MiB.
+    let pack_bytes = if loc.is_encrypted() { opts.pack_bytes.min(ENCRYPTED_PACK_BYTES) } else { opts.pack_bytes };
     // An encrypted tree's packs are named by a key of the save's, not by their content alone.
     let name_key = loc.pack_name_key()?;
     let (hashed, pack_list, single_parts) = if single || pending_bytes <= batch {
         let mut packs: Vec<PackOut> = vec![];
-        let hashed = hash_and_layout(&pending, single, opts.pack_bytes, u64::MAX, reuse.clone(), name_key, |p| {
+        let hashed = hash_and_layout(&pending, single, pack_bytes, u64::MAX, reuse.clone(), name_key, |p| {
             packs.push(p);
             true
         })
@@ -519,7 +525,7 @@ pub(crate) async fn write_data(
             pending,
             reuse.clone(),
             name_key,
-            opts.pack_bytes,
+            pack_bytes,
             batch,
             concurrency,
             opts.durable,

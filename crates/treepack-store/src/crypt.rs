@@ -59,43 +59,45 @@ impl Crypt {
 
 /// Buffers of sealed files, kept for the next file or save: a fresh buffer costs the kernel's
 /// zeroing of its pages, about as much as sealing into it. At most [`KEEP_BUFFERS`], each at
-/// most [`KEEP_BUFFER_BYTES`] (a directory's packs; a big single file's buffer is freed).
-static BUFFERS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+/// most [`KEEP_BUFFER_BYTES`] (a directory's packs; a big single file's buffer is unmapped).
+/// Anonymous mappings of their own, without the huge pages the extension's allocator asks for
+/// big buffers: a file's sealed copy is written once, and faulting huge pages in (compacting
+/// memory full of page cache) held a fresh process's 1 GiB `.tpk` save up for seconds
+/// (bench/RESULTS.md, "Encrypted trees").
+static BUFFERS: Mutex<Vec<memmap2::MmapMut>> = Mutex::new(Vec::new());
 const KEEP_BUFFERS: usize = 4;
 const KEEP_BUFFER_BYTES: usize = 80 << 20;
 
-/// A buffer of `len` bytes (of any content) for a sealed file.
-fn buffer(len: usize) -> Vec<u8> {
+/// A buffer of at least `len` bytes (of any content) for a sealed file.
+fn buffer(len: usize) -> Result<memmap2::MmapMut> {
     let kept = {
         let mut pool = lock(&BUFFERS);
-        let best = pool.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity());
+        let best = pool.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.len());
         best.map(|(i, _)| i).map(|i| pool.swap_remove(i))
     };
     match kept {
-        Some(mut b) => {
-            // Only bytes past its old length are zeroed (sealing writes every byte anyway).
-            b.resize(len, 0);
-            b
-        }
-        None => vec![0u8; len],
+        Some(b) => Ok(b),
+        None => memmap2::MmapMut::map_anon(len.max(1))
+            .map_err(|_| Error::OutOfMemory { key: "a sealed file's buffer".into(), bytes: len as u64 }),
     }
 }
 
-/// A sealed file's bytes, whose buffer goes back to [`BUFFERS`] once written.
-struct Pooled(Vec<u8>);
+/// A sealed file's `len` bytes, whose buffer goes back to [`BUFFERS`] once written.
+struct Pooled(Option<memmap2::MmapMut>, usize);
 
 impl AsRef<[u8]> for Pooled {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        self.0.as_ref().map_or(&[], |m| &m[..self.1])
     }
 }
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        if self.0.capacity() <= KEEP_BUFFER_BYTES {
+        let Some(m) = self.0.take() else { return };
+        if m.len() <= KEEP_BUFFER_BYTES {
             let mut pool = lock(&BUFFERS);
             if pool.len() < KEEP_BUFFERS {
-                pool.push(std::mem::take(&mut self.0));
+                pool.push(m);
             }
         }
     }
@@ -485,9 +487,10 @@ impl Encrypted {
         let env = if last { t.envelope.clone() } else { vec![] };
         let sealed = crate::backend::maybe_spawn_blocking(move || {
             let plain: u64 = parts.iter().map(|p| p.len() as u64).sum();
-            let mut out = Pooled(buffer(t_params_len(&key, plain, env.len())));
-            key.seal_into(&parts, &env, &mut out.0);
-            Ok(Bytes::from_owner(out))
+            let len = t_params_len(&key, plain, env.len());
+            let mut m = buffer(len)?;
+            key.seal_into(&parts, &env, &mut m[..len]);
+            Ok(Bytes::from_owner(Pooled(Some(m), len)))
         })
         .await?;
         lock(&self.crypt.learned.sizes).remove(rel);

@@ -536,7 +536,7 @@ fn hex(b: &[u8]) -> String {
 
 fn unhex(s: &str, what: &str) -> Result<Vec<u8>, KeyError> {
     let bad = || KeyError::Invalid(format!("the envelope's {what} is not hex"));
-    if s.len() % 2 != 0 || s.len() > 8192 {
+    if !s.len().is_multiple_of(2) || s.len() > 8192 {
         return Err(bad());
     }
     (0..s.len())

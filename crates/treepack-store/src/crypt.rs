@@ -39,6 +39,9 @@ pub(crate) struct Crypt {
     learned: Arc<Learned>,
 }
 
+/// Envelopes opened: their bytes, and the tree key each gave.
+type Opened = Vec<(Vec<u8>, Arc<TreeKey>)>;
+
 /// What a location has learned: the data key of the tree read, the envelopes opened and the
 /// sizes of the objects read.
 #[derive(Default)]
@@ -46,7 +49,7 @@ struct Learned {
     read: Mutex<Option<Arc<TreeKey>>>,
     /// Envelopes already opened (Argon2id, or a key provider's call, runs once per envelope),
     /// shared with the pinned views of the location ([`Encrypted::fresh`]).
-    opened: Arc<Mutex<Vec<(Vec<u8>, Arc<TreeKey>)>>>,
+    opened: Arc<Mutex<Opened>>,
     /// Stored size and envelope length of the objects read.
     sizes: Mutex<HashMap<String, (u64, u64)>>,
 }

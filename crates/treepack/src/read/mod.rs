@@ -513,7 +513,7 @@ impl Reader {
     pub(crate) fn name_leaf(&self, e: Error, pack: u32, ranges: &[Range<u64>], size: Option<u64>) -> Error {
         if let Error::Tampered { file, key, start, end, reason } = e {
             // The segment that failed, named by the first leaf with bytes in it.
-            let key = if key.is_empty() { self.leaf_at(pack, &[start..end], None) } else { key };
+            let key = if key.is_empty() { self.leaf_at(pack, std::slice::from_ref(&(start..end)), None) } else { key };
             return Error::Tampered { file, key, start, end, reason };
         }
         let Error::OutOfBounds { file, key, reason } = e else { return e };

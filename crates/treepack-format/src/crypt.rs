@@ -259,22 +259,49 @@ impl ObjectKey {
         let total = p.stored_len(plain, envelope.len() as u64) as usize;
         assert_eq!(out.len(), total, "seal_into: the output is not the object's stored size");
         out[..16].copy_from_slice(&self.header);
-        let body_end = total - TRAILER_LEN as usize - envelope.len();
-        out[body_end..body_end + envelope.len()].copy_from_slice(envelope);
-        let trailer = &mut out[body_end + envelope.len()..];
-        trailer[..4].copy_from_slice(&(envelope.len() as u32).to_le_bytes());
-        trailer[4..8].fill(0);
-        trailer[8..].copy_from_slice(&MAGIC);
+        let end = self.trailer(envelope);
+        out[total - end.len()..].copy_from_slice(&end);
+        let body_end = total - end.len();
+        self.seal_segments(parts, 0..p.segments(plain), &mut out[HEADER_LEN as usize..body_end]);
+    }
+
+    /// The object's first 16 bytes.
+    pub fn header(&self) -> [u8; 16] {
+        self.header
+    }
+
+    /// The object's last bytes: `envelope`, then the trailer.
+    pub fn trailer(&self, envelope: &[u8]) -> Vec<u8> {
+        let mut t = envelope.to_vec();
+        t.extend_from_slice(&(envelope.len() as u32).to_le_bytes());
+        t.extend_from_slice(&[0; 4]);
+        t.extend_from_slice(&MAGIC);
+        t
+    }
+
+    /// The stored bytes of segments `segs` of the object whose plain bytes are `parts` (one
+    /// after the other): what [`Params::stored_range`] places there. A writer may seal an object
+    /// a run of segments at a time, writing each run as it is sealed.
+    pub fn segments_len(&self, plain: u64, segs: Range<u64>) -> usize {
+        let r = self.params.stored_range(segs, plain);
+        (r.end - r.start) as usize
+    }
+
+    /// Seal segments `segs` of the object whose plain bytes are `parts` into `out`
+    /// ([`segments_len`](Self::segments_len) long). In parallel for big runs.
+    pub fn seal_segments(&self, parts: &[Bytes], segs: Range<u64>, out: &mut [u8]) {
+        let plain: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let p = self.params;
         let mut starts = Vec::with_capacity(parts.len());
         let mut at = 0u64;
         for part in parts {
             starts.push(at);
             at += part.len() as u64;
         }
-        let n = p.segments(plain);
-        let last = n - 1;
+        let last = p.segments(plain) - 1;
         let whole = (p.segment + TAG_LEN) as usize;
-        let seal_one = |i: u64, slot: &mut [u8]| {
+        let seal_one = |k: usize, slot: &mut [u8]| {
+            let i = segs.start + k as u64;
             let a = i * p.segment;
             let b = ((i + 1) * p.segment).min(plain);
             let len = (b - a) as usize;
@@ -287,14 +314,13 @@ impl ObjectKey {
                 tag[..TAG_LEN as usize].copy_from_slice(t.as_ref());
             }
         };
-        let body = &mut out[HEADER_LEN as usize..body_end];
-        let run = |body: &mut [u8]| {
+        let run = |out: &mut [u8]| {
             use rayon::prelude::*;
-            body.par_chunks_mut(whole).enumerate().for_each(|(i, slot)| seal_one(i as u64, slot));
+            out.par_chunks_mut(whole).enumerate().for_each(|(k, slot)| seal_one(k, slot));
         };
-        if plain < 1 << 20 || crate::exec::parallel(|| run(&mut *body)).is_none() {
-            for (i, slot) in body.chunks_mut(whole).enumerate() {
-                seal_one(i as u64, slot);
+        if out.len() < 1 << 20 || crate::exec::parallel(|| run(&mut *out)).is_none() {
+            for (k, slot) in out.chunks_mut(whole).enumerate() {
+                seal_one(k, slot);
             }
         }
     }

@@ -43,6 +43,19 @@ pub struct Write<'a> {
     pub progress: Option<&'a dyn Progress>,
 }
 
+/// An object to write part by part, as [`Backend::put_stream`] gets it: each part is asked
+/// for once the one before is written (and may be dropped then).
+pub struct WriteStream<'a> {
+    /// The object's parts, in order; an error ends the write (nothing is committed).
+    pub parts: Box<dyn Iterator<Item = Result<Bytes>> + Send>,
+    /// Fail with [`Error::AlreadyExists`](crate::Error::AlreadyExists) if the object exists.
+    pub create_only: bool,
+    /// Survive a machine crash once written.
+    pub durable: bool,
+    /// Hears of the bytes written.
+    pub progress: Option<&'a dyn Progress>,
+}
+
 /// A compare-and-swap replace, as [`Backend::replace_if`] gets it.
 pub struct Swap<'a> {
     /// The new object's bytes.
@@ -94,6 +107,18 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
 
     /// Write an object atomically: readers see the old object or the whole new one.
     fn put<'a>(&'a self, loc: &'a Location, rel: &'a str, write: Write<'a>) -> BoxFuture<'a, ()>;
+
+    /// Write an object atomically from parts made as it is written (bounded memory for a big
+    /// object made on the fly). By default the parts are gathered, then [`put`](Self::put).
+    fn put_stream<'a>(&'a self, loc: &'a Location, rel: &'a str, write: WriteStream<'a>) -> BoxFuture<'a, ()> {
+        use futures::FutureExt;
+        async move {
+            let WriteStream { parts, create_only, durable, progress } = write;
+            let parts = parts.collect::<Result<Vec<Bytes>>>()?;
+            self.put(loc, rel, Write { parts, create_only, durable, progress }).await
+        }
+        .boxed()
+    }
 
     /// Replace an object only if it is still the version `swap.was`. `false`, with nothing
     /// written, when another writer changed it first.

@@ -68,6 +68,9 @@ impl Crypt {
 /// memory full of page cache) held a fresh process's 1 GiB `.tpk` save up for seconds
 /// (bench/RESULTS.md, "Encrypted trees").
 static BUFFERS: Mutex<Vec<memmap2::MmapMut>> = Mutex::new(Vec::new());
+
+/// Segments sealed at a time when a file is written as it is sealed: 8 MiB of plain bytes.
+const SEAL_RUN: u64 = 128;
 const KEEP_BUFFERS: usize = 4;
 const KEEP_BUFFER_BYTES: usize = 80 << 20;
 
@@ -500,6 +503,50 @@ impl Encrypted {
         Ok((sealed, last.then_some(t)))
     }
 
+    /// The sealed parts of the object `rel` holding `parts`, made on a thread of their own a
+    /// run of [`SEAL_RUN`] segments at a time, at most two runs ahead of the writer (which
+    /// drops each run once written, so its buffer is kept for a later one).
+    #[allow(clippy::type_complexity)]
+    fn seal_stream(
+        &self,
+        rel: &str,
+        parts: Vec<Bytes>,
+    ) -> Result<(Box<dyn Iterator<Item = Result<Bytes>> + Send>, Option<Arc<TreeKey>>)> {
+        let t = self.write_tree()?;
+        let last = holds_envelope(self.layout(), rel);
+        let key = ObjectKey::new(&t.dek, t.params, object_name(rel));
+        let env = if last { t.envelope.clone() } else { vec![] };
+        lock(&self.crypt.learned.sizes).remove(rel);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Bytes>>(2);
+        std::thread::Builder::new()
+            .name("treepack-seal".into())
+            .spawn(move || {
+                let plain: u64 = parts.iter().map(|p| p.len() as u64).sum();
+                let n = key.params().segments(plain);
+                if tx.send(Ok(Bytes::copy_from_slice(&key.header()))).is_err() {
+                    return;
+                }
+                let mut at = 0;
+                while at < n {
+                    let segs = at..(at + SEAL_RUN).min(n);
+                    at = segs.end;
+                    let len = key.segments_len(plain, segs.clone());
+                    let piece = buffer(len).map(|mut m| {
+                        key.seal_segments(&parts, segs, &mut m[..len]);
+                        Bytes::from_owner(Pooled(Some(m), len))
+                    });
+                    let failed = piece.is_err();
+                    // The writer stopped (a failed write): so does this thread.
+                    if tx.send(piece).is_err() || failed {
+                        return;
+                    }
+                }
+                let _ = tx.send(Ok(Bytes::from(key.trailer(&env))));
+            })
+            .map_err(|e| Error::Io { path: "treepack-seal thread".into(), source: e })?;
+        Ok((Box::new(rx.into_iter()), last.then_some(t)))
+    }
+
     /// After the manifest's object is written: the tree written is the one read from now on,
     /// and the next save makes a new data key.
     fn committed(&self, t: Option<Arc<TreeKey>>) {
@@ -584,6 +631,16 @@ impl Backend for Encrypted {
         async move {
             if !self.sealed(rel) {
                 return self.plain.backend().put(&self.plain, rel, write).await;
+            }
+            if self.plain.local().is_some() {
+                // Sealed a run of segments at a time while the runs before are written: a few
+                // kept buffers, however big the file.
+                let (parts, t) = self.seal_stream(rel, write.parts)?;
+                let Write { create_only, durable, progress, .. } = write;
+                let stream = crate::backend::WriteStream { parts, create_only, durable, progress };
+                self.plain.backend().put_stream(&self.plain, rel, stream).await?;
+                self.committed(t);
+                return Ok(());
             }
             let (sealed, t) = self.seal(rel, write.parts).await?;
             self.plain.backend().put(&self.plain, rel, Write { parts: vec![sealed], ..write }).await?;

@@ -24,7 +24,7 @@ mod location;
 pub mod memory;
 pub mod object;
 
-pub use backend::{Backend, BoxFuture, Keep, Listed, Progress, RangeRead, Swap, Version, Write};
+pub use backend::{Backend, BoxFuture, Keep, Listed, Progress, RangeRead, Swap, Version, Write, WriteStream};
 pub use local::durable::journal;
 pub use local::{direct_bytes_on_this_thread, ReadMode, SaveMarker, DIRECT_MIN_BYTES};
 pub use location::{IoStats, Location};

@@ -24,9 +24,23 @@ static STAGING: AtomicU64 = AtomicU64::new(0);
 /// # Errors
 /// The first I/O error; the staging file is removed then (if this call created it).
 pub(super) fn put_file(dir: &Dir, name: &str, parts: &[Bytes], create_only: bool, durable: bool) -> io::Result<()> {
+    put_file_from(dir, name, &mut parts.iter().cloned().map(Ok), create_only, durable)
+}
+
+/// [`put_file`] of the parts `parts` yields, each written (and dropped) before the next is
+/// asked for: an encrypted file sealed a run of segments at a time (crypt.rs).
+pub(super) fn put_file_from(
+    dir: &Dir,
+    name: &str,
+    parts: &mut dyn Iterator<Item = io::Result<Bytes>>,
+    create_only: bool,
+    durable: bool,
+) -> io::Result<()> {
     let staging_name = format!("{name}#{}-{}", std::process::id(), STAGING.fetch_add(1, Ordering::Relaxed));
     let (staging, path) = (dir.join(&staging_name), dir.join(name));
     let mut created = false;
+    // What was written, for the crash-state journal of tests (failpoints) only.
+    let seen = std::cell::RefCell::new(Vec::<u8>::new());
     let result = (|| {
         let f = journal::run(
             || {
@@ -34,6 +48,9 @@ pub(super) fn put_file(dir: &Dir, name: &str, parts: &[Bytes], create_only: bool
                 created = true;
                 let (mut written, mut flushing) = (0u64, 0u64);
                 for p in parts {
+                    let p = p?;
+                    #[cfg(feature = "failpoints")]
+                    seen.borrow_mut().extend_from_slice(&p);
                     for piece in p.chunks(WRITEBACK_BYTES) {
                         f.write_all(piece)?;
                         written += piece.len() as u64;
@@ -45,7 +62,7 @@ pub(super) fn put_file(dir: &Dir, name: &str, parts: &[Bytes], create_only: bool
                 }
                 Ok(f)
             },
-            || journal::FsOp::Write { path: staging.clone(), data: parts.concat() },
+            || journal::FsOp::Write { path: staging.clone(), data: seen.take() },
         )?;
         if durable {
             journal::run(|| f.sync_all(), || journal::FsOp::Fsync(staging.clone()))?;
@@ -208,6 +225,38 @@ pub(super) async fn put_target(
         let (folder, name) = split_target(&t).map_err(|e| io_error(t.path(), e))?;
         let dir = create_beneath(&t.root, folder, durable).map_err(|e| io_error(t.path(), e))?;
         put_file(&dir, name, &parts, create_only, durable).map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => Error::AlreadyExists { location: display },
+            _ => io_error(t.path(), e),
+        })
+    })
+    .await
+}
+
+/// [`put_target`] of the parts `parts` yields ([`put_file_from`]).
+pub(super) async fn put_target_from(
+    t: Target,
+    mut parts: Box<dyn Iterator<Item = Result<Bytes>> + Send>,
+    create_only: bool,
+    durable: bool,
+    display: String,
+) -> Result<()> {
+    maybe_spawn_blocking(move || {
+        let (folder, name) = split_target(&t).map_err(|e| io_error(t.path(), e))?;
+        let dir = create_beneath(&t.root, folder, durable).map_err(|e| io_error(t.path(), e))?;
+        // A part that could not be made ends the write with its own error.
+        let failed = std::cell::RefCell::new(None);
+        let mut io_parts = parts.by_ref().map_while(|r| match r {
+            Ok(b) => Some(Ok(b)),
+            Err(e) => {
+                *failed.borrow_mut() = Some(e);
+                Some(Err(io::Error::other("a part of the file could not be made")))
+            }
+        });
+        let r = put_file_from(&dir, name, &mut io_parts, create_only, durable);
+        if let Some(e) = failed.take() {
+            return Err(e);
+        }
+        r.map_err(|e| match e.kind() {
             io::ErrorKind::AlreadyExists => Error::AlreadyExists { location: display },
             _ => io_error(t.path(), e),
         })

@@ -20,7 +20,7 @@ mod read;
 pub use marker::SaveMarker;
 pub use read::{direct_bytes_on_this_thread, ReadMode, DIRECT_MIN_BYTES};
 
-use crate::backend::{maybe_spawn_blocking, BoxFuture, Keep, Listed, RangeRead, Swap, Version, Write};
+use crate::backend::{maybe_spawn_blocking, BoxFuture, Keep, Listed, RangeRead, Swap, Version, Write, WriteStream};
 use crate::{Error, Layout, Location, Result};
 use beneath::{io_error, Dir, Kind, Target};
 use bytes::Bytes;
@@ -492,6 +492,28 @@ impl crate::Backend for Local {
             put.await?;
             if let Some(p) = progress {
                 p.advance(n);
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn put_stream<'a>(&'a self, loc: &'a Location, rel: &'a str, write: WriteStream<'a>) -> BoxFuture<'a, ()> {
+        let WriteStream { parts, create_only, durable, progress } = write;
+        let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = {
+            let n = n.clone();
+            Box::new(parts.inspect(move |p| {
+                if let Ok(b) = p {
+                    n.fetch_add(b.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+            }))
+        };
+        let put = durable::put_target_from(self.target(rel), counted, create_only, durable, loc.display().to_string());
+        async move {
+            put.await?;
+            if let Some(p) = progress {
+                p.advance(n.load(std::sync::atomic::Ordering::Relaxed));
             }
             Ok(())
         }

@@ -276,6 +276,8 @@ def test_cli_copies_keep_the_key_unless_told(tmp_path):
     assert r.returncode != 0 and "the tree is encrypted" in r.stderr and "--encryption-key" in r.stderr, r.stderr
     r = run("inspect", tmp_path / "e.tpk", "--encryption-key", keyfile)
     assert r.returncode == 0 and "encrypted, format 1.7" in r.stdout, r.stdout + r.stderr
+    r = run("view", tmp_path / "e.tpk", "--encryption-key", keyfile, timeout=60)
+    assert r.returncode != 0 and "does not open encrypted trees yet" in r.stderr, r.stderr
     r = run("cp", tmp_path / "e.tpk", tmp_path / "f", "--encryption-key", keyfile)
     assert r.returncode == 0, r.stderr
     with pytest.raises(treepack.EncryptedError):

@@ -89,6 +89,11 @@ fn apply(loc: Location, key: Option<&KeySource>) -> Result<Location> {
     }
 }
 
+/// Whether a key was given for the trees a command reads.
+pub fn given() -> bool {
+    SOURCE.get().is_some_and(Option::is_some)
+}
+
 /// A location read (or saved to in place), with the key given, if any.
 pub fn source(loc: Location) -> Result<Location> {
     apply(loc, SOURCE.get().and_then(Option::as_ref))

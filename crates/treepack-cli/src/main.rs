@@ -330,7 +330,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Demo { dir, overwrite } => demo(&dir, so, overwrite),
         Cmd::Cp { src, dst, out } => copy(&src, &dst, so, &out),
         Cmd::Repo(cmd) => repo(cmd, so),
-        Cmd::View(args) => view::run(args, so),
+        Cmd::View(args) => {
+            if keys::given() {
+                bail!("treepack view does not open encrypted trees yet (docs/encryption.md): inspect it with `treepack inspect`, `ls` and `cat`, or view a decrypted copy (`treepack cp SRC COPY --encryption-key KEY --decrypt`)");
+            }
+            view::run(args, so)
+        }
         Cmd::Gc { path, grace_secs } => {
             let r = treepack::gc(location(&path, so)?, std::time::Duration::from_secs(grace_secs))?;
             for p in &r.removed {

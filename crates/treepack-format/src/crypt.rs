@@ -352,16 +352,7 @@ impl ObjectKey {
             let mut none = [0u8; 0];
             return open_one(0, &mut none);
         }
-        let run = |out: &mut [u8]| {
-            use rayon::prelude::*;
-            out.par_chunks_mut(seg).enumerate().try_for_each(|(k, dst)| open_one(k, dst))
-        };
-        if out.len() >= 1 << 20 {
-            if let Some(r) = crate::exec::parallel(|| run(&mut *out)) {
-                return r;
-            }
-        }
-        out.chunks_mut(seg).enumerate().try_for_each(|(k, dst)| open_one(k, dst))
+        each_segment(out, seg, open_one)
     }
 }
 
@@ -388,17 +379,23 @@ impl ObjectKey {
                 .map(|_| ())
                 .map_err(|_| i)
         };
-        let run = |out: &mut [u8]| {
-            use rayon::prelude::*;
-            out.par_chunks_mut(seg).enumerate().try_for_each(|(k, dst)| open_one(k, dst))
-        };
-        if out.len() >= 1 << 20 {
-            if let Some(r) = crate::exec::parallel(|| run(&mut *out)) {
-                return r;
-            }
-        }
-        out.chunks_mut(seg).enumerate().try_for_each(|(k, dst)| open_one(k, dst))
+        each_segment(out, seg, open_one)
     }
+}
+
+/// Run `f` on each `seg`-byte piece of `out` (with its index), on the installed executor's
+/// pool when `out` is big; the first error stops it.
+fn each_segment(out: &mut [u8], seg: usize, f: impl Fn(usize, &mut [u8]) -> Result<(), u64> + Sync) -> Result<(), u64> {
+    let run = |out: &mut [u8]| {
+        use rayon::prelude::*;
+        out.par_chunks_mut(seg).enumerate().try_for_each(|(k, dst)| f(k, dst))
+    };
+    if out.len() >= 1 << 20 {
+        if let Some(r) = crate::exec::parallel(|| run(&mut *out)) {
+            return r;
+        }
+    }
+    out.chunks_mut(seg).enumerate().try_for_each(|(k, dst)| f(k, dst))
 }
 
 /// Copy plain bytes `at..at + out.len()` of `parts` (which begin at `starts`) into `out`.

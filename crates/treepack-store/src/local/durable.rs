@@ -221,15 +221,7 @@ pub(super) async fn put_target(
     durable: bool,
     display: String,
 ) -> Result<()> {
-    maybe_spawn_blocking(move || {
-        let (folder, name) = split_target(&t).map_err(|e| io_error(t.path(), e))?;
-        let dir = create_beneath(&t.root, folder, durable).map_err(|e| io_error(t.path(), e))?;
-        put_file(&dir, name, &parts, create_only, durable).map_err(|e| match e.kind() {
-            io::ErrorKind::AlreadyExists => Error::AlreadyExists { location: display },
-            _ => io_error(t.path(), e),
-        })
-    })
-    .await
+    put_target_from(t, Box::new(parts.into_iter().map(Ok)), create_only, durable, display).await
 }
 
 /// [`put_target`] of the parts `parts` yields ([`put_file_from`]).

@@ -31,6 +31,23 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// A file to read: the location's pinned file, or one opened for this read.
+enum ReadFile<'a> {
+    Pinned(&'a File),
+    Opened(File),
+}
+
+impl std::ops::Deref for ReadFile<'_> {
+    type Target = File;
+
+    fn deref(&self) -> &File {
+        match self {
+            ReadFile::Pinned(f) => f,
+            ReadFile::Opened(f) => f,
+        }
+    }
+}
+
 /// A location on local disk: the backend, and the capabilities only local files have
 /// ([`Location::local`]).
 #[derive(Debug, Clone)]
@@ -91,6 +108,21 @@ impl Local {
         Ok(Some(Local { pinned: Some(Arc::new(f)), ..self.clone() }))
     }
 
+    /// The path of the file `rel`, and the file to read it through: the pinned one, or opened
+    /// now.
+    fn open_for_read(&self, loc: &Location, rel: &str) -> Result<(std::path::PathBuf, ReadFile<'_>)> {
+        let t = self.target(rel);
+        let p = t.path();
+        if let Some(f) = self.pinned_file(rel) {
+            return Ok((p, ReadFile::Pinned(f)));
+        }
+        let f = t.open_read().map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => loc.not_found(rel, p.display()),
+            _ => io_error(p.clone(), e),
+        })?;
+        Ok((p, ReadFile::Opened(f)))
+    }
+
     /// Read `out.len()` bytes of the file `rel` at `offset` straight into `out`: one copy, from
     /// the page cache or the device, into memory the caller already has.
     ///
@@ -98,19 +130,8 @@ impl Local {
     /// [`Error::NotFound`], [`Error::OutOfBounds`] when the file ends first, I/O errors.
     pub fn read_into(&self, loc: &Location, rel: &str, offset: u64, out: &mut [u8]) -> Result<()> {
         use std::os::unix::fs::FileExt;
-        let t = self.target(rel);
-        let p = t.path();
-        let opened;
-        let f = match self.pinned_file(rel) {
-            Some(f) => f.as_ref(),
-            None => {
-                opened = t.open_read().map_err(|e| match e.kind() {
-                    std::io::ErrorKind::NotFound => loc.not_found(rel, p.display()),
-                    _ => io_error(p.clone(), e),
-                })?;
-                &opened
-            }
-        };
+        let (p, f) = self.open_for_read(loc, rel)?;
+        let f: &File = &f;
         f.read_exact_at(out, offset).map_err(|e| match e.kind() {
             std::io::ErrorKind::UnexpectedEof => Error::OutOfBounds {
                 file: loc.file_name(rel),
@@ -132,19 +153,8 @@ impl Local {
     pub fn read_vectored_into(&self, loc: &Location, rel: &str, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
         use std::io::IoSliceMut;
         const MAX_IOV: usize = 1024;
-        let t = self.target(rel);
-        let p = t.path();
-        let opened;
-        let f = match self.pinned_file(rel) {
-            Some(f) => f.as_ref(),
-            None => {
-                opened = t.open_read().map_err(|e| match e.kind() {
-                    std::io::ErrorKind::NotFound => loc.not_found(rel, p.display()),
-                    _ => io_error(p.clone(), e),
-                })?;
-                &opened
-            }
-        };
+        let (p, f) = self.open_for_read(loc, rel)?;
+        let f: &File = &f;
         let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         // (buffer index, bytes of it already read)
         let (mut i, mut done_in, mut at) = (0usize, 0usize, offset);

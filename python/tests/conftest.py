@@ -74,10 +74,13 @@ def s3_counted(s3):
             r = conn.getresponse()
             data = r.read()
             self.send_response(r.status)
+            head = self.command == "HEAD"
             for k, v in r.getheaders():
-                if k.lower() not in ("transfer-encoding", "content-length", "connection"):
+                # A HEAD's Content-Length is the object's size (it has no body of its own).
+                if k.lower() not in ("transfer-encoding", "connection") and (head or k.lower() != "content-length"):
                     self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
+            if not head:
+                self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
             conn.close()

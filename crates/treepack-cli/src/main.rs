@@ -621,6 +621,7 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>, vi
             "location": path, "layout": format!("{:?}", r.location().layout()).to_lowercase(), "read_from": r.location().read_from(),
             "version": [m.version.0, m.version.1], "writer": m.writer, "metadata": m.metadata,
             "leaves": leaves, "refs": refs, "signature": signature, "encrypted": r.location().is_encrypted(),
+            "encrypted_with": r.location().encrypted_with(),
             "totals": {"leaves": t.leaves, "arrays": t.arrays, "array_bytes": t.array_bytes, "stored_bytes": stored, "packs": m.packs.len(),
                        "chunk_bytes": chunks.0, "chunk_stored_bytes": chunks.1},
         });
@@ -634,7 +635,7 @@ fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>, vi
         println!(
             "{path}  ({}{}, format {}.{}, {} pack{}, {} stored, written by {})",
             format!("{:?}", r.location().layout()).to_lowercase(),
-            if r.location().is_encrypted() { ", encrypted" } else { "" },
+            r.location().encrypted_with().map(|w| format!(", encrypted with {w}")).unwrap_or_default(),
             m.version.0,
             m.version.1,
             m.packs.len(),

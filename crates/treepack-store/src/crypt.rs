@@ -27,6 +27,8 @@ struct TreeKey {
     dek: DataKey,
     params: Params,
     envelope: Vec<u8>,
+    /// What the data key is wrapped with, as its envelope says (for `inspect`).
+    with: String,
 }
 
 /// The key a location was given, the data key of the save in progress, and what the location
@@ -175,6 +177,12 @@ impl Encrypted {
         Encrypted { plain: self.plain.clone(), crypt }
     }
 
+    /// What the tree read was encrypted with (`the 32-byte key 8d10e47c8bf2374e`, `a
+    /// passphrase`, a provider's key), once its envelope was read.
+    pub(crate) fn encrypted_with(&self) -> Option<String> {
+        lock(&self.crypt.learned.read).as_ref().map(|t| t.with.clone())
+    }
+
     pub(crate) fn plain(&self) -> &Location {
         &self.plain
     }
@@ -254,7 +262,7 @@ impl Encrypted {
         };
         let params = Params::WRITER;
         let env = fc::seal_envelope(&self.crypt.source, params, &dek, salt).map_err(|e| self.wrong_key(e))?;
-        let t = Arc::new(TreeKey { dek, params, envelope: fc::envelope_bytes(&env) });
+        let t = Arc::new(TreeKey { dek, params, envelope: fc::envelope_bytes(&env), with: env.key.describe() });
         *w = Some(t.clone());
         Ok(t)
     }
@@ -308,7 +316,7 @@ impl Encrypted {
         }
         let (parsed, params) = fc::parse_envelope(env).map_err(|e| self.wrong_key(e))?;
         let dek = fc::open_envelope(&self.crypt.source, &parsed, params).map_err(|e| self.wrong_key(e))?;
-        let t = Arc::new(TreeKey { dek, params, envelope: env.to_vec() });
+        let t = Arc::new(TreeKey { dek, params, envelope: env.to_vec(), with: parsed.key.describe() });
         lock(&self.crypt.learned.opened).push((env.to_vec(), t.clone()));
         *lock(&self.crypt.learned.read) = Some(t.clone());
         Ok((t, e))

@@ -148,7 +148,7 @@ impl Location {
     /// per save, wrapped by `source`), and reads open them, refusing a tree that is not
     /// encrypted (docs/encryption.md). Objects beside the tree (a signature) stay clear.
     pub fn with_encryption(&self, source: crate::KeySource) -> Location {
-        self.encrypted_with(source, None)
+        self.encrypted_by(source, None)
     }
 
     /// [`with_encryption`](Self::with_encryption) with the data key and salt fixed, so that a
@@ -156,10 +156,10 @@ impl Location {
     /// saves of different trees would repeat AES-GCM nonces).
     #[doc(hidden)]
     pub fn with_fixed_encryption(&self, source: crate::KeySource, data_key: [u8; 32], salt: [u8; 32]) -> Location {
-        self.encrypted_with(source, Some((treepack_format::crypt::DataKey(data_key), salt)))
+        self.encrypted_by(source, Some((treepack_format::crypt::DataKey(data_key), salt)))
     }
 
-    fn encrypted_with(
+    fn encrypted_by(
         &self,
         source: crate::KeySource,
         fixed: Option<(treepack_format::crypt::DataKey, [u8; 32])>,
@@ -194,6 +194,12 @@ impl Location {
     /// key (what the files hold on disk: what a digest of the files is of); itself elsewhere.
     pub fn stored(&self) -> Location {
         self.plain()
+    }
+
+    /// For an encrypted location whose tree was read, what it is encrypted with (`the 32-byte
+    /// key 8d10e47c8bf2374e`, `a passphrase`, `the key provider's key "…"`).
+    pub fn encrypted_with(&self) -> Option<String> {
+        self.crypt.as_ref().and_then(|e| e.encrypted_with())
     }
 
     /// Whether the location was given a key ([`with_encryption`](Self::with_encryption)).

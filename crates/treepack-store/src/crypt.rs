@@ -111,10 +111,6 @@ impl Drop for Pooled {
     }
 }
 
-fn t_params_len(key: &ObjectKey, plain: u64, envelope: usize) -> usize {
-    key.params().stored_len(plain, envelope as u64) as usize
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -338,10 +334,7 @@ impl Encrypted {
             }
             (t, 0)
         };
-        let header = Params::from_header(c).map_err(|r| self.tampered(rel, 0..0, r))?;
-        if header != t.params {
-            return Err(self.tampered(rel, 0..0, "the header does not match the tree's envelope"));
-        }
+        self.check_header(rel, &t, c)?;
         let plain = t.params.plain_len(size, e).map_err(|r| self.tampered(rel, 0..0, r))?;
         lock(&self.crypt.learned.sizes).insert(rel.to_string(), (size, e));
         let key = ObjectKey::new(&t.dek, t.params, object_name(rel));
@@ -458,11 +451,11 @@ impl Encrypted {
             }
             l.read_vectored_into(&self.plain, rel, start, &mut bufs)?;
         }
-        if first && Params::from_header(&head).ok() != Some(p) {
-            return Err(self.tampered(rel, 0..0, "the header does not match the tree's envelope"));
+        if first {
+            self.check_header(rel, t, &head)?;
         }
-        if last && fc::trailer_envelope_len(&tail, u64::MAX).ok() != Some(e) {
-            return Err(self.tampered(rel, 0..0, "the trailer does not match the file"));
+        if last {
+            self.check_trailer(rel, &tail, e)?;
         }
         key.open_detached(s.start, &mut out, &tags, plain)
             .map_err(|i| self.tampered(rel, i * p.segment..((i + 1) * p.segment).min(plain), format!("segment {i}")))?;
@@ -475,21 +468,34 @@ impl Encrypted {
     fn check_ends<'c>(&self, rel: &str, t: &TreeKey, c: &'c [u8], first: bool, last: bool, e: u64) -> Result<&'c [u8]> {
         let mut c = c;
         if first {
-            let h = c.get(..fc::HEADER_LEN as usize).unwrap_or_default();
-            if Params::from_header(h).ok() != Some(t.params) {
-                return Err(self.tampered(rel, 0..0, "the header does not match the tree's envelope"));
-            }
+            self.check_header(rel, t, c)?;
             c = &c[fc::HEADER_LEN as usize..];
         }
         if last {
-            let ok = fc::trailer_envelope_len(c, u64::MAX).ok() == Some(e);
-            let body = c.len().checked_sub((fc::TRAILER_LEN + e) as usize);
-            let Some(body) = body.filter(|_| ok) else {
-                return Err(self.tampered(rel, 0..0, "the trailer does not match the file"));
-            };
-            c = &c[..body];
+            self.check_trailer(rel, c, e)?;
+            c = &c[..c.len() - (fc::TRAILER_LEN + e) as usize];
         }
         Ok(c)
+    }
+
+    /// Check that `h` (bytes from the start of the object `rel`) begins with the header the
+    /// tree's envelope implies.
+    fn check_header(&self, rel: &str, t: &TreeKey, h: &[u8]) -> Result<()> {
+        match Params::from_header(h) {
+            Ok(p) if p == t.params => Ok(()),
+            Ok(_) => Err(self.tampered(rel, 0..0, "the header does not match the tree's envelope")),
+            Err(r) => Err(self.tampered(rel, 0..0, r)),
+        }
+    }
+
+    /// Check that `tail` (bytes through the end of the object `rel`) ends with a trailer of an
+    /// `e`-byte envelope, the envelope within `tail`.
+    fn check_trailer(&self, rel: &str, tail: &[u8], e: u64) -> Result<()> {
+        let fits = tail.len() as u64 >= fc::TRAILER_LEN + e;
+        if fits && fc::trailer_envelope_len(tail, u64::MAX).ok() == Some(e) {
+            return Ok(());
+        }
+        Err(self.tampered(rel, 0..0, "the trailer does not match the file"))
     }
 
     /// Seal `parts` as the object `rel`: with the envelope for the manifest's object, after
@@ -501,7 +507,7 @@ impl Encrypted {
         let env = if last { t.envelope.clone() } else { vec![] };
         let sealed = crate::backend::maybe_spawn_blocking(move || {
             let plain: u64 = parts.iter().map(|p| p.len() as u64).sum();
-            let len = t_params_len(&key, plain, env.len());
+            let len = key.params().stored_len(plain, env.len() as u64) as usize;
             let mut m = buffer(len)?;
             key.seal_into(&parts, &env, &mut m[..len]);
             Ok(Bytes::from_owner(Pooled(Some(m), len)))

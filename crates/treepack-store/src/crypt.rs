@@ -13,6 +13,7 @@
 //! (AES-GCM's nonces, a segment's index, are unique per object key).
 
 use crate::backend::{Backend, BoxFuture, Keep, Listed, RangeRead, Swap, Version, Write};
+use crate::buffers::{self, Pooled};
 use crate::{Error, Layout, Location, RemoteTuning, Result, MANIFEST_NAME, PACKS_DIR};
 use bytes::Bytes;
 use futures::FutureExt;
@@ -62,53 +63,12 @@ impl Crypt {
     }
 }
 
-/// Buffers of sealed files, kept for the next file or save: a fresh buffer costs the kernel's
-/// zeroing of its pages, about as much as sealing into it. At most [`KEEP_BUFFERS`], each at
-/// most [`KEEP_BUFFER_BYTES`] (a directory's packs; a big single file's buffer is unmapped).
-/// Anonymous mappings of their own, without the huge pages the extension's allocator asks for
-/// big buffers: a file's sealed copy is written once, and faulting huge pages in (compacting
-/// memory full of page cache) held a fresh process's 1 GiB `.tpk` save up for seconds
-/// (bench/RESULTS.md, "Encrypted trees").
-static BUFFERS: Mutex<Vec<memmap2::MmapMut>> = Mutex::new(Vec::new());
-
 /// Segments sealed at a time when a file is written as it is sealed: 8 MiB of plain bytes.
 const SEAL_RUN: u64 = 128;
-const KEEP_BUFFERS: usize = 4;
-const KEEP_BUFFER_BYTES: usize = 80 << 20;
 
-/// A buffer of at least `len` bytes (of any content) for a sealed file.
+/// A buffer for a sealed file (kept between files: crate::buffers).
 fn buffer(len: usize) -> Result<memmap2::MmapMut> {
-    let kept = {
-        let mut pool = lock(&BUFFERS);
-        let best = pool.iter().enumerate().filter(|(_, b)| b.len() >= len).min_by_key(|(_, b)| b.len());
-        best.map(|(i, _)| i).map(|i| pool.swap_remove(i))
-    };
-    match kept {
-        Some(b) => Ok(b),
-        None => memmap2::MmapMut::map_anon(len.max(1))
-            .map_err(|_| Error::OutOfMemory { key: "a sealed file's buffer".into(), bytes: len as u64 }),
-    }
-}
-
-/// A sealed file's `len` bytes, whose buffer goes back to [`BUFFERS`] once written.
-struct Pooled(Option<memmap2::MmapMut>, usize);
-
-impl AsRef<[u8]> for Pooled {
-    fn as_ref(&self) -> &[u8] {
-        self.0.as_ref().map_or(&[], |m| &m[..self.1])
-    }
-}
-
-impl Drop for Pooled {
-    fn drop(&mut self) {
-        let Some(m) = self.0.take() else { return };
-        if m.len() <= KEEP_BUFFER_BYTES {
-            let mut pool = lock(&BUFFERS);
-            if pool.len() < KEEP_BUFFERS {
-                pool.push(m);
-            }
-        }
-    }
+    buffers::take(len, "a sealed file's buffer")
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -510,7 +470,7 @@ impl Encrypted {
             let len = key.params().stored_len(plain, env.len() as u64) as usize;
             let mut m = buffer(len)?;
             key.seal_into(&parts, &env, &mut m[..len]);
-            Ok(Bytes::from_owner(Pooled(Some(m), len)))
+            Ok(Bytes::from_owner(Pooled::new(m, len)))
         })
         .await?;
         lock(&self.crypt.learned.sizes).remove(rel);
@@ -547,7 +507,7 @@ impl Encrypted {
                     let len = key.segments_len(plain, segs.clone());
                     let piece = buffer(len).map(|mut m| {
                         key.seal_segments(&parts, segs, &mut m[..len]);
-                        Bytes::from_owner(Pooled(Some(m), len))
+                        Bytes::from_owner(Pooled::new(m, len))
                     });
                     let failed = piece.is_err();
                     // The writer stopped (a failed write): so does this thread.

@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod buffers;
 mod crypt;
 pub mod local;
 mod location;

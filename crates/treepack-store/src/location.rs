@@ -2,7 +2,7 @@
 //! the name shown in messages, the traffic counters and whether it may be written. Its methods
 //! hand the work to the backend.
 
-use crate::backend::{Backend, Listed, Progress, RangeRead, Swap, Version, Write};
+use crate::backend::{Backend, Listed, Progress, RangeRead, Swap, Version, Write, WriteStream};
 use crate::local::{Local, SaveMarker};
 use crate::{Error, Layout, ReadMode, RemoteTuning, Result, StorageOptions, MANIFEST_NAME};
 use bytes::Bytes;
@@ -489,6 +489,37 @@ impl Location {
         let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
         self.backend.put(self, rel, Write { parts, create_only, durable, progress }).await?;
         self.stats.wrote(n);
+        Ok(())
+    }
+
+    /// [`put_tracked`](Self::put_tracked) of parts made while the object is written (each asked
+    /// for once the one before is written): a single file written as its chunks are hashed. An
+    /// `Err` part ends the write with nothing committed; so does a stream the caller abandons
+    /// (it sends an `Err`). Local disk writes the parts as they come; other stores gather them
+    /// first (`Backend::put_stream`).
+    pub async fn put_stream(
+        &self,
+        rel: &str,
+        parts: Box<dyn Iterator<Item = Result<Bytes>> + Send>,
+        create_only: bool,
+        durable: bool,
+        progress: Option<&dyn Progress>,
+    ) -> Result<()> {
+        self.refuse_write()?;
+        #[cfg(feature = "failpoints")]
+        crate::local::failpoint::before_put();
+        let n = Arc::new(AtomicU64::new(0));
+        let counted = {
+            let n = n.clone();
+            Box::new(parts.inspect(move |p| {
+                if let Ok(b) = p {
+                    n.fetch_add(b.len() as u64, Ordering::Relaxed);
+                }
+            }))
+        };
+        let stream = WriteStream { parts: counted, create_only, durable, progress };
+        self.backend.put_stream(self, rel, stream).await?;
+        self.stats.wrote(n.load(Ordering::Relaxed));
         Ok(())
     }
 

@@ -251,7 +251,15 @@ fn replay(rel: &str, old: Option<&Node>, new: &Node, durable: bool) -> Report {
     let root = tmp.path().join("fs");
     std::fs::create_dir(&root).unwrap();
     let loc = root.join(rel);
-    let opts = SaveOptions { pack_bytes: 8 << 10, chunk_bytes: 4 << 10, durable, ..Default::default() };
+    // Small hashing batches: directory packs are written while later chunks are hashed, and a
+    // single file is streamed (written while hashed), as big saves are.
+    let opts = SaveOptions {
+        pack_bytes: 8 << 10,
+        chunk_bytes: 4 << 10,
+        pipeline_batch_bytes: 8 << 10,
+        durable,
+        ..Default::default()
+    };
     if let Some(old) = old {
         save(old, loc.to_str().unwrap(), &opts).unwrap();
     }

@@ -7,6 +7,7 @@
 //! the disk. With `durable` off the same steps run without the fsyncs.
 
 use super::beneath::{io_error, is_refused, Dir, Target};
+use super::direct_write;
 use crate::backend::maybe_spawn_blocking;
 use crate::{Error, Result};
 use bytes::Bytes;
@@ -39,27 +40,21 @@ pub(super) fn put_file_from(
     let staging_name = format!("{name}#{}-{}", std::process::id(), STAGING.fetch_add(1, Ordering::Relaxed));
     let (staging, path) = (dir.join(&staging_name), dir.join(name));
     let mut created = false;
-    // What was written, for the crash-state journal of tests (failpoints) only.
     let seen = std::cell::RefCell::new(Vec::<u8>::new());
     let result = (|| {
         let f = journal::run(
             || {
-                let mut f = dir.create_new(&staging_name)?;
+                let f = dir.create_new(&staging_name)?;
                 created = true;
-                let (mut written, mut flushing) = (0u64, 0u64);
-                for p in parts {
-                    let p = p?;
+                // What was written, for the crash-state journal of tests (failpoints) only.
+                let mut recorded = parts.map(|p| {
                     #[cfg(feature = "failpoints")]
-                    seen.borrow_mut().extend_from_slice(&p);
-                    for piece in p.chunks(WRITEBACK_BYTES) {
-                        f.write_all(piece)?;
-                        written += piece.len() as u64;
-                        if durable && written - flushing >= WRITEBACK_BYTES as u64 {
-                            start_writeback(&f, flushing, written - flushing);
-                            flushing = written;
-                        }
+                    if let Ok(b) = &p {
+                        seen.borrow_mut().extend_from_slice(b);
                     }
-                }
+                    p
+                });
+                write_parts(&f, &mut recorded, durable)?;
                 Ok(f)
             },
             || journal::FsOp::Write { path: staging.clone(), data: seen.take() },
@@ -92,6 +87,41 @@ pub(super) fn put_file_from(
         let _ = dir.unlink(&staging_name);
     }
     result
+}
+
+/// Write `parts` to the empty file `f`: a durable file of at least [`direct_write::MIN_BYTES`]
+/// straight to the device (direct_write.rs), anything else through the page cache, a durable
+/// one with writeback started as it goes.
+fn write_parts(f: &File, parts: &mut dyn Iterator<Item = io::Result<Bytes>>, durable: bool) -> io::Result<()> {
+    let mut head = vec![];
+    if durable {
+        let mut len = 0;
+        while len < direct_write::MIN_BYTES {
+            let Some(p) = parts.next() else { break };
+            let p = p?;
+            len += p.len();
+            head.push(p);
+        }
+        if len >= direct_write::MIN_BYTES {
+            if let Some(direct) = direct_write::open(f) {
+                return direct_write::write(f, direct, &mut head.into_iter().map(Ok).chain(parts));
+            }
+        }
+    }
+    let mut f = f;
+    let (mut written, mut flushing) = (0u64, 0u64);
+    for p in head.into_iter().map(Ok).chain(parts) {
+        let p = p?;
+        for piece in p.chunks(WRITEBACK_BYTES) {
+            f.write_all(piece)?;
+            written += piece.len() as u64;
+            if durable && written - flushing >= WRITEBACK_BYTES as u64 {
+                start_writeback(f, flushing, written - flushing);
+                flushing = written;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A durable write asks the kernel to start writing each run of this many bytes to the device

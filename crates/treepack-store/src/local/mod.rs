@@ -11,6 +11,7 @@
 pub(crate) mod beneath;
 #[cfg(target_os = "linux")]
 mod direct;
+mod direct_write;
 pub(crate) mod durable;
 #[cfg(feature = "failpoints")]
 pub(crate) mod failpoint;

@@ -84,6 +84,7 @@ pub async fn commit_parts_async(loc: &Location, parts: &[Vec<u8>], opts: &SaveOp
         stats,
         previous,
         single_parts: None,
+        single_stream: None,
         new_names,
         stored,
         tracker,
@@ -142,8 +143,12 @@ pub(crate) struct Written {
     pub(crate) stats: serde_json::Value,
     /// Packs of the tree being replaced (directory layout), removed after the commit.
     pub(crate) previous: Option<Vec<String>>,
-    /// The single-file layout's one pack (its parts), written with the manifest.
+    /// The single-file layout's one pack (its parts, or those not streamed yet), written with
+    /// the manifest.
     pub(crate) single_parts: Option<PackOut>,
+    /// A single file being written as its chunks were hashed: the manifest and the footer are
+    /// its last parts.
+    pub(crate) single_stream: Option<SingleStream>,
     pub(crate) new_names: HashSet<String>,
     pub(crate) stored: u64,
     pub(crate) tracker: Tracker,
@@ -171,7 +176,11 @@ pub(super) async fn commit(loc: &Location, w: Written, opts: &SaveOptions) -> Re
     }
     let tracker = &w.tracker;
     if single {
-        let mut parts = vec![Bytes::copy_from_slice(&container::header(minor))];
+        let streamed = w.single_stream;
+        let mut parts = match &streamed {
+            Some(_) => vec![],
+            None => vec![Bytes::copy_from_slice(&container::header(minor))],
+        };
         let mut end = container::HEADER_LEN;
         if let Some((_, p, size)) = w.single_parts {
             parts.extend(p);
@@ -180,7 +189,16 @@ pub(super) async fn commit(loc: &Location, w: Written, opts: &SaveOptions) -> Re
         tracker.set_total(end + mlen + container::FOOTER_LEN);
         parts.extend(mparts);
         parts.push(Bytes::copy_from_slice(&container::footer(end, mlen)));
-        loc.put_tracked(".", parts, !opts.overwrite, opts.durable, Some(tracker)).await?;
+        match streamed {
+            Some(s) if s.minor != minor => {
+                return Err(Error::internal("a streamed single file's header does not match its manifest's version"))
+            }
+            Some(s) => {
+                tracker.advance(parts.iter().map(|p| p.len() as u64).sum());
+                s.finish(parts)?;
+            }
+            None => loc.put_tracked(".", parts, !opts.overwrite, opts.durable, Some(tracker)).await?,
+        }
     } else {
         tracker.set_total(w.stored + mlen);
         // Commit protocol: the packs' names are made durable before the manifest that names
@@ -200,4 +218,82 @@ pub(super) async fn commit(loc: &Location, w: Written, opts: &SaveOptions) -> Re
         }
     }
     Ok(SaveInfo { bytes_written: loc.stats().bytes_written() - w.before, packs: pack_count, ..w.info })
+}
+
+/// A single file written while its chunks are hashed: its header first, its chunks as they are
+/// laid out, its manifest and footer at the commit, all through one streamed put on a thread of
+/// its own (local disk: the file under its staging name, committed only after the footer).
+/// Dropped unfinished (a failed save), it ends the put with an error, so nothing is committed.
+pub(crate) struct SingleStream {
+    tx: Option<std::sync::mpsc::SyncSender<Result<Bytes>>>,
+    done: Option<std::thread::JoinHandle<Result<()>>>,
+    /// The format version its header was written with.
+    pub(crate) minor: u16,
+}
+
+impl SingleStream {
+    /// Start the put of `loc`'s single file, sending its header (version `minor`).
+    pub(crate) fn start(loc: &Location, minor: u16, create_only: bool, durable: bool) -> Result<SingleStream> {
+        // A few parts ahead: they are slices of the caller's buffers, not copies.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Bytes>>(4);
+        let loc = loc.clone();
+        let background = crate::runtime::is_background();
+        let done = std::thread::Builder::new()
+            .name("treepack-write".into())
+            .spawn(move || {
+                crate::runtime::in_background_if(background, || {
+                    futures::executor::block_on(loc.put_stream(
+                        ".",
+                        Box::new(rx.into_iter()),
+                        create_only,
+                        durable,
+                        None,
+                    ))
+                })
+            })
+            .map_err(|e| Error::Io { path: "treepack-write thread".into(), source: e })?;
+        let s = SingleStream { tx: Some(tx), done: Some(done), minor };
+        s.send(Bytes::copy_from_slice(&container::header(minor)));
+        Ok(s)
+    }
+
+    /// Send the next part; `false` when the put has stopped (see [`failed`](Self::failed)).
+    pub(crate) fn send(&self, part: Bytes) -> bool {
+        self.tx.as_ref().is_some_and(|t| t.send(Ok(part)).is_ok())
+    }
+
+    /// The error the put stopped with.
+    pub(crate) fn failed(&mut self) -> Error {
+        drop(self.tx.take());
+        match self.join() {
+            Err(e) => e,
+            Ok(()) => Error::internal("the single file's writer stopped without an error"),
+        }
+    }
+
+    /// Send the last parts and wait for the file to be committed.
+    fn finish(mut self, last: Vec<Bytes>) -> Result<()> {
+        for p in last {
+            if !self.send(p) {
+                break;
+            }
+        }
+        drop(self.tx.take());
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<()> {
+        self.done
+            .take()
+            .map_or(Ok(()), |h| h.join().unwrap_or_else(|_| Err(Error::internal("the single file's writer panicked"))))
+    }
+}
+
+impl Drop for SingleStream {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(Err(Error::internal("the save stopped before its file was complete")));
+        }
+        let _ = self.join();
+    }
 }

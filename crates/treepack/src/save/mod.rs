@@ -32,7 +32,7 @@ use crate::Location;
 use bytes::Bytes;
 use check::check_tree;
 pub(crate) use commit::Written;
-use commit::{commit, old_packs};
+use commit::{commit, old_packs, SingleStream};
 pub use commit::{commit_parts_async, save_part_async};
 pub(crate) use packs::Reuse;
 use packs::{hash_and_layout, hash_and_write_pipelined, write_packs, PackOut};
@@ -503,13 +503,50 @@ pub(crate) async fn write_data(
     let pack_bytes = if loc.is_encrypted() { opts.pack_bytes.min(ENCRYPTED_PACK_BYTES) } else { opts.pack_bytes };
     // An encrypted tree's packs are named by a key of the save's, not by their content alone.
     let name_key = loc.pack_name_key()?;
+    // The format version a manifest of this tree is stamped with, given whether any chunk
+    // ended up compressed (known only after hashing).
+    let object_dicts = manifest::has_object_dicts(&entries);
+    let packed = opts.packs_manifest(single || reuse.is_some());
+    let stamp = |compressed: bool| {
+        let minor = oldest_minor(planner.dtype_minor, object_dicts, planner.annotated, has_refs, compressed);
+        let minor = if packed { minor.max(manifest::PACKED_MINOR) } else { minor };
+        if loc.is_encrypted() {
+            minor.max(crate::format::crypt::ENCRYPTED_MINOR)
+        } else {
+            minor
+        }
+    };
+    let mut single_stream = None;
     let (hashed, pack_list, single_parts) = if single || pending_bytes <= batch {
+        // A big single file on local disk is written while its chunks are hashed, when its
+        // header (which holds the format version) is known before: no chunk is compressed.
+        let streams = single
+            && pending_bytes > batch
+            && reuse.is_none()
+            && loc.local().is_some()
+            && !loc.is_encrypted()
+            && pending.iter().all(|p| p.encoding.is_none());
         let mut packs: Vec<PackOut> = vec![];
-        let hashed = hash_and_layout(&pending, single, pack_bytes, u64::MAX, reuse.clone(), name_key, |p| {
+        let push = |p| {
             packs.push(p);
             true
-        })
-        .ok_or_else(|| Error::internal("layout stopped without a reason"))?;
+        };
+        let hashed = if streams {
+            let s = single_stream.insert(SingleStream::start(loc, stamp(false), !opts.overwrite, opts.durable)?);
+            let mut send = |b: Bytes| {
+                tracker.advance(b.len() as u64);
+                s.send(b)
+            };
+            hash_and_layout(&pending, true, pack_bytes, batch, None, name_key, push, Some(&mut send))
+        } else {
+            hash_and_layout(&pending, single, pack_bytes, u64::MAX, reuse.clone(), name_key, push, None)
+        };
+        let hashed = match (hashed, single_stream.as_mut()) {
+            (Some(h), _) => h,
+            // The writer stopped: its error says why.
+            (None, Some(s)) => return Err(s.failed()),
+            (None, None) => return Err(Error::internal("layout stopped without a reason")),
+        };
         let list: Vec<(String, u64)> = packs.iter().map(|(n, _, s)| (n.clone(), *s)).collect();
         if single {
             (hashed, list, packs.into_iter().next())
@@ -572,11 +609,7 @@ pub(crate) async fn write_data(
         pack_list.extend(hashed.known_packs.iter().filter_map(|&i| r.packs.get(i as usize).cloned()));
     }
     let compressed = hashed.refs.iter().any(|r| !r.codec.is_identity());
-    let packed = opts.packs_manifest(loc.layout() == Layout::SingleFile || reuse.is_some());
-    let minor =
-        oldest_minor(planner.dtype_minor, manifest::has_object_dicts(&root), planner.annotated, has_refs, compressed);
-    let minor = if packed { minor.max(manifest::PACKED_MINOR) } else { minor };
-    let minor = if loc.is_encrypted() { minor.max(crate::format::crypt::ENCRYPTED_MINOR) } else { minor };
+    let minor = stamp(compressed);
     let manifest = Manifest {
         version: (manifest::VERSION_MAJOR, minor),
         writer: opts.writer.clone(),
@@ -606,6 +639,7 @@ pub(crate) async fn write_data(
         stats,
         previous,
         single_parts,
+        single_stream,
         new_names: new_pack_names,
         stored,
         tracker,

@@ -119,6 +119,12 @@ impl Layouter {
         finished
     }
 
+    /// The parts of the open pack laid out so far, taken out of it (its size stays): a single
+    /// file written as it is laid out (`stream` of [`hash_and_layout`]).
+    fn take_open_parts(&mut self) -> Vec<Bytes> {
+        self.open.as_mut().map(|(parts, _)| coalesce(std::mem::take(parts))).unwrap_or_default()
+    }
+
     /// Finish the open pack. Pack `n` is named by the BLAKE3 of the (hash, pack) records of
     /// every chunk stored in packs 0..=n: known the moment the pack is full, deterministic and
     /// content-derived (docs/format.md, "Writer rules for layout").
@@ -155,7 +161,11 @@ pub(super) struct Hashed {
 type ChunkStats = (Hash32, Option<(f64, f64)>, Option<(Bytes, Codec)>);
 
 /// Hash (and min/max) the pending chunks in batches, lay them out in order, and hand each pack
-/// to `emit` as soon as it is complete. Stops early (returning `None`) when `emit` says so.
+/// to `emit` as soon as it is complete. With `stream`, the open pack's parts are handed to it
+/// after each batch instead (a single file written while later chunks are hashed; the pack
+/// `emit` gets at the end holds only what was not streamed). Stops early (returning `None`) when
+/// `emit` or `stream` says so.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn hash_and_layout(
     pending: &[Pending],
     single: bool,
@@ -164,6 +174,7 @@ pub(super) fn hash_and_layout(
     reuse: Option<std::sync::Arc<Reuse>>,
     name_key: Option<[u8; 32]>,
     mut emit: impl FnMut(PackOut) -> bool,
+    mut stream: Option<&mut dyn FnMut(Bytes) -> bool>,
 ) -> Option<Hashed> {
     let known = reuse.clone();
     let mut lay = Layouter::new(single, pack_bytes, reuse, name_key);
@@ -200,6 +211,13 @@ pub(super) fn hash_and_layout(
             };
             if let Some(pack) = added {
                 if !emit(pack) {
+                    return None;
+                }
+            }
+        }
+        if let Some(send) = stream.as_mut() {
+            for part in lay.take_open_parts() {
+                if !send(part) {
                     return None;
                 }
             }
@@ -291,9 +309,16 @@ pub(super) async fn hash_and_write_pipelined(
         .spawn(move || {
             let mut tx = tx;
             let hashed = crate::runtime::in_background_if(background, || {
-                hash_and_layout(&pending, false, pack_bytes, batch_bytes, reuse, name_key, |pack| {
-                    futures::executor::block_on(tx.send(pack)).is_ok()
-                })
+                hash_and_layout(
+                    &pending,
+                    false,
+                    pack_bytes,
+                    batch_bytes,
+                    reuse,
+                    name_key,
+                    |pack| futures::executor::block_on(tx.send(pack)).is_ok(),
+                    None,
+                )
             });
             drop(tx);
             // The chunks go back to the caller's thread, which owns (and frees) the buffers.

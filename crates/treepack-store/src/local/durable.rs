@@ -47,13 +47,14 @@ pub(super) fn put_file_from(
                 let f = dir.create_new(&staging_name)?;
                 created = true;
                 // What was written, for the crash-state journal of tests (failpoints) only.
-                let mut recorded = parts.map(|p| {
-                    #[cfg(feature = "failpoints")]
-                    if let Ok(b) = &p {
+                #[cfg(feature = "failpoints")]
+                let mut recorded = parts.inspect(|p| {
+                    if let Ok(b) = p {
                         seen.borrow_mut().extend_from_slice(b);
                     }
-                    p
                 });
+                #[cfg(not(feature = "failpoints"))]
+                let mut recorded = parts;
                 write_parts(&f, &mut recorded, durable)?;
                 Ok(f)
             },

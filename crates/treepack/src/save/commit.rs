@@ -220,6 +220,10 @@ pub(super) async fn commit(loc: &Location, w: Written, opts: &SaveOptions) -> Re
     Ok(SaveInfo { bytes_written: loc.stats().bytes_written() - w.before, packs: pack_count, ..w.info })
 }
 
+/// Parts a streamed single file's hashing may be ahead of its writer: two default batches (64
+/// MiB) of default chunks (4 MiB), and more of smaller ones.
+const STREAM_PARTS_AHEAD: usize = 64;
+
 /// A single file written while its chunks are hashed: its header first, its chunks as they are
 /// laid out, its manifest and footer at the commit, all through one streamed put on a thread of
 /// its own (local disk: the file under its staging name, committed only after the footer).
@@ -234,8 +238,10 @@ pub(crate) struct SingleStream {
 impl SingleStream {
     /// Start the put of `loc`'s single file, sending its header (version `minor`).
     pub(crate) fn start(loc: &Location, minor: u16, create_only: bool, durable: bool) -> Result<SingleStream> {
-        // A few parts ahead: they are slices of the caller's buffers, not copies.
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Bytes>>(4);
+        // Parts are slices of the caller's buffers (or small parts gathered), not copies: the
+        // hashing may run two batches of chunks ahead of the writer, so that neither waits for
+        // the other between batches.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Bytes>>(STREAM_PARTS_AHEAD);
         let loc = loc.clone();
         let background = crate::runtime::is_background();
         let done = std::thread::Builder::new()

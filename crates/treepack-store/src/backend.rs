@@ -159,6 +159,21 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     }
 }
 
+/// `parts`, counting the bytes of those taken: the count is read once the write is done.
+#[allow(clippy::type_complexity)]
+pub(crate) fn counted(
+    parts: Box<dyn Iterator<Item = Result<Bytes>> + Send>,
+) -> (Box<dyn Iterator<Item = Result<Bytes>> + Send>, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    let n = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = n.clone();
+    let parts = Box::new(parts.inspect(move |p| {
+        if let Ok(b) = p {
+            seen.fetch_add(b.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+    }));
+    (parts, n)
+}
+
 /// Run blocking work (a file read) from async code: on tokio's blocking pool when a runtime
 /// drives the caller, right here otherwise — so each read is written once, as async code, and a
 /// local future can be driven on the calling thread with no runtime at all.

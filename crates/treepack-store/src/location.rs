@@ -483,12 +483,18 @@ impl Location {
         durable: bool,
         progress: Option<&dyn Progress>,
     ) -> Result<()> {
-        self.refuse_write()?;
-        #[cfg(feature = "failpoints")]
-        crate::local::failpoint::before_put();
+        self.before_put()?;
         let n: u64 = parts.iter().map(|b| b.len() as u64).sum();
         self.backend.put(self, rel, Write { parts, create_only, durable, progress }).await?;
         self.stats.wrote(n);
+        Ok(())
+    }
+
+    /// What every put checks first (and where the crash tests' failpoint stops the process).
+    fn before_put(&self) -> Result<()> {
+        self.refuse_write()?;
+        #[cfg(feature = "failpoints")]
+        crate::local::failpoint::before_put();
         Ok(())
     }
 
@@ -505,19 +511,9 @@ impl Location {
         durable: bool,
         progress: Option<&dyn Progress>,
     ) -> Result<()> {
-        self.refuse_write()?;
-        #[cfg(feature = "failpoints")]
-        crate::local::failpoint::before_put();
-        let n = Arc::new(AtomicU64::new(0));
-        let counted = {
-            let n = n.clone();
-            Box::new(parts.inspect(move |p| {
-                if let Ok(b) = p {
-                    n.fetch_add(b.len() as u64, Ordering::Relaxed);
-                }
-            }))
-        };
-        let stream = WriteStream { parts: counted, create_only, durable, progress };
+        self.before_put()?;
+        let (parts, n) = crate::backend::counted(parts);
+        let stream = WriteStream { parts, create_only, durable, progress };
         self.backend.put_stream(self, rel, stream).await?;
         self.stats.wrote(n.load(Ordering::Relaxed));
         Ok(())

@@ -511,15 +511,7 @@ impl crate::Backend for Local {
 
     fn put_stream<'a>(&'a self, loc: &'a Location, rel: &'a str, write: WriteStream<'a>) -> BoxFuture<'a, ()> {
         let WriteStream { parts, create_only, durable, progress } = write;
-        let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let counted = {
-            let n = n.clone();
-            Box::new(parts.inspect(move |p| {
-                if let Ok(b) = p {
-                    n.fetch_add(b.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                }
-            }))
-        };
+        let (counted, n) = crate::backend::counted(parts);
         let put = durable::put_target_from(self.target(rel), counted, create_only, durable, loc.display().to_string());
         async move {
             put.await?;

@@ -44,25 +44,14 @@ ARRAYS = 64
 CHILD = r"""
 import sys, time, os, resource
 import numpy as np
+sys.path.insert(0, {here!r})
+from case import _fsync
 op, peer, path, gib = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 ARRAYS = {arrays}
 
 def tree():
     n = int(gib * (1 << 30)) // 4 // ARRAYS
     return {{f"layer{{i:02d}}": np.arange(i * n, (i + 1) * n, dtype=np.uint32).view(np.float32) for i in range(ARRAYS)}}
-
-def fsync_path(p):
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fsync_path_dir = os.path.dirname(os.path.abspath(p))
-    fd = os.open(fsync_path_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 if op == "save":
     t0 = tree()
@@ -84,7 +73,7 @@ if op == "save":
         safetensors.numpy.save_file(t0, path)
     elif peer == "safetensors-fsync":
         safetensors.numpy.save_file(t0, path)
-        fsync_path(path)
+        _fsync(path)
     elif peer == "torch":
         torch.save(t0, path)
     else:
@@ -136,7 +125,7 @@ def clean(path: str) -> None:
 
 
 def run_child(op: str, peer: str, path: str, gib: float) -> tuple[float, int]:
-    code = CHILD.format(arrays=ARRAYS)
+    code = CHILD.format(arrays=ARRAYS, here=HERE)
     out = subprocess.run([sys.executable, "-c", code, op, peer, path, str(gib)], capture_output=True, text=True,
                          env=os.environ)
     if out.returncode != 0:

@@ -28,6 +28,18 @@ fn tree(v: u8) -> Node {
     Node::dict([("a", arr(5000, v)), ("b", arr(3000, v.wrapping_add(1)))])
 }
 
+/// 24 MiB of distinct 4 MiB chunks: a durable save writes it directly (O_DIRECT, files of 16
+/// MiB or more) and, as a `.tpk` with small hashing batches, while hashing it.
+fn big_tree(v: u8) -> Node {
+    let n = 24usize << 20;
+    let bytes: Vec<u8> = (0..n).map(|i| (i % 251) as u8 ^ (i >> 22) as u8 ^ v).collect();
+    Node::dict([("big", Node::from(ArrayData::new(DType::U8, vec![n as u64], bytes).unwrap()))])
+}
+
+fn big_overwrite() -> SaveOptions {
+    SaveOptions { overwrite: true, pipeline_batch_bytes: 1 << 20, pack_bytes: 64 << 20, ..Default::default() }
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -178,6 +190,23 @@ fn an_overwrite_refuses_a_linked_packs_folder() {
     out.assert_unchanged();
 }
 
+/// The same with packs big enough to be written directly (O_DIRECT) and pipelined.
+#[test]
+fn a_big_durable_overwrite_refuses_a_linked_packs_folder() {
+    let test = "a_big_durable_overwrite_refuses_a_linked_packs_folder";
+    let Some(out) = child_or_outside(|loc| child::outcome(save(&big_tree(7), s(loc), &big_overwrite())), Some(""))
+    else {
+        return;
+    };
+    link_folder(&out, "packs");
+    assert_link(&run(test, &out.loc), &out.loc.join("packs"));
+    out.assert_unchanged();
+    // A first save into a folder that holds only the link: refused the same way.
+    std::fs::remove_file(out.loc.join("treepack.json")).unwrap();
+    assert_link(&run("an_overwrite_refuses_a_linked_packs_folder", &out.loc), &out.loc.join("packs"));
+    out.assert_unchanged();
+}
+
 fn save_onto_a_linked_manifest(test: &str, opts: SaveOptions) {
     let Some(out) = child_or_outside(|loc| child::outcome(save(&tree(7), s(loc), &opts)), None) else { return };
     std::fs::create_dir_all(&out.loc).unwrap();
@@ -203,6 +232,11 @@ fn an_overwrite_refuses_a_linked_manifest() {
 /// In the child: plant links at the names this process's next save would take for its
 /// marker (`marker`) or its staging file, then save (overwrite) to `t.tpk`.
 fn save_tpk_with_planted(loc: &Path, marker: bool) -> String {
+    save_tpk_with_planted_of(loc, marker, &tree(7), &overwrite())
+}
+
+/// [`save_tpk_with_planted`] of `tree` with `opts`.
+fn save_tpk_with_planted_of(loc: &Path, marker: bool, tree: &Node, opts: &SaveOptions) -> String {
     let target = target_of(loc);
     for n in 0..8 {
         let name = if marker {
@@ -212,7 +246,7 @@ fn save_tpk_with_planted(loc: &Path, marker: bool) -> String {
         };
         symlink(target.join("config.json"), loc.join(name)).unwrap();
     }
-    child::outcome(save(&tree(7), s(&loc.join("t.tpk")), &overwrite()))
+    child::outcome(save(tree, s(&loc.join("t.tpk")), opts))
 }
 
 /// A single-file save (test `test`) into links planted at the names it would take (see
@@ -231,6 +265,22 @@ fn a_single_file_save_refuses_a_planted_staging_link() {
     if let Some(out) = planted_link_refused("a_single_file_save_refuses_a_planted_staging_link", false, "t.tpk#") {
         assert!(load(s(&out.loc.join("t.tpk")), &LoadOptions::default()).unwrap().exact_eq(&tree(1)));
     }
+}
+
+/// The same for a big `.tpk` written while hashed and directly (the streamed put's staging
+/// file is the one planted).
+#[test]
+fn a_big_streamed_single_file_save_refuses_a_planted_staging_link() {
+    let test = "a_big_streamed_single_file_save_refuses_a_planted_staging_link";
+    let Some(out) =
+        child_or_outside(|loc| save_tpk_with_planted_of(loc, false, &big_tree(7), &big_overwrite()), Some("t.tpk"))
+    else {
+        return;
+    };
+    let got = run(test, &out.loc);
+    assert!(got.starts_with("outcome error link: ") && got.contains("t.tpk#"), "{got}");
+    out.assert_unchanged();
+    assert!(load(s(&out.loc.join("t.tpk")), &LoadOptions::default()).unwrap().exact_eq(&tree(1)));
 }
 
 #[test]

@@ -1,16 +1,15 @@
 //! A global-allocator wrapper for the binaries (the Python extension, the CLI): the inner
-//! allocator for everything but big buffers, which get a private mapping of their own that may
-//! be backed by transparent huge pages. The library itself sets no global allocator.
+//! allocator for everything but big buffers, which get a private mapping of their own, given
+//! back to the system when freed. The library itself sets no global allocator.
 //!
-//! Why (design decision 39): a whole load reads big leaves with `O_DIRECT` straight into
-//! their buffers. The device takes at most 254 memory segments per request here (virtio-blk;
-//! NVMe has a similar limit), so a 4 MiB read into 4 KiB pages goes out as four ~1 MiB
-//! requests; into 2 MiB pages it is one. The kernel also faults a huge page in once instead of
-//! 512 times. The inner allocator's arenas (mimalloc's, in the binaries) stay on 4 KiB pages (decision 28: huge pages there made
-//! small allocations stall now and then), so only allocations of `BIG` bytes or more take this
-//! path, each mapped alone and unmapped when freed: no huge page is ever reused for small
-//! objects. Where the kernel has no transparent huge pages, the `madvise` fails harmlessly and
-//! the mapping is an ordinary one; off Linux everything goes to the inner allocator.
+//! Why (design decisions 39 and 96): only allocations of `BIG` bytes or more take this path,
+//! each mapped alone and unmapped when freed, so a load's buffers never stay in the inner
+//! allocator's arenas (mimalloc's, in the binaries, on 4 KiB pages: decision 28). Such mappings
+//! were advised `MADV_HUGEPAGE` (decision 39: a 4 MiB `O_DIRECT` read into 2 MiB pages leaves
+//! as one request where the device takes 254 segments); measured again (decision 96), fresh
+//! huge pages made loads in new processes 1.3-2.4 times slower on the benchmark VM, so that
+//! advice is now opt-in: `TREEPACK_HUGE_PAGES=1`. Off Linux everything goes to the inner
+//! allocator.
 
 use std::alloc::{GlobalAlloc, Layout};
 
@@ -48,9 +47,34 @@ fn map(size: usize) -> *mut u8 {
     if p == libc::MAP_FAILED {
         return std::ptr::null_mut();
     }
-    // SAFETY: [p, p + len) is the mapping just made. Advice only: failure changes nothing.
-    unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+    if huge_pages() {
+        // SAFETY: [p, p + len) is the mapping just made. Advice only: failure changes nothing.
+        unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+    }
     p.cast()
+}
+
+/// Whether big mappings are advised `MADV_HUGEPAGE`: only when `TREEPACK_HUGE_PAGES=1` is set
+/// (design decision 96: on the benchmark VM, fresh huge pages cost 1.3-2.4 times the time of
+/// 4 KiB ones in a new process's loads). Read once, with `getenv` (which allocates nothing:
+/// this runs inside the allocator).
+#[cfg(target_os = "linux")]
+fn huge_pages() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static STATE: AtomicU8 = AtomicU8::new(0); // 0: not read yet, 1: off, 2: on
+    match STATE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            // SAFETY: a NUL-terminated name; the value, if any, is read before anything else
+            // could change the environment on this thread.
+            let v = unsafe { libc::getenv(c"TREEPACK_HUGE_PAGES".as_ptr()) };
+            // SAFETY: getenv returns null or a NUL-terminated string.
+            let on = !v.is_null() && unsafe { std::ffi::CStr::from_ptr(v) }.to_bytes() == b"1";
+            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+    }
 }
 
 #[cfg(target_os = "linux")]
@@ -180,6 +204,44 @@ mod tests {
                 p = q;
             }
             A.dealloc(p, l);
+        }
+    }
+
+    /// Big mappings are not advised `MADV_HUGEPAGE` unless `TREEPACK_HUGE_PAGES=1` (decision
+    /// 96): the mapping's `VmFlags` in /proc/self/smaps have no `hg`.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn big_mappings_are_not_advised_huge_pages_by_default() {
+        if std::env::var_os("TREEPACK_HUGE_PAGES").is_some() {
+            return; // (the advice was asked for: nothing to check)
+        }
+        let l = Layout::from_size_align(6 << 20, 64).unwrap();
+        // SAFETY: non-zero layout, freed with the same layout.
+        unsafe {
+            let p = A.alloc(l);
+            assert!(!p.is_null());
+            let start = p as usize;
+            let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+            let mut inside = false;
+            let mut flags = None;
+            for line in smaps.lines() {
+                if let Some((range, _)) = line.split_once(' ') {
+                    if let Some((a, b)) = range.split_once('-') {
+                        if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                            inside = a <= start && start < b;
+                            continue;
+                        }
+                    }
+                }
+                if inside {
+                    if let Some(f) = line.strip_prefix("VmFlags:") {
+                        flags = Some(f.split_whitespace().map(str::to_string).collect::<Vec<_>>());
+                    }
+                }
+            }
+            A.dealloc(p, l);
+            let flags = flags.expect("the big block's mapping is in /proc/self/smaps");
+            assert!(!flags.iter().any(|f| f == "hg"), "advised MADV_HUGEPAGE: {flags:?}");
         }
     }
 

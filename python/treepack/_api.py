@@ -669,9 +669,9 @@ def load_structure(path: PathLike, *, storage_options: StorageOptions = None, en
         # Not a treepack tree: an Orbax or JAX checkpoint is read as the tree it holds (asked
         # only here, so that a treepack load pays nothing for it).
         fmt = _foreign(p)
-        if fmt not in ("orbax", "jax"):
+        if fmt not in ("orbax", "jax", "npy", "npz", "zarr", "hdf5"):
             raise
-    from ._foreign_jax import structure
+    from ._foreign_view import structure
 
     return structure(p, fmt)
 

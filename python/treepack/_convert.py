@@ -377,15 +377,22 @@ def _read_member(z: Any, info: Any, archive: int, path: str) -> Any:
 
 
 def _npy_header(fp: Any) -> Tuple[Tuple[int, ...], np.dtype]:
-    """An ``.npy`` header's shape and dtype, through numpy's public readers (format 3.0 is 2.0's
-    layout with UTF-8 text: read here with the same literal-only parse)."""
+    """An ``.npy`` header's shape and dtype (``_npy_layout``)."""
+    shape, _fortran, dtype, _ = _npy_layout(fp)
+    return shape, dtype
+
+
+def _npy_layout(fp: Any) -> Tuple[Tuple[int, ...], bool, np.dtype, int]:
+    """An ``.npy`` header's shape, Fortran order, dtype and length (where its data begins), read
+    from ``fp`` at the array's start through numpy's public readers (format 3.0 is 2.0's layout
+    with UTF-8 text: read here with the same literal-only parse)."""
     import ast
 
     version = np.lib.format.read_magic(fp)
     if version == (1, 0):
-        shape, _fortran, dtype = np.lib.format.read_array_header_1_0(fp, max_header_size=_MAX_NPY_HEADER)
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp, max_header_size=_MAX_NPY_HEADER)
     elif version == (2, 0):
-        shape, _fortran, dtype = np.lib.format.read_array_header_2_0(fp, max_header_size=_MAX_NPY_HEADER)
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp, max_header_size=_MAX_NPY_HEADER)
     elif version == (3, 0):
         (length,) = struct.unpack("<I", fp.read(4))
         if length > _MAX_NPY_HEADER:
@@ -393,12 +400,12 @@ def _npy_header(fp: Any) -> Tuple[Tuple[int, ...], np.dtype]:
         d = ast.literal_eval(fp.read(length).decode("utf-8"))
         if not isinstance(d, dict) or not {"descr", "fortran_order", "shape"} <= set(d):
             raise ValueError("the header is not a dict of descr, fortran_order and shape")
-        shape, dtype = d["shape"], np.lib.format.descr_to_dtype(d["descr"])
+        shape, fortran, dtype = d["shape"], d["fortran_order"], np.lib.format.descr_to_dtype(d["descr"])
     else:
         raise ValueError(f"unknown .npy format version {version}")
     if not isinstance(shape, tuple) or not all(type(n) is int and n >= 0 for n in shape):
         raise ValueError(f"bad shape {shape!r}")
-    return shape, dtype
+    return shape, bool(fortran), dtype, fp.tell()
 
 
 def _check_npy_header(fp: Any, size: int, path: str, member: str) -> None:

@@ -352,21 +352,11 @@ def refuse_url(src: str, fmt: str) -> None:
 def read_and_save(b: Any, src: str, dst: str, fmt: str, overwrite: bool, storage_options: StorageOptions,
                   select: Optional[List[str]] = None, **save_kwargs: Any) -> Dict[str, int]:
     """Read the store at ``src`` through the backend ``b`` and save it as a tree at ``dst``."""
-    if not os.path.exists(src):
-        raise FileNotFoundError(f"{src}: no such file or directory")
-    try:
-        root = b.open(src)
-    except TreepackError:
-        raise
-    except Exception as e:  # the libraries raise their own types for files that are not theirs
-        raise ForeignFileError(f"{src}: not a readable {b.name} store: {e}") from None
+    root = open_root(b, src)
     counts = {"tensors": 0, "bytes": 0}
     try:
         lazy = _registry.method("lazy_arrays")()  # (Dask's, when it is installed; else None)
-        counts["limit"] = SPARSE_LIMIT * b.stored + (1 << 30)
-        counts["stored"] = b.stored
-        tree, notes = _read_group(b, root, "", _Read(counts, lazy), 0)
-        del counts["limit"], counts["stored"]
+        tree, notes = read_tree(b, root, counts, lazy)
         if select:
             tree = select_tree(tree, select, src)
             counts = _convert_count(tree)
@@ -382,6 +372,31 @@ def read_and_save(b: Any, src: str, dst: str, fmt: str, overwrite: bool, storage
     finally:
         b.close(root)
     return counts
+
+
+def open_root(b: Any, src: str) -> Any:
+    """The root group of the store at ``src``, opened through the backend ``b`` (its checks
+    made): what ``read_tree`` reads, and ``b.close`` closes."""
+    if not os.path.exists(src):
+        raise FileNotFoundError(f"{src}: no such file or directory")
+    try:
+        return b.open(src)
+    except TreepackError:
+        raise
+    except Exception as e:  # the libraries raise their own types for files that are not theirs
+        raise ForeignFileError(f"{src}: not a readable {b.name} store: {e}") from None
+
+
+def read_tree(b: Any, root: Any, counts: Dict[str, int], lazy: Any) -> Tuple[Any, Dict[str, Any]]:
+    """The tree of the store whose root group is ``root`` and its root's notes; ``lazy`` (an
+    object with ``array(a, chunks, view)``, or None) stands in for big arrays, which are then
+    not read here. ``counts`` gets the arrays' count and declared bytes."""
+    counts["limit"] = SPARSE_LIMIT * b.stored + (1 << 30)
+    counts["stored"] = b.stored
+    try:
+        return _read_group(b, root, "", _Read(counts, lazy), 0)
+    finally:
+        del counts["limit"], counts["stored"]
 
 
 def _convert_count(tree: Any) -> Dict[str, int]:
@@ -516,7 +531,7 @@ def _read_array(b: Any, a: Any, path: str, st: _Read) -> Any:
         if notes.get("kind") == "bytes":
             return np.asarray(a[...], np.uint8).tobytes()
         view = _codec.np_dtype(json.dumps(notes["dtype"])) if "dtype" in notes else None
-        if st.lazy is not None and nbytes > BLOCK_BYTES and a.ndim > 0:
+        if st.lazy is not None and a.ndim > 0 and (nbytes > BLOCK_BYTES or getattr(st.lazy, "every_array", False)):
             return st.lazy.array(a, b.chunks(a), view)
         data = np.asarray(a[...])
         return data.view(view) if view is not None else data

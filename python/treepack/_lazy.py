@@ -4,11 +4,11 @@ the chunks a slice touches."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _codec, _core, _encryption, _registry, _signing
+from . import _codec, _core, _encryption, _foreign_view, _registry, _signing
 from ._api import PathLike, StorageOptions, UntrustedTypeError, _opts, _path, _struct_node
 
 
@@ -72,6 +72,9 @@ class LazyArray:
         """This array as a Dask array: one task per block, each reading only the chunks its
         block covers (ranged reads on object stores). ``chunks`` as in ``dask.array``;
         default: the stored chunk grid. The graph holds no data, only where to read."""
+        if isinstance(self._r, _foreign_view.ForeignReader):
+            # Another tool's file: blocks read through its own library, as slices are.
+            return self._r.to_dask(self.path, chunks)
         location, storage_options = self._where
         if not location:
             raise ValueError("to_dask needs a LazyArray from treepack.open(...)")
@@ -182,6 +185,8 @@ class View:
 
     def _repr_html_(self) -> str:
         """Notebooks: the subtree as a compact HTML tree, from the manifest alone (no server)."""
+        if isinstance(self._r, _foreign_view.ForeignReader):
+            return self._r.html(self.path)
         return _core.reader_html(self._r, self.path)
 
 
@@ -200,26 +205,35 @@ def open(
     min_version: Optional[int] = None,
     not_before: Any = None,
     encryption: Any = None,
-) -> View:
+) -> Union[View, LazyArray]:
     """Open a stored tree lazily: ``open(p)["params"]["w"][0:2]`` reads only the chunks it needs
     (on object stores: one GET for the manifest, then ranged GETs). ``signed_by`` (and
     ``min_version``, ``not_before``) as ``load``'s: the signature is checked against the
     manifest the view reads through, before the view is returned; every chunk read is then
     hash-checked against it. ``encryption``: the key of an encrypted tree (docs/encryption.md);
-    each read decrypts only the segments it touches."""
+    each read decrypts only the segments it touches. Files of other tools open as the tree a
+    load gives: ``.npy`` (as a ``LazyArray``), ``.npz``, Zarr, HDF5, Orbax and JAX through their
+    own libraries (their index read at open, each slice reading only what it touches)."""
     p = _path(path)
     storage_options = _encryption.keyed(storage_options, encryption)
     try:
         reader = _core.Reader(p, _opts(storage_options))
-    except _core.TreepackError as e:
-        # Files the Python package reads for another tool (Zarr, HDF5, npz, Orbax, JAX) have
-        # no lazy reader: say so, and what works, instead of "no treepack tree".
-        fmt = _core.detect_format(p, True)
-        if fmt in ("treepack", "safetensors", "torch", "gguf", "dcp"):
+    except (_core.TreepackError, FileNotFoundError):
+        # Files the Python package reads for another tool (npy, npz, Zarr, HDF5, Orbax, JAX):
+        # their own index read here, their arrays read by the slices taken.
+        fmt = _core.detect_format(p, True) if "://" not in p else None
+        if fmt not in _foreign_view.FORMATS:
             raise
-        raise type(e)(f"{p} is a {fmt} checkpoint, which treepack.open does not read lazily: load it with "
-                      f"treepack.load({p!r}), or convert it once (treepack.convert({p!r}, 'model.tpk')) and open "
-                      f"that") from None
+        if encryption is not None:
+            raise _core.NotEncryptedError(f"{p}: a {fmt} file is not encrypted, and encryption= was given: open it "
+                                          "without a key") from None
+        if signed_by is not None:
+            raise _core.UnsignedError(f"{p}: a {fmt} file holds no treepack signature, and signed_by= asks for one: "
+                                      "store it as a treepack tree (treepack.convert), sign that, and open it") from None
+        foreign = _foreign_view.open_reader(p, fmt)
+        if foreign.kind("") == "array":
+            return LazyArray(foreign, "", (p, None))  # (an .npy holds one array)
+        return View(foreign, "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing, where=(p, None))
     if signed_by is not None:
         _signing.check_reader(reader, signed_by, min_version, not_before)
     else:

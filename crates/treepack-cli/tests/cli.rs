@@ -801,6 +801,33 @@ fn a_safetensors_file_is_read_by_every_reading_command() {
     assert!(out.starts_with("converted 3 tensors"), "{out}");
 }
 
+/// A file of another tool's that the Python package reads (npy, npz, HDF5) is named as such by
+/// every reading command, with what to do, instead of "missing TREEPACK magic" (session 37).
+#[test]
+fn a_file_the_python_package_reads_is_named_with_what_to_do() {
+    let d = tempfile::tempdir().unwrap();
+    let npy = b"\x93NUMPY\x01\x00\x76\x00{'descr': '<f8', 'fortran_order': False, 'shape': (0,), }".to_vec();
+    for (name, head, fmt) in [
+        ("a.npy", npy, "npy"),
+        ("a.npz", b"PK\x03\x04\x14\x00\x00\x00\x00\x00 not a whole zip".to_vec(), "npz"),
+        ("a.h5", b"\x89HDF\r\n\x1a\n not a whole file".to_vec(), "hdf5"),
+    ] {
+        let p = d.path().join(name);
+        let mut bytes = head;
+        bytes.resize(4096, b' ');
+        std::fs::write(&p, bytes).unwrap();
+        for cmd in ["inspect", "ls", "verify"] {
+            let out = tp().args([cmd, p.to_str().unwrap()]).output().unwrap();
+            assert_eq!(out.status.code(), Some(2), "{cmd} {name}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains(&format!("this is a {fmt} file")) && err.contains("treepack.open("),
+                "{cmd} {name}: {err}"
+            );
+        }
+    }
+}
+
 /// A folder of another tool's that the Python package reads (Zarr, Orbax, JAX) is named as such
 /// by every reading command, with what to do, instead of "no treepack tree".
 #[test]

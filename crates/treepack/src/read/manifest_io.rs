@@ -46,15 +46,8 @@ async fn no_tree_here(loc: &Location, file: &str) -> Error {
         };
     }
     // Another tool's checkpoint folder the Python package reads (Zarr, Orbax, JAX).
-    if let Some(fmt) = loc.local_path().and_then(crate::convert::content_format).filter(|f| *f != "treepack") {
-        return Error::NotFound {
-            location: loc.display().to_string(),
-            detail: format!(
-                "no treepack tree here: this is a {fmt} folder, which the Python package reads \
-                 (treepack.load(\"{0}\")) or converts (python -m treepack convert {0} model.tpk)",
-                loc.display()
-            ),
-        };
+    if let Some(e) = python_read(loc, "folder") {
+        return e;
     }
     let packs = loc.list(crate::store::PACKS_DIR).await.map(|v| v.len()).unwrap_or(0);
     if packs > 0 {
@@ -75,10 +68,26 @@ async fn no_tree_here(loc: &Location, file: &str) -> Error {
 
 async fn read_single_manifest(loc: &Location) -> Result<Bytes> {
     let (tail, size) = loc.read_suffix(".", TAIL_READ).await?;
-    match locate_manifest(tail, size, loc.display())? {
-        Tail::Manifest(b) => Ok(b),
-        Tail::Need(r) => loc.read_range(".", r).await,
+    match locate_manifest(tail, size, loc.display()) {
+        Ok(Tail::Manifest(b)) => Ok(b),
+        Ok(Tail::Need(r)) => loc.read_range(".", r).await,
+        Err(e @ Error::NotTreepack { .. }) => Err(python_read(loc, "file").unwrap_or(e)),
+        Err(e) => Err(e),
     }
+}
+
+/// For a local file or folder of another tool that only the Python package reads (npy, npz,
+/// HDF5, Zarr, Orbax, JAX; told by its content), the error that says so and what reads it.
+fn python_read(loc: &Location, what: &str) -> Option<Error> {
+    let fmt = loc.local_path().and_then(crate::convert::content_format).filter(|f| *f != "treepack")?;
+    Some(Error::NotFound {
+        location: loc.display().to_string(),
+        detail: format!(
+            "no treepack tree here: this is a {fmt} {what}, which the Python package reads \
+             (treepack.load(\"{0}\"), treepack.open(\"{0}\")) or converts (python -m treepack convert {0} model.tpk)",
+            loc.display()
+        ),
+    })
 }
 
 /// Where a single file's manifest is, from the file's last bytes.

@@ -8,8 +8,9 @@ alternating, medians reported (issue 54's benchmark; results in bench/RESULTS.md
 - a `save_pretrained` folder of 8 safetensors shards and its index: treepack vs load_file of each
   shard.
 
-Lazy loaders (mmap) touch every tensor's last element, so that every peer has its tensors' pages
-mapped when the clock stops; treepack and torch.load copy the bytes.
+Lazy loaders (mmap: torch's, safetensors' `load_file`, `treepack.load(mmap=True)`) touch every
+tensor's last element, so that every peer has its tensors' pages mapped when the clock stops;
+treepack's default load and torch.load copy the bytes.
 
     .venv/bin/python bench/pt_load_bench.py [--runs 5] [--dir DIR]
 """
@@ -29,6 +30,9 @@ t0 = time.perf_counter()
 if peer == "treepack":
     import treepack
     sd = treepack.load(path)
+elif peer == "treepack-mmap":
+    import treepack
+    sd = treepack.load(path, mmap=True)
 elif peer == "torch-mmap":
     sd = torch.load(path, mmap=True, weights_only=True)
 elif peer == "torch":
@@ -39,7 +43,7 @@ else:
     sd = {}
     for f in files:
         sd.update(load_file(f))
-if peer in ("torch-mmap", "load_file"):
+if peer in ("torch-mmap", "load_file", "treepack-mmap"):
     sum(float(t.view(-1)[-1]) for t in sd.values() if t.numel())  # touch every tensor's last page
 print(time.perf_counter() - t0, sum(t.numel() for t in sd.values()))
 """
@@ -64,10 +68,10 @@ def main() -> None:
                   metadata={"format": "pt"})
         model.save_pretrained(sharded, max_shard_size="70MB")
     cases = [
-        ("GPT-2 pytorch_model.bin", bin_, ["torch", "torch-mmap", "treepack"]),
-        ("GPT-2 model.safetensors", st, ["load_file", "treepack"]),
+        ("GPT-2 pytorch_model.bin", bin_, ["torch", "torch-mmap", "treepack", "treepack-mmap"]),
+        ("GPT-2 model.safetensors", st, ["load_file", "treepack", "treepack-mmap"]),
         (f"GPT-2 in {len([f for f in os.listdir(sharded) if f.endswith('.safetensors')])} safetensors shards", sharded,
-         ["load_file", "treepack"]),
+         ["load_file", "treepack", "treepack-mmap"]),
     ]
     for title, path, peers in cases:
         size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) if os.path.isdir(path) \

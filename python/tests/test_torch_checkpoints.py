@@ -369,3 +369,70 @@ assert bad["pickle:" + {boom!r}] == ["thing/0"], bad
     r = h.error(f"import treepack\ntreepack.load({str(p)!r})\n", "TreepackError", "Exception", match=CANARY_MODULE)
     assert "thing" in r["message"], r["message"]
     assert not (h.outside / "PWNED").exists()
+
+
+def test_a_whole_load_built_from_the_file_gives_what_the_general_path_gives(tmp_path):
+    """A whole load of a checkpoint (or a safetensors file) is built straight from the tree the
+    file holds (session 37); a load with select= still goes through the tree in memory. Both
+    give the same tensors, tied weights, metadata and flags, mmap=True too."""
+    from safetensors.torch import save_file
+
+    model = tiny_gpt2()
+    opt = trained_optimizer(model)
+    p, o, st = tmp_path / "m.bin", tmp_path / "o.pt", tmp_path / "m.safetensors"
+    torch.save(model.state_dict(), p)
+    torch.save(opt.state_dict(), o)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}, st,
+              metadata={"format": "pt"})
+    for f in (p, o, st):
+        for mmap in (False, True):
+            whole = treepack.load(f, mmap=mmap)
+            general = treepack.load(f, mmap=mmap, select="**")
+            same(general, whole, str(f))
+            if f != st:
+                same(torch.load(f, weights_only=True), whole, str(f))
+    got = treepack.load(p)
+    assert got["lm_head.weight"].data_ptr() == got["transformer.wte.weight"].data_ptr()
+    assert got._metadata == torch.load(p, weights_only=True)._metadata
+    got["transformer.wte.weight"].add_(1)  # writable, its own memory (the file is unchanged)
+    assert torch.equal(torch.load(p, weights_only=True)["transformer.wte.weight"], model.transformer.wte.weight)
+
+
+@pytest.mark.parametrize("kind", ["torch", "safetensors"])
+def test_a_default_load_outlives_its_file_rewritten_in_place(tmp_path, kind):
+    """``torch.save(treepack.load(p), p)``: the file is truncated and rewritten while the loaded
+    tensors live. A default load copies out of the file, so they keep their values (tensors that
+    viewed the file's mapping would die with SIGBUS, as with any mmap load: run in a child)."""
+    p = tmp_path / ("m.bin" if kind == "torch" else "m.safetensors")
+    code = f"""
+import torch, treepack
+from safetensors.torch import save_file
+p = {str(p)!r}
+torch.manual_seed(0)
+sd = {{f"w{{i}}": torch.randn(256, 1024) for i in range(8)}}
+if {kind!r} == "torch":
+    torch.save(sd, p)
+else:
+    save_file(sd, p)
+want = [float(t.sum()) for t in sd.values()]
+got = treepack.load(p, framework="torch")
+if {kind!r} == "torch":
+    torch.save({{"other": torch.zeros(3)}}, p)
+else:
+    save_file({{"other": torch.zeros(3)}}, p)
+assert [float(t.sum()) for t in got.values()] == want
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+def test_an_mmap_load_of_a_safetensors_file_gives_read_only_views(tmp_path):
+    from safetensors.numpy import save_file
+
+    a = np.arange(1 << 16, dtype=np.float32).reshape(256, 256)
+    save_file({"a": a, "b": a[:3].copy()}, tmp_path / "n.safetensors")
+    got = treepack.load(tmp_path / "n.safetensors", mmap=True)
+    assert not got["a"].flags.writeable and np.array_equal(got["a"], a)
+    copied = treepack.load(tmp_path / "n.safetensors")
+    assert copied["a"].flags.writeable and np.array_equal(copied["a"], a)

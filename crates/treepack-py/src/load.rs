@@ -486,6 +486,16 @@ pub(crate) fn load_tree(
     min_version: Option<u64>,
     not_before_ms: Option<u64>,
 ) -> PyResult<Py<PyAny>> {
+    if select.is_none() && !like && !progress && expect_root.is_none() && signed_by.is_none() {
+        let plain = storage_options.as_ref().is_none_or(|o| o.key.is_none());
+        if plain {
+            if let Some(out) =
+                load_foreign_whole(py, path, &storage_options, &decode_other, &np_dtype, &free_types, mmap)?
+            {
+                return Ok(out);
+            }
+        }
+    }
     let loc = location(path, storage_options)?;
     // A signed load: the core checks the manifest it builds from (docs/signing.md); readers
     // Python opens check their own (`LoadRequest.reader`).
@@ -505,6 +515,44 @@ pub(crate) fn load_tree(
     let paths =
         PyLoadPaths { decode_other, np_dtype, free_types, open_reader, through_reader, verify, expect_root, signed_by };
     py.detach(|| treepack::read::one_pass::load_with(&loc, &opts, &paths))
+}
+
+/// A whole load of another tool's local file that the core reads (`torch.save`, safetensors,
+/// GGUF, DCP, Hugging Face shards), asking for nothing a treepack tree is needed for (no
+/// selection, template, progress, expected root or signature): built straight from the tree
+/// the file holds (`Location::foreign_of`), with no treepack tree in memory between — no chunk
+/// hashed, no copy but the one into each array. With `mmap`, arrays are read-only views of the
+/// file's private mapping (nothing is read until touched); otherwise each is copied out, in
+/// parallel, before anything is built. `None` when the path is not such a file, or when the
+/// build needs what only the general path gives (an audit of a type): the caller then loads
+/// it the general way, which reports in full.
+#[allow(clippy::too_many_arguments)]
+fn load_foreign_whole(
+    py: Python<'_>,
+    path: &str,
+    storage_options: &Options,
+    decode_other: &Py<PyAny>,
+    np_dtype: &Py<PyAny>,
+    free_types: &HashSet<String>,
+    mmap: bool,
+) -> PyResult<Option<Py<PyAny>>> {
+    let opts: treepack::StorageOptions =
+        storage_options.as_ref().map(|a| a.options.clone().into_iter().collect()).unwrap_or_default();
+    let tree = py
+        .detach(|| {
+            let Some(found) = treepack::Location::foreign_of(path, &opts)? else { return Ok(None) };
+            if mmap {
+                Ok(Some(found.tree))
+            } else {
+                found.into_owned().map(Some)
+            }
+        })
+        .map_err(py_err)?;
+    let Some(tree) = tree else { return Ok(None) };
+    let dec = Decoder::new(py, Some(decode_other.bind(py).clone()), Some(np_dtype.bind(py).clone()), mmap);
+    let builder = LoadBuilder::new(dec, Some(free_types));
+    let built = without_gc(py, || Ok(treepack::format::manifest::replay_values(&builder, tree)))?;
+    Ok(built.ok().map(Bound::unbind))
 }
 
 /// The Python paths of [`load_tree`]; each takes the GIL back for its Python work.

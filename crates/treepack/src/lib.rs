@@ -49,7 +49,7 @@ pub use format::hash::Hash32;
 pub use format::manifest::{Entry, LeafInfo, Manifest};
 pub use format::model::{ArrayData, Int, Key, Leaf, Node, Place, Tree};
 pub use gc::GcReport;
-pub use location::Location;
+pub use location::{ForeignTree, Location};
 pub use progress::ProgressFn;
 pub use read::{LoadOptions, Problem, Reader, VerifyReport};
 pub use repo::{Repository, TreeRef};

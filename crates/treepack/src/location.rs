@@ -55,6 +55,78 @@ const SAFETENSORS_READ_ONLY: &str =
 const CHECKPOINT_READ_ONLY: &str = "a folder of checkpoint shards is read as a tree but not written to as one: save \
                                     to another directory or a .tpk (`treepack cp CHECKPOINT DST` stores its tree)";
 
+/// Why a torch.save checkpoint's location refuses writes.
+const TORCH_READ_ONLY: &str = crate::foreign::torch::DOCUMENT_READ_ONLY;
+
+/// What a torch.save checkpoint's location is shown as read from.
+const TORCH_READ_FROM: &str = "torch.save checkpoint";
+
+/// The tree another tool's file holds ([`Location::foreign_tree`]), and how a location over it
+/// says where it came from.
+#[derive(Debug)]
+pub struct ForeignTree {
+    /// The tree, its arrays views of the file where they can be.
+    pub tree: crate::Node,
+    /// The file's metadata (safetensors' `__metadata__`, GGUF's key-value pairs), as a tree's.
+    pub metadata: Option<serde_json::Value>,
+    why: &'static str,
+    read_from: &'static str,
+}
+
+impl ForeignTree {
+    /// The tree with every array's bytes copied out of the file into memory of its own, each
+    /// array in 8 MiB pieces on the compute pool's threads (fresh pages are faulted in on every
+    /// core, not one): what a load that does not map the file gives, so that its arrays outlive
+    /// any later change to the file (a file rewritten in place under a mapping's views kills the
+    /// process). Each array's buffer is its own, so a builder takes it without a second copy.
+    ///
+    /// # Errors
+    /// None in practice: each array is rebuilt from its own parts.
+    pub fn into_owned(self) -> Result<crate::Node> {
+        use crate::format::model::{ArrayData, Leaf};
+        use rayon::prelude::*;
+        let mut tree = self.tree;
+        let mut leaves = Vec::new();
+        tree.for_each_leaf_mut(&mut |l| leaves.push(std::mem::replace(l, Leaf::None)));
+        let copied: Vec<Leaf> = crate::runtime::parallel(|| {
+            leaves
+                .into_par_iter()
+                .map(|l| match l {
+                    Leaf::Array(a) => {
+                        let annotation = a.annotation().cloned();
+                        let (dtype, shape, bytes) = a.into_parts();
+                        let copy = bytes::Bytes::from(owned_copy(&bytes));
+                        Ok(Leaf::Array(ArrayData::new(dtype, shape, copy)?.annotated(annotation.as_ref())))
+                    }
+                    other => Ok(other),
+                })
+                .collect::<Result<Vec<Leaf>>>()
+        })?;
+        let mut copied = copied.into_iter();
+        tree.for_each_leaf_mut(&mut |l| {
+            if let Some(c) = copied.next() {
+                *l = c;
+            }
+        });
+        Ok(tree)
+    }
+}
+
+/// `src` copied into a fresh buffer, 8 MiB pieces at a time on the calling pool's threads.
+fn owned_copy(src: &[u8]) -> Vec<u8> {
+    use rayon::prelude::*;
+    const PIECE: usize = 8 << 20;
+    let mut v: Vec<u8> = Vec::with_capacity(src.len());
+    v.spare_capacity_mut()[..src.len()].par_chunks_mut(PIECE).zip(src.par_chunks(PIECE)).for_each(|(d, s)| {
+        // SAFETY: `d` and `s` are the same piece of two slices of equal length (so of equal
+        // length themselves), one in a fresh allocation: they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), d.as_mut_ptr().cast::<u8>(), s.len()) };
+    });
+    // SAFETY: every one of the first `src.len()` bytes was written above.
+    unsafe { v.set_len(src.len()) };
+    v
+}
+
 /// Why a transport document's location refuses writes.
 const DOCUMENT_READ_ONLY: &str =
     "a JSON transport document is read as a tree but not written to; save to a directory or \
@@ -98,34 +170,75 @@ impl Location {
         if file && crate::transport::is_document_file(path) {
             return crate::transport::read_document_file(path, s);
         }
+        match Self::foreign_tree(path, file)? {
+            Some(f) => Self::read_into_memory(&f.tree, f.metadata, s, f.why, f.read_from, loc),
+            None => Ok(loc.into()),
+        }
+    }
+
+    /// The tree another tool's local file or folder named by the location string `s` holds
+    /// ([`Location::foreign_tree`]), where `s` names one as [`Location::parse_with`] reads it;
+    /// `None` for every other location.
+    ///
+    /// # Errors
+    /// As [`Location::parse_with`].
+    pub fn foreign_of(s: &str, options: &StorageOptions) -> Result<Option<ForeignTree>> {
+        if s.is_empty() || split_tree(s).is_some() {
+            return Ok(None);
+        }
+        let loc = store::Location::parse_with(s, options)?;
+        let Some(path) = loc.local_path() else { return Ok(None) };
+        let file = loc.layout() == Layout::SingleFile;
+        if file && crate::transport::is_document_file(path) {
+            return Ok(None);
+        }
+        Self::foreign_tree(path, file)
+    }
+
+    /// The tree another tool's local file or folder holds, told by its content (by the one
+    /// detector `convert` and the Python package use), read without running its code; `None`
+    /// for anything else (a treepack tree, or what only the Python package reads). Its arrays
+    /// are views of the file's bytes (a private memory map) where they can be. What
+    /// [`Location::parse_with`] stores in memory as a read-only tree, and what a whole load
+    /// builds from directly (`treepack-py`'s `load`).
+    ///
+    /// # Errors
+    /// The format reader's: a damaged or hostile file, a refused pickle global, a link.
+    pub fn foreign_tree(path: &Path, file: bool) -> Result<Option<ForeignTree>> {
+        let found = |tree, metadata, why, read_from| Ok(Some(ForeignTree { tree, metadata, why, read_from }));
         match crate::convert::content_format(path) {
             // Read without pickle.
-            Some("torch") if file => crate::foreign::torch::open_location(path, s),
+            Some("torch") if file => found(crate::foreign::torch::read(path)?, None, TORCH_READ_ONLY, TORCH_READ_FROM),
             // A folder of Hugging Face shards and their index: one flat tree.
             Some("torch") => match crate::foreign::sharded::find(path) {
-                Some(found) => {
-                    let (tree, metadata) = crate::foreign::sharded::read(&found)?;
-                    Self::read_into_memory(&tree, metadata, s, CHECKPOINT_READ_ONLY, "folder of torch.save shards", loc)
+                Some(found_shards) => {
+                    let (tree, metadata) = crate::foreign::sharded::read(&found_shards)?;
+                    found(tree, metadata, CHECKPOINT_READ_ONLY, "folder of torch.save shards")
                 }
-                None => Ok(loc.into()),
+                None => Ok(None),
             },
             // A torch.distributed checkpoint folder: its entries, flat, by their names.
-            Some("dcp") if !file => crate::foreign::dcp::open_location(path, s),
+            Some("dcp") if !file => {
+                let (tree, metadata) = crate::foreign::dcp::read(path)?;
+                found(tree, metadata, crate::foreign::dcp::READ_ONLY, "torch.distributed checkpoint")
+            }
             // llama.cpp's models: tensors flat by name, quantized ones as their bytes.
-            Some("gguf") if file => crate::foreign::gguf::open_location(path, s),
+            Some("gguf") if file => {
+                let (tree, metadata) = crate::foreign::gguf::read(path)?;
+                found(tree, metadata, crate::foreign::gguf::READ_ONLY, crate::foreign::gguf::READ_FROM)
+            }
             // Its tensors, flat, named as stored (a state_dict's keys); a sharded one's too.
             Some("safetensors") => {
-                let plain: Location = loc.clone().into();
+                let plain: Location = store::Location::parse(&path.to_string_lossy())?.into();
                 let (tree, metadata) = crate::convert::read_safetensors(&plain, None)?;
                 let tree = torch_tensors_where_said(tree, metadata.as_ref())?;
-                let (why, kind) = if file {
-                    (SAFETENSORS_READ_ONLY, "safetensors file")
+                if file {
+                    found(tree, metadata, SAFETENSORS_READ_ONLY, "safetensors file")
                 } else {
-                    (CHECKPOINT_READ_ONLY, "folder of safetensors shards")
-                };
-                Self::read_into_memory(&tree, metadata, s, why, kind, loc)
+                    found(tree, metadata, CHECKPOINT_READ_ONLY, "folder of safetensors shards")
+                }
             }
-            _ => Ok(loc.into()),
+            _ => Ok(None),
         }
     }
 

@@ -338,3 +338,45 @@ fn a_folder_of_torch_shards_reads_through_its_index() {
     };
     assert_eq!(leaves(&t), leaves(&one));
 }
+
+/// What a whole load builds from (`Location::foreign_of`): the tree the checkpoint holds, the
+/// same as the tree its location holds in memory; `into_owned` copies every array out of the
+/// file's mapping into a buffer of its own, with the same bytes and annotations (session 37).
+#[test]
+fn a_checkpoint_read_for_a_whole_load_is_the_tree_its_location_holds_and_owned_copies_are_its_own() {
+    let path = data("state_dict.pt");
+    let s = path.to_str().unwrap();
+    let found = Location::foreign_of(s, &StorageOptions::new()).unwrap().expect("a torch.save checkpoint");
+    let stored = load(Location::parse(s).unwrap(), &LoadOptions::default()).unwrap();
+    assert_eq!(found.tree, stored);
+    let mapped: Vec<(usize, usize)> = {
+        let mut v = Vec::new();
+        found.tree.for_each_leaf(&mut |_, l: &Leaf| {
+            if let Leaf::Array(a) = l {
+                v.push((a.bytes().as_ptr() as usize, a.bytes().len()));
+            }
+        });
+        v
+    };
+    let keep = found.tree.clone(); // (keeps the mapping alive: no new buffer can take its addresses)
+    let owned = found.into_owned().unwrap();
+    assert_eq!(owned, stored);
+    let mut i = 0;
+    owned.for_each_leaf(&mut |_, l: &Leaf| {
+        if let Leaf::Array(a) = l {
+            let (p, n) = (a.bytes().as_ptr() as usize, a.bytes().len());
+            // Not inside any array of the mapped tree (so not the file's mapping).
+            assert!(mapped.iter().all(|&(q, m)| n == 0 || p + n <= q || q + m <= p), "array {i} still views the file");
+            i += 1;
+        }
+    });
+    assert!(i > 3);
+    drop(keep);
+    // Other locations are not foreign files: a treepack tree, a missing path, a remote one.
+    let d = tempfile::tempdir().unwrap();
+    let tpk = d.path().join("t.tpk");
+    save(&owned, Location::parse(tpk.to_str().unwrap()).unwrap(), &SaveOptions::default()).unwrap();
+    for other in [tpk.to_str().unwrap(), "/no/such/file.pt", "memory://bucket/x"] {
+        assert!(Location::foreign_of(other, &StorageOptions::new()).unwrap().is_none(), "{other}");
+    }
+}

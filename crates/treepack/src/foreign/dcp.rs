@@ -42,7 +42,8 @@ pub const MAX_METADATA_BYTES: u64 = 1 << 30;
 const FORMAT: &str = "torch.distributed checkpoint";
 
 /// Why a DCP folder's location refuses writes.
-const READ_ONLY: &str = "a torch.distributed checkpoint folder is read as a tree but not written to as one: save \
+pub(crate) const READ_ONLY: &str =
+    "a torch.distributed checkpoint folder is read as a tree but not written to as one: save \
                          to another directory or a .tpk (`treepack cp CHECKPOINT DST` stores its tree)";
 
 fn bad(file: &Path, reason: impl Into<String>) -> Error {

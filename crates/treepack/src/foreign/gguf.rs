@@ -30,10 +30,10 @@ use std::path::Path;
 pub const QUANTIZED: &str = "gguf.quantized";
 
 /// What the location of a GGUF file is shown as having been read from.
-const READ_FROM: &str = "GGUF file";
+pub(crate) const READ_FROM: &str = "GGUF file";
 
 /// Why a GGUF file's location refuses writes.
-const READ_ONLY: &str = "a GGUF file is read as a tree but not written to; save to a directory or a .tpk \
+pub(crate) const READ_ONLY: &str = "a GGUF file is read as a tree but not written to; save to a directory or a .tpk \
                          (`treepack cp MODEL.gguf DST` stores its tree)";
 
 /// The tree of the GGUF file at `path` as a read-only location in memory, shown as `display`:

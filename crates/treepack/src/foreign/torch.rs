@@ -86,7 +86,7 @@ pub fn open_location(path: &Path, display: &str) -> Result<crate::Location> {
 }
 
 /// Why a checkpoint's location refuses writes.
-const DOCUMENT_READ_ONLY: &str =
+pub(crate) const DOCUMENT_READ_ONLY: &str =
     "a torch.save checkpoint is read as a tree but not written to; save to a directory or a \
                                   .tpk (`treepack cp CHECKPOINT DST` stores its tree)";
 

@@ -6,7 +6,9 @@ alternating, medians reported (issue 54's benchmark; results in bench/RESULTS.md
   and torch.load(mmap=True, weights_only=True);
 - `model.safetensors`: treepack vs safetensors.torch.load_file;
 - a `save_pretrained` folder of 8 safetensors shards and its index: treepack vs load_file of each
-  shard.
+  shard;
+- converting `pytorch_model.bin` to a `.tpk` and to safetensors with `treepack.convert` vs
+  `torch.load` + safetensors' `save_file`.
 
 Lazy loaders (mmap: torch's, safetensors' `load_file`, `treepack.load(mmap=True)`) touch every
 tensor's last element, so that every peer has its tensors' pages mapped when the clock stops;
@@ -49,6 +51,51 @@ print(time.perf_counter() - t0, sum(t.numel() for t in sd.values()))
 """
 
 
+CONVERT = r"""
+import sys, time, os
+import torch
+src, peer, out = sys.argv[1], sys.argv[2], sys.argv[3]
+t0 = time.perf_counter()
+if peer == "torch.load+save_file":
+    from safetensors.torch import save_file
+    sd = torch.load(src, weights_only=True)
+    seen = set()
+    # safetensors refuses tensors that share memory: the tied copy is left out, as
+    # save_model does.
+    keep = {}
+    for k, v in sd.items():
+        if v.untyped_storage().data_ptr() not in seen:
+            seen.add(v.untyped_storage().data_ptr())
+            keep[k] = v.contiguous()
+    save_file(keep, out)
+else:
+    import treepack
+    durable = peer != "treepack->tpk(durable=False)"
+    kwargs = {} if out.endswith(".safetensors") else {"durable": durable}
+    treepack.convert(src, out, overwrite=True, **kwargs)
+print(time.perf_counter() - t0)
+"""
+
+
+def convert_cases(bin_: str, d: str, runs: int) -> None:
+    """Converting the checkpoint: to a treepack .tpk (durable, and not) and to safetensors, by
+    treepack (read without pickle), against torch.load + safetensors' save_file."""
+    peers = [("torch.load+save_file", "peer.safetensors"), ("treepack->safetensors", "tp.safetensors"),
+             ("treepack->tpk", "tp.tpk"), ("treepack->tpk(durable=False)", "tp2.tpk")]
+    times = {k: [] for k, _ in peers}
+    for _ in range(runs):
+        for peer, name in peers:
+            out = subprocess.run([sys.executable, "-c", CONVERT, bin_, peer, os.path.join(d, name)],
+                                 capture_output=True, text=True, check=True)
+            times[peer].append(float(out.stdout.split()[-1]))
+    size = os.path.getsize(bin_)
+    base = statistics.median(times[peers[0][0]])
+    print(f"converting GPT-2 pytorch_model.bin ({size / 2**20:.0f} MiB); medians of {runs} fresh processes")
+    for peer, _ in peers:
+        m = statistics.median(times[peer])
+        print(f"  {peer:28s} {m * 1e3:8.1f} ms  {peers[0][0]} time / this: {base / m:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
@@ -88,6 +135,7 @@ def main() -> None:
         for peer in peers:
             m = statistics.median(times[peer])
             print(f"  {peer:11s} {m * 1e3:8.1f} ms  {size / m / 2**30:5.2f} GiB/s  {peers[0]} time / this: {base / m:.2f}x")
+    convert_cases(bin_, d, args.runs)
 
 
 if __name__ == "__main__":

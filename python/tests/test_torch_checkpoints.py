@@ -391,6 +391,13 @@ def test_a_whole_load_built_from_the_file_gives_what_the_general_path_gives(tmp_
             same(general, whole, str(f))
             if f != st:
                 same(torch.load(f, weights_only=True), whole, str(f))
+    # Tied weights stay tied from a memory map too, on the file's own (copy-on-write) bytes:
+    # no storage allocated and copied for them (session 37); a write stays in this process.
+    lazy = treepack.load(p, mmap=True)
+    assert lazy["lm_head.weight"].data_ptr() == lazy["transformer.wte.weight"].data_ptr()
+    lazy["lm_head.weight"][0, 0] = 123.0
+    assert float(lazy["transformer.wte.weight"][0, 0]) == 123.0
+    assert float(treepack.load(p, mmap=True)["transformer.wte.weight"][0, 0]) == float(model.transformer.wte.weight.detach()[0, 0])
     got = treepack.load(p)
     assert got["lm_head.weight"].data_ptr() == got["transformer.wte.weight"].data_ptr()
     assert got._metadata == torch.load(p, weights_only=True)._metadata

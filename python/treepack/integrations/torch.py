@@ -319,13 +319,22 @@ class Loader:
         if via is None and stored not in _DIRECT:
             raise ValueError(f"a {ann.get('type')} leaf holds an array of dtype {arr.dtype}, which no torch dtype holds")
         base = arr.view(np.dtype(via)) if via is not None else arr
+        own = True  # its memory is this load's alone (see `_in_storage`)
         if base.flags.writeable:
             t = torch.from_numpy(base)
         else:
             # A read-only view of the file's private (copy-on-write) mapping: writes to the
             # tensor stay in this process, as with torch.load(mmap=True).
             ptr = base.__array_interface__["data"][0]
-            if ptr in self._seen and base.nbytes:
+            if ptr in self._seen and base.nbytes and "storage" in ann:
+                # A second view of a range another tensor of a shared storage views (tied
+                # weights read from a checkpoint): it goes into that storage, which is that
+                # range already; no copy of it is made for nothing.
+                own = False
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    t = torch.from_numpy(base)
+            elif ptr in self._seen and base.nbytes:
                 t = torch.from_numpy(base.copy())
             else:
                 self._seen.add(ptr)
@@ -337,7 +346,7 @@ class Loader:
         saved = ann.get("device")
         on_adopted = None
         if "storage" in ann:
-            t, on_adopted = self._in_storage(t, ann["storage"], saved, own=bool(base.flags.writeable))
+            t, on_adopted = self._in_storage(t, ann["storage"], saved, own=own)
         else:
             t = self._place(t, saved)
         if ann.get("type") == PARAMETER:
@@ -356,7 +365,9 @@ class Loader:
 
         The first tensor of a storage that starts it and is laid out as its values are
         (offset 0, C order: tied weights, the base before its views) *is* the storage when
-        ``own`` (its memory is this load's alone) and tensors stay on the CPU: no second buffer
+        ``own`` (its memory is this load's alone: a buffer read for it, a copy, or the first
+        view of its range of a file's private copy-on-write mapping; not a second view of a
+        range another tensor views) and tensors stay on the CPU: no second buffer
         of its size is allocated, zeroed and copied into. Such a storage cannot grow in place,
         so the list returned with the tensor collects the tensors made on it (the caller
         appends what it returns), to be moved onto a bigger storage if a later tensor reaches
@@ -381,7 +392,7 @@ class Loader:
         # would go past it (a small view met before its big base, a select of one view) is
         # loaded as its own tensor: its values are all there, only the sharing is not.
         if self._storage_bytes + grow > Storages.RATIO * (self._held_bytes + nbytes) + Storages.SLACK:
-            return self._place(values, saved), None
+            return self._place(values if own else values.clone(), saved), None
         self._storage_bytes += grow
         self._held_bytes += nbytes
         held = (entry[1] if entry else 0) + nbytes
@@ -410,7 +421,8 @@ class Loader:
                 _fill(storage, old, extent)
         entry[1] = held
         t = torch.empty(0, dtype=values.dtype, device=storage.device).set_(storage, offset, values.shape, stride)
-        _copy_into(t, values)
+        if not (t.data_ptr() == values.data_ptr() and t.stride() == values.stride() and t.device == values.device):
+            _copy_into(t, values)  # (a view of the very bytes it goes to needs no copy)
         if self.map_location is not None and callable(self.map_location) and not isinstance(self.map_location, (str, dict)):
             t = self.map_location(t, saved or "cpu")
         return t, entry[2]

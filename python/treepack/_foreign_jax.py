@@ -863,38 +863,16 @@ def structure(path: str, fmt: str) -> Any:
 
 
 def _structure(path: str, fmt: str) -> Any:
-    from ._structure import LeafInfo, StructNode
+    from ._foreign_view import dtype_name, structure_of
+    from ._structure import LeafInfo
 
     ck = _Checkpoint(path, fmt)
 
-    def dtype_name(dt: np.dtype) -> str:
-        text = json.loads(_core.numpy_dtype_desc(dt)[0])
-        return text if isinstance(text, str) else str(dt)
+    def leaf(x: Any, kp: str) -> Any:
+        if not isinstance(x, _Array):
+            return None
+        if x.kind == "scalar":
+            return LeafInfo(kp, {"b": "bool", "f": "float", "c": "complex"}.get(x.dtype.kind, "int"))
+        return LeafInfo(kp, "array", dtype_name(x.dtype), x.shape, x.nbytes, False)
 
-    def leaf(x: Any, p: Path) -> Any:
-        kp = _keypath(p)
-        if isinstance(x, _Array):
-            if x.kind == "scalar":
-                return LeafInfo(kp, {"b": "bool", "f": "float", "c": "complex"}.get(x.dtype.kind, "int"))
-            return LeafInfo(kp, "array", dtype_name(x.dtype), x.shape, x.nbytes, False)
-        if isinstance(x, np.ndarray):
-            return LeafInfo(kp, "array", dtype_name(x.dtype), x.shape, int(x.nbytes), True)
-        if isinstance(x, np.generic):
-            return LeafInfo(kp, "array", dtype_name(x.dtype), (), int(x.nbytes), True)
-        kind = {bool: "bool", int: "int", float: "float", complex: "complex", str: "str", bytes: "bytes"}.get(type(x), "none")
-        return LeafInfo(kp, kind, None, None, len(x.encode()) if isinstance(x, str) else (len(x) if isinstance(x, bytes) else 0))
-
-    def node(x: Any, p: Path) -> Any:
-        if p in ck.customs:
-            kids = {i: node(v, p + (i,)) for i, v in enumerate(x)}
-            return StructNode("custom", ck.customs[p].type_name, None, kids, _keypath(p))
-        if isinstance(x, collections.OrderedDict):
-            return StructNode("custom", "py.ordereddict", None, {k: node(v, p + (k,)) for k, v in x.items()}, _keypath(p))
-        if isinstance(x, dict):
-            return {k: node(v, p + (k,)) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            items = [node(v, p + (i,)) for i, v in enumerate(x)]
-            return tuple(items) if isinstance(x, tuple) else items
-        return leaf(x, p)
-
-    return node(ck.tree, ())
+    return structure_of(ck.tree, ck.customs, leaf)

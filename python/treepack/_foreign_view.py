@@ -365,20 +365,33 @@ def _materialise(x: Any) -> Any:
     return x
 
 
-def structure_of(tree: Any) -> Any:
+def dtype_name(dt: np.dtype) -> str:
+    """A dtype's name as ``LeafInfo`` gives it (treepack's name where it has one)."""
+    text = json.loads(_core.numpy_dtype_desc(dt)[0])
+    return text if isinstance(text, str) else str(dt)
+
+
+def structure_of(tree: Any, customs: Any = None, leaf: Optional[Callable[[Any, str], Any]] = None) -> Any:
     """``load_structure`` of a tree of values and ``_Lazy`` stand-ins: ``LeafInfo`` at the leaves
-    (shapes and dtypes from the stand-ins, nothing read), ``StructNode`` at ``OrderedDict``s."""
+    (shapes and dtypes from the stand-ins, nothing read), ``StructNode`` at ``OrderedDict``s and
+    at the custom nodes ``customs`` holds by place (a node's children a list, each with
+    ``type_name``). ``leaf(x, key_path)`` gives the ``LeafInfo`` of a stand-in of another
+    reader's (None: not one)."""
     from ._convert import _seg
     from ._structure import LeafInfo, StructNode
+
+    customs = customs or {}
 
     def kp(p: Path) -> str:
         return "/".join(_seg(k) if isinstance(k, str) else str(k) for k in p)
 
-    def dtype_name(dt: np.dtype) -> str:
-        text = json.loads(_core.numpy_dtype_desc(dt)[0])
-        return text if isinstance(text, str) else str(dt)
-
     def node(x: Any, p: Path) -> Any:
+        if p in customs:
+            kids = {i: node(v, p + (i,)) for i, v in enumerate(x)}
+            return StructNode("custom", customs[p].type_name, None, kids, kp(p))
+        own = leaf(x, kp(p)) if leaf is not None else None
+        if own is not None:
+            return own
         if isinstance(x, collections.OrderedDict):
             return StructNode("custom", "py.ordereddict", None, {k: node(v, p + (k,)) for k, v in x.items()}, kp(p))
         if isinstance(x, dict):

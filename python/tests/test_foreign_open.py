@@ -187,6 +187,7 @@ def test_a_zarr_store_opens_lazily_and_a_damaged_chunk_fails_only_when_read(tmp_
     chunk = next(p for p in (tmp_path / "s.zarr" / "a").rglob("*") if p.is_file() and p.parts[-2:] == ("1", "0"))
     chunk.write_bytes(b"garbage, not a zstd frame")
     view = treepack.open(tmp_path / "s.zarr")
+    assert "float64" in view._repr_html_()  # (drawn from the structure: nothing read)
     same(np.arange(100.0).reshape(10, 10)[0:5], view["a"][0:5])
     with pytest.raises(treepack.ForeignFileError, match="s.zarr"):
         view["a"][5:10]

@@ -345,9 +345,12 @@ class ForeignReader:
         return structure_of(self.tree)
 
     def html(self, path: str) -> str:
-        import html
+        """The subtree at ``path`` as the compact HTML tree of its structure (nothing read)."""
+        from ._html import structure_html
 
-        return f"<pre>{html.escape(repr(self.load(subpath=path)) if self.kind(path) != 'dict' else path)}</pre>"
+        x, p = self._node(path)
+        return structure_html(structure_of(x, {q[len(p):]: c for q, c in self._customs.items() if q[:len(p)] == p}),
+                              path or "<root>")
 
 
 def _materialise(x: Any) -> Any:

@@ -7,6 +7,8 @@ unpickles unless ``allow_pickle=True``. See docs/python.md.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import _codec, _core, _like, _registry
 from ._api import (
     LeafInfo,
@@ -36,16 +38,41 @@ from ._registry import Registration, register, registered
 from ._convert import convert
 from ._repo import CheckpointManager, Repository, TreeRef
 from ._transport import dumps, export_json, loads, schema
-from ._signing import SignatureInfo, generate_key, sign, signature, verify_signature
 from ._core import (
     InvalidSignatureError, SignatureError, SignatureMismatchError, UnsignedError, UntrustedSignerError,
     EncryptionError, EncryptedError, NotEncryptedError, WrongKeyError, TamperedError,
 )
 from ._encryption import KeyProvider, Passphrase, generate_encryption_key
-from ._html import HTMLTree, html_tree
-from ._view import ViewServer, view
+
+if TYPE_CHECKING:  # what the names below resolve to, for type checkers and editors
+    from ._html import HTMLTree, html_tree
+    from ._signing import SignatureInfo, generate_key, sign, signature, verify_signature
+    from ._view import ViewServer, view
 
 __version__ = _core.__version__
+
+# Names whose modules load on first use (PEP 562): signing, notebook drawing and the viewer
+# server are what a plain save or load never needs, and their imports (dataclasses, `html`'s
+# entity table) were a third of `import treepack`.
+_LATER = {
+    "SignatureInfo": "_signing", "generate_key": "_signing", "sign": "_signing", "signature": "_signing",
+    "verify_signature": "_signing", "HTMLTree": "_html", "html_tree": "_html", "ViewServer": "_view", "view": "_view",
+}
+
+
+def __getattr__(name: str):  # noqa: ANN202 (the module's own hook)
+    module = _LATER.get(name)
+    if module is None:
+        raise AttributeError(f"module 'treepack' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():  # noqa: ANN202
+    return sorted(set(globals()) | set(_LATER))
 
 __all__ = [
     "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from . import _codec, _core, _encryption, _like, _registry, _signing
+from . import _codec, _core, _encryption, _like, _registry
 from ._async import SaveHandle, _executor
 from ._core import TreepackError
 from ._structure import LeafInfo, StructNode, _struct_node
@@ -397,11 +397,15 @@ def load(
     if signed_by is not None:
         # Checked before anything is built, against the very manifest the load builds from (the
         # core's one pass), or by the reader the load reads through (`LoadRequest.reader`).
+        from . import _signing
+
         signed = _signing.Signed(signed_by, min_version, not_before)
         # Every chunk is checked against the signed manifest, memory-mapped loads too, unless
         # verify=False says otherwise.
         verify = True if verify is None else verify
-    else:
+    elif min_version is not None or not_before is not None:
+        from . import _signing
+
         _signing.no_policy_without_keys(min_version, not_before)
     if framework is not None:
         if framework not in _FRAMEWORKS:

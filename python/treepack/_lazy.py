@@ -8,7 +8,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _codec, _core, _encryption, _foreign_view, _registry, _signing
+from . import _codec, _core, _encryption, _foreign_view, _registry
 from ._api import PathLike, StorageOptions, UntrustedTypeError, _opts, _path, _struct_node
 
 
@@ -234,10 +234,13 @@ def open(
         if foreign.kind("") == "array":
             return LazyArray(foreign, "", (p, None))  # (an .npy holds one array)
         return View(foreign, "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing, where=(p, None))
-    if signed_by is not None:
-        _signing.check_reader(reader, signed_by, min_version, not_before)
-    else:
-        _signing.no_policy_without_keys(min_version, not_before)
+    if signed_by is not None or min_version is not None or not_before is not None:
+        from . import _signing
+
+        if signed_by is not None:
+            _signing.check_reader(reader, signed_by, min_version, not_before)
+        else:
+            _signing.no_policy_without_keys(min_version, not_before)
     return View(reader, "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing, where=(p, storage_options))
 
 

@@ -391,6 +391,7 @@ class Decoder:
         # load: torch's storages shared by several tensors, say).
         self._arrays: Dict[str, Any] = {}
         self._builders: Dict[str, Any] = {}
+        self._anns: Dict[str, Any] = {}
 
     def array(self, arr: np.ndarray, annotation: str) -> Any:
         """An annotated array: a tensor for the torch types, a ``jax.Array`` (or typed keys) for
@@ -398,7 +399,13 @@ class Decoder:
         does not know (the annotation only says what the writer had)."""
         if self.plain:
             return arr
-        ann = json.loads(annotation)
+        # Many leaves of a file carry the same annotation text (every tensor of a safetensors
+        # file, say): each is parsed once a load. Builders only read the dict they are given.
+        ann = self._anns.get(annotation)
+        if ann is None:
+            ann = json.loads(annotation)
+            if len(self._anns) < 4096:
+                self._anns[annotation] = ann
         t = ann.get("type")
         build = self._arrays.get(t) if type(t) is str else _as_stored
         if build is None:

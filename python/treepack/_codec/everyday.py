@@ -6,9 +6,9 @@ runs (a ``defaultdict`` whose factory is a class needs that class trusted)."""
 from __future__ import annotations
 
 import collections
-import fractions
 import json
 import re
+import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -116,7 +116,8 @@ def _encode(obj: Any, t: type) -> Optional[Description]:
         return ("custom", "py.np_random_state", None, [("state", obj.get_state(legacy=False))])
     if t is collections.deque:
         return ("custom", "py.deque", json.dumps({"maxlen": obj.maxlen}), [("items", list(obj))])
-    if t is fractions.Fraction:
+    # A Fraction exists only once `fractions` is imported: a save never imports it to ask.
+    if t is getattr(sys.modules.get("fractions"), "Fraction", None):
         return ("custom", "py.fraction", None, [("numerator", obj.numerator), ("denominator", obj.denominator)])
     if t is memoryview:
         return ("value", "", None, [("value", obj.tobytes())])
@@ -252,6 +253,8 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
     if t == "py.deque":
         return collections.deque(kids["items"], data.get("maxlen"))
     if t == "py.fraction":
+        import fractions
+
         return fractions.Fraction(kids["numerator"], kids["denominator"])
     if t == "py.npdtype":
         if "time" in data:

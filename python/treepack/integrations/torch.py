@@ -291,6 +291,27 @@ def decode_sparse(data: Any, kids: Dict[str, Any]) -> Any:
     return out
 
 
+# numpy dtype -> (its name, the dtype its bytes are viewed as for torch.from_numpy or None),
+# filled as dtypes are met: a dtype's name is slow to ask numpy for, once a tensor.
+_KINDS: Dict[Any, Tuple[str, Optional[str]]] = {}
+_READ_ONLY_WARNED = False
+
+
+def _from_read_only(torch: Any, base: np.ndarray) -> Any:
+    """A tensor viewing the read-only array ``base`` (a view of a file's private copy-on-write
+    mapping). torch warns once a process that it cannot mark tensors read-only (TORCH_WARN_ONCE);
+    that warning is silenced the first time, and the other tensors of a load skip the cost of
+    a warnings filter each."""
+    global _READ_ONLY_WARNED
+    if _READ_ONLY_WARNED:
+        return torch.from_numpy(base)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(base)
+    _READ_ONLY_WARNED = True
+    return t
+
+
 class Loader:
     """Turns the numpy arrays of annotated tensor leaves into tensors, for one load.
 
@@ -314,10 +335,14 @@ class Loader:
     def tensor(self, arr: np.ndarray, ann: Dict[str, Any]) -> Any:
         import torch
 
-        stored = arr.dtype.name
-        via = next((v for v, s in _VIA.values() if s == stored), None)
-        if via is None and stored not in _DIRECT:
-            raise ValueError(f"a {ann.get('type')} leaf holds an array of dtype {arr.dtype}, which no torch dtype holds")
+        kind = _KINDS.get(arr.dtype)
+        if kind is None:
+            stored = arr.dtype.name
+            via = next((v for v, s in _VIA.values() if s == stored), None)
+            if via is None and stored not in _DIRECT:
+                raise ValueError(f"a {ann.get('type')} leaf holds an array of dtype {arr.dtype}, which no torch dtype holds")
+            kind = _KINDS[arr.dtype] = (stored, via)
+        stored, via = kind
         base = arr.view(np.dtype(via)) if via is not None else arr
         own = True  # its memory is this load's alone (see `_in_storage`)
         if base.flags.writeable:
@@ -331,16 +356,12 @@ class Loader:
                 # weights read from a checkpoint): it goes into that storage, which is that
                 # range already; no copy of it is made for nothing.
                 own = False
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)
-                    t = torch.from_numpy(base)
+                t = _from_read_only(torch, base)
             elif ptr in self._seen and base.nbytes:
                 t = torch.from_numpy(base.copy())
             else:
                 self._seen.add(ptr)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)
-                    t = torch.from_numpy(base)
+                t = _from_read_only(torch, base)
         if via is not None:
             t = t.view(getattr(torch, stored))
         saved = ann.get("device")

@@ -1,6 +1,7 @@
 """``python -m treepack convert SRC DST``: the conversions that go through Python libraries
-(npz, npy, Zarr, HDF5; safetensors too), with a progress bar — what the Rust ``treepack``
-command points to for those formats (docs/convert.md)."""
+(npz, npy, Zarr, HDF5; safetensors too), with a progress bar; ``inspect``, ``ls`` and ``cat`` of
+the files only the Python package reads (npy, npz, Zarr, HDF5, Orbax, JAX). The Rust
+``treepack`` command runs these for those formats (docs/convert.md)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,32 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("--overwrite", action="store_true", help="replace what is at DST")
     c.add_argument("--compression", default=None, help="compression policy of a treepack destination (none, auto, zstd, lz4, ...)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    i = sub.add_parser("inspect", help="show the tree of a npy, npz, Zarr, HDF5, Orbax or JAX checkpoint: types, "
+                                        "dtypes, shapes, sizes and totals (no array data read)")
+    i.add_argument("path")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("--key", help="show the subtree at this key path only")
+    i.add_argument("--depth", type=int, help="show this many levels below the root shown (0: the root line only)")
+    i.add_argument("--max-lines", type=int, default=200, help="print at most this many lines of the tree (0: all)")
+    i.add_argument("--width", type=int, default=120, help="cut values and metadata to this many characters (0: whole)")
+    ls = sub.add_parser("ls", help="list the leaves of such a file, one per line; optional key-path globs filter")
+    ls.add_argument("path")
+    ls.add_argument("patterns", nargs="*", help="key-path globs (`params/**`, `layers/*/w`)")
+    cat = sub.add_parser("cat", help="print a value: `cat data.h5 'group/w[0:2, :]'` (numpy-style slice: only "
+                                     "what it covers is read)")
+    cat.add_argument("path")
+    cat.add_argument("key")
     a = p.parse_args(argv)
+    if a.command != "convert":
+        import signal
+
+        from . import _cli
+
+        # `python -m treepack ls big.h5 | head` ends quietly when `head` stops reading.
+        if hasattr(signal, "SIGPIPE"):
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+        return _cli.main(a.command, a)
     kwargs = {}
     if a.compression is not None:
         kwargs["compression"] = a.compression

@@ -215,16 +215,23 @@ def _is_array(x: Any) -> bool:
                                          and not isinstance(x, np.generic))
 
 
-def select_tree(tree: Any, select: List[str], src: str) -> Any:
-    """``tree`` (read from the foreign file ``src``) with only what ``select`` selects: treepack
-    makes the selection on the tree's structure (a stand-in of the tree, every array an empty
-    one, saved in memory), so the patterns mean what they mean for :func:`load` — a place of an
-    object held at several places, once kept, keeps that object — and one that matches nothing
-    raises ``KeyError`` naming it. Dict entries left out are dropped, list and tuple items left
-    out are ``None``; nothing of the arrays is read."""
+def selected_paths(stand_in: Any, select: List[str], src: str) -> Tuple[Optional[Set[str]], Any]:
+    """The key paths ``select`` keeps of the tree ``stand_in`` (its arrays empty ones: it is
+    saved in memory, so that the patterns mean what they mean for :func:`load`), None for all,
+    and the structure of the stand-in. A pattern that matches nothing raises ``KeyError`` naming
+    it and ``src``."""
+    with memory_location() as loc:
+        save(stand_in, loc)
+        r = _core.Reader(loc)
+        return r.convert_keep(list(select), src), r.structure(_struct_node)
+
+
+def stand_in_of(tree: Any) -> Any:
+    """``tree`` with every array an empty one and every bytes value empty: its shape for
+    :func:`selected_paths`. The same object for the same object: sharing is kept."""
     stand_ins: Dict[int, Any] = {}
 
-    def stand_in(x: Any) -> Any:  # the same object for the same object: sharing is kept
+    def stand_in(x: Any) -> Any:
         if id(x) in stand_ins:
             return stand_ins[id(x)]
         if isinstance(x, dict):
@@ -245,11 +252,17 @@ def select_tree(tree: Any, select: List[str], src: str) -> Any:
         stand_ins[id(x)] = out
         return out
 
-    with memory_location() as loc:
-        save(stand_in(tree), loc)
-        r = _core.Reader(loc)
-        keep = r.convert_keep(list(select), src)
-        structure = r.structure(_struct_node)
+    return stand_in(tree)
+
+
+def select_tree(tree: Any, select: List[str], src: str) -> Any:
+    """``tree`` (read from the foreign file ``src``) with only what ``select`` selects: treepack
+    makes the selection on the tree's structure (a stand-in of the tree, every array an empty
+    one, saved in memory), so the patterns mean what they mean for :func:`load` — a place of an
+    object held at several places, once kept, keeps that object — and one that matches nothing
+    raises ``KeyError`` naming it. Dict entries left out are dropped, list and tuple items left
+    out are ``None``; nothing of the arrays is read."""
+    keep, structure = selected_paths(stand_in_of(tree), select, src)
     done: Dict[str, Any] = {}
 
     def prune(x: Any, st: Any, path: str) -> Any:

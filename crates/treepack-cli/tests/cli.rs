@@ -817,7 +817,12 @@ fn a_file_the_python_package_reads_is_named_with_what_to_do() {
         bytes.resize(4096, b' ');
         std::fs::write(&p, bytes).unwrap();
         for cmd in ["inspect", "ls", "verify"] {
-            let out = tp().args([cmd, p.to_str().unwrap()]).output().unwrap();
+            // (inspect and ls run the Python package's command: here no interpreter can be run)
+            let out = tp()
+                .env("TREEPACK_PYTHON", d.path().join("no-python"))
+                .args([cmd, p.to_str().unwrap()])
+                .output()
+                .unwrap();
             assert_eq!(out.status.code(), Some(2), "{cmd} {name}");
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(
@@ -840,7 +845,11 @@ fn a_folder_the_python_package_reads_is_named_with_what_to_do() {
         std::fs::create_dir(&p).unwrap();
         std::fs::write(p.join(marker), "{}").unwrap();
         for cmd in ["inspect", "ls", "verify"] {
-            let out = tp().args([cmd, p.to_str().unwrap()]).output().unwrap();
+            let out = tp()
+                .env("TREEPACK_PYTHON", d.path().join("no-python"))
+                .args([cmd, p.to_str().unwrap()])
+                .output()
+                .unwrap();
             assert_eq!(out.status.code(), Some(2), "{cmd} {name}");
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(
@@ -849,4 +858,80 @@ fn a_folder_the_python_package_reads_is_named_with_what_to_do() {
             );
         }
     }
+}
+
+/// `inspect`, `ls`, `cat` and `convert` of a file the Python package reads run `python -m treepack`
+/// with the same arguments (the interpreter from TREEPACK_PYTHON): its output and exit status are
+/// the command's. An interpreter without the package, or none, is named with what to install;
+/// storage options and keys, which that command does not take, are refused before it runs.
+#[cfg(unix)]
+#[test]
+fn a_file_the_python_package_reads_is_browsed_through_python() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let npz = d.path().join("a.npz");
+    let mut bytes = b"PK\x03\x04".to_vec();
+    bytes.resize(64, 0);
+    std::fs::write(&npz, bytes).unwrap();
+    let log = d.path().join("argv");
+    // A stand-in interpreter: records its arguments, prints a line, exits 3.
+    let fake = d.path().join("fake-python");
+    std::fs::write(
+        &fake,
+        format!("#!/bin/sh\nprintf '%s\\n' \"$@\" > '{}'\necho from-python\necho warned >&2\nexit 3\n", log.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let p = npz.to_str().unwrap();
+    let args = |a: &[&str]| -> Vec<String> { a.iter().map(|s| s.to_string()).collect() };
+    for (cmd, want) in [
+        (
+            args(&["inspect", p, "--key", "w", "--depth", "1"]),
+            args(&["inspect", "--key", "w", "--depth", "1", "--max-lines", "200", "--width", "120", "--", p]),
+        ),
+        (args(&["ls", p, "--", "-x*"]), args(&["ls", "--", p, "-x*"])),
+        (args(&["cat", p, "w[0:2, :]"]), args(&["cat", "--", p, "w[0:2, :]"])),
+        (
+            args(&["convert", p, "out.tpk", "--overwrite", "--select", "w"]),
+            args(&["convert", "--select", "w", "--overwrite", "--", p, "out.tpk"]),
+        ),
+        (args(&["convert", "in.tpk", "out.h5", "-q"]), args(&["convert", "--quiet", "--", "in.tpk", "out.h5"])),
+    ] {
+        let _ = std::fs::remove_file(&log);
+        let out = tp().env("TREEPACK_PYTHON", &fake).args(&cmd).output().unwrap();
+        assert_eq!(out.status.code(), Some(3), "{cmd:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "from-python\n", "{cmd:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "warned\n", "{cmd:?}");
+        // The stand-in gets `-c PROGRAM ARGS…`: the program's lines, then the arguments.
+        let got: Vec<String> = std::fs::read_to_string(&log).unwrap().lines().map(String::from).collect();
+        assert_eq!(got[0], "-c", "{cmd:?}");
+        assert!(got.iter().any(|l| l.contains("from treepack.__main__ import main")), "{got:?}");
+        assert_eq!(got[got.len() - want.len()..], want[..], "{cmd:?}");
+    }
+    // A treepack tree or safetensors file is this command's own: the interpreter is not run.
+    let tree = d.path().join("t");
+    tp().args(["demo", tree.to_str().unwrap()]).output().unwrap();
+    let _ = std::fs::remove_file(&log);
+    let out = tp().env("TREEPACK_PYTHON", &fake).args(["ls", tree.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success() && !log.exists());
+
+    let no_module = d.path().join("bare-python");
+    std::fs::write(&no_module, "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'treepack'\" >&2\nexit 1\n")
+        .unwrap();
+    std::fs::set_permissions(&no_module, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = tp().env("TREEPACK_PYTHON", &no_module).args(["inspect", p]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        err.contains("has no treepack package")
+            && err.contains("pip install treepack")
+            && err.contains("TREEPACK_PYTHON"),
+        "{err}"
+    );
+
+    let _ = std::fs::remove_file(&log);
+    let out = tp().env("TREEPACK_PYTHON", &fake).args(["-o", "region=x", "cat", p, "w"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("without storage options or keys") && !log.exists(), "{err}");
 }

@@ -7,7 +7,9 @@ Prepared for a session lent a GPU machine (one script, run once): it writes a fl
 checkpoint of `--gib` GiB as a treepack directory and a safetensors file, then in fresh
 processes, page cache warm, times
 - `treepack.load(p, map_location=DEVICE)` (tensors made on the CPU, then moved);
-- `treepack.load(p, like=template_on_device)` (read into the device tensors of a template);
+- `treepack.load(p, like=template_on_device)` (read into the device tensors of a template: rows
+  read into three reused pinned buffers, each copied to the device on a stream of its own while
+  the next is read; integrations/torch.py `_read_staged`);
 - `safetensors.torch.load_file(f, device=DEVICE)` and `safe_open(f, "pt", device=DEVICE)`;
 - fastsafetensors' loader when it is installed;
 - the limit: pinned host memory copied to the device (`torch.Tensor.copy_` of pinned buffers).
@@ -73,7 +75,9 @@ sync()
 dt = time.perf_counter() - t0
 n = sum(v.numel() * v.element_size() for v in out.values())
 assert all(str(v.device).startswith(device) for v in out.values()), "a tensor is not on the device"
-print(json.dumps({"case": case, "seconds": dt, "bytes": n}))
+# What was loaded, outside the clock: every case must give the same sums, in the same key order.
+check = [float(out[k].double().sum()) for k in sorted(out)]
+print(json.dumps({"case": case, "seconds": dt, "bytes": n, "check": check}))
 """
 
 CASES = ["h2d-limit", "treepack", "treepack-like", "safetensors", "safe_open", "fastsafetensors"]
@@ -121,6 +125,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         path, st = make(d, gib)
         times = {c: [] for c in CASES}
+        checks: dict = {}
+        bad: list = []
         for _ in range(runs):
             for c in CASES:
                 out = subprocess.run([sys.executable, "-c", CHILD, c, path, st, args.device], capture_output=True, text=True)
@@ -130,6 +136,10 @@ def main() -> None:
                     print(f"{c}: failed\n{out.stderr[-2000:]}")
                     continue
                 res = json.loads(out.stdout.strip().splitlines()[-1])
+                checks.setdefault(c, res["check"])
+                if res["check"] != checks[CASES[0]] and CASES[0] in checks:
+                    print(f"{c}: MISMATCH: what it loaded differs from {CASES[0]}'s")
+                    bad.append(c)
                 times[c].append(res["seconds"])
                 nbytes = res["bytes"]
         print(f"\n{name}, {gib} GiB, medians of {runs}:")
@@ -139,6 +149,8 @@ def main() -> None:
                 print(f"  {c:16} {m * 1000:8.1f} ms  {nbytes / m / (1 << 30):6.2f} GiB/s")
                 results.append({"case": c, "seconds": m, "gib_s": nbytes / m / (1 << 30)})
     report.write("gpu-load", args, runs, results, device=name, gib=gib)
+    if bad:
+        sys.exit(f"cases that loaded different values: {', '.join(sorted(set(bad)))}")
 
 
 if __name__ == "__main__":

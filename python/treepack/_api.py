@@ -639,10 +639,14 @@ def _through_reader(request: LoadRequest, r: Any, sel: Optional[List[str]], prog
     _check(r, p, request.trust, request.allow_pickle, request.on_missing, sel, keep)
     callback, done = _progress_callback(progress, f"load {p}")
     try:
+        # Leaves of like= read into its objects (torch tensors) in place, no second copy of
+        # the model: each integration gets all of its leaves at once (to overlap a device's
+        # copies with the reads).
+        groups: Dict[Any, List[Tuple[str, Any]]] = {}
         for path, (target, read_into) in into.items():
-            # Leaves of like= read into its objects (torch tensors), one at a time: no
-            # second copy of the model.
-            read_into(r, path, target, verify)
+            groups.setdefault(read_into, []).append((path, target))
+        for read_into, items in groups.items():
+            read_into(r, items, verify)
         out = r.load(dec, _codec.np_dtype, select=sel, keep=keep, mmap=mmap, verify=verify, progress=callback,
                      partial_types=_codec.PARTIAL_TYPES)
         if like is None:

@@ -39,7 +39,7 @@ def keep_paths(like: Any, structure: Any, into: Optional[Dict[str, Any]] = None)
 
     With ``into`` (a dict), the places where ``like`` holds an object an integration reads into
     in place (a torch tensor with memory) are not kept but collected there, key path ->
-    (object, ``read_into(reader, path, object, verify)``): the caller reads them. (A tensor on
+    (object, the integration's ``read_into``): the caller reads them. (A tensor on
     the ``meta`` device, a model built without memory, has nothing to read into: its leaf is
     loaded, and the integration makes it a tensor in ``graft``.)"""
     keep: Set[str] = set()

@@ -270,11 +270,12 @@ class Handlers:
     #: ``hint(obj)``: what to do instead, for a value of its frameworks that cannot be saved.
     hint: Optional[Callable[[Any], Optional[str]]] = None
     #: ``like=`` leaves of its classes: ``like_leaf(like, stored, where)`` -> ``"into"`` (read
-    #: into ``like`` in place with ``read_into(reader, path, like, verify)``), ``"keep"`` (load
+    #: into ``like`` in place: ``read_into(reader, [(path, like), ...], verify)`` once a load with
+    #: every such leaf of the integration's, so that it can overlap them), ``"keep"`` (load
     #: the leaf), or None (not one); ``like_graft(loaded, like, options)`` -> what the load puts
     #: at such a place, or DECLINE.
     like_leaf: Optional[Callable[[Any, Any, str], Optional[str]]] = None
-    read_into: Optional[Callable[[Any, str, Any, bool], None]] = None
+    read_into: Optional[Callable[[Any, List[Tuple[str, Any]], bool], None]] = None
     like_graft: Optional[Callable[[Any, Any, Mapping[str, Any]], Any]] = None
     #: ``load(request)`` when one of its options is given: the result, or DECLINE.
     load: Optional[Callable[[Any], Any]] = None

@@ -218,10 +218,18 @@ impl Reader {
         dec.array(a)
     }
 
-    /// Read the whole array at `path` into `out`, a writable C-contiguous numpy array (a view
-    /// of a tensor's memory) of exactly the stored byte size; the caller checks the dtype.
-    #[pyo3(signature = (path, out, verify=true))]
-    pub(crate) fn read_into(&self, py: Python<'_>, path: &str, out: Bound<'_, PyAny>, verify: bool) -> PyResult<()> {
+    /// Read the whole array at `path` (or the numpy-style `slice` of it) into `out`, a writable
+    /// C-contiguous numpy array (a view of a tensor's memory, a staging buffer) of exactly its
+    /// byte size; the caller checks the dtype.
+    #[pyo3(signature = (path, out, verify=true, slice=None))]
+    pub(crate) fn read_into(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        out: Bound<'_, PyAny>,
+        verify: bool,
+        slice: Option<&str>,
+    ) -> PyResult<()> {
         let arr = out.cast::<PyUntypedArray>()?;
         if !arr.is_c_contiguous() {
             return Err(PyValueError::new_err(format!("`{path}`: the destination array is not C-contiguous")));
@@ -239,7 +247,13 @@ impl Reader {
         // `ptr`; nothing else touches them while the GIL is released for the read.
         py.detach(|| {
             let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
-            self.inner.location().block_on(self.inner.read_into_async(path, buf, verify))
+            let r = &self.inner;
+            r.location().block_on(async {
+                match slice {
+                    Some(s) => r.read_slice_into_async(path, s, buf, verify).await,
+                    None => r.read_into_async(path, buf, verify).await,
+                }
+            })
         })
         .map_err(py_err)
     }

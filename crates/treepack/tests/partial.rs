@@ -165,6 +165,17 @@ fn read_into_fills_caller_memory_exactly() {
             r.read_into(key, &mut out).unwrap();
             assert!(out == want.as_ref(), "{name}/{key}");
         }
+        // Row pieces of `a` into a reused buffer (a device load's staging): what those rows hold,
+        // pieces cutting through chunks or not; a buffer of the wrong size is refused.
+        let whole = keypath::resolve(&t, "a").unwrap().as_array().unwrap().bytes().clone();
+        let mut buf = vec![0u8; 100 * 1024 * 4];
+        for (lo, hi) in [(0usize, 100usize), (100, 200), (200, 256), (7, 9)] {
+            let piece = &mut buf[..(hi - lo) * 4096];
+            r.location().block_on(r.read_slice_into_async("a", &format!("{lo}:{hi}"), piece, true)).unwrap();
+            assert!(piece == &whole[lo * 4096..hi * 4096], "{name} rows {lo}:{hi}");
+        }
+        let e = r.location().block_on(r.read_slice_into_async("a", "0:3", &mut buf[..100], true)).unwrap_err();
+        assert!(e.to_string().contains("the destination has 100 bytes but [0:3] of the stored float32 array"), "{e}");
         let mut short = vec![0u8; 10];
         let e = r.read_into("a", &mut short).unwrap_err().to_string();
         assert!(

@@ -566,20 +566,112 @@ def check_like(t: Any, info: Any, where: str, stored: Optional[np.dtype]) -> Non
         )
 
 
-def read_into(reader: Any, path: str, t: Any, verify: bool = True) -> None:
-    """Read the stored array at ``path`` into tensor ``t`` in place: straight into its memory
-    when it is a contiguous CPU tensor, else through one CPU buffer of its size."""
+def read_into(reader: Any, items: List[Tuple[str, Any]], verify: bool = True) -> None:
+    """Read the stored arrays at the paths of ``items`` into their tensors in place: a
+    contiguous CPU tensor straight into its memory; a contiguous tensor on a device with staged
+    copies (CUDA) through a few reused pinned host buffers, each piece's copy to the device
+    overlapping the read of the next (``_read_staged``); anything else through one CPU buffer of
+    its size."""
     import torch
 
+    staged: List[Tuple[str, Any]] = []
     with torch.no_grad():
-        dst = t.detach()
-        direct = dst.device.type == "cpu" and dst.is_contiguous() and not dst.is_conj() and not dst.is_neg()
-        buf = dst if direct else torch.empty(dst.shape, dtype=dst.dtype)
-        name = _dtype_name(buf.dtype)
-        view = buf.view(getattr(torch, _VIA[name][0])) if name in _VIA else buf
-        reader.read_into(path, view.numpy(), verify)
-        if not direct:
-            dst.copy_(buf)
+        for path, t in items:
+            dst = t.detach()
+            plain = dst.is_contiguous() and not dst.is_conj() and not dst.is_neg()
+            if plain and dst.device.type in STAGED and dst.numel():
+                staged.append((path, dst))
+                continue
+            direct = plain and dst.device.type == "cpu"
+            buf = dst if direct else torch.empty(dst.shape, dtype=dst.dtype)
+            name = _dtype_name(buf.dtype)
+            view = buf.view(getattr(torch, _VIA[name][0])) if name in _VIA else buf
+            reader.read_into(path, view.numpy(), verify)
+            if not direct:
+                dst.copy_(buf)
+        if staged:
+            _read_staged(reader, staged, verify)
+
+
+class CudaCopies:
+    """Host-to-device copies for ``_read_staged``: pinned host buffers, copies queued on a
+    stream of their own (after what the device's current stream has queued, which may still
+    be using the destination tensors), an event per copy."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.stream = torch.cuda.Stream(device)
+        self.stream.wait_stream(torch.cuda.current_stream(device))
+
+    def buffer(self, n: int) -> Any:
+        return self.torch.empty(n, dtype=self.torch.uint8, pin_memory=True)
+
+    def copy(self, dst: Any, src: Any) -> Any:
+        with self.torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+            event = self.torch.cuda.Event()
+            event.record(self.stream)
+        return event
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
+
+    def finish(self) -> None:
+        self.stream.synchronize()
+
+
+#: Device types whose ``like=`` tensors are filled through staged copies, and how.
+STAGED: Dict[str, Callable[[Any], Any]] = {"cuda": CudaCopies}
+#: Bytes of one staging buffer, and how many a load cycles through (reused by later loads:
+#: pinned memory is slow to allocate). A row longer than a buffer gets a buffer of its size.
+STAGE_BYTES = 64 << 20
+STAGE_COUNT = 3
+_stage_buffers: Dict[Any, List[Any]] = {}
+
+
+def _read_staged(reader: Any, items: List[Tuple[str, Any]], verify: bool) -> None:
+    """Fill device tensors from the file: rows of each array (whole chunks along the first axis
+    where they fit) are read into one of ``STAGE_COUNT`` reused host buffers, and copied to the
+    device asynchronously while the next piece is read; a buffer is reused only once its copy
+    has finished. Returns when every copy has."""
+    import torch
+
+    by_device: Dict[Any, List[Tuple[str, Any]]] = {}
+    for path, dst in items:
+        by_device.setdefault(dst.device, []).append((path, dst))
+    for device, leaves in by_device.items():
+        copies = STAGED[device.type](device)
+        buffers = _stage_buffers.setdefault(STAGED[device.type], [None] * STAGE_COUNT)
+        pending: List[Any] = [None] * STAGE_COUNT
+        k = 0
+        try:
+            for path, dst in leaves:
+                flat = dst.reshape(-1).view(torch.uint8)
+                shape = tuple(dst.shape)
+                rows = shape[0] if shape else 1
+                row_bytes = flat.numel() // rows
+                per = max(1, STAGE_BYTES // row_bytes)
+                chunk = reader.chunk_shape(path) if shape else None
+                if chunk and per < rows and chunk[0] <= per:
+                    per -= per % chunk[0]  # whole chunks: each read straight into place
+                for lo in range(0, rows, per):
+                    hi = min(rows, lo + per)
+                    n = (hi - lo) * row_bytes
+                    i = k % STAGE_COUNT
+                    k += 1
+                    if pending[i] is not None:
+                        copies.wait(pending[i])
+                        pending[i] = None
+                    if buffers[i] is None or buffers[i].numel() < n:
+                        buffers[i] = None  # (freed before its successor is allocated)
+                        buffers[i] = copies.buffer(max(n, STAGE_BYTES))
+                    buf = buffers[i][:n]
+                    reader.read_into(path, buf.numpy(), verify, slice=f"{lo}:{hi}" if shape else "")
+                    pending[i] = copies.copy(flat[lo * row_bytes:hi * row_bytes], buf)
+        finally:
+            copies.finish()
 
 
 def missing_message(paths: list) -> str:
@@ -662,6 +754,6 @@ _plugin.integrate(
     arrays=_tensors,
     missing=lambda paths: missing_message(paths),
     like_leaf=_like_leaf,
-    read_into=lambda reader, path, t, verify: read_into(reader, path, t, verify),
+    read_into=lambda reader, items, verify: read_into(reader, items, verify),
     like_graft=_like_graft,
 )

@@ -55,6 +55,32 @@ impl Reader {
         self.fill(path, a, &grid::full(&a.shape), out, verify).await
     }
 
+    /// Read the numpy-style slice `slice` of the array at `path` into `out`, which must be exactly
+    /// the slice's canonical bytes long (C order): a piece of a big array into a reused buffer
+    /// (a pinned staging buffer of a device load). Reads as [`Reader::read_into_async`] does.
+    ///
+    /// # Errors
+    /// [`Error::BadSlice`], [`Error::KeyNotFound`], [`Error::InvalidTree`] when `out` has the
+    /// wrong length, storage and integrity errors.
+    pub async fn read_slice_into_async(&self, path: &str, slice: &str, out: &mut [u8], verify: bool) -> Result<()> {
+        let a = self.array_entry(path)?;
+        let items = grid::parse_slice(slice)?;
+        let sel = grid::normalize(&items, &a.shape, slice)?;
+        let want = sel.iter().map(|s| s.count).product::<u64>() * a.dtype.itemsize();
+        if out.len() as u64 != want {
+            return Err(Error::invalid_tree(
+                path,
+                format!(
+                    "the destination has {} bytes but [{slice}] of the stored {} array of shape {:?} has {want}",
+                    out.len(),
+                    a.dtype.display(),
+                    a.shape
+                ),
+            ));
+        }
+        self.fill(path, a, &sel, out, verify).await
+    }
+
     /// Write the elements `sel` selects of stored array `a` into `out` (C order, every axis of
     /// the selection counted). When the selection is one contiguous run of the array and the
     /// local, raw chunks it needs each lie wholly inside it (a whole array; a sharded load's

@@ -12,6 +12,9 @@ by round, page cache warm; the table gives medians (and the spread) of the runs.
 
 - *load*: the library's load; *into model*: ``model.load_state_dict`` (and the optimizer's) from
   what it gave; *total*: both (treepack ``like=`` reads straight into the model: no second step).
+- *first step*, *total + step* (the checkpoint): the optimizer's first step after loading, which
+  reads and writes every parameter and state tensor — where a lazily mapped load
+  (``torch.load(mmap=True)``) pays its page faults and copy-on-write copies.
 - *first / later*: the first treepack load in a fresh process against the mean of the next
   two in it; *after save*: the first load right after a save in the same process.
 
@@ -94,6 +97,9 @@ else:
             opt.load_state_dict(tree["optim"])
         else:
             m.load_state_dict(tree)
+    if ck:
+        for p in m.parameters():  # (the first training step's gradients, made outside the clock)
+            p.grad = torch.zeros_like(p)
     t0 = clock()
     if lib in ("tp", "tpnv"):
         tree = treepack.load(P(d, f"{what}.tp"), verify=lib == "tp")
@@ -111,6 +117,13 @@ else:
         into(tree)
     t2 = clock()
     out.update(load=t1 - t0, into=t2 - t1, total=t2 - t0)
+    if ck:
+        # Resumed: the first optimizer step reads and writes every parameter and every state
+        # tensor. Lazily mapped tensors (torch.load(mmap=True)'s) pay their page faults and
+        # copy-on-write copies here; tensors already read pay the step alone.
+        opt.step()
+        out["step"] = clock() - t2
+        out["ready"] = clock() - t0
     if lib in ("tp", "tpnv"):
         del tree
         later = []
@@ -174,13 +187,14 @@ def main() -> None:
         return f"{statistics.median(v):.0f} ({min(v):.0f}–{max(v):.0f})"
 
     print(f"\nW13: GPT-2 124M, {args.runs} fresh processes per case, ms: median (min–max)\n")
-    print("| case | load | into model | total | later loads | first after save |")
-    print("|---|---|---|---|---|---|")
+    print("| case | load | into model | total | first step | total + step | later loads | first after save |")
+    print("|---|---|---|---|---|---|---|---|")
     names = {"tp": "treepack.load", "tpnv": "treepack.load(verify=False)", "tplike": "treepack.load(like=state dicts)",
              "pt": "torch.load(mmap=True, weights_only=True)", "st": "safetensors load_model"}
     for c in LOADS:
         lib, what = c.split("-")[1:]
-        print(f"| {what}: {names[lib]} | {med(c, 'load')} | {med(c, 'into')} | {med(c, 'total')} | {med(c, 'later')} | {med(c, 'after_save')} |")
+        print(f"| {what}: {names[lib]} | {med(c, 'load')} | {med(c, 'into')} | {med(c, 'total')} | {med(c, 'step')} | "
+              f"{med(c, 'ready')} | {med(c, 'later')} | {med(c, 'after_save')} |")
     if not args.no_saves:
         print("\n| save | ms |\n|---|---|")
         snames = {"tp": "treepack.save (durable)", "tpnosync": "treepack.save(durable=False)", "pt": "torch.save", "st": "safetensors save_model"}

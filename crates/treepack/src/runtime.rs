@@ -63,14 +63,20 @@ pub(crate) fn is_background() -> bool {
     BACKGROUND.with(|b| b.get())
 }
 
-/// Give this thread the lowest CPU priority (nice 19). For good: an unprivileged process may
-/// not raise a thread's priority again, so only threads that do nothing else are lowered.
+/// Give this thread the lowest CPU priority: Linux's idle scheduling class (`SCHED_IDLE`: it
+/// runs only on a core no other thread wants, where nice 19 still takes a share of every busy
+/// core from a training loop's threads), and nice 19 where that class is refused. For good: an
+/// unprivileged process may not raise a thread's priority again, so only threads that do
+/// nothing else are lowered.
 fn lower_this_thread() {
     #[cfg(target_os = "linux")]
-    // SAFETY: changes only the calling thread's nice value; failure (a sandbox forbidding it)
-    // leaves the priority as it was, which is still correct, only less polite.
+    // SAFETY: changes only the calling thread's nice value and scheduling class (pid 0: the
+    // calling thread); failure (a sandbox forbidding it) leaves the priority as it was, which
+    // is still correct, only less polite.
     unsafe {
         libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
     }
 }
 
@@ -303,13 +309,18 @@ pub(crate) fn install_exec() {
 mod tests {
     use rayon::prelude::*;
 
+    /// The calling thread's nice value, plus 1000 in the idle scheduling class.
     #[cfg(target_os = "linux")]
     fn nice_of_this_thread() -> i32 {
-        // SAFETY: reads the calling thread's nice value.
-        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+        // SAFETY: reads the calling thread's nice value and scheduling class.
+        let (nice, class) = unsafe {
+            (libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t), libc::sched_getscheduler(0))
+        };
+        nice + if class == libc::SCHED_IDLE { 1000 } else { 0 }
     }
 
-    /// Background work runs lowered, on pools of its own; other work keeps its priority.
+    /// Background work runs lowered (nice 19 in the idle class), on pools of its own; other
+    /// work keeps its priority.
     #[cfg(target_os = "linux")]
     #[test]
     fn background_work_runs_at_the_lowest_priority_on_its_own_pools() {
@@ -333,7 +344,7 @@ mod tests {
         })
         .join()
         .expect("background thread");
-        assert_eq!((caller, pool, io, blocking, hash_thread), (19, Some(19), 19, 19, 19));
+        assert_eq!((caller, pool, io, blocking, hash_thread), (1019, Some(1019), 1019, 1019, 1019));
         // The foreground pools were not lowered.
         let fg = std::thread::spawn(|| super::parallel(|| (0..4).into_par_iter().map(|_| nice_of_this_thread()).max()))
             .join()

@@ -62,7 +62,7 @@ def optimizer(m, step):
     return opt
 
 m = build()
-opt = optimizer(m, case in ("make", "load-tplike-ckpt"))  # like= needs the state to read into
+opt = optimizer(m, case in ("make", "load-tplike-ckpt", "load-tplikenv-ckpt"))  # like= needs the state to read into
 import treepack
 import safetensors.torch as st
 out = {}
@@ -103,10 +103,10 @@ else:
     t0 = clock()
     if lib in ("tp", "tpnv"):
         tree = treepack.load(P(d, f"{what}.tp"), verify=lib == "tp")
-    elif lib == "tplike":
+    elif lib in ("tplike", "tplikenv"):
         like = {"model": m.state_dict(), "optim": opt.state_dict()} if ck else m.state_dict()
         tree = None
-        treepack.load(P(d, f"{what}.tp"), like=like)
+        treepack.load(P(d, f"{what}.tp"), like=like, verify=lib == "tplike")
     elif lib == "pt":
         tree = torch.load(P(d, f"{what}.pt"), mmap=True, weights_only=True)
     elif lib == "st":
@@ -142,8 +142,8 @@ else:
 print(json.dumps(out))
 '''
 
-LOADS = ["load-tp-ckpt", "load-tpnv-ckpt", "load-tplike-ckpt", "load-pt-ckpt",
-         "load-tp-model", "load-tpnv-model", "load-tplike-model", "load-pt-model", "load-st-model"]
+LOADS = ["load-tp-ckpt", "load-tpnv-ckpt", "load-tplike-ckpt", "load-tplikenv-ckpt", "load-pt-ckpt",
+         "load-tp-model", "load-tpnv-model", "load-tplike-model", "load-tplikenv-model", "load-pt-model", "load-st-model"]
 SAVES = ["save-tp-ckpt", "save-tpnosync-ckpt", "save-pt-ckpt", "save-tpnosync-model", "save-pt-model", "save-st-model"]
 
 
@@ -160,12 +160,15 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where the checkpoints go (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write the raw runs here")
     ap.add_argument("--no-saves", action="store_true")
+    ap.add_argument("--cases", nargs="*", help="only these cases (names as in LOADS and SAVES)")
     args = ap.parse_args()
     d = args.dir or tempfile.mkdtemp(prefix="w13-")
     os.makedirs(d, exist_ok=True)
     env = dict(os.environ)
     run("make", d, env)
     cases = LOADS + ([] if args.no_saves else SAVES)
+    if args.cases:
+        cases = [c for c in cases if c in args.cases]
     res: dict = {c: [] for c in cases}
     for _ in range(args.runs):
         for c in cases:
@@ -190,15 +193,16 @@ def main() -> None:
     print("| case | load | into model | total | first step | total + step | later loads | first after save |")
     print("|---|---|---|---|---|---|---|---|")
     names = {"tp": "treepack.load", "tpnv": "treepack.load(verify=False)", "tplike": "treepack.load(like=state dicts)",
+             "tplikenv": "treepack.load(like=state dicts, verify=False)",
              "pt": "torch.load(mmap=True, weights_only=True)", "st": "safetensors load_model"}
-    for c in LOADS:
+    for c in [c for c in LOADS if c in cases]:
         lib, what = c.split("-")[1:]
         print(f"| {what}: {names[lib]} | {med(c, 'load')} | {med(c, 'into')} | {med(c, 'total')} | {med(c, 'step')} | "
               f"{med(c, 'ready')} | {med(c, 'later')} | {med(c, 'after_save')} |")
     if not args.no_saves:
         print("\n| save | ms |\n|---|---|")
         snames = {"tp": "treepack.save (durable)", "tpnosync": "treepack.save(durable=False)", "pt": "torch.save", "st": "safetensors save_model"}
-        for c in SAVES:
+        for c in [c for c in SAVES if c in cases]:
             lib, what = c.split("-")[1:]
             print(f"| {what}: {snames[lib]} | {med(c, 'save')} |")
 

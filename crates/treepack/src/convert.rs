@@ -746,14 +746,24 @@ pub fn write_safetensors(
     // Written through its folder's descriptor (treepack-store's local/beneath.rs): the folder is
     // the user's path, the file is a name in it, and neither the file nor its staging name is
     // followed if it is a link.
+    // Each array is read into one reused buffer (fresh memory for every array cost more than
+    // the write), checked against its chunk hashes unless the tree is another tool's file read
+    // into memory: its hashes were made from these very bytes moments ago.
+    let verify = r.location().read_from().is_none();
     let bytes = local.write_file(dst.display(), overwrite, |f| {
         f.write_all(&head)?;
         let mut total = 0u64;
         let tracker = crate::progress::Tracker::new(progress, offsets.last().map_or(0, |o| o.1));
+        let mut buf: Vec<u8> = Vec::new();
         for (p, (begin, end)) in paths.iter().zip(&offsets) {
-            let a = r.read_array(p, "...")?;
-            debug_assert_eq!(a.nbytes(), end - begin);
-            f.write_all(a.bytes())?;
+            let n = usize::try_from(end - begin).map_err(|_| Error::invalid_tree(p.clone(), "too big for memory"))?;
+            if buf.len() < n {
+                drop(std::mem::take(&mut buf)); // (freed before the bigger one is made)
+                buf = crate::format::codec::zeroed(n as u64)
+                    .map_err(|_| Error::OutOfMemory { key: p.clone(), bytes: n as u64 })?;
+            }
+            r.location().block_on(r.read_into_async(p, &mut buf[..n], verify))?;
+            f.write_all(&buf[..n])?;
             total += end - begin;
             tracker.advance(end - begin);
         }

@@ -188,3 +188,31 @@ fn conversions_report_progress_both_ways() {
         assert!(seen.len() >= 2 && last.0 == last.1 && last.1 > 0, "{from:?} -> {to:?}: {seen:?}");
     }
 }
+
+/// A treepack source's chunks are checked against their hashes as they are written to a
+/// safetensors file (each array read into one reused buffer): a flipped byte fails the
+/// conversion naming the chunk, and no destination is left behind.
+#[test]
+fn a_corrupt_chunk_fails_a_conversion_to_safetensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("t");
+    let tree = Node::dict([("small", arr(DType::F32, vec![10], 1)), ("big", arr(DType::F32, vec![512, 512], 2))]);
+    save(&tree, src.to_str().unwrap(), &SaveOptions { chunk_bytes: 64 << 10, ..Default::default() }).unwrap();
+    let st = dir.path().join("ok.safetensors");
+    convert(&loc(&src), &loc(&st), Format::Treepack, Format::Safetensors, &ConvertOptions::default()).unwrap();
+    let back = dir.path().join("back");
+    convert(&loc(&st), &loc(&back), Format::Safetensors, Format::Treepack, &ConvertOptions::default()).unwrap();
+    assert!(load(back.to_str().unwrap(), &LoadOptions::default()).unwrap().exact_eq(&tree));
+    let pack = std::fs::read_dir(src.join("packs")).unwrap().next().unwrap().unwrap().path();
+    let mut bytes = std::fs::read(&pack).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x10;
+    std::fs::write(&pack, bytes).unwrap();
+    let bad = dir.path().join("bad.safetensors");
+    let e =
+        convert(&loc(&src), &loc(&bad), Format::Treepack, Format::Safetensors, &ConvertOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::ChunkCorrupt { .. } | Error::BadChunk { .. }), "{e}");
+    assert!(!bad.exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3, "no staging file left");
+    // t, ok, back
+}

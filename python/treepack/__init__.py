@@ -35,9 +35,6 @@ from ._core import CorruptError, FormatError, RootMismatchError, TreepackError
 from ._errors import ForeignFileError
 from ._lazy import LazyArray, View, open
 from ._registry import Registration, register, registered
-from ._convert import convert
-from ._repo import CheckpointManager, Repository, TreeRef
-from ._transport import dumps, export_json, loads, schema
 from ._core import (
     InvalidSignatureError, SignatureError, SignatureMismatchError, UnsignedError, UntrustedSignerError,
     EncryptionError, EncryptedError, NotEncryptedError, WrongKeyError, TamperedError,
@@ -48,15 +45,21 @@ if TYPE_CHECKING:  # what the names below resolve to, for type checkers and edit
     from ._html import HTMLTree, html_tree
     from ._signing import SignatureInfo, generate_key, sign, signature, verify_signature
     from ._view import ViewServer, view
+    from ._convert import convert
+    from ._repo import CheckpointManager, Repository, TreeRef
+    from ._transport import dumps, export_json, loads, schema
 
 __version__ = _core.__version__
 
-# Names whose modules load on first use (PEP 562): signing, notebook drawing and the viewer
-# server are what a plain save or load never needs, and their imports (dataclasses, `html`'s
-# entity table) were a third of `import treepack`.
+# Names whose modules load on first use (PEP 562): signing, notebook drawing, the viewer
+# server, conversions, repositories and JSON transport are what a plain save or load never
+# needs, and their imports (dataclasses, `html`'s entity table, zip and foreign readers) were
+# near half of `import treepack`.
 _LATER = {
     "SignatureInfo": "_signing", "generate_key": "_signing", "sign": "_signing", "signature": "_signing",
     "verify_signature": "_signing", "HTMLTree": "_html", "html_tree": "_html", "ViewServer": "_view", "view": "_view",
+    "convert": "_convert", "CheckpointManager": "_repo", "Repository": "_repo", "TreeRef": "_repo",
+    "dumps": "_transport", "export_json": "_transport", "loads": "_transport", "schema": "_transport",
 }
 
 

@@ -574,13 +574,16 @@ def _build_paths(p: str, opts: Any, e: Any) -> List[str]:
 
 def _foreign(p: str) -> Optional[str]:
     """The foreign format of a local file or folder ``load`` was given (safetensors, npz, npy,
-    Zarr, HDF5: known by its content, as ``convert`` and the CLI know it), read by converting
-    it; None for treepack locations."""
+    Zarr, HDF5, Orbax, JAX: known by its content, as ``convert`` and the CLI know it), read by
+    converting it; None for treepack locations. (Nothing is imported to ask: a treepack load
+    imports no converter.)"""
     if "://" in p or not os.path.exists(p):
         return None
-    from ._convert import foreign_format
-
-    return foreign_format(p)
+    found = _core.detect_format(p, True)
+    # A torch.save checkpoint (or a folder of its shards), a GGUF file and a torch distributed
+    # checkpoint are read by the core as the tree each holds, wherever a location is (load,
+    # open, load_structure), without pickle: no conversion here.
+    return None if found in ("treepack", "torch", "gguf", "dcp") else found
 
 
 _ENCODING = threading.local()

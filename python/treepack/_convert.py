@@ -34,16 +34,6 @@ def _format_of(path: str, explicit: Optional[str], read: bool) -> str:
     return _core.detect_format(path, read)
 
 
-def foreign_format(path: str) -> Optional[str]:
-    """The format another library writes that is at ``path`` (an existing local file or folder,
-    known by its content), if any."""
-    found = _core.detect_format(path, True)
-    # A torch.save checkpoint (or a folder of its shards), a GGUF file and a torch distributed
-    # checkpoint are read by the core as the tree each holds, wherever a location is (load,
-    # open, load_structure), without pickle: no conversion here.
-    return None if found in ("treepack", "torch", "gguf", "dcp") else found
-
-
 def load_foreign(path: str, fmt: str, load_kwargs: Dict[str, Any]) -> Any:
     """``treepack.load`` of a file another library wrote: converted into memory, then loaded
     with every ``load`` option."""

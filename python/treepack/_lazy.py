@@ -4,11 +4,12 @@ the chunks a slice touches."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, Iterable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _codec, _core, _encryption, _foreign_view, _registry
+from . import _codec, _core, _encryption, _registry
 from ._api import PathLike, StorageOptions, UntrustedTypeError, _opts, _path, _struct_node
 
 
@@ -31,6 +32,13 @@ def _slice_text(idx: Any, ndim: int) -> str:
         else:
             raise IndexError(f"unsupported index {x!r}: use integers, slices and ...")
     return ",".join(parts)
+
+
+def _is_foreign(reader: Any) -> bool:
+    """Whether ``reader`` reads another tool's file (``_foreign_view``, imported only when such a
+    file is opened: a reader of one exists only then)."""
+    fv = sys.modules.get(f"{__package__}._foreign_view")
+    return fv is not None and isinstance(reader, fv.ForeignReader)
 
 
 class LazyArray:
@@ -72,7 +80,7 @@ class LazyArray:
         """This array as a Dask array: one task per block, each reading only the chunks its
         block covers (ranged reads on object stores). ``chunks`` as in ``dask.array``;
         default: the stored chunk grid. The graph holds no data, only where to read."""
-        if isinstance(self._r, _foreign_view.ForeignReader):
+        if _is_foreign(self._r):
             # Another tool's file: blocks read through its own library, as slices are.
             return self._r.to_dask(self.path, chunks)
         location, storage_options = self._where
@@ -185,7 +193,7 @@ class View:
 
     def _repr_html_(self) -> str:
         """Notebooks: the subtree as a compact HTML tree, from the manifest alone (no server)."""
-        if isinstance(self._r, _foreign_view.ForeignReader):
+        if _is_foreign(self._r):
             return self._r.html(self.path)
         return _core.reader_html(self._r, self.path)
 
@@ -221,6 +229,8 @@ def open(
     except (_core.TreepackError, FileNotFoundError):
         # Files the Python package reads for another tool (npy, npz, Zarr, HDF5, Orbax, JAX):
         # their own index read here, their arrays read by the slices taken.
+        from . import _foreign_view
+
         fmt = _core.detect_format(p, True) if "://" not in p else None
         if fmt not in _foreign_view.FORMATS:
             raise

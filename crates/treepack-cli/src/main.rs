@@ -266,7 +266,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
     let so = &so;
     keys::install(&cli.keys)?;
-    if let Some(done) = python_owned(&cli.cmd, !so.is_empty() || keys::given()) {
+    if let Some(done) = python::run_owned(&cli.cmd, !so.is_empty() || keys::given()) {
         return done;
     }
     match cli.cmd {
@@ -572,87 +572,6 @@ struct Totals {
     leaves: usize,
     arrays: usize,
     array_bytes: u64,
-}
-
-/// `inspect`, `ls`, `cat` and `convert` of a file whose format the Python package owns: run by
-/// `python -m treepack` (python.rs). None: not such a command, this command runs it.
-fn python_owned(cmd: &Cmd, options: bool) -> Option<Result<ExitCode>> {
-    let s = |x: &str| std::ffi::OsString::from(x);
-    let (path, fmt, args) = match cmd {
-        Cmd::Inspect { path, json, key, view } => {
-            let fmt = python::owned_format(path, true)?;
-            let mut a = vec![s("inspect")];
-            if *json {
-                a.push(s("--json"));
-            }
-            if let Some(k) = key {
-                a.extend([s("--key"), s(k)]);
-            }
-            if let Some(d) = view.depth {
-                a.extend([s("--depth"), s(&d.to_string())]);
-            }
-            a.extend([s("--max-lines"), s(&view.max_lines.to_string()), s("--width"), s(&view.width.to_string())]);
-            a.extend([s("--"), s(path)]);
-            (path, fmt, a)
-        }
-        Cmd::Ls { path, patterns } => {
-            let fmt = python::owned_format(path, true)?;
-            let mut a = vec![s("ls"), s("--"), s(path)];
-            a.extend(patterns.iter().map(|p| s(p)));
-            (path, fmt, a)
-        }
-        Cmd::Cat { path, key } => (path, python::owned_format(path, true)?, vec![s("cat"), s("--"), s(path), s(key)]),
-        Cmd::Convert { src, dst, from, to, separator, select, out } => {
-            let src_fmt = match from {
-                Some(f) => python::owned_name(f).then_some("source"),
-                None => python::owned_format(src, true),
-            };
-            let dst_fmt = match to {
-                Some(f) => python::owned_name(f).then_some("destination"),
-                None => python::owned_format(dst, false),
-            };
-            let (path, fmt) = match (src_fmt, dst_fmt) {
-                (Some(f), _) => (src, f),
-                (None, Some(f)) => (dst, f),
-                (None, None) => return None,
-            };
-            let mut a = vec![s("convert")];
-            for (flag, v) in [("--from", from), ("--to", to)] {
-                if let Some(v) = v {
-                    a.extend([s(flag), s(v)]);
-                }
-            }
-            if !separator.is_empty() {
-                a.extend([s("--separator"), s(separator)]);
-            }
-            for g in select {
-                a.extend([s("--select"), s(g)]);
-            }
-            if out.overwrite {
-                a.push(s("--overwrite"));
-            }
-            if out.compression != "none" {
-                a.extend([s("--compression"), s(&out.compression)]);
-            }
-            if out.quiet {
-                a.push(s("--quiet"));
-            }
-            a.extend([s("--"), s(src), s(dst)]);
-            (path, fmt, a)
-        }
-        _ => return None,
-    };
-    if options {
-        return Some(Err(anyhow::anyhow!(
-            "{path}: a {fmt} {} is read by the Python package, which this command runs without storage \
-             options or keys: use Python for them (treepack.load, treepack.convert(..., encryption=...))",
-            if std::path::Path::new(path).is_dir() { "folder" } else { "file" }
-        )));
-    }
-    Some(match python::run(&args) {
-        python::Ran::Done(code) => Ok(code),
-        python::Ran::Unavailable(why) => Err(python::unavailable(path, fmt, &why)),
-    })
 }
 
 fn inspect(path: &str, so: &StorageOptions, as_json: bool, key: Option<&str>, view: View) -> Result<ExitCode> {

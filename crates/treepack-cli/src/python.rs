@@ -7,6 +7,7 @@
 //! `$TREEPACK_PYTHON`, else `python3` on the PATH — the user's own, as `git` runs the user's
 //! editor. When it cannot be run or has no treepack, the command says what to install.
 
+use crate::Cmd;
 use std::ffi::OsString;
 use std::io::Write;
 use std::process::{Command, ExitCode, Stdio};
@@ -77,4 +78,85 @@ pub fn unavailable(path: &str, fmt: &str, why: &str) -> anyhow::Error {
          in Python: treepack.load(\"{path}\"), treepack.open(\"{path}\")",
         if std::path::Path::new(path).is_dir() { "folder" } else { "file" }
     )
+}
+
+/// `inspect`, `ls`, `cat` and `convert` of a file whose format the Python package owns: run by
+/// `python -m treepack`. None: not such a command, this command runs it.
+pub fn run_owned(cmd: &Cmd, options: bool) -> Option<anyhow::Result<ExitCode>> {
+    let s = |x: &str| std::ffi::OsString::from(x);
+    let (path, fmt, args) = match cmd {
+        Cmd::Inspect { path, json, key, view } => {
+            let fmt = owned_format(path, true)?;
+            let mut a = vec![s("inspect")];
+            if *json {
+                a.push(s("--json"));
+            }
+            if let Some(k) = key {
+                a.extend([s("--key"), s(k)]);
+            }
+            if let Some(d) = view.depth {
+                a.extend([s("--depth"), s(&d.to_string())]);
+            }
+            a.extend([s("--max-lines"), s(&view.max_lines.to_string()), s("--width"), s(&view.width.to_string())]);
+            a.extend([s("--"), s(path)]);
+            (path, fmt, a)
+        }
+        Cmd::Ls { path, patterns } => {
+            let fmt = owned_format(path, true)?;
+            let mut a = vec![s("ls"), s("--"), s(path)];
+            a.extend(patterns.iter().map(|p| s(p)));
+            (path, fmt, a)
+        }
+        Cmd::Cat { path, key } => (path, owned_format(path, true)?, vec![s("cat"), s("--"), s(path), s(key)]),
+        Cmd::Convert { src, dst, from, to, separator, select, out } => {
+            let src_fmt = match from {
+                Some(f) => owned_name(f).then_some("source"),
+                None => owned_format(src, true),
+            };
+            let dst_fmt = match to {
+                Some(f) => owned_name(f).then_some("destination"),
+                None => owned_format(dst, false),
+            };
+            let (path, fmt) = match (src_fmt, dst_fmt) {
+                (Some(f), _) => (src, f),
+                (None, Some(f)) => (dst, f),
+                (None, None) => return None,
+            };
+            let mut a = vec![s("convert")];
+            for (flag, v) in [("--from", from), ("--to", to)] {
+                if let Some(v) = v {
+                    a.extend([s(flag), s(v)]);
+                }
+            }
+            if !separator.is_empty() {
+                a.extend([s("--separator"), s(separator)]);
+            }
+            for g in select {
+                a.extend([s("--select"), s(g)]);
+            }
+            if out.overwrite {
+                a.push(s("--overwrite"));
+            }
+            if out.compression != "none" {
+                a.extend([s("--compression"), s(&out.compression)]);
+            }
+            if out.quiet {
+                a.push(s("--quiet"));
+            }
+            a.extend([s("--"), s(src), s(dst)]);
+            (path, fmt, a)
+        }
+        _ => return None,
+    };
+    if options {
+        return Some(Err(anyhow::anyhow!(
+            "{path}: a {fmt} {} is read by the Python package, which this command runs without storage \
+             options or keys: use Python for them (treepack.load, treepack.convert(..., encryption=...))",
+            if std::path::Path::new(path).is_dir() { "folder" } else { "file" }
+        )));
+    }
+    Some(match run(&args) {
+        Ran::Done(code) => Ok(code),
+        Ran::Unavailable(why) => Err(unavailable(path, fmt, &why)),
+    })
 }

@@ -13,6 +13,24 @@ use rayon::prelude::*;
 /// Most stored bytes [`Reader::read_into_async`] holds at once.
 pub const READ_INTO_BATCH: u64 = 32 << 20;
 
+/// A destination of `want` bytes for the stored array `a` (or the `slice` of it), or the error
+/// that says what it has and what the array takes.
+fn fits(path: &str, a: &ArrayEntry, out: &[u8], slice: Option<&str>, want: u64) -> Result<()> {
+    if out.len() as u64 == want {
+        return Ok(());
+    }
+    let what = slice.map_or_else(|| "the stored".to_string(), |s| format!("[{s}] of the stored"));
+    Err(Error::invalid_tree(
+        path,
+        format!(
+            "the destination has {} bytes but {what} {} array of shape {:?} has {want}",
+            out.len(),
+            a.dtype.display(),
+            a.shape
+        ),
+    ))
+}
+
 impl Reader {
     /// Read a numpy-style slice (`"0:2, :, 3"`) of the array at `path`, touching only the chunks
     /// that intersect it.
@@ -40,18 +58,7 @@ impl Reader {
     /// has the wrong length, storage and integrity errors.
     pub async fn read_into_async(&self, path: &str, out: &mut [u8], verify: bool) -> Result<()> {
         let a = self.array_entry(path)?;
-        if out.len() as u64 != a.nbytes() {
-            return Err(Error::invalid_tree(
-                path,
-                format!(
-                    "the destination has {} bytes but the stored {} array of shape {:?} has {}",
-                    out.len(),
-                    a.dtype.display(),
-                    a.shape,
-                    a.nbytes()
-                ),
-            ));
-        }
+        fits(path, a, out, None, a.nbytes())?;
         self.fill(path, a, &grid::full(&a.shape), out, verify).await
     }
 
@@ -66,18 +73,7 @@ impl Reader {
         let a = self.array_entry(path)?;
         let items = grid::parse_slice(slice)?;
         let sel = grid::normalize(&items, &a.shape, slice)?;
-        let want = sel.iter().map(|s| s.count).product::<u64>() * a.dtype.itemsize();
-        if out.len() as u64 != want {
-            return Err(Error::invalid_tree(
-                path,
-                format!(
-                    "the destination has {} bytes but [{slice}] of the stored {} array of shape {:?} has {want}",
-                    out.len(),
-                    a.dtype.display(),
-                    a.shape
-                ),
-            ));
-        }
+        fits(path, a, out, Some(slice), sel.iter().map(|s| s.count).product::<u64>() * a.dtype.itemsize())?;
         self.fill(path, a, &sel, out, verify).await
     }
 

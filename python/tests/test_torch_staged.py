@@ -79,17 +79,46 @@ def test_tensors_are_filled_in_place_through_reused_buffers(tmp_path, staged):
     for k, v in sd.items():
         assert id(out[k]) == ids[k], k  # the like= tensor itself, filled
         assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
-    (copies,) = staged.made
+    copies = staged.made[0]
     pieces = copies.n
     assert pieces > 20  # rows split into pieces of at most 3 pages (whole chunks), a long row alone
     assert copies.waited == pieces and not copies.queue
-    # Two buffers cycled, each grown once at most for the long rows; a second load reuses them.
+    # Two buffers cycled, each grown once at most for the long rows; one grown for a long row
+    # (20000 bytes here) is not kept after the load.
     assert staged.buffers <= 4
+    assert all(b is None or b.numel() == tt.STAGE_BYTES for b in tt._stage_buffers[Deferred])
+    # Without long rows, a second load allocates nothing: the buffers are reused.
+    del sd["long"]
+    treepack.save(sd, tmp_path / "short", chunk_bytes=8192)
+    treepack.load(tmp_path / "short", like={k: torch.zeros_like(v) for k, v in sd.items()})
     before = staged.buffers
-    like2 = {k: torch.zeros_like(v) for k, v in sd.items()}
-    out = treepack.load(tmp_path / "c", like=like2)
+    out = treepack.load(tmp_path / "short", like={k: torch.zeros_like(v) for k, v in sd.items()})
     assert staged.buffers == before
     assert all(torch.equal(out[k], v) for k, v in sd.items())
+
+
+def test_loads_on_two_threads_at_once_do_not_share_buffers(tmp_path, staged):
+    import threading
+
+    sd = state()
+    treepack.save(sd, tmp_path / "c", chunk_bytes=8192)
+    results, errors = {}, []
+
+    def load(i):
+        try:
+            like = {k: torch.zeros_like(v) for k, v in sd.items()}
+            results[i] = treepack.load(tmp_path / "c", like=like)
+        except Exception as e:  # (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 4
+    for out in results.values():
+        assert all(torch.equal(out[k], v) for k, v in sd.items())
 
 
 def test_a_single_file_and_a_compressed_tree_fill_the_same(tmp_path, staged):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -628,7 +629,11 @@ STAGED: Dict[str, Callable[[Any], Any]] = {"cuda": CudaCopies}
 #: pinned memory is slow to allocate). A row longer than a buffer gets a buffer of its size.
 STAGE_BYTES = 64 << 20
 STAGE_COUNT = 3
+# Staging buffers kept between loads, by copier: a load takes the set out (a load on another
+# thread at the same time makes its own) and puts it back when done, less any buffer grown
+# for a long row, so that what stays pinned is STAGE_COUNT * STAGE_BYTES.
 _stage_buffers: Dict[Any, List[Any]] = {}
+_stage_lock = threading.Lock()
 
 
 def _read_staged(reader: Any, items: List[Tuple[str, Any]], verify: bool) -> None:
@@ -642,8 +647,12 @@ def _read_staged(reader: Any, items: List[Tuple[str, Any]], verify: bool) -> Non
     for path, dst in items:
         by_device.setdefault(dst.device, []).append((path, dst))
     for device, leaves in by_device.items():
-        copies = STAGED[device.type](device)
-        buffers = _stage_buffers.setdefault(STAGED[device.type], [None] * STAGE_COUNT)
+        kind = STAGED[device.type]
+        copies = kind(device)
+        with _stage_lock:
+            buffers = _stage_buffers.pop(kind, None)
+        if buffers is None or len(buffers) != STAGE_COUNT:
+            buffers = [None] * STAGE_COUNT
         pending: List[Any] = [None] * STAGE_COUNT
         k = 0
         try:
@@ -672,6 +681,9 @@ def _read_staged(reader: Any, items: List[Tuple[str, Any]], verify: bool) -> Non
                     pending[i] = copies.copy(flat[lo * row_bytes:hi * row_bytes], buf)
         finally:
             copies.finish()
+            kept = [b if b is not None and b.numel() <= STAGE_BYTES else None for b in buffers]
+            with _stage_lock:
+                _stage_buffers.setdefault(kind, kept)
 
 
 def missing_message(paths: list) -> str:

@@ -144,3 +144,41 @@ def test_a_treepack_module_in_the_working_folder_is_never_imported(h5, tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[0] == "layer/w\tfloat64[4, 5]  160 B"
     assert not marker.exists()
+
+
+def _limited(*args):
+    """The Python command in a child with 2 GiB of address space and a minute of CPU (set by
+    the shell that starts it: no preexec_fn in a threaded test process)."""
+    return subprocess.run(["bash", "-c", 'ulimit -v 2097152 -t 60; exec "$@"', "limited", sys.executable, "-m",
+                           "treepack", *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def test_hostile_files_are_refused_by_the_command_with_nothing_outside_read(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    # An .npy whose header declares 10^12 elements over a few bytes: listed from its header,
+    # a slice of it refused as past the file's end; nothing allocated for the declared size.
+    big = tmp_path / "big.npy"
+    header = b"{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000000,), }"
+    header += b" " * (118 - len(header)) + b"\n"
+    big.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 64)
+    out = _limited("ls", big)
+    assert out.returncode == 2 and "big.npy" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    out = _limited("cat", big, "[0:2]")
+    assert out.returncode == 2 and "big.npy" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    # A Zarr chunk that is a link to a file outside the store: refused, naming the link; the
+    # outside file's bytes never printed, nothing outside changed.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("SECRET")
+    g = zarr.open_group(tmp_path / "s.zarr", mode="w")
+    g.create_array("a", data=np.arange(20.0), chunks=(10,))
+    chunk = next(p for p in (tmp_path / "s.zarr" / "a").rglob("*") if p.is_file() and p.name == "1")
+    chunk.unlink()
+    chunk.symlink_to(outside / "secret.txt")
+    # (the store's entries are checked when it is opened: the link is refused, naming it, before
+    # any slice is read)
+    for args in (("ls", tmp_path / "s.zarr"), ("cat", tmp_path / "s.zarr", "a[10:20]")):
+        out = _limited(*args)
+        assert out.returncode == 2 and "a/c/1" in out.stderr and "cp -L" in out.stderr, out.stderr
+        assert "SECRET" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+    assert (outside / "secret.txt").read_text() == "SECRET" and sorted(p.name for p in outside.iterdir()) == ["secret.txt"]

@@ -146,3 +146,58 @@ def test_a_whole_load_reads_equal_leaves_once_and_keeps_them_apart(loc):
         assert len({out[f"z{i}"].data_ptr() for i in range(3)}) == 3
         out["z1"][0, 0] = 5.0
         assert out["z0"][0, 0].item() == 0.0 and out["z2"][0, 0].item() == 0.0
+
+
+def test_like_reads_all_tensors_at_once_as_one_after_another_would(loc):
+    # The reader fills a like= tree's CPU tensors in one pass (Reader.read_many_into). What
+    # they end up holding must be what reading them in the file's order leaves: a tensor
+    # named at two paths (tied weights) holds the later path's values, and of views that share
+    # memory each later one overwrites what it covers.
+    g = torch.Generator().manual_seed(1)
+    stored = {k: torch.randn(8, 8, generator=g) for k in ("a", "b", "whole", "t")}
+    stored["row"] = torch.randn(8, generator=g)
+    stored["tt"] = torch.randn(8, 8, generator=g)
+    stored["small"] = [torch.randn(3, generator=g) for _ in range(40)]
+    treepack.save(stored, loc)
+
+    tied = torch.zeros(8, 8)
+    base = torch.zeros(8, 8)
+    tbase = torch.zeros(8, 8)
+    small = [torch.zeros(3) for _ in range(40)]
+    like = {"a": tied, "b": tied, "whole": base, "row": base[2], "t": tbase, "tt": tbase.t(), "small": small}
+    for verify in (True, False):
+        for t in (tied, base, tbase, *small):
+            t.zero_()
+        treepack.load(loc, like=like, verify=verify)
+        assert torch.equal(tied, stored["b"])
+        want = stored["whole"].clone()
+        want[2] = stored["row"]
+        assert torch.equal(base, want)
+        assert torch.equal(tbase, stored["tt"].t())
+        for got, want_small in zip(small, stored["small"]):
+            assert torch.equal(got, want_small)
+    # Stored the other way round, the whole tensors come last and overwrite their views.
+    order = ("b", "a", "row", "whole", "tt", "t", "small")
+    treepack.save({k: stored[k] for k in order}, loc + "-reversed")
+    for t in (tied, base, tbase):
+        t.zero_()
+    treepack.load(loc + "-reversed", like=like)
+    assert torch.equal(tied, stored["a"]) and torch.equal(base, stored["whole"]) and torch.equal(tbase, stored["t"])
+
+
+def test_read_many_into_refuses_destinations_it_cannot_write(loc):
+    treepack.save({"x": np.arange(6.0), "y": np.arange(4.0)}, loc)
+    from treepack import _core
+
+    r = _core.Reader(loc, None)
+    ro = np.zeros(6)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="`x`: the destination array is read-only"):
+        r.read_many_into([("y", np.zeros(4)), ("x", ro)])
+    with pytest.raises(ValueError, match="`x`: the destination array is not C-contiguous"):
+        r.read_many_into([("x", np.zeros(12)[::2])])
+    with pytest.raises(Exception, match="the destination has 40 bytes but the stored float64 array of shape \\[6\\] has 48"):
+        r.read_many_into([("y", np.zeros(4)), ("x", np.zeros(5))])
+    x, y = np.zeros(6), np.zeros(4)
+    r.read_many_into([("x", x), ("y", y)])
+    assert x.tolist() == list(range(6)) and y.tolist() == list(range(4))

@@ -230,19 +230,7 @@ impl Reader {
         verify: bool,
         slice: Option<&str>,
     ) -> PyResult<()> {
-        let arr = out.cast::<PyUntypedArray>()?;
-        if !arr.is_c_contiguous() {
-            return Err(PyValueError::new_err(format!("`{path}`: the destination array is not C-contiguous")));
-        }
-        // SAFETY: reading the flags and data pointer of a live numpy array we hold.
-        let (ptr, writeable) = unsafe {
-            let raw = arr.as_array_ptr();
-            ((*raw).fields.data as usize, (*raw).fields.flags & numpy::npyffi::NPY_ARRAY_WRITEABLE != 0)
-        };
-        if !writeable {
-            return Err(PyValueError::new_err(format!("`{path}`: the destination array is read-only")));
-        }
-        let len = arr.len() * arr.dtype().itemsize();
+        let (ptr, len) = destination(path, &out)?;
         // SAFETY: `out` (held by the caller for the whole call) owns `len` writable bytes at
         // `ptr`; nothing else touches them while the GIL is released for the read.
         py.detach(|| {
@@ -253,6 +241,45 @@ impl Reader {
                     Some(s) => r.read_slice_into_async(path, s, buf, verify).await,
                     None => r.read_into_async(path, buf, verify).await,
                 }
+            })
+        })
+        .map_err(py_err)
+    }
+
+    /// Read the whole arrays at the paths of `items` (`(path, out)` pairs, `out` as for
+    /// `read_into`) into their destinations, all at once (`Reader::read_many_into_async`).
+    /// Destinations that are the same memory are read once, from the last of their paths (what
+    /// reading them one after another leaves there: tied weights); destinations that partly
+    /// overlap are read one after another, in order.
+    #[pyo3(signature = (items, verify=true))]
+    pub(crate) fn read_many_into(
+        &self,
+        py: Python<'_>,
+        items: Vec<(String, Bound<'_, PyAny>)>,
+        verify: bool,
+    ) -> PyResult<()> {
+        let mut dests: Vec<(String, usize, usize)> = Vec::with_capacity(items.len());
+        for (path, out) in &items {
+            let (ptr, len) = destination(path, out)?;
+            dests.push((path.clone(), ptr, len));
+        }
+        let (together, in_order) = plan_destinations(dests);
+        // SAFETY: every destination is a live numpy array that `items` holds for the whole
+        // call, `len` writable bytes at `ptr`; `plan_destinations` puts only destinations that
+        // share no byte in `together`, so no two of these slices alias.
+        py.detach(|| {
+            let r = &self.inner;
+            r.location().block_on(async {
+                let many = together
+                    .iter()
+                    .map(|(p, ptr, len)| (p.as_str(), unsafe { std::slice::from_raw_parts_mut(*ptr as *mut u8, *len) }))
+                    .collect();
+                r.read_many_into_async(many, verify).await?;
+                for (p, ptr, len) in &in_order {
+                    let buf = unsafe { std::slice::from_raw_parts_mut(*ptr as *mut u8, *len) };
+                    r.read_into_async(p, buf, verify).await?;
+                }
+                Ok::<(), treepack::Error>(())
             })
         })
         .map_err(py_err)
@@ -337,4 +364,62 @@ pub(crate) fn walk_types<'a>(
         treepack::format::model::grow(|| walk_types(c, path, skip, out));
         path.pop();
     }
+}
+
+/// The data pointer and byte length of `out`, a writable C-contiguous numpy array, or the error
+/// naming `path` that says why it cannot be read into.
+fn destination(path: &str, out: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+    let arr = out.cast::<PyUntypedArray>()?;
+    if !arr.is_c_contiguous() {
+        return Err(PyValueError::new_err(format!("`{path}`: the destination array is not C-contiguous")));
+    }
+    // SAFETY: reading the flags and data pointer of a live numpy array we hold.
+    let (ptr, writeable) = unsafe {
+        let raw = arr.as_array_ptr();
+        ((*raw).fields.data as usize, (*raw).fields.flags & numpy::npyffi::NPY_ARRAY_WRITEABLE != 0)
+    };
+    if !writeable {
+        return Err(PyValueError::new_err(format!("`{path}`: the destination array is read-only")));
+    }
+    Ok((ptr, arr.len() * arr.dtype().itemsize()))
+}
+
+type Dest = (String, usize, usize);
+
+/// Split `(path, ptr, len)` destinations into those that can be written at once (no two share
+/// a byte) and those to write afterwards, in their order (each overlaps another). Of several
+/// destinations that are exactly the same memory only the last is kept: reading the others
+/// first would leave nothing of them.
+fn plan_destinations(dests: Vec<Dest>) -> (Vec<Dest>, Vec<Dest>) {
+    let mut last: std::collections::HashMap<(usize, usize), usize> = std::collections::HashMap::new();
+    for (i, d) in dests.iter().enumerate() {
+        last.insert((d.1, d.2), i);
+    }
+    let kept: Vec<Dest> =
+        dests.into_iter().enumerate().filter(|(i, d)| last.get(&(d.1, d.2)) == Some(i)).map(|(_, d)| d).collect();
+    let mut order: Vec<usize> = (0..kept.len()).filter(|&i| kept[i].2 > 0).collect();
+    order.sort_by_key(|&i| kept[i].1);
+    let mut overlaps = vec![false; kept.len()];
+    let mut reach: Option<(usize, usize)> = None; // (end, index) of the furthest-reaching so far
+    for &i in &order {
+        let (_, ptr, len) = &kept[i];
+        if let Some((end, j)) = reach {
+            if *ptr < end {
+                overlaps[i] = true;
+                overlaps[j] = true;
+            }
+        }
+        if reach.is_none_or(|(end, _)| ptr + len > end) {
+            reach = Some((ptr + len, i));
+        }
+    }
+    let (mut together, mut in_order) = (Vec::new(), Vec::new());
+    for (i, d) in kept.into_iter().enumerate() {
+        if overlaps[i] {
+            in_order.push(d)
+        } else {
+            together.push(d)
+        }
+    }
+    (together, in_order)
 }

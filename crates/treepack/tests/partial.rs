@@ -195,6 +195,60 @@ fn read_into_fills_caller_memory_exactly() {
     }
 }
 
+/// Many arrays read into caller memory at once (a model's tensors): big and small, inline,
+/// tiled (copied, not read in place), compressed, in a directory and a `.tpk`; each gets its own
+/// bytes, and a corrupt chunk of one fails the whole read naming that array.
+#[test]
+fn read_many_into_fills_every_destination() {
+    let dir = tempfile::tempdir().unwrap();
+    let leaves: Vec<(String, ArrayData)> = (0..40u64)
+        .map(|i| (format!("w{i}"), f32_array(1 + i % 7 * 37, 1 + (i * 13) % 300, i as f32)))
+        .chain([("tiny".to_string(), f32_array(1, 3, 9.0)), ("big".to_string(), f32_array(512, 1024, 0.5))])
+        .collect();
+    let t = Node::dict(leaves.iter().map(|(k, a)| (k.as_str(), Node::from(a.clone()))));
+    for (name, chunk_shapes, compression) in [
+        ("dir", vec![], "none"),
+        ("one.tpk", vec![], "none"),
+        ("tiles", vec![("w3".to_string(), vec![16, 16])], "none"),
+        ("zstd", vec![], "zstd"),
+    ] {
+        let path = dir.path().join(name);
+        let opts = SaveOptions {
+            chunk_bytes: 64 << 10,
+            chunk_shapes,
+            compression: save::Compression::parse(compression).unwrap(),
+            ..Default::default()
+        };
+        save(&t, path.to_str().unwrap(), &opts).unwrap();
+        let r = open(path.to_str().unwrap()).unwrap();
+        let mut outs: Vec<Vec<u8>> = leaves.iter().map(|(_, a)| vec![0xAA; a.bytes().len()]).collect();
+        let items = leaves.iter().zip(outs.iter_mut()).map(|((k, _), o)| (k.as_str(), o.as_mut_slice())).collect();
+        r.location().block_on(r.read_many_into_async(items, true)).unwrap();
+        for ((k, a), o) in leaves.iter().zip(&outs) {
+            assert!(o.as_slice() == a.bytes().as_ref(), "{name}/{k}");
+        }
+        // A wrong size is refused before anything is read, naming the array.
+        let mut short = vec![0u8; 8];
+        let e = r.location().block_on(r.read_many_into_async(vec![("big", short.as_mut_slice())], true)).unwrap_err();
+        assert!(e.to_string().contains("`big`") || e.to_string().contains("big"), "{e}");
+    }
+    // One flipped byte in the big array's pack: the read fails, naming it.
+    let path = dir.path().join("dir");
+    let r = open(path.to_str().unwrap()).unwrap();
+    let Ok(Tree::Leaf(Entry::Array(a))) = r.entry("big") else { panic!("no big") };
+    let ArrayStorage::Chunked { chunks, .. } = &a.storage else { panic!("inline big") };
+    let c = &chunks[3];
+    let pack = path.join(&r.manifest().packs[c.pack as usize].path);
+    let mut bytes = std::fs::read(&pack).unwrap();
+    bytes[c.offset as usize + 100] ^= 0x40;
+    std::fs::write(&pack, bytes).unwrap();
+    let r = open(path.to_str().unwrap()).unwrap();
+    let mut outs: Vec<Vec<u8>> = leaves.iter().map(|(_, a)| vec![0; a.bytes().len()]).collect();
+    let items = leaves.iter().zip(outs.iter_mut()).map(|((k, _), o)| (k.as_str(), o.as_mut_slice())).collect();
+    let e = r.location().block_on(r.read_many_into_async(items, true)).unwrap_err();
+    assert!(matches!(&e, Error::ChunkCorrupt { key, chunk: 3, .. } if key == "big"), "{e}");
+}
+
 /// A row-range slice of a chunked array (one contiguous run: each chunk read straight into its
 /// place) and a strided one (chunks copied) both equal the same slice of the whole, and a
 /// corrupt chunk inside the range is caught either way.

@@ -518,10 +518,7 @@ def _copy_into(dst: Any, src: Any) -> None:
         if dst.device.type != "cpu":
             dst.copy_(src)
             return
-        name = _dtype_name(src.dtype)
-        if name in _VIA:
-            src = src.view(getattr(torch, _VIA[name][0]))
-        values = src.numpy()
+        values = _numpy_of(torch, src)
         item = values.dtype.itemsize
         storage = dst.untyped_storage()
         memory = (ctypes.c_char * storage.nbytes()).from_address(storage.data_ptr())
@@ -576,22 +573,35 @@ def read_into(reader: Any, items: List[Tuple[str, Any]], verify: bool = True) ->
     import torch
 
     staged: List[Tuple[str, Any]] = []
+    # Contiguous CPU tensors are read all at once: the reader reads and hashes their chunks side
+    # by side, the small tensors' too (tied ones, the same memory twice, once).
+    direct: List[Tuple[str, Any]] = []
     with torch.no_grad():
         for path, t in items:
             dst = t.detach()
             plain = dst.is_contiguous() and not dst.is_conj() and not dst.is_neg()
             if plain and dst.device.type in STAGED and dst.numel():
                 staged.append((path, dst))
-                continue
-            direct = plain and dst.device.type == "cpu"
-            buf = dst if direct else torch.empty(dst.shape, dtype=dst.dtype)
-            name = _dtype_name(buf.dtype)
-            view = buf.view(getattr(torch, _VIA[name][0])) if name in _VIA else buf
-            reader.read_into(path, view.numpy(), verify)
-            if not direct:
+            elif plain and dst.device.type == "cpu":
+                direct.append((path, _numpy_of(torch, dst)))
+            else:
+                if direct:  # (read first: a view here may share their memory, and comes later)
+                    reader.read_many_into(direct, verify)
+                    direct = []
+                buf = torch.empty(dst.shape, dtype=dst.dtype)
+                reader.read_into(path, _numpy_of(torch, buf), verify)
                 dst.copy_(buf)
+        if direct:
+            reader.read_many_into(direct, verify)
         if staged:
             _read_staged(reader, staged, verify)
+
+
+def _numpy_of(torch: Any, t: Any) -> np.ndarray:
+    """A numpy view of the CPU tensor ``t``'s memory (bf16 and the like as the integer type of
+    their size, which the reader fills byte for byte)."""
+    name = _dtype_name(t.dtype)
+    return (t.view(getattr(torch, _VIA[name][0])) if name in _VIA else t).numpy()
 
 
 class CudaCopies:

@@ -13,6 +13,14 @@ use rayon::prelude::*;
 /// Most stored bytes [`Reader::read_into_async`] holds at once.
 pub const READ_INTO_BATCH: u64 = 32 << 20;
 
+/// One chunk of a stored array to read straight into its place `dst` in caller memory.
+struct Piece<'r, 'o> {
+    path: &'r str,
+    a: &'r ArrayEntry,
+    chunk: usize,
+    dst: &'o mut [u8],
+}
+
 /// A destination of `want` bytes for the stored array `a` (or the `slice` of it), or the error
 /// that says what it has and what the array takes.
 fn fits(path: &str, a: &ArrayEntry, out: &[u8], slice: Option<&str>, want: u64) -> Result<()> {
@@ -57,9 +65,35 @@ impl Reader {
     /// [`Error::KeyNotFound`] when `path` is not an array, [`Error::InvalidTree`] when `out`
     /// has the wrong length, storage and integrity errors.
     pub async fn read_into_async(&self, path: &str, out: &mut [u8], verify: bool) -> Result<()> {
-        let a = self.array_entry(path)?;
-        fits(path, a, out, None, a.nbytes())?;
-        self.fill(path, a, &grid::full(&a.shape), out, verify).await
+        self.read_many_into_async(vec![(path, out)], verify).await
+    }
+
+    /// Read whole arrays into memory the caller already has, each `(path, out)` as
+    /// [`Reader::read_into_async`] reads one: a model's tensors at once. The chunks of all of
+    /// them that can be read straight into place go through one parallel pass, biggest first,
+    /// so the many small arrays of a model (biases, norms) are read and hashed side by side
+    /// instead of one after another; the rest are then read as one array is.
+    ///
+    /// # Errors
+    /// As [`Reader::read_into_async`], for the first array that fails (arrays before it, and
+    /// others read in the same pass, may have been written).
+    pub async fn read_many_into_async(&self, items: Vec<(&str, &mut [u8])>, verify: bool) -> Result<()> {
+        let mut pieces: Vec<Piece<'_, '_>> = Vec::new();
+        let mut rest = Vec::new();
+        for (path, out) in items {
+            let a = self.array_entry(path)?;
+            fits(path, a, out, None, a.nbytes())?;
+            let sel = grid::full(&a.shape);
+            match self.in_place(a, &sel, out) {
+                Ok(p) => pieces.extend(p.into_iter().map(|(chunk, dst)| Piece { path, a, chunk, dst })),
+                Err(out) => rest.push((path, a, sel, out)),
+            }
+        }
+        self.read_pieces(pieces, verify)?;
+        for (path, a, sel, out) in rest {
+            self.fill_batched(path, a, &sel, out, verify).await?;
+        }
+        Ok(())
     }
 
     /// Read the numpy-style slice `slice` of the array at `path` into `out`, which must be exactly
@@ -78,12 +112,105 @@ impl Reader {
     }
 
     /// Write the elements `sel` selects of stored array `a` into `out` (C order, every axis of
-    /// the selection counted). When the selection is one contiguous run of the array and the
-    /// local, raw chunks it needs each lie wholly inside it (a whole array; a sharded load's
-    /// shard of whole rows), each chunk is read by the kernel straight into its place and hashed
-    /// there, chunks in parallel. Otherwise at most [`READ_INTO_BATCH`] stored bytes are
-    /// fetched at a time, decoded and verified in parallel, and copied into place.
+    /// the selection counted): in place when [`Reader::in_place`] can, else batched.
     async fn fill(&self, path: &str, a: &ArrayEntry, sel: &[grid::DimSel], out: &mut [u8], verify: bool) -> Result<()> {
+        match self.in_place(a, sel, out) {
+            Ok(p) => {
+                self.read_pieces(p.into_iter().map(|(chunk, dst)| Piece { path, a, chunk, dst }).collect(), verify)
+            }
+            Err(out) => self.fill_batched(path, a, sel, out, verify).await,
+        }
+    }
+
+    /// When the selection `sel` of `a` is one contiguous run of the array and the local, raw
+    /// chunks it needs each lie wholly inside it (a whole array; a sharded load's shard of whole
+    /// rows), `out` split into each such chunk's place, for the kernel to read the chunk straight
+    /// there; otherwise `out`, given back.
+    fn in_place<'o>(
+        &self,
+        a: &ArrayEntry,
+        sel: &[grid::DimSel],
+        out: &'o mut [u8],
+    ) -> std::result::Result<Vec<(usize, &'o mut [u8])>, &'o mut [u8]> {
+        let itemsize = a.dtype.itemsize();
+        let ArrayStorage::Chunked { chunks, .. } = &a.storage else { return Err(out) };
+        if sel.iter().any(|s| s.count == 0) || self.loc.local_path().is_none() {
+            return Err(out);
+        }
+        let Some((lo, hi)) = contiguous_range(&a.shape, sel, itemsize) else { return Err(out) };
+        let grid = a.grid();
+        let ids = grid.chunks_for(sel);
+        let mut places: Vec<(usize, u64)> = Vec::with_capacity(ids.len());
+        let direct = ids.iter().all(|&i| {
+            let r = &chunks[i as usize];
+            let (origin, extent) = grid.chunk_region(i);
+            let off = grid::c_offset(&a.shape, &origin, itemsize);
+            let ok = r.codec.is_identity()
+                && r.length == a.chunk_nbytes(&grid, i as usize)
+                && grid::chunk_is_contiguous(&grid, &extent)
+                && off >= lo
+                && off + r.length <= hi;
+            places.push((i as usize, off - lo.min(off)));
+            ok
+        });
+        if !direct {
+            return Err(out);
+        }
+        places.sort_by_key(|p| p.1);
+        let mut slices: Vec<(usize, &mut [u8])> = Vec::with_capacity(places.len());
+        let mut rest = out;
+        let mut at = 0u64;
+        for &(i, off) in &places {
+            let len = chunks[i].length as usize;
+            let tail = std::mem::take(&mut rest);
+            let (_, tail) = tail.split_at_mut((off - at) as usize);
+            let (here, tail) = tail.split_at_mut(len);
+            slices.push((i, here));
+            rest = tail;
+            at = off + len as u64;
+        }
+        Ok(slices)
+    }
+
+    /// Read each piece's chunk by the kernel straight into its place and hash it there, the
+    /// pieces in parallel, biggest first (the small ones then fill the threads' last gaps).
+    fn read_pieces(&self, mut pieces: Vec<Piece<'_, '_>>, verify: bool) -> Result<()> {
+        pieces.sort_by_key(|p| std::cmp::Reverse(p.dst.len()));
+        crate::runtime::parallel(|| {
+            pieces.into_par_iter().try_for_each(|Piece { path, a, chunk: i, dst }| {
+                let ArrayStorage::Chunked { chunks, .. } = &a.storage else {
+                    return Err(Error::internal("an inline array read in place"));
+                };
+                let r = &chunks[i];
+                let rel = &self.manifest.packs[r.pack as usize].path;
+                let read = self.loc.read_local_into(rel, r.offset, dst).map_err(|e| match e {
+                    Error::OutOfBounds { file, key, reason } if key.is_empty() => {
+                        Error::OutOfBounds { file, key: path.to_string(), reason }
+                    }
+                    e => e,
+                })?;
+                if !read {
+                    return Err(Error::internal("a local location without a local path"));
+                }
+                if verify {
+                    self.check_hash(path, i, r, dst)?;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// [`Reader::fill`] when the chunks cannot be read in place: at most [`READ_INTO_BATCH`]
+    /// stored bytes are fetched at a time, decoded and verified in parallel, and copied into
+    /// place.
+    async fn fill_batched(
+        &self,
+        path: &str,
+        a: &ArrayEntry,
+        sel: &[grid::DimSel],
+        out: &mut [u8],
+        verify: bool,
+    ) -> Result<()> {
         let itemsize = a.dtype.itemsize();
         let chunks = match &a.storage {
             ArrayStorage::Inline(d) => {
@@ -99,55 +226,6 @@ impl Reader {
         }
         let grid = a.grid();
         let ids = grid.chunks_for(sel);
-        if let (Some(_), Some((lo, hi))) = (self.loc.local_path(), contiguous_range(&a.shape, sel, itemsize)) {
-            let mut places: Vec<(usize, u64)> = Vec::with_capacity(ids.len());
-            let direct = ids.iter().all(|&i| {
-                let r = &chunks[i as usize];
-                let (origin, extent) = grid.chunk_region(i);
-                let off = grid::c_offset(&a.shape, &origin, itemsize);
-                let ok = r.codec.is_identity()
-                    && r.length == a.chunk_nbytes(&grid, i as usize)
-                    && grid::chunk_is_contiguous(&grid, &extent)
-                    && off >= lo
-                    && off + r.length <= hi;
-                places.push((i as usize, off - lo.min(off)));
-                ok
-            });
-            if direct {
-                places.sort_by_key(|p| p.1);
-                let mut slices: Vec<(usize, &mut [u8])> = Vec::with_capacity(places.len());
-                let mut rest = &mut out[..];
-                let mut at = 0u64;
-                for &(i, off) in &places {
-                    let len = chunks[i].length as usize;
-                    let tail = std::mem::take(&mut rest);
-                    let (_, tail) = tail.split_at_mut((off - at) as usize);
-                    let (here, tail) = tail.split_at_mut(len);
-                    slices.push((i, here));
-                    rest = tail;
-                    at = off + len as u64;
-                }
-                return crate::runtime::parallel(|| {
-                    slices.into_par_iter().try_for_each(|(i, dst)| {
-                        let r = &chunks[i];
-                        let rel = &self.manifest.packs[r.pack as usize].path;
-                        let read = self.loc.read_local_into(rel, r.offset, dst).map_err(|e| match e {
-                            Error::OutOfBounds { file, key, reason } if key.is_empty() => {
-                                Error::OutOfBounds { file, key: path.to_string(), reason }
-                            }
-                            e => e,
-                        })?;
-                        if !read {
-                            return Err(Error::internal("a local location without a local path"));
-                        }
-                        if verify {
-                            self.check_hash(path, i, r, dst)?;
-                        }
-                        Ok(())
-                    })
-                });
-            }
-        }
         let mut start = 0;
         while start < ids.len() {
             let mut end = start + 1;

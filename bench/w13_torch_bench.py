@@ -103,6 +103,8 @@ else:
     t0 = clock()
     if lib in ("tp", "tpnv"):
         tree = treepack.load(P(d, f"{what}.tp"), verify=lib == "tp")
+    elif lib == "tpmmap":  # (the like-for-like of torch.load(mmap=True): tensors over the file)
+        tree = treepack.load(P(d, f"{what}.tp"), mmap=True)
     elif lib in ("tplike", "tplikenv"):
         like = {"model": m.state_dict(), "optim": opt.state_dict()} if ck else m.state_dict()
         tree = None
@@ -142,8 +144,9 @@ else:
 print(json.dumps(out))
 '''
 
-LOADS = ["load-tp-ckpt", "load-tpnv-ckpt", "load-tplike-ckpt", "load-tplikenv-ckpt", "load-pt-ckpt",
-         "load-tp-model", "load-tpnv-model", "load-tplike-model", "load-tplikenv-model", "load-pt-model", "load-st-model"]
+LOADS = ["load-tp-ckpt", "load-tpnv-ckpt", "load-tpmmap-ckpt", "load-tplike-ckpt", "load-tplikenv-ckpt", "load-pt-ckpt",
+         "load-tp-model", "load-tpnv-model", "load-tpmmap-model", "load-tplike-model", "load-tplikenv-model", "load-pt-model",
+         "load-st-model"]
 SAVES = ["save-tp-ckpt", "save-tpnosync-ckpt", "save-pt-ckpt", "save-tpnosync-model", "save-pt-model", "save-st-model"]
 
 
@@ -192,7 +195,7 @@ def main() -> None:
     print(f"\nW13: GPT-2 124M, {args.runs} fresh processes per case, ms: median (min–max)\n")
     print("| case | load | into model | total | first step | total + step | later loads | first after save |")
     print("|---|---|---|---|---|---|---|---|")
-    names = {"tp": "treepack.load", "tpnv": "treepack.load(verify=False)", "tplike": "treepack.load(like=state dicts)",
+    names = {"tp": "treepack.load", "tpnv": "treepack.load(verify=False)", "tpmmap": "treepack.load(mmap=True)", "tplike": "treepack.load(like=state dicts)",
              "tplikenv": "treepack.load(like=state dicts, verify=False)",
              "pt": "torch.load(mmap=True, weights_only=True)", "st": "safetensors load_model"}
     for c in [c for c in LOADS if c in cases]:

@@ -70,9 +70,9 @@ impl Reader {
 
     /// Read whole arrays into memory the caller already has, each `(path, out)` as
     /// [`Reader::read_into_async`] reads one: a model's tensors at once. The chunks of all of
-    /// them that can be read straight into place go through one parallel pass, biggest first,
-    /// so the many small arrays of a model (biases, norms) are read and hashed side by side
-    /// instead of one after another; the rest are then read as one array is.
+    /// them that can be read straight into place go through one parallel pass in the files'
+    /// order, so the many small arrays of a model (biases, norms) are read and hashed side by
+    /// side instead of one after another; the rest are then read as one array is.
     ///
     /// # Errors
     /// As [`Reader::read_into_async`], for the first array that fails (arrays before it, and
@@ -173,9 +173,12 @@ impl Reader {
     }
 
     /// Read each piece's chunk by the kernel straight into its place and hash it there, the
-    /// pieces in parallel, biggest first (the small ones then fill the threads' last gaps).
+    /// pieces in parallel, in the order of the files (what the kernel reads ahead for).
     fn read_pieces(&self, mut pieces: Vec<Piece<'_, '_>>, verify: bool) -> Result<()> {
-        pieces.sort_by_key(|p| std::cmp::Reverse(p.dst.len()));
+        pieces.sort_by_key(|p| match &p.a.storage {
+            ArrayStorage::Chunked { chunks, .. } => (chunks[p.chunk].pack, chunks[p.chunk].offset),
+            ArrayStorage::Inline(_) => (0, 0),
+        });
         crate::runtime::parallel(|| {
             pieces.into_par_iter().try_for_each(|Piece { path, a, chunk: i, dst }| {
                 let ArrayStorage::Chunked { chunks, .. } = &a.storage else {

@@ -163,3 +163,75 @@ def test_shape_and_dtype_mismatches_are_refused_before_reading(tmp_path, staged)
     with pytest.raises(ValueError, match="float64"):
         treepack.load(tmp_path / "m", like={"w": torch.zeros(4, 4, dtype=torch.float64)})
     assert np.all([c.n == 0 for c in staged.made])
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """Whether each array the torch loader got was writable (read into host memory) or a
+    read-only view of the file (the load read it mapped)."""
+    got = []
+    tensor = tt.Loader.tensor
+
+    def spy(self, arr, ann):
+        got.append(arr.flags.writeable)
+        return tensor(self, arr, ann)
+
+    monkeypatch.setattr(tt.Loader, "tensor", spy)
+    return got
+
+
+def test_map_location_to_a_staged_device_reads_the_file_mapped_and_stages_every_tensor(tmp_path, staged, seen):
+    # map_location= a device with staged copies (CUDA; here the CPU with deferred copies): a
+    # tree of tensors is read as views of the file (no copy of it in host memory) and each
+    # tensor goes to the device through the reused buffers; parameters, requires_grad and
+    # storages shared by several tensors (tied weights, a view) come back as they were saved.
+    sd = state()
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(64, 32, generator=g)
+    tree = {"model": {**sd, "p": torch.nn.Parameter(torch.randn(50, 8, generator=g)), "tied_a": w, "tied_b": w,
+                      "rows": w[10:20], "frozen": torch.nn.Parameter(torch.ones(4), requires_grad=False)},
+            "epoch": 3, "lr": 0.5}
+    treepack.save(tree, tmp_path / "c", chunk_bytes=8192)
+    out = treepack.load(tmp_path / "c", map_location="cpu")
+    assert seen and not any(seen)  # every tensor read as a view of the file
+    m = out["model"]
+    assert out["epoch"] == 3 and out["lr"] == 0.5
+    for k, v in sd.items():
+        assert m[k].dtype == v.dtype and torch.equal(m[k], v), k
+        assert m[k].numpy().flags.writeable if m[k].dtype != torch.bfloat16 else True, k  # not the file's pages
+    assert type(m["p"]) is torch.nn.Parameter and m["p"].requires_grad and torch.equal(m["p"], tree["model"]["p"])
+    assert type(m["frozen"]) is torch.nn.Parameter and not m["frozen"].requires_grad
+    assert torch.equal(m["tied_a"], w) and m["tied_a"].data_ptr() == m["tied_b"].data_ptr()
+    assert torch.equal(m["rows"], w[10:20]) and m["rows"].untyped_storage().data_ptr() == m["tied_a"].untyped_storage().data_ptr()
+    pieces = sum(c.n for c in staged.made)
+    assert pieces > 20 and all(not c.queue for c in staged.made)  # all staged, all finished
+    # Reused across tensors: two, each grown once for the long rows, and those two made again
+    # at their normal size for the tensors after (a grown buffer is not kept).
+    assert staged.buffers <= 6
+    # A write to a loaded tensor leaves the file alone.
+    m["tied_a"].add_(1)
+    again = treepack.load(tmp_path / "c")
+    assert torch.equal(again["model"]["tied_a"], w)
+
+
+def test_map_location_staged_loads_a_tree_with_numpy_arrays_as_before(tmp_path, staged, seen):
+    # A numpy array would come back as a read-only view of the file: such a tree is read into
+    # host memory as without map_location, and its tensors still go through the buffers.
+    tree = {"t": torch.arange(1000.0), "a": np.arange(10)}
+    treepack.save(tree, tmp_path / "c", chunk_bytes=1024)
+    out = treepack.load(tmp_path / "c", map_location="cpu")
+    assert seen == [True]
+    assert torch.equal(out["t"], tree["t"]) and out["a"].flags.writeable and out["a"].tolist() == list(range(10))
+    assert sum(c.n for c in staged.made) >= 1
+
+
+def test_map_location_staged_still_checks_every_chunk(tmp_path, staged):
+    treepack.save({"w": torch.randn(256, 256)}, tmp_path / "d", chunk_bytes=16384)
+    pack = next((tmp_path / "d" / "packs").iterdir())
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    pack.write_bytes(bytes(data))
+    with pytest.raises(treepack.CorruptError, match="`w`"):
+        treepack.load(tmp_path / "d", map_location="cpu")
+    out = treepack.load(tmp_path / "d", map_location="cpu", verify=False)  # (asked: not checked)
+    assert out["w"].shape == (256, 256)

@@ -159,15 +159,14 @@ impl Reader {
         Ok(out)
     }
 
-    /// (annotation `type`, key path) of every annotated array (torch tensors...), for the
-    /// error that names them when their library is missing.
+    /// (annotation `type`, key path) of every array: torch tensors and the like by their type
+    /// (for the error that names them when their library is missing), a plain array as `""`.
     pub(crate) fn array_types(&self) -> Vec<(String, String)> {
         let mut out = vec![];
         self.inner.manifest().root.for_each_leaf_steps(&mut |steps, e| {
             if let Entry::Array(a) = e {
-                if let Some(t) = a.annotation.as_ref().and_then(|v| v.get("type")).and_then(|t| t.as_str()) {
-                    out.push((t.to_string(), treepack::format::keypath::steps_text(steps)));
-                }
+                let t = a.annotation.as_ref().and_then(|v| v.get("type")).and_then(|t| t.as_str()).unwrap_or("");
+                out.push((t.to_string(), treepack::format::keypath::steps_text(steps)));
             }
         });
         out

@@ -468,8 +468,21 @@ class Loader:
             return m(t, saved or "cpu")
         if isinstance(m, dict):
             target = m.get(saved or "cpu")
-            return t if target is None else t.to(target)
-        return t.to(m)
+            return t if target is None else _to(t, target)
+        return _to(t, m)
+
+
+def _to(t: Any, target: Any) -> Any:
+    """``t.to(target)``; onto a device with staged copies (CUDA) a contiguous CPU tensor goes
+    through the staging buffers (``_stage_into``), not through a pageable copy."""
+    import torch
+
+    device = torch.device(target)
+    if device.type in STAGED and t.device.type == "cpu" and t.is_contiguous() and t.numel():
+        out = torch.empty(t.shape, dtype=t.dtype, device=device)
+        _stage_into(out, t)
+        return out
+    return t.to(device)
 
 
 def _regrown(storage: Any, extent: int, tensors: List[Any]) -> Any:
@@ -515,6 +528,9 @@ def _copy_into(dst: Any, src: Any) -> None:
     import torch
 
     with torch.no_grad():
+        if dst.device.type in STAGED and dst.is_contiguous() and src.is_contiguous() and dst.numel():
+            _stage_into(dst, src)
+            return
         if dst.device.type != "cpu":
             dst.copy_(src)
             return
@@ -647,53 +663,82 @@ _stage_lock = threading.Lock()
 
 
 def _read_staged(reader: Any, items: List[Tuple[str, Any]], verify: bool) -> None:
-    """Fill device tensors from the file: rows of each array (whole chunks along the first axis
-    where they fit) are read into one of ``STAGE_COUNT`` reused host buffers, and copied to the
-    device asynchronously while the next piece is read; a buffer is reused only once its copy
-    has finished. Returns when every copy has."""
+    """Fill device tensors from the file through ``_through_stages``: each piece of rows is read
+    from the file straight into a staging buffer (whole chunks along the first axis where they
+    fit, so each is read into place)."""
+    by_device: Dict[Any, List[Tuple[Any, Any, Any]]] = {}
+    for path, dst in items:
+        shaped = bool(dst.shape)
+
+        def fill(buf: Any, lo: int, hi: int, path: str = path, shaped: bool = shaped) -> None:
+            reader.read_into(path, buf.numpy(), verify, slice=f"{lo}:{hi}" if shaped else "")
+
+        by_device.setdefault(dst.device, []).append((dst, fill, reader.chunk_shape(path) if shaped else None))
+    for device, leaves in by_device.items():
+        _through_stages(device, leaves)
+
+
+def _stage_into(dst: Any, src: Any) -> None:
+    """``dst[...] = src`` for a contiguous tensor ``dst`` on a device with staged copies and a
+    contiguous CPU tensor ``src`` (a view of a file's mapping, say): the bytes go through the
+    staging buffers, each piece's copy to the device overlapping the next piece's copy out of
+    ``src``, as ``torch.load(map_location=...)`` cannot from pageable memory."""
     import torch
 
-    by_device: Dict[Any, List[Tuple[str, Any]]] = {}
-    for path, dst in items:
-        by_device.setdefault(dst.device, []).append((path, dst))
-    for device, leaves in by_device.items():
-        kind = STAGED[device.type]
-        copies = kind(device)
+    raw = src.reshape(-1).view(torch.uint8)
+    row = raw.numel() // (src.shape[0] if src.dim() else 1)
+
+    def fill(buf: Any, lo: int, hi: int) -> None:
+        buf.copy_(raw[lo * row:hi * row])
+
+    _through_stages(dst.device, [(dst, fill, None)])
+
+
+def _through_stages(device: Any, leaves: List[Tuple[Any, Callable[[Any, int, int], None], Any]]) -> None:
+    """Fill contiguous tensors on ``device`` (a type in ``STAGED``): for each ``(dst, fill,
+    chunk)``, ``fill(buf, lo, hi)`` puts the bytes of rows ``lo:hi`` of its values into ``buf``,
+    one of ``STAGE_COUNT`` reused host buffers (pinned for CUDA), which is then copied to the
+    device asynchronously while the next piece is filled; a buffer is reused only once its copy
+    has finished. ``chunk``: the stored chunk shape, whose whole rows a piece keeps to. Returns
+    when every copy has."""
+    import torch
+
+    kind = STAGED[device.type]
+    copies = kind(device)
+    with _stage_lock:
+        buffers = _stage_buffers.pop(kind, None)
+    if buffers is None or len(buffers) != STAGE_COUNT:
+        buffers = [None] * STAGE_COUNT
+    pending: List[Any] = [None] * STAGE_COUNT
+    k = 0
+    try:
+        for dst, fill, chunk in leaves:
+            flat = dst.reshape(-1).view(torch.uint8)
+            shape = tuple(dst.shape)
+            rows = shape[0] if shape else 1
+            row_bytes = flat.numel() // rows
+            per = max(1, STAGE_BYTES // row_bytes)
+            if chunk and per < rows and chunk[0] <= per:
+                per -= per % chunk[0]  # whole chunks: each read straight into place
+            for lo in range(0, rows, per):
+                hi = min(rows, lo + per)
+                n = (hi - lo) * row_bytes
+                i = k % STAGE_COUNT
+                k += 1
+                if pending[i] is not None:
+                    copies.wait(pending[i])
+                    pending[i] = None
+                if buffers[i] is None or buffers[i].numel() < n:
+                    buffers[i] = None  # (freed before its successor is allocated)
+                    buffers[i] = copies.buffer(max(n, STAGE_BYTES))
+                buf = buffers[i][:n]
+                fill(buf, lo, hi)
+                pending[i] = copies.copy(flat[lo * row_bytes:hi * row_bytes], buf)
+    finally:
+        copies.finish()
+        kept = [b if b is not None and b.numel() <= STAGE_BYTES else None for b in buffers]
         with _stage_lock:
-            buffers = _stage_buffers.pop(kind, None)
-        if buffers is None or len(buffers) != STAGE_COUNT:
-            buffers = [None] * STAGE_COUNT
-        pending: List[Any] = [None] * STAGE_COUNT
-        k = 0
-        try:
-            for path, dst in leaves:
-                flat = dst.reshape(-1).view(torch.uint8)
-                shape = tuple(dst.shape)
-                rows = shape[0] if shape else 1
-                row_bytes = flat.numel() // rows
-                per = max(1, STAGE_BYTES // row_bytes)
-                chunk = reader.chunk_shape(path) if shape else None
-                if chunk and per < rows and chunk[0] <= per:
-                    per -= per % chunk[0]  # whole chunks: each read straight into place
-                for lo in range(0, rows, per):
-                    hi = min(rows, lo + per)
-                    n = (hi - lo) * row_bytes
-                    i = k % STAGE_COUNT
-                    k += 1
-                    if pending[i] is not None:
-                        copies.wait(pending[i])
-                        pending[i] = None
-                    if buffers[i] is None or buffers[i].numel() < n:
-                        buffers[i] = None  # (freed before its successor is allocated)
-                        buffers[i] = copies.buffer(max(n, STAGE_BYTES))
-                    buf = buffers[i][:n]
-                    reader.read_into(path, buf.numpy(), verify, slice=f"{lo}:{hi}" if shape else "")
-                    pending[i] = copies.copy(flat[lo * row_bytes:hi * row_bytes], buf)
-        finally:
-            copies.finish()
-            kept = [b if b is not None and b.numel() <= STAGE_BYTES else None for b in buffers]
-            with _stage_lock:
-                _stage_buffers.setdefault(kind, kept)
+            _stage_buffers.setdefault(kind, kept)
 
 
 def missing_message(paths: list) -> str:
@@ -762,6 +807,34 @@ def _like_leaf(like: Any, stored: Any, where: str) -> Optional[str]:
     return "keep" if is_meta(like) else "into"
 
 
+def _load(request: Any) -> Any:
+    """``load(path, map_location=<a device with staged copies>)`` of a local tree whose arrays
+    are all tensors: the tensors are read as views of the file (``mmap``, hashes checked as the
+    load asks), so that each goes to the device from the file's pages through the staging
+    buffers, and no copy of the whole tree is made in host memory first. Nothing else changes:
+    every array becomes a tensor on the device (a tree with a numpy array, which would come back
+    as a read-only view, is loaded as before). Always declines: the load itself is the usual one."""
+    m = request.options.get("map_location")
+    if request.mmap or request.like is not None or request.storage_options or request.signed is not None:
+        return _plugin.DECLINE
+    if not isinstance(m, str) and type(m).__name__ != "device":
+        return _plugin.DECLINE
+    import os
+
+    import torch
+
+    p = request.path
+    if torch.device(m).type not in STAGED or "://" in p or not os.path.exists(p):
+        return _plugin.DECLINE
+    try:
+        types = request.reader().array_types()
+    except Exception:  # (the load itself reports what is wrong with the tree)
+        return _plugin.DECLINE
+    if types and all(t in (TENSOR, PARAMETER) for t, _ in types):
+        request.mmap = True
+    return _plugin.DECLINE
+
+
 def _like_graft(out: Any, like: Any, options: Dict[str, Any]) -> Any:
     if is_meta(like):
         return from_meta(out, like, options.get("map_location"))
@@ -777,5 +850,6 @@ _plugin.integrate(
     missing=lambda paths: missing_message(paths),
     like_leaf=_like_leaf,
     read_into=lambda reader, items, verify: read_into(reader, items, verify),
+    load=_load,
     like_graft=_like_graft,
 )

@@ -817,12 +817,14 @@ def _load(request: Any) -> Any:
     m = request.options.get("map_location")
     if request.mmap or request.like is not None or request.storage_options or request.signed is not None:
         return _plugin.DECLINE
-    if not isinstance(m, str) and type(m).__name__ != "device":
-        return _plugin.DECLINE
     import os
 
-    import torch
-
+    try:
+        import torch
+    except ImportError:  # (a tree without tensors loads without torch; one with them says so)
+        return _plugin.DECLINE
+    if not isinstance(m, (str, torch.device)):
+        return _plugin.DECLINE
     p = request.path
     if torch.device(m).type not in STAGED or "://" in p or not os.path.exists(p):
         return _plugin.DECLINE

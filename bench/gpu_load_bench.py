@@ -6,7 +6,8 @@ the host-to-device bandwidth measured in the same run as the limit.
 Prepared for a session lent a GPU machine (one script, run once): it writes a float16/bfloat16
 checkpoint of `--gib` GiB as a treepack directory and a safetensors file, then in fresh
 processes, page cache warm, times
-- `treepack.load(p, map_location=DEVICE)` (tensors made on the CPU, then moved);
+- `treepack.load(p, map_location=DEVICE)` (tensors read as views of the file, each copied through
+  the reused pinned buffers to the device: `_to`, `_stage_into`);
 - `treepack.load(p, like=template_on_device)` (read into the device tensors of a template: rows
   read into three reused pinned buffers, each copied to the device on a stream of its own while
   the next is read; integrations/torch.py `_read_staged`);

@@ -157,13 +157,13 @@ def test_like_reads_all_tensors_at_once_as_one_after_another_would(loc):
     stored = {k: torch.randn(8, 8, generator=g) for k in ("a", "b", "whole", "t")}
     stored["row"] = torch.randn(8, generator=g)
     stored["tt"] = torch.randn(8, 8, generator=g)
-    stored["small"] = [torch.randn(3, generator=g) for _ in range(40)]
+    stored["small"] = [torch.randn(3, 20, generator=g) for _ in range(40)]  # (240 bytes: in packs, not inline)
     treepack.save(stored, loc)
 
     tied = torch.zeros(8, 8)
     base = torch.zeros(8, 8)
     tbase = torch.zeros(8, 8)
-    small = [torch.zeros(3) for _ in range(40)]
+    small = [torch.zeros(3, 20) for _ in range(40)]
     like = {"a": tied, "b": tied, "whole": base, "row": base[2], "t": tbase, "tt": tbase.t(), "small": small}
     for verify in (True, False):
         for t in (tied, base, tbase, *small):
@@ -201,3 +201,34 @@ def test_read_many_into_refuses_destinations_it_cannot_write(loc):
     x, y = np.zeros(6), np.zeros(4)
     r.read_many_into([("x", x), ("y", y)])
     assert x.tolist() == list(range(6)) and y.tolist() == list(range(4))
+
+
+def test_read_many_into_gives_what_reading_one_by_one_gives(loc):
+    # Destinations that share memory in every way: the same memory at two paths storing the
+    # same bytes (read once) and different bytes (read in order), nested, chained and empty
+    # views; the result must be what reading them one after another leaves.
+    from treepack import _core
+
+    g = np.random.default_rng(3)
+    tree = {f"x{i}": g.standard_normal(n) for i, n in enumerate([64, 64, 16, 32, 32, 8, 0, 64])}
+    tree["same"] = tree["x0"]  # (the same array object: stored once, at two paths)
+    treepack.save(tree, loc)
+    r = _core.Reader(loc, None)
+
+    def views(buf):
+        return [("x0", buf[0:64]), ("same", buf[0:64]), ("x1", buf[0:64]), ("x2", buf[10:26]), ("x3", buf[20:52]),
+                ("x4", buf[100:132]), ("x5", buf[90:98]), ("x6", buf[5:5]), ("x7", buf[200:264]), ("x0", buf[300:364])]
+
+    one_by_one = np.zeros(400)
+    for path, v in views(one_by_one):
+        r.read_into(path, v)
+    for verify in (True, False):
+        at_once = np.zeros(400)
+        r.read_many_into(views(at_once), verify)
+        assert np.array_equal(at_once, one_by_one)
+    # A path that is not there, or of another size, fails even when its memory is another's.
+    buf = np.zeros(64)
+    with pytest.raises(KeyError):
+        r.read_many_into([("nope", buf), ("x0", buf)])
+    with pytest.raises(Exception, match="the destination has 512 bytes but the stored float64 array of shape \\[16\\]"):
+        r.read_many_into([("x2", buf), ("x0", buf)])

@@ -246,10 +246,10 @@ impl Reader {
     }
 
     /// Read the whole arrays at the paths of `items` (`(path, out)` pairs, `out` as for
-    /// `read_into`) into their destinations, all at once (`Reader::read_many_into_async`).
-    /// Destinations that are the same memory are read once, from the last of their paths (what
-    /// reading them one after another leaves there: tied weights); destinations that partly
-    /// overlap are read one after another, in order.
+    /// `read_into`) into their destinations, all at once (`Reader::read_many_into_async`), with
+    /// the result of reading them one after another: destinations that are the same memory and
+    /// whose paths store the very same chunks (tied weights) are read once; destinations that
+    /// otherwise share bytes are read one after another, in order.
     #[pyo3(signature = (items, verify=true))]
     pub(crate) fn read_many_into(
         &self,
@@ -262,7 +262,13 @@ impl Reader {
             let (ptr, len) = destination(path, out)?;
             dests.push((path.clone(), ptr, len));
         }
-        let (together, in_order) = plan_destinations(dests);
+        let same_bytes = |a: &str, b: &str| match (self.inner.entry(a), self.inner.entry(b)) {
+            (Ok(Tree::Leaf(Entry::Array(x))), Ok(Tree::Leaf(Entry::Array(y)))) => {
+                x.dtype == y.dtype && x.shape == y.shape && x.storage == y.storage
+            }
+            _ => false,
+        };
+        let (together, in_order) = plan_destinations(dests, same_bytes);
         // SAFETY: every destination is a live numpy array that `items` holds for the whole
         // call, `len` writable bytes at `ptr`; `plan_destinations` puts only destinations that
         // share no byte in `together`, so no two of these slices alias.
@@ -386,16 +392,24 @@ fn destination(path: &str, out: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
 type Dest = (String, usize, usize);
 
 /// Split `(path, ptr, len)` destinations into those that can be written at once (no two share
-/// a byte) and those to write afterwards, in their order (each overlaps another). Of several
-/// destinations that are exactly the same memory only the last is kept: reading the others
-/// first would leave nothing of them.
-fn plan_destinations(dests: Vec<Dest>) -> (Vec<Dest>, Vec<Dest>) {
+/// a byte) and those to write afterwards, in their order (each shares bytes with another). Of
+/// several destinations that are exactly the same memory, when `same_bytes` says every one's
+/// path stores what the last one's does (the same tensor at two keys, saved once), only the
+/// last is kept: its read checks what the others would; otherwise all of them are read in order.
+fn plan_destinations(dests: Vec<Dest>, same_bytes: impl Fn(&str, &str) -> bool) -> (Vec<Dest>, Vec<Dest>) {
     let mut last: std::collections::HashMap<(usize, usize), usize> = std::collections::HashMap::new();
     for (i, d) in dests.iter().enumerate() {
         last.insert((d.1, d.2), i);
     }
-    let kept: Vec<Dest> =
-        dests.into_iter().enumerate().filter(|(i, d)| last.get(&(d.1, d.2)) == Some(i)).map(|(_, d)| d).collect();
+    let kept: Vec<Dest> = dests
+        .iter()
+        .enumerate()
+        .filter(|(i, d)| {
+            let l = last[&(d.1, d.2)];
+            l == *i || d.2 == 0 || !same_bytes(&d.0, &dests[l].0)
+        })
+        .map(|(_, d)| d.clone())
+        .collect();
     let mut order: Vec<usize> = (0..kept.len()).filter(|&i| kept[i].2 > 0).collect();
     order.sort_by_key(|&i| kept[i].1);
     let mut overlaps = vec![false; kept.len()];

@@ -228,9 +228,12 @@ fn read_many_into_fills_every_destination() {
             assert!(o.as_slice() == a.bytes().as_ref(), "{name}/{k}");
         }
         // A wrong size is refused before anything is read, naming the array.
+        let mut first = vec![0xAAu8; leaves[0].1.bytes().len()];
         let mut short = vec![0u8; 8];
-        let e = r.location().block_on(r.read_many_into_async(vec![("big", short.as_mut_slice())], true)).unwrap_err();
-        assert!(e.to_string().contains("`big`") || e.to_string().contains("big"), "{e}");
+        let items = vec![(leaves[0].0.as_str(), first.as_mut_slice()), ("big", short.as_mut_slice())];
+        let e = r.location().block_on(r.read_many_into_async(items, true)).unwrap_err();
+        assert!(e.to_string().contains("big") && e.to_string().contains("the destination has 8 bytes"), "{e}");
+        assert!(first.iter().all(|&b| b == 0xAA), "{name}: written before the sizes were checked");
     }
     // One flipped byte in the big array's pack: the read fails, naming it.
     let path = dir.path().join("dir");

@@ -601,9 +601,13 @@ def read_into(reader: Any, items: List[Tuple[str, Any]], verify: bool = True) ->
             elif plain and dst.device.type == "cpu":
                 direct.append((path, _numpy_of(torch, dst)))
             else:
-                if direct:  # (read first: a view here may share their memory, and comes later)
+                # (Those before it first: a view here may share their memory, and comes later.)
+                if direct:
                     reader.read_many_into(direct, verify)
                     direct = []
+                if staged:
+                    _read_staged(reader, staged, verify)
+                    staged = []
                 buf = torch.empty(dst.shape, dtype=dst.dtype)
                 reader.read_into(path, _numpy_of(torch, buf), verify)
                 dst.copy_(buf)
@@ -813,20 +817,23 @@ def _load(request: Any) -> Any:
     load asks), so that each goes to the device from the file's pages through the staging
     buffers, and no copy of the whole tree is made in host memory first. Nothing else changes:
     every array becomes a tensor on the device (a tree with a numpy array, which would come back
-    as a read-only view, is loaded as before). Always declines: the load itself is the usual one."""
+    as a read-only view, is loaded as before; so is a load asking for numpy arrays, or made
+    through Dask). Always declines: the load itself is the usual one."""
     m = request.options.get("map_location")
-    if request.mmap or request.like is not None or request.storage_options or request.signed is not None:
+    if request.mmap or request.like is not None or request.storage_options or request.signed is not None \
+            or request.options.get("dask") or request.decoder.plain:
+        return _plugin.DECLINE
+    torch = sys.modules.get("torch")  # (a torch.device given means torch is imported)
+    if isinstance(m, str):
+        kind = m.partition(":")[0]
+    elif torch is not None and isinstance(m, torch.device):
+        kind = m.type
+    else:
         return _plugin.DECLINE
     import os
 
-    try:
-        import torch
-    except ImportError:  # (a tree without tensors loads without torch; one with them says so)
-        return _plugin.DECLINE
-    if not isinstance(m, (str, torch.device)):
-        return _plugin.DECLINE
     p = request.path
-    if torch.device(m).type not in STAGED or "://" in p or not os.path.exists(p):
+    if kind not in STAGED or "://" in p or not os.path.exists(p):
         return _plugin.DECLINE
     try:
         types = request.reader().array_types()

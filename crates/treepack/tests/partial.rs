@@ -138,6 +138,17 @@ fn mmap_returns_views_of_the_file() {
     assert_eq!(a.bytes().as_ptr() as usize % 64, 0, "mmap views are 64-byte aligned");
 }
 
+/// Save `t` at `path` in chunks of 64 KiB, with these chunk shapes and this compression.
+fn save_in_64k_chunks(t: &Node, path: &std::path::Path, chunk_shapes: Vec<(String, Vec<u64>)>, compression: &str) {
+    let opts = SaveOptions {
+        chunk_bytes: 64 << 10,
+        chunk_shapes,
+        compression: save::Compression::parse(compression).unwrap(),
+        ..Default::default()
+    };
+    save(t, path.to_str().unwrap(), &opts).unwrap();
+}
+
 /// `read_into` fills caller memory with an array's canonical bytes (what in-place torch loads
 /// use), for contiguous chunks, chunks that are not runs of the array, compressed chunks and
 /// inline arrays; a destination of the wrong size is refused before anything is read.
@@ -150,14 +161,8 @@ fn read_into_fills_caller_memory_exactly() {
         ("zstd", vec![], "zstd"),
     ] {
         let path = dir.path().join(name);
-        let opts = SaveOptions {
-            chunk_bytes: 64 << 10,
-            chunk_shapes,
-            compression: save::Compression::parse(compression).unwrap(),
-            ..Default::default()
-        };
         let t = Node::dict([("a", Node::from(f32_array(256, 1024, 0.25))), ("s", Node::from(f32_array(2, 3, 1.0)))]);
-        save(&t, path.to_str().unwrap(), &opts).unwrap();
+        save_in_64k_chunks(&t, &path, chunk_shapes, compression);
         let r = open(path.to_str().unwrap()).unwrap();
         for key in ["a", "s"] {
             let want = keypath::resolve(&t, key).unwrap().as_array().unwrap().bytes().clone();
@@ -213,13 +218,7 @@ fn read_many_into_fills_every_destination() {
         ("zstd", vec![], "zstd"),
     ] {
         let path = dir.path().join(name);
-        let opts = SaveOptions {
-            chunk_bytes: 64 << 10,
-            chunk_shapes,
-            compression: save::Compression::parse(compression).unwrap(),
-            ..Default::default()
-        };
-        save(&t, path.to_str().unwrap(), &opts).unwrap();
+        save_in_64k_chunks(&t, &path, chunk_shapes, compression);
         let r = open(path.to_str().unwrap()).unwrap();
         let mut outs: Vec<Vec<u8>> = leaves.iter().map(|(_, a)| vec![0xAA; a.bytes().len()]).collect();
         let items = leaves.iter().zip(outs.iter_mut()).map(|((k, _), o)| (k.as_str(), o.as_mut_slice())).collect();

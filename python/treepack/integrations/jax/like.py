@@ -12,6 +12,7 @@ import numpy as np
 
 from ... import _plugin
 from ..._plugin import LeafInfo, StructNode
+from . import staging
 from .arrays import KEY as _KEY
 from .pytrees import _NATIVE, _key_text, register
 
@@ -137,10 +138,10 @@ def _place(reader: Any, info: Any, pl: Placement, where: str, np_dtype: Callable
 class _Sharded:
     """A stored array to read onto a sharding, checked and waiting for its reads."""
 
-    __slots__ = ("path", "shape", "sharding", "want")
+    __slots__ = ("path", "shape", "sharding", "want", "stored")
 
-    def __init__(self, path: str, shape: Tuple[int, ...], sharding: Any, want: np.dtype) -> None:
-        self.path, self.shape, self.sharding, self.want = path, shape, sharding, want
+    def __init__(self, path: str, shape: Tuple[int, ...], sharding: Any, want: np.dtype, stored: np.dtype) -> None:
+        self.path, self.shape, self.sharding, self.want, self.stored = path, shape, sharding, want, stored
 
 
 def _plan(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[str], Any], verify: bool) -> Any:
@@ -177,14 +178,16 @@ def _plan(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[s
     if stored.kind in "OSU" or want.kind in "OSU" or stored.names is not None or want.names is not None:
         raise ValueError(f"like=: at {where} the file holds {stored}, which cannot be loaded as {want}")
     if sharding is None:
-        return jax.device_put(_cast(reader.read_array(info.path, "", np_dtype, verify), want))
+        sharding = staging.default_sharding()  # (on an accelerator: through the staging buffers)
+        if sharding is None:
+            return jax.device_put(_cast(reader.read_array(info.path, "", np_dtype, verify), want))
     if not hasattr(sharding, "addressable_devices_indices_map"):
         raise TypeError(f"like=: at {where} the sharding {sharding!r} is not a jax.sharding.Sharding")
     try:  # before any read or device memory: the sharding must fit the shape
         sharding.shard_shape(shape)
     except ValueError as e:
         raise ValueError(f"like=: at {where} the sharding does not fit the stored shape {shape}: {e}") from None
-    return _Sharded(info.path, shape, sharding, want)
+    return _Sharded(info.path, shape, sharding, want, stored)
 
 
 #: Host bytes of shards read ahead at once by a sharded load (reads in flight, their arrays
@@ -197,8 +200,23 @@ def _index_key(index: Tuple[slice, ...]) -> Tuple[Any, ...]:
 
 
 def _read_sharded(reader: Any, plans: List[_Sharded], np_dtype: Callable[[str], Any], verify: bool) -> List[Any]:
-    """Read every addressable shard of ``plans`` (a shard several devices hold, once), several
-    at a time on threads (the reads release the GIL), and build the arrays."""
+    """The arrays of ``plans``: those bound for an accelerator's memory through the staging
+    buffers (``staging``), the others by ``_read_fresh``."""
+    out: List[Any] = [None] * len(plans)
+    on_device = [i for i, pl in enumerate(plans) if staging.staged(pl.sharding, reader)]
+    taken = set(on_device)
+    rest = [i for i in range(len(plans)) if i not in taken]
+    for i, arr in zip(on_device, staging.read_staged(reader, [plans[i] for i in on_device], verify) if on_device else []):
+        out[i] = arr
+    for i, arr in zip(rest, _read_fresh(reader, [plans[i] for i in rest], np_dtype, verify) if rest else []):
+        out[i] = arr
+    return out
+
+
+def _read_fresh(reader: Any, plans: List[_Sharded], np_dtype: Callable[[str], Any], verify: bool) -> List[Any]:
+    """Read every addressable shard of ``plans`` (a shard several devices hold, once) into
+    memory of its own, several at a time on threads (the reads release the GIL), and build the
+    arrays (on the CPU, JAX holds that memory without a copy)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import jax

@@ -1,0 +1,262 @@
+"""JAX loads onto an accelerator through reused host buffers (issue 53; integrations/jax/staging.py).
+
+No GPU here: the staged path is switched on for the 8 CPU devices (conftest's XLA_FLAGS), with
+copies to the device that happen only when waited for, as a GPU's run after ``device_put``
+returns. A buffer read into again before every copy out of it had finished would show in the
+values loaded.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import treepack
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding  # noqa: E402
+
+from treepack.integrations.jax import staging  # noqa: E402
+
+if len(jax.devices()) < 8:  # pragma: no cover - conftest asks for 8
+    pytest.skip("needs 8 JAX devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)", allow_module_level=True)
+
+
+@pytest.fixture
+def deferred(monkeypatch):
+    """Staging on the CPU devices, 4 KiB buffers, copies made when waited for; counts what
+    happened."""
+    log = {"puts": 0, "waits": 0, "buffers": []}
+
+    class Later:
+        def __init__(self, x, sharding):
+            self.x, self.sharding = x, sharding
+
+    def put(x, sharding):
+        assert sharding.memory_kind in (None, "device") and len(sharding.device_set) == 1
+        log["puts"] += 1
+        return Later(x, sharding)
+
+    def wait(h):
+        log["waits"] += 1
+        return jax.device_put(np.array(h.x, copy=True), h.sharding)
+
+    real = staging._Buffer.__init__
+
+    def buffer(self, device, n):
+        log["buffers"].append(n)
+        real(self, device, n)
+
+    monkeypatch.setattr(staging, "staged", lambda sharding, reader: hasattr(reader, "read_many_into"))
+    monkeypatch.setattr(staging, "_put", put)
+    monkeypatch.setattr(staging, "_wait", wait)
+    monkeypatch.setattr(staging._Buffer, "__init__", buffer)
+    monkeypatch.setattr(staging, "STAGE_BYTES", 4096)
+    monkeypatch.setattr(staging, "_kept", {})
+    return log
+
+
+def _mesh(shape, axes):
+    n = int(np.prod(shape))
+    return Mesh(np.array(jax.devices()[:n]).reshape(shape), axes)
+
+
+def _tree():
+    g = np.random.default_rng(7)
+    return {
+        "rows": g.standard_normal((64, 48)).astype(np.float32),  # 8 shards of 1536 bytes
+        "replicated": np.arange(100, dtype=np.float32),  # one read, 8 devices
+        "grid": g.standard_normal((16, 32)).astype(jnp.bfloat16),  # a 4 x 2 mesh
+        "big": np.arange(3000, dtype=np.float32),  # 12000 bytes: a buffer of its own
+        "small": np.int8([1, -2, 3, -4, 5]),
+        "cast": np.linspace(0, 1, 10),  # float64, loaded as float32
+        "empty": np.zeros((0, 4), np.float32),
+        "scalar": np.array(2.5, np.float32),
+        "layers": [g.integers(0, 1000, (8, 8), dtype=np.int32) for _ in range(12)],  # many small, packed
+    }
+
+
+def _template(tree):
+    m8, m42 = _mesh((8,), ("x",)), _mesh((4, 2), ("a", "b"))
+
+    def sds(a, sharding, dtype=None):
+        return jax.ShapeDtypeStruct(np.shape(a), dtype or np.asarray(a).dtype, sharding=sharding)
+
+    return {
+        "rows": sds(tree["rows"], NamedSharding(m8, P("x"))),
+        "replicated": sds(tree["replicated"], NamedSharding(m8, P())),
+        "grid": sds(tree["grid"], NamedSharding(m42, P("a", "b"))),
+        "big": sds(tree["big"], NamedSharding(m8, P())),
+        "small": sds(tree["small"], SingleDeviceSharding(jax.devices()[3])),
+        "cast": sds(tree["cast"], NamedSharding(_mesh((2,), ("x",)), P("x")), jnp.float32),
+        "empty": sds(tree["empty"], NamedSharding(m8, P())),
+        "scalar": sds(tree["scalar"], SingleDeviceSharding(jax.devices()[5])),
+        "layers": [sds(a, NamedSharding(_mesh((2,), ("x",)), P(None, "x"))) for a in tree["layers"]],
+    }
+
+
+def _check(out, tree, like):
+    flat_out, td_out = jax.tree_util.tree_flatten(out)
+    flat_like, td_like = jax.tree_util.tree_flatten(like)
+    flat_tree = jax.tree_util.tree_leaves(tree)
+    assert td_out == td_like
+    for got, want, t in zip(flat_out, flat_tree, flat_like):
+        assert isinstance(got, jax.Array)
+        assert got.sharding == t.sharding and got.dtype == t.dtype and got.shape == t.shape
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want).astype(t.dtype))
+        for s in got.addressable_shards:  # each device's shard is its own part of the values
+            np.testing.assert_array_equal(np.asarray(s.data), np.asarray(want).astype(t.dtype)[s.index])
+
+
+@pytest.mark.parametrize("form", ["dir", "tpk", "zstd"])
+def test_staged_loads_give_every_shard_its_values(tmp_path, deferred, form):
+    tree = _tree()
+    p = str(tmp_path / ("t.tpk" if form == "tpk" else "t"))
+    treepack.save(tree, p, chunk_bytes=1024, compression="zstd" if form == "zstd" else None)
+    like = _template(tree)
+    out = treepack.load(p, like=like)
+    _check(out, tree, like)
+    # Every copy was waited for, each shard put once per device holding it.
+    assert deferred["puts"] == deferred["waits"] == 8 + 8 + 8 + 8 + 1 + 2 + 8 + 1 + 12 * 2
+    # At most three buffers cycled, of STAGE_BYTES or, for the big array, of its size; only
+    # those of STAGE_BYTES are kept for the next load, which reuses them.
+    first = deferred["buffers"]
+    assert set(first) == {4096, 12032} and len(first) <= staging.STAGE_COUNT + 1
+    kept = [b.view.size for b in staging._kept["cpu"]]
+    assert kept and set(kept) == {4096} and len(kept) <= staging.STAGE_COUNT
+    deferred["buffers"] = []
+    _check(treepack.load(p, like=like), tree, like)
+    assert deferred["buffers"].count(4096) == staging.STAGE_COUNT - len(kept)
+
+
+def test_staged_and_fresh_loads_agree(tmp_path, monkeypatch):
+    """The same template loaded by the CPU's own path and through the buffers (real
+    ``device_put``, whose CPU copies are immediate)."""
+    tree = _tree()
+    p = str(tmp_path / "t")
+    treepack.save(tree, p, chunk_bytes=1024)
+    like = _template(tree)
+    fresh = treepack.load(p, like=like)
+    monkeypatch.setattr(staging, "staged", lambda sharding, reader: True)
+    monkeypatch.setattr(staging, "_put", lambda x, s: jax.device_put(np.array(x, copy=True), s))
+    monkeypatch.setattr(staging, "_kept", {})
+    through = treepack.load(p, like=like)
+    for a, b in zip(jax.tree_util.tree_leaves(fresh), jax.tree_util.tree_leaves(through)):
+        assert a.sharding == b.sharding and a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_corrupt_chunk_is_named_and_the_copies_started_are_waited_for(tmp_path, deferred):
+    tree = {"a": np.arange(2048, dtype=np.float32), "b": np.full(2048, 7, np.int32), "c": np.arange(512, dtype=np.int64)}
+    p = str(tmp_path / "t")
+    treepack.save(tree, p, chunk_bytes=1024)
+    (pack,) = os.listdir(os.path.join(p, "packs"))
+    pack = os.path.join(p, "packs", pack)
+    data = bytearray(open(pack, "rb").read())
+    at = bytes(data).index(tree["b"][:256].tobytes())  # "b"'s first chunk
+    data[at + 5] ^= 0xFF
+    open(pack, "wb").write(bytes(data))
+    m8 = _mesh((8,), ("x",))
+    like = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(m8, P("x"))) for k, v in tree.items()}
+    with pytest.raises(treepack.CorruptError, match=r"\bb\b"):
+        treepack.load(p, like=like)
+    assert deferred["puts"] > 0 and deferred["waits"] == deferred["puts"]
+    assert {b.view.size for b in staging._kept["cpu"]} == {4096}  # put back for the next load
+    out = treepack.load(p, like={"a": like["a"], "c": like["c"]})
+    np.testing.assert_array_equal(np.asarray(out["a"]), tree["a"])
+    np.testing.assert_array_equal(np.asarray(out["c"]), tree["c"])
+
+
+def test_pinned_host_buffers_are_written_through_their_address():
+    owner, view = staging._host_memory(jax.devices()[0], 8192)
+    assert view.size == 8192 and view.flags.writeable
+    view[:] = np.arange(8192) % 251
+    np.testing.assert_array_equal(np.asarray(owner), np.arange(8192) % 251)
+
+
+def test_only_an_accelerators_own_memory_is_staged():
+    class Dev:
+        def __init__(self, platform):
+            self.platform = platform
+
+    class Sharding:
+        def __init__(self, platforms, memory_kind=None):
+            self.addressable_devices = {Dev(p) for p in platforms}
+            self.memory_kind = memory_kind
+
+    class R:
+        def read_many_into(self, items, verify=True):
+            pass
+
+    assert staging.staged(Sharding(["gpu", "gpu"]), R())
+    assert staging.staged(Sharding(["gpu"], "device"), R())
+    assert not staging.staged(Sharding(["gpu"], "pinned_host"), R())  # host memory: no copy to make
+    assert not staging.staged(Sharding(["gpu", "cpu"]), R())
+    assert not staging.staged(Sharding([]), R())
+    assert not staging.staged(Sharding(["gpu"]), object())  # another tool's file: read as it is
+    assert not staging.staged(SingleDeviceSharding(jax.devices()[0]), R())
+
+
+def test_a_template_without_shardings_goes_to_the_default_accelerator_through_the_buffers(tmp_path, deferred, monkeypatch):
+    monkeypatch.setattr(staging, "default_sharding", lambda: SingleDeviceSharding(jax.devices()[0]))
+    tree = {"w": np.arange(3000, dtype=np.float32).reshape(30, 100), "b": np.arange(7, dtype=np.int16)}
+    p = str(tmp_path / "t")
+    treepack.save(tree, p, chunk_bytes=1024)
+    out = treepack.load(p, like={k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in tree.items()})
+    assert deferred["puts"] == deferred["waits"] == 2
+    for k, v in tree.items():
+        assert out[k].sharding == SingleDeviceSharding(jax.devices()[0])
+        np.testing.assert_array_equal(np.asarray(out[k]), v)
+
+
+def test_no_default_accelerator_here():
+    assert staging.default_sharding() is None  # the CPU: each array keeps its own memory
+
+
+def test_a_flax_train_state_resumes_through_the_buffers(tmp_path, deferred):
+    """A user's resume: a TrainState (linen MLP, adam) after a few steps, loaded onto a mesh from
+    an abstract template and through ``treepack.jax.load``; training goes on identically."""
+    import flax.linen as nn
+    import optax
+    from flax.training import train_state
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(nn.relu(nn.Dense(300)(x)))
+
+    model = MLP()
+
+    def fresh():
+        params = model.init(jax.random.key(0), jnp.ones((1, 8)))
+        return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-2))
+
+    def step(state):
+        x, y = jnp.ones((4, 8)), jnp.zeros((4, 3))
+        return state.apply_gradients(grads=jax.grad(lambda p: jnp.mean((state.apply_fn(p, x) - y) ** 2))(state.params))
+
+    state = fresh()
+    for _ in range(3):
+        state = step(state)
+    p = str(tmp_path / "ckpt")
+    treepack.save(state, p, omit_static=True, chunk_bytes=2048)
+    rep = NamedSharding(_mesh((4,), ("d",)), P())
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), jax.eval_shape(fresh))
+    back = treepack.load(p, like=abstract)
+    assert deferred["puts"] == deferred["waits"] > 0
+    assert int(back.step) == 3
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
+        assert a.sharding == rep
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(jax.tree.leaves(step(back)), jax.tree.leaves(step(state))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # JAX's own call, one sharding for every array of the parameters.
+    import treepack.jax as tpj
+
+    tpj.save(state.params, str(tmp_path / "params"))
+    params = tpj.load(str(tmp_path / "params"), rep)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
+        assert a.sharding == rep
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -1,0 +1,225 @@
+"""Loading shards onto an accelerator's memory through a few reused host buffers (issue 53).
+
+A load onto CPU devices reads each shard into memory of its own, which JAX then holds without a
+copy (``like._read_sharded``). For an accelerator, memory read into only to be copied to the
+device and dropped is waste: each shard is read from the file straight into one of
+``STAGE_COUNT`` reused host buffers (JAX's pinned host memory where the backend has it, which the
+device copies from directly), and handed to ``jax.device_put``, whose copy to the device runs
+while the next buffer is read into; a buffer is read into again only once every copy out of it
+has finished. Small shards are packed into one buffer and read together (one parallel pass over
+their chunks, ``Reader.read_many_into``). Host memory stays at ``STAGE_COUNT`` buffers of
+``STAGE_BYTES`` (a shard bigger than that gets a buffer of its size for the load), whatever the
+size of the tree; the buffers are kept for the next load (pinned memory is slow to allocate).
+
+``_put`` and ``_wait`` are the two calls that touch the device: tests on a CPU replace them with
+copies that happen only when waited for, so that a buffer reused too early shows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ... import _plugin
+
+#: Bytes of one staging buffer, and how many a load cycles through.
+STAGE_BYTES = 64 << 20
+STAGE_COUNT = 3
+#: Where each shard starts in a buffer (a multiple of every dtype's alignment, and of what DMA
+#: engines and XLA's zero-copy checks want).
+ALIGN = 256
+
+# Buffers kept between loads, by platform: a load takes the set out (a load on another thread at
+# the same time makes its own) and puts back those of at most STAGE_BYTES.
+_kept: Dict[str, List[Any]] = {}
+_lock = threading.Lock()
+
+
+def staged(sharding: Any, reader: Any) -> bool:
+    """Whether the shards of an array on ``sharding`` go through the staging buffers: every
+    device it places shards on is an accelerator, into its own memory (a ``pinned_host`` or
+    CPU sharding keeps each shard's own buffer, which JAX holds without copying), read by a
+    treepack reader (another tool's file is read as it is)."""
+    devices = sharding.addressable_devices
+    return (
+        bool(devices)
+        and getattr(sharding, "memory_kind", None) in (None, "device")
+        and all(d.platform != "cpu" for d in devices)
+        and hasattr(reader, "read_many_into")
+    )
+
+
+def default_sharding() -> Any:
+    """Where an array of a template with no sharding goes (``jax.device_put``'s default device),
+    as a sharding, when that is an accelerator (its shards then go through the buffers); None
+    on the CPU or when a default device is configured (``jax_default_device``: left to
+    ``device_put``)."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    if jax.config.jax_default_device is not None:
+        return None
+    dev = jax.devices()[0]
+    return None if dev.platform == "cpu" else SingleDeviceSharding(dev)
+
+
+class _Buffer:
+    """``n`` writable bytes of host memory (``view``) and what owns them (``owner``)."""
+
+    __slots__ = ("owner", "view")
+
+    def __init__(self, device: Any, n: int) -> None:
+        self.owner, self.view = _host_memory(device, n)
+
+
+def _host_memory(device: Any, n: int) -> Tuple[Any, np.ndarray]:
+    """``n`` bytes the device copies from directly: a ``pinned_host`` array of JAX's (its
+    backend's page-locked allocation, which JAX offers only as an immutable array: the bytes are
+    written through its address, and the array, owned here and never handed out, keeps them
+    alive), or page-aligned pageable memory where the backend has no pinned host memory."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    try:
+        device.memory("pinned_host")
+    except Exception:  # noqa: BLE001 (a backend without that memory kind: plain memory)
+        m = mmap.mmap(-1, max(n, 1))
+        return m, np.frombuffer(m, dtype=np.uint8, count=n)
+    owner = jax.device_put(np.empty(n, np.uint8), SingleDeviceSharding(device, memory_kind="pinned_host"))
+    owner.block_until_ready()
+    view = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(owner.unsafe_buffer_pointer())) if n else np.empty(0, np.uint8)
+    return owner, view
+
+
+def _put(x: np.ndarray, sharding: Any) -> Any:
+    """Start copying ``x`` (in a staging buffer) onto the single device of ``sharding``."""
+    import jax
+
+    return jax.device_put(x, sharding)
+
+
+def _wait(handle: Any) -> Any:
+    """The array ``_put`` started, once its copy has finished (its buffer free again)."""
+    return handle.block_until_ready()
+
+
+class _Shard:
+    """One read: the part of a planned array at ``index``, for the devices that hold it."""
+
+    __slots__ = ("plan", "text", "shape", "nbytes", "devices", "arrays")
+
+    def __init__(self, plan: Any, text: str, shape: Tuple[int, ...], nbytes: int) -> None:
+        self.plan, self.text, self.shape, self.nbytes = plan, text, shape, nbytes
+        self.devices: List[Any] = []
+        self.arrays: Dict[Any, Any] = {}
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def read_staged(reader: Any, plans: List[Any], verify: bool) -> List[Any]:
+    """The arrays of ``plans`` (``like._Sharded``s whose shardings are ``staged``), each device's
+    shard read through the staging buffers (see the module docstring)."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    _slice_text = _plugin.slice_text
+    shards: List[_Shard] = []
+    layout: List[List[Tuple[Any, _Shard]]] = []  # per plan: (device, its shard), in the sharding's order
+    for pl in plans:
+        by_index: Dict[Tuple[Any, ...], _Shard] = {}
+        placed: List[Tuple[Any, _Shard]] = []
+        for dev, index in pl.sharding.addressable_devices_indices_map(pl.shape).items():
+            key = tuple((s.start, s.stop, s.step) for s in index)
+            sh = by_index.get(key)
+            if sh is None:
+                shape = tuple(len(range(*s.indices(dim))) for s, dim in zip(index, pl.shape))
+                whole = shape == tuple(pl.shape)
+                text = "" if whole else _slice_text(tuple(index), len(pl.shape))
+                sh = by_index[key] = _Shard(pl, text, shape, int(np.prod(shape, dtype=np.int64)) * pl.stored.itemsize)
+                shards.append(sh)
+            sh.devices.append(dev)
+            placed.append((dev, sh))
+        layout.append(placed)
+    # Shards in the order of the plans (the tree's), packed into batches of at most a buffer.
+    batches: List[List[_Shard]] = []
+    size = 0
+    for sh in shards:
+        if not batches or size + _align(sh.nbytes) > STAGE_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(sh)
+        size += _align(sh.nbytes)
+    if batches:
+        _through_buffers(reader, plans[0].sharding.addressable_devices, batches, verify, SingleDeviceSharding)
+    return [
+        jax.make_array_from_single_device_arrays(pl.shape, pl.sharding, [sh.arrays[dev] for dev, sh in placed])
+        for pl, placed in zip(plans, layout)
+    ]
+
+
+def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], verify: bool, single: Any) -> None:
+    """Read each batch into the next staging buffer and start its shards' copies to their
+    devices; a buffer is read into again only once the copies out of it have finished."""
+    first = next(iter(devices))
+    platform = first.platform
+    with _lock:
+        buffers: List[Optional[_Buffer]] = list(_kept.pop(platform, []))[:STAGE_COUNT]
+    buffers += [None] * (STAGE_COUNT - len(buffers))
+    pending: List[List[Tuple[_Shard, Any, Any]]] = [[] for _ in range(STAGE_COUNT)]
+    ok = False
+    try:
+        for k, batch in enumerate(batches):
+            i = k % STAGE_COUNT
+            _settle(pending[i])
+            need = sum(_align(sh.nbytes) for sh in batch)
+            if buffers[i] is None or buffers[i].view.size < need:
+                buffers[i] = None  # (freed before its successor is allocated)
+                buffers[i] = _Buffer(first, max(need, STAGE_BYTES))
+            raw = buffers[i].view
+            views: List[np.ndarray] = []
+            whole: List[Tuple[str, np.ndarray]] = []
+            off = 0
+            for sh in batch:
+                v = raw[off:off + sh.nbytes].view(sh.plan.stored).reshape(sh.shape)
+                off += _align(sh.nbytes)
+                views.append(v)
+                if not sh.nbytes:
+                    continue
+                if sh.text:
+                    reader.read_into(sh.plan.path, v, verify, slice=sh.text)
+                else:
+                    whole.append((sh.plan.path, v))
+            if whole:
+                reader.read_many_into(whole, verify)
+            for sh, v in zip(batch, views):
+                x = v if v.dtype == sh.plan.want else v.astype(sh.plan.want)
+                kind = getattr(sh.plan.sharding, "memory_kind", None)
+                for dev in sh.devices:
+                    pending[i].append((sh, dev, _put(x, single(dev, memory_kind=kind))))
+        for p in pending:
+            _settle(p)
+        ok = True
+    finally:
+        if not ok:
+            # A read failed: the copies already started still read their buffers.
+            for p in pending:
+                for _sh, _dev, h in p:
+                    try:
+                        _wait(h)
+                    except Exception:  # noqa: BLE001 (the read's error is the one to raise)
+                        pass
+        kept = [b for b in buffers if b is not None and b.view.size <= STAGE_BYTES]
+        with _lock:
+            _kept.setdefault(platform, kept)
+
+
+def _settle(pending: List[Tuple[_Shard, Any, Any]]) -> None:
+    for sh, dev, h in pending:
+        sh.arrays[dev] = _wait(h)
+    pending.clear()

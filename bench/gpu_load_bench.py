@@ -13,7 +13,13 @@ processes, page cache warm, times
   the next is read; integrations/torch.py `_read_staged`);
 - `safetensors.torch.load_file(f, device=DEVICE)` and `safe_open(f, "pt", device=DEVICE)`;
 - fastsafetensors' loader when it is installed;
-- the limit: pinned host memory copied to the device (`torch.Tensor.copy_` of pinned buffers).
+- the limit: pinned host memory copied to the device (`torch.Tensor.copy_` of pinned buffers);
+- where JAX runs on the device, the same checkpoint onto it in processes without torch:
+  `treepack.load(p, like={k: ShapeDtypeStruct(..., sharding=the device)})` (each array read
+  into three reused pinned host buffers and put on the device while the next is read;
+  integrations/jax/staging.py), `safetensors.flax.load_file`, Orbax's
+  `StandardCheckpointer().restore` of an Orbax checkpoint of the same tensors, and the limit:
+  `jax.device_put` of arrays already in pinned host memory.
 Results are printed as GiB/s and written with the machine's GPU name.
 
 Without a GPU (`torch.cuda.is_available()` false) it says so and exits 0; `--device cpu` runs
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -83,6 +90,67 @@ print(json.dumps({"case": case, "seconds": dt, "bytes": n, "check": check}))
 
 CASES = ["h2d-limit", "treepack", "treepack-like", "safetensors", "safe_open", "fastsafetensors"]
 
+# The same checkpoint onto a JAX device, in processes that import JAX and not torch.
+JAX_CHILD = r"""
+import json, sys, time
+import numpy as np
+import jax
+from jax.sharding import SingleDeviceSharding
+case, path, st, platform, orbax_dir = sys.argv[1:6]
+dev = jax.devices(platform)[0]
+on = SingleDeviceSharding(dev)
+jax.device_put(np.zeros(1), on).block_until_ready()  # the device's context, outside the clock
+from safetensors import safe_open
+dtypes = {"BF16": jax.numpy.bfloat16, "F16": jax.numpy.float16, "F32": jax.numpy.float32}
+with safe_open(st, "numpy") as f:
+    meta = {k: (tuple(f.get_slice(k).get_shape()), dtypes[f.get_slice(k).get_dtype()]) for k in f.keys()}
+like = {k: jax.ShapeDtypeStruct(shape, dt, sharding=on) for k, (shape, dt) in meta.items()}
+if case == "jax-h2d-limit":
+    import safetensors.flax as sfx
+    pinned = SingleDeviceSharding(dev, memory_kind="pinned_host")
+    with jax.default_device(jax.devices("cpu")[0]):
+        host = {k: jax.device_put(np.asarray(v), pinned) for k, v in sfx.load_file(st).items()}
+    jax.block_until_ready(host)
+t0 = time.perf_counter()
+if case == "jax-treepack":
+    import treepack
+    out = treepack.load(path, like=like)
+elif case == "jax-safetensors":
+    import safetensors.flax as sfx
+    with jax.default_device(dev):
+        out = sfx.load_file(st)
+elif case == "jax-orbax":
+    import orbax.checkpoint as ocp
+    out = ocp.StandardCheckpointer().restore(orbax_dir, like)
+elif case == "jax-h2d-limit":
+    out = {k: jax.device_put(v, on) for k, v in host.items()}
+jax.block_until_ready(out)
+dt = time.perf_counter() - t0
+n = sum(v.size * v.dtype.itemsize for v in out.values())
+assert all(v.devices() == {dev} for v in out.values()), "an array is not on the device"
+check = [float(np.asarray(out[k]).astype(np.float64).sum()) for k in sorted(out)]
+print(json.dumps({"case": case, "seconds": dt, "bytes": n, "check": check}))
+"""
+
+JAX_CASES = ["jax-h2d-limit", "jax-treepack", "jax-safetensors", "jax-orbax"]
+
+# An Orbax checkpoint of the same tensors (written on the CPU: the parent holds no device).
+ORBAX_WRITE = r"""
+import sys
+import orbax.checkpoint as ocp
+import safetensors.flax as sfx
+ckptr = ocp.StandardCheckpointer()
+ckptr.save(sys.argv[2], sfx.load_file(sys.argv[1]))
+ckptr.wait_until_finished()
+"""
+
+
+def jax_platform(device: str) -> str:
+    """The JAX platform for ``--device`` (cuda -> gpu), or "" when JAX cannot run there."""
+    want = "gpu" if device.startswith("cuda") else device
+    probe = subprocess.run([sys.executable, "-c", f"import jax; jax.devices({want!r})"], capture_output=True, text=True)
+    return want if probe.returncode == 0 else ""
+
 
 def make(d: str, gib: float) -> tuple:
     import torch
@@ -125,12 +193,28 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as d:
         path, st = make(d, gib)
-        times = {c: [] for c in CASES}
+        platform = jax_platform(args.device)
+        orbax_dir = os.path.join(d, "orbax")
+        cases = list(CASES)
+        if platform:
+            cases += JAX_CASES
+            env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+            w = subprocess.run([sys.executable, "-c", ORBAX_WRITE, st, orbax_dir], capture_output=True, text=True, env=env)
+            if w.returncode != 0:
+                print(f"no Orbax checkpoint (jax-orbax left out):\n{w.stderr[-1000:]}")
+                cases.remove("jax-orbax")
+        else:
+            print(f"JAX cannot use {args.device} here: its cases are left out")
+        times = {c: [] for c in cases}
         checks: dict = {}
         bad: list = []
         for _ in range(runs):
-            for c in CASES:
-                out = subprocess.run([sys.executable, "-c", CHILD, c, path, st, args.device], capture_output=True, text=True)
+            for c in cases:
+                if c.startswith("jax-"):
+                    cmd = [sys.executable, "-c", JAX_CHILD, c, path, st, platform, orbax_dir]
+                else:
+                    cmd = [sys.executable, "-c", CHILD, c, path, st, args.device]
+                out = subprocess.run(cmd, capture_output=True, text=True)
                 if out.returncode != 0:
                     if c == "fastsafetensors" and "No module named" in out.stderr:
                         continue
@@ -138,13 +222,17 @@ def main() -> None:
                     continue
                 res = json.loads(out.stdout.strip().splitlines()[-1])
                 checks.setdefault(c, res["check"])
-                if res["check"] != checks[CASES[0]] and CASES[0] in checks:
-                    print(f"{c}: MISMATCH: what it loaded differs from {CASES[0]}'s")
+                # Every case must load the same values (sums in float64, each case's way: equal
+                # to a part in 10^9).
+                ref = checks.get(cases[0])
+                if ref is not None and (len(ref) != len(res["check"]) or not all(
+                        math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6) for a, b in zip(ref, res["check"]))):
+                    print(f"{c}: MISMATCH: what it loaded differs from {cases[0]}'s")
                     bad.append(c)
                 times[c].append(res["seconds"])
                 nbytes = res["bytes"]
         print(f"\n{name}, {gib} GiB, medians of {runs}:")
-        for c in CASES:
+        for c in cases:
             if times[c]:
                 m = statistics.median(times[c])
                 print(f"  {c:16} {m * 1000:8.1f} ms  {nbytes / m / (1 << 30):6.2f} GiB/s")

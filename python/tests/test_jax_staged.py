@@ -260,3 +260,16 @@ def test_a_flax_train_state_resumes_through_the_buffers(tmp_path, deferred):
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
         assert a.sharding == rep
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_without_pinned_host_memory_buffers_are_plain_pages():
+    class NoPinned:
+        platform = "gpu"
+
+        def memory(self, kind):
+            raise ValueError(f"no {kind} memory")
+
+    owner, view = staging._host_memory(NoPinned(), 10000)
+    assert view.size == 10000 and view.flags.writeable and view.ctypes.data % 4096 == 0
+    view[:] = 1
+    assert owner[:10000] == b"\x01" * 10000

@@ -61,7 +61,7 @@ def default_sharding() -> Any:
     import jax
     from jax.sharding import SingleDeviceSharding
 
-    if jax.config.jax_default_device is not None:
+    if getattr(jax.config, "jax_default_device", None) is not None:
         return None
     dev = jax.devices()[0]
     return None if dev.platform == "cpu" else SingleDeviceSharding(dev)
@@ -84,15 +84,16 @@ def _host_memory(device: Any, n: int) -> Tuple[Any, np.ndarray]:
     import jax
     from jax.sharding import SingleDeviceSharding
 
-    try:
-        device.memory("pinned_host")
-    except Exception:  # noqa: BLE001 (a backend without that memory kind: plain memory)
-        m = mmap.mmap(-1, max(n, 1))
-        return m, np.frombuffer(m, dtype=np.uint8, count=n)
-    owner = jax.device_put(np.empty(n, np.uint8), SingleDeviceSharding(device, memory_kind="pinned_host"))
-    owner.block_until_ready()
-    view = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(owner.unsafe_buffer_pointer())) if n else np.empty(0, np.uint8)
-    return owner, view
+    if n:
+        try:
+            device.memory("pinned_host")
+            owner = jax.device_put(np.empty(n, np.uint8), SingleDeviceSharding(device, memory_kind="pinned_host"))
+            owner.block_until_ready()
+            return owner, np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(owner.unsafe_buffer_pointer()))
+        except Exception:  # noqa: BLE001 (no such memory kind, or no address for it: plain memory)
+            pass
+    m = mmap.mmap(-1, max(n, 1))
+    return m, np.frombuffer(m, dtype=np.uint8, count=n)
 
 
 def _put(x: np.ndarray, sharding: Any) -> Any:

@@ -16,10 +16,12 @@ processes, page cache warm, times
 - the limit: pinned host memory copied to the device (`torch.Tensor.copy_` of pinned buffers);
 - where JAX runs on the device, the same checkpoint onto it in processes without torch:
   `treepack.load(p, like={k: ShapeDtypeStruct(..., sharding=the device)})` (each array read
-  into three reused pinned host buffers and put on the device while the next is read;
+  into three reused host buffers registered for DMA and put on the device while the next is read;
   integrations/jax/staging.py), `safetensors.flax.load_file`, Orbax's
   `StandardCheckpointer().restore` of an Orbax checkpoint of the same tensors, and the limit:
-  `jax.device_put` of arrays already in pinned host memory.
+  `jax.device_put` of arrays already in pinned host memory (libraries imported outside the
+  clock there: Orbax's import takes longer than some loads).
+The checkpoint's tensors are of 32 and 96 MiB, below and above JAX's 64 MiB staging buffers.
 Results are printed as GiB/s and written with the machine's GPU name.
 
 Without a GPU (`torch.cuda.is_available()` false) it says so and exits 0; `--device cpu` runs
@@ -96,8 +98,8 @@ import json, sys, time
 import numpy as np
 import jax
 from jax.sharding import SingleDeviceSharding
-case, path, st, platform, orbax_dir = sys.argv[1:6]
-dev = jax.devices(platform)[0]
+case, path, st, platform, index, orbax_dir = sys.argv[1:7]
+dev = jax.devices(platform)[int(index)]
 on = SingleDeviceSharding(dev)
 jax.device_put(np.zeros(1), on).block_until_ready()  # the device's context, outside the clock
 from safetensors import safe_open
@@ -111,17 +113,23 @@ if case == "jax-h2d-limit":
     with jax.default_device(jax.devices("cpu")[0]):
         host = {k: jax.device_put(np.asarray(v), pinned) for k, v in sfx.load_file(st).items()}
     jax.block_until_ready(host)
-t0 = time.perf_counter()
+# Every library imported, and Orbax's checkpointer made, outside the clock (Orbax's import alone
+# takes longer than some loads).
 if case == "jax-treepack":
     import treepack
-    out = treepack.load(path, like=like)
 elif case == "jax-safetensors":
     import safetensors.flax as sfx
+elif case == "jax-orbax":
+    import orbax.checkpoint as ocp
+    ckptr = ocp.StandardCheckpointer()
+t0 = time.perf_counter()
+if case == "jax-treepack":
+    out = treepack.load(path, like=like)
+elif case == "jax-safetensors":
     with jax.default_device(dev):
         out = sfx.load_file(st)
 elif case == "jax-orbax":
-    import orbax.checkpoint as ocp
-    out = ocp.StandardCheckpointer().restore(orbax_dir, like)
+    out = ckptr.restore(orbax_dir, like)
 elif case == "jax-h2d-limit":
     out = {k: jax.device_put(v, on) for k, v in host.items()}
 jax.block_until_ready(out)
@@ -160,11 +168,13 @@ def make(d: str, gib: float) -> tuple:
 
     g = torch.Generator().manual_seed(0)
     n = int(gib * (1 << 30)) // 2
-    per = 64 << 20
+    # Tensors of 32 and 96 MiB, as a transformer's attention and MLP weights: below and above
+    # the JAX staging buffers' 64 MiB.
+    sizes = (16 << 20, 48 << 20)
     sd = {}
     i = 0
     while n > 0:
-        k = min(per, n)
+        k = min(sizes[(i // 2) % 2], n)
         dt = torch.float16 if i % 2 else torch.bfloat16
         sd[f"layers.{i}.weight"] = torch.randn(k, generator=g).to(dt)
         n -= k
@@ -211,7 +221,8 @@ def main() -> None:
         for _ in range(runs):
             for c in cases:
                 if c.startswith("jax-"):
-                    cmd = [sys.executable, "-c", JAX_CHILD, c, path, st, platform, orbax_dir]
+                    index = args.device.partition(":")[2] or "0"
+                    cmd = [sys.executable, "-c", JAX_CHILD, c, path, st, platform, index, orbax_dir]
                 else:
                     cmd = [sys.executable, "-c", CHILD, c, path, st, args.device]
                 out = subprocess.run(cmd, capture_output=True, text=True)

@@ -35,13 +35,13 @@ def deferred(monkeypatch):
             self.x, self.sharding = x, sharding
 
     def put(x, sharding):
-        assert sharding.memory_kind in (None, "device") and len(sharding.device_set) == 1
+        assert sharding is None or (sharding.memory_kind in (None, "device") and len(sharding.device_set) == 1)
         log["puts"] += 1
         return Later(x, sharding)
 
     def wait(h):
         log["waits"] += 1
-        return jax.device_put(np.array(h.x, copy=True), h.sharding)
+        return jax.device_put(np.array(h.x, copy=True), h.sharding)  # (None: the default device)
 
     real = staging._Buffer.__init__
 
@@ -54,6 +54,7 @@ def deferred(monkeypatch):
     monkeypatch.setattr(staging, "_wait", wait)
     monkeypatch.setattr(staging._Buffer, "__init__", buffer)
     monkeypatch.setattr(staging, "STAGE_BYTES", 4096)
+    monkeypatch.setattr(staging, "KEEP_BYTES", 8192)
     monkeypatch.setattr(staging, "_kept", {})
     return log
 
@@ -121,7 +122,7 @@ def test_staged_loads_give_every_shard_its_values(tmp_path, deferred, form):
     # Every copy was waited for, each shard put once per device holding it.
     assert deferred["puts"] == deferred["waits"] == 8 + 8 + 8 + 8 + 1 + 2 + 8 + 1 + 12 * 2
     # At most three buffers cycled, of STAGE_BYTES or, for the big array, of its size; only
-    # those of STAGE_BYTES are kept for the next load, which reuses them.
+    # those of at most KEEP_BYTES are kept for the next load, which reuses them.
     first = deferred["buffers"]
     assert set(first) == {4096, 12032} and len(first) <= staging.STAGE_COUNT + 1
     kept = [b.view.size for b in staging._kept["cpu"]]
@@ -169,11 +170,67 @@ def test_a_corrupt_chunk_is_named_and_the_copies_started_are_waited_for(tmp_path
     np.testing.assert_array_equal(np.asarray(out["c"]), tree["c"])
 
 
-def test_pinned_host_buffers_are_written_through_their_address():
-    owner, view = staging._host_memory(jax.devices()[0], 8192)
-    assert view.size == 8192 and view.flags.writeable
-    view[:] = np.arange(8192) % 251
-    np.testing.assert_array_equal(np.asarray(owner), np.arange(8192) % 251)
+class _Client:
+    """A device runtime that registers memory for DMA, as XLA's GPU clients do."""
+
+    def __init__(self):
+        self.mapped = {}
+
+    def dma_map(self, address, size):
+        assert address % 4096 == 0 and address not in self.mapped
+        self.mapped[address] = size
+
+    def dma_unmap(self, address):
+        del self.mapped[address]
+
+
+class _Gpu:
+    platform = "gpu"
+
+    def __init__(self, client):
+        self.client = client
+
+
+def test_buffers_are_page_aligned_and_registered_for_dma_where_the_runtime_can():
+    client = _Client()
+    b = staging._Buffer(_Gpu(client), 10000)
+    assert b.view.size == 10000 and b.view.flags.writeable and b.view.ctypes.data % 4096 == 0
+    assert client.mapped == {b.view.ctypes.data: 10000}
+    b.view[:] = 1
+    assert b.memory[:10000] == b"\x01" * 10000
+    b.release()
+    b.release()  # (once only)
+    assert client.mapped == {}
+    # The CPU runtime registers nothing (UNIMPLEMENTED): plain memory, which it copies from.
+    c = staging._Buffer(jax.devices()[0], 4096)
+    assert c.client is None and c.view.size == 4096
+
+
+def test_buffers_kept_for_the_next_load_are_the_small_ones(monkeypatch):
+    client = _Client()
+    monkeypatch.setattr(staging, "_kept", {})
+    monkeypatch.setattr(staging, "KEEP_BYTES", 8192)
+    small, big = staging._Buffer(_Gpu(client), 8192), staging._Buffer(_Gpu(client), 20000)
+    staging._put_back("gpu", [small, None, big], lost=False)
+    assert staging._kept["gpu"] == [small] and list(client.mapped) == [small.view.ctypes.data]
+    other = staging._Buffer(_Gpu(client), 4096)
+    staging._put_back("gpu", [other], lost=False)  # another load's set, back second: released
+    assert staging._kept["gpu"] == [small] and list(client.mapped) == [small.view.ctypes.data]
+
+
+def test_buffers_whose_copies_could_not_be_waited_for_are_never_freed(tmp_path, deferred, monkeypatch):
+    p = str(tmp_path / "t")
+    treepack.save({"a": np.arange(4096, dtype=np.float32)}, p, chunk_bytes=1024)
+
+    def broken(h):
+        raise RuntimeError("the device went away")
+
+    monkeypatch.setattr(staging, "_wait", broken)
+    monkeypatch.setattr(staging, "_abandoned", [])
+    m8 = _mesh((8,), ("x",))
+    with pytest.raises(RuntimeError, match="the device went away"):
+        treepack.load(p, like={"a": jax.ShapeDtypeStruct((4096,), np.float32, sharding=NamedSharding(m8, P("x")))})
+    assert len(staging._abandoned) == staging.STAGE_COUNT and "cpu" not in staging._kept
 
 
 def test_only_an_accelerators_own_memory_is_staged():
@@ -200,19 +257,20 @@ def test_only_an_accelerators_own_memory_is_staged():
 
 
 def test_a_template_without_shardings_goes_to_the_default_accelerator_through_the_buffers(tmp_path, deferred, monkeypatch):
-    monkeypatch.setattr(staging, "default_sharding", lambda: SingleDeviceSharding(jax.devices()[0]))
+    monkeypatch.setattr(staging, "default_device", lambda: jax.devices()[0])
     tree = {"w": np.arange(3000, dtype=np.float32).reshape(30, 100), "b": np.arange(7, dtype=np.int16)}
     p = str(tmp_path / "t")
     treepack.save(tree, p, chunk_bytes=1024)
     out = treepack.load(p, like={k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in tree.items()})
     assert deferred["puts"] == deferred["waits"] == 2
     for k, v in tree.items():
-        assert out[k].sharding == SingleDeviceSharding(jax.devices()[0])
+        # As device_put(x) leaves it: on the default device, not committed to it.
+        assert out[k].sharding == SingleDeviceSharding(jax.devices()[0]) and not out[k].committed
         np.testing.assert_array_equal(np.asarray(out[k]), v)
 
 
 def test_no_default_accelerator_here():
-    assert staging.default_sharding() is None  # the CPU: each array keeps its own memory
+    assert staging.default_device() is None  # the CPU: each array keeps its own memory
 
 
 def test_a_flax_train_state_resumes_through_the_buffers(tmp_path, deferred):
@@ -262,14 +320,3 @@ def test_a_flax_train_state_resumes_through_the_buffers(tmp_path, deferred):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_without_pinned_host_memory_buffers_are_plain_pages():
-    class NoPinned:
-        platform = "gpu"
-
-        def memory(self, kind):
-            raise ValueError(f"no {kind} memory")
-
-    owner, view = staging._host_memory(NoPinned(), 10000)
-    assert view.size == 10000 and view.flags.writeable and view.ctypes.data % 4096 == 0
-    view[:] = 1
-    assert owner[:10000] == b"\x01" * 10000

@@ -138,10 +138,13 @@ def _place(reader: Any, info: Any, pl: Placement, where: str, np_dtype: Callable
 class _Sharded:
     """A stored array to read onto a sharding, checked and waiting for its reads."""
 
-    __slots__ = ("path", "shape", "sharding", "want", "stored")
+    __slots__ = ("path", "shape", "sharding", "want", "stored", "default")
 
-    def __init__(self, path: str, shape: Tuple[int, ...], sharding: Any, want: np.dtype, stored: np.dtype) -> None:
+    def __init__(self, path: str, shape: Tuple[int, ...], sharding: Any, want: np.dtype, stored: np.dtype,
+                 default: bool = False) -> None:
         self.path, self.shape, self.sharding, self.want, self.stored = path, shape, sharding, want, stored
+        # No sharding in the template: the default device's, the array left uncommitted.
+        self.default = default
 
 
 def _plan(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[str], Any], verify: bool) -> Any:
@@ -177,17 +180,19 @@ def _plan(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[s
     want = np.dtype(target.dtype)
     if stored.kind in "OSU" or want.kind in "OSU" or stored.names is not None or want.names is not None:
         raise ValueError(f"like=: at {where} the file holds {stored}, which cannot be loaded as {want}")
-    if sharding is None:
-        sharding = staging.default_sharding()  # (on an accelerator: through the staging buffers)
-        if sharding is None:
+    default = sharding is None
+    if default:
+        dev = staging.default_device()  # (an accelerator: through the staging buffers)
+        if dev is None or not staging.staged(jax.sharding.SingleDeviceSharding(dev), reader):
             return jax.device_put(_cast(reader.read_array(info.path, "", np_dtype, verify), want))
+        sharding = jax.sharding.SingleDeviceSharding(dev)
     if not hasattr(sharding, "addressable_devices_indices_map"):
         raise TypeError(f"like=: at {where} the sharding {sharding!r} is not a jax.sharding.Sharding")
     try:  # before any read or device memory: the sharding must fit the shape
         sharding.shard_shape(shape)
     except ValueError as e:
         raise ValueError(f"like=: at {where} the sharding does not fit the stored shape {shape}: {e}") from None
-    return _Sharded(info.path, shape, sharding, want, stored)
+    return _Sharded(info.path, shape, sharding, want, stored, default)
 
 
 #: Host bytes of shards read ahead at once by a sharded load (reads in flight, their arrays

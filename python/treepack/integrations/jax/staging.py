@@ -3,13 +3,17 @@
 A load onto CPU devices reads each shard into memory of its own, which JAX then holds without a
 copy (``like._read_sharded``). For an accelerator, memory read into only to be copied to the
 device and dropped is waste: each shard is read from the file straight into one of
-``STAGE_COUNT`` reused host buffers (JAX's pinned host memory where the backend has it, which the
-device copies from directly), and handed to ``jax.device_put``, whose copy to the device runs
-while the next buffer is read into; a buffer is read into again only once every copy out of it
-has finished. Small shards are packed into one buffer and read together (one parallel pass over
-their chunks, ``Reader.read_many_into``). Host memory stays at ``STAGE_COUNT`` buffers of
-``STAGE_BYTES`` (a shard bigger than that gets a buffer of its size for the load), whatever the
-size of the tree; the buffers are kept for the next load (pinned memory is slow to allocate).
+``STAGE_COUNT`` reused host buffers and handed to ``jax.device_put``, whose copy to the device
+runs while the next buffer is read into; a buffer is read into again only once every copy out
+of it has finished. Small shards are packed into one buffer and read together (one parallel
+pass over their chunks, ``Reader.read_many_into``).
+
+The buffers are page-aligned memory registered with the device's runtime for DMA
+(``Client.dma_map``, where the backend offers it: XLA's GPU clients copy from registered memory
+directly, and stage any other host memory through pinned buffers of their own first, one more
+copy). Host memory stays at ``STAGE_COUNT`` buffers of ``STAGE_BYTES``, or of the largest shard
+when that is bigger, whatever the size of the tree; buffers of at most ``KEEP_BYTES`` are kept for
+the process's next load (registering memory takes time).
 
 ``_put`` and ``_wait`` are the two calls that touch the device: tests on a CPU replace them with
 copies that happen only when waited for, so that a buffer reused too early shows.
@@ -17,7 +21,6 @@ copies that happen only when waited for, so that a buffer reused too early shows
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import threading
 from typing import Any, Dict, List, Optional, Tuple
@@ -26,16 +29,21 @@ import numpy as np
 
 from ... import _plugin
 
-#: Bytes of one staging buffer, and how many a load cycles through.
+#: Bytes of one staging buffer (shards are packed up to this), how many a load cycles through,
+#: and the biggest buffer kept for the next load (one grown for a bigger shard up to this size).
 STAGE_BYTES = 64 << 20
 STAGE_COUNT = 3
+KEEP_BYTES = 256 << 20
 #: Where each shard starts in a buffer (a multiple of every dtype's alignment, and of what DMA
 #: engines and XLA's zero-copy checks want).
 ALIGN = 256
 
 # Buffers kept between loads, by platform: a load takes the set out (a load on another thread at
-# the same time makes its own) and puts back those of at most STAGE_BYTES.
-_kept: Dict[str, List[Any]] = {}
+# the same time makes its own) and puts back those of at most KEEP_BYTES.
+_kept: Dict[str, List["_Buffer"]] = {}
+# Buffers whose copies could not all be waited for (the wait itself failed or was interrupted):
+# never freed, since a copy may still read them.
+_abandoned: List["_Buffer"] = []
 _lock = threading.Lock()
 
 
@@ -53,54 +61,53 @@ def staged(sharding: Any, reader: Any) -> bool:
     )
 
 
-def default_sharding() -> Any:
-    """Where an array of a template with no sharding goes (``jax.device_put``'s default device),
-    as a sharding, when that is an accelerator (its shards then go through the buffers); None
+def default_device() -> Any:
+    """Where ``jax.device_put(x)`` puts an array of a template with no sharding (this process's
+    first device), when that is an accelerator: its arrays then go through the buffers too; None
     on the CPU or when a default device is configured (``jax_default_device``: left to
     ``device_put``)."""
     import jax
-    from jax.sharding import SingleDeviceSharding
 
     if getattr(jax.config, "jax_default_device", None) is not None:
         return None
-    dev = jax.devices()[0]
-    return None if dev.platform == "cpu" else SingleDeviceSharding(dev)
+    dev = jax.local_devices()[0]
+    return None if dev.platform == "cpu" else dev
 
 
 class _Buffer:
-    """``n`` writable bytes of host memory (``view``) and what owns them (``owner``)."""
+    """``n`` writable bytes of page-aligned host memory (``view``), registered for DMA with the
+    client of ``device`` when it can be."""
 
-    __slots__ = ("owner", "view")
+    __slots__ = ("memory", "view", "client")
 
     def __init__(self, device: Any, n: int) -> None:
-        self.owner, self.view = _host_memory(device, n)
+        self.memory = mmap.mmap(-1, max(n, 1))
+        self.view = np.frombuffer(self.memory, dtype=np.uint8, count=n)
+        self.client = None
+        client = getattr(device, "client", None)
+        if n and client is not None and hasattr(client, "dma_map"):
+            try:
+                client.dma_map(self.view.ctypes.data, n)
+                self.client = client
+            except Exception:  # noqa: BLE001 (UNIMPLEMENTED on the CPU and some backends: copied through the runtime's staging)
+                pass
+
+    def release(self) -> None:
+        """Unregister the memory (it is unmapped once nothing refers to it)."""
+        if self.client is not None:
+            client, self.client = self.client, None
+            try:
+                client.dma_unmap(self.view.ctypes.data)
+            except Exception:  # noqa: BLE001 (a client already shut down)
+                pass
 
 
-def _host_memory(device: Any, n: int) -> Tuple[Any, np.ndarray]:
-    """``n`` bytes the device copies from directly: a ``pinned_host`` array of JAX's (its
-    backend's page-locked allocation, which JAX offers only as an immutable array: the bytes are
-    written through its address, and the array, owned here and never handed out, keeps them
-    alive), or page-aligned pageable memory where the backend has no pinned host memory."""
+def _put(x: np.ndarray, device: Any) -> Any:
+    """Start copying ``x`` (in a staging buffer) onto ``device`` (a single-device sharding; None:
+    the default device, leaving the array uncommitted as ``device_put(x)`` does)."""
     import jax
-    from jax.sharding import SingleDeviceSharding
 
-    if n:
-        try:
-            device.memory("pinned_host")
-            owner = jax.device_put(np.empty(n, np.uint8), SingleDeviceSharding(device, memory_kind="pinned_host"))
-            owner.block_until_ready()
-            return owner, np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(owner.unsafe_buffer_pointer()))
-        except Exception:  # noqa: BLE001 (no such memory kind, or no address for it: plain memory)
-            pass
-    m = mmap.mmap(-1, max(n, 1))
-    return m, np.frombuffer(m, dtype=np.uint8, count=n)
-
-
-def _put(x: np.ndarray, sharding: Any) -> Any:
-    """Start copying ``x`` (in a staging buffer) onto the single device of ``sharding``."""
-    import jax
-
-    return jax.device_put(x, sharding)
+    return jax.device_put(x) if device is None else jax.device_put(x, device)
 
 
 def _wait(handle: Any) -> Any:
@@ -125,7 +132,9 @@ def _align(n: int) -> int:
 
 def read_staged(reader: Any, plans: List[Any], verify: bool) -> List[Any]:
     """The arrays of ``plans`` (``like._Sharded``s whose shardings are ``staged``), each device's
-    shard read through the staging buffers (see the module docstring)."""
+    shard read through the staging buffers (see the module docstring). A plan with ``default``
+    set (a template leaf without a sharding) comes back as ``device_put(x)`` gives it:
+    uncommitted, on the default device."""
     import jax
     from jax.sharding import SingleDeviceSharding
 
@@ -158,10 +167,14 @@ def read_staged(reader: Any, plans: List[Any], verify: bool) -> List[Any]:
         size += _align(sh.nbytes)
     if batches:
         _through_buffers(reader, plans[0].sharding.addressable_devices, batches, verify, SingleDeviceSharding)
-    return [
-        jax.make_array_from_single_device_arrays(pl.shape, pl.sharding, [sh.arrays[dev] for dev, sh in placed])
-        for pl, placed in zip(plans, layout)
-    ]
+    out = []
+    for pl, placed in zip(plans, layout):
+        if pl.default:
+            ((dev, sh),) = placed
+            out.append(sh.arrays[dev])
+        else:
+            out.append(jax.make_array_from_single_device_arrays(pl.shape, pl.sharding, [sh.arrays[dev] for dev, sh in placed]))
+    return out
 
 
 def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], verify: bool, single: Any) -> None:
@@ -173,13 +186,15 @@ def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], ver
         buffers: List[Optional[_Buffer]] = list(_kept.pop(platform, []))[:STAGE_COUNT]
     buffers += [None] * (STAGE_COUNT - len(buffers))
     pending: List[List[Tuple[_Shard, Any, Any]]] = [[] for _ in range(STAGE_COUNT)]
-    ok = False
+    ok = lost = False
     try:
         for k, batch in enumerate(batches):
             i = k % STAGE_COUNT
             _settle(pending[i])
             need = sum(_align(sh.nbytes) for sh in batch)
             if buffers[i] is None or buffers[i].view.size < need:
+                if buffers[i] is not None:
+                    buffers[i].release()
                 buffers[i] = None  # (freed before its successor is allocated)
                 buffers[i] = _Buffer(first, max(need, STAGE_BYTES))
             raw = buffers[i].view
@@ -202,22 +217,39 @@ def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], ver
                 x = v if v.dtype == sh.plan.want else v.astype(sh.plan.want)
                 kind = getattr(sh.plan.sharding, "memory_kind", None)
                 for dev in sh.devices:
-                    pending[i].append((sh, dev, _put(x, single(dev, memory_kind=kind))))
+                    pending[i].append((sh, dev, _put(x, None if sh.plan.default else single(dev, memory_kind=kind))))
         for p in pending:
             _settle(p)
         ok = True
     finally:
         if not ok:
-            # A read failed: the copies already started still read their buffers.
+            # A read failed: the copies already started still read their buffers, so each is
+            # waited for (their own errors give way to the read's); buffers some copy of which
+            # could not be waited for are never freed.
             for p in pending:
                 for _sh, _dev, h in p:
                     try:
                         _wait(h)
-                    except Exception:  # noqa: BLE001 (the read's error is the one to raise)
-                        pass
-        kept = [b for b in buffers if b is not None and b.view.size <= STAGE_BYTES]
-        with _lock:
-            _kept.setdefault(platform, kept)
+                    except BaseException:  # noqa: BLE001 (an interrupt too: the buffers must outlive the copies)
+                        lost = True
+        _put_back(platform, buffers, lost)
+
+
+def _put_back(platform: str, buffers: List[Optional[_Buffer]], lost: bool) -> None:
+    """Keep a load's buffers for the next one (those of at most KEEP_BYTES, unless another load
+    put its own back first), release the others; or, when copies out of them may still run
+    (``lost``), hold on to all of them for good."""
+    held = [b for b in buffers if b is not None]
+    with _lock:
+        if lost:
+            _abandoned.extend(held)
+            return
+        keep = platform not in _kept
+        if keep:
+            _kept[platform] = [b for b in held if b.view.size <= KEEP_BYTES]
+    for b in held:
+        if not keep or b.view.size > KEEP_BYTES:
+            b.release()
 
 
 def _settle(pending: List[Tuple[_Shard, Any, Any]]) -> None:

@@ -35,7 +35,7 @@ def deferred(monkeypatch):
             self.x, self.sharding = x, sharding
 
     def put(x, sharding):
-        assert sharding is None or (sharding.memory_kind in (None, "device") and len(sharding.device_set) == 1)
+        assert sharding is None or len(sharding.device_set) == 1
         log["puts"] += 1
         return Later(x, sharding)
 
@@ -276,8 +276,8 @@ def test_no_default_accelerator_here():
 def test_a_flax_train_state_resumes_through_the_buffers(tmp_path, deferred):
     """A user's resume: a TrainState (linen MLP, adam) after a few steps, loaded onto a mesh from
     an abstract template and through ``treepack.jax.load``; training goes on identically."""
-    import flax.linen as nn
-    import optax
+    nn = pytest.importorskip("flax.linen")
+    optax = pytest.importorskip("optax")
     from flax.training import train_state
 
     class MLP(nn.Module):

@@ -136,7 +136,6 @@ def read_staged(reader: Any, plans: List[Any], verify: bool) -> List[Any]:
     set (a template leaf without a sharding) comes back as ``device_put(x)`` gives it:
     uncommitted, on the default device."""
     import jax
-    from jax.sharding import SingleDeviceSharding
 
     _slice_text = _plugin.slice_text
     shards: List[_Shard] = []
@@ -166,7 +165,7 @@ def read_staged(reader: Any, plans: List[Any], verify: bool) -> List[Any]:
         batches[-1].append(sh)
         size += _align(sh.nbytes)
     if batches:
-        _through_buffers(reader, plans[0].sharding.addressable_devices, batches, verify, SingleDeviceSharding)
+        _through_buffers(reader, plans[0].sharding.addressable_devices, batches, verify)
     out = []
     for pl, placed in zip(plans, layout):
         if pl.default:
@@ -177,9 +176,11 @@ def read_staged(reader: Any, plans: List[Any], verify: bool) -> List[Any]:
     return out
 
 
-def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], verify: bool, single: Any) -> None:
+def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], verify: bool) -> None:
     """Read each batch into the next staging buffer and start its shards' copies to their
     devices; a buffer is read into again only once the copies out of it have finished."""
+    from jax.sharding import SingleDeviceSharding as single
+
     first = next(iter(devices))
     platform = first.platform
     with _lock:

@@ -6,6 +6,7 @@ returns. A buffer read into again before every copy out of it had finished would
 values loaded.
 """
 
+import mmap
 import os
 
 import numpy as np
@@ -177,7 +178,7 @@ class _Client:
         self.mapped = {}
 
     def dma_map(self, address, size):
-        assert address % 4096 == 0 and address not in self.mapped
+        assert address % mmap.PAGESIZE == 0 and size % mmap.PAGESIZE == 0 and address not in self.mapped
         self.mapped[address] = size
 
     def dma_unmap(self, address):
@@ -194,8 +195,8 @@ class _Gpu:
 def test_buffers_are_page_aligned_and_registered_for_dma_where_the_runtime_can():
     client = _Client()
     b = staging._Buffer(_Gpu(client), 10000)
-    assert b.view.size == 10000 and b.view.flags.writeable and b.view.ctypes.data % 4096 == 0
-    assert client.mapped == {b.view.ctypes.data: 10000}
+    assert b.view.size == 10000 and b.view.flags.writeable and b.view.ctypes.data % mmap.PAGESIZE == 0
+    assert client.mapped == {b.view.ctypes.data: -(-10000 // mmap.PAGESIZE) * mmap.PAGESIZE}  # whole pages
     b.view[:] = 1
     assert b.memory[:10000] == b"\x01" * 10000
     b.release()

@@ -81,13 +81,15 @@ class _Buffer:
     __slots__ = ("memory", "view", "client")
 
     def __init__(self, device: Any, n: int) -> None:
-        self.memory = mmap.mmap(-1, max(n, 1))
+        # Whole pages, all of them registered (a runtime may want page-sized ranges).
+        pages = -(-max(n, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.memory = mmap.mmap(-1, pages)
         self.view = np.frombuffer(self.memory, dtype=np.uint8, count=n)
         self.client = None
         client = getattr(device, "client", None)
         if n and client is not None and hasattr(client, "dma_map"):
             try:
-                client.dma_map(self.view.ctypes.data, n)
+                client.dma_map(self.view.ctypes.data, pages)
                 self.client = client
             except Exception:  # noqa: BLE001 (UNIMPLEMENTED on the CPU and some backends: copied through the runtime's staging)
                 pass

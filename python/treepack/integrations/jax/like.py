@@ -200,10 +200,6 @@ def _plan(reader: Any, info: Any, target: Any, where: str, np_dtype: Callable[[s
 READ_AHEAD_BYTES = 256 << 20
 
 
-def _index_key(index: Tuple[slice, ...]) -> Tuple[Any, ...]:
-    return tuple((s.start, s.stop, s.step) for s in index)
-
-
 def _read_sharded(reader: Any, plans: List[_Sharded], np_dtype: Callable[[str], Any], verify: bool) -> List[Any]:
     """The arrays of ``plans``: those bound for an accelerator's memory through the staging
     buffers (``staging``), the others by ``_read_fresh``."""
@@ -242,7 +238,7 @@ def _read_fresh(reader: Any, plans: List[_Sharded], np_dtype: Callable[[str], An
                 pl = plans[i]
                 futs: Dict[Any, Any] = {}
                 for index in pl.sharding.addressable_devices_indices_map(pl.shape).values():
-                    k = _index_key(index)
+                    k = staging.index_key(index)
                     if k not in futs:
                         futs[k] = pool.submit(read, pl, index)
                         n = 1
@@ -252,7 +248,7 @@ def _read_fresh(reader: Any, plans: List[_Sharded], np_dtype: Callable[[str], An
                 group.append((pl, futs))
                 i += 1
             for pl, futs in group:
-                out.append(jax.make_array_from_callback(pl.shape, pl.sharding, lambda index, f=futs: f[_index_key(index)].result()))
+                out.append(jax.make_array_from_callback(pl.shape, pl.sharding, lambda index, f=futs: f[staging.index_key(index)].result()))
     return out
 
 

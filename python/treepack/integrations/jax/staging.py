@@ -128,6 +128,11 @@ class _Shard:
         self.arrays: Dict[Any, Any] = {}
 
 
+def index_key(index: Tuple[slice, ...]) -> Tuple[Any, ...]:
+    """A shard's index (a tuple of slices) as a dict key."""
+    return tuple((s.start, s.stop, s.step) for s in index)
+
+
 def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
@@ -146,7 +151,7 @@ def read_staged(reader: Any, plans: List[Any], verify: bool) -> List[Any]:
         by_index: Dict[Tuple[Any, ...], _Shard] = {}
         placed: List[Tuple[Any, _Shard]] = []
         for dev, index in pl.sharding.addressable_devices_indices_map(pl.shape).items():
-            key = tuple((s.start, s.stop, s.step) for s in index)
+            key = index_key(index)
             sh = by_index.get(key)
             if sh is None:
                 shape = tuple(len(range(*s.indices(dim))) for s, dim in zip(index, pl.shape))

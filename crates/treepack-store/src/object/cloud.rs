@@ -89,6 +89,7 @@ pub(super) fn remote_store(
         || std::env::var("AWS_ENDPOINT_URL").is_ok_and(|v| v.starts_with("http://"))
         || std::env::var("AWS_ENDPOINT").is_ok_and(|v| v.starts_with("http://"));
     let client_options = ClientOptions::new().with_allow_http(http_endpoint || url.scheme() == "http");
+    install_tls_provider();
     let unknown = |k: &str, cloud: &str| {
         format!(
             "unknown storage option `{k}` for {cloud} (see object_store's {cloud} config keys, or treepack's: {})",
@@ -126,15 +127,73 @@ pub(super) fn remote_store(
     Ok((store, prefix, read_only, tuning))
 }
 
+/// Makes ring rustls's process-wide crypto provider unless the program chose one: reqwest is
+/// built without a provider of its own (Cargo.toml: one crypto library, not two), and would panic
+/// building a client with none. A program that installs its own before opening a remote location
+/// keeps it.
+fn install_tls_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            // An error means another thread installed one in between; that one is used.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+    });
+}
+
 /// [`Error::Store`](crate::Error::Store) for the object store's error `e` on `location`, with
-/// what to do about it where the store's own words do not say.
+/// its causes and what to do about it where the store's own words do not say.
 pub(crate) fn store_error(location: String, e: object_store::Error) -> crate::Error {
-    let hint = match e {
+    let error = WithCauses::new(e);
+    let hint = match error.error {
         object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
             " (check the credentials and the bucket's access policy: `storage_options` or the AWS_*, GOOGLE_*, AZURE_* environment variables)"
         }
         object_store::Error::NotFound { .. } => " (does the bucket or container exist?)",
+        _ if error.text.contains("certificate") => {
+            " (the server's TLS certificate was refused; for a test server with a self-signed one you trust, pass the storage option allow_invalid_certificates=true)"
+        }
         _ => "",
     };
-    crate::Error::Store { location, source: Box::new(e), hint }
+    crate::Error::Store { location, source: Box::new(error), hint }
+}
+
+/// An object store's error whose text carries its causes. reqwest's own words stop at "error
+/// sending request"; why (a refused certificate or connection, a name that does not resolve)
+/// is only in the errors beneath it, which a message built from `Display` would drop.
+#[derive(Debug)]
+struct WithCauses {
+    text: String,
+    error: object_store::Error,
+}
+
+impl WithCauses {
+    fn new(error: object_store::Error) -> WithCauses {
+        let mut text = error.to_string();
+        let mut cause = std::error::Error::source(&error);
+        // Bounded: a chain is a few links; a cycle or a very long one is cut.
+        for _ in 0..16 {
+            let Some(c) = cause else { break };
+            let t = c.to_string();
+            if !t.is_empty() && !text.contains(&t) {
+                text.push_str(": ");
+                text.push_str(&t);
+            }
+            cause = c.source();
+        }
+        WithCauses { text, error }
+    }
+}
+
+impl std::fmt::Display for WithCauses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for WithCauses {
+    /// The store's error itself is this one's text; what it wraps comes next.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
 }

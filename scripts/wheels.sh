@@ -9,7 +9,9 @@
 # With --main-venv (what scripts/test.sh runs), the wheel for .venv's Python also replaces the
 # package in .venv (`scripts/python-env.sh` puts an editable build back) and the whole suite runs
 # there, slow tests and framework integrations (torch, JAX, Dask, ...) included; that CPython
-# then gets no second pytest run in a fresh venv. pytest runs once per CPython at most.
+# then gets no second pytest run in a fresh venv. pytest runs once per CPython at most. The sdist
+# compiles in the background (niced) while the suites run, and the fresh venvs' suites run side
+# by side: CI's time (.ci/run) is mostly this script's.
 #
 #   scripts/wheels.sh              build + test on 3.10-3.13
 #   scripts/wheels.sh --build      build only
@@ -127,6 +129,20 @@ EOF
 }
 wheel_for() { ls dist/treepack-*-cp"${1/./}"-cp"${1/./}"-*.whl; }
 
+if ! wait "$venvs_pid"; then cat "$venvs_log" >&2; echo "error: preparing the wheel test venvs failed" >&2; exit 1; fi
+# The sdist builds (what pip does on a platform without a wheel): installed into a fresh venv of
+# the newest Python, compiled through maturin's PEP 517 backend (sharing this checkout's target
+# dir, so the dependencies are not compiled again), then used. It compiles in the background,
+# niced, while the suites below run: they leave a core idle much of the time (servers, child
+# processes, files), and the compile fills it.
+sdist=$(ls dist/treepack-*.tar.gz)
+sdist_log=$(mktemp)
+stage "the sdist: pip install $(basename "$sdist") into a fresh venv ($newest_py, PEP 517 build), in the background while the suites run"
+(CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" CARGO_BUILD_JOBS=1 nice -n 10 \
+  .wheel-venvs/sdist/bin/python -m pip install -q "$sdist" && smoke "$root/.wheel-venvs/sdist/bin/python") \
+  >"$sdist_log" 2>&1 &
+sdist_pid=$!
+
 if [ -n "$main_v" ]; then
   wheel=$(wheel_for "$main_v")
   stage "CPython $main_v (.venv): pip install $(basename "$wheel") into .venv, the whole pytest suite (slow tests and framework integrations included)"
@@ -135,31 +151,41 @@ if [ -n "$main_v" ]; then
   .venv/bin/python -m pytest -q python/tests
 fi
 
-if ! wait "$venvs_pid"; then cat "$venvs_log" >&2; echo "error: preparing the wheel test venvs failed" >&2; exit 1; fi
+# The other CPythons: each wheel installed and smoke-tested, then the pytest suites of those
+# that get one run side by side (each in its own venv and temporary folders; 2 cores), their
+# output shown one after the other.
 i=0
+suites=() suite_pids=() suite_logs=()
 for v in $versions; do
   py=${pythons[$i]}; i=$((i + 1))
   kind=$(kind_of "$v")
   [ "$kind" = main ] && continue
   wheel=$(wheel_for "$v")
   venv=".wheel-venvs/py$v"
-  if [ "$kind" = pytest ]; then
-    stage "CPython $v ($py): $(basename "$wheel") into a fresh venv ($venv, requirements installed during the build), pytest -m 'not slow'"
-  else
-    stage "CPython $v ($py): $(basename "$wheel") into a fresh venv ($venv), imported, a tree saved and loaded"
-  fi
+  stage "CPython $v ($py): $(basename "$wheel") into a fresh venv ($venv), imported, a tree saved and loaded"
   "$venv/bin/python" -m pip install -q --no-deps "$wheel"
   smoke "$root/$venv/bin/python"
   if [ "$kind" = pytest ]; then
+    log=$(mktemp)
     (cd /tmp && "$root/$venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$root/python/tests" \
-      -c /dev/null -m "not slow" "$root/python/tests")
+      -c /dev/null -m "not slow" "$root/python/tests") >"$log" 2>&1 &
+    suites+=("$v") suite_pids+=($!) suite_logs+=("$log")
   fi
 done
-
-# The sdist builds (what pip does on a platform without a wheel): installed into a fresh venv of
-# the newest Python, compiled through maturin's PEP 517 backend (sharing this checkout's target
-# dir, so the dependencies are not compiled again), then used.
-sdist=$(ls dist/treepack-*.tar.gz)
-stage "the sdist: pip install $(basename "$sdist") into a fresh venv ($newest_py, PEP 517 build), imported, a tree saved and loaded"
-CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" .wheel-venvs/sdist/bin/python -m pip install -q "$sdist"
-smoke "$root/.wheel-venvs/sdist/bin/python"
+if [ ${#suites[@]} -gt 0 ]; then
+  stage "pytest -m 'not slow' on CPython ${suites[*]} (requirements installed during the build), side by side"
+fi
+failed=()
+for k in "${!suites[@]}"; do
+  rc=0
+  wait "${suite_pids[$k]}" || rc=$?
+  echo "-- pytest -m 'not slow' on CPython ${suites[$k]} (exit status $rc):" >&2
+  cat "${suite_logs[$k]}" >&2
+  [ "$rc" = 0 ] || failed+=("${suites[$k]}")
+done
+stage "wait for the sdist's build (started in the background above)"
+rc=0
+wait "$sdist_pid" || rc=$?
+cat "$sdist_log" >&2
+if [ "$rc" != 0 ]; then echo "error: the sdist did not install or its smoke test failed (exit status $rc)" >&2; exit 1; fi
+if [ ${#failed[@]} -gt 0 ]; then echo "error: pytest failed on CPython ${failed[*]}" >&2; exit 1; fi

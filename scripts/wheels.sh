@@ -10,8 +10,8 @@
 # package in .venv (`scripts/python-env.sh` puts an editable build back) and the whole suite runs
 # there, slow tests and framework integrations (torch, JAX, Dask, ...) included; that CPython
 # then gets no second pytest run in a fresh venv. pytest runs once per CPython at most. The sdist
-# compiles in the background (niced) while the suites run, and the fresh venvs' suites run side
-# by side: CI's time (.ci/run) is mostly this script's.
+# compiles in the background (niced) while the suites run. (The fresh venvs' suites side by side
+# took as long as one after the other: both are CPU-bound on 2 cores.)
 #
 #   scripts/wheels.sh              build + test on 3.10-3.13
 #   scripts/wheels.sh --build      build only
@@ -142,6 +142,17 @@ stage "the sdist: pip install $(basename "$sdist") into a fresh venv ($newest_py
   .wheel-venvs/sdist/bin/python -m pip install -q "$sdist" && smoke "$root/.wheel-venvs/sdist/bin/python") \
   >"$sdist_log" 2>&1 &
 sdist_pid=$!
+# If this script stops early (a suite failed), the build must not go on writing into target/ and
+# .wheel-venvs/ under the next run; the clock's summary (stages.sh) still prints when this
+# script started the clock.
+kill_tree() { local c; for c in $(pgrep -P "$1"); do kill_tree "$c"; done; kill "$1" 2>/dev/null || true; }
+own_clock=$(trap -p EXIT)
+on_exit() {
+  local rc=$?
+  kill -0 "$sdist_pid" 2>/dev/null && kill_tree "$sdist_pid"
+  if [ -n "$own_clock" ]; then stage_summary "$rc"; fi
+}
+trap on_exit EXIT
 
 if [ -n "$main_v" ]; then
   wheel=$(wheel_for "$main_v")
@@ -151,41 +162,27 @@ if [ -n "$main_v" ]; then
   .venv/bin/python -m pytest -q python/tests
 fi
 
-# The other CPythons: each wheel installed and smoke-tested, then the pytest suites of those
-# that get one run side by side (each in its own venv and temporary folders; 2 cores), their
-# output shown one after the other.
 i=0
-suites=() suite_pids=() suite_logs=()
 for v in $versions; do
   py=${pythons[$i]}; i=$((i + 1))
   kind=$(kind_of "$v")
   [ "$kind" = main ] && continue
   wheel=$(wheel_for "$v")
   venv=".wheel-venvs/py$v"
-  stage "CPython $v ($py): $(basename "$wheel") into a fresh venv ($venv), imported, a tree saved and loaded"
+  if [ "$kind" = pytest ]; then
+    stage "CPython $v ($py): $(basename "$wheel") into a fresh venv ($venv, requirements installed during the build), pytest -m 'not slow'"
+  else
+    stage "CPython $v ($py): $(basename "$wheel") into a fresh venv ($venv), imported, a tree saved and loaded"
+  fi
   "$venv/bin/python" -m pip install -q --no-deps "$wheel"
   smoke "$root/$venv/bin/python"
   if [ "$kind" = pytest ]; then
-    log=$(mktemp)
     (cd /tmp && "$root/$venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$root/python/tests" \
-      -c /dev/null -m "not slow" "$root/python/tests") >"$log" 2>&1 &
-    suites+=("$v") suite_pids+=($!) suite_logs+=("$log")
+      -c /dev/null -m "not slow" "$root/python/tests")
   fi
-done
-if [ ${#suites[@]} -gt 0 ]; then
-  stage "pytest -m 'not slow' on CPython ${suites[*]} (requirements installed during the build), side by side"
-fi
-failed=()
-for k in "${!suites[@]}"; do
-  rc=0
-  wait "${suite_pids[$k]}" || rc=$?
-  echo "-- pytest -m 'not slow' on CPython ${suites[$k]} (exit status $rc):" >&2
-  cat "${suite_logs[$k]}" >&2
-  [ "$rc" = 0 ] || failed+=("${suites[$k]}")
 done
 stage "wait for the sdist's build (started in the background above)"
 rc=0
 wait "$sdist_pid" || rc=$?
 cat "$sdist_log" >&2
 if [ "$rc" != 0 ]; then echo "error: the sdist did not install or its smoke test failed (exit status $rc)" >&2; exit 1; fi
-if [ ${#failed[@]} -gt 0 ]; then echo "error: pytest failed on CPython ${failed[*]}" >&2; exit 1; fi

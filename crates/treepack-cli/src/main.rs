@@ -252,10 +252,24 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("treepack: error: {e:#}");
+            eprintln!("treepack: error: {}", error_text(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// The error and the causes its own text does not already hold: anyhow's `{:#}` appends every
+/// link, and treepack's errors carry their causes in their text (a storage error's reason).
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let t = cause.to_string();
+        if !t.is_empty() && !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+    }
+    text
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
@@ -904,4 +918,24 @@ fn demo(dir: &str, so: &StorageOptions, overwrite: bool) -> Result<ExitCode> {
     println!("partial read params/dense/kernel[0:2, 0:4] = \n{}", show::format_array(&part));
     println!("\ntry: treepack inspect {dir} | treepack ls {dir} 'params/**' | treepack cat {dir} 'dtypes/record_dtype' | treepack verify {dir}");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod error_text_tests {
+    use super::error_text;
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        // A treepack error whose text holds its cause already, under a context: the cause is
+        // not repeated; a cause the text lacks is added.
+        let io = std::io::Error::other("Connection refused");
+        let e = anyhow::Error::new(io).context("s3://b/x: storage error: error sending request: Connection refused");
+        let e = e.context("cannot open s3://b/x");
+        assert_eq!(
+            error_text(&e),
+            "cannot open s3://b/x: s3://b/x: storage error: error sending request: Connection refused"
+        );
+        let e = anyhow::Error::new(std::io::Error::other("disk full")).context("writing t/packs/a.tpp");
+        assert_eq!(error_text(&e), "writing t/packs/a.tpp: disk full");
+    }
 }

@@ -385,7 +385,8 @@ pub enum Error {
     Store {
         /// The file or location the failed request was for.
         location: String,
-        /// The object store's error (an `object_store::Error` from the `treepack` engine).
+        /// The object store's error, its text holding its causes (from `treepack-store`; it
+        /// wraps an `object_store::Error`).
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
         /// What to do about it where the store's own words do not say: empty, or text that

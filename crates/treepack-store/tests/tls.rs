@@ -105,16 +105,18 @@ fn https_reads_through_rustls_and_ring() {
     assert_eq!(e.kind(), "read_only", "{e}");
 
     // Without that option the certificate is refused: an error that says so, not a panic.
-    let strict = Location::parse(&url).unwrap();
+    // (No retries: a refused certificate counts as a failed connection, which is retried.)
+    let strict = Location::parse_with(&url, &options(&[("max_retries", "0")])).unwrap();
     let e = run(strict.get_opt("a/x", 100)).unwrap_err();
     let text = format!("{e}");
     assert!(text.contains(&url) || text.contains("127.0.0.1"), "the error names the location: {text}");
     assert!(text.contains("invalid peer certificate"), "the error says why (reqwest's cause): {text}");
     assert!(text.contains("allow_invalid_certificates=true"), "and what to do: {text}");
 
-    // The causes of other failures reach the message too: here, nothing listening.
+    // The causes of other failures reach the message too: here, nothing listening. No
+    // certificate was refused, whatever the location's name says.
     let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let none = format!("https://127.0.0.1:{closed}/w");
+    let none = format!("https://127.0.0.1:{closed}/certificates");
     let loc = Location::parse_with(&none, &options(&[("max_retries", "0")])).unwrap();
     let text = run(loc.get_opt("a/x", 100)).unwrap_err().to_string();
     assert!(text.contains("Connection refused"), "{text}");

@@ -150,8 +150,8 @@ pub(crate) fn store_error(location: String, e: object_store::Error) -> crate::Er
             " (check the credentials and the bucket's access policy: `storage_options` or the AWS_*, GOOGLE_*, AZURE_* environment variables)"
         }
         object_store::Error::NotFound { .. } => " (does the bucket or container exist?)",
-        _ if error.text.contains("certificate") => {
-            " (the server's TLS certificate was refused; for a test server with a self-signed one you trust, pass the storage option allow_invalid_certificates=true)"
+        _ if error.certificate_refused => {
+            " (the server's TLS certificate was refused: for a private CA, point SSL_CERT_FILE at its certificate; for a test server with a self-signed one you trust, pass the storage option allow_invalid_certificates=true)"
         }
         _ => "",
     };
@@ -165,15 +165,20 @@ pub(crate) fn store_error(location: String, e: object_store::Error) -> crate::Er
 struct WithCauses {
     text: String,
     error: object_store::Error,
+    /// rustls refused the server's certificate (found by type, not by words: a URL may say
+    /// "certificate").
+    certificate_refused: bool,
 }
 
 impl WithCauses {
     fn new(error: object_store::Error) -> WithCauses {
         let mut text = error.to_string();
+        let mut certificate_refused = false;
         let mut cause = std::error::Error::source(&error);
         // Bounded: a chain is a few links; a cycle or a very long one is cut.
         for _ in 0..16 {
             let Some(c) = cause else { break };
+            certificate_refused |= refused_certificate(c);
             let t = c.to_string();
             if !t.is_empty() && !text.contains(&t) {
                 text.push_str(": ");
@@ -181,8 +186,23 @@ impl WithCauses {
             }
             cause = c.source();
         }
-        WithCauses { text, error }
+        WithCauses { text, error, certificate_refused }
     }
+}
+
+/// Whether `e` is rustls refusing a certificate. It arrives inside io::Errors (two, nested),
+/// whose `source` skips what they wrap; `get_ref` reaches it.
+fn refused_certificate(mut e: &(dyn std::error::Error + 'static)) -> bool {
+    for _ in 0..8 {
+        if let Some(rustls::Error::InvalidCertificate(_)) = e.downcast_ref::<rustls::Error>() {
+            return true;
+        }
+        match e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            Some(inner) => e = inner,
+            None => return false,
+        }
+    }
+    false
 }
 
 impl std::fmt::Display for WithCauses {
@@ -191,9 +211,6 @@ impl std::fmt::Display for WithCauses {
     }
 }
 
-impl std::error::Error for WithCauses {
-    /// The store's error itself is this one's text; what it wraps comes next.
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&self.error)
-    }
-}
+/// No source: the text is the whole chain already, and a printer that walks sources (anyhow's
+/// `{:#}`) would print it again.
+impl std::error::Error for WithCauses {}

@@ -60,12 +60,18 @@ fn every_bit_flip_of_a_single_file_is_detected_or_harmless() {
     assert!(det > 0 && det + harm == std::fs::metadata(&single).unwrap().len() as usize * 8);
 }
 
-#[test]
-fn every_bit_flip_of_a_manifest_is_detected() {
+/// The tree saved as a directory in a fresh temporary folder: (the folder, the directory, the tree).
+fn saved_dir() -> (tempfile::TempDir, std::path::PathBuf, Node) {
     let d = tempfile::tempdir().unwrap();
     let t = tree();
     let dir = d.path().join("t");
     save(&t, dir.to_str().unwrap(), &opts()).unwrap();
+    (d, dir, t)
+}
+
+#[test]
+fn every_bit_flip_of_a_manifest_is_detected() {
+    let (_d, dir, t) = saved_dir();
     let manifest = dir.join("treepack.json");
     let (det, harm) = sweep(dir.to_str().unwrap(), &manifest, &t);
     eprintln!("manifest: {det} detected, {harm} harmless");
@@ -75,10 +81,7 @@ fn every_bit_flip_of_a_manifest_is_detected() {
 
 #[test]
 fn every_bit_flip_of_a_pack_is_detected_or_harmless() {
-    let d = tempfile::tempdir().unwrap();
-    let t = tree();
-    let dir = d.path().join("t");
-    save(&t, dir.to_str().unwrap(), &opts()).unwrap();
+    let (_d, dir, t) = saved_dir();
     let pack = std::fs::read_dir(dir.join("packs")).unwrap().next().unwrap().unwrap().path();
     let (det, harm) = sweep(dir.to_str().unwrap(), &pack, &t);
     eprintln!("pack: {det} detected, {harm} harmless (padding)");

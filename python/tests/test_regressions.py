@@ -84,6 +84,85 @@ def test_a_forked_child_can_save_after_the_parent_did(tmp_path, parent, child):
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
 
 
+# A thread saves without pause (each save lets go of hundreds of arrays and bytes on treepack's
+# threads, without the GIL) while the main thread forks: a child forked while another thread held
+# a lock on the released references (pyo3's pool, before design decision 101) hung in its first
+# treepack call, or in fork's own clean-up of the other threads. About 1 fork in 200 hung then.
+FORK_STRESS_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, tempfile, threading, time
+    import numpy as np
+    import treepack
+
+    n_forks = int(sys.argv[1])
+    d = tempfile.mkdtemp()
+    tree = {"a": [np.full(600, i, dtype=np.float32) for i in range(300)],
+            "b": [bytes([i % 256]) * 2400 for i in range(300)]}
+    stop = threading.Event()
+
+    def saver():
+        i = 0
+        while not stop.is_set():
+            treepack.save(tree, os.path.join(d, f"p{i % 2}"), overwrite=True, durable=False)
+            i += 1
+
+    threading.Thread(target=saver, daemon=True).start()
+    time.sleep(0.2)
+    for k in range(n_forks):
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(10)
+            treepack.save({"x": np.arange(10)}, os.path.join(d, f"c{k}"), durable=False)
+            os._exit(0 if treepack.load(os.path.join(d, f"c{k}"))["x"][9] == 9 else 3)
+        # The child can hang before its alarm is set, so the parent keeps the time.
+        deadline = time.monotonic() + 10
+        while (r := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if r[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            r = os.waitpid(pid, 0)
+        if not (os.WIFEXITED(r[1]) and os.WEXITSTATUS(r[1]) == 0):
+            print(f"fork {k} of {n_forks}: child status {r[1]} (9: hung)", flush=True)
+            sys.exit(1)
+    stop.set()
+    print("ok")
+    """
+)
+
+
+def test_forks_while_another_thread_saves_never_hang(tmp_path):
+    script = tmp_path / "fork_stress.py"
+    script.write_text(FORK_STRESS_SCRIPT)
+    r = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", str(script), "800"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+def test_references_dropped_off_the_gil_are_released(tmp_path):
+    import gc
+    import time
+
+    arrays = [np.full(4096, i, dtype=np.float32) for i in range(4)]
+    blobs = [bytes([i]) * 4096 for i in range(4)]
+    base = [sys.getrefcount(x) for x in arrays + blobs]
+    # A small save drops its tree on the calling thread with the GIL released: released on return.
+    treepack.save({"a": arrays, "b": blobs}, tmp_path / "small", durable=False)
+    assert [sys.getrefcount(x) for x in arrays + blobs] == base
+    # A big one drops it on a thread of its own: released at treepack's next call once it is done.
+    many = [np.full(2, i, dtype=np.float32) for i in range(12_000)]
+    treepack.save({"a": arrays, "b": blobs, "many": many}, tmp_path / "big", durable=False)
+    deadline = time.monotonic() + 30
+    while [sys.getrefcount(x) for x in arrays + blobs] != base and time.monotonic() < deadline:
+        treepack._core._release_deferred()
+        time.sleep(0.01)
+    assert [sys.getrefcount(x) for x in arrays + blobs] == base
+    gc.collect()
+
+
 # ---------------------------------------------------------------- 2. flags
 
 

@@ -45,15 +45,15 @@ fn key_source(k: &Bound<'_, PyAny>) -> PyResult<treepack::KeySource> {
             treepack::KeySource::Key(k)
         }
         "passphrase" => treepack::KeySource::Passphrase(value.extract()?),
-        "provider" => treepack::KeySource::Provider(Arc::new(PyProvider(value.unbind()))),
+        "provider" => treepack::KeySource::Provider(Arc::new(PyProvider(crate::memory::Held::new(value.unbind())))),
         other => return Err(pyo3::exceptions::PyValueError::new_err(format!("unknown key kind {other:?}"))),
     })
 }
 
 /// A Python key provider: an object with `wrap_key(data_key) -> (key_id, wrapped)` and
 /// `unwrap_key(key_id, wrapped) -> data_key`, called with the GIL from whichever thread the
-/// store reads on.
-struct PyProvider(Py<PyAny>);
+/// store reads on (and dropped from whichever drops the location last: `Held`).
+struct PyProvider(crate::memory::Held);
 
 impl treepack::KeyProvider for PyProvider {
     fn wrap(&self, data_key: &[u8; 32]) -> Result<(String, Vec<u8>), String> {

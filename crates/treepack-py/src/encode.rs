@@ -112,7 +112,7 @@ impl<'py> Encoder<'py> {
         if let Some(x) = self.seen_bytes.get(&id) {
             return x.clone();
         }
-        let x = Bytes::from_owner(PyBytesOwner(b.clone().unbind(), data.as_ptr(), data.len()));
+        let x = Bytes::from_owner(PyBytesOwner(Held::new(b.clone().unbind()), data.as_ptr(), data.len()));
         self.seen_bytes.insert(id, x.clone());
         x
     }
@@ -399,7 +399,7 @@ impl<'py> Encoder<'py> {
         let nbytes = shape_len(&shape).unwrap_or(0) * dtype.itemsize();
         // SAFETY: `canon` is C-contiguous with exactly `nbytes` bytes (checked by numpy / Python helper).
         let ptr = unsafe { (*carr.as_array_ptr()).fields.data } as *const u8;
-        let owner = NumpyOwner { ptr, len: nbytes as usize, _obj: canon.clone().unbind() };
+        let owner = NumpyOwner { ptr, len: nbytes as usize, _obj: Held::new(canon.clone().unbind()) };
         let data = if self.snapshot {
             let (bytes, copy) = crate::snapshot::reserve(owner);
             self.pending.extend(copy);
@@ -638,6 +638,7 @@ pub(crate) fn prepare(
     reset: Option<Bound<'_, PyAny>>,
     context: Option<Bound<'_, EncodeContext>>,
 ) -> PyResult<Prepared> {
+    release_deferred(py);
     let hints =
         context.as_ref().map_or_else(Hints::default, |c| *c.get().hints.lock().unwrap_or_else(|p| p.into_inner()));
     let np = py.import("numpy")?;
@@ -757,7 +758,7 @@ impl Prepared {
         let mut opts = save_options(overwrite, metadata, chunk_bytes, progress, compression, durable)?;
         opts.manifest_compression = compress_manifest;
         let loc = location(path, storage_options)?;
-        let info = py.detach(|| {
+        let info = py.detach_releasing(|| {
             let save = || treepack::block_on(treepack::save_async(&node, &loc, &opts));
             let r = if background { treepack::in_background(save) } else { save() };
             if r.as_ref().is_ok_and(|i| i.leaves >= treepack::save::BACKGROUND_DROP_LEAVES) {
@@ -791,8 +792,9 @@ impl Prepared {
         let mut opts = save_options(overwrite, metadata, chunk_bytes, None, compression, durable)?;
         opts.manifest_compression = compress_manifest;
         let loc = location(path, storage_options)?;
-        let (bytes, info) =
-            py.detach(|| treepack::block_on(treepack::save::save_part_async(&node, &loc, &opts))).map_err(py_err)?;
+        let (bytes, info) = py
+            .detach_releasing(|| treepack::block_on(treepack::save::save_part_async(&node, &loc, &opts)))
+            .map_err(py_err)?;
         Ok((PyBytes::new(py, &bytes), info.into()))
     }
 }
@@ -849,7 +851,7 @@ pub(crate) fn commit_parts(
 ) -> PyResult<SaveInfo> {
     let opts = SaveOptions { overwrite, durable, manifest_compression: compress_manifest, ..Default::default() };
     let loc = location(path, storage_options)?;
-    let info = py.detach(|| treepack::block_on(treepack::save::commit_parts_async(&loc, &parts, &opts)));
+    let info = py.detach_releasing(|| treepack::block_on(treepack::save::commit_parts_async(&loc, &parts, &opts)));
     Ok(info.map_err(py_err)?.into())
 }
 

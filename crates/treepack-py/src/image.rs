@@ -47,7 +47,7 @@ pub(crate) fn encode_png<'py>(
         )));
     }
     let out = py
-        .detach(|| {
+        .detach_releasing(|| {
             let swapped;
             let data = if depth == png::BitDepth::Sixteen {
                 swapped = pixels.chunks_exact(2).flat_map(|s| [s[1], s[0]]).collect::<Vec<u8>>();

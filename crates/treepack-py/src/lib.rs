@@ -92,6 +92,8 @@ pub(crate) fn exact<'a, 'py, T: pyo3::PyTypeInfo>(obj: &'a Bound<'py, PyAny>) ->
 
 /// Parse a location with optional storage options (credentials, endpoint, tuning).
 fn location(path: &str, storage_options: Options) -> PyResult<treepack::Location> {
+    // Every call that opens a location passes here with the GIL: release what worker threads let go.
+    Python::attach(release_deferred);
     let access = storage_options.unwrap_or_default();
     let opts: treepack::StorageOptions = access.options.into_iter().collect();
     let loc = treepack::Location::parse_with(path, &opts).map_err(py_err)?;
@@ -105,9 +107,10 @@ fn location(path: &str, storage_options: Options) -> PyResult<treepack::Location
 /// unraisable (a broken progress bar must not fail a save).
 fn progress_fn(cb: Option<Py<PyAny>>) -> Option<treepack::ProgressFn> {
     cb.map(|cb| {
+        let cb = Held::new(cb);
         treepack::ProgressFn::new(move |done, total| {
             Python::attach(|py| {
-                if let Err(e) = cb.call1(py, (done, total)) {
+                if let Err(e) = cb.bind(py).call1((done, total)) {
                     e.write_unraisable(py, None);
                 }
             })
@@ -123,7 +126,7 @@ fn manifest_of(
     storage_options: Options,
 ) -> PyResult<Option<(treepack::Location, Bytes, String)>> {
     let loc = location(path, storage_options)?;
-    let fetched = py.detach(|| {
+    let fetched = py.detach_releasing(|| {
         let loc = loc.pin()?;
         let (bytes, file) = loc.block_on(treepack::read::manifest_bytes(&loc))?;
         Ok::<_, treepack::Error>((loc, bytes, file))
@@ -153,7 +156,9 @@ fn without_gc<'py, T>(_py: Python<'py>, f: impl FnOnce() -> PyResult<T>) -> PyRe
 #[pyo3(signature = (path, grace_secs=3600.0, storage_options=None))]
 fn gc(py: Python<'_>, path: &str, grace_secs: f64, storage_options: Options) -> PyResult<Vec<String>> {
     let loc = location(path, storage_options)?;
-    let r = py.detach(|| treepack::gc(loc, std::time::Duration::from_secs_f64(grace_secs.max(0.0)))).map_err(py_err)?;
+    let r = py
+        .detach_releasing(|| treepack::gc(loc, std::time::Duration::from_secs_f64(grace_secs.max(0.0))))
+        .map_err(py_err)?;
     Ok(r.removed)
 }
 
@@ -163,7 +168,7 @@ fn gc(py: Python<'_>, path: &str, grace_secs: f64, storage_options: Options) -> 
 #[pyo3(signature = (a, b, storage_options=None))]
 fn diff(py: Python<'_>, a: &str, b: &str, storage_options: Options) -> PyResult<String> {
     let (la, lb) = (location(a, storage_options.clone())?, location(b, storage_options)?);
-    let d = py.detach(|| treepack::diff(la, lb)).map_err(py_err)?;
+    let d = py.detach_releasing(|| treepack::diff(la, lb)).map_err(py_err)?;
     Ok(serde_json::Value::Array(d.iter().map(|x| x.to_json()).collect()).to_string())
 }
 
@@ -207,7 +212,7 @@ fn convert(
         save.compression = treepack::save::Compression::parse(&c).map_err(py_err)?;
     }
     let opts = ConvertOptions { separator, select: select.unwrap_or_default(), save };
-    let info = py.detach(|| treepack::convert::convert(&s, &d, f, t, &opts)).map_err(py_err)?;
+    let info = py.detach_releasing(|| treepack::convert::convert(&s, &d, f, t, &opts)).map_err(py_err)?;
     Ok((info.tensors, info.bytes))
 }
 
@@ -227,14 +232,15 @@ fn export_json(
     })?;
     let compression = compression.map(|c| treepack::save::Compression::parse(&c)).transpose().map_err(py_err)?;
     let loc = location(path, storage_options)?;
-    py.detach(|| treepack::transport::export(loc, &ExportOptions { encoding, compression })).map_err(py_err)
+    py.detach_releasing(|| treepack::transport::export(loc, &ExportOptions { encoding, compression })).map_err(py_err)
 }
 
 /// Put a transport document's tree at `location` (a `memory://` directory) to be read there.
 #[pyfunction]
 fn unpack_json(py: Python<'_>, doc: &[u8], path: &str) -> PyResult<()> {
     let loc = location(path, None)?;
-    py.detach(|| loc.block_on(treepack::transport::unpack_async(doc, &loc, "the JSON document"))).map_err(py_err)
+    py.detach_releasing(|| loc.block_on(treepack::transport::unpack_async(doc, &loc, "the JSON document")))
+        .map_err(py_err)
 }
 
 /// Drop the `memory://bucket` store (a document unpacked for one load).
@@ -248,7 +254,14 @@ fn forget_memory(bucket: &str) -> bool {
 #[pyo3(signature = (path, storage_options=None))]
 fn schema(py: Python<'_>, path: &str, storage_options: Options) -> PyResult<String> {
     let loc = location(path, storage_options)?;
-    py.detach(|| treepack::transport::schema(loc)).map_err(py_err)
+    py.detach_releasing(|| treepack::transport::schema(loc)).map_err(py_err)
+}
+
+/// Release the Python references treepack's threads dropped without the GIL now; returns how
+/// many (tests: they are otherwise released at treepack's next call).
+#[pyfunction]
+fn _release_deferred(py: Python<'_>) -> usize {
+    release_deferred(py)
 }
 
 #[pymodule]
@@ -285,6 +298,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SaveInfo>()?;
     m.add_class::<VerifyReport>()?;
     m.add_function(wrap_pyfunction!(_outline_builds, m)?)?;
+    m.add_function(wrap_pyfunction!(_release_deferred, m)?)?;
     m.add("TreepackError", m.py().get_type::<TreepackError>())?;
     m.add("CorruptError", m.py().get_type::<CorruptError>())?;
     m.add("RootMismatchError", m.py().get_type::<RootMismatchError>())?;

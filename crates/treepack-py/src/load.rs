@@ -514,7 +514,7 @@ pub(crate) fn load_tree(
     let expect_root = opts.expect_root;
     let paths =
         PyLoadPaths { decode_other, np_dtype, free_types, open_reader, through_reader, verify, expect_root, signed_by };
-    py.detach(|| treepack::read::one_pass::load_with(&loc, &opts, &paths))
+    py.detach_releasing(|| treepack::read::one_pass::load_with(&loc, &opts, &paths))
 }
 
 /// A whole load of another tool's local file that the core reads (`torch.save`, safetensors,
@@ -539,7 +539,7 @@ fn load_foreign_whole(
     let opts: treepack::StorageOptions =
         storage_options.as_ref().map(|a| a.options.clone().into_iter().collect()).unwrap_or_default();
     let tree = py
-        .detach(|| {
+        .detach_releasing(|| {
             let Some(found) = treepack::Location::foreign_of(path, &opts)? else { return Ok(None) };
             if mmap {
                 Ok(Some(found.tree))

@@ -17,7 +17,7 @@ impl Reader {
     #[pyo3(signature = (path, storage_options=None))]
     pub(crate) fn new(py: Python<'_>, path: &str, storage_options: Options) -> PyResult<Self> {
         let loc = location(path, storage_options)?;
-        let inner = py.detach(|| treepack::Reader::open(loc)).map_err(py_err)?;
+        let inner = py.detach_releasing(|| treepack::Reader::open(loc)).map_err(py_err)?;
         Ok(Reader { inner })
     }
 
@@ -28,9 +28,9 @@ impl Reader {
     #[staticmethod]
     pub(crate) fn torch_placeholders(py: Python<'_>, path: &str) -> PyResult<Self> {
         let loc = py
-            .detach(|| treepack::foreign::torch::open_location_placeholders(std::path::Path::new(path), path))
+            .detach_releasing(|| treepack::foreign::torch::open_location_placeholders(std::path::Path::new(path), path))
             .map_err(py_err)?;
-        let inner = py.detach(|| treepack::Reader::open(loc)).map_err(py_err)?;
+        let inner = py.detach_releasing(|| treepack::Reader::open(loc)).map_err(py_err)?;
         Ok(Reader { inner })
     }
 
@@ -89,13 +89,13 @@ impl Reader {
             // Whole tree: fetch the stored leaves, then build Python objects straight from the
             // manifest (no intermediate tree of owned values).
             let leaves = py
-                .detach(|| self.inner.location().block_on(self.inner.fetch_stored_leaves_async(&opts)))
+                .detach_releasing(|| self.inner.location().block_on(self.inner.fetch_stored_leaves_async(&opts)))
                 .map_err(py_err)?;
             let built = without_gc(py, || Ok(self.inner.build_whole(&b, leaves)))?;
             return built.map_err(|m| b.error(m));
         }
         let node = py
-            .detach(|| match &subpath {
+            .detach_releasing(|| match &subpath {
                 Some(p) => self.inner.location().block_on(self.inner.get_async(p, &opts)),
                 None => self.inner.location().block_on(self.inner.load_async(&opts)),
             })
@@ -211,7 +211,7 @@ impl Reader {
         verify: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let a = py
-            .detach(|| self.inner.location().block_on(self.inner.read_array_async(path, slice, verify)))
+            .detach_releasing(|| self.inner.location().block_on(self.inner.read_array_async(path, slice, verify)))
             .map_err(py_err)?;
         let mut dec = Decoder::new(py, None, Some(np_dtype), false);
         dec.array(a)
@@ -232,7 +232,7 @@ impl Reader {
         let (ptr, len) = destination(path, &out)?;
         // SAFETY: `out` (held by the caller for the whole call) owns `len` writable bytes at
         // `ptr`; nothing else touches them while the GIL is released for the read.
-        py.detach(|| {
+        py.detach_releasing(|| {
             let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
             let r = &self.inner;
             r.location().block_on(async {
@@ -272,7 +272,7 @@ impl Reader {
         // SAFETY: every destination is a live numpy array that `items` holds for the whole
         // call, `len` writable bytes at `ptr`; `plan_destinations` puts only destinations that
         // share no byte in `together`, so no two of these slices alias.
-        py.detach(|| {
+        py.detach_releasing(|| {
             let r = &self.inner;
             r.location().block_on(async {
                 let many = together
@@ -292,13 +292,13 @@ impl Reader {
 
     /// Re-hash every chunk.
     pub(crate) fn verify(&self, py: Python<'_>) -> PyResult<VerifyReport> {
-        Ok(py.detach(|| self.inner.verify()).map_err(py_err)?.into())
+        Ok(py.detach_releasing(|| self.inner.verify()).map_err(py_err)?.into())
     }
 
     /// The root hash (docs/format.md section 9) in hex, or a subtree's when `key` is given.
     #[pyo3(signature = (key=None))]
     pub(crate) fn root_hash(&self, py: Python<'_>, key: Option<&str>) -> PyResult<String> {
-        py.detach(|| match key {
+        py.detach_releasing(|| match key {
             None => Ok(self.inner.root_hash().to_hex()),
             Some(k) => treepack::format::keypath::resolve_place(&self.inner.manifest().root, k)
                 .map(|t| treepack::format::merkle::node_hash(t).to_hex()),
@@ -309,7 +309,7 @@ impl Reader {
     /// Raise RootMismatchError unless the root hash is `expected` (64 hex digits).
     pub(crate) fn expect_root(&self, py: Python<'_>, expected: &str) -> PyResult<()> {
         let want = root_hash_arg(expected)?;
-        py.detach(|| self.inner.expect_root(want)).map_err(py_err)
+        py.detach_releasing(|| self.inner.expect_root(want)).map_err(py_err)
     }
 
     /// The user metadata as JSON text (None if absent).
@@ -320,7 +320,7 @@ impl Reader {
     /// Whether the location now holds another tree than the one this reader opened (a load
     /// that found a pack missing raced an overwrite, and should start over).
     pub(crate) fn replaced(&self, py: Python<'_>) -> bool {
-        py.detach(|| self.inner.replaced())
+        py.detach_releasing(|| self.inner.replaced())
     }
 
     /// Bytes and requests this reader has read so far.

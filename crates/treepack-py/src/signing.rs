@@ -43,7 +43,7 @@ pub(crate) fn sign(
     let k = signing_key(&key.0, &key.1)?;
     let loc = location(path, storage_options)?;
     let opts = treepack::SignOptions { tree_version, name, model_signing, signed_at: None };
-    let info = py.detach(|| engine::sign(loc, &k, &opts)).map_err(py_err)?;
+    let info = py.detach_releasing(|| engine::sign(loc, &k, &opts)).map_err(py_err)?;
     Ok(info.to_json().to_string())
 }
 
@@ -61,7 +61,7 @@ pub(crate) fn verify_signature(
 ) -> PyResult<String> {
     let by = policy(keys, min_version, not_before_ms)?;
     let loc = location(path, storage_options)?;
-    let info = py.detach(|| engine::verify_signature(loc, &by)).map_err(py_err)?;
+    let info = py.detach_releasing(|| engine::verify_signature(loc, &by)).map_err(py_err)?;
     Ok(info.to_json().to_string())
 }
 
@@ -77,7 +77,7 @@ pub(crate) fn reader_verify_signature(
 ) -> PyResult<String> {
     let by = policy(keys, min_version, not_before_ms)?;
     let r = &reader.inner;
-    let info = py.detach(|| r.location().block_on(r.verify_signature_async(&by))).map_err(py_err)?;
+    let info = py.detach_releasing(|| r.location().block_on(r.verify_signature_async(&by))).map_err(py_err)?;
     Ok(info.to_json().to_string())
 }
 
@@ -86,7 +86,7 @@ pub(crate) fn reader_verify_signature(
 #[pyo3(signature = (path, storage_options=None))]
 pub(crate) fn signature(py: Python<'_>, path: &str, storage_options: Options) -> PyResult<Option<String>> {
     let loc = location(path, storage_options)?;
-    let info = py.detach(|| engine::signature(loc)).map_err(py_err)?;
+    let info = py.detach_releasing(|| engine::signature(loc)).map_err(py_err)?;
     Ok(info.map(|i| i.to_json().to_string()))
 }
 

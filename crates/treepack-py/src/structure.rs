@@ -62,7 +62,7 @@ pub(crate) fn structure_outline<'py>(
                     Ok(block) => block,
                     Err(std::sync::mpsc::TryRecvError::Empty) => {
                         // Wait without the interpreter (the receiver goes with the wait and back).
-                        let (got, back) = py.detach(move || (rx.recv(), rx));
+                        let (got, back) = py.detach_releasing(move || (rx.recv(), rx));
                         rx = back;
                         match got {
                             Ok(block) => block,

@@ -20,7 +20,7 @@ impl ViewServer {
     fn new(py: Python<'_>, path: &str, other: Option<&str>, port: u16, storage_options: Options) -> PyResult<Self> {
         let storage: treepack::StorageOptions = storage_options.unwrap_or_default().options.into_iter().collect();
         let opts = treepack_view::ViewOptions { port, storage };
-        let server = py.detach(|| treepack_view::start(path, other, &opts)).map_err(py_err)?;
+        let server = py.detach_releasing(|| treepack_view::start(path, other, &opts)).map_err(py_err)?;
         Ok(ViewServer { url: server.url().to_string(), inner: Mutex::new(Some(server)) })
     }
 
@@ -50,7 +50,7 @@ impl ViewServer {
     fn close(&self, py: Python<'_>) {
         let server = self.inner.lock().ok().and_then(|mut g| g.take());
         if let Some(mut s) = server {
-            py.detach(move || s.close());
+            py.detach_releasing(move || s.close());
         }
     }
 }

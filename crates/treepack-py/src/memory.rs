@@ -34,9 +34,10 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // SAFETY: `PyGILState_Check` may be called from any thread; it says whether this thread
-        // holds the GIL, and only then is the reference released here.
-        if unsafe { pyo3::ffi::PyGILState_Check() } == 1 {
+        // SAFETY: this thread's current thread state, read from any thread: not null only while
+        // the thread is attached (holds the GIL), and only then is the reference released here.
+        // (Not `PyGILState_Check`, which answers 1 on every thread once a subinterpreter exists.)
+        if !unsafe { pyo3::ffi::compat::PyThreadState_GetUnchecked() }.is_null() {
             unsafe { pyo3::ffi::Py_DECREF(self.0.as_ptr()) };
         } else {
             defer(self.0);

@@ -46,12 +46,35 @@ stage "cargo package (the crates as crates.io would get them; without --no-verif
 cargo package -p treepack-format -p treepack-store -p treepack -p treepack-alloc -p treepack-view -p treepack-cli --allow-dirty --no-verify --quiet
 stage "wait for the background installs: local object-store servers (moto, azurite, gcp-storage-emulator), the Python requirements, Chromium"
 finish_setup
-stage "cargo test (core + CLI; remote tests start their servers on 127.0.0.1; crash tests need the failpoints feature)"
-cargo test --features treepack/failpoints
-if [ -n "${TREEPACK_LEAN_DISK:-}" ]; then
-  # CI (.ci/run) gives the Python stage the disk the test binaries held (~2 GB); the CLI binary
-  # the Python suite runs, target/debug/treepack, is a hard link and stays.
-  find target/debug/deps -maxdepth 1 -type f -perm -u+x -delete
-fi
+stage "cargo test --no-run (core + CLI, with the failpoints feature the crash tests need)"
+cargo test --features treepack/failpoints --no-run
+# The tests themselves mostly wait (child processes killed at random moments, the object-store
+# servers, sleeps), so they run in the background while the wheels compile in release (another
+# profile directory, so no lock is shared); scripts/wheels.sh waits for them before its suites
+# and fails if they did. Remote tests start their servers on 127.0.0.1.
+stage "cargo test, in the background while the wheels compile (its output follows the wheels' build)"
+rust_status=$(mktemp) rust_log=$(mktemp)
+rm -f "$rust_status"
+(
+  rc=0
+  cargo test --features treepack/failpoints >"$rust_log" 2>&1 || rc=$?
+  if [ -n "${TREEPACK_LEAN_DISK:-}" ]; then
+    # CI (.ci/run) gives the Python stage the disk the test binaries held (~2 GB); the CLI binary
+    # the Python suite runs, target/debug/treepack, is a hard link and stays.
+    find target/debug/deps -maxdepth 1 -type f -perm -u+x -delete
+  fi
+  echo "$rc" >"$rust_status"
+) &
+rust_pid=$!
+export TREEPACK_RUST_TESTS="$rust_pid:$rust_status:$rust_log"
+# If this script stops early, the tests must not go on under the next run.
+kill_tree() { local c; for c in $(pgrep -P "$1"); do kill_tree "$c"; done; kill "$1" 2>/dev/null || true; }
+own_clock=$(trap -p EXIT)
+on_exit() {
+  local rc=$?
+  kill -0 "$rust_pid" 2>/dev/null && kill_tree "$rust_pid"
+  if [ -n "$own_clock" ]; then stage_summary "$rc"; fi
+}
+trap on_exit EXIT
 stage "the wheels and the Python suite (scripts/wheels.sh --main-venv)"
 bash scripts/wheels.sh --main-venv

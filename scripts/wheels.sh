@@ -104,9 +104,21 @@ if [ "$mode" != --build ]; then
 fi
 stage "maturin build --release: one wheel per CPython ($versions), and the sdist, into dist/"
 maturin=(env VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" .venv/bin/maturin)
-"${maturin[@]}" build -q --release --strip --out dist "${pythons[@]/#/--interpreter=}" >&2
+# When test.sh runs the Rust tests beside this build (TREEPACK_RUST_TESTS), they go first.
+niceness=0
+[ -n "${TREEPACK_RUST_TESTS:-}" ] && niceness=5
+nice -n "$niceness" "${maturin[@]}" build -q --release --strip --out dist "${pythons[@]/#/--interpreter=}" >&2
 "${maturin[@]}" sdist --out dist >&2
 ls -l dist >&2
+if [ -n "${TREEPACK_RUST_TESTS:-}" ]; then
+  # "pid:status file:log" from test.sh: the Rust tests ran in the background during the build.
+  stage "wait for the Rust tests (cargo test, run in the background while the wheels compiled)"
+  IFS=: read -r rust_pid rust_status rust_log <<<"$TREEPACK_RUST_TESTS"
+  while [ ! -s "$rust_status" ] && kill -0 "$rust_pid" 2>/dev/null; do sleep 1; done
+  cat "$rust_log" >&2
+  rust_rc=$(cat "$rust_status" 2>/dev/null || echo "none: the run was stopped")
+  if [ "$rust_rc" != 0 ]; then echo "error: the Rust tests failed (exit status $rust_rc)" >&2; exit 1; fi
+fi
 if [ "$mode" = --build ]; then exit 0; fi
 
 root=$PWD

@@ -31,6 +31,15 @@ def test_the_package_carries_its_stubs_and_typed_marker():
     assert (pkg / "py.typed").exists()
     stubs = (pkg / "_core.pyi").read_text()
     assert "class Reader" in stubs and "__version__: str" in stubs
+    # The stubs parse, and name everything the extension module has (a stub once cut a
+    # function's docstring off its `def`, and nothing noticed).
+    import ast
+
+    body = ast.parse(stubs).body
+    named = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    named |= {t.id for n in body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    named |= {n.target.id for n in body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    assert sorted(n for n in dir(treepack._core) if not n.startswith("__") and n not in named) == []
 
 
 def test_progress_true_shows_a_tqdm_bar_for_save_and_load(tmp_path, capsys):

@@ -104,6 +104,8 @@ FORK_STRESS_SCRIPT = textwrap.dedent(
         i = 0
         while not stop.is_set():
             treepack.save(tree, os.path.join(d, f"p{i % 2}"), overwrite=True, durable=False)
+            # A load through the reader (a selection), whose reader is let go of detached.
+            assert treepack.load(os.path.join(d, f"p{i % 2}"), select=["a/3"])["a"][3][0] == 3
             i += 1
 
     threading.Thread(target=saver, daemon=True).start()
@@ -143,24 +145,36 @@ def test_forks_while_another_thread_saves_never_hang(tmp_path):
 
 
 def test_references_dropped_off_the_gil_are_released(tmp_path):
-    import gc
     import time
+    import weakref
 
     arrays = [np.full(4096, i, dtype=np.float32) for i in range(4)]
     blobs = [bytes([i]) * 4096 for i in range(4)]
     base = [sys.getrefcount(x) for x in arrays + blobs]
-    # A small save drops its tree on the calling thread with the GIL released: released on return.
+
+    def released(alive=lambda: False, deadline_s=30):
+        # Polled: a worker may let go of a buffer just after the save returned.
+        deadline = time.monotonic() + deadline_s
+        while ([sys.getrefcount(x) for x in arrays + blobs] != base or alive()) and time.monotonic() < deadline:
+            treepack._core._release_deferred()
+            sum(range(20_000))  # Python work: this thread holds the GIL most of the time
+        return treepack._core._release_deferred()[1]  # how many were ever deferred
+
+    # A small save drops its tree on the calling thread with the GIL released: let go of on return.
     treepack.save({"a": arrays, "b": blobs}, tmp_path / "small", durable=False)
+    released()
     assert [sys.getrefcount(x) for x in arrays + blobs] == base
-    # A big one drops it on a thread of its own: released at treepack's next call once it is done.
+    # A big one drops it on a thread of its own, which never holds the GIL, while this one
+    # mostly does: every reference it lets go of is deferred (a thread that took another's GIL
+    # for its own would decref without it), then released at treepack's next call.
     many = [np.full(2, i, dtype=np.float32) for i in range(12_000)]
+    before = treepack._core._release_deferred()[1]
     treepack.save({"a": arrays, "b": blobs, "many": many}, tmp_path / "big", durable=False)
-    deadline = time.monotonic() + 30
-    while [sys.getrefcount(x) for x in arrays + blobs] != base and time.monotonic() < deadline:
-        treepack._core._release_deferred()
-        time.sleep(0.01)
+    refs = [weakref.ref(x) for x in many]
+    del many
+    assert released(alive=lambda: any(r() is not None for r in refs)) - before >= 12_000
+    assert all(r() is None for r in refs)
     assert [sys.getrefcount(x) for x in arrays + blobs] == base
-    gc.collect()
 
 
 # ---------------------------------------------------------------- 2. flags

@@ -166,9 +166,13 @@ def load(
     starts over when the reader's ``replaced()`` says an overwrite replaced the tree."""
 
 def structure_one_pass(path: str, make_node: Callable[..., Any], storage_options: StorageOptions = None) -> Optional[Any]:
-def _outline_builds() -> int: ...
     """``load_structure``'s tree built while the manifest is parsed; None when that path does not
     apply or fails (the caller then uses ``Reader.structure``, which reports errors in full)."""
+
+def _outline_builds() -> int: ...
+def _release_deferred() -> Tuple[int, int]:
+    """Release now the Python references treepack's threads let go of without the GIL (else
+    released at treepack's next call); returns (released now, ever deferred). For tests."""
 
 class LeafInfo:
     path: str

@@ -257,11 +257,13 @@ fn schema(py: Python<'_>, path: &str, storage_options: Options) -> PyResult<Stri
     py.detach_releasing(|| treepack::transport::schema(loc)).map_err(py_err)
 }
 
-/// Release the Python references treepack's threads dropped without the GIL now; returns how
-/// many (tests: they are otherwise released at treepack's next call).
+/// Release the Python references treepack's threads dropped without the GIL now, and say how
+/// many that was and how many were ever deferred (tests: they are otherwise released at
+/// treepack's next call).
 #[pyfunction]
-fn _release_deferred(py: Python<'_>) -> usize {
-    release_deferred(py)
+fn _release_deferred(py: Python<'_>) -> (usize, usize) {
+    let n = release_deferred(py);
+    (n, memory::DEFERRED_COUNT.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 #[pymodule]

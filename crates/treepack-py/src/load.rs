@@ -514,7 +514,22 @@ pub(crate) fn load_tree(
     let expect_root = opts.expect_root;
     let paths =
         PyLoadPaths { decode_other, np_dtype, free_types, open_reader, through_reader, verify, expect_root, signed_by };
-    py.detach_releasing(|| treepack::read::one_pass::load_with(&loc, &opts, &paths))
+    // What comes back through the detached section is `Held` (an error as its exception
+    // object): a `Py` or `PyErr` dropped there, a reader after its last attempt, would go to
+    // pyo3's pool (design decision 101).
+    match py.detach_releasing(|| treepack::read::one_pass::load_with(&loc, &opts, &paths)) {
+        Ok(out) => Ok(out.bind(py).clone().unbind()),
+        Err(e) => Err(PyErr::from_value(e.0.bind(py).clone())),
+    }
+}
+
+/// An error raised by Python in a load's detached section, kept as its exception object.
+struct HeldErr(Held);
+
+impl HeldErr {
+    fn new(e: PyErr) -> HeldErr {
+        Python::attach(|py| HeldErr(Held::new(e.into_value(py).into_any())))
+    }
 }
 
 /// A whole load of another tool's local file that the core reads (`torch.save`, safetensors,
@@ -568,20 +583,38 @@ struct PyLoadPaths {
 }
 
 impl treepack::read::one_pass::LoadPaths for PyLoadPaths {
-    type Out = Py<PyAny>;
-    type Err = PyErr;
-    type Reader = Py<PyAny>;
-    fn one_pass(&self, loc: &treepack::Location, bytes: &[u8], file: &str) -> Option<Py<PyAny>> {
+    type Out = Held;
+    type Err = HeldErr;
+    type Reader = Held;
+    fn one_pass(&self, loc: &treepack::Location, bytes: &[u8], file: &str) -> Option<Held> {
         Python::attach(|py| {
             let dec =
                 Decoder::new(py, Some(self.decode_other.bind(py).clone()), Some(self.np_dtype.bind(py).clone()), false);
             let builder = LoadBuilder::new(dec, Some(&self.free_types));
             let built =
                 without_gc(py, || Ok(treepack::read::one_pass::load_one_pass(loc, bytes, file, &builder, self.verify)));
-            built.ok().flatten().map(Bound::unbind)
+            built.ok().flatten().map(|b| Held::new(b.unbind()))
         })
     }
-    fn open(&self, loc: &treepack::Location, _: Option<(treepack::Location, &[u8], String)>) -> PyResult<Py<PyAny>> {
+    fn open(&self, loc: &treepack::Location, _: Option<(treepack::Location, &[u8], String)>) -> Result<Held, HeldErr> {
+        self.open_py(loc).map(Held::new).map_err(HeldErr::new)
+    }
+    fn through_reader(&self, reader: &Held) -> Result<Held, HeldErr> {
+        Python::attach(|py| self.through_reader.call1(py, (reader.bind(py),))).map(Held::new).map_err(HeldErr::new)
+    }
+    fn missing(&self, e: &HeldErr) -> bool {
+        Python::attach(|py| e.0.bind(py).is_instance_of::<PyFileNotFoundError>())
+    }
+    fn replaced(&self, reader: &Held) -> bool {
+        Python::attach(|py| reader.bind(py).call_method0("replaced").and_then(|b| b.extract::<bool>())).unwrap_or(false)
+    }
+    fn error(&self, e: treepack::Error) -> HeldErr {
+        HeldErr::new(py_err(e))
+    }
+}
+
+impl PyLoadPaths {
+    fn open_py(&self, loc: &treepack::Location) -> PyResult<Py<PyAny>> {
         if loc.read_from().is_some() || loc.is_encrypted() {
             // A tree read from another tool's file (a torch.save checkpoint) when its location
             // was parsed: the reader is over that tree, not over a second reading of the file.
@@ -598,18 +631,6 @@ impl treepack::read::one_pass::LoadPaths for PyLoadPaths {
         }
         // Python opens its reader as its load hooks do (`LoadRequest.reader`).
         Python::attach(|py| self.open_reader.call0(py))
-    }
-    fn through_reader(&self, reader: &Py<PyAny>) -> PyResult<Py<PyAny>> {
-        Python::attach(|py| self.through_reader.call1(py, (reader,)))
-    }
-    fn missing(&self, e: &PyErr) -> bool {
-        Python::attach(|py| e.is_instance_of::<PyFileNotFoundError>(py))
-    }
-    fn replaced(&self, reader: &Py<PyAny>) -> bool {
-        Python::attach(|py| reader.call_method0(py, "replaced").and_then(|b| b.extract::<bool>(py))).unwrap_or(false)
-    }
-    fn error(&self, e: treepack::Error) -> PyErr {
-        py_err(e)
     }
 }
 

@@ -34,10 +34,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // SAFETY: this thread's current thread state, read from any thread: not null only while
-        // the thread is attached (holds the GIL), and only then is the reference released here.
-        // (Not `PyGILState_Check`, which answers 1 on every thread once a subinterpreter exists.)
-        if !unsafe { pyo3::ffi::compat::PyThreadState_GetUnchecked() }.is_null() {
+        if attached() {
             unsafe { pyo3::ffi::Py_DECREF(self.0.as_ptr()) };
         } else {
             defer(self.0);
@@ -67,6 +64,17 @@ impl DetachReleasing for Python<'_> {
     }
 }
 
+/// Whether this thread holds the GIL, asked from any thread without taking it: the current thread
+/// state is this thread's own. Before 3.12 the current thread state is one value for the whole
+/// process (that of whichever thread holds the GIL), so it must be compared with this thread's;
+/// `PyGILState_Check` is not used because it answers yes on every thread once a subinterpreter
+/// exists. Wrong only towards "no" (a deferral), never towards a decref without the GIL.
+fn attached() -> bool {
+    // SAFETY: both read thread-local or runtime state and may be called without the GIL.
+    let current = unsafe { pyo3::ffi::compat::PyThreadState_GetUnchecked() };
+    !current.is_null() && current == unsafe { pyo3::ffi::PyGILState_GetThisThreadState() }
+}
+
 struct Deferred {
     obj: NonNull<pyo3::ffi::PyObject>,
     next: *mut Deferred,
@@ -75,7 +83,11 @@ struct Deferred {
 /// References dropped without the GIL (a Treiber stack; emptied whole, so there is no ABA).
 static DEFERRED: AtomicPtr<Deferred> = AtomicPtr::new(std::ptr::null_mut());
 
+/// How many references were ever deferred (tests: a thread without the GIL must always defer).
+pub(crate) static DEFERRED_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 fn defer(obj: NonNull<pyo3::ffi::PyObject>) {
+    DEFERRED_COUNT.fetch_add(1, Ordering::Relaxed);
     let node = Box::into_raw(Box::new(Deferred { obj, next: std::ptr::null_mut() }));
     let mut head = DEFERRED.load(Ordering::Relaxed);
     loop {

@@ -31,6 +31,12 @@ export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 # The wheels are stripped, so the release profile's line tables (Cargo.toml, for profiling) would
 # be compiled only to be thrown away: without them the release build takes about a fifth less.
 export CARGO_PROFILE_RELEASE_DEBUG=${CARGO_PROFILE_RELEASE_DEBUG:-0}
+# pyo3's pool of references dropped without the GIL is compiled out of the wheels (design decision
+# 101): treepack lets go of those through memory::Held, and a `Py` dropped without the GIL
+# anywhere else aborts with pyo3's message, in the suites below first, instead of queueing under
+# a lock that a fork can catch held. The sdist's build below gets the same flags (and so reuses
+# the compiled dependencies); a user's build from the sdist keeps the pool.
+export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }--cfg pyo3_disable_reference_pool"
 mode=${1:-}
 case "$mode" in ""|--build|--main-venv) ;; *) echo "usage: $0 [--build|--main-venv]" >&2; exit 2;; esac
 source scripts/venv.sh

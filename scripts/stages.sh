@@ -24,3 +24,19 @@ stage_summary() {
   } >&2
   rm -f "$TREEPACK_STAGES"
 }
+# `stop_with_script PID`: when the calling script exits (a stage failed, or it ended), the
+# background job PID and its children are stopped too, so that they do not go on writing under
+# the next run; the clock's summary still prints when that script started the clock.
+kill_tree() { local c; for c in $(pgrep -P "$1"); do kill_tree "$c"; done; kill "$1" 2>/dev/null || true; }
+stop_with_script() {
+  if [ -z "${stop_pids+set}" ]; then
+    stop_own_clock=$(trap -p EXIT)
+    trap stop_on_exit EXIT
+  fi
+  stop_pids="${stop_pids:-} $1"
+}
+stop_on_exit() {
+  local rc=$? p
+  for p in $stop_pids; do kill -0 "$p" 2>/dev/null && kill_tree "$p"; done
+  if [ -n "$stop_own_clock" ]; then stage_summary "$rc"; fi
+}

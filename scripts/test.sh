@@ -67,14 +67,6 @@ rm -f "$rust_status"
 ) &
 rust_pid=$!
 export TREEPACK_RUST_TESTS="$rust_pid:$rust_status:$rust_log"
-# If this script stops early, the tests must not go on under the next run.
-kill_tree() { local c; for c in $(pgrep -P "$1"); do kill_tree "$c"; done; kill "$1" 2>/dev/null || true; }
-own_clock=$(trap -p EXIT)
-on_exit() {
-  local rc=$?
-  kill -0 "$rust_pid" 2>/dev/null && kill_tree "$rust_pid"
-  if [ -n "$own_clock" ]; then stage_summary "$rc"; fi
-}
-trap on_exit EXIT
+stop_with_script "$rust_pid"
 stage "the wheels and the Python suite (scripts/wheels.sh --main-venv)"
 bash scripts/wheels.sh --main-venv

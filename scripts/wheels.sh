@@ -160,17 +160,7 @@ stage "the sdist: pip install $(basename "$sdist") into a fresh venv ($newest_py
   .wheel-venvs/sdist/bin/python -m pip install -q "$sdist" && smoke "$root/.wheel-venvs/sdist/bin/python") \
   >"$sdist_log" 2>&1 &
 sdist_pid=$!
-# If this script stops early (a suite failed), the build must not go on writing into target/ and
-# .wheel-venvs/ under the next run; the clock's summary (stages.sh) still prints when this
-# script started the clock.
-kill_tree() { local c; for c in $(pgrep -P "$1"); do kill_tree "$c"; done; kill "$1" 2>/dev/null || true; }
-own_clock=$(trap -p EXIT)
-on_exit() {
-  local rc=$?
-  kill -0 "$sdist_pid" 2>/dev/null && kill_tree "$sdist_pid"
-  if [ -n "$own_clock" ]; then stage_summary "$rc"; fi
-}
-trap on_exit EXIT
+stop_with_script "$sdist_pid"
 
 if [ -n "$main_v" ]; then
   wheel=$(wheel_for "$main_v")

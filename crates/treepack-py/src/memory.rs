@@ -35,6 +35,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if attached() {
+            // SAFETY: a strong reference, released once, by a thread that holds the GIL.
             unsafe { pyo3::ffi::Py_DECREF(self.0.as_ptr()) };
         } else {
             defer(self.0);

@@ -146,7 +146,9 @@ fn hostile_manifest_objects_are_refused_with_a_typed_error() {
         ("envelope longer than the file", with_trailer(&body, &env, (n + 10) as u32, [0; 4]), &["tampered"]),
         ("envelope past the limit", with_trailer(&body, &env, u32::MAX, [0; 4]), &["tampered"]),
         ("envelope one byte short", with_trailer(&body, &env, env_len as u32 - 1, [0; 4]), &["wrong_key"]),
-        ("envelope one byte long", with_trailer(&body, &env, env_len as u32 + 1, [0; 4]), &["wrong_key"]),
+        // The envelope then starts with the body's last byte, random: JSON whitespace 4 times in
+        // 256, and then the envelope parses and the body, one byte short, fails authentication.
+        ("envelope one byte long", with_trailer(&body, &env, env_len as u32 + 1, [0; 4]), &["wrong_key", "tampered"]),
         ("reserved bytes", with_trailer(&body, &env, env_len as u32, [0, 0, 0, 1]), &["tampered"]),
         ("no envelope", with_trailer(&body, &[], 0, [0; 4]), &["wrong_key"]),
         ("deep JSON", with_trailer(&body, &deep, deep.len() as u32, [0; 4]), &["wrong_key"]),

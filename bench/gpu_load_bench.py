@@ -17,7 +17,9 @@ processes, page cache warm, times
 - where JAX runs on the device, the same checkpoint onto it in processes without torch:
   `treepack.load(p, like={k: ShapeDtypeStruct(..., sharding=the device)})` (each array read
   into three reused host buffers registered for DMA and put on the device while the next is read;
-  integrations/jax/staging.py), `safetensors.flax.load_file`, Orbax's
+  integrations/jax/staging.py), a plain `treepack.load(p)` of the same arrays saved as
+  `jax.Array`s, with the device as JAX's default (the file mapped, each array copied into those
+  buffers and on to the device: `staging.put`), `safetensors.flax.load_file`, Orbax's
   `StandardCheckpointer().restore` of an Orbax checkpoint of the same tensors, and the limit:
   `jax.device_put` of arrays already in pinned host memory (libraries imported outside the
   clock there: Orbax's import takes longer than some loads).
@@ -98,7 +100,7 @@ import json, sys, time
 import numpy as np
 import jax
 from jax.sharding import SingleDeviceSharding
-case, path, st, platform, index, orbax_dir = sys.argv[1:7]
+case, path, st, platform, index, orbax_dir, jax_path = sys.argv[1:8]
 dev = jax.devices(platform)[int(index)]
 on = SingleDeviceSharding(dev)
 jax.device_put(np.zeros(1), on).block_until_ready()  # the device's context, outside the clock
@@ -115,7 +117,7 @@ if case == "jax-h2d-limit":
     jax.block_until_ready(host)
 # Every library imported, and Orbax's checkpointer made, outside the clock (Orbax's import alone
 # takes longer than some loads).
-if case == "jax-treepack":
+if case in ("jax-treepack", "jax-treepack-plain"):
     import treepack
 elif case == "jax-safetensors":
     import safetensors.flax as sfx
@@ -125,6 +127,8 @@ elif case == "jax-orbax":
 t0 = time.perf_counter()
 if case == "jax-treepack":
     out = treepack.load(path, like=like)
+elif case == "jax-treepack-plain":
+    out = treepack.load(jax_path)  # (onto the default device: the first, `dev` when index is 0)
 elif case == "jax-safetensors":
     with jax.default_device(dev):
         out = sfx.load_file(st)
@@ -140,15 +144,20 @@ check = [float(np.asarray(out[k]).astype(np.float64).sum()) for k in sorted(out)
 print(json.dumps({"case": case, "seconds": dt, "bytes": n, "check": check}))
 """
 
-JAX_CASES = ["jax-h2d-limit", "jax-treepack", "jax-safetensors", "jax-orbax"]
+JAX_CASES = ["jax-h2d-limit", "jax-treepack", "jax-treepack-plain", "jax-safetensors", "jax-orbax"]
 
-# An Orbax checkpoint of the same tensors (written on the CPU: the parent holds no device).
-ORBAX_WRITE = r"""
+# The same tensors as a treepack tree of jax.Arrays (for the plain load), and as an Orbax
+# checkpoint (written on the CPU: the parent holds no device).
+JAX_WRITE = r"""
 import sys
-import orbax.checkpoint as ocp
+import jax
 import safetensors.flax as sfx
+import treepack
+arrays = sfx.load_file(sys.argv[1])
+treepack.save(arrays, sys.argv[3])
+import orbax.checkpoint as ocp
 ckptr = ocp.StandardCheckpointer()
-ckptr.save(sys.argv[2], sfx.load_file(sys.argv[1]))
+ckptr.save(sys.argv[2], arrays)
 ckptr.wait_until_finished()
 """
 
@@ -204,15 +213,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         path, st = make(d, gib)
         platform = jax_platform(args.device)
-        orbax_dir = os.path.join(d, "orbax")
+        orbax_dir, jax_path = os.path.join(d, "orbax"), os.path.join(d, "jax-ckpt")
         cases = list(CASES)
         if platform:
             cases += JAX_CASES
+            if (args.device.partition(":")[2] or "0") != "0":
+                cases.remove("jax-treepack-plain")  # (a plain load goes to the first device)
             env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-            w = subprocess.run([sys.executable, "-c", ORBAX_WRITE, st, orbax_dir], capture_output=True, text=True, env=env)
+            w = subprocess.run([sys.executable, "-c", JAX_WRITE, st, orbax_dir, jax_path], capture_output=True, text=True,
+                               env=env)
             if w.returncode != 0:
                 print(f"no Orbax checkpoint (jax-orbax left out):\n{w.stderr[-1000:]}")
                 cases.remove("jax-orbax")
+                if not os.path.exists(jax_path):
+                    cases.remove("jax-treepack-plain")
         else:
             print(f"JAX cannot use {args.device} here: its cases are left out")
         times = {c: [] for c in cases}
@@ -222,7 +236,7 @@ def main() -> None:
             for c in cases:
                 if c.startswith("jax-"):
                     index = args.device.partition(":")[2] or "0"
-                    cmd = [sys.executable, "-c", JAX_CHILD, c, path, st, platform, index, orbax_dir]
+                    cmd = [sys.executable, "-c", JAX_CHILD, c, path, st, platform, index, orbax_dir, jax_path]
                 else:
                     cmd = [sys.executable, "-c", CHILD, c, path, st, args.device]
                 out = subprocess.run(cmd, capture_output=True, text=True)

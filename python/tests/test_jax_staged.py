@@ -25,15 +25,23 @@ if len(jax.devices()) < 8:  # pragma: no cover - conftest asks for 8
     pytest.skip("needs 8 JAX devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)", allow_module_level=True)
 
 
+class Later:
+    """A copy to the device that happens when first waited for, from the buffer as it is then."""
+
+    def __init__(self, x, sharding):
+        self.x, self.sharding, self.done = x, sharding, None
+
+    def value(self):
+        if self.done is None:
+            self.done = jax.device_put(np.array(self.x, copy=True), self.sharding)  # (None: the default device)
+        return self.done
+
+
 @pytest.fixture
 def deferred(monkeypatch):
     """Staging on the CPU devices, 4 KiB buffers, copies made when waited for; counts what
     happened."""
     log = {"puts": 0, "waits": 0, "buffers": []}
-
-    class Later:
-        def __init__(self, x, sharding):
-            self.x, self.sharding = x, sharding
 
     def put(x, sharding):
         assert sharding is None or len(sharding.device_set) == 1
@@ -42,7 +50,7 @@ def deferred(monkeypatch):
 
     def wait(h):
         log["waits"] += 1
-        return jax.device_put(np.array(h.x, copy=True), h.sharding)  # (None: the default device)
+        return h.value()
 
     real = staging._Buffer.__init__
 
@@ -57,6 +65,8 @@ def deferred(monkeypatch):
     monkeypatch.setattr(staging, "STAGE_BYTES", 4096)
     monkeypatch.setattr(staging, "KEEP_BYTES", 8192)
     monkeypatch.setattr(staging, "_kept", {})
+    monkeypatch.setattr(staging, "_cursor", {})
+    monkeypatch.setattr(staging, "_putting", set())
     return log
 
 
@@ -321,3 +331,227 @@ def test_a_flax_train_state_resumes_through_the_buffers(tmp_path, deferred):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+
+
+# ------------------------------------------------ a plain load onto the default accelerator
+
+
+@pytest.fixture
+def plain(deferred, monkeypatch):
+    """``deferred``, with device 0 as an accelerator default device, the arrays a plain load
+    returns left as the copies (``Later``) the GPU would still be making, and every array handed
+    to ``staging.put`` logged."""
+    monkeypatch.setattr(staging, "default_device", lambda: jax.devices()[0])
+    monkeypatch.setattr(staging, "_array", lambda h: h)
+    deferred["given"] = []
+    real = staging.put
+
+    def put(x, device):
+        deferred["given"].append((x.nbytes, x.flags.writeable))
+        return real(x, device)
+
+    monkeypatch.setattr(staging, "put", put)
+    return deferred
+
+
+def _resolve(x):
+    """What the load gave, once the device's copies have all finished."""
+    if isinstance(x, Later):
+        return x.value()
+    if isinstance(x, dict):
+        return {k: _resolve(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_resolve(v) for v in x)
+    return x
+
+
+def _plain_tree():
+    g = np.random.default_rng(11)
+    return {
+        "layers": [jnp.asarray(g.standard_normal((int(g.integers(1, 40)), 16)).astype(np.float32)) for _ in range(40)],
+        "bf16": jnp.asarray(g.standard_normal((33, 7)), dtype=jnp.bfloat16),
+        "big": jnp.arange(3000, dtype=jnp.float32),  # 12000 bytes > KEEP_BYTES: put as it is
+        "empty": jnp.zeros((0, 3)),
+        "key": jax.random.key(3),
+        "step": 7,
+        "name": "run-1",
+    }
+
+
+def _same(got, tree):
+    assert set(got) == set(tree)
+    for k in ("layers", "bf16", "big", "empty"):
+        for a, b in zip(jax.tree.leaves(got[k]), jax.tree.leaves(tree[k])):
+            assert isinstance(a, jax.Array) and a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert jax.random.key_impl(got["key"]) == jax.random.key_impl(tree["key"])
+    np.testing.assert_array_equal(jax.random.key_data(got["key"]), jax.random.key_data(tree["key"]))
+    assert got["step"] == 7 and got["name"] == "run-1"
+
+
+@pytest.mark.parametrize("form", ["dir", "tpk", "zstd"])
+def test_a_plain_load_goes_to_the_default_accelerator_from_the_mapped_file(tmp_path, plain, form):
+    tree = _plain_tree()
+    p = str(tmp_path / ("t.tpk" if form == "tpk" else "t"))
+    treepack.save(tree, p, chunk_bytes=512, compression="zstd" if form == "zstd" else None)
+    first = treepack.load(p)
+    staged = [n for n, _ in plain["given"] if 0 < n <= staging.KEEP_BYTES]
+    # Every array with data, in the buffers but the big one; the load was a mapped one (its
+    # arrays read-only views of the file, or of what zstd decompressed), not a copy into fresh
+    # memory of its own first.
+    assert len(plain["given"]) == 40 + 3 and len(staged) == 41 == plain["puts"]
+    assert not any(w for _, w in plain["given"])
+    assert len(plain["buffers"]) == staging.STAGE_COUNT and set(plain["buffers"]) == {4096}
+    # A second plain load and a template load reuse the buffers: the first load's copies still
+    # running are waited for before their buffer is written again, so the first load's values
+    # are intact when its copies finish afterwards.
+    second = treepack.load(p)
+    like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), {k: tree[k] for k in ("layers", "bf16")})
+    third = treepack.load(p, like=like)
+    assert len(plain["buffers"]) == staging.STAGE_COUNT  # no more made
+    _same(_resolve(first), tree)
+    _same(_resolve(second), tree)
+    for a, b in zip(jax.tree.leaves(third), jax.tree.leaves(like)):
+        assert isinstance(a, jax.Array) and a.shape == b.shape
+    np.testing.assert_array_equal(np.asarray(third["bf16"]), np.asarray(tree["bf16"]))
+
+
+def test_a_plain_load_fills_a_buffer_before_waiting_for_any_copy(tmp_path, plain):
+    """Small arrays are packed into a buffer; the load waits only when it starts a buffer again
+    from its start, for that buffer's copies alone."""
+    tree = {f"a{i:02}": jnp.full((64,), i, jnp.float32) for i in range(50)}  # 256 bytes each
+    p = str(tmp_path / "t")
+    treepack.save(tree, p)
+    out = treepack.load(p)
+    # 16 to a buffer: the 49th starts the first buffer again, after its 16 copies.
+    assert plain["puts"] == 50 and plain["waits"] == 16 and len(plain["buffers"]) == 3
+    for k, v in _resolve(out).items():
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(tree[k]))
+
+
+def test_a_corrupt_chunk_in_a_plain_load_is_named_and_the_buffers_stay_usable(tmp_path, plain):
+    tree = {"a": jnp.arange(512, dtype=jnp.float32), "b": jnp.full((512,), 7, jnp.int32), "c": jnp.arange(256, dtype=jnp.int64)}
+    p = str(tmp_path / "t")
+    treepack.save(tree, p, chunk_bytes=1024)
+    (pack,) = os.listdir(os.path.join(p, "packs"))
+    pack = os.path.join(p, "packs", pack)
+    data = bytearray(open(pack, "rb").read())
+    at = bytes(data).index(np.full(256, 7, np.int32).tobytes())  # "b"'s first chunk
+    data[at + 5] ^= 0xFF
+    open(pack, "wb").write(bytes(data))
+    with pytest.raises(treepack.CorruptError, match=r"\bb\b"):
+        treepack.load(p)
+    out = _resolve(treepack.load(p, select=["a", "c"]))
+    np.testing.assert_array_equal(np.asarray(out["a"]), np.asarray(tree["a"]))
+    np.testing.assert_array_equal(np.asarray(out["c"]), np.asarray(tree["c"]))
+
+
+def test_plain_loads_on_four_threads_at_once(tmp_path, plain):
+    """One load has the buffers at a time; the others put their arrays as they are."""
+    import threading
+
+    tree = _plain_tree()
+    p = str(tmp_path / "t")
+    treepack.save(tree, p, chunk_bytes=512)
+    outs, errors = [None] * 4, []
+
+    def run(i):
+        try:
+            for _ in range(5):
+                outs[i] = treepack.load(p)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for out in outs:
+        _same(_resolve(out), tree)
+    assert not staging._putting and len(staging._kept["cpu"]) <= staging.STAGE_COUNT
+
+
+def test_a_flax_train_state_loads_plainly_through_the_buffers(tmp_path, monkeypatch):
+    """A user's resume without a template (the class trusted), with real ``device_put`` copies:
+    the TrainState's arrays come back on the default device, and training goes on identically."""
+    nn = pytest.importorskip("flax.linen")
+    optax = pytest.importorskip("optax")
+    from flax.training import train_state
+
+    monkeypatch.setattr(staging, "default_device", lambda: jax.devices()[0])
+    monkeypatch.setattr(staging, "_put", lambda x, s: jax.device_put(np.array(x, copy=True)))
+    monkeypatch.setattr(staging, "_kept", {})
+    monkeypatch.setattr(staging, "_cursor", {})
+    monkeypatch.setattr(staging, "STAGE_BYTES", 64 << 10)
+    given = []
+    real = staging.put
+    monkeypatch.setattr(staging, "put", lambda x, d: given.append(x.nbytes) or real(x, d))
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(nn.relu(nn.Dense(300)(x)))
+
+    model = MLP()
+    params = model.init(jax.random.key(0), jnp.ones((1, 8)))
+    state = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.adam(1e-2))
+    p = str(tmp_path / "ckpt")
+    treepack.save({"params": state.params, "opt": state.opt_state, "step": 3}, p)
+    back = treepack.load(p, trust=["optax.*"])
+    assert len(given) == len(jax.tree.leaves(back)) - 1  # every array (the step is an int)
+    for a, b in zip(jax.tree.leaves(back["params"]), jax.tree.leaves(state.params)):
+        assert a.sharding == SingleDeviceSharding(jax.devices()[0]) and not a.committed
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert type(back["opt"]) is type(state.opt_state)
+    for a, b in zip(jax.tree.leaves(back["opt"]), jax.tree.leaves(state.opt_state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_what_a_plain_load_reads_onto_an_accelerator(tmp_path, monkeypatch):
+    """``prepare_load``: a mapped file only for local trees of JAX arrays alone, bound for an
+    accelerator; the manifest is not read on a CPU whose devices JAX has made, and a tree
+    without JAX arrays does not make JAX start its devices."""
+    from treepack.integrations import jax as tpjax
+
+    jtree = {"w": jnp.ones(4), "k": jax.random.key(0), "n": 3}
+    mixed = {"w": jnp.ones(4), "x": np.ones(4)}
+    paths = {}
+    for name, t in (("jax", jtree), ("mixed", mixed), ("numpy", {"x": np.ones(4)})):
+        paths[name] = str(tmp_path / name)
+        treepack.save(t, paths[name])
+
+    class Request:
+        def __init__(self, path, **kw):
+            self.path, self.mmap, self.like, self.storage_options, self.signed = path, False, None, None, None
+            self.options, self.reads = {}, 0
+            self.decoder = type("D", (), {"plain": False})()
+            for k, v in kw.items():
+                setattr(self, k, v)
+
+        def reader(self):
+            self.reads += 1
+            return treepack._core.Reader(self.path, None)
+
+    def prepared(name, **kw):
+        r = Request(paths.get(name, name), **kw)
+        tpjax._prepare_load(r)
+        return r.mmap, r.reads
+
+    assert prepared("jax") == (False, 0)  # this CPU: nothing read
+    monkeypatch.setattr(staging, "default_device", lambda: jax.devices()[0])
+    assert prepared("jax") == (True, 1)
+    assert prepared("mixed") == (False, 1)  # a numpy array would come back a view of the file
+    assert prepared("numpy") == (False, 1)
+    for kw in ({"like": {}}, {"storage_options": {"key": "k"}}, {"options": {"dask": True}}, {"signed": object()}):
+        assert prepared("jax", **kw) == (False, 0)
+    assert prepared("jax", decoder=type("D", (), {"plain": True})()) == (False, 0)
+    assert prepared(str(tmp_path / "absent")) == (False, 0)
+    assert prepared("memory://x") == (False, 0)
+    # Devices not made yet: the manifest first, and JAX asked only for a tree of JAX arrays.
+    monkeypatch.setattr(tpjax, "_backends_started", lambda: False)
+    asked = []
+    monkeypatch.setattr(staging, "default_device", lambda: asked.append(1) or jax.devices()[0])
+    assert prepared("numpy") == (False, 1) and not asked
+    assert prepared("jax") == (True, 1) and asked

@@ -453,6 +453,8 @@ def load(
         out = hook(request)
         if out is not _registry.DECLINE:
             return out
+    for prepare in _registry.gated("prepare_load"):
+        prepare(request)  # (JAX arrays bound for an accelerator: read from the mapped file)
     try:
         return _load(request, progress)
     except _codec.BuildError as e:

@@ -188,7 +188,7 @@ class Integration:
     #: Named services it offers the generic layer.
     methods: Tuple[str, ...] = ()
     #: A framework whose import makes this integration consulted for its gated hooks
-    #: (``fallback``, ``like``, ``save``, ``structure``).
+    #: (``fallback``, ``like``, ``save``, ``structure``, ``prepare_load``).
     gate: Optional[str] = None
 
 
@@ -286,6 +286,9 @@ class Handlers:
     save: Optional[Callable[..., Optional[Callable[[], Any]]]] = None
     #: Gated: called before a structure is built (``load_structure``).
     structure: Optional[Callable[[], None]] = None
+    #: Gated: ``prepare_load(request)`` before a load (after the option hooks declined): may
+    #: pick how it reads (JAX: a mapped file, for arrays bound for an accelerator).
+    prepare_load: Optional[Callable[[Any], None]] = None
     #: Named services (see `Integration.methods`).
     methods: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
@@ -293,7 +296,7 @@ class Handlers:
 _loaded: Dict[str, Handlers] = {}
 _node_fns: Dict[str, Callable[..., Any]] = {}
 _view_fns: Dict[str, Callable[..., Any]] = {}
-_GATED_HOOKS = ("fallback", "like", "save", "structure")
+_GATED_HOOKS = ("fallback", "like", "save", "structure", "prepare_load")
 
 
 def integrate(module: str, **handlers: Any) -> Handlers:
@@ -401,7 +404,7 @@ def load_hooks(options: Mapping[str, Any]) -> List[Callable[[Any], Any]]:
 
 
 def gated(kind: str) -> List[Callable[..., Any]]:
-    """The hooks ``kind`` (``fallback``, ``like``, ``save``, ``structure``) of the integrations
+    """The hooks ``kind`` (``fallback``, ``like``, ``save``, ``structure``, ``prepare_load``) of the integrations
     whose gate framework this process has imported (those integrations are imported now)."""
     out = []
     for e in _GATED:

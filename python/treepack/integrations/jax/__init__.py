@@ -25,9 +25,11 @@ Nothing here imports JAX unless the process already did (``sys.modules``) or the
 JAX leaves.
 """
 
+import os
 from typing import Any, Callable, Dict, List, Optional
 
 from ... import _plugin
+from . import staging
 from .arrays import ARRAY, KEY, TYPES, Loader, encode, is_array, missing_message, sharding_data
 from .like import READ_AHEAD_BYTES, _read_target, applies, load_like
 from .multiprocess import TIMEOUT_S, save_collective, spans_processes
@@ -95,6 +97,46 @@ def _missing(paths: List[str]) -> str:
     return missing_message(paths)
 
 
+def _backends_started() -> bool:
+    """Whether JAX has made its devices already (asking where arrays go then costs nothing)."""
+    global _started
+    if _started is None:
+        try:
+            from jax._src import xla_bridge
+
+            _started = xla_bridge.backends_are_initialized
+        except (ImportError, AttributeError):  # (another JAX: the tree is asked first)
+            _started = lambda: False  # noqa: E731
+    return bool(_started())
+
+
+_started: Optional[Callable[[], bool]] = None
+
+
+def _prepare_load(request: Any) -> None:
+    """A plain load of a local tree whose arrays are all JAX arrays, when they go to an
+    accelerator (the default device): the load reads them as views of the file (``mmap``, their
+    hashes checked as the load asks, every other leaf as usual), each then copied into the
+    staging buffers and on to the device (``arrays.Loader``, ``staging.put``), so that the whole
+    tree is never copied into fresh host memory first. The manifest is read for this only when
+    JAX's devices are accelerators or not made yet (so a CPU process pays nothing, and a tree
+    without JAX arrays never makes JAX start its devices)."""
+    if request.mmap or request.like is not None or request.storage_options or request.signed is not None \
+            or request.decoder.plain or request.options:
+        return
+    if _backends_started() and staging.default_device() is None:
+        return
+    p = request.path
+    if "://" in p or not os.path.exists(p):
+        return
+    try:
+        types = request.reader().array_types()
+    except Exception:  # noqa: BLE001 (the load itself reports what is wrong with the tree)
+        return
+    if types and all(t in TYPES for t, _ in types) and staging.default_device() is not None:
+        request.mmap = True
+
+
 _plugin.integrate(
     __name__,
     encode=_encode,
@@ -105,5 +147,6 @@ _plugin.integrate(
     like=_like,
     save=_save,
     structure=register,
+    prepare_load=_prepare_load,
     methods=METHODS,
 )

@@ -82,12 +82,16 @@ def encode(a: Any, where: str) -> Tuple[str, str, str, list]:
 
 
 class Loader:
-    """Turns annotated arrays into ``jax.Array``s (on the default device) and typed keys."""
+    """Turns annotated arrays into ``jax.Array``s (on the default device) and typed keys. Onto
+    an accelerator, arrays go through the staging buffers (``staging.put``)."""
 
     def __init__(self) -> None:
         import jax
 
-        self.jax = jax
+        from . import staging
+
+        self.jax, self.staging = jax, staging
+        self.device = staging.default_device()
 
     def array(self, arr: np.ndarray, ann: Dict[str, Any]) -> Any:
         jax = self.jax
@@ -99,7 +103,7 @@ class Loader:
                 return jax.random.wrap_key_data(jax.numpy.asarray(arr), impl=impl)
             except (ValueError, TypeError) as e:
                 raise ValueError(f"jax.random.key leaf: key data of shape {arr.shape} with impl {impl!r}: {e}") from None
-        return jax.device_put(arr)
+        return jax.device_put(arr) if self.device is None else self.staging.put(arr, self.device)
 
 
 def missing_message(paths: List[str]) -> str:

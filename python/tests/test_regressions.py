@@ -479,3 +479,33 @@ def test_a_save_never_writes_what_readers_refuse_at_the_deepest_level(tmp_path, 
         with pytest.raises((ValueError, treepack.TreepackError), match="1000"):
             treepack.save(x, p)
         assert not os.path.exists(os.path.join(p, "treepack.json"))
+
+
+def test_a_small_tree_with_a_trusted_class_is_read_and_built_once(tmp_path, monkeypatch):
+    """A whole load first tries to build the tree in one pass over its manifest, and hands it
+    to the reader path when it meets a type that needs the audit. That pass refused the type
+    only once the node's contents were read and built, so a small checkpoint whose root is a
+    TrainState-like object (everything under a trusted class) was read, verified and built
+    twice. The type is now refused as soon as it is read, before its fields or children."""
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    optax = pytest.importorskip("optax")
+    flax_core = pytest.importorskip("flax.core")
+    from treepack.integrations.jax import arrays
+
+    built = []
+    real = arrays.Loader.array
+    monkeypatch.setattr(arrays.Loader, "array", lambda self, a, ann: built.append(a.shape) or real(self, a, ann))
+    params = {"w": jnp.ones((3, 3)), "b": jnp.zeros(3)}
+    cases = {
+        "record": ({"opt": optax.adam(1e-2).init(params), "step": 3}, ["optax.*"], 5),  # ScaleByAdamState
+        "custom": ({"p": flax_core.FrozenDict(params)}, ["flax.*"], 2),  # a jax.pytree node
+    }
+    for name, (tree, trust, arrays_in_tree) in cases.items():
+        p = str(tmp_path / name)
+        treepack.save(tree, p)
+        built.clear()
+        back = treepack.load(p, trust=trust)
+        assert len(built) == arrays_in_tree, name
+        for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(tree)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -173,6 +173,15 @@ impl<'py> Build for LoadBuilder<'py, '_> {
     fn dict_ref(&self, pairs: Vec<(KeyRef<'_>, Self::Node)>) -> Result<Self::Node, String> {
         self.make_dict(pairs)
     }
+    fn named_begin(&self, custom: bool, type_name: &str) -> Result<(), String> {
+        // Refused here, before the node's fields or children are read and built, not after
+        // (a one-pass load of a small TrainState read and built all of it twice).
+        match self.free {
+            Some(_) if !custom => Err("a record: audit first".into()),
+            Some(f) if !f.contains(type_name) => Err("a custom type that needs the audit".into()),
+            _ => Ok(()),
+        }
+    }
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> Result<Self::Node, String> {
         if self.free.is_some() {
             return Err("a record: audit first".into());

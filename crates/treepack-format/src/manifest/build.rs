@@ -124,6 +124,13 @@ pub trait Build {
     }
     /// A record of the named type, fields in stored order.
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> std::result::Result<Self::Node, String>;
+    /// A record's (`custom` false) or custom node's type, read before its fields or children
+    /// (treepack's writers put `type` first): an error stops the build there, before anything
+    /// under the node is built or read. A builder that would refuse the node at [`Build::record`]
+    /// or [`Build::custom`] anyway says so here; the default takes every type.
+    fn named_begin(&self, _custom: bool, _type_name: &str) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// A custom node of the named type, with its JSON `data` (null when absent) and named children
     /// in stored order.
     fn custom(
@@ -214,6 +221,7 @@ pub fn replay_with<B: Build, T>(
             b.dict_ref(pairs.iter().map(|(k, _)| KeyRef::Key(k)).zip(built).collect())
         }
         Tree::Record { type_name, fields: named } | Tree::Custom { type_name, children: named, .. } => {
+            b.named_begin(matches!(t, Tree::Custom { .. }), type_name)?;
             let built = replay_each(b, named.iter().map(|(n, c)| (Step::Name(n), c)), leaf)?;
             let named = named.iter().map(|(n, _)| n.clone()).zip(built).collect();
             match t {

@@ -522,6 +522,10 @@ pub(super) trait NodeSink<'de> {
     fn leaf<A: MapAccess<'de>>(&mut self, tag: Tag, map: &mut A) -> std::result::Result<Self::Out, A::Error>;
     /// A tuple's or dict's `items`, the next value of `map`.
     fn items<A: MapAccess<'de>>(&mut self, map: &mut A, dict: bool) -> std::result::Result<(), A::Error>;
+    /// A record's or custom node's `type`, when it comes before its `fields` or `children`.
+    fn named_type<E: de::Error>(&mut self, _custom: bool, _type_name: &str) -> std::result::Result<(), E> {
+        Ok(())
+    }
     /// A record's `fields` or a custom node's `children`, the next value of `map`.
     fn named<A: MapAccess<'de>>(&mut self, map: &mut A) -> std::result::Result<(), A::Error>;
     /// The tuple or dict is complete.
@@ -580,7 +584,11 @@ pub(super) fn read_tagged_node<'de, A: MapAccess<'de>, S: NodeSink<'de>>(
             while let Some(k) = map.next_key_seed(MemberSeed)? {
                 if k == Member::Type {
                     dup(&ty, "type")?;
-                    ty = Some(map.next_value::<String>()?);
+                    let t = map.next_value::<String>()?;
+                    if !listed {
+                        sink.named_type(custom, &t)?;
+                    }
+                    ty = Some(t);
                 } else if k == list_member {
                     if listed {
                         return Err(de::Error::custom(format!("duplicate member `{list_name}`")));

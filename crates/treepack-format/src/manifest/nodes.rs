@@ -295,6 +295,9 @@ impl<'de, B: Build> NodeSink<'de> for StrictNode<'_, 'de, B> {
         }
         Ok(())
     }
+    fn named_type<E: de::Error>(&mut self, custom: bool, type_name: &str) -> std::result::Result<(), E> {
+        self.node.b.named_begin(custom, type_name).map_err(E::custom)
+    }
     fn named<A: MapAccess<'de>>(&mut self, map: &mut A) -> std::result::Result<(), A::Error> {
         self.named = Some(map.next_value_seed(PairsSeed::<String, B>::new(self.node))?);
         Ok(())

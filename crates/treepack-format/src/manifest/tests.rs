@@ -597,3 +597,85 @@ fn floats_are_written_as_ryu_writes_them() {
         assert_eq!(s, r.format_finite(v), "{v:e}");
     }
 }
+
+/// Counts the leaves it builds and refuses the type `m:Refused` (a record or custom node) in
+/// `named_begin`, as a builder that needs an audit for some types does.
+#[derive(Default)]
+struct Refusing {
+    leaves: std::cell::Cell<usize>,
+    asked: RefCell<Vec<(bool, String)>>,
+}
+impl Build for Refusing {
+    type Node = Tree<Entry>;
+    fn leaf_ref(&self, e: &Entry) -> std::result::Result<Tree<Entry>, String> {
+        self.leaves.set(self.leaves.get() + 1);
+        OwnedTree.leaf_ref(e)
+    }
+    fn list(&self, items: Vec<Tree<Entry>>, tuple: bool) -> std::result::Result<Tree<Entry>, String> {
+        OwnedTree.list(items, tuple)
+    }
+    fn dict(&self, pairs: Vec<(Key, Tree<Entry>)>) -> std::result::Result<Tree<Entry>, String> {
+        OwnedTree.dict(pairs)
+    }
+    fn named_begin(&self, custom: bool, type_name: &str) -> std::result::Result<(), String> {
+        self.asked.borrow_mut().push((custom, type_name.to_string()));
+        if type_name == "m:Refused" {
+            return Err(format!("`{type_name}` needs the audit"));
+        }
+        Ok(())
+    }
+    fn record(&self, n: String, f: Vec<(String, Tree<Entry>)>) -> std::result::Result<Tree<Entry>, String> {
+        self.named_begin(false, &n)?;
+        OwnedTree.record(n, f)
+    }
+    fn custom(&self, n: String, d: Value, c: Vec<(String, Tree<Entry>)>) -> std::result::Result<Tree<Entry>, String> {
+        self.named_begin(true, &n)?;
+        OwnedTree.custom(n, d, c)
+    }
+}
+
+#[test]
+fn a_refused_type_stops_the_build_before_anything_under_it_is_built() {
+    let node = |kind: &str, members: &str, ty: &str| {
+        let (list, data) = if kind == "custom" { ("children", ",\"data\":{\"k\":1}") } else { ("fields", "") };
+        let kids = "[[\"x\",1],[\"y\",{\"z\":[2,3]}]]";
+        match members {
+            "type first" => format!("{{\"t\":\"{kind}\",\"type\":\"{ty}\"{data},\"{list}\":{kids}}}"),
+            _ => format!("{{\"t\":\"{kind}\",\"{list}\":{kids}{data},\"type\":\"{ty}\"}}"),
+        }
+    };
+    for kind in ["record", "custom"] {
+        for members in ["type first", "type last"] {
+            let root = format!(
+                "{{\"a\":[1,2],\"ok\":{},\"bad\":{},\"after\":4}}",
+                node(kind, members, "m:Fine"),
+                node(kind, members, "m:Refused")
+            );
+            let bytes = with_root(&root);
+            let b = Refusing::default();
+            let e = build(&bytes, "t", &b).unwrap_err().to_string();
+            assert!(e.contains("`m:Refused` needs the audit"), "{e}");
+            // `a` (2) and the accepted node (3) are built; the refused node's 3 leaves only
+            // when its type came after them (read to the end of the node, as before).
+            let want = if members == "type first" { 5 } else { 8 };
+            assert_eq!(b.leaves.get(), want, "{kind}, {members}");
+            assert!(b.asked.borrow().contains(&(kind == "custom", "m:Fine".to_string())), "{kind}, {members}");
+            // The same manifest's owned tree, replayed: refused before its children.
+            let owned = decode(&with_root(&root.replace("m:Refused", "m:Other")), "t").unwrap().root;
+            let refused = match owned {
+                Tree::Dict(mut pairs) => {
+                    if let Some((_, Tree::Record { type_name, .. } | Tree::Custom { type_name, .. })) = pairs.get_mut(2)
+                    {
+                        *type_name = "m:Refused".into();
+                    }
+                    Tree::Dict(pairs)
+                }
+                other => panic!("{other:?}"),
+            };
+            let b = Refusing::default();
+            let e = replay(&b, &refused).unwrap_err();
+            assert!(e.contains("needs the audit"), "{e}");
+            assert_eq!(b.leaves.get(), 5, "{kind}, replayed");
+        }
+    }
+}

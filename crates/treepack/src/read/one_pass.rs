@@ -217,6 +217,9 @@ impl<B: Build> Build for OnePass<'_, B> {
     fn record(&self, type_name: String, fields: Vec<(String, Self::Node)>) -> std::result::Result<Self::Node, String> {
         self.inner.record(type_name, fields)
     }
+    fn named_begin(&self, custom: bool, type_name: &str) -> std::result::Result<(), String> {
+        self.inner.named_begin(custom, type_name)
+    }
     fn custom(
         &self,
         type_name: String,

@@ -1,7 +1,9 @@
 //! The load-path policy (`read::one_pass`): which path a whole load takes, and that both give
 //! the same tree and the same errors.
 
-use treepack::read::one_pass::{load_one_pass, NodeBuild, ONE_PASS_FETCHES, ONE_PASS_PACK_BYTES};
+use treepack::read::one_pass::{
+    load_one_pass, NodeBuild, ONE_PASS_DECODE_BYTES, ONE_PASS_FETCHES, ONE_PASS_PACK_BYTES,
+};
 use treepack::*;
 
 fn blob(i: u8) -> Node {
@@ -49,19 +51,68 @@ fn small_trees_load_in_one_pass_and_others_through_the_reader_alike() {
     }
 }
 
+/// The first chunk of the stored leaf at `path`.
+fn chunk(p: &str, path: &str) -> format::manifest::ChunkRef {
+    match open(p).unwrap().entry(path).unwrap() {
+        Tree::Leaf(e) => e.chunks()[0].clone(),
+        _ => panic!("`{path}` is not a leaf"),
+    }
+}
+
 #[test]
-fn compressed_leaves_go_to_the_reader_which_decodes_them_in_parallel() {
+fn small_compressed_trees_are_decoded_in_the_one_pass_and_bigger_ones_by_the_reader() {
     let dir = tempfile::tempdir().unwrap();
-    let tree = Node::dict([("n", Node::from(1i64)), ("b", blob(4))]);
-    let p = dir.path().join("z");
-    let p = p.to_str().unwrap();
-    let opts =
+    let zstd =
         SaveOptions { compression: save::Compression::parse(r#"[{"codec": "zstd"}]"#).unwrap(), ..Default::default() };
-    save(&tree, p, &opts).unwrap();
-    let manifest = std::fs::read_to_string(format!("{p}/treepack.json")).unwrap();
-    assert!(manifest.contains(r#""codec":"zstd""#), "the blob is compressed: {manifest}");
-    assert!(one_pass(p).is_none());
-    assert!(load(p, &LoadOptions::default()).unwrap().exact_eq(&tree));
+    // Raw leaves (random bytes stay raw under zstd) before compressed ones: before, the pass
+    // read the raw ones, then gave up at the first compressed leaf, and the Reader read them again.
+    let noise = |seed: u64| {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        Tree::Leaf(Leaf::Bytes(bytes::Bytes::from(
+            (0..5000)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect::<Vec<u8>>(),
+        )))
+    };
+    let small = Node::dict([("n", Node::from(1i64)), ("r", noise(1)), ("s", noise(2)), ("b", blob(4)), ("c", blob(5))]);
+    // Compressed leaves decoding to more than ONE_PASS_DECODE_BYTES (from a few KiB of packs).
+    let half = (ONE_PASS_DECODE_BYTES / 2 + 1) as usize;
+    let big = Node::dict([
+        ("r", noise(3)),
+        ("z1", Tree::Leaf(Leaf::Bytes(bytes::Bytes::from(vec![0u8; half])))),
+        ("z2", Tree::Leaf(Leaf::Bytes(bytes::Bytes::from(vec![1u8; half])))),
+    ]);
+    for (tag, tree, pass) in [("small", &small, true), ("big", &big, false)] {
+        for name in ["d", "f.tpk"] {
+            let p = dir.path().join(format!("{tag}-{name}"));
+            let p = p.to_str().unwrap();
+            save(tree, p, &zstd).unwrap();
+            let last = if tag == "small" { "c" } else { "z2" };
+            assert!(!chunk(p, last).codec.is_identity(), "{tag} {name}: `{last}` is compressed");
+            assert!(chunk(p, "r").codec.is_identity(), "{tag} {name}: `r` is stored raw");
+            let got = one_pass(p);
+            assert_eq!(got.is_some(), pass, "{tag} {name}");
+            if let Some(got) = got {
+                assert!(got.exact_eq(tree), "{tag} {name}");
+            }
+            assert!(load(p, &LoadOptions::default()).unwrap().exact_eq(tree), "{tag} {name}");
+        }
+    }
+    // A damaged compressed chunk: the pass gives up, the load names the leaf.
+    let p = dir.path().join("small-d");
+    let pack = std::fs::read_dir(p.join("packs")).unwrap().next().unwrap().unwrap().path();
+    let c = chunk(p.to_str().unwrap(), "b");
+    let mut bytes = std::fs::read(&pack).unwrap();
+    bytes[(c.offset + c.length / 2) as usize] ^= 0xff;
+    std::fs::write(&pack, &bytes).unwrap();
+    assert!(one_pass(p.to_str().unwrap()).is_none());
+    let e = load(p.to_str().unwrap(), &LoadOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("`b`") || matches!(&e, Error::ChunkCorrupt { key, .. } if key == "b"), "{e}");
 }
 
 #[test]

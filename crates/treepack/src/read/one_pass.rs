@@ -31,6 +31,10 @@ pub fn one_pass_applies(opts: &LoadOptions) -> bool {
     opts.select.is_empty() && opts.keep.is_none() && !opts.mmap && opts.progress.is_none() && opts.expect_root.is_none()
 }
 
+/// Decoded bytes of compressed leaves a one-pass load decodes itself, one leaf at a time on its
+/// thread; a tree with more goes to the Reader, which decodes in parallel.
+pub const ONE_PASS_DECODE_BYTES: u64 = 16 << 20;
+
 /// How many times a load starts over when the tree was replaced while it read it.
 pub const LOAD_ATTEMPTS: u32 = 3;
 
@@ -122,6 +126,7 @@ pub fn load_one_pass<B: Build>(loc: &Location, bytes: &[u8], file: &str, b: &B, 
         fetched: RefCell::new(HashSet::new()),
         whole: RefCell::new(None),
         fetches_left: Cell::new(if loc.local_path().is_some() { ONE_PASS_FETCHES } else { 0 }),
+        decode_left: Cell::new(ONE_PASS_DECODE_BYTES),
         header_checked: Cell::new(false),
         opts: LoadOptions { verify, ..Default::default() },
     };
@@ -144,6 +149,8 @@ struct OnePass<'a, B> {
     /// leaves were asked for.
     whole: RefCell<Option<HashMap<u32, Bytes>>>,
     fetches_left: Cell<usize>,
+    /// Decoded bytes of compressed leaves this pass may still decode.
+    decode_left: Cell<u64>,
     header_checked: Cell<bool>,
     opts: LoadOptions,
 }
@@ -154,8 +161,15 @@ impl<B: Build> OnePass<'_, B> {
         let Some(r) = reader.as_ref() else { return Err("stored leaves are read by the Reader here".into()) };
         if e.chunks().iter().any(|c| !c.codec.is_identity()) {
             // Decoding, not reading, sets a compressed leaf's pace: the Reader decodes leaves
-            // and chunks in parallel, this pass one leaf at a time on the calling thread.
-            return Err("compressed leaves are decoded by the Reader".into());
+            // and chunks in parallel, this pass one leaf at a time on the calling thread. So
+            // this pass decodes only up to ONE_PASS_DECODE_BYTES in all; past that the tree goes
+            // to the Reader (and what was built so far is built again: refusing the first
+            // compressed leaf instead read a small tree's raw leaves before it twice).
+            let (n, left) = (e.nbytes(), self.decode_left.get());
+            if n > left {
+                return Err("compressed leaves past the one pass's share are decoded by the Reader".into());
+            }
+            self.decode_left.set(left - n);
         }
         let key = e.chunks().first().map(|c| (c.pack, c.offset, c.length)).unwrap_or_default();
         if self.whole.borrow().is_none() && !self.fetched.borrow().contains(&key) {

@@ -19,7 +19,7 @@ processes, page cache warm, times
   into three reused host buffers registered for DMA and put on the device while the next is read;
   integrations/jax/staging.py), a plain `treepack.load(p)` of the same arrays saved as
   `jax.Array`s, with the device as JAX's default (the file mapped, each array copied into those
-  buffers and on to the device: `staging.put`), `safetensors.flax.load_file`, Orbax's
+  buffers and on to the device: `staging.Stager`), `safetensors.flax.load_file`, Orbax's
   `StandardCheckpointer().restore` of an Orbax checkpoint of the same tensors, and the limit:
   `jax.device_put` of arrays already in pinned host memory (libraries imported outside the
   clock there: Orbax's import takes longer than some loads).

@@ -65,8 +65,6 @@ def deferred(monkeypatch):
     monkeypatch.setattr(staging, "STAGE_BYTES", 4096)
     monkeypatch.setattr(staging, "KEEP_BYTES", 8192)
     monkeypatch.setattr(staging, "_kept", {})
-    monkeypatch.setattr(staging, "_cursor", {})
-    monkeypatch.setattr(staging, "_putting", set())
     return log
 
 
@@ -339,18 +337,30 @@ def test_a_flax_train_state_resumes_through_the_buffers(tmp_path, deferred):
 @pytest.fixture
 def plain(deferred, monkeypatch):
     """``deferred``, with device 0 as an accelerator default device, the arrays a plain load
-    returns left as the copies (``Later``) the GPU would still be making, and every array handed
-    to ``staging.put`` logged."""
+    returns left as the copies (``Later``) the GPU would make, and every array handed to a
+    ``Stager`` logged, with the order of puts and waits (``events``)."""
     monkeypatch.setattr(staging, "default_device", lambda: jax.devices()[0])
     monkeypatch.setattr(staging, "_array", lambda h: h)
-    deferred["given"] = []
-    real = staging.put
+    deferred["given"], deferred["events"] = [], []
+    real_put, real_wait, real_stage = staging._put, staging._wait, staging.Stager.put
 
-    def put(x, device):
+    def put(x, sharding):
+        h = real_put(x, sharding)
+        h.n = deferred["puts"] - 1
+        deferred["events"].append(("put", h.n))
+        return h
+
+    def wait(h):
+        deferred["events"].append(("wait", h.n))
+        return real_wait(h)
+
+    def stage(self, x):
         deferred["given"].append((x.nbytes, x.flags.writeable))
-        return real(x, device)
+        return real_stage(self, x)
 
-    monkeypatch.setattr(staging, "put", put)
+    monkeypatch.setattr(staging, "_put", put)
+    monkeypatch.setattr(staging, "_wait", wait)
+    monkeypatch.setattr(staging.Stager, "put", stage)
     return deferred
 
 
@@ -401,10 +411,11 @@ def test_a_plain_load_goes_to_the_default_accelerator_from_the_mapped_file(tmp_p
     # memory of its own first.
     assert len(plain["given"]) == 40 + 3 and len(staged) == 41 == plain["puts"]
     assert not any(w for _, w in plain["given"])
+    # Every copy finished before the load returned; three buffers, kept for the next load.
+    assert plain["waits"] == plain["puts"]
     assert len(plain["buffers"]) == staging.STAGE_COUNT and set(plain["buffers"]) == {4096}
-    # A second plain load and a template load reuse the buffers: the first load's copies still
-    # running are waited for before their buffer is written again, so the first load's values
-    # are intact when its copies finish afterwards.
+    assert len(staging._kept["cpu"]) == staging.STAGE_COUNT
+    # A second plain load and a template load reuse them.
     second = treepack.load(p)
     like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), {k: tree[k] for k in ("layers", "bf16")})
     third = treepack.load(p, like=like)
@@ -418,19 +429,48 @@ def test_a_plain_load_goes_to_the_default_accelerator_from_the_mapped_file(tmp_p
 
 def test_a_plain_load_fills_a_buffer_before_waiting_for_any_copy(tmp_path, plain):
     """Small arrays are packed into a buffer; the load waits only when it starts a buffer again
-    from its start, for that buffer's copies alone."""
+    from its start, for that buffer's copies alone, and for the rest when it ends."""
     tree = {f"a{i:02}": jnp.full((64,), i, jnp.float32) for i in range(50)}  # 256 bytes each
     p = str(tmp_path / "t")
     treepack.save(tree, p)
     out = treepack.load(p)
-    # 16 to a buffer: the 49th starts the first buffer again, after its 16 copies.
-    assert plain["puts"] == 50 and plain["waits"] == 16 and len(plain["buffers"]) == 3
+    # 16 to a buffer: the 49th put starts the first buffer again, after its 16 copies.
+    ev = plain["events"]
+    first_wait = next(i for i, e in enumerate(ev) if e[0] == "wait")
+    assert ev[:first_wait] == [("put", n) for n in range(48)]
+    assert ev[first_wait:first_wait + 16] == [("wait", n) for n in range(16)]
+    assert ev[first_wait + 16:first_wait + 18] == [("put", 48), ("put", 49)]
+    assert sorted(n for kind, n in ev[first_wait + 18:]) == list(range(16, 50))  # at the load's end
+    assert len(plain["buffers"]) == 3
     for k, v in _resolve(out).items():
         np.testing.assert_array_equal(np.asarray(v), np.asarray(tree[k]))
 
 
+def test_a_failure_in_a_plain_load_waits_for_its_copies_and_the_buffers_stay_usable(tmp_path, plain, monkeypatch):
+    """A put that fails part-way (the device out of memory, say) fails the load, naming the
+    error; the copies already started are waited for, and the buffers serve the next load."""
+    tree = {f"a{i:02}": jnp.full((300,), i, jnp.float32) for i in range(20)}
+    p = str(tmp_path / "t")
+    treepack.save(tree, p)
+    real = staging._put
+
+    def failing(x, sharding):
+        if plain["puts"] == 12:
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory on the device")
+        return real(x, sharding)
+
+    monkeypatch.setattr(staging, "_put", failing)
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        treepack.load(p)
+    assert plain["puts"] == 12 and plain["waits"] == 12
+    monkeypatch.setattr(staging, "_put", real)
+    for k, v in _resolve(treepack.load(p)).items():
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(tree[k]))
+    assert len(plain["buffers"]) == 3 and not staging._abandoned
+
+
 def test_a_corrupt_chunk_in_a_plain_load_is_named_and_the_buffers_stay_usable(tmp_path, plain):
-    tree = {"a": jnp.arange(512, dtype=jnp.float32), "b": jnp.full((512,), 7, jnp.int32), "c": jnp.arange(256, dtype=jnp.int64)}
+    tree = {"a": jnp.arange(512, dtype=jnp.float32), "b": jnp.full((512,), 7, jnp.int32), "c": jnp.arange(256, dtype=jnp.int32)}
     p = str(tmp_path / "t")
     treepack.save(tree, p, chunk_bytes=1024)
     (pack,) = os.listdir(os.path.join(p, "packs"))
@@ -446,19 +486,41 @@ def test_a_corrupt_chunk_in_a_plain_load_is_named_and_the_buffers_stay_usable(tm
     np.testing.assert_array_equal(np.asarray(out["c"]), np.asarray(tree["c"]))
 
 
+def test_loaded_arrays_deleted_or_donated_do_not_touch_later_loads(tmp_path, monkeypatch):
+    """Real ``device_put`` copies: a load keeps nothing of what it returned, so arrays the
+    caller deletes (or donates to a jitted step) are never waited for by a later load."""
+    monkeypatch.setattr(staging, "default_device", lambda: jax.devices()[0])
+    monkeypatch.setattr(staging, "_put", lambda x, s: jax.device_put(np.array(x, copy=True)))
+    monkeypatch.setattr(staging, "_kept", {})
+    monkeypatch.setattr(staging, "STAGE_BYTES", 4096)
+    monkeypatch.setattr(staging, "KEEP_BYTES", 8192)
+    tree = {f"a{i:02}": jnp.full((64,), i, jnp.float32) for i in range(40)}
+    p = str(tmp_path / "t")
+    treepack.save(tree, p)
+    first = treepack.load(p)
+    for v in first.values():
+        v.delete()
+    step = jax.jit(lambda t: jax.tree.map(lambda a: a + 1, t), donate_argnums=0)
+    step(treepack.load(p))
+    for load in (lambda: treepack.load(p), lambda: treepack.load(p, like=jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree))):
+        for k, v in load().items():
+            np.testing.assert_array_equal(np.asarray(v), np.asarray(tree[k]))
+
+
 def test_plain_loads_on_four_threads_at_once(tmp_path, plain):
-    """One load has the buffers at a time; the others put their arrays as they are."""
+    """Each load has buffers of its own while it runs (the kept set, or new ones while another
+    load has that), so none writes where another's copy still reads."""
     import threading
 
     tree = _plain_tree()
     p = str(tmp_path / "t")
     treepack.save(tree, p, chunk_bytes=512)
-    outs, errors = [None] * 4, []
+    outs, errors = [[] for _ in range(4)], []
 
     def run(i):
         try:
             for _ in range(5):
-                outs[i] = treepack.load(p)
+                outs[i].append(treepack.load(p))
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
@@ -468,14 +530,14 @@ def test_plain_loads_on_four_threads_at_once(tmp_path, plain):
     for t in threads:
         t.join()
     assert not errors
-    for out in outs:
+    for out in (o for per in outs for o in per):
         _same(_resolve(out), tree)
-    assert not staging._putting and len(staging._kept["cpu"]) <= staging.STAGE_COUNT
+    assert plain["waits"] == plain["puts"] and len(staging._kept["cpu"]) <= staging.STAGE_COUNT
 
 
 def test_a_flax_train_state_loads_plainly_through_the_buffers(tmp_path, monkeypatch):
-    """A user's resume without a template (the class trusted), with real ``device_put`` copies:
-    the TrainState's arrays come back on the default device, and training goes on identically."""
+    """A user's resume without a template (the classes trusted), with real ``device_put``
+    copies: the arrays come back on the default device, and the optimizer state as its class."""
     nn = pytest.importorskip("flax.linen")
     optax = pytest.importorskip("optax")
     from flax.training import train_state
@@ -483,11 +545,10 @@ def test_a_flax_train_state_loads_plainly_through_the_buffers(tmp_path, monkeypa
     monkeypatch.setattr(staging, "default_device", lambda: jax.devices()[0])
     monkeypatch.setattr(staging, "_put", lambda x, s: jax.device_put(np.array(x, copy=True)))
     monkeypatch.setattr(staging, "_kept", {})
-    monkeypatch.setattr(staging, "_cursor", {})
     monkeypatch.setattr(staging, "STAGE_BYTES", 64 << 10)
     given = []
-    real = staging.put
-    monkeypatch.setattr(staging, "put", lambda x, d: given.append(x.nbytes) or real(x, d))
+    real = staging.Stager.put
+    monkeypatch.setattr(staging.Stager, "put", lambda self, x: given.append(x.nbytes) or real(self, x))
 
     class MLP(nn.Module):
         @nn.compact
@@ -510,9 +571,10 @@ def test_a_flax_train_state_loads_plainly_through_the_buffers(tmp_path, monkeypa
 
 
 def test_what_a_plain_load_reads_onto_an_accelerator(tmp_path, monkeypatch):
-    """``prepare_load``: a mapped file only for local trees of JAX arrays alone, bound for an
-    accelerator; the manifest is not read on a CPU whose devices JAX has made, and a tree
-    without JAX arrays does not make JAX start its devices."""
+    """``prepare_load``: a mapped file and a stager only for local trees of JAX arrays alone,
+    bound for an accelerator; the manifest is not read on a CPU whose devices JAX has made, and
+    a tree without JAX arrays does not make JAX start its devices."""
+    from treepack import _api, _encryption
     from treepack.integrations import jax as tpjax
 
     jtree = {"w": jnp.ones(4), "k": jax.random.key(0), "n": 3}
@@ -521,32 +583,34 @@ def test_what_a_plain_load_reads_onto_an_accelerator(tmp_path, monkeypatch):
     for name, t in (("jax", jtree), ("mixed", mixed), ("numpy", {"x": np.ones(4)})):
         paths[name] = str(tmp_path / name)
         treepack.save(t, paths[name])
+    reads = []
 
-    class Request:
-        def __init__(self, path, **kw):
-            self.path, self.mmap, self.like, self.storage_options, self.signed = path, False, None, None, None
-            self.options, self.reads = {}, 0
-            self.decoder = type("D", (), {"plain": False})()
-            for k, v in kw.items():
-                setattr(self, k, v)
-
+    class Request(_api.LoadRequest):
         def reader(self):
-            self.reads += 1
-            return treepack._core.Reader(self.path, None)
+            reads.append(1)
+            return super().reader()
 
     def prepared(name, **kw):
-        r = Request(paths.get(name, name), **kw)
-        tpjax._prepare_load(r)
-        return r.mmap, r.reads
+        args = dict(storage_options=None, like=None, mmap=False, signed=None, options={}, plain=False)
+        args.update(kw)
+        dec = treepack._codec.Decoder((), False, False, args["options"], plain=args["plain"])
+        r = Request(paths.get(name, name), args["storage_options"], None, args["like"], (), False, "error",
+                    args["mmap"], True, None, dec, args["options"], args["signed"])
+        reads.clear()
+        finish = tpjax._prepare_load(r)
+        assert (finish is not None) == (staging.OPTION in dec.options) and (finish is None or r.mmap)
+        if finish is not None:
+            finish(True)
+        return r.mmap, len(reads)
 
     assert prepared("jax") == (False, 0)  # this CPU: nothing read
     monkeypatch.setattr(staging, "default_device", lambda: jax.devices()[0])
     assert prepared("jax") == (True, 1)
     assert prepared("mixed") == (False, 1)  # a numpy array would come back a view of the file
     assert prepared("numpy") == (False, 1)
-    for kw in ({"like": {}}, {"storage_options": {"key": "k"}}, {"options": {"dask": True}}, {"signed": object()}):
-        assert prepared("jax", **kw) == (False, 0)
-    assert prepared("jax", decoder=type("D", (), {"plain": True})()) == (False, 0)
+    for kw in ({"like": {}}, {"storage_options": {}}, {"storage_options": _encryption.keyed(None, b"k" * 32)},
+               {"options": {"dask": True}}, {"signed": object()}, {"plain": True}, {"mmap": True}):
+        assert prepared("jax", **kw) == (kw.get("mmap", False), 0), kw
     assert prepared(str(tmp_path / "absent")) == (False, 0)
     assert prepared("memory://x") == (False, 0)
     # Devices not made yet: the manifest first, and JAX asked only for a tree of JAX arrays.

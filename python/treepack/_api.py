@@ -453,8 +453,23 @@ def load(
         out = hook(request)
         if out is not _registry.DECLINE:
             return out
-    for prepare in _registry.gated("prepare_load"):
-        prepare(request)  # (JAX arrays bound for an accelerator: read from the mapped file)
+    # (JAX arrays bound for an accelerator: read from the mapped file, staged to the device)
+    finish = [f for f in (prepare(request) for prepare in _registry.gated("prepare_load")) if f is not None]
+    if finish:
+        try:
+            out = _load_reporting(request, progress, p, opts)
+        except BaseException:
+            for f in finish:
+                f(False)
+            raise
+        for f in finish:
+            f(True)
+        return out
+    return _load_reporting(request, progress, p, opts)
+
+
+def _load_reporting(request: "LoadRequest", progress: Progress, p: str, opts: Any) -> Any:
+    """``_load``, its build errors located in the tree and a missing framework named."""
     try:
         return _load(request, progress)
     except _codec.BuildError as e:
@@ -533,6 +548,15 @@ class LoadRequest:
         if self.signed is not None:
             self.signed.check(r)
         return r
+
+    def may_map(self, *own_options: str) -> bool:
+        """Whether an integration may switch this load to reading the file's pages (``mmap``):
+        a local tree that exists, with no template, ``mmap``, storage options or key (an
+        encrypted tree), signature, ``numpy=True``, or ``load()`` option but ``own_options``."""
+        if self.mmap or self.like is not None or self.storage_options is not None or self.signed is not None \
+                or self.decoder.plain or any(k not in own_options for k in self.options):
+            return False
+        return "://" not in self.path and os.path.exists(self.path)
 
     def structure(self, reader: Any) -> Any:
         """``load_structure``'s tree, from ``reader``."""

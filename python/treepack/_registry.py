@@ -287,8 +287,9 @@ class Handlers:
     #: Gated: called before a structure is built (``load_structure``).
     structure: Optional[Callable[[], None]] = None
     #: Gated: ``prepare_load(request)`` before a load (after the option hooks declined): may
-    #: pick how it reads (JAX: a mapped file, for arrays bound for an accelerator).
-    prepare_load: Optional[Callable[[Any], None]] = None
+    #: pick how it reads (JAX: a mapped file, for arrays bound for an accelerator); returns None
+    #: or ``finish(ok)``, which the load calls when it ends (``ok``: without an error).
+    prepare_load: Optional[Callable[[Any], Optional[Callable[[bool], None]]]] = None
     #: Named services (see `Integration.methods`).
     methods: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 

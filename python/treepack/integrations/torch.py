@@ -820,8 +820,7 @@ def _load(request: Any) -> Any:
     as a read-only view, is loaded as before; so is a load asking for numpy arrays, or made
     through Dask). Always declines: the load itself is the usual one."""
     m = request.options.get("map_location")
-    if request.mmap or request.like is not None or request.storage_options or request.signed is not None \
-            or request.options.get("dask") or request.decoder.plain:
+    if not request.may_map("map_location"):
         return _plugin.DECLINE
     torch = sys.modules.get("torch")  # (a torch.device given means torch is imported)
     if isinstance(m, str):
@@ -830,10 +829,7 @@ def _load(request: Any) -> Any:
         kind = m.type
     else:
         return _plugin.DECLINE
-    import os
-
-    p = request.path
-    if kind not in STAGED or "://" in p or not os.path.exists(p):
+    if kind not in STAGED:
         return _plugin.DECLINE
     try:
         types = request.reader().array_types()

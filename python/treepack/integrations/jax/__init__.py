@@ -25,7 +25,6 @@ Nothing here imports JAX unless the process already did (``sys.modules``) or the
 JAX leaves.
 """
 
-import os
 from typing import Any, Callable, Dict, List, Optional
 
 from ... import _plugin
@@ -75,7 +74,7 @@ def _decode_pytree(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
 
 
 def _arrays(options: Dict[str, Any]) -> Callable[[Any, Dict[str, Any]], Any]:
-    return Loader().array  # (an ImportError without JAX)
+    return Loader(options.get(staging.OPTION)).array  # (an ImportError without JAX)
 
 
 def _like(request: Any, reader: Any, like: Any, structure: Any) -> Any:
@@ -113,28 +112,32 @@ def _backends_started() -> bool:
 _started: Optional[Callable[[], bool]] = None
 
 
-def _prepare_load(request: Any) -> None:
+def _prepare_load(request: Any) -> Optional[Callable[[bool], None]]:
     """A plain load of a local tree whose arrays are all JAX arrays, when they go to an
     accelerator (the default device): the load reads them as views of the file (``mmap``, their
-    hashes checked as the load asks, every other leaf as usual), each then copied into the
-    staging buffers and on to the device (``arrays.Loader``, ``staging.put``), so that the whole
-    tree is never copied into fresh host memory first. The manifest is read for this only when
-    JAX's devices are accelerators or not made yet (so a CPU process pays nothing, and a tree
-    without JAX arrays never makes JAX start its devices)."""
-    if request.mmap or request.like is not None or request.storage_options or request.signed is not None \
-            or request.decoder.plain or request.options:
-        return
+    hashes checked as the load asks, every other leaf as usual), and each is copied into the
+    staging buffers and on to the device (a ``staging.Stager`` in the load's options, which
+    ``arrays.Loader`` uses), so that the whole tree is never copied into fresh host memory first.
+    Returns the stager's ``finish``, which the load calls when it ends. The manifest is read for
+    this only when JAX's devices are accelerators or not made yet (so a CPU process pays nothing,
+    and a tree without JAX arrays never makes JAX start its devices)."""
     if _backends_started() and staging.default_device() is None:
-        return
-    p = request.path
-    if "://" in p or not os.path.exists(p):
-        return
+        return None
+    if not request.may_map():
+        return None
     try:
         types = request.reader().array_types()
     except Exception:  # noqa: BLE001 (the load itself reports what is wrong with the tree)
-        return
-    if types and all(t in TYPES for t, _ in types) and staging.default_device() is not None:
-        request.mmap = True
+        return None
+    if not types or not all(t in TYPES for t, _ in types):
+        return None
+    device = staging.default_device()
+    if device is None:
+        return None
+    stager = staging.Stager(device)
+    request.mmap = True
+    request.decoder.options[staging.OPTION] = stager
+    return stager.finish
 
 
 _plugin.integrate(

@@ -82,16 +82,14 @@ def encode(a: Any, where: str) -> Tuple[str, str, str, list]:
 
 
 class Loader:
-    """Turns annotated arrays into ``jax.Array``s (on the default device) and typed keys. Onto
-    an accelerator, arrays go through the staging buffers (``staging.put``)."""
+    """Turns annotated arrays into ``jax.Array``s (on the default device) and typed keys. In a
+    load the JAX integration prepared for an accelerator, arrays go through the staging buffers
+    (``stager``: ``staging.Stager``, from the load's options)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stager: Any = None) -> None:
         import jax
 
-        from . import staging
-
-        self.jax, self.staging = jax, staging
-        self.device = staging.default_device()
+        self.jax, self.stager = jax, stager
 
     def array(self, arr: np.ndarray, ann: Dict[str, Any]) -> Any:
         jax = self.jax
@@ -103,7 +101,7 @@ class Loader:
                 return jax.random.wrap_key_data(jax.numpy.asarray(arr), impl=impl)
             except (ValueError, TypeError) as e:
                 raise ValueError(f"jax.random.key leaf: key data of shape {arr.shape} with impl {impl!r}: {e}") from None
-        return jax.device_put(arr) if self.device is None else self.staging.put(arr, self.device)
+        return jax.device_put(arr) if self.stager is None else self.stager.put(arr)
 
 
 def missing_message(paths: List[str]) -> str:

@@ -16,10 +16,10 @@ when that is bigger, whatever the size of the tree; buffers of at most ``KEEP_BY
 the process's next load (registering memory takes time).
 
 A plain load (no template) onto an accelerator default device goes through the same buffers
-(``put``): the load maps the file (``prepare_load``), so its arrays are views of the page cache,
-not memory of their own; each is copied into the next free stretch of a buffer and put from there,
-its copy to the device running while the load goes on. A buffer's copies still in flight when a
-load ends are waited for by whoever takes the buffer next.
+(``Stager``): the load maps the file (the JAX integration's ``prepare_load``), so its arrays are
+views of the page cache, not memory of their own; each is copied into the next free stretch of a
+buffer and put from there, its copy to the device running while the load goes on. The load waits
+for its last copies when it ends (``Stager.finish``).
 
 ``_put``, ``_wait`` and ``_array`` are the calls that touch the device: tests on a CPU replace
 them with copies that happen only when waited for, so that a buffer reused too early shows.
@@ -44,14 +44,11 @@ KEEP_BYTES = 256 << 20
 #: engines and XLA's zero-copy checks want).
 ALIGN = 256
 
-# Buffers kept between loads, by platform: a load takes the set out (a load on another thread at
-# the same time makes its own, or, for ``put``, puts its arrays directly) and puts back those of at
-# most KEEP_BYTES.
+# Buffers kept between loads, by platform (no copy out of them running): a load takes the set out
+# (a load on another thread at the same time makes its own) and puts back those of at most
+# KEEP_BYTES once every copy out of them has finished.
 _kept: Dict[str, List["_Buffer"]] = {}
-# Platforms whose set a ``put`` has out (an instant: one array's copy into a buffer).
-_putting: set = set()
-# Where ``put`` writes next, by platform: (buffer index, offset), kept with the set.
-_cursor: Dict[str, Tuple[int, int]] = {}
+
 # Buffers whose copies could not all be waited for (the wait itself failed or was interrupted):
 # never freed, since a copy may still read them.
 _abandoned: List["_Buffer"] = []
@@ -87,13 +84,11 @@ def default_device() -> Any:
 
 class _Buffer:
     """``n`` writable bytes of page-aligned host memory (``view``), registered for DMA with the
-    client of ``device`` when it can be; ``busy``: copies out of it (``_put``'s handles) that a
-    plain load started and nobody has waited for yet."""
+    client of ``device`` when it can be."""
 
-    __slots__ = ("memory", "view", "client", "busy")
+    __slots__ = ("memory", "view", "client")
 
     def __init__(self, device: Any, n: int) -> None:
-        self.busy: List[Any] = []
         # Whole pages, all of them registered (a runtime may want page-sized ranges).
         pages = -(-max(n, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
         self.memory = mmap.mmap(-1, pages)
@@ -135,60 +130,88 @@ def _array(handle: Any) -> Any:
     return handle
 
 
-def _drain(b: "_Buffer") -> None:
-    """Wait for the copies out of ``b`` that a plain load left running."""
-    while b.busy:
-        _wait(b.busy[0])
-        b.busy.pop(0)
+#: Where a prepared plain load's ``Stager`` travels to ``arrays.Loader`` (the load's decoder
+#: options, private to treepack).
+OPTION = "_jax_stager"
 
 
-def put(x: np.ndarray, device: Any) -> Any:
-    """``jax.device_put(x)`` for a plain load's array onto the default device ``device`` (an
-    accelerator; the array uncommitted): ``x`` (a view of the mapped file) is copied into the
-    next free stretch of the kept buffers, and put from there; its copy to the device runs while
-    the load goes on. A buffer is written again from its start only once the copies out of it
-    have finished. An empty array, one bigger than ``KEEP_BYTES``, or one put while another
-    thread has the buffers goes to ``jax.device_put`` as it is."""
-    import jax
+class Stager:
+    """One plain load's staged puts onto the default device ``device`` (an accelerator): each
+    array (a view of the mapped file) is copied into the next free stretch of a buffer and put
+    from there, its copy to the device running while the load goes on; a buffer is written again
+    from its start only once the copies out of it have finished. The buffers are the kept set,
+    taken at the first put (a load on another thread at the same time makes its own) and put back
+    by ``finish``, which the load calls when it ends and which waits for every copy still running:
+    nothing of a load outlives it (an array the caller deletes or donates later is never waited
+    for). An empty array, or one bigger than ``KEEP_BYTES``, goes to ``jax.device_put`` as it is."""
 
-    n = int(x.nbytes)
-    platform = device.platform
-    with _lock:
-        mine = 0 < n <= KEEP_BYTES and platform not in _putting
-        if mine:
-            _putting.add(platform)
-            buffers: List[Optional[_Buffer]] = list(_kept.pop(platform, []))[:STAGE_COUNT]
-            i, off = _cursor.get(platform, (0, 0))
-    if not mine:
-        return jax.device_put(x)
-    buffers += [None] * (STAGE_COUNT - len(buffers))
-    lost = False  # (a wait for a buffer's copies failed: they may still read it)
-    try:
-        b = buffers[i]
+    __slots__ = ("device", "buffers", "busy", "at", "taken")
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.buffers: List[Optional[_Buffer]] = [None] * STAGE_COUNT
+        self.busy: List[List[Any]] = [[] for _ in range(STAGE_COUNT)]  # copies out of each buffer
+        self.at = (0, 0)  # (buffer index, offset) of the next put
+        self.taken = False
+
+    def put(self, x: np.ndarray) -> Any:
+        import jax
+
+        n = int(x.nbytes)
+        if not 0 < n <= KEEP_BYTES:
+            return jax.device_put(x)
+        if not self.taken:
+            with _lock:
+                kept = list(_kept.pop(self.device.platform, []))[:STAGE_COUNT]
+            self.buffers[:len(kept)] = kept
+            self.taken = True
+        i, off = self.at
+        b = self.buffers[i]
         if b is None or off + n > b.view.size:
             # The next buffer, from its start, once its copies have finished.
-            i, off = (i + 1) % STAGE_COUNT if b is not None else i, 0
-            b = buffers[i]
             if b is not None:
-                lost = True
-                _drain(b)
-                lost = False
+                i = (i + 1) % STAGE_COUNT
+            off = 0
+            self._settle(i)
+            b = self.buffers[i]
             if b is None or b.view.size < n:
                 if b is not None:
                     b.release()
-                buffers[i] = None  # (freed before its successor is allocated)
-                b = buffers[i] = _Buffer(device, max(n, STAGE_BYTES))
+                self.buffers[i] = None  # (freed before its successor is allocated)
+                b = self.buffers[i] = _Buffer(self.device, max(n, STAGE_BYTES))
+        self.at = (i, off)
         v = b.view[off:off + n].view(x.dtype).reshape(x.shape)
         np.copyto(v, x, casting="no")
         h = _put(v, None)
-        b.busy.append(h)
-        off += _align(n)
+        self.busy[i].append(h)
+        self.at = (i, off + _align(n))
         return _array(h)
-    finally:
-        with _lock:
-            _cursor[platform] = (i, off)
-            _putting.discard(platform)
-        _put_back(platform, buffers, lost)
+
+    def _settle(self, i: int) -> None:
+        pending = self.busy[i]
+        while pending:
+            _wait(pending[0])
+            pending.pop(0)
+
+    def finish(self, ok: bool) -> None:
+        """The load ended (``ok``: without an error): wait for every copy still running, then put
+        the buffers back for the next load. A copy's failure is raised when the load itself
+        succeeded; buffers whose copies could not all be waited for are never freed."""
+        failed: Optional[BaseException] = None
+        lost = False
+        for i in range(STAGE_COUNT):
+            try:
+                self._settle(i)
+            except BaseException as e:  # noqa: BLE001 (an interrupt too: the buffers must outlive the copies)
+                failed = failed or e
+                lost = True
+                self.busy[i].clear()
+        if self.taken:
+            _put_back(self.device.platform, self.buffers, lost)
+            self.taken = False
+            self.buffers = [None] * STAGE_COUNT
+        if failed is not None and ok:
+            raise failed
 
 
 class _Shard:
@@ -266,14 +289,10 @@ def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], ver
     platform = first.platform
     with _lock:
         buffers: List[Optional[_Buffer]] = list(_kept.pop(platform, []))[:STAGE_COUNT]
-        _cursor.pop(platform, None)  # (a plain load's next put starts a buffer afresh)
     buffers += [None] * (STAGE_COUNT - len(buffers))
     pending: List[List[Tuple[_Shard, Any, Any]]] = [[] for _ in range(STAGE_COUNT)]
     ok = lost = False
     try:
-        for b in buffers:
-            if b is not None:
-                _drain(b)
         for k, batch in enumerate(batches):
             i = k % STAGE_COUNT
             _settle(pending[i])
@@ -322,9 +341,9 @@ def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], ver
 
 
 def _put_back(platform: str, buffers: List[Optional[_Buffer]], lost: bool) -> None:
-    """Keep a load's buffers for the next one (those of at most KEEP_BYTES, unless another load
-    put its own back first), release the others once their copies have finished; or, when copies
-    out of them may still run (``lost``, or a wait for them failed), hold on to them for good."""
+    """Keep a load's buffers, every copy out of them finished, for the next one (those of at most
+    KEEP_BYTES, unless another load put its own back first), release the others; or, when copies
+    out of them may still run (``lost``), hold on to all of them for good."""
     held = [b for b in buffers if b is not None]
     with _lock:
         if lost:
@@ -335,12 +354,6 @@ def _put_back(platform: str, buffers: List[Optional[_Buffer]], lost: bool) -> No
             _kept[platform] = [b for b in held if b.view.size <= KEEP_BYTES]
     for b in held:
         if not keep or b.view.size > KEEP_BYTES:
-            try:
-                _drain(b)
-            except BaseException:
-                with _lock:
-                    _abandoned.append(b)
-                raise
             b.release()
 
 

@@ -619,18 +619,24 @@ impl Build for Refusing {
     }
     fn named_begin(&self, custom: bool, type_name: &str) -> std::result::Result<(), String> {
         self.asked.borrow_mut().push((custom, type_name.to_string()));
+        Refusing::refuse(type_name)
+    }
+    fn record(&self, n: String, f: Vec<(String, Tree<Entry>)>) -> std::result::Result<Tree<Entry>, String> {
+        Refusing::refuse(&n)?;
+        OwnedTree.record(n, f)
+    }
+    fn custom(&self, n: String, d: Value, c: Vec<(String, Tree<Entry>)>) -> std::result::Result<Tree<Entry>, String> {
+        Refusing::refuse(&n)?;
+        OwnedTree.custom(n, d, c)
+    }
+}
+impl Refusing {
+    /// What the builder refuses at a node's end too (when `named_begin` came too late or never).
+    fn refuse(type_name: &str) -> std::result::Result<(), String> {
         if type_name == "m:Refused" {
             return Err(format!("`{type_name}` needs the audit"));
         }
         Ok(())
-    }
-    fn record(&self, n: String, f: Vec<(String, Tree<Entry>)>) -> std::result::Result<Tree<Entry>, String> {
-        self.named_begin(false, &n)?;
-        OwnedTree.record(n, f)
-    }
-    fn custom(&self, n: String, d: Value, c: Vec<(String, Tree<Entry>)>) -> std::result::Result<Tree<Entry>, String> {
-        self.named_begin(true, &n)?;
-        OwnedTree.custom(n, d, c)
     }
 }
 
@@ -659,7 +665,12 @@ fn a_refused_type_stops_the_build_before_anything_under_it_is_built() {
             // when its type came after them (read to the end of the node, as before).
             let want = if members == "type first" { 5 } else { 8 };
             assert_eq!(b.leaves.get(), want, "{kind}, {members}");
-            assert!(b.asked.borrow().contains(&(kind == "custom", "m:Fine".to_string())), "{kind}, {members}");
+            // Asked by the parser, with the node's kind, only when `type` came first.
+            let asked = b.asked.borrow().clone();
+            let fine = (kind == "custom", "m:Fine".to_string());
+            let refused = (kind == "custom", "m:Refused".to_string());
+            let expect = if members == "type first" { vec![fine, refused] } else { vec![] };
+            assert_eq!(asked, expect, "{kind}, {members}");
             // The same manifest's owned tree, replayed: refused before its children.
             let owned = decode(&with_root(&root.replace("m:Refused", "m:Other")), "t").unwrap().root;
             let refused = match owned {
@@ -676,6 +687,7 @@ fn a_refused_type_stops_the_build_before_anything_under_it_is_built() {
             let e = replay(&b, &refused).unwrap_err();
             assert!(e.contains("needs the audit"), "{e}");
             assert_eq!(b.leaves.get(), 5, "{kind}, replayed");
+            assert_eq!(b.asked.borrow().last(), Some(&(kind == "custom", "m:Refused".to_string())), "{kind}");
         }
     }
 }

@@ -242,6 +242,30 @@ def test_buffers_whose_copies_could_not_be_waited_for_are_never_freed(tmp_path, 
     assert len(staging._abandoned) == staging.STAGE_COUNT and "cpu" not in staging._kept
 
 
+def test_a_failed_read_is_the_error_even_when_the_copies_before_it_fail_too(tmp_path, deferred, monkeypatch):
+    """A read fails after copies were started, and waiting for those fails as well: the load
+    reports the read's error (the file's damage, named), and the buffers are never freed."""
+    tree = {"a": np.arange(2048, dtype=np.float32), "b": np.full(2048, 7, np.int32)}
+    p = str(tmp_path / "t")
+    treepack.save(tree, p, chunk_bytes=1024)
+    (pack,) = os.listdir(os.path.join(p, "packs"))
+    pack = os.path.join(p, "packs", pack)
+    data = bytearray(open(pack, "rb").read())
+    data[bytes(data).index(tree["b"][:256].tobytes()) + 5] ^= 0xFF
+    open(pack, "wb").write(bytes(data))
+
+    def broken(h):
+        raise RuntimeError("the device went away")
+
+    monkeypatch.setattr(staging, "_wait", broken)
+    monkeypatch.setattr(staging, "_abandoned", [])
+    m8 = _mesh((8,), ("x",))
+    like = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(m8, P("x"))) for k, v in tree.items()}
+    with pytest.raises(treepack.CorruptError, match=r"\bb\b"):
+        treepack.load(p, like=like)
+    assert deferred["puts"] > 0 and staging._abandoned and "cpu" not in staging._kept
+
+
 def test_only_an_accelerators_own_memory_is_staged():
     class Dev:
         def __init__(self, platform):

@@ -19,7 +19,8 @@ A plain load (no template) onto an accelerator default device goes through the s
 (``Stager``): the load maps the file (the JAX integration's ``prepare_load``), so its arrays are
 views of the page cache, not memory of their own; each is copied into the next free stretch of a
 buffer and put from there, its copy to the device running while the load goes on. The load waits
-for its last copies when it ends (``Stager.finish``).
+for its last copies when it ends (``Stager.finish``). Both kinds of load cycle the buffers through
+one ``_Ring``.
 
 ``_put``, ``_wait`` and ``_array`` are the calls that touch the device: tests on a CPU replace
 them with copies that happen only when waited for, so that a buffer reused too early shows.
@@ -135,31 +136,25 @@ def _array(handle: Any) -> Any:
 OPTION = "_jax_stager"
 
 
-class Stager:
-    """One plain load's staged puts onto the default device ``device`` (an accelerator): each
-    array (a view of the mapped file) is copied into the next free stretch of a buffer and put
-    from there, its copy to the device running while the load goes on; a buffer is written again
-    from its start only once the copies out of it have finished. The buffers are the kept set,
-    taken at the first put (a load on another thread at the same time makes its own) and put back
-    by ``finish``, which the load calls when it ends and which waits for every copy still running:
-    nothing of a load outlives it (an array the caller deletes or donates later is never waited
-    for). An empty array, or one bigger than ``KEEP_BYTES``, goes to ``jax.device_put`` as it is."""
+class _Ring:
+    """The ``STAGE_COUNT`` buffers one load cycles through: the kept set of ``device``'s platform,
+    taken when first needed (a load on another thread at the same time makes its own) and put
+    back by ``close``. ``take(n)`` hands out ``n`` free bytes: right after the last ones when they
+    fit in that buffer, else from the start of the next buffer, once every copy out of it (each
+    recorded with ``copying``) has finished."""
 
     __slots__ = ("device", "buffers", "busy", "at", "taken")
 
     def __init__(self, device: Any) -> None:
         self.device = device
         self.buffers: List[Optional[_Buffer]] = [None] * STAGE_COUNT
-        self.busy: List[List[Any]] = [[] for _ in range(STAGE_COUNT)]  # copies out of each buffer
-        self.at = (0, 0)  # (buffer index, offset) of the next put
+        # Per buffer: (copy handle, what to do with its array once it has finished).
+        self.busy: List[List[Tuple[Any, Any]]] = [[] for _ in range(STAGE_COUNT)]
+        self.at = (0, 0)  # (buffer index, offset) of the next bytes handed out
         self.taken = False
 
-    def put(self, x: np.ndarray) -> Any:
-        import jax
-
-        n = int(x.nbytes)
-        if not 0 < n <= KEEP_BYTES:
-            return jax.device_put(x)
+    def take(self, n: int) -> Tuple[int, np.ndarray]:
+        """``n`` free bytes (a uint8 view) and the index of the buffer they are in."""
         if not self.taken:
             with _lock:
                 kept = list(_kept.pop(self.device.platform, []))[:STAGE_COUNT]
@@ -168,7 +163,6 @@ class Stager:
         i, off = self.at
         b = self.buffers[i]
         if b is None or off + n > b.view.size:
-            # The next buffer, from its start, once its copies have finished.
             if b is not None:
                 i = (i + 1) % STAGE_COUNT
             off = 0
@@ -179,24 +173,27 @@ class Stager:
                     b.release()
                 self.buffers[i] = None  # (freed before its successor is allocated)
                 b = self.buffers[i] = _Buffer(self.device, max(n, STAGE_BYTES))
-        self.at = (i, off)
-        v = b.view[off:off + n].view(x.dtype).reshape(x.shape)
-        np.copyto(v, x, casting="no")
-        h = _put(v, None)
-        self.busy[i].append(h)
         self.at = (i, off + _align(n))
-        return _array(h)
+        return i, b.view[off:off + n]
+
+    def copying(self, i: int, handle: Any, done: Any = None) -> None:
+        """A copy out of buffer ``i`` started (``_put``'s handle); ``done(array)`` once finished."""
+        self.busy[i].append((handle, done))
 
     def _settle(self, i: int) -> None:
         pending = self.busy[i]
         while pending:
-            _wait(pending[0])
+            h, done = pending[0]
+            arr = _wait(h)
+            if done is not None:
+                done(arr)
             pending.pop(0)
 
-    def finish(self, ok: bool) -> None:
+    def close(self, ok: bool) -> None:
         """The load ended (``ok``: without an error): wait for every copy still running, then put
         the buffers back for the next load. A copy's failure is raised when the load itself
-        succeeded; buffers whose copies could not all be waited for are never freed."""
+        succeeded (otherwise the load's own error stands); buffers whose copies could not all be
+        waited for are never freed."""
         failed: Optional[BaseException] = None
         lost = False
         for i in range(STAGE_COUNT):
@@ -212,6 +209,36 @@ class Stager:
             self.buffers = [None] * STAGE_COUNT
         if failed is not None and ok:
             raise failed
+
+
+class Stager:
+    """One plain load's puts onto the default device ``device`` (an accelerator): each array (a
+    view of the mapped file) is copied into the next free bytes of the load's ``_Ring`` and put
+    from there, its copy to the device running while the load goes on. ``finish``, which the load
+    calls when it ends, waits for every copy still running: nothing of a load outlives it (an
+    array the caller deletes or donates later is never waited for). An empty array, or one bigger
+    than ``KEEP_BYTES``, goes to ``jax.device_put`` as it is."""
+
+    __slots__ = ("ring",)
+
+    def __init__(self, device: Any) -> None:
+        self.ring = _Ring(device)
+
+    def put(self, x: np.ndarray) -> Any:
+        import jax
+
+        n = int(x.nbytes)
+        if not 0 < n <= KEEP_BYTES:
+            return jax.device_put(x)
+        i, raw = self.ring.take(n)
+        v = raw.view(x.dtype).reshape(x.shape)
+        np.copyto(v, x, casting="no")
+        h = _put(v, None)
+        self.ring.copying(i, h)
+        return _array(h)
+
+    def finish(self, ok: bool) -> None:
+        self.ring.close(ok)
 
 
 class _Shard:
@@ -281,28 +308,17 @@ def read_staged(reader: Any, plans: List[Any], verify: bool) -> List[Any]:
 
 
 def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], verify: bool) -> None:
-    """Read each batch into the next staging buffer and start its shards' copies to their
-    devices; a buffer is read into again only once the copies out of it have finished."""
+    """Read each batch into the next free bytes of the load's ``_Ring`` and start its shards'
+    copies to their devices; a buffer is read into again only once the copies out of it have
+    finished. When a read fails, the copies already started are waited for (their own errors
+    give way to the read's) before the buffers go back."""
     from jax.sharding import SingleDeviceSharding as single
 
-    first = next(iter(devices))
-    platform = first.platform
-    with _lock:
-        buffers: List[Optional[_Buffer]] = list(_kept.pop(platform, []))[:STAGE_COUNT]
-    buffers += [None] * (STAGE_COUNT - len(buffers))
-    pending: List[List[Tuple[_Shard, Any, Any]]] = [[] for _ in range(STAGE_COUNT)]
-    ok = lost = False
+    ring = _Ring(next(iter(devices)))
+    ok = False
     try:
-        for k, batch in enumerate(batches):
-            i = k % STAGE_COUNT
-            _settle(pending[i])
-            need = sum(_align(sh.nbytes) for sh in batch)
-            if buffers[i] is None or buffers[i].view.size < need:
-                if buffers[i] is not None:
-                    buffers[i].release()
-                buffers[i] = None  # (freed before its successor is allocated)
-                buffers[i] = _Buffer(first, max(need, STAGE_BYTES))
-            raw = buffers[i].view
+        for batch in batches:
+            i, raw = ring.take(sum(_align(sh.nbytes) for sh in batch))
             views: List[np.ndarray] = []
             whole: List[Tuple[str, np.ndarray]] = []
             off = 0
@@ -322,22 +338,11 @@ def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], ver
                 x = v if v.dtype == sh.plan.want else v.astype(sh.plan.want)
                 kind = getattr(sh.plan.sharding, "memory_kind", None)
                 for dev in sh.devices:
-                    pending[i].append((sh, dev, _put(x, None if sh.plan.default else single(dev, memory_kind=kind))))
-        for p in pending:
-            _settle(p)
+                    h = _put(x, None if sh.plan.default else single(dev, memory_kind=kind))
+                    ring.copying(i, h, lambda arr, sh=sh, dev=dev: sh.arrays.__setitem__(dev, arr))
         ok = True
     finally:
-        if not ok:
-            # A read failed: the copies already started still read their buffers, so each is
-            # waited for (their own errors give way to the read's); buffers some copy of which
-            # could not be waited for are never freed.
-            for p in pending:
-                for _sh, _dev, h in p:
-                    try:
-                        _wait(h)
-                    except BaseException:  # noqa: BLE001 (an interrupt too: the buffers must outlive the copies)
-                        lost = True
-        _put_back(platform, buffers, lost)
+        ring.close(ok)
 
 
 def _put_back(platform: str, buffers: List[Optional[_Buffer]], lost: bool) -> None:
@@ -356,8 +361,3 @@ def _put_back(platform: str, buffers: List[Optional[_Buffer]], lost: bool) -> No
         if not keep or b.view.size > KEEP_BYTES:
             b.release()
 
-
-def _settle(pending: List[Tuple[_Shard, Any, Any]]) -> None:
-    for sh, dev, h in pending:
-        sh.arrays[dev] = _wait(h)
-    pending.clear()

@@ -6,11 +6,12 @@ the host-to-device bandwidth measured in the same run as the limit.
 Prepared for a session lent a GPU machine (one script, run once): it writes a float16/bfloat16
 checkpoint of `--gib` GiB as a treepack directory and a safetensors file, then in fresh
 processes, page cache warm, times
-- `treepack.load(p, map_location=DEVICE)` (tensors read as views of the file, each copied through
-  the reused pinned buffers to the device: `_to`, `_stage_into`);
+- `treepack.load(p, map_location=DEVICE)` (tensors read as views of the file, each copied into
+  the next free bytes of three reused pinned buffers and on to the device while the load goes on
+  with the next tensor: integrations/torch.py `Stager`);
 - `treepack.load(p, like=template_on_device)` (read into the device tensors of a template: rows
-  read into three reused pinned buffers, each copied to the device on a stream of its own while
-  the next is read; integrations/torch.py `_read_staged`);
+  read into the same reused pinned buffers, each piece copied to the device while the next is
+  read; integrations/torch.py `_read_staged`);
 - `safetensors.torch.load_file(f, device=DEVICE)` and `safe_open(f, "pt", device=DEVICE)`;
 - fastsafetensors' loader when it is installed;
 - the limit: pinned host memory copied to the device (`torch.Tensor.copy_` of pinned buffers);
@@ -23,7 +24,10 @@ processes, page cache warm, times
   `StandardCheckpointer().restore` of an Orbax checkpoint of the same tensors, and the limit:
   `jax.device_put` of arrays already in pinned host memory (libraries imported outside the
   clock there: Orbax's import takes longer than some loads).
-The checkpoint's tensors are of 32 and 96 MiB, below and above JAX's 64 MiB staging buffers.
+The checkpoint's tensors are of 32 and 96 MiB, below and above the 64 MiB staging buffers. A
+second checkpoint, a quarter of the size, holds a model's many small tensors (1.1 to 4.5 MiB, as
+GPT-2's): the torch cases marked `@model` load it (where copies of one tensor cannot overlap the
+read of the same tensor, only of the next).
 Results are printed as GiB/s and written with the machine's GPU name.
 
 Without a GPU (`torch.cuda.is_available()` false) it says so and exits 0; `--device cpu` runs
@@ -93,6 +97,8 @@ print(json.dumps({"case": case, "seconds": dt, "bytes": n, "check": check}))
 """
 
 CASES = ["h2d-limit", "treepack", "treepack-like", "safetensors", "safe_open", "fastsafetensors"]
+# The cases run on the checkpoint of small tensors too.
+MODEL_CASES = ["h2d-limit", "treepack", "treepack-like", "safetensors"]
 
 # The same checkpoint onto a JAX device, in processes that import JAX and not torch.
 JAX_CHILD = r"""
@@ -169,7 +175,10 @@ def jax_platform(device: str) -> str:
     return want if probe.returncode == 0 else ""
 
 
-def make(d: str, gib: float) -> tuple:
+def make(d: str, gib: float, name: str = "ckpt", sizes: tuple = (16 << 20, 48 << 20)) -> tuple:
+    """A checkpoint of ``gib`` GiB of 2-byte floats in tensors of ``sizes`` elements in turn
+    (by default 32 and 96 MiB, as a big transformer's attention and MLP weights: below and above
+    the staging buffers' 64 MiB), as a treepack directory and a safetensors file."""
     import torch
     import safetensors.torch as sft
 
@@ -177,9 +186,6 @@ def make(d: str, gib: float) -> tuple:
 
     g = torch.Generator().manual_seed(0)
     n = int(gib * (1 << 30)) // 2
-    # Tensors of 32 and 96 MiB, as a transformer's attention and MLP weights: below and above
-    # the JAX staging buffers' 64 MiB.
-    sizes = (16 << 20, 48 << 20)
     sd = {}
     i = 0
     while n > 0:
@@ -188,7 +194,7 @@ def make(d: str, gib: float) -> tuple:
         sd[f"layers.{i}.weight"] = torch.randn(k, generator=g).to(dt)
         n -= k
         i += 1
-    path, st = os.path.join(d, "ckpt"), os.path.join(d, "ckpt.safetensors")
+    path, st = os.path.join(d, name), os.path.join(d, name + ".safetensors")
     treepack.save(sd, path)
     sft.save_file(sd, st)
     return path, st
@@ -212,6 +218,8 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as d:
         path, st = make(d, gib)
+        # GPT-2's: 768 x 768 (attention out), 768 x 2304 (qkv), 768 x 3072 and 3072 x 768 (MLP).
+        model = make(d, gib / 4, "model", (768 * 768, 768 * 2304, 768 * 3072, 768 * 3072))
         platform = jax_platform(args.device)
         orbax_dir, jax_path = os.path.join(d, "orbax"), os.path.join(d, "jax-ckpt")
         cases = list(CASES)
@@ -229,14 +237,18 @@ def main() -> None:
                     cases.remove("jax-treepack-plain")
         else:
             print(f"JAX cannot use {args.device} here: its cases are left out")
+        cases += [c + "@model" for c in MODEL_CASES]
         times = {c: [] for c in cases}
         checks: dict = {}
         bad: list = []
+        nbytes: dict = {}
         for _ in range(runs):
             for c in cases:
                 if c.startswith("jax-"):
                     index = args.device.partition(":")[2] or "0"
                     cmd = [sys.executable, "-c", JAX_CHILD, c, path, st, platform, index, orbax_dir, jax_path]
+                elif c.endswith("@model"):
+                    cmd = [sys.executable, "-c", CHILD, c.partition("@")[0], *model, args.device]
                 else:
                     cmd = [sys.executable, "-c", CHILD, c, path, st, args.device]
                 out = subprocess.run(cmd, capture_output=True, text=True)
@@ -246,22 +258,22 @@ def main() -> None:
                     print(f"{c}: failed\n{out.stderr[-2000:]}")
                     continue
                 res = json.loads(out.stdout.strip().splitlines()[-1])
-                checks.setdefault(c, res["check"])
-                # Every case must load the same values (sums in float64, each case's way: equal
-                # to a part in 10^9).
-                ref = checks.get(cases[0])
-                if ref is not None and (len(ref) != len(res["check"]) or not all(
-                        math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6) for a, b in zip(ref, res["check"]))):
-                    print(f"{c}: MISMATCH: what it loaded differs from {cases[0]}'s")
+                # Every case must load the same values as the first case on its checkpoint
+                # (sums in float64, each case's way: equal to a part in 10^9).
+                first = "h2d-limit@model" if c.endswith("@model") else cases[0]
+                ref = checks.setdefault(first, res["check"])
+                if len(ref) != len(res["check"]) or not all(
+                        math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6) for a, b in zip(ref, res["check"])):
+                    print(f"{c}: MISMATCH: what it loaded differs from {first}'s")
                     bad.append(c)
                 times[c].append(res["seconds"])
-                nbytes = res["bytes"]
+                nbytes[c] = res["bytes"]
         print(f"\n{name}, {gib} GiB, medians of {runs}:")
         for c in cases:
             if times[c]:
                 m = statistics.median(times[c])
-                print(f"  {c:16} {m * 1000:8.1f} ms  {nbytes / m / (1 << 30):6.2f} GiB/s")
-                results.append({"case": c, "seconds": m, "gib_s": nbytes / m / (1 << 30)})
+                print(f"  {c:22} {m * 1000:8.1f} ms  {nbytes[c] / m / (1 << 30):6.2f} GiB/s")
+                results.append({"case": c, "seconds": m, "gib_s": nbytes[c] / m / (1 << 30)})
     report.write("gpu-load", args, runs, results, device=name, gib=gib)
     if bad:
         sys.exit(f"cases that loaded different values: {', '.join(sorted(set(bad)))}")

@@ -20,6 +20,7 @@ jnp = pytest.importorskip("jax.numpy")
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding  # noqa: E402
 
 from treepack.integrations.jax import staging  # noqa: E402
+from treepack import _staging  # noqa: E402
 
 if len(jax.devices()) < 8:  # pragma: no cover - conftest asks for 8
     pytest.skip("needs 8 JAX devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)", allow_module_level=True)
@@ -64,7 +65,7 @@ def deferred(monkeypatch):
     monkeypatch.setattr(staging._Buffer, "__init__", buffer)
     monkeypatch.setattr(staging, "STAGE_BYTES", 4096)
     monkeypatch.setattr(staging, "KEEP_BYTES", 8192)
-    monkeypatch.setattr(staging, "_kept", {})
+    monkeypatch.setattr(_staging, "_kept", {})
     return log
 
 
@@ -134,7 +135,7 @@ def test_staged_loads_give_every_shard_its_values(tmp_path, deferred, form):
     # those of at most KEEP_BYTES are kept for the next load, which reuses them.
     first = deferred["buffers"]
     assert set(first) == {4096, 12032} and len(first) <= staging.STAGE_COUNT + 1
-    kept = [b.view.size for b in staging._kept["cpu"]]
+    kept = [b.view.size for b in _staging._kept["cpu"]]
     assert kept and set(kept) == {4096} and len(kept) <= staging.STAGE_COUNT
     deferred["buffers"] = []
     _check(treepack.load(p, like=like), tree, like)
@@ -151,7 +152,7 @@ def test_staged_and_fresh_loads_agree(tmp_path, monkeypatch):
     fresh = treepack.load(p, like=like)
     monkeypatch.setattr(staging, "staged", lambda sharding, reader: True)
     monkeypatch.setattr(staging, "_put", lambda x, s: jax.device_put(np.array(x, copy=True), s))
-    monkeypatch.setattr(staging, "_kept", {})
+    monkeypatch.setattr(_staging, "_kept", {})
     through = treepack.load(p, like=like)
     for a, b in zip(jax.tree_util.tree_leaves(fresh), jax.tree_util.tree_leaves(through)):
         assert a.sharding == b.sharding and a.dtype == b.dtype
@@ -173,7 +174,7 @@ def test_a_corrupt_chunk_is_named_and_the_copies_started_are_waited_for(tmp_path
     with pytest.raises(treepack.CorruptError, match=r"\bb\b"):
         treepack.load(p, like=like)
     assert deferred["puts"] > 0 and deferred["waits"] == deferred["puts"]
-    assert {b.view.size for b in staging._kept["cpu"]} == {4096}  # put back for the next load
+    assert {b.view.size for b in _staging._kept["cpu"]} == {4096}  # put back for the next load
     out = treepack.load(p, like={"a": like["a"], "c": like["c"]})
     np.testing.assert_array_equal(np.asarray(out["a"]), tree["a"])
     np.testing.assert_array_equal(np.asarray(out["c"]), tree["c"])
@@ -217,14 +218,14 @@ def test_buffers_are_page_aligned_and_registered_for_dma_where_the_runtime_can()
 
 def test_buffers_kept_for_the_next_load_are_the_small_ones(monkeypatch):
     client = _Client()
-    monkeypatch.setattr(staging, "_kept", {})
+    monkeypatch.setattr(_staging, "_kept", {})
     monkeypatch.setattr(staging, "KEEP_BYTES", 8192)
     small, big = staging._Buffer(_Gpu(client), 8192), staging._Buffer(_Gpu(client), 20000)
     staging._put_back("gpu", [small, None, big], lost=False)
-    assert staging._kept["gpu"] == [small] and list(client.mapped) == [small.view.ctypes.data]
+    assert _staging._kept["gpu"] == [small] and list(client.mapped) == [small.view.ctypes.data]
     other = staging._Buffer(_Gpu(client), 4096)
     staging._put_back("gpu", [other], lost=False)  # another load's set, back second: released
-    assert staging._kept["gpu"] == [small] and list(client.mapped) == [small.view.ctypes.data]
+    assert _staging._kept["gpu"] == [small] and list(client.mapped) == [small.view.ctypes.data]
 
 
 def test_buffers_whose_copies_could_not_be_waited_for_are_never_freed(tmp_path, deferred, monkeypatch):
@@ -235,11 +236,11 @@ def test_buffers_whose_copies_could_not_be_waited_for_are_never_freed(tmp_path, 
         raise RuntimeError("the device went away")
 
     monkeypatch.setattr(staging, "_wait", broken)
-    monkeypatch.setattr(staging, "_abandoned", [])
+    monkeypatch.setattr(_staging, "_abandoned", [])
     m8 = _mesh((8,), ("x",))
     with pytest.raises(RuntimeError, match="the device went away"):
         treepack.load(p, like={"a": jax.ShapeDtypeStruct((4096,), np.float32, sharding=NamedSharding(m8, P("x")))})
-    assert len(staging._abandoned) == staging.STAGE_COUNT and "cpu" not in staging._kept
+    assert len(_staging._abandoned) == staging.STAGE_COUNT and "cpu" not in _staging._kept
 
 
 def test_a_failed_read_is_the_error_even_when_the_copies_before_it_fail_too(tmp_path, deferred, monkeypatch):
@@ -258,12 +259,12 @@ def test_a_failed_read_is_the_error_even_when_the_copies_before_it_fail_too(tmp_
         raise RuntimeError("the device went away")
 
     monkeypatch.setattr(staging, "_wait", broken)
-    monkeypatch.setattr(staging, "_abandoned", [])
+    monkeypatch.setattr(_staging, "_abandoned", [])
     m8 = _mesh((8,), ("x",))
     like = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(m8, P("x"))) for k, v in tree.items()}
     with pytest.raises(treepack.CorruptError, match=r"\bb\b"):
         treepack.load(p, like=like)
-    assert deferred["puts"] > 0 and staging._abandoned and "cpu" not in staging._kept
+    assert deferred["puts"] > 0 and _staging._abandoned and "cpu" not in _staging._kept
 
 
 def test_only_an_accelerators_own_memory_is_staged():
@@ -438,7 +439,7 @@ def test_a_plain_load_goes_to_the_default_accelerator_from_the_mapped_file(tmp_p
     # Every copy finished before the load returned; three buffers, kept for the next load.
     assert plain["waits"] == plain["puts"]
     assert len(plain["buffers"]) == staging.STAGE_COUNT and set(plain["buffers"]) == {4096}
-    assert len(staging._kept["cpu"]) == staging.STAGE_COUNT
+    assert len(_staging._kept["cpu"]) == staging.STAGE_COUNT
     # A second plain load and a template load reuse them.
     second = treepack.load(p)
     like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), {k: tree[k] for k in ("layers", "bf16")})
@@ -490,7 +491,7 @@ def test_a_failure_in_a_plain_load_waits_for_its_copies_and_the_buffers_stay_usa
     monkeypatch.setattr(staging, "_put", real)
     for k, v in _resolve(treepack.load(p)).items():
         np.testing.assert_array_equal(np.asarray(v), np.asarray(tree[k]))
-    assert len(plain["buffers"]) == 3 and not staging._abandoned
+    assert len(plain["buffers"]) == 3 and not _staging._abandoned
 
 
 def test_a_corrupt_chunk_in_a_plain_load_is_named_and_the_buffers_stay_usable(tmp_path, plain):
@@ -515,7 +516,7 @@ def test_loaded_arrays_deleted_or_donated_do_not_touch_later_loads(tmp_path, mon
     caller deletes (or donates to a jitted step) are never waited for by a later load."""
     monkeypatch.setattr(staging, "default_device", lambda: jax.devices()[0])
     monkeypatch.setattr(staging, "_put", lambda x, s: jax.device_put(np.array(x, copy=True)))
-    monkeypatch.setattr(staging, "_kept", {})
+    monkeypatch.setattr(_staging, "_kept", {})
     monkeypatch.setattr(staging, "STAGE_BYTES", 4096)
     monkeypatch.setattr(staging, "KEEP_BYTES", 8192)
     tree = {f"a{i:02}": jnp.full((64,), i, jnp.float32) for i in range(40)}
@@ -556,7 +557,7 @@ def test_plain_loads_on_four_threads_at_once(tmp_path, plain):
     assert not errors
     for out in (o for per in outs for o in per):
         _same(_resolve(out), tree)
-    assert plain["waits"] == plain["puts"] and len(staging._kept["cpu"]) <= staging.STAGE_COUNT
+    assert plain["waits"] == plain["puts"] and len(_staging._kept["cpu"]) <= staging.STAGE_COUNT
 
 
 def test_a_flax_train_state_loads_plainly_through_the_buffers(tmp_path, monkeypatch):
@@ -568,7 +569,7 @@ def test_a_flax_train_state_loads_plainly_through_the_buffers(tmp_path, monkeypa
 
     monkeypatch.setattr(staging, "default_device", lambda: jax.devices()[0])
     monkeypatch.setattr(staging, "_put", lambda x, s: jax.device_put(np.array(x, copy=True)))
-    monkeypatch.setattr(staging, "_kept", {})
+    monkeypatch.setattr(_staging, "_kept", {})
     monkeypatch.setattr(staging, "STAGE_BYTES", 64 << 10)
     given = []
     real = staging.Stager.put

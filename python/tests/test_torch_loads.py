@@ -23,9 +23,9 @@ def counted(monkeypatch):
         seen["filled"] += end - start
         fill(storage, start, end)
 
-    def _copy_into(dst, src):
+    def _copy_into(dst, src, stager=None):
         seen["copied"] += src.numel() * src.element_size()
-        copy(dst, src)
+        copy(dst, src, stager)
 
     monkeypatch.setattr(tt, "_fill", _fill)
     monkeypatch.setattr(tt, "_copy_into", _copy_into)

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import treepack  # noqa: E402
+from treepack import _staging  # noqa: E402
 from treepack.integrations import torch as tt  # noqa: E402
 
 
@@ -34,17 +35,16 @@ class Deferred:
 
     def copy(self, dst, src):
         self.n += 1
-        self.queue[self.n] = (dst, src)
+        self.queue[self.n] = (dst, src, dst.data_ptr())
         return self.n
 
     def wait(self, event):
-        dst, src = self.queue.pop(event)
+        dst, src, ptr = self.queue.pop(event)
+        # A device's copy goes to the address it was given: memory moved meanwhile (a storage
+        # grown) would lose it.
+        assert dst.data_ptr() == ptr, "a copy's destination moved while the copy ran"
         dst.copy_(src)
         self.waited += 1
-
-    def finish(self):
-        for event in sorted(self.queue):
-            self.wait(event)
 
 
 @pytest.fixture
@@ -52,7 +52,8 @@ def staged(monkeypatch):
     monkeypatch.setattr(tt, "STAGED", {"cpu": Deferred})
     monkeypatch.setattr(tt, "STAGE_BYTES", 3 * 4096)
     monkeypatch.setattr(tt, "STAGE_COUNT", 2)
-    monkeypatch.setattr(tt, "_stage_buffers", {})
+    monkeypatch.setattr(_staging, "_kept", {})
+    monkeypatch.setattr(_staging, "_abandoned", [])
     Deferred.made, Deferred.buffers = [], 0
     return Deferred
 
@@ -86,7 +87,7 @@ def test_tensors_are_filled_in_place_through_reused_buffers(tmp_path, staged):
     # Two buffers cycled, each grown once at most for the long rows; one grown for a long row
     # (20000 bytes here) is not kept after the load.
     assert staged.buffers <= 4
-    assert all(b is None or b.numel() == tt.STAGE_BYTES for b in tt._stage_buffers[Deferred])
+    assert all(b.size == tt.STAGE_BYTES for b in _staging._kept[Deferred])
     # Without long rows, a second load allocates nothing: the buffers are reused.
     del sd["long"]
     treepack.save(sd, tmp_path / "short", chunk_bytes=8192)
@@ -97,27 +98,31 @@ def test_tensors_are_filled_in_place_through_reused_buffers(tmp_path, staged):
     assert all(torch.equal(out[k], v) for k, v in sd.items())
 
 
-def test_loads_on_two_threads_at_once_do_not_share_buffers(tmp_path, staged):
+def on_threads(load, n=4):
+    """``load()`` on ``n`` threads at once: what each returned (an error is raised here)."""
     import threading
 
-    sd = state()
-    treepack.save(sd, tmp_path / "c", chunk_bytes=8192)
     results, errors = {}, []
 
-    def load(i):
+    def run(i):
         try:
-            like = {k: torch.zeros_like(v) for k, v in sd.items()}
-            results[i] = treepack.load(tmp_path / "c", like=like)
+            results[i] = load()
         except Exception as e:  # (reported below)
             errors.append(e)
 
-    threads = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not errors and len(results) == 4
-    for out in results.values():
+    assert not errors and len(results) == n, errors
+    return list(results.values())
+
+
+def test_loads_on_two_threads_at_once_do_not_share_buffers(tmp_path, staged):
+    sd = state()
+    treepack.save(sd, tmp_path / "c", chunk_bytes=8192)
+    for out in on_threads(lambda: treepack.load(tmp_path / "c", like={k: torch.zeros_like(v) for k, v in sd.items()})):
         assert all(torch.equal(out[k], v) for k, v in sd.items())
 
 
@@ -241,3 +246,85 @@ def test_map_location_staged_leaves_numpy_loads_alone(tmp_path, staged):
     out = treepack.load(tmp_path / "c", map_location="cpu", numpy=True)
     assert all(isinstance(v, np.ndarray) and v.flags.writeable for v in out.values())
     assert out["t"].tolist() == list(range(1000))
+
+
+def test_map_location_staged_copies_of_one_load_overlap_and_are_all_done_when_it_returns(tmp_path, staged):
+    # One copier for the whole load, not one per tensor: a tensor's copy to the device is still
+    # queued while the next tensors are read (small ones packed into one buffer), and every copy
+    # has finished when load() returns.
+    tree = {f"t{i}": torch.full((100 + i,), float(i)) for i in range(40)}
+    treepack.save(tree, tmp_path / "c")
+    depth = []
+    copy = Deferred.copy
+
+    def spy(self, dst, src):
+        h = copy(self, dst, src)
+        depth.append(len(self.queue))
+        return h
+
+    Deferred.copy = spy
+    try:
+        out = treepack.load(tmp_path / "c", map_location="cpu")
+    finally:
+        Deferred.copy = copy
+    (copies,) = staged.made
+    assert copies.n == 40 and not copies.queue and copies.waited == 40
+    assert max(depth) > 10  # many tensors' copies in flight at once
+    assert staged.buffers == tt.STAGE_COUNT
+    assert all(torch.equal(out[k], v) for k, v in tree.items())
+
+
+def test_map_location_staged_storage_grown_on_the_device_keeps_copies_started_before(tmp_path, staged):
+    # A view met before its base (a smaller extent first): the storage they share is made on
+    # the device for the view, then grown for the base. The view's copy, still running, goes to
+    # the storage's memory before it moves: it is waited for first, or the view's values are lost.
+    w = torch.arange(64 * 32, dtype=torch.float32).reshape(64, 32)
+    tree = {"a_rows": w[10:20], "b_base": w, "c_after": torch.ones(7)}
+    treepack.save(tree, tmp_path / "c")
+    out = treepack.load(tmp_path / "c", map_location="cpu")
+    assert torch.equal(out["b_base"], w) and torch.equal(out["a_rows"], w[10:20]) and torch.equal(out["c_after"], torch.ones(7))
+    assert out["a_rows"].untyped_storage().data_ptr() == out["b_base"].untyped_storage().data_ptr()
+
+
+def test_map_location_staged_a_failed_copy_or_read_fails_the_load(tmp_path, staged):
+    tree = {f"t{i}": torch.full((1000,), float(i)) for i in range(20)}
+    treepack.save(tree, tmp_path / "c", chunk_bytes=4096)
+    wait = Deferred.wait
+
+    def broken(self, event):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    Deferred.wait = broken
+    try:
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            treepack.load(tmp_path / "c", map_location="cpu")
+    finally:
+        Deferred.wait = wait
+    # Its buffers may still be read by copies that never finished: never reused, never freed.
+    assert _staging._abandoned and Deferred not in _staging._kept
+    # A copy that cannot start, after others did: its error is the load's, and the copies
+    # started were all waited for before the buffers went back.
+    copy = Deferred.copy
+
+    def refused(self, dst, src):
+        if self.n == 5:
+            raise RuntimeError("CUDA out of memory")
+        return copy(self, dst, src)
+
+    staged.made.clear()
+    Deferred.copy = refused
+    try:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            treepack.load(tmp_path / "c", map_location="cpu")
+    finally:
+        Deferred.copy = copy
+    (copies,) = staged.made
+    assert copies.n == 5 and copies.waited == 5 and not copies.queue
+    assert len(_staging._kept[Deferred]) >= 1  # put back: every copy out of them finished
+
+
+def test_map_location_staged_loads_on_four_threads(tmp_path, staged):
+    sd = state()
+    treepack.save(sd, tmp_path / "c", chunk_bytes=8192)
+    for out in on_threads(lambda: treepack.load(tmp_path / "c", map_location="cpu")):
+        assert all(torch.equal(out[k], v) for k, v in sd.items())

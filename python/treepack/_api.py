@@ -448,24 +448,35 @@ def load(
     verify = (not mmap) if verify is None else verify
     request = LoadRequest(p, storage_options, select, like, trust_t, allow_pickle, on_missing, mmap, verify,
                           expect_root, dec, options, signed)
-    for hook in hooks:
-        # A load an integration makes its own way (dask=True: lazy Dask arrays).
-        out = hook(request)
-        if out is not _registry.DECLINE:
-            return out
-    # (JAX arrays bound for an accelerator: read from the mapped file, staged to the device)
-    finish = [f for f in (prepare(request) for prepare in _registry.gated("prepare_load")) if f is not None]
-    if finish:
-        try:
+    try:
+        for hook in hooks:
+            # A load an integration makes its own way (dask=True: lazy Dask arrays).
+            out = hook(request)
+            if out is not _registry.DECLINE:
+                break
+        else:
+            # (JAX arrays bound for an accelerator: read from the mapped file, staged to the device)
+            request.finishing += [f for f in (prepare(request) for prepare in _registry.gated("prepare_load"))
+                                  if f is not None]
             out = _load_reporting(request, progress, p, opts)
-        except BaseException:
-            for f in finish:
-                f(False)
-            raise
-        for f in finish:
-            f(True)
-        return out
-    return _load_reporting(request, progress, p, opts)
+    except BaseException:
+        _finish(request, False)
+        raise
+    _finish(request, True)
+    return out
+
+
+def _finish(request: "LoadRequest", ok: bool) -> None:
+    """Call every ``request.finishing`` (each, whatever the others do); the first failure is
+    raised once all have run. After a failed load (``not ok``) the load's own error stands."""
+    failed: Optional[BaseException] = None
+    for f in request.finishing:
+        try:
+            f(ok)
+        except BaseException as e:  # noqa: BLE001 (an interrupt too: every copy must be waited for)
+            failed = failed or e
+    if failed is not None and ok:
+        raise failed
 
 
 def _load_reporting(request: "LoadRequest", progress: Progress, p: str, opts: Any) -> Any:
@@ -537,6 +548,9 @@ class LoadRequest:
         self.trust, self.allow_pickle, self.on_missing = trust, allow_pickle, on_missing
         self.mmap, self.verify, self.expect_root = mmap, verify, expect_root
         self.decoder, self.options, self.signed = decoder, options, signed
+        #: ``finish(ok)`` of each integration that staged part of this load (copies to a device
+        #: still running): called when the load ends, ``ok`` when without an error.
+        self.finishing: List[Callable[[bool], None]] = []
 
     def reader(self) -> Any:
         """A Reader of the location (checked against ``expect_root`` and, for a signed load,

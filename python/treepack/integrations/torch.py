@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .. import _plugin
+from .. import _plugin, _staging
 
 TENSOR = "torch.Tensor"
 PARAMETER = "torch.nn.Parameter"
@@ -321,8 +320,10 @@ class Loader:
     for tensors saved from the CPU) to devices; a callable gets ``(tensor, saved_device)`` and
     returns the tensor to use."""
 
-    def __init__(self, map_location: MapLocation = None) -> None:
+    def __init__(self, map_location: MapLocation = None, stager: Optional["Stager"] = None) -> None:
         self.map_location = map_location
+        # The load's copies to a device (see `Stager`), or None: each tensor's copy is its own.
+        self.stager = stager
         # Data pointers of mmap tensors already made: a chunk stored once for two equal tensors
         # is one mapping, so the second tensor gets its own copy (no aliasing between leaves).
         self._seen: set = set()
@@ -439,12 +440,14 @@ class Loader:
                 storage = entry[0] = _regrown(storage, extent, entry[2])
                 entry[2] = None
             else:
+                if self.stager is not None:
+                    self.stager.settle()  # (copies into the storage before it moves)
                 storage.resize_(extent)
                 _fill(storage, old, extent)
         entry[1] = held
         t = torch.empty(0, dtype=values.dtype, device=storage.device).set_(storage, offset, values.shape, stride)
         if not (t.data_ptr() == values.data_ptr() and t.stride() == values.stride() and t.device == values.device):
-            _copy_into(t, values)  # (a view of the very bytes it goes to needs no copy)
+            _copy_into(t, values, self.stager)  # (a view of the very bytes it goes to needs no copy)
         if self.map_location is not None and callable(self.map_location) and not isinstance(self.map_location, (str, dict)):
             t = self.map_location(t, saved or "cpu")
         return t, entry[2]
@@ -468,19 +471,20 @@ class Loader:
             return m(t, saved or "cpu")
         if isinstance(m, dict):
             target = m.get(saved or "cpu")
-            return t if target is None else _to(t, target)
-        return _to(t, m)
+            return t if target is None else _to(t, target, self.stager)
+        return _to(t, m, self.stager)
 
 
-def _to(t: Any, target: Any) -> Any:
+def _to(t: Any, target: Any, stager: Optional["Stager"] = None) -> Any:
     """``t.to(target)``; onto a device with staged copies (CUDA) a contiguous CPU tensor goes
-    through the staging buffers (``_stage_into``), not through a pageable copy."""
+    through the staging buffers (``_stage_into``, by the load's ``stager`` if any), not through a
+    pageable copy."""
     import torch
 
     device = torch.device(target)
     if device.type in STAGED and t.device.type == "cpu" and t.is_contiguous() and t.numel():
         out = torch.empty(t.shape, dtype=t.dtype, device=device)
-        _stage_into(out, t)
+        _stage_into(out, t, stager)
         return out
     return t.to(device)
 
@@ -519,8 +523,9 @@ def _fill(storage: Any, start: int, end: int) -> None:
         torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)[start:end].zero_()
 
 
-def _copy_into(dst: Any, src: Any) -> None:
-    """``dst[...] = src`` (same shape and dtype; ``src`` on the CPU, contiguous). On the CPU
+def _copy_into(dst: Any, src: Any, stager: Optional["Stager"] = None) -> None:
+    """``dst[...] = src`` (same shape and dtype; ``src`` on the CPU, contiguous); onto a device
+    with staged copies by ``_stage_into`` (by the load's ``stager`` if any). On the CPU
     through a numpy array over the storage's memory (see ``_fill``); a dtype numpy lacks
     (bfloat16, float8) as integers of its width."""
     import ctypes
@@ -529,7 +534,7 @@ def _copy_into(dst: Any, src: Any) -> None:
 
     with torch.no_grad():
         if dst.device.type in STAGED and dst.is_contiguous() and src.is_contiguous() and dst.numel():
-            _stage_into(dst, src)
+            _stage_into(dst, src, stager)
             return
         if dst.device.type != "cpu":
             dst.copy_(src)
@@ -550,7 +555,7 @@ def is_meta(x: Any) -> bool:
     return is_tensor(x) and x.device.type == "meta"
 
 
-def from_meta(v: Any, like: Any, map_location: Any = None) -> Any:
+def from_meta(v: Any, like: Any, map_location: Any = None, stager: Optional["Stager"] = None) -> Any:
     """The loaded leaf ``v`` for a ``like=`` tensor on the ``meta`` device: a real tensor (a
     numpy array becomes one) on ``map_location``'s device, the CPU by default; a parameter if
     ``like`` is one."""
@@ -559,7 +564,7 @@ def from_meta(v: Any, like: Any, map_location: Any = None) -> Any:
     if v is None:  # skipped by select
         return v
     if not isinstance(v, torch.Tensor):
-        v = Loader(map_location).tensor(np.asarray(v), {"type": TENSOR})
+        v = Loader(map_location, stager).tensor(np.asarray(v), {"type": TENSOR})
     elif map_location is None and v.device.type == "meta":
         v = v.to("cpu")
     if isinstance(like, torch.nn.Parameter) and not isinstance(v, torch.nn.Parameter):
@@ -625,45 +630,115 @@ def _numpy_of(torch: Any, t: Any) -> np.ndarray:
 
 
 class CudaCopies:
-    """Host-to-device copies for ``_read_staged``: pinned host buffers, copies queued on a
-    stream of their own (after what the device's current stream has queued, which may still
-    be using the destination tensors), an event per copy."""
+    """Host-to-device copies for the staging buffers: pinned host buffers; each copy queued on
+    the device's current stream (after what is queued there, which may still be using the
+    destination tensor; before whatever the caller queues next, which may use it), an event per
+    copy."""
 
     def __init__(self, device: Any) -> None:
         import torch
 
         self.torch = torch
-        self.stream = torch.cuda.Stream(device)
-        self.stream.wait_stream(torch.cuda.current_stream(device))
+        self.device = device
 
     def buffer(self, n: int) -> Any:
         return self.torch.empty(n, dtype=self.torch.uint8, pin_memory=True)
 
     def copy(self, dst: Any, src: Any) -> Any:
-        with self.torch.cuda.stream(self.stream):
-            dst.copy_(src, non_blocking=True)
-            event = self.torch.cuda.Event()
-            event.record(self.stream)
+        dst.copy_(src, non_blocking=True)
+        event = self.torch.cuda.Event()
+        event.record(self.torch.cuda.current_stream(self.device))
         return event
 
     def wait(self, event: Any) -> None:
         event.synchronize()
 
-    def finish(self) -> None:
-        self.stream.synchronize()
 
-
-#: Device types whose ``like=`` tensors are filled through staged copies, and how.
+#: Device types whose tensors are filled through staged copies, and how.
 STAGED: Dict[str, Callable[[Any], Any]] = {"cuda": CudaCopies}
-#: Bytes of one staging buffer, and how many a load cycles through (reused by later loads:
-#: pinned memory is slow to allocate). A row longer than a buffer gets a buffer of its size.
+#: Bytes of one staging buffer (small tensors are packed up to this), and how many a load cycles
+#: through (kept for later loads: pinned memory is slow to allocate). A row longer than a buffer
+#: gets a buffer of its size, which is not kept: what stays pinned is STAGE_COUNT * STAGE_BYTES.
 STAGE_BYTES = 64 << 20
 STAGE_COUNT = 3
-# Staging buffers kept between loads, by copier: a load takes the set out (a load on another
-# thread at the same time makes its own) and puts it back when done, less any buffer grown
-# for a long row, so that what stays pinned is STAGE_COUNT * STAGE_BYTES.
-_stage_buffers: Dict[Any, List[Any]] = {}
-_stage_lock = threading.Lock()
+#: Where each piece starts in a buffer.
+ALIGN = 256
+#: Where a load's ``Stager`` travels to its ``Loader`` (the load's decoder options, private to
+#: treepack).
+OPTION = "_torch_stager"
+
+
+class _Pinned:
+    """A staging buffer (``_staging.Ring``'s): a host tensor of uint8 made by the copier."""
+
+    __slots__ = ("tensor", "size")
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor, self.size = tensor, int(tensor.numel())
+
+    def part(self, off: int, n: int) -> Any:
+        return self.tensor[off:off + n]
+
+    def release(self) -> None:
+        """(Freed once nothing refers to it.)"""
+
+
+def _ring(device: Any) -> Tuple[Any, _staging.Ring]:
+    """The copier for ``device`` (a type in ``STAGED``) and the buffers a load cycles through for
+    it (those kept for its kind, ``_staging.Ring``)."""
+    kind = STAGED[device.type]
+    copies = kind(device)
+    ring = _staging.Ring(kind, lambda n: _Pinned(copies.buffer(n)), copies.wait, count=STAGE_COUNT,
+                         stage_bytes=STAGE_BYTES, keep_bytes=STAGE_BYTES, align=ALIGN)
+    return copies, ring
+
+
+class Stager:
+    """One load's copies onto devices with staged copies (``map_location="cuda"``): each tensor's
+    bytes (a view of the mapped file, or memory read for it) are copied into the next free bytes
+    of the load's staging buffers for its device, and on to the device from there, that copy
+    running while the load goes on with the next tensor; a buffer is written again only once the
+    copies out of it have finished. ``finish``, which the load calls when it ends, waits for
+    every copy still running: a load returns its tensors filled."""
+
+    __slots__ = ("rings",)
+
+    def __init__(self) -> None:
+        self.rings: Dict[Any, Tuple[Any, _staging.Ring]] = {}
+
+    def put(self, dst: Any, src: Any) -> None:
+        """Start ``dst[...] = src``: ``dst`` a contiguous tensor on a device with staged copies,
+        ``src`` a contiguous CPU tensor of the same shape and dtype (read only now)."""
+        import torch
+
+        entry = self.rings.get(dst.device)
+        if entry is None:
+            entry = self.rings[dst.device] = _ring(dst.device)
+        copies, ring = entry
+        raw = src.reshape(-1).view(torch.uint8)
+        flat = dst.reshape(-1).view(torch.uint8)
+        n = raw.numel()
+        for lo in range(0, n, STAGE_BYTES):
+            hi = min(n, lo + STAGE_BYTES)
+            i, buf = ring.take(hi - lo)
+            buf.copy_(raw[lo:hi])
+            ring.copying(i, copies.copy(flat[lo:hi], buf))
+
+    def settle(self) -> None:
+        """Wait for every copy started so far (before the memory they go to is moved)."""
+        for _, ring in self.rings.values():
+            ring.settle()
+
+    def finish(self, ok: bool) -> None:
+        failed: Optional[BaseException] = None
+        for _, ring in self.rings.values():
+            try:
+                ring.close(ok)
+            except BaseException as e:  # noqa: BLE001 (every ring is closed first)
+                failed = failed or e
+        self.rings = {}
+        if failed is not None:
+            raise failed
 
 
 def _read_staged(reader: Any, items: List[Tuple[str, Any]], verify: bool) -> None:
@@ -682,39 +757,34 @@ def _read_staged(reader: Any, items: List[Tuple[str, Any]], verify: bool) -> Non
         _through_stages(device, leaves)
 
 
-def _stage_into(dst: Any, src: Any) -> None:
+def _stage_into(dst: Any, src: Any, stager: Optional[Stager] = None) -> None:
     """``dst[...] = src`` for a contiguous tensor ``dst`` on a device with staged copies and a
-    contiguous CPU tensor ``src`` (a view of a file's mapping, say): the bytes go through the
-    staging buffers, each piece's copy to the device overlapping the next piece's copy out of
-    ``src``, as ``torch.load(map_location=...)`` cannot from pageable memory."""
-    import torch
-
-    raw = src.reshape(-1).view(torch.uint8)
-    row = raw.numel() // (src.shape[0] if src.dim() else 1)
-
-    def fill(buf: Any, lo: int, hi: int) -> None:
-        buf.copy_(raw[lo * row:hi * row])
-
-    _through_stages(dst.device, [(dst, fill, None)])
+    contiguous CPU tensor ``src`` (a view of a file's mapping, say), through the staging
+    buffers, as ``torch.load(map_location=...)`` cannot from pageable memory: by the load's
+    ``stager`` (the copy may still run when this returns), else by one of its own (done when
+    this returns)."""
+    if stager is not None:
+        stager.put(dst, src)
+        return
+    own = Stager()
+    ok = False
+    try:
+        own.put(dst, src)
+        ok = True
+    finally:
+        own.finish(ok)
 
 
 def _through_stages(device: Any, leaves: List[Tuple[Any, Callable[[Any, int, int], None], Any]]) -> None:
     """Fill contiguous tensors on ``device`` (a type in ``STAGED``): for each ``(dst, fill,
     chunk)``, ``fill(buf, lo, hi)`` puts the bytes of rows ``lo:hi`` of its values into ``buf``,
-    one of ``STAGE_COUNT`` reused host buffers (pinned for CUDA), which is then copied to the
-    device asynchronously while the next piece is filled; a buffer is reused only once its copy
-    has finished. ``chunk``: the stored chunk shape, whose whole rows a piece keeps to. Returns
-    when every copy has."""
+    the next free bytes of the load's staging buffers (``_ring``), which are then copied to the
+    device asynchronously while the next piece is filled. ``chunk``: the stored chunk shape, whose
+    whole rows a piece keeps to. Returns when every copy has."""
     import torch
 
-    kind = STAGED[device.type]
-    copies = kind(device)
-    with _stage_lock:
-        buffers = _stage_buffers.pop(kind, None)
-    if buffers is None or len(buffers) != STAGE_COUNT:
-        buffers = [None] * STAGE_COUNT
-    pending: List[Any] = [None] * STAGE_COUNT
-    k = 0
+    copies, ring = _ring(device)
+    ok = False
     try:
         for dst, fill, chunk in leaves:
             flat = dst.reshape(-1).view(torch.uint8)
@@ -726,23 +796,12 @@ def _through_stages(device: Any, leaves: List[Tuple[Any, Callable[[Any, int, int
                 per -= per % chunk[0]  # whole chunks: each read straight into place
             for lo in range(0, rows, per):
                 hi = min(rows, lo + per)
-                n = (hi - lo) * row_bytes
-                i = k % STAGE_COUNT
-                k += 1
-                if pending[i] is not None:
-                    copies.wait(pending[i])
-                    pending[i] = None
-                if buffers[i] is None or buffers[i].numel() < n:
-                    buffers[i] = None  # (freed before its successor is allocated)
-                    buffers[i] = copies.buffer(max(n, STAGE_BYTES))
-                buf = buffers[i][:n]
+                i, buf = ring.take((hi - lo) * row_bytes)
                 fill(buf, lo, hi)
-                pending[i] = copies.copy(flat[lo * row_bytes:hi * row_bytes], buf)
+                ring.copying(i, copies.copy(flat[lo * row_bytes:hi * row_bytes], buf))
+        ok = True
     finally:
-        copies.finish()
-        kept = [b if b is not None and b.numel() <= STAGE_BYTES else None for b in buffers]
-        with _stage_lock:
-            _stage_buffers.setdefault(kind, kept)
+        ring.close(ok)
 
 
 def missing_message(paths: list) -> str:
@@ -791,7 +850,7 @@ def _hint(obj: Any) -> Optional[str]:
 def _tensors(options: Dict[str, Any]) -> Callable[[np.ndarray, Dict[str, Any]], Any]:
     import torch  # noqa: F401  (an ImportError here: the load's tensors cannot be made)
 
-    return Loader(options.get("map_location")).tensor
+    return Loader(options.get("map_location"), options.get(OPTION)).tensor
 
 
 def _decode_sparse(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
@@ -812,24 +871,30 @@ def _like_leaf(like: Any, stored: Any, where: str) -> Optional[str]:
 
 
 def _load(request: Any) -> Any:
-    """``load(path, map_location=<a device with staged copies>)`` of a local tree whose arrays
-    are all tensors: the tensors are read as views of the file (``mmap``, hashes checked as the
-    load asks), so that each goes to the device from the file's pages through the staging
-    buffers, and no copy of the whole tree is made in host memory first. Nothing else changes:
-    every array becomes a tensor on the device (a tree with a numpy array, which would come back
-    as a read-only view, is loaded as before; so is a load asking for numpy arrays, or made
-    through Dask). Always declines: the load itself is the usual one."""
+    """``load(path, map_location=...)`` naming a device with staged copies (CUDA): the load's
+    tensors go to it through one ``Stager`` (its ``finish`` called when the load ends), each
+    tensor's copy to the device running while the next is read. And for a local tree whose
+    arrays are all tensors, loaded onto one such device, the tensors are read as views of the
+    file (``mmap``, hashes checked as the load asks), so that each goes to the device from the
+    file's pages, and no copy of the whole tree is made in host memory first. Nothing else
+    changes: every array becomes a tensor on the device (a tree with a numpy array, which would
+    come back as a read-only view, is read as before; so is a load asking for numpy arrays, or
+    made through Dask). Always declines: the load itself is the usual one."""
     m = request.options.get("map_location")
-    if not request.may_map("map_location"):
-        return _plugin.DECLINE
     torch = sys.modules.get("torch")  # (a torch.device given means torch is imported)
-    if isinstance(m, str):
-        kind = m.partition(":")[0]
-    elif torch is not None and isinstance(m, torch.device):
-        kind = m.type
-    else:
+
+    def kind(target: Any) -> Optional[str]:
+        if isinstance(target, str):
+            return target.partition(":")[0]
+        return target.type if torch is not None and isinstance(target, torch.device) else None
+
+    targets = list(m.values()) if isinstance(m, dict) else [m]
+    if not any(kind(t) in STAGED for t in targets):
         return _plugin.DECLINE
-    if kind not in STAGED:
+    stager = Stager()
+    request.decoder.options[OPTION] = stager
+    request.finishing.append(stager.finish)
+    if isinstance(m, dict) or not request.may_map("map_location"):
         return _plugin.DECLINE
     try:
         types = request.reader().array_types()
@@ -842,7 +907,7 @@ def _load(request: Any) -> Any:
 
 def _like_graft(out: Any, like: Any, options: Dict[str, Any]) -> Any:
     if is_meta(like):
-        return from_meta(out, like, options.get("map_location"))
+        return from_meta(out, like, options.get("map_location"), options.get(OPTION))
     return _plugin.DECLINE
 
 

@@ -20,7 +20,7 @@ A plain load (no template) onto an accelerator default device goes through the s
 views of the page cache, not memory of their own; each is copied into the next free stretch of a
 buffer and put from there, its copy to the device running while the load goes on. The load waits
 for its last copies when it ends (``Stager.finish``). Both kinds of load cycle the buffers through
-one ``_Ring``.
+one ``_staging.Ring`` (``_ring``).
 
 ``_put``, ``_wait`` and ``_array`` are the calls that touch the device: tests on a CPU replace
 them with copies that happen only when waited for, so that a buffer reused too early shows.
@@ -29,12 +29,11 @@ them with copies that happen only when waited for, so that a buffer reused too e
 from __future__ import annotations
 
 import mmap
-import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ... import _plugin
+from ... import _plugin, _staging
 
 #: Bytes of one staging buffer (shards are packed up to this), how many a load cycles through,
 #: and the biggest buffer kept for the next load (one grown for a bigger shard up to this size).
@@ -44,17 +43,6 @@ KEEP_BYTES = 256 << 20
 #: Where each shard starts in a buffer (a multiple of every dtype's alignment, and of what DMA
 #: engines and XLA's zero-copy checks want).
 ALIGN = 256
-
-# Buffers kept between loads, by platform (no copy out of them running): a load takes the set out
-# (a load on another thread at the same time makes its own) and puts back those of at most
-# KEEP_BYTES once every copy out of them has finished.
-_kept: Dict[str, List["_Buffer"]] = {}
-
-# Buffers whose copies could not all be waited for (the wait itself failed or was interrupted):
-# never freed, since a copy may still read them.
-_abandoned: List["_Buffer"] = []
-_lock = threading.Lock()
-
 
 def staged(sharding: Any, reader: Any) -> bool:
     """Whether the shards of an array on ``sharding`` go through the staging buffers: every
@@ -87,13 +75,14 @@ class _Buffer:
     """``n`` writable bytes of page-aligned host memory (``view``), registered for DMA with the
     client of ``device`` when it can be."""
 
-    __slots__ = ("memory", "view", "client")
+    __slots__ = ("memory", "view", "client", "size")
 
     def __init__(self, device: Any, n: int) -> None:
         # Whole pages, all of them registered (a runtime may want page-sized ranges).
         pages = -(-max(n, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
         self.memory = mmap.mmap(-1, pages)
         self.view = np.frombuffer(self.memory, dtype=np.uint8, count=n)
+        self.size = n
         self.client = None
         client = getattr(device, "client", None)
         if n and client is not None and hasattr(client, "dma_map"):
@@ -102,6 +91,9 @@ class _Buffer:
                 self.client = client
             except Exception:  # noqa: BLE001 (UNIMPLEMENTED on the CPU and some backends: copied through the runtime's staging)
                 pass
+
+    def part(self, off: int, n: int) -> np.ndarray:
+        return self.view[off:off + n]
 
     def release(self) -> None:
         """Unregister the memory (it is unmapped once nothing refers to it)."""
@@ -136,84 +128,15 @@ def _array(handle: Any) -> Any:
 OPTION = "_jax_stager"
 
 
-class _Ring:
-    """The ``STAGE_COUNT`` buffers one load cycles through: the kept set of ``device``'s platform,
-    taken when first needed (a load on another thread at the same time makes its own) and put
-    back by ``close``. ``take(n)`` hands out ``n`` free bytes: right after the last ones when they
-    fit in that buffer, else from the start of the next buffer, once every copy out of it (each
-    recorded with ``copying``) has finished."""
-
-    __slots__ = ("device", "buffers", "busy", "at", "taken")
-
-    def __init__(self, device: Any) -> None:
-        self.device = device
-        self.buffers: List[Optional[_Buffer]] = [None] * STAGE_COUNT
-        # Per buffer: (copy handle, what to do with its array once it has finished).
-        self.busy: List[List[Tuple[Any, Any]]] = [[] for _ in range(STAGE_COUNT)]
-        self.at = (0, 0)  # (buffer index, offset) of the next bytes handed out
-        self.taken = False
-
-    def take(self, n: int) -> Tuple[int, np.ndarray]:
-        """``n`` free bytes (a uint8 view) and the index of the buffer they are in."""
-        if not self.taken:
-            with _lock:
-                kept = list(_kept.pop(self.device.platform, []))[:STAGE_COUNT]
-            self.buffers[:len(kept)] = kept
-            self.taken = True
-        i, off = self.at
-        b = self.buffers[i]
-        if b is None or off + n > b.view.size:
-            if b is not None:
-                i = (i + 1) % STAGE_COUNT
-            off = 0
-            self._settle(i)
-            b = self.buffers[i]
-            if b is None or b.view.size < n:
-                if b is not None:
-                    b.release()
-                self.buffers[i] = None  # (freed before its successor is allocated)
-                b = self.buffers[i] = _Buffer(self.device, max(n, STAGE_BYTES))
-        self.at = (i, off + _align(n))
-        return i, b.view[off:off + n]
-
-    def copying(self, i: int, handle: Any, done: Any = None) -> None:
-        """A copy out of buffer ``i`` started (``_put``'s handle); ``done(array)`` once finished."""
-        self.busy[i].append((handle, done))
-
-    def _settle(self, i: int) -> None:
-        pending = self.busy[i]
-        while pending:
-            h, done = pending[0]
-            arr = _wait(h)
-            if done is not None:
-                done(arr)
-            pending.pop(0)
-
-    def close(self, ok: bool) -> None:
-        """The load ended (``ok``: without an error): wait for every copy still running, then put
-        the buffers back for the next load. A copy's failure is raised when the load itself
-        succeeded (otherwise the load's own error stands); buffers whose copies could not all be
-        waited for are never freed."""
-        failed: Optional[BaseException] = None
-        lost = False
-        for i in range(STAGE_COUNT):
-            try:
-                self._settle(i)
-            except BaseException as e:  # noqa: BLE001 (an interrupt too: the buffers must outlive the copies)
-                failed = failed or e
-                lost = True
-                self.busy[i].clear()
-        if self.taken:
-            _put_back(self.device.platform, self.buffers, lost)
-            self.taken = False
-            self.buffers = [None] * STAGE_COUNT
-        if failed is not None and ok:
-            raise failed
+def _ring(device: Any) -> _staging.Ring:
+    """The buffers one load onto ``device``'s platform cycles through (``_staging.Ring``)."""
+    return _staging.Ring(device.platform, lambda n: _Buffer(device, n), lambda h: _wait(h), count=STAGE_COUNT,
+                         stage_bytes=STAGE_BYTES, keep_bytes=KEEP_BYTES, align=ALIGN)
 
 
 class Stager:
     """One plain load's puts onto the default device ``device`` (an accelerator): each array (a
-    view of the mapped file) is copied into the next free bytes of the load's ``_Ring`` and put
+    view of the mapped file) is copied into the next free bytes of the load's ring (``_ring``) and put
     from there, its copy to the device running while the load goes on. ``finish``, which the load
     calls when it ends, waits for every copy still running: nothing of a load outlives it (an
     array the caller deletes or donates later is never waited for). An empty array, or one bigger
@@ -222,7 +145,7 @@ class Stager:
     __slots__ = ("ring",)
 
     def __init__(self, device: Any) -> None:
-        self.ring = _Ring(device)
+        self.ring = _ring(device)
 
     def put(self, x: np.ndarray) -> Any:
         import jax
@@ -308,13 +231,13 @@ def read_staged(reader: Any, plans: List[Any], verify: bool) -> List[Any]:
 
 
 def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], verify: bool) -> None:
-    """Read each batch into the next free bytes of the load's ``_Ring`` and start its shards'
+    """Read each batch into the next free bytes of the load's ring (``_ring``) and start its shards'
     copies to their devices; a buffer is read into again only once the copies out of it have
     finished. When a read fails, the copies already started are waited for (their own errors
     give way to the read's) before the buffers go back."""
     from jax.sharding import SingleDeviceSharding as single
 
-    ring = _Ring(next(iter(devices)))
+    ring = _ring(next(iter(devices)))
     ok = False
     try:
         for batch in batches:
@@ -346,18 +269,5 @@ def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], ver
 
 
 def _put_back(platform: str, buffers: List[Optional[_Buffer]], lost: bool) -> None:
-    """Keep a load's buffers, every copy out of them finished, for the next one (those of at most
-    KEEP_BYTES, unless another load put its own back first), release the others; or, when copies
-    out of them may still run (``lost``), hold on to all of them for good."""
-    held = [b for b in buffers if b is not None]
-    with _lock:
-        if lost:
-            _abandoned.extend(held)
-            return
-        keep = platform not in _kept
-        if keep:
-            _kept[platform] = [b for b in held if b.view.size <= KEEP_BYTES]
-    for b in held:
-        if not keep or b.view.size > KEEP_BYTES:
-            b.release()
-
+    """``_staging.put_back`` for JAX's buffers of ``platform``."""
+    _staging.put_back(platform, buffers, lost, KEEP_BYTES)

@@ -184,3 +184,26 @@ def test_main_module_classes_resolve_in_the_same_process(tmp_path):
 def test_a_module_named_like_main_is_never_imported(pkg):
     r = pkg.error(_case('"mypkg:Point"', '"mypkg.__main__:Point"'), "TreepackError", "LookupError")
     assert "__main__" in r["message"], r["message"]
+
+
+@pytest.mark.parametrize("load", [
+    "treepack.load(LOC, trust='mypkg.*')",
+    "treepack.open(LOC, trust='mypkg.*')['rec'].read()",
+    "treepack.load(LOC, trust='mypkg.*', framework='torch')",
+])
+def test_trust_given_as_one_string_is_one_glob(pkg, load):
+    # trust="mypkg.*" trusted every class: the string was taken as its characters, one of which,
+    # "*", is a glob that matches any name. A class outside mypkg is refused by name.
+    r = pkg.error(_case('"mypkg:Point"', '"mypkg_helpers:Boom"', load), "UntrustedTypeError")
+    assert "mypkg_helpers:Boom" in r["message"], r["message"]
+
+
+def test_trust_takes_strings_only(tmp_path):
+    import treepack
+
+    treepack.save({"a": 1}, tmp_path / "t")
+    assert treepack.load(tmp_path / "t", trust="mypkg.*") == {"a": 1}
+    assert treepack.untrusted_types(tmp_path / "t", trust="x") == {}
+    for bad, word in ((b"mypkg.*", "bytes"), (3, "int"), ([treepack.Unloadable], "cls.__module__")):
+        with pytest.raises(TypeError, match=word):
+            treepack.load(tmp_path / "t", trust=bad)

@@ -393,6 +393,7 @@ def load(
     while its manifest is read; the audit has nothing to refuse there.)
     """
     storage_options = _encryption.keyed(storage_options, encryption)
+    trust = _registry.trust_globs(trust)
     signed = None
     if signed_by is not None:
         # Checked before anything is built, against the very manifest the load builds from (the
@@ -440,7 +441,7 @@ def load(
                       mmap=mmap, verify=verify, storage_options=storage_options, progress=progress,
                       numpy=numpy, expect_root=expect_root, separator=separator, **options)
         return load_foreign(p, fmt, kwargs)
-    trust_t = tuple(trust)
+    trust_t = trust
     if on_missing not in ("error", "placeholder"):
         raise ValueError("on_missing must be 'error' or 'placeholder'")
     opts = _opts(storage_options)
@@ -734,7 +735,7 @@ def untrusted_types(
     """What loading ``path`` would need trusted: {type name: [key paths]}. Constructs nothing."""
     return _codec.audit(
         _core.Reader(_path(path), _opts(_encryption.keyed(storage_options, encryption))).types(_codec.AUDIT_FREE),
-        tuple(trust), allow_pickle
+        _registry.trust_globs(trust), allow_pickle
     )
 
 

@@ -243,7 +243,7 @@ def open(
         foreign = _foreign_view.open_reader(p, fmt)
         if foreign.kind("") == "array":
             return LazyArray(foreign, "", (p, None))  # (an .npy holds one array)
-        return View(foreign, "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing, where=(p, None))
+        return View(foreign, "", trust=_registry.trust_globs(trust), allow_pickle=allow_pickle, on_missing=on_missing, where=(p, None))
     if signed_by is not None or min_version is not None or not_before is not None:
         from . import _signing
 
@@ -251,7 +251,7 @@ def open(
             _signing.check_reader(reader, signed_by, min_version, not_before)
         else:
             _signing.no_policy_without_keys(min_version, not_before)
-    return View(reader, "", trust=tuple(trust), allow_pickle=allow_pickle, on_missing=on_missing, where=(p, storage_options))
+    return View(reader, "", trust=_registry.trust_globs(trust), allow_pickle=allow_pickle, on_missing=on_missing, where=(p, storage_options))
 
 
 # For integrations (through treepack._plugin): an index as the reader's slice text.

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, Optional
 
 from . import _core as core  # the extension (Reader, prepare, block_chunk_shape, encode_png…)
+from . import _staging as staging  # the buffers loads copy through onto a device (Ring, put_back)
 from ._api import LoadRequest, _opts, load, load_structure, save
 from ._async import _executor as executor
 from ._codec import PARTIAL_TYPES, encode_array, encode_other, np_dtype, resolve_class
@@ -24,7 +25,7 @@ from ._lazy import LazyArray, slice_text
 from ._like import check_subtree, child_path, deref, describe_stored, stored_dtype, take_all, where
 from ._parts import SHARDS, Piece
 from ._parts import commit as commit_parts
-from ._registry import DECLINE, Description, SaveRun, SaveState, integrate, save_state
+from ._registry import DECLINE, Description, SaveRun, SaveState, integrate, save_state, trust_globs
 from ._structure import LeafInfo, StructNode
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
     "SHARDS", "SaveRun", "SaveState", "StructNode", "check_subtree", "child_path", "commit_parts", "core", "deref",
     "describe_stored", "encode_array", "encode_other", "executor", "files_of", "integrate", "integrate_nodes", "load",
     "load_structure", "np_dtype", "resolve_class", "save",
-    "save_state", "slice_text", "storage_options", "stored_dtype", "take_all", "where",
+    "save_state", "slice_text", "staging", "storage_options", "stored_dtype", "take_all", "trust_globs", "where",
 ]
 
 

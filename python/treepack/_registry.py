@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
-__all__ = ["Registration", "register", "registered", "lookup_class", "lookup_name", "type_name", "is_trusted"]
+__all__ = ["Registration", "register", "registered", "lookup_class", "lookup_name", "type_name", "is_trusted", "trust_globs"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,22 @@ def type_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+def trust_globs(trust: Any) -> Tuple[str, ...]:
+    """``trust=`` as the tuple of globs it names: one string is one glob (``trust="mypkg.*"``,
+    not the characters of it, each of which would be a glob: ``"*"`` trusts every class); any
+    other iterable gives its strings. Anything else is a TypeError saying what trust= takes."""
+    if isinstance(trust, str):
+        return (trust,)
+    if isinstance(trust, (bytes, bytearray)) or not isinstance(trust, Iterable):
+        raise TypeError(f"trust= takes class names or globs as strings (trust=['mypkg.*']), not {type(trust).__name__}")
+    out = tuple(trust)
+    for g in out:
+        if not isinstance(g, str):
+            raise TypeError(f"trust= takes class names or globs as strings (trust=['mypkg.*']); one is a "
+                            f"{type(g).__name__}: {g!r} (for a class, give its name: cls.__module__ + '.' + cls.__qualname__)")
+    return out
+
+
 def is_trusted(name: str, trust: Iterable[str]) -> bool:
     """True if ``name`` (``module:qualname``) matches a trust glob.
 
@@ -136,7 +152,7 @@ def is_trusted(name: str, trust: Iterable[str]) -> bool:
     (``mypkg.models.Point``), so ``"mypkg.*"`` trusts everything in ``mypkg`` and below.
     """
     dotted = name.replace(":", ".")
-    for g in trust:
+    for g in trust_globs(trust) if isinstance(trust, str) else trust:
         if fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(dotted, g):
             return True
     return False

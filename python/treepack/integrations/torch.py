@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .. import _plugin, _staging
+from .. import _plugin
 
 TENSOR = "torch.Tensor"
 PARAMETER = "torch.nn.Parameter"
@@ -669,7 +669,7 @@ OPTION = "_torch_stager"
 
 
 class _Pinned:
-    """A staging buffer (``_staging.Ring``'s): a host tensor of uint8 made by the copier."""
+    """A staging buffer (``_plugin.staging.Ring``'s): a host tensor of uint8 made by the copier."""
 
     __slots__ = ("tensor", "size")
 
@@ -683,12 +683,12 @@ class _Pinned:
         """(Freed once nothing refers to it.)"""
 
 
-def _ring(device: Any) -> Tuple[Any, _staging.Ring]:
+def _ring(device: Any) -> Tuple[Any, Any]:
     """The copier for ``device`` (a type in ``STAGED``) and the buffers a load cycles through for
-    it (those kept for its kind, ``_staging.Ring``)."""
+    it (those kept for its kind, ``_plugin.staging.Ring``)."""
     kind = STAGED[device.type]
     copies = kind(device)
-    ring = _staging.Ring(kind, lambda n: _Pinned(copies.buffer(n)), copies.wait, count=STAGE_COUNT,
+    ring = _plugin.staging.Ring(kind, lambda n: _Pinned(copies.buffer(n)), copies.wait, count=STAGE_COUNT,
                          stage_bytes=STAGE_BYTES, keep_bytes=STAGE_BYTES, align=ALIGN)
     return copies, ring
 
@@ -704,7 +704,7 @@ class Stager:
     __slots__ = ("rings",)
 
     def __init__(self) -> None:
-        self.rings: Dict[Any, Tuple[Any, _staging.Ring]] = {}
+        self.rings: Dict[Any, Tuple[Any, Any]] = {}
 
     def put(self, dst: Any, src: Any) -> None:
         """Start ``dst[...] = src``: ``dst`` a contiguous tensor on a device with staged copies,

@@ -405,7 +405,7 @@ def load(directory: Any, shardings: Any, *, mask: Any = None, ts_specs: Any = No
     if _nothing_to_read(template):
         return template  # (everything masked out: nothing is read, as with JAX)
     try:
-        return _plugin.load(p, like=template, trust=(*trust, *_jax_registered()), **options)
+        return _plugin.load(p, like=template, trust=(*_plugin.trust_globs(trust), *_jax_registered()), **options)
     except (ValueError, TypeError) as e:
         # The like= checks speak of like=; here the template is what shardings asked for.
         text = str(e)

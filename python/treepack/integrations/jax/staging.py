@@ -20,7 +20,7 @@ A plain load (no template) onto an accelerator default device goes through the s
 views of the page cache, not memory of their own; each is copied into the next free stretch of a
 buffer and put from there, its copy to the device running while the load goes on. The load waits
 for its last copies when it ends (``Stager.finish``). Both kinds of load cycle the buffers through
-one ``_staging.Ring`` (``_ring``).
+one ``_plugin.staging.Ring`` (``_ring``).
 
 ``_put``, ``_wait`` and ``_array`` are the calls that touch the device: tests on a CPU replace
 them with copies that happen only when waited for, so that a buffer reused too early shows.
@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ... import _plugin, _staging
+from ... import _plugin
 
 #: Bytes of one staging buffer (shards are packed up to this), how many a load cycles through,
 #: and the biggest buffer kept for the next load (one grown for a bigger shard up to this size).
@@ -128,9 +128,9 @@ def _array(handle: Any) -> Any:
 OPTION = "_jax_stager"
 
 
-def _ring(device: Any) -> _staging.Ring:
-    """The buffers one load onto ``device``'s platform cycles through (``_staging.Ring``)."""
-    return _staging.Ring(device.platform, lambda n: _Buffer(device, n), lambda h: _wait(h), count=STAGE_COUNT,
+def _ring(device: Any) -> Any:
+    """The buffers one load onto ``device``'s platform cycles through (``_plugin.staging.Ring``)."""
+    return _plugin.staging.Ring(device.platform, lambda n: _Buffer(device, n), lambda h: _wait(h), count=STAGE_COUNT,
                          stage_bytes=STAGE_BYTES, keep_bytes=KEEP_BYTES, align=ALIGN)
 
 
@@ -269,5 +269,5 @@ def _through_buffers(reader: Any, devices: Any, batches: List[List[_Shard]], ver
 
 
 def _put_back(platform: str, buffers: List[Optional[_Buffer]], lost: bool) -> None:
-    """``_staging.put_back`` for JAX's buffers of ``platform``."""
-    _staging.put_back(platform, buffers, lost, KEEP_BYTES)
+    """``_plugin.staging.put_back`` for JAX's buffers of ``platform``."""
+    _plugin.staging.put_back(platform, buffers, lost, KEEP_BYTES)

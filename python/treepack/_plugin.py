@@ -18,7 +18,7 @@ from . import _core as core  # the extension (Reader, prepare, block_chunk_shape
 from . import _staging as staging  # the buffers loads copy through onto a device (Ring, put_back)
 from ._api import LoadRequest, _opts, load, load_structure, save
 from ._async import _executor as executor
-from ._codec import PARTIAL_TYPES, encode_array, encode_other, np_dtype, resolve_class
+from ._codec import PARTIAL_TYPES, encode_array, encode_other, np_dtype, resolve_class, tz_data, tz_from, zone_key
 from ._codec.files import files_of
 from ._errors import ForeignFileError
 from ._lazy import LazyArray, slice_text
@@ -33,7 +33,8 @@ __all__ = [
     "SHARDS", "SaveRun", "SaveState", "StructNode", "check_subtree", "child_path", "commit_parts", "core", "deref",
     "describe_stored", "encode_array", "encode_other", "executor", "files_of", "integrate", "integrate_nodes", "load",
     "load_structure", "np_dtype", "resolve_class", "save",
-    "save_state", "slice_text", "staging", "storage_options", "stored_dtype", "take_all", "trust_globs", "where",
+    "save_state", "slice_text", "staging", "storage_options", "stored_dtype", "take_all", "trust_globs", "tz_data", "tz_from",
+    "where", "zone_key",
 ]
 
 

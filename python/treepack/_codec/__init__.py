@@ -15,6 +15,9 @@ from .builtins import (
     MissingFramework,
     Unloadable,
     encode_other,
+    _tz_data as tz_data,
+    _tz_from as tz_from,
+    zone_key,
 )
 from .classes import _seen_classes, resolve_class
 from .files import File
@@ -23,5 +26,5 @@ from .trust import audit
 
 __all__ = [
     "AUDIT_FREE", "BUILTIN_TYPES", "BuildError", "PARTIAL_TYPES", "Decoder", "File", "MissingFramework", "Unloadable", "audit", "encode_array", "encode_other",
-    "np_dtype", "resolve_class",
+    "np_dtype", "resolve_class", "tz_data", "tz_from", "zone_key",
 ]

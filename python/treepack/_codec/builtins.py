@@ -90,6 +90,8 @@ def _eq(a: Any, b: Any) -> bool:
 
 
 def _tz_data(tz: Optional[_dt.tzinfo]) -> Any:
+    """The zone ``tz`` as the manifest holds it (a JSON object; None for a naive value); a
+    TypeError for a zone that cannot be kept."""
     if tz is None:
         return None
     d = _dateutil_tz(tz)  # (dateutil 3's zones have a `key` too: told apart by their type)
@@ -131,9 +133,20 @@ def _dateutil_tz(tz: Any) -> Optional[Dict[str, Any]]:
             if isinstance(name, str) and name.startswith(root.rstrip("/") + "/"):
                 name = name[len(root.rstrip("/")) + 1:]
                 break
-    if isinstance(name, str) and mod.gettz(name) == tz:
+    if isinstance(name, str) and zone_key(name) and mod.gettz(name) == tz:
         return {"dateutil": "gettz", "name": name}
     return None
+
+
+def zone_key(name: str) -> bool:
+    """Whether ``name`` is a time zone's key (``Europe/Paris``, ``Etc/GMT+5``): names below the
+    time zone folder, never a path (dateutil's ``gettz`` opens an absolute path as it is, and
+    joins a relative one onto its folder, ``..`` and all: a file's zone name could make a load
+    read any file)."""
+    parts = name.split("/")
+    return 0 < len(name) <= 255 and all(
+        p not in ("", ".", "..") and all(c.isascii() and (c.isalnum() or c in "_+-") for c in p) for p in parts
+    )
 
 
 _TZ_CACHE: Dict[Any, Optional[_dt.tzinfo]] = {}
@@ -167,6 +180,9 @@ def _tz_build(d: Any) -> Optional[_dt.tzinfo]:
         if kind == "tzoffset" and isinstance(d.get("seconds"), int):
             return tz.tzoffset(d.get("name"), d["seconds"])
         if kind == "gettz" and isinstance(d.get("name"), str):
+            if not zone_key(d["name"]):
+                raise ValueError(f"time zone {d['name']!r} is not a zone's name (such as 'Europe/Paris'): a path or "
+                                 "other name is refused, since it would make the load read a file outside the tree")
             zone = tz.gettz(d["name"])
             if zone is None:
                 raise ValueError(f"time zone {d['name']!r} is not known on this machine")

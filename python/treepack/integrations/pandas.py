@@ -66,7 +66,7 @@ def _column(s: Any) -> Dict[str, Any]:
         return {"kind": "category", "codes": np.asarray(cat.codes), "categories": _index(cat.categories), "ordered": bool(dt.ordered)}
     if isinstance(dt, pd.DatetimeTZDtype):
         utc = s.dt.tz_convert(None) if isinstance(s, pd.Series) else s.tz_convert(None)
-        return {"kind": "datetimetz", "values": np.asarray(utc.to_numpy()), "tz": str(dt.tz)}
+        return {"kind": "datetimetz", "values": np.asarray(utc.to_numpy()), "tz": _zone_data(dt.tz)}
     if isinstance(dt, pd.PeriodDtype):
         # Ordinals since the epoch in the period's unit (NaT the int64 minimum, as pandas keeps
         # them); the unit is the alias pandas prints, `period[<freq>]`.
@@ -236,12 +236,29 @@ def _array(pd: Any, c: Dict[str, Any]) -> Any:
     raise ValueError(f"py.dataframe: unknown column kind {kind!r}")
 
 
-def _zone(name: Any) -> str:
-    """The zone's name, which pandas turns into its own default zone object (pytz under pandas
-    2, zoneinfo under pandas 3): the one it made when the frame was built from the same name."""
-    if not isinstance(name, str):
-        raise ValueError(f"py.dataframe: bad time zone {name!r}")
-    return name
+def _zone_data(tz: Any) -> Any:
+    """A column's zone as stored: its name where pandas makes the same zone from it again (a
+    zoneinfo or pytz zone, UTC, a fixed offset), else as a datetime's zone is stored (dateutil's
+    zones, whose names pandas prints as ``tzfile('/usr/share/zoneinfo/...')``); a TypeError for a
+    zone neither keeps."""
+    if type(tz).__module__.partition(".")[0] == "dateutil":
+        return _plugin.tz_data(tz)
+    return str(tz)
+
+
+def _zone(stored: Any) -> Any:
+    """The zone of a stored column: a name, which pandas turns into its own default zone object
+    (pytz under pandas 2, zoneinfo under pandas 3), the one it made when the frame was built from
+    the same name; or a zone stored as a datetime's. A name pandas would hand to dateutil
+    (``dateutil/<name>``) must be a zone's key: dateutil opens a path as it is."""
+    if isinstance(stored, dict):
+        return _plugin.tz_from(stored)
+    if not isinstance(stored, str):
+        raise ValueError(f"py.dataframe: bad time zone {stored!r}")
+    if stored.startswith("dateutil/") and not _plugin.zone_key(stored[len("dateutil/"):]):
+        raise ValueError(f"py.dataframe: time zone {stored!r} is not a zone's name (such as 'dateutil/Europe/Paris'): "
+                         "a path is refused, since it would make the load read a file outside the tree")
+    return stored
 
 
 def _index_back(pd: Any, d: Dict[str, Any]) -> Any:

@@ -1,0 +1,106 @@
+"""Attack session 44: what an attacker's pass and a user's pass found, each fixed at its cause
+with its siblings (the trust= string is in test_trust_names.py).
+
+Hostile files are opened in a child process (`hostile_harness`, through the `attack` fixture:
+time and address-space limits, canary files that must not change). The manifest edits reseal
+the manifest's hash, as an attacker can.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import textwrap
+
+import pytest
+
+import treepack
+
+RESEAL = """
+import blake3, os
+def edit(fn):
+    p = os.path.join(LOC, "treepack.json")
+    text = open(p).read()
+    body = text[: text.rindex(',\\n"manifest_hash"')]
+    new = fn(body)
+    open(p, "w").write(new + ',\\n"manifest_hash":"' + blake3.blake3(new.encode()).hexdigest() + '"}\\n')
+"""
+
+ZONE = "/usr/share/zoneinfo/Asia/Tokyo"
+
+
+# ------------------------------------------------------------------ time zone names that are paths
+
+
+@pytest.fixture
+def zone_outside(attack):
+    """A valid time zone file outside the location: a load that reads it would succeed."""
+    if not os.path.exists(ZONE):
+        pytest.fail(f"{ZONE} is missing: install the tzdata package")
+    shutil.copy(ZONE, attack.outside / "secret_tz")
+    from hostile_harness import _snapshot
+
+    attack.before = _snapshot(attack.outside)
+    return attack
+
+
+@pytest.mark.parametrize("name", [
+    "{outside}/secret_tz",                          # absolute: gettz opens it as it is
+    "../../../../../../../../..{outside}/secret_tz",  # relative: joined onto the zone folder
+    "/etc/passwd",
+    "Europe/../../../../../../../..{outside}/secret_tz",
+])
+@pytest.mark.parametrize("node", ["time", "datetime", "frame"])
+def test_a_zone_name_that_is_a_path_is_refused(zone_outside, name, node):
+    pytest.importorskip("dateutil")
+    name = name.format(outside=zone_outside.outside)
+    save = {
+        "time": "treepack.save({'t': datetime.time(1, 2, tzinfo=tz.gettz('Europe/Paris'))}, LOC)",
+        "datetime": "treepack.save({'t': datetime.datetime(2020, 1, 1, tzinfo=tz.gettz('Europe/Paris'))}, LOC)",
+        "frame": "treepack.save({'t': pd.DataFrame({'c': pd.date_range('2020-01-01', periods=2, tz=tz.gettz('Europe/Paris'))})}, LOC)",
+    }[node]
+    code = RESEAL + textwrap.dedent(f"""
+        import datetime, json, treepack
+        import pandas as pd
+        from dateutil import tz
+        {save}
+        edit(lambda b: b.replace('"Europe/Paris"', json.dumps({name!r})))
+        result = treepack.load(LOC)
+        """)
+    r = zone_outside.error(code, "TreepackError", "ValueError")
+    assert "not a zone's name" in r["message"] and "t" in r["message"], r["message"]
+
+
+def test_a_frame_zone_pandas_would_give_dateutil_must_be_a_key(zone_outside):
+    pytest.importorskip("pandas")
+    code = RESEAL + textwrap.dedent(f"""
+        import treepack, pandas as pd
+        treepack.save({{'df': pd.DataFrame({{'c': pd.date_range('2020-01-01', periods=2, tz='Europe/Paris')}})}}, LOC)
+        edit(lambda b: b.replace('"Europe/Paris"', '"dateutil/{zone_outside.outside}/secret_tz"'))
+        result = treepack.load(LOC)
+        """)
+    r = zone_outside.error(code, "TreepackError", "ValueError")
+    assert "not a zone's name" in r["message"] and "`df`" in r["message"], r["message"]
+
+
+def test_dateutil_zones_round_trip_in_frames_and_paths_are_refused_at_save(tmp_path):
+    pd = pytest.importorskip("pandas")
+    tz = pytest.importorskip("dateutil.tz")
+    # A frame of dateutil zones was saved (its zone as pandas prints it: "tzfile('/usr/...')")
+    # and could not be loaded back: it is stored as a datetime's zone is.
+    for zone in (tz.gettz("Europe/Paris"), "dateutil/Europe/Paris", tz.tzoffset("X", 3600), tz.tzutc(),
+                 datetime.timezone(datetime.timedelta(hours=2)), "Europe/Paris", "UTC"):
+        df = pd.DataFrame({"c": pd.date_range("2020-01-01", periods=3, tz=zone)})
+        treepack.save(df, tmp_path / "f", overwrite=True)
+        back = treepack.load(tmp_path / "f")
+        assert back.equals(df) and back["c"].dt.tz == df["c"].dt.tz, zone
+    # A zone read from a file outside the zone folder by its path has no key another machine can
+    # look up: refused (one inside it is saved by its key).
+    shutil.copy(ZONE, tmp_path / "my_zone")
+    path_zone = tz.gettz(str(tmp_path / "my_zone"))
+    assert path_zone is not None
+    for tree in ({"t": datetime.datetime(2020, 1, 1, tzinfo=path_zone)},
+                 {"f": pd.DataFrame({"c": pd.date_range("2020-01-01", periods=2, tz=path_zone)})}):
+        with pytest.raises(TypeError, match="cannot save timezone"):
+            treepack.save(tree, tmp_path / "p", overwrite=True)

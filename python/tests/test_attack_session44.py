@@ -104,3 +104,27 @@ def test_dateutil_zones_round_trip_in_frames_and_paths_are_refused_at_save(tmp_p
                  {"f": pd.DataFrame({"c": pd.date_range("2020-01-01", periods=2, tz=path_zone)})}):
         with pytest.raises(TypeError, match="cannot save timezone"):
             treepack.save(tree, tmp_path / "p", overwrite=True)
+
+
+# ------------------------------------------------------------------ node data of the wrong type
+
+
+@pytest.mark.parametrize("old,new,word", [
+    # Fraction("1e999999999") computes a power of ten for hours, from a few bytes of manifest.
+    ('[["numerator",1],["denominator",3]]', '[["numerator","1e999999999"],["denominator",null]]', "py.fraction"),
+    ('[["numerator",1],["denominator",3]]', '[["numerator",1],["denominator",0]]', "py.fraction"),
+    ('[["numerator",1],["denominator",3]]', '[["numerator",1.5],["denominator",2]]', "py.fraction"),
+    # bytearray(n) allocates n zero bytes.
+    ('[["data",{"t":"bytes","b64":"YWI="}]]', '[["data",1000000000000]]', "py.bytearray"),
+    ('"data":{"maxlen":5}', '"data":{"maxlen":-1}', "py.deque"),
+    ('[["items",[1,2]]]', '[["items","abc"]]', "py.deque"),
+])
+def test_builtin_nodes_refuse_children_of_another_type(attack, old, new, word):
+    code = RESEAL + textwrap.dedent(f"""
+        import collections, fractions, treepack
+        treepack.save({{'f': fractions.Fraction(1, 3), 'b': bytearray(b'ab'), 'd': collections.deque([1, 2], maxlen=5)}}, LOC)
+        edit(lambda b: b.replace({old!r}, {new!r}))
+        result = treepack.load(LOC)
+        """)
+    r = attack.error(code, "TreepackError", "ValueError", timeout=20, mem_bytes=1 << 30)
+    assert word in r["message"], r["message"]

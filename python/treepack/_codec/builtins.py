@@ -518,6 +518,9 @@ class Decoder:
             trusted = lambda name: reg.is_trusted(name, self.trust) or reg.lookup_name(name) is not None
             return everyday.decode(t, data, kids, trusted, self._missing)
         if t == "py.bytearray":
+            # Bytes, as saved: given a number, bytearray(n) would allocate n zero bytes.
+            if not isinstance(kids.get("data"), bytes):
+                raise ValueError("py.bytearray: its data must be a bytes leaf")
             return bytearray(kids["data"])
         if t == "py.set":
             return set(kids.values())

@@ -251,11 +251,20 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
             return missing(name, _items(data, kids), "defaultdict factory type is not trusted (pass trust=[...])")
         return _with_attrs(collections.defaultdict(factory, _items(data, kids)), data)
     if t == "py.deque":
-        return collections.deque(kids["items"], data.get("maxlen"))
+        maxlen = data.get("maxlen") if isinstance(data, dict) else None
+        if not isinstance(kids.get("items"), list) or not (maxlen is None or (type(maxlen) is int and maxlen >= 0)):
+            raise ValueError("py.deque: the items must be a list and maxlen a count or null")
+        return collections.deque(kids["items"], maxlen)
     if t == "py.fraction":
         import fractions
 
-        return fractions.Fraction(kids["numerator"], kids["denominator"])
+        # Two integers, as saved. Given a string, Fraction parses it: "1e999999999" would be
+        # a power of ten computed digit by digit for hours, from a few bytes of manifest.
+        num, den = kids.get("numerator"), kids.get("denominator")
+        if type(num) is not int or type(den) is not int or den <= 0:
+            raise ValueError(f"py.fraction: the numerator and denominator must be integers, the denominator "
+                             f"positive; the file holds {num!r:.40} and {den!r:.40}")
+        return fractions.Fraction(num, den)
     if t == "py.npdtype":
         if "time" in data:
             if not isinstance(data["time"], str) or not _TIME_DTYPE.match(data["time"]):

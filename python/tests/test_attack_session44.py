@@ -128,3 +128,53 @@ def test_builtin_nodes_refuse_children_of_another_type(attack, old, new, word):
         """)
     r = attack.error(code, "TreepackError", "ValueError", timeout=20, mem_bytes=1 << 30)
     assert word in r["message"], r["message"]
+
+
+# ------------------------------------------------------------------ keys that share one hash
+
+#: Each case: the tree saved, the text of its two items in the manifest, and how one item of
+#: the many is written (``{i}``: its index, ``{k}``: its key as the manifest writes an int).
+SAME_HASH_CASES = {
+    "dict": ("{'x': {1: 0, 2: 0}}", "[[1,0],[2,0]]", "[{k},0]", "treepack.load(LOC)"),
+    "structure": ("{'x': {1: 0, 2: 0}}", "[[1,0],[2,0]]", "[{k},0]", "treepack.load_structure(LOC)"),
+    "counter": ("{'x': collections.Counter({1: 0, 2: 0})}", "[[1,0],[2,0]]", "[{k},0]", "treepack.load(LOC)"),
+    "set": ("{'x': {1, 2}}", '[["0",1],["1",2]]', '["{i}",{k}]', "treepack.load(LOC)"),
+    "frozenset": ("{'x': frozenset({1, 2})}", '[["0",1],["1",2]]', '["{i}",{k}]', "treepack.load(LOC)"),
+    # Keys no format key holds (a numpy scalar): a py.dict node of (key, value) pairs.
+    "py.dict": ("{'x': {np.int64(1): 0, np.int64(2): 0}}", None, None, "treepack.load(LOC)"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SAME_HASH_CASES))
+def test_keys_sharing_one_hash_are_refused_in_linear_time(attack, kind):
+    # Python's hashes of ints are not keyed: i * (2**61 - 1) all hash to 0, and a dict of
+    # 20 000 such keys took 3.8 s to build (40 000: 10.7 s; quadratic). Refused past 32 keys of
+    # one hash, before the dict or set is built.
+    tree, old, item, load = SAME_HASH_CASES[kind]
+    code = RESEAL + textwrap.dedent(f"""
+        import collections, json, re, time, treepack
+        import numpy as np
+        M = 2**61 - 1
+        def k(i):
+            v = i * M
+            return json.dumps({{"t": "int", "v": str(v)}}) if abs(v) >= 2**63 else str(v)
+        treepack.save({tree}, LOC)
+        if {old!r} is not None:
+            many = "[" + ",".join({item!r}.format(i=i, k=k(i)) for i in range(100_000)) + "]"
+            edit(lambda b: b.replace({old!r}, many))
+        else:
+            # The py.dict's items: a list of (key, value) tuples (here plain ints as keys).
+            def edit_pairs(b):
+                m = re.search(r'\\[\\["items",\\[.*\\]\\]\\]', b)
+                assert m, b
+                pairs = ",".join('{{"t":"tuple","items":[%s,0]}}' % k(i) for i in range(100_000))
+                return b[:m.start()] + '[["items",[' + pairs + ']]]' + b[m.end():]
+            edit(edit_pairs)
+        t = time.perf_counter()
+        try:
+            {load}
+        finally:
+            print("seconds", time.perf_counter() - t)
+        """)
+    r = attack.error(code, "TreepackError", "ValueError", "FormatError", timeout=60)
+    assert "one hash" in r["message"] or "structure" in kind, r["message"]

@@ -4,6 +4,39 @@
 use super::*;
 use treepack::format::manifest::KeyRef;
 
+/// Most keys of one dict (or items of one set) that may share one Python hash. Python's hashes
+/// of strings are keyed per process, but those of ints, floats and tuples of them are not: a file
+/// can name thousands of keys with one hash (`i * (2**61 - 1)`), and a dict built of them takes
+/// time quadratic in their number (each insert scans the others). Distinct real keys sharing a
+/// hash are rare (-1 and -2 do); a dict with more than this many is refused.
+pub(crate) const MAX_SAME_HASH: u32 = 32;
+
+/// Counts the hashes of the keys of one dict that are not strings (`check`), refusing the
+/// dict past `MAX_SAME_HASH` keys of one hash. The counts are in a std `HashMap` (SipHash
+/// with a random key: the counts themselves cannot be made to collide).
+#[derive(Default)]
+pub(crate) struct SameHash(Option<HashMap<isize, u32>>);
+
+impl SameHash {
+    /// `key`, once its hash is counted (a ValueError once too many share one).
+    pub(crate) fn check<'py>(&mut self, key: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        if key.is_exact_instance_of::<PyString>() {
+            return Ok(key);
+        }
+        let h = key.hash()?;
+        let n = self.0.get_or_insert_with(HashMap::new).entry(h).or_insert(0);
+        *n += 1;
+        if *n > MAX_SAME_HASH {
+            return Err(PyValueError::new_err(format!(
+                "a dict in the file has more than {MAX_SAME_HASH} keys with one hash (keys such as {}): building it \
+                 would take time quadratic in their number, so it is refused (a file made to slow the load)",
+                key.repr().map(|r| r.to_string()).unwrap_or_default().chars().take(60).collect::<String>()
+            )));
+        }
+        Ok(key)
+    }
+}
+
 pub(crate) struct Decoder<'py> {
     pub(crate) py: Python<'py>,
     pub(crate) decode_other: Option<Bound<'py, PyAny>>,
@@ -54,12 +87,13 @@ impl<'py> Decoder<'py> {
     /// them: no copy).
     pub(crate) fn dict_of(&self, pairs: Vec<(KeyRef<'_>, Bound<'py, PyAny>)>) -> PyResult<Bound<'py, PyAny>> {
         let d = PyDict::new(self.py);
+        let mut same = SameHash::default();
         for (k, v) in pairs {
             let k = match k {
                 KeyRef::Str(s) => self.key_str(s),
                 KeyRef::Interned(id, s) => self.key_id(id, s),
-                KeyRef::Key(k) => self.key(k)?,
-                KeyRef::Owned(k) => self.key(&k)?,
+                KeyRef::Key(k) => same.check(self.key(k)?)?,
+                KeyRef::Owned(k) => same.check(self.key(&k)?)?,
             };
             d.set_item(k, v)?;
         }

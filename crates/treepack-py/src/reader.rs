@@ -123,7 +123,7 @@ impl Reader {
             let r = treepack::format::manifest::outline::outline_tree(&m.root, &m.packs, &file, sink);
             r.map_err(|e| failed = Some(e)).is_ok()
         };
-        let built = without_gc(py, || Ok(structure_here(py, &make_node, true, run)))?;
+        let built = without_gc(py, || structure_here(py, &make_node, true, run))?;
         match (built, failed) {
             (Some(b), _) => Ok(b),
             (None, Some(e)) => Err(py_err(e)),

@@ -6,23 +6,26 @@ use super::*;
 /// `load_structure`'s objects from outline blocks that `run` hands to its sink on this thread
 /// (the outline of small manifests, or a reader's parsed tree through `outline_tree`): the one
 /// structure builder, [`OutlineBuilder`], whatever the source. `None` when `run` says no or
-/// anything is off.
+/// anything is off; the builder's refusal of the file (`OutlineBuilder::refused`) as the error.
 pub(crate) fn structure_here<'py>(
     py: Python<'py>,
     make_node: &Bound<'py, PyAny>,
     keys_unique: bool,
     run: impl FnOnce(&mut dyn FnMut(Block) -> bool) -> bool,
-) -> Option<Bound<'py, PyAny>> {
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     let mut b = OutlineBuilder::new(py, make_node, keys_unique);
     let mut fed = true;
     let ok = run(&mut |block| {
         fed = b.feed(&block).is_some();
         fed
     });
-    if !(ok && fed) {
-        return None;
+    if let Some(e) = b.refused.take() {
+        return Err(e);
     }
-    b.finish()
+    if !(ok && fed) {
+        return Ok(None);
+    }
+    Ok(b.finish())
 }
 
 /// `load_structure` from a structure-only read of the manifest (`treepack::format::manifest::outline`)
@@ -110,6 +113,9 @@ pub(crate) struct OutlineBuilder<'py, 'm> {
     pub(crate) keys: Vec<Option<KeySlot<'py>>>,
     /// The events come from a parsed tree, whose dict keys are known to be unique.
     pub(crate) keys_unique: bool,
+    /// A refusal that is the file's fault, not the path's (keys made to share one hash): the
+    /// error of `load_structure`, whichever reader was building.
+    pub(crate) refused: Option<PyErr>,
 }
 
 /// (length, text, the string) of a key `OutlineBuilder` met.
@@ -127,6 +133,7 @@ pub(crate) enum Frame<'py> {
         key: Option<Bound<'py, PyAny>>,
         n: usize,
         leaves_only: bool,
+        same: SameHash,
     },
     Seq {
         items: Vec<Bound<'py, PyAny>>,
@@ -148,6 +155,7 @@ impl<'py, 'm> OutlineBuilder<'py, 'm> {
             root: None,
             keys: vec![None; KEY_SLOTS],
             keys_unique,
+            refused: None,
         }
     }
 
@@ -156,7 +164,13 @@ impl<'py, 'm> OutlineBuilder<'py, 'm> {
         let py = self.dec.py;
         for e in &block.events {
             match *e {
-                Event::Dict => self.stack.push(Frame::Dict { d: PyDict::new(py), key: None, n: 0, leaves_only: true }),
+                Event::Dict => self.stack.push(Frame::Dict {
+                    d: PyDict::new(py),
+                    key: None,
+                    n: 0,
+                    leaves_only: true,
+                    same: SameHash::default(),
+                }),
                 Event::List | Event::Tuple => {
                     self.stack.push(Frame::Seq { items: Vec::new(), tuple: *e == Event::Tuple, leaves_only: true })
                 }
@@ -242,8 +256,15 @@ impl<'py, 'm> OutlineBuilder<'py, 'm> {
                     return None;
                 }
             }
-            Some(Frame::Dict { d, key, n, leaves_only }) => {
-                d.set_item(key.take()?, v).ok()?;
+            Some(Frame::Dict { d, key, n, leaves_only, same }) => {
+                let k = match same.check(key.take()?) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        self.refused = Some(e);
+                        return None;
+                    }
+                };
+                d.set_item(k, v).ok()?;
                 *n += 1;
                 *leaves_only &= leaf;
             }
@@ -290,5 +311,5 @@ pub(crate) fn structure_one_pass<'py>(
             && treepack::format::manifest::outline::outline(&bytes, &file, sink)
                 .is_ok_and(|packs| packs.iter().all(|p| layout.allows_pack(&p.path)))
     };
-    without_gc(py, || Ok(structure_here(py, &make_node, false, run)))
+    without_gc(py, || structure_here(py, &make_node, false, run))
 }

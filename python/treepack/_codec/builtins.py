@@ -523,9 +523,9 @@ class Decoder:
                 raise ValueError("py.bytearray: its data must be a bytes leaf")
             return bytearray(kids["data"])
         if t == "py.set":
-            return set(kids.values())
+            return set(everyday.few_same_hashes(kids.values(), "a set"))
         if t == "py.frozenset":
-            return frozenset(kids.values())
+            return frozenset(everyday.few_same_hashes(kids.values(), "a frozenset"))
         if t == "py.range":
             return range(kids["start"], kids["stop"], kids["step"])
         if t == "py.slice":

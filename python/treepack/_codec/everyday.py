@@ -9,7 +9,7 @@ import collections
 import json
 import re
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -53,6 +53,29 @@ def _mapping(obj: Dict[Any, Any], data: Dict[str, Any]) -> Tuple[Optional[str], 
         return json.dumps(data) if data else None, list(obj.items())
     data["items"] = True
     return json.dumps(data), [("items", dict(obj))]
+
+
+#: Most items of one set (keys of one dict) that may share one hash: as the extension's
+#: `MAX_SAME_HASH` (decode.rs), which says why.
+MAX_SAME_HASH = 32
+
+
+def few_same_hashes(items: Iterable[Any], what: str) -> List[Any]:
+    """``items`` (a list), once no more than ``MAX_SAME_HASH`` of them share one hash (strings
+    aside: their hashes are keyed per process); else a ValueError, before any set or dict of them
+    is built, which would take time quadratic in their number."""
+    items = list(items)
+    if len(items) > MAX_SAME_HASH:
+        counts: Dict[int, int] = {}
+        for x in items:
+            if type(x) is not str:
+                h = hash(x)
+                n = counts[h] = counts.get(h, 0) + 1
+                if n > MAX_SAME_HASH:
+                    raise ValueError(f"{what} in the file has more than {MAX_SAME_HASH} items with one hash (such as "
+                                     f"{x!r:.60}): building it would take time quadratic in their number, so it is "
+                                     "refused (a file made to slow the load)")
+    return items
 
 
 def _items(data: Optional[Dict[str, Any]], kids: Dict[str, Any]) -> Dict[Any, Any]:
@@ -204,6 +227,7 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
         items = kids.get("items")
         if not isinstance(items, list) or not all(isinstance(p, tuple) and len(p) == 2 for p in items):
             raise ValueError("py.dict: the items must be a list of (key, value) pairs")
+        few_same_hashes([k for k, _ in items], "a dict")
         out = dict(items)
         if len(out) != len(items):
             raise ValueError("py.dict: two items have equal keys")

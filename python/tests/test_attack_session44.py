@@ -178,3 +178,154 @@ def test_keys_sharing_one_hash_are_refused_in_linear_time(attack, kind):
         """)
     r = attack.error(code, "TreepackError", "ValueError", "FormatError", timeout=60)
     assert "one hash" in r["message"] or "structure" in kind, r["message"]
+
+
+# ------------------------------------------------------------------ mappings: whole instance state
+
+import collections  # noqa: E402
+import dataclasses  # noqa: E402
+import sys  # noqa: E402
+
+
+class OD(collections.OrderedDict):
+    pass
+
+
+class Groups(collections.defaultdict):
+    pass
+
+
+class Tagged(dict):
+    __slots__ = ("tag",)
+
+
+class Holder:
+    pass
+
+
+TRUST = [__name__ + ".*"]
+
+
+def _rt(x, tmp_path, **kw):
+    treepack.save(x, tmp_path / "t", overwrite=True)
+    return treepack.load(tmp_path / "t", trust=TRUST, **kw)
+
+
+def test_ordereddict_subclasses_keep_their_items_and_order(tmp_path):
+    # Rebuilt with dict.update, an OrderedDict subclass's order list stayed empty: no items.
+    od = OD([("b", 1), ("a", 2)])
+    od.note = "x"
+    back = _rt(od, tmp_path)
+    assert type(back) is OD and list(back.items()) == [("b", 1), ("a", 2)] and back.note == "x"
+    back["c"] = 3
+    assert list(back) == ["b", "a", "c"]
+
+
+def test_a_transformers_model_output_round_trips(tmp_path):
+    torch = pytest.importorskip("torch")
+    outputs = pytest.importorskip("transformers.modeling_outputs")
+    out = outputs.BaseModelOutput(last_hidden_state=torch.ones(2, 3), hidden_states=(torch.zeros(1),))
+    treepack.save(out, tmp_path / "t")
+    back = treepack.load(tmp_path / "t", trust=["transformers.*"])
+    assert type(back) is type(out) and list(back.keys()) == ["last_hidden_state", "hidden_states"]
+    assert torch.equal(back.last_hidden_state, out.last_hidden_state) and len(back.to_tuple()) == 2
+    assert back[0] is back.last_hidden_state
+
+
+def test_mapping_subclasses_keep_a_factory_and_slots(tmp_path):
+    g = Groups(list, {"a": [1]})
+    t = Tagged(x=1)
+    t.tag = "train"
+    back = _rt({"g": g, "t": t}, tmp_path)
+    assert type(back["g"]) is Groups and back["g"].default_factory is list and back["g"]["a"] == [1]
+    back["g"]["new"].append(2)
+    assert type(back["t"]) is Tagged and back["t"].tag == "train" and dict(back["t"]) == {"x": 1}
+    # An untrusted factory of a trusted subclass is refused by name, before anything is built.
+    treepack.save(Groups(Holder), tmp_path / "f", overwrite=True)
+    with pytest.raises(treepack.UntrustedTypeError, match="Holder"):
+        treepack.load(tmp_path / "f", trust=[__name__ + ".Groups"])
+    assert isinstance(treepack.load(tmp_path / "f", trust=TRUST).default_factory(), Holder)
+
+
+def test_attributes_of_ordereddicts_counters_and_defaultdicts_are_tree_values(tmp_path):
+    # They went through JSON: tuples became lists, int keys strings, an OrderedDict a dict in
+    # sorted order.
+    od = collections.OrderedDict(w=1)
+    od.meta = {"ids": (1, 2), 3: "int key", True: "bool key", "od": collections.OrderedDict([("z", 1), ("a", 2)])}
+    c = collections.Counter("abca")
+    c.note = (1, None)
+    d = collections.defaultdict(list, {"k": [1]})  # (its instances hold no attributes)
+    back = _rt({"od": od, "c": c, "d": d}, tmp_path)
+    assert back["od"].meta == od.meta and type(back["od"].meta["ids"]) is tuple
+    assert type(back["od"].meta["od"]) is collections.OrderedDict and list(back["od"].meta["od"]) == ["z", "a"]
+    assert back["c"].note == (1, None) and back["c"] == c and back["d"] == d
+
+
+def test_a_state_dicts_metadata_comes_back_as_it_was_whole_partial_and_into_a_template(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(12)])
+    sd = model.state_dict()
+    treepack.save(sd, tmp_path / "t")
+    for back in (treepack.load(tmp_path / "t"), treepack.load(tmp_path / "t", select="3.weight"),
+                 treepack.load(tmp_path / "t", like=model.state_dict())):
+        assert type(back._metadata) is collections.OrderedDict and list(back._metadata) == list(sd._metadata)
+        assert back._metadata == sd._metadata
+    part = treepack.load(tmp_path / "t", select="3.weight")
+    assert [k for k, v in part.items() if v is not None] == ["3.weight"]
+    model.load_state_dict(treepack.load(tmp_path / "t"))
+
+
+def test_attributes_in_the_data_of_older_files_still_load(tmp_path):
+    # Files of before session 44 hold an OrderedDict's attributes as JSON in its data.
+    treepack.save({"od": collections.OrderedDict(w=1)}, tmp_path / "t")
+    p = tmp_path / "t" / "treepack.json"
+    text = p.read_text()
+    body = text[: text.rindex(',\n"manifest_hash"')]
+    old = '"type":"py.ordereddict","children"'
+    assert old in body, body
+    body = body.replace(old, '"type":"py.ordereddict","data":{"attrs":{"_metadata":{"":{"version":1}}}},"children"')
+    import blake3
+
+    p.write_text(body + ',\n"manifest_hash":"' + blake3.blake3(body.encode()).hexdigest() + '"}\n')
+    back = treepack.load(tmp_path / "t")["od"]
+    assert back == {"w": 1} and back._metadata == {"": {"version": 1}}
+
+
+@dataclasses.dataclass
+class DList(list):
+    tag: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DStr(str):
+    tag: int = 0
+
+
+@dataclasses.dataclass
+class DErr(Exception):
+    code: int = 0
+
+
+@dataclasses.dataclass
+class DDeque(collections.deque):
+    tag: int = 0
+
+
+@dataclasses.dataclass
+class DOD(collections.OrderedDict):
+    tag: int = 0
+
+
+def test_a_dataclass_deriving_from_a_builtin_with_contents_is_refused_not_emptied(tmp_path):
+    lst = DList(tag=3)
+    lst.extend([1, 2])
+    s = DStr.__new__(DStr, "hello")
+    object.__setattr__(s, "tag", 1)
+    for x, base in ((lst, "list"), (s, "str"), (DErr(5), "Exception"), (DDeque(), "deque")):
+        with pytest.raises(TypeError, match=f"derives from {base}, whose contents a record does not keep"):
+            treepack.save({"x": x}, tmp_path / "t", overwrite=True)
+    # A dict subclass is a mapping: its items are kept, its fields as attributes.
+    od = DOD(tag=1)
+    od["a"] = 1
+    back = _rt(od, tmp_path)
+    assert type(back) is DOD and list(back.items()) == [("a", 1)] and back.tag == 1

@@ -207,3 +207,21 @@ def test_trust_takes_strings_only(tmp_path):
     for bad, word in ((b"mypkg.*", "bytes"), (3, "int"), ([treepack.Unloadable], "cls.__module__")):
         with pytest.raises(TypeError, match=word):
             treepack.load(tmp_path / "t", trust=bad)
+
+
+def test_a_dotted_name_through_a_plain_module_runs_none_of_its_code(pkg):
+    # `victim.os:system`: importing `victim.os` made Python ask the module `victim` for its
+    # `__path__`, which ran victim's `__getattr__`. A parent must be a package (its `__path__` in
+    # its own namespace) before anything below it is imported.
+    (pkg.outside / "pkgs" / "victim.py").write_text(textwrap.dedent(f"""
+        import os
+        def __getattr__(name):
+            open(os.path.join({str(pkg.outside)!r}, "CONSTRUCTED"), "w").close()
+            raise AttributeError(name)
+        """))
+    from hostile_harness import _snapshot
+
+    pkg.before = _snapshot(pkg.outside)
+    r = pkg.error(_case('"mypkg:Point"', '"victim.os:system"', "treepack.load(LOC, trust=['victim.*', 'mypkg.*'])"),
+                  "TreepackError", "LookupError", "ValueError")
+    assert "not a package" in r["message"] and "victim.os:system" in r["message"], r["message"]

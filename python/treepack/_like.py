@@ -282,6 +282,15 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
         like_children = like.children
     elif stored.type_name in _MAPPINGS and isinstance(like, Mapping) and not (stored.data or {}).get("items"):
         like_children = like
+        if (stored.data or {}).get("attrs") is True and "__dict__" in stored.children:
+            # The mapping's own attributes (a state_dict's `_metadata`): loaded whole, whatever
+            # the template holds.
+            _take_all(stored.children["__dict__"], keep)
+            attrs_only = {k: v for k, v in stored.children.items() if k != "__dict__"}
+            _same_keys(list(attrs_only), list(like_children), path)
+            for k, v in attrs_only.items():
+                _walk(like_children[k], v, _child(path, k), keep, into, root)
+            return
     else:
         like_children = _fields_of(like) if stored.kind == "record" else None
         if like_children is None:

@@ -51,7 +51,16 @@ def resolve_class(name: str) -> type:
         # Importing `pkg.__main__` runs a program; a script's own `__main__` is always loaded.
         raise _bad_name(name, f"a load never imports a module named like {module}")
     try:
-        obj = obj or importlib.import_module(module)
+        if obj is None:
+            # Each enclosing package first, and only a package: Python's import asks a parent
+            # for its `__path__`, which in a plain module runs the module's `__getattr__`.
+            steps = module.split(".")
+            for i in range(1, len(steps)):
+                parent = ".".join(steps[:i])
+                outer = sys.modules.get(parent) or importlib.import_module(parent)
+                if "__path__" not in vars(outer):
+                    raise _bad_name(name, f"{parent} is a module, not a package, so it has no module {steps[i]}")
+            obj = importlib.import_module(module)
     except ImportError as e:
         if seen is not None:
             return seen

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 
 from .. import _registry as reg
+from . import records
 from .classes import check_kind, resolve_class
 from .dtypes import _dtype_desc, np_dtype
 
@@ -39,20 +40,102 @@ _TIME_DTYPE = re.compile(r"^[<>=|]?[Mm]8(\[[0-9]*[A-Za-z]+\])?$")
 
 
 def _mapping(obj: Dict[Any, Any], data: Dict[str, Any]) -> Tuple[Optional[str], List[Tuple[str, Any]]]:
-    """A mapping's children: its items by key when every key is a string (so key paths read
-    as the dict's own: ``sd/layer1.weight``), else one ``items`` child holding a plain dict.
-    Attributes set on the instance (torch's ``state_dict()._metadata``) go in the data, as JSON."""
-    attrs = getattr(obj, "__dict__", None)
+    """An OrderedDict's, Counter's or defaultdict's data and children (``_mapping_kids``)."""
+    kids = _mapping_kids(obj, _attrs(obj), data)
+    return json.dumps(data) if data else None, kids
+
+
+def _mapping_kids(items: Dict[Any, Any], attrs: Dict[str, Any], data: Dict[str, Any]) -> List[Tuple[str, Any]]:
+    """A mapping's children: its items by key when every key is a string and none is
+    ``__dict__`` (so key paths read as the dict's own: ``sd/layer1.weight``), else one ``items``
+    child holding a plain dict; then its attributes (``_attrs``) as a ``__dict__`` child, each a
+    value of the tree like any other (torch's ``state_dict()._metadata``, an OrderedDict, comes
+    back one, in its order). Files of before session 44 hold an OrderedDict's, Counter's or
+    defaultdict's attributes as JSON in the node's data (``_set_attrs`` reads them)."""
+    if all(type(k) is str for k in items) and "__dict__" not in items:
+        kids = list(items.items())
+    else:
+        data["items"] = True
+        kids = [("items", dict(items))]
     if attrs:
-        try:
-            json.dumps(attrs, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"its attributes {sorted(attrs)} are not JSON data ({e})") from None
-        data["attrs"] = attrs
-    if all(type(k) is str for k in obj):
-        return json.dumps(data) if data else None, list(obj.items())
-    data["items"] = True
-    return json.dumps(data), [("items", dict(obj))]
+        data["attrs"] = True
+        kids.append(("__dict__", attrs))
+    return kids
+
+
+def _attrs(obj: Any, skip: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    """The attributes an instance holds: its ``__dict__`` (less ``skip``), then its slots."""
+    d = records._instance_dict(obj) or {}
+    out = {k: v for k, v in d.items() if k not in skip}
+    if not all(type(k) is str for k in out):
+        raise TypeError("its __dict__ holds a key that is not a str")
+    for k in records.slot_names(type(obj)):
+        if k not in out:
+            try:
+                out[k] = object.__getattribute__(obj, k)
+            except AttributeError:  # an empty slot stays empty
+                continue
+    return out
+
+
+def _split_attrs(data: Optional[Dict[str, Any]], kids: Dict[str, Any]) -> Tuple[Dict[Any, Any], Dict[str, Any]]:
+    """A mapping node's items and attributes (a ``__dict__`` child, or JSON in the data of an
+    older file)."""
+    data = data or {}
+    attrs: Any = data.get("attrs")
+    if attrs is True:
+        kids = dict(kids)
+        attrs = kids.pop("__dict__", None)
+    items = kids.get("items") if data.get("items") else kids
+    if not isinstance(items, dict) or not isinstance(attrs or {}, dict):
+        raise ValueError("a mapping's items and attributes must be dicts")
+    return items, attrs or {}
+
+
+def _set_attrs(obj: Any, attrs: Dict[str, Any]) -> Any:
+    """Put ``attrs`` back: slots through ``object.__setattr__``, the rest into the instance's
+    ``__dict__`` (no class's own ``__setattr__`` runs)."""
+    if attrs:
+        slots = set(records.slot_names(type(obj)))
+        d = records._instance_dict(obj)
+        for k, v in attrs.items():
+            if k in slots:
+                object.__setattr__(obj, k, v)
+            elif d is not None and type(k) is str:
+                d[k] = v
+            else:
+                raise ValueError(f"{type(obj).__qualname__} instances hold no attribute {k!r:.60}, but the file gives one")
+    return obj
+
+
+def _factory_name(f: Any) -> Optional[str]:
+    """A defaultdict's ``default_factory`` by name (None for none)."""
+    if f is None:
+        return None
+    if isinstance(f, type) and f in _FACTORY_NAMES:
+        return _FACTORY_NAMES[f]
+    if isinstance(f, type) and "<locals>" not in f.__qualname__:
+        return reg.type_name(f)
+    raise TypeError(
+        f"its default_factory {f!r} is neither a built-in type nor an importable class; use one "
+        "(list, int, a class), or convert it with dict(obj)"
+    )
+
+
+def _factory(name: Any, trusted: Callable[[str], bool]) -> Tuple[Any, Optional[str]]:
+    """The default_factory ``name`` stands for, or (None, why it cannot be had)."""
+    if name is None:
+        return None, None
+    if name in FACTORIES:
+        return FACTORIES[name], None
+    if not isinstance(name, str) or not trusted(name):
+        return None, "defaultdict factory type is not trusted (pass trust=[...])"
+    try:
+        factory = resolve_class(name)
+        check_kind(factory, name, "defaultdict factory")
+    except LookupError as e:
+        return None, str(e)
+    return factory, None
 
 
 #: Most items of one set (keys of one dict) that may share one hash: as the extension's
@@ -76,16 +159,6 @@ def few_same_hashes(items: Iterable[Any], what: str) -> List[Any]:
                                      f"{x!r:.60}): building it would take time quadratic in their number, so it is "
                                      "refused (a file made to slow the load)")
     return items
-
-
-def _items(data: Optional[Dict[str, Any]], kids: Dict[str, Any]) -> Dict[Any, Any]:
-    return kids["items"] if data and data.get("items") else kids
-
-
-def _with_attrs(obj: Any, data: Optional[Dict[str, Any]]) -> Any:
-    for k, v in ((data or {}).get("attrs") or {}).items():
-        setattr(obj, k, v)
-    return obj
 
 
 def _time_dtype(kind: str, unit: str, count: int) -> np.dtype:
@@ -112,19 +185,7 @@ def _encode(obj: Any, t: type) -> Optional[Description]:
     if t is collections.Counter:
         return ("custom", "py.counter", *_mapping(obj, {}))
     if t is collections.defaultdict:
-        f = obj.default_factory
-        if f is None:
-            name = None
-        elif isinstance(f, type) and f in _FACTORY_NAMES:
-            name = _FACTORY_NAMES[f]
-        elif isinstance(f, type) and "<locals>" not in f.__qualname__:
-            name = reg.type_name(f)
-        else:
-            raise TypeError(
-                f"its default_factory {f!r} is neither a built-in type nor an importable class; use one "
-                "(list, int, a class), or convert it with dict(obj)"
-            )
-        return ("custom", "py.defaultdict", *_mapping(obj, {"factory": name}))
+        return ("custom", "py.defaultdict", *_mapping(obj, {"factory": _factory_name(obj.default_factory)}))
     if t is dict:
         # Keys that are no format keys (numpy scalars, enum members): the items as pairs of
         # tree values, so each key keeps its type.
@@ -186,39 +247,28 @@ def _mapping_subclass(obj: Any, t: type) -> Description:
         raise TypeError("it is a mapping class defined inside a function, which a load cannot find; use a module-level class or dict(obj)")
     user = isinstance(obj, collections.UserDict)
     items = obj.data if user else dict.copy(obj)
-    attrs = {k: v for k, v in (getattr(obj, "__dict__", None) or {}).items() if not (user and k == "data")}
     data: Dict[str, Any] = {"class": reg.type_name(t)}
-    kids: List[Tuple[str, Any]]
-    if all(type(k) is str for k in items) and "__dict__" not in items:
-        kids = list(items.items())
-    else:
-        data["items"] = True
-        kids = [("items", dict(items))]
-    if attrs:
-        if not all(type(k) is str for k in attrs):
-            raise TypeError("its __dict__ holds a key that is not a str")
-        data["attrs"] = True
-        kids.append(("__dict__", attrs))
+    if isinstance(obj, collections.defaultdict):
+        data["factory"] = _factory_name(obj.default_factory)
+    kids = _mapping_kids(items, _attrs(obj, ("data",) if user else ()), data)
     return ("custom", "py.mapping", json.dumps(data), kids)
 
 
-def _mapping_build(cls: type, data: Dict[str, Any], kids: Dict[str, Any]) -> Any:
-    kids = dict(kids)
-    attrs = kids.pop("__dict__", None) if data.get("attrs") else None
-    items = kids["items"] if data.get("items") else kids
-    if not isinstance(items, dict) or (attrs is not None and not isinstance(attrs, dict)):
-        raise ValueError("py.mapping: the items and attributes must be dicts")
+def _mapping_build(cls: type, data: Dict[str, Any], kids: Dict[str, Any], factory: Any) -> Any:
+    """A ``py.mapping``'s instance, made with ``cls.__new__`` and filled through the base
+    type's own store (an OrderedDict's keeps its order list; no subclass's ``__setitem__`` runs)."""
+    items, attrs = _split_attrs(data, kids)
     obj = cls.__new__(cls)
-    if issubclass(cls, dict):
+    if issubclass(cls, collections.OrderedDict):
+        for k, v in items.items():
+            collections.OrderedDict.__setitem__(obj, k, v)
+    elif issubclass(cls, dict):
         dict.update(obj, items)
     else:
         object.__getattribute__(obj, "__dict__")["data"] = dict(items)
-    if attrs:
-        d = getattr(obj, "__dict__", None)
-        if not isinstance(d, dict):
-            raise ValueError(f"{cls.__qualname__} instances hold no attributes, but the file gives {sorted(attrs)}")
-        d.update(attrs)
-    return obj
+    if issubclass(cls, collections.defaultdict):
+        collections.defaultdict.default_factory.__set__(obj, factory)
+    return _set_attrs(obj, attrs)
 
 
 def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], bool], missing: Callable[..., Any]) -> Any:
@@ -243,7 +293,10 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
             check_kind(cls, name, "mapping")
         except LookupError as e:
             return missing(name, kids, str(e))
-        return _mapping_build(cls, data, kids)
+        factory, why = _factory((data or {}).get("factory"), trusted)
+        if why is not None:
+            return missing(data["factory"], kids, why)
+        return _mapping_build(cls, data, kids, factory)
     if t == "py.np_generator":
         name = (data or {}).get("bit_generator")
         if name not in _BIT_GENERATORS:
@@ -256,24 +309,17 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
         rs.set_state(kids["state"])
         return rs
     if t == "py.ordereddict":
-        return _with_attrs(collections.OrderedDict(_items(data, kids)), data)
+        items, attrs = _split_attrs(data, kids)
+        return _set_attrs(collections.OrderedDict(items), attrs)
     if t == "py.counter":
-        return _with_attrs(collections.Counter(_items(data, kids)), data)
+        items, attrs = _split_attrs(data, kids)
+        return _set_attrs(collections.Counter(items), attrs)
     if t == "py.defaultdict":
-        name = (data or {}).get("factory")
-        if name is None:
-            factory = None
-        elif name in FACTORIES:
-            factory = FACTORIES[name]
-        elif trusted(name):
-            try:
-                factory = resolve_class(name)
-                check_kind(factory, name, "defaultdict factory")
-            except LookupError as e:
-                return missing(name, _items(data, kids), str(e))
-        else:
-            return missing(name, _items(data, kids), "defaultdict factory type is not trusted (pass trust=[...])")
-        return _with_attrs(collections.defaultdict(factory, _items(data, kids)), data)
+        items, attrs = _split_attrs(data, kids)
+        factory, why = _factory((data or {}).get("factory"), trusted)
+        if why is not None:
+            return missing(data["factory"], items, why)
+        return _set_attrs(collections.defaultdict(factory, items), attrs)
     if t == "py.deque":
         maxlen = data.get("maxlen") if isinstance(data, dict) else None
         if not isinstance(kids.get("items"), list) or not (maxlen is None or (type(maxlen) is int and maxlen >= 0)):

@@ -18,6 +18,8 @@ file says), then its private attributes and fields set are put back.
 
 from __future__ import annotations
 
+import array
+import collections
 import dataclasses
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -25,6 +27,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from .. import _registry as reg
 
 Pairs = List[Tuple[str, Any]]
+
+#: Types outside ``builtins`` whose instances hold contents no ``__dict__`` or slot holds.
+_CONTENT_TYPES = (collections.deque, array.array)
 
 
 def is_attrs(cls: Any) -> bool:
@@ -117,6 +122,22 @@ def state(obj: Any, fields: List[str], where: str) -> Pairs:
     return out
 
 
+def _no_builtin_contents(t: type, where: str) -> None:
+    """A dataclass or attrs class that also derives from a built-in type holding contents of its
+    own (a list's items, a str's text, an int's value, a set's members, an exception's ``args``)
+    is refused: a record keeps its fields and attributes, and those contents would be lost. (A
+    dict subclass is saved as a mapping, its items kept.)"""
+    for base in t.__mro__[1:]:
+        if base is not object and (base.__module__ == "builtins" or base in _CONTENT_TYPES):
+            raise TypeError(
+                f"cannot save `{where}`: {t.__module__}.{t.__qualname__} is a "
+                f"{'dataclass' if dataclasses.is_dataclass(t) else 'attrs class'} that also derives from "
+                f"{base.__qualname__}, whose contents a record does not keep (only its fields and attributes); "
+                f"hold the {base.__qualname__} in a field instead, register the class with treepack.register(...), "
+                "or pass allow_pickle=True"
+            )
+
+
 def describe(obj: Any, t: type, where: str, name: str) -> Optional[Tuple[str, str, None, Pairs]]:
     """``encode_other``'s description of a record, or None when ``obj`` is none.
 
@@ -126,6 +147,8 @@ def describe(obj: Any, t: type, where: str, name: str) -> Optional[Tuple[str, st
     # A class with its own `__setstate__` gets a copy of its state, so a cycle through it could
     # not be rebuilt: it is made from its children, as a namedtuple is.
     kind = "record_built" if _own(t, "__setstate__") else "record"
+    if (dataclasses.is_dataclass(obj) and not isinstance(obj, type)) or is_attrs(t):
+        _no_builtin_contents(t, where)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return (kind, name, None, state(obj, [f.name for f in dataclasses.fields(obj)], where))
     if is_attrs(t):

@@ -31,9 +31,14 @@ def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ..
             if factory and factory not in FACTORIES and not (reg.is_trusted(factory, trust) or reg.lookup_name(factory)):
                 flag(factory, path)
         elif name in ("py.enum", "py.mapping"):
-            cls = json.loads(data_json).get("class", "?") if data_json else "?"
+            data = (json.loads(data_json) or {}) if data_json else {}
+            cls = data.get("class", "?") if isinstance(data, dict) else "?"
             if not (reg.is_trusted(cls, trust) or reg.lookup_name(cls)):
                 flag(cls, path)
+            # (a defaultdict subclass's factory)
+            factory = data.get("factory") if name == "py.mapping" and isinstance(data, dict) else None
+            if factory and factory not in FACTORIES and not (reg.is_trusted(factory, trust) or reg.lookup_name(factory)):
+                flag(factory, path)
         elif name in reg.CLASS_NODES:  # an integration's node naming its class (jax.pytree)
             cls = (json.loads(data_json) or {}).get("class", "?") if data_json else "?"
             if not (reg.is_trusted(cls, trust) or reg.lookup_name(cls)):

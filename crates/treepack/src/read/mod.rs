@@ -56,13 +56,20 @@ pub struct LoadOptions {
     /// With `Some`, a partial load builds a custom node whole once anything in it is selected,
     /// unless its type is in this set (types that may come back with some children `None`, as
     /// an `OrderedDict` of tensors may; a DataFrame cannot). `None` (the default): custom nodes
-    /// are data, and may come back in part. See [`close_selection`].
+    /// are data, and may come back in part. A child named [`PARTIAL_ATTRS`] of a node built in
+    /// part comes whenever the node does. See [`close_selection`].
     pub partial_types: Option<std::collections::HashSet<String>>,
     /// If set, the load fails unless the tree is signed by one of these keys (and as recently
     /// as asked), checked from the manifest and the signature before any data is read
     /// ([`Reader::verify_signature_async`], docs/signing.md).
     pub signed_by: Option<crate::sign::SignedBy>,
 }
+
+/// The child of a custom node that holds the node's own attributes rather than its contents
+/// (the Python package's mappings: an `OrderedDict`'s `__dict__`, where torch keeps a
+/// `state_dict()`'s `_metadata`): a node of [`LoadOptions::partial_types`] built in part still
+/// gets it whole.
+pub const PARTIAL_ATTRS: &str = "__dict__";
 
 impl Default for LoadOptions {
     fn default() -> Self {

@@ -289,14 +289,23 @@ impl Places<'_> {
             Tree::Custom { children, .. } if children.is_empty() => return self.place(path, None),
             _ => {}
         }
-        let whole = match (t, self.partial) {
-            (Tree::Custom { type_name, .. }, Some(partial)) if !partial.contains(type_name) => {
-                let x = self.whole.len();
-                self.whole.push(Whole { range: (self.places.len(), usize::MAX), parent: self.open.last().copied() });
-                self.open.push(x);
-                Some(x)
+        // A node built whole spans all its places; one built in part that holds its attributes
+        // in a `PARTIAL_ATTRS` child spans that child's places: whatever else of it is kept
+        // keeps them too.
+        let (whole, attrs) = match (t, self.partial) {
+            (Tree::Custom { type_name, children, .. }, Some(partial)) => {
+                let in_part = partial.contains(type_name);
+                if in_part && !children.iter().any(|(k, _)| k == super::PARTIAL_ATTRS) {
+                    (None, false)
+                } else {
+                    let x = self.whole.len();
+                    let start = if in_part { usize::MAX } else { self.places.len() };
+                    self.whole.push(Whole { range: (start, usize::MAX), parent: self.open.last().copied() });
+                    self.open.push(x);
+                    (Some(x), in_part)
+                }
             }
-            _ => None,
+            _ => (None, false),
         };
         for (step, c) in t.children() {
             let len = path.len();
@@ -304,8 +313,19 @@ impl Places<'_> {
                 path.push('/');
             }
             keypath::push_step_text(path, &step);
+            let own = attrs && matches!(step, crate::format::model::Step::Name(k) if k == super::PARTIAL_ATTRS);
+            if let (true, Some(x)) = (own, whole) {
+                self.whole[x].range.0 = self.places.len();
+            }
             crate::format::model::grow(|| self.walk(c, path));
+            if let (true, Some(x)) = (own, whole) {
+                self.whole[x].range.1 = self.places.len();
+            }
             path.truncate(len);
+        }
+        if attrs {
+            self.open.pop();
+            return;
         }
         if let Some(x) = whole {
             self.open.pop();

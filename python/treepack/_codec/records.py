@@ -12,8 +12,9 @@ classes are described and built by its integration (``record_fields``, ``record_
 Loading never calls ``__init__`` or ``__post_init__`` (pickle does not either): a dataclass or
 attrs instance is made with ``cls.__new__(cls)`` and its state put back, ``__dict__`` entries
 straight into its ``__dict__`` and slots through ``object.__setattr__``; a namedtuple is made
-from its fields; a pydantic model is validated from its fields (its validators run on what the
-file says), then its private attributes and fields set are put back.
+from its fields; a pydantic model's fields are checked by its validators (on what the file
+says), then it is made of the stored values as they are, its private attributes and fields set
+put back.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """pydantic models as records: saved like dataclasses (a record named ``module:qualname`` holding
 the model's fields, then any extra fields the model allows), rebuilt, when the class is trusted,
-through ``model_validate`` so the model's validators run on what the file says. Used only when
+from the stored values once ``model_validate`` has checked them (the model's validators run on
+what the file says; what comes back is what was saved). Used only when
 pydantic is already imported: ``import treepack`` never imports it."""
 
 from __future__ import annotations
@@ -43,27 +44,46 @@ FIELDS_SET = "__pydantic_fields_set__"
 
 
 def build(cls: type, fields: Dict[str, Any]) -> Any:
-    """The model, validated from its fields and extras (a file that breaks the model's rules
-    raises ``ValueError``), with its private attributes and fields set put back."""
+    """The model the stored fields describe. The file must satisfy the model's rules: its fields
+    and extras are validated (``model_validate``, by field name whatever the aliases; a file
+    that breaks a rule raises ``ValueError``). What comes back holds the stored values as they
+    are, as pickle gives them (``model_construct``): a validator that changes what it is given
+    (doubles a number, coerces an int to a float) does not change them again at every round
+    trip. Private attributes and the fields given are put back."""
     kids = dict(fields)
     given = kids.pop(FIELDS_SET, None)
     declared = getattr(cls, "__private_attributes__", None) or {}
     private = {k: kids.pop(k) for k in list(kids) if k in declared}
     try:
-        obj = cls.model_validate(kids)
+        _validate(cls, kids)
     except Exception as e:  # pydantic.ValidationError is a ValueError; others are the model's own
         raise ValueError(f"the stored fields do not validate as {cls.__qualname__}: {e}") from e
+    names = set(cls.model_fields) | {k for k in kids if k not in cls.model_fields}
+    if given is not None and (not isinstance(given, list) or not all(isinstance(n, str) and n in names for n in given)):
+        raise ValueError(f"{FIELDS_SET} must list fields of {cls.__qualname__}, got {given!r}")
+    obj = cls.model_construct(_fields_set=set(given) if given is not None else names, **kids)
     if private:
         store = getattr(obj, "__pydantic_private__", None)
         if not isinstance(store, dict):
             raise ValueError(f"{cls.__qualname__} holds no private attributes, but the file gives {sorted(private)}")
         store.update(private)
-    if given is not None:
-        names = set(cls.model_fields) | set(obj.model_extra or {})
-        if not isinstance(given, list) or not all(isinstance(n, str) and n in names for n in given):
-            raise ValueError(f"{FIELDS_SET} must list fields of {cls.__qualname__}, got {given!r}")
-        object.__setattr__(obj, "__pydantic_fields_set__", set(given))
     return obj
+
+
+def _validate(cls: type, kids: Dict[str, Any]) -> None:
+    """``model_validate`` of the stored fields, which are keyed by field name (a model with
+    aliases takes its fields by alias unless told otherwise)."""
+    try:
+        cls.model_validate(kids, by_name=True)
+    except TypeError as e:  # a pydantic before 2.11, without by_name: the aliases' keys
+        if "by_name" not in str(e):
+            raise
+        by_alias = {}
+        for k, v in kids.items():
+            f = cls.model_fields.get(k)
+            alias = getattr(f, "validation_alias", None) or getattr(f, "alias", None)
+            by_alias[alias if isinstance(alias, str) else k] = v
+        cls.model_validate(by_alias)
 
 
 # ---------------------------------------------------------------- the plug-in

@@ -372,3 +372,21 @@ def test_pydantic_models_come_back_as_saved_checked_by_their_validators(tmp_path
     # The file must still satisfy the model's rules.
     with pytest.raises(ValueError, match="(?s)do not validate as .*Positive.*must be positive"):
         _rt(Positive.model_construct(n=-1), tmp_path)
+
+
+# ------------------------------------------------------------------ JAX: weak types
+
+
+def test_weakly_typed_jax_arrays_stay_weak_plainly_and_into_a_template(tmp_path):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    scale = jnp.asarray(0.5)  # weakly typed: gives way to the other operand's dtype
+    assert scale.weak_type
+    tree = {"scale": scale, "w": jnp.ones(3), "v": jnp.full((2,), 3.0)}
+    treepack.save(tree, tmp_path / "t")
+    for back in (treepack.load(tmp_path / "t"),
+                 treepack.load(tmp_path / "t", like=tree),
+                 treepack.load(tmp_path / "t", like=jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type), tree))):
+        assert {k: v.weak_type for k, v in back.items()} == {k: v.weak_type for k, v in tree.items()}
+        assert (jnp.ones(3, jnp.bfloat16) * back["scale"]).dtype == jnp.bfloat16
+        assert float(back["scale"]) == 0.5

@@ -69,6 +69,10 @@ def encode(a: Any, where: str) -> Tuple[str, str, str, list]:
     else:
         ann = {"type": ARRAY}
         data = a
+        if getattr(a, "weak_type", False):
+            # A weakly typed array (`jnp.asarray(0.5)`) gives way to the other operand's dtype:
+            # loaded strong, `bf16_array * scale` would become float32.
+            ann["weak_type"] = True
     sd = sharding_data(a.sharding)
     if sd is not None:
         ann["sharding"] = sd
@@ -101,7 +105,24 @@ class Loader:
                 return jax.random.wrap_key_data(jax.numpy.asarray(arr), impl=impl)
             except (ValueError, TypeError) as e:
                 raise ValueError(f"jax.random.key leaf: key data of shape {arr.shape} with impl {impl!r}: {e}") from None
-        return jax.device_put(arr) if self.stager is None else self.stager.put(arr)
+        out = jax.device_put(arr) if self.stager is None else self.stager.put(arr)
+        return weak(out) if ann.get("weak_type") is True else out
+
+
+def weak(x: Any) -> Any:
+    """``x`` weakly typed (its values and placement unchanged). JAX makes such arrays only from
+    Python scalars or through its own internal conversion: this uses that conversion, and says
+    so when a JAX without it cannot."""
+    try:
+        from jax._src.lax import lax as _lax
+
+        return _lax._convert_element_type(x, x.dtype, weak_type=True)
+    except (ImportError, AttributeError, TypeError) as e:
+        import warnings
+
+        warnings.warn(f"treepack: this JAX cannot make a weakly typed array ({e}); a weakly typed array of the file "
+                      "is loaded strongly typed", RuntimeWarning, stacklevel=3)
+        return x
 
 
 def missing_message(paths: List[str]) -> str:

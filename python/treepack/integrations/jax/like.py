@@ -13,7 +13,7 @@ import numpy as np
 from ... import _plugin
 from ..._plugin import LeafInfo, StructNode
 from . import staging
-from .arrays import KEY as _KEY
+from .arrays import KEY as _KEY, weak
 from .pytrees import _NATIVE, _key_text, register
 
 
@@ -312,6 +312,11 @@ def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callab
             values.append(reader.load(dec, np_dtype, mmap=mmap, verify=verify, subpath=path))
     for (i, _), arr in zip(sharded, _read_sharded(reader, [p for _, p in sharded], np_dtype, verify)):
         values[i] = arr
+    for i, (_, _, leaf) in enumerate(plan):
+        # A template leaf weakly typed (a scalar of `jnp.asarray(0.5)`, or its ShapeDtypeStruct):
+        # so is what is loaded there.
+        if getattr(leaf, "weak_type", False) and isinstance(values[i], jax.Array) and not values[i].weak_type:
+            values[i] = weak(values[i])
     out = jtu.tree_unflatten(treedef, values)
     return _finish(out, dec)
 

@@ -390,3 +390,23 @@ def test_weakly_typed_jax_arrays_stay_weak_plainly_and_into_a_template(tmp_path)
         assert {k: v.weak_type for k, v in back.items()} == {k: v.weak_type for k, v in tree.items()}
         assert (jnp.ones(3, jnp.bfloat16) * back["scale"]).dtype == jnp.bfloat16
         assert float(back["scale"]) == 0.5
+
+
+# ------------------------------------------------------------------ like=load_structure(p), shared objects
+
+
+def test_load_structure_is_a_template_for_trees_with_shared_objects(tmp_path):
+    import numpy as np
+
+    emb = np.arange(8, dtype=np.float32).reshape(4, 2)
+    shared = [1, 2]
+    treepack.save({"encoder": {"emb": emb}, "decoder": {"emb": emb}, "a": shared, "b": shared}, tmp_path / "t")
+    s = treepack.load_structure(tmp_path / "t")
+    assert s["decoder"]["emb"].kind == "ref" and s["b"].kind == "ref"
+    back = treepack.load(tmp_path / "t", like=s)
+    assert back["decoder"]["emb"] is back["encoder"]["emb"] and back["b"] is back["a"] == [1, 2]
+    assert np.array_equal(back["encoder"]["emb"], emb)
+    # A ref's row put at another ref place is refused, naming both.
+    s["b"] = s["decoder"]["emb"]
+    with pytest.raises(ValueError, match="`decoder/emb`"):
+        treepack.load(tmp_path / "t", like=s)

@@ -220,8 +220,14 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
     stored, ref_place = deref(stored, root)
     if ref_place is not None:
         # Loading the ref place loads the object it names (whole, at its own place too); the
-        # template is checked against that object.
+        # template is checked against that object. `load_structure`'s own row for a ref place
+        # (a LeafInfo of kind "ref", the usual start of a mask) asks for it as stored.
         keep.add(ref_place)
+        if isinstance(like, LeafInfo) and like.kind == "ref":
+            if like.path != ref_place:
+                raise ValueError(f"like=: at {_where(path)} like= has load_structure's row of `{like.path}`, "
+                                 f"a shared object's other place; use True to load it")
+            return
         _walk(like, stored, path, set(), None, root)
         return
     if isinstance(stored, LeafInfo):

@@ -410,3 +410,37 @@ def test_load_structure_is_a_template_for_trees_with_shared_objects(tmp_path):
     s["b"] = s["decoder"]["emb"]
     with pytest.raises(ValueError, match="`decoder/emb`"):
         treepack.load(tmp_path / "t", like=s)
+
+
+# ------------------------------------------------------------------ numpy dtypes: nothing dropped
+
+
+def test_dtype_titles_and_metadata_are_refused_not_dropped(tmp_path):
+    import numpy as np
+
+    cases = [
+        (np.zeros(2, dtype=[(("Title A", "a"), "<i4"), ("b", "?")]), "field 'a' has a title"),
+        (np.zeros(2, dtype=[("s", [(("t", "x"), "<i2")])]), "field 'x' has a title"),
+        (np.zeros(2, np.dtype("i4", metadata={"k": 1})), "carries metadata"),  # (the fast path's dtype)
+        (np.zeros((2, 2), np.dtype("f4", metadata={"k": 1}))[:, 0], "carries metadata"),
+        (np.dtype("i4", metadata={"k": 1}), "carries metadata"),
+        (np.dtype([(("T", "a"), "<i4")]), "has a title"),
+    ]
+    for value, words in cases:
+        with pytest.raises(TypeError, match=f"cannot save `x`.*{words}") as e:
+            treepack.save({"x": value}, tmp_path / "t", overwrite=True)
+        assert "TypeError:" not in str(e.value), e.value
+    # Byte order and padding are converted, as documented: not refused.
+    padded = np.zeros(2, dtype=np.dtype([("a", "u1"), ("b", ">i4")], align=True))
+    treepack.save({"x": padded}, tmp_path / "t", overwrite=True)
+    assert treepack.load(tmp_path / "t")["x"].dtype == np.dtype([("a", "u1"), ("b", "<i4")])
+
+
+def test_long_double_is_refused_saying_what_to_do(tmp_path):
+    import numpy as np
+
+    if np.dtype(np.longdouble).itemsize == 8:
+        pytest.skip("long double is float64 on this machine")
+    for value in (np.longdouble(1), np.zeros(2, np.longdouble), np.zeros(2, np.clongdouble)):
+        with pytest.raises(TypeError, match=r"long double.*\.astype\(np\.(float64|complex128)\)"):
+            treepack.save({"x": value}, tmp_path / "t", overwrite=True)

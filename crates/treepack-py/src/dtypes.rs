@@ -56,8 +56,18 @@ fn dtype_of_numpy<'py>(dt: &Bound<'py, PyAny>) -> PyResult<(DType, Bound<'py, Py
         let canon = if d.is_ml_dtypes() || itemsize == 1 { dt.clone() } else { little(dt)? };
         return Ok((d, canon));
     }
+    if matches!(kind.as_str(), "f" | "c") {
+        // numpy's long double: 80-bit x87 values padded to 16 bytes here, plain float64 or
+        // IEEE quad elsewhere; no layout every reader agrees on.
+        return Err(PyTypeError::new_err(format!(
+            "numpy dtype {dt} is numpy's long double, whose layout differs from machine to machine, so treepack \
+             does not store it: convert it (.astype(np.{}), exact only within that type's precision) or keep its \
+             bytes (.view(np.uint8))",
+            if kind == "f" { "float64" } else { "complex128" }
+        )));
+    }
     Err(PyTypeError::new_err(format!(
-        "numpy dtype {dt} (kind {}) is not supported inside arrays; use a numeric, bool, bytes or str dtype",
+        "numpy dtype {dt} (kind {}) is not supported; use a numeric, bool, bytes or str dtype",
         pyo3::types::PyString::new(py, &kind).repr()?
     )))
 }

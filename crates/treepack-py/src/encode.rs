@@ -383,12 +383,24 @@ impl<'py> Encoder<'py> {
         } else {
             None
         };
+        // A dtype with metadata takes the slow path, which refuses it (it would be dropped).
+        let fast = match fast {
+            Some(d) if descr.getattr(pyo3::intern!(obj.py(), "metadata"))?.is_none() => Some(d),
+            _ => None,
+        };
         let (canon, dtype) = match fast {
             Some(d) => (obj.clone(), d),
             None => {
                 // Slow path (big-endian, strided, structured, strings, ml_dtypes): Python makes a
                 // canonical copy and describes its dtype.
-                let r = self.encode_array.call1((obj,)).map_err(|e| self.err(e))?;
+                // (a TypeError of the helper says what is wrong: only where is added)
+                let r = self.encode_array.call1((obj,)).map_err(|e| {
+                    if e.is_instance_of::<PyTypeError>(self.py) {
+                        self.err(e.value(self.py))
+                    } else {
+                        self.err(e)
+                    }
+                })?;
                 let (c, dj): (Bound<'py, PyAny>, String) = r.extract()?;
                 let v: serde_json::Value = serde_json::from_str(&dj).map_err(|e| self.err(e))?;
                 (c, DType::from_json(&v).map_err(|e| self.err(e))?)

@@ -15,12 +15,33 @@ from .. import _core
 
 def _dtype_desc(dt: np.dtype) -> Tuple[Any, np.dtype]:
     """(treepack dtype JSON value, canonical numpy dtype: little-endian and packed)."""
+    _nothing_dropped(dt)
     text, canon = _core.numpy_dtype_desc(dt)
     return json.loads(text), canon
 
 
+def _nothing_dropped(dt: np.dtype) -> None:
+    """Refuse a dtype with parts the format's dtypes do not hold, which a save would drop
+    silently: ``metadata`` (``np.dtype("i4", metadata={...})``) and structured fields' titles
+    (``[(("Title", "a"), "<i4")]``). (Byte order and padding are not parts: values are stored
+    little-endian and packed, as docs/python.md says.)"""
+    if dt.metadata:
+        raise TypeError(f"numpy dtype {dt} carries metadata {dict(dt.metadata)!r:.80}, which treepack does not keep; "
+                        "save the array with the metadata dropped (a.astype(np.dtype(a.dtype.str))) and keep it beside")
+    if dt.names is not None:
+        for name in dt.names:
+            field = dt.fields[name]
+            if len(field) > 2:
+                raise TypeError(f"numpy dtype {dt}: field {name!r} has a title ({field[2]!r:.40}), which treepack does "
+                                "not keep; save the array with a dtype without titles and keep the titles beside")
+            _nothing_dropped(field[0])
+    elif dt.subdtype is not None:
+        _nothing_dropped(dt.subdtype[0])
+
+
 def encode_array(a: np.ndarray) -> Tuple[np.ndarray, str]:
     """A canonical (C-contiguous, little-endian, packed) copy of ``a`` and its dtype JSON."""
+    _nothing_dropped(a.dtype)
     text, canon = _core.numpy_dtype_desc(a.dtype)
     if a.dtype.kind == "S" and a.size and a.dtype.itemsize == 0:
         raise TypeError("zero-width byte strings are not supported")

@@ -444,3 +444,44 @@ def test_long_double_is_refused_saying_what_to_do(tmp_path):
     for value in (np.longdouble(1), np.zeros(2, np.longdouble), np.zeros(2, np.clongdouble)):
         with pytest.raises(TypeError, match=r"long double.*\.astype\(np\.(float64|complex128)\)"):
             treepack.save({"x": value}, tmp_path / "t", overwrite=True)
+
+
+# ------------------------------------------------------------------ xarray and pandas: whole objects
+
+
+def test_xarray_indexes_encoding_and_object_variables_round_trip(tmp_path):
+    import numpy as np
+
+    xr = pytest.importorskip("xarray")
+
+    def rt(o):
+        treepack.save(o, tmp_path / "t", overwrite=True)
+        return treepack.load(tmp_path / "t")
+
+    multi = xr.Dataset({"v": ("x", np.arange(4))}, coords={"a": ("x", [1, 1, 2, 2]), "b": ("x", list("abab"))}).set_index(x=["a", "b"])
+    dropped = xr.Dataset({"v": ("x", [1, 2])}, coords={"x": [10, 20]}).drop_indexes("x")
+    other = xr.Dataset({"v": ("x", [1, 2])}, coords={"lbl": ("x", ["p", "q"])}).set_xindex("lbl")
+    objects = xr.Dataset({"s": ("x", np.array(["a", "bc"], dtype=object))})
+    for o in (multi, dropped, other, objects):
+        back = rt(o)
+        xr.testing.assert_identical(back, o)
+        assert {k: type(v).__name__ for k, v in back.xindexes.items()} == {k: type(v).__name__ for k, v in o.xindexes.items()}
+    assert rt(objects)["s"].dtype == object
+    da = xr.DataArray(np.arange(3.0), dims="x", name="n")
+    da.encoding = {"dtype": "int16", "scale_factor": 0.1}
+    assert rt(da).encoding == da.encoding
+    ds = xr.Dataset({"v": ("x", np.arange(3.0))})
+    ds["v"].encoding = {"dtype": np.dtype("int16"), "chunksizes": (2,)}
+    ds.encoding = {"unlimited_dims": {"x"}}
+    back = rt(ds)
+    assert back["v"].encoding == ds["v"].encoding and back.encoding == ds.encoding
+
+
+def test_pandas_flags_round_trip(tmp_path):
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"a": [1]}).set_flags(allows_duplicate_labels=False)
+    s = pd.Series([1, 2]).set_flags(allows_duplicate_labels=False)
+    treepack.save({"df": df, "s": s, "plain": pd.DataFrame({"a": [1]})}, tmp_path / "t")
+    back = treepack.load(tmp_path / "t")
+    assert back["df"].flags.allows_duplicate_labels is False and back["s"].flags.allows_duplicate_labels is False
+    assert back["plain"].flags.allows_duplicate_labels is True and back["df"].equals(df)

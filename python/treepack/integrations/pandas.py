@@ -54,7 +54,10 @@ def encode(obj: Any) -> Description:
 def _attrs(obj: Any) -> List[Tuple[str, Any]]:
     """`obj.attrs` (pandas' per-object metadata dict, which pickle keeps), as a child only
     when there is any: frames without it are stored as before."""
-    return [("attrs", dict(obj.attrs))] if obj.attrs else []
+    out = [("attrs", dict(obj.attrs))] if obj.attrs else []
+    if not obj.flags.allows_duplicate_labels:
+        out.append(("flags", {"allows_duplicate_labels": False}))  # (set_flags; pickle keeps it)
+    return out
 
 
 def _column(s: Any) -> Dict[str, Any]:
@@ -161,6 +164,12 @@ def decode(t: str, kids: Dict[str, Any]) -> Any:
 
 
 def _attrs_back(obj: Any, kids: Dict[str, Any]) -> Any:
+    flags = kids.get("flags")
+    if flags is not None:
+        if not isinstance(flags, dict) or set(flags) - {"allows_duplicate_labels"} or \
+                not all(type(v) is bool for v in flags.values()):
+            raise ValueError(f"py.dataframe: `flags` must be a dict of allows_duplicate_labels, not {flags!r:.60}")
+        obj = obj.set_flags(**flags)
     attrs = kids.get("attrs")
     if attrs is not None:
         if not isinstance(attrs, dict):

@@ -4,7 +4,10 @@ Each variable (data variables and coordinates) is a subtree ``{"dims": [...], "d
 "attrs": {...}}``: its data an ordinary array (a Dask-backed variable is a Dask array, written
 block by block by the tasks that compute it), so key paths read ``ds/data_vars/temp/data``,
 partial reads and ``open()`` slices reach every variable, and ``load(dask=True)`` gives the
-variables back as lazy Dask arrays. Dataset attributes are a child dict (numpy values allowed).
+variables back as lazy Dask arrays. Dataset attributes are a child dict (numpy values allowed);
+each variable's ``encoding`` and the Dataset's are kept, and so are its indexes (``indexes``: a
+multi-index, an index on a coordinate that is no dimension, a dimension coordinate left without
+one).
 Nothing a file names is imported or evaluated; xarray is imported only to rebuild these nodes.
 """
 
@@ -35,31 +38,94 @@ def _name(n: Any, what: str) -> str:
     return n
 
 
-def _variable(v: Any) -> Dict[str, Any]:
+def _variable(v: Any, index: bool = False) -> Dict[str, Any]:
+    """A variable's subtree. An index coordinate's strings (pandas keeps them as an object
+    array) are stored as a str array, which xarray indexes the same; any other object array is
+    kept as it is. ``encoding`` (how the variable was or is to be written to disk) is kept when
+    there is one."""
     data = v.data
     if isinstance(data, np.ndarray) and data.dtype == object:
-        # pandas-backed string coordinates come out as object arrays of str.
-        if all(isinstance(x, str) for x in data.reshape(-1)):
+        if index and all(isinstance(x, str) for x in data.reshape(-1)):
             data = data.astype(str)
     elif not isinstance(data, np.ndarray) and type(data).__module__.split(".")[0] != "dask":
         data = np.asarray(v.values)
-    return {"dims": [_name(d, "dimension") for d in v.dims], "data": data, "attrs": dict(v.attrs)}
+    out = {"dims": [_name(d, "dimension") for d in v.dims], "data": data, "attrs": dict(v.attrs)}
+    if v.encoding:
+        out["encoding"] = dict(v.encoding)
+    return out
+
+
+def _indexes(obj: Any) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """What xarray would not make again by itself from the coordinates: (the indexes to set,
+    the coordinates whose index is a multi-index's own tuples, left out). A dimension
+    coordinate gets an index by default, so one is written only when it has none (dropped);
+    a multi-index as its dimension and levels; an index on another coordinate
+    (``set_xindex``) by that coordinate's name. An index of any other kind is refused."""
+    xr = sys.modules["xarray"]
+    indexed: set = set()
+    out: List[Dict[str, Any]] = []
+    skip: List[str] = []
+    for index, variables in obj.xindexes.group_by_index():
+        names = list(variables)
+        indexed.update(names)
+        if type(index) is xr.indexes.PandasMultiIndex:
+            out.append({"multi": index.dim, "levels": [_name(n, "index level") for n in index.index.names]})
+            skip.append(index.dim)
+        elif type(index) is xr.indexes.PandasIndex:
+            (name,) = names
+            if name != index.dim:
+                out.append({"coord": name})
+        else:
+            raise TypeError(f"the coordinate(s) {names} have an index of type {type(index).__qualname__}, which treepack "
+                            "does not store; drop it (.drop_indexes(...)) and set it again after loading")
+    for name in obj.coords:
+        if name in obj.dims and name not in indexed:
+            out.append({"none": name})
+    return out, skip
 
 
 def encode(obj: Any) -> Description:
     xr = sys.modules["xarray"]
-    coords = {_name(n, "coordinate"): _variable(c.variable) for n, c in obj.coords.items()}
+    indexes, skip = _indexes(obj)
+    coords = {_name(n, "coordinate"): _variable(c.variable, n in obj.xindexes)
+              for n, c in obj.coords.items() if n not in skip}
+    kids: List[Tuple[str, Any]]
     if type(obj) is xr.DataArray:
         name = obj.name
         if name is not None and not isinstance(name, str):
             raise TypeError(f"the DataArray name {name!r} is a {type(name).__name__}; only string names can be stored")
-        return ("custom", DATAARRAY, None, [("name", name), ("variable", _variable(obj.variable)), ("coords", coords)])
-    data_vars = {_name(n, "data variable"): _variable(v.variable) for n, v in obj.data_vars.items()}
-    return ("custom", DATASET, None, [("data_vars", data_vars), ("coords", coords), ("attrs", dict(obj.attrs))])
+        kids = [("name", name), ("variable", _variable(obj.variable)), ("coords", coords)]
+    else:
+        data_vars = {_name(n, "data variable"): _variable(v.variable) for n, v in obj.data_vars.items()}
+        kids = [("data_vars", data_vars), ("coords", coords), ("attrs", dict(obj.attrs))]
+    if indexes:
+        kids.append(("indexes", indexes))
+    if type(obj) is not xr.DataArray and obj.encoding:
+        kids.append(("encoding", dict(obj.encoding)))  # (a DataArray's is its variable's)
+    return ("custom", DATAARRAY if type(obj) is xr.DataArray else DATASET, None, kids)
 
 
 def _build(xr: Any, v: Dict[str, Any]) -> Any:
-    return xr.Variable(tuple(v["dims"]), v["data"], v.get("attrs") or None)
+    return xr.Variable(tuple(v["dims"]), v["data"], v.get("attrs") or None, encoding=v.get("encoding") or None)
+
+
+def _reindexed(obj: Any, indexes: Any) -> Any:
+    """``obj`` with the indexes ``_indexes`` wrote down set again (files of before session 44
+    have none: xarray's default indexes)."""
+    if indexes is None:
+        return obj
+    if not isinstance(indexes, list) or not all(isinstance(i, dict) for i in indexes):
+        raise ValueError("the stored indexes must be a list of objects")
+    for i in indexes:
+        if "none" in i:
+            obj = obj.drop_indexes(i["none"])
+        elif "coord" in i:
+            obj = obj.set_xindex(i["coord"])
+        elif "multi" in i and isinstance(i.get("levels"), list):
+            obj = obj.set_index({i["multi"]: i["levels"]})
+        else:
+            raise ValueError(f"unknown stored index {i!r:.80}")
+    return obj
 
 
 def decode(t: str, kids: Dict[str, Any]) -> Any:
@@ -70,9 +136,15 @@ def decode(t: str, kids: Dict[str, Any]) -> Any:
     coords = {n: _build(xr, v) for n, v in (kids.get("coords") or {}).items()}
     if t == DATAARRAY:
         var = _build(xr, kids["variable"])
-        return xr.DataArray(var, coords=coords, name=kids.get("name"), fastpath=False)
-    data_vars = {n: _build(xr, v) for n, v in (kids.get("data_vars") or {}).items()}
-    return xr.Dataset(data_vars=data_vars, coords=coords, attrs=kids.get("attrs") or None)
+        out = xr.DataArray(var, coords=coords, name=kids.get("name"), fastpath=False)
+        out.encoding = dict(var.encoding)  # (not taken from the variable by the constructor)
+    else:
+        data_vars = {n: _build(xr, v) for n, v in (kids.get("data_vars") or {}).items()}
+        out = xr.Dataset(data_vars=data_vars, coords=coords, attrs=kids.get("attrs") or None)
+    out = _reindexed(out, kids.get("indexes"))
+    if t == DATASET and kids.get("encoding"):
+        out.encoding = dict(kids["encoding"])
+    return out
 
 
 # ---------------------------------------------------------------- the plug-in

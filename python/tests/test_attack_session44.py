@@ -9,6 +9,7 @@ the manifest's hash, as an attacker can.
 from __future__ import annotations
 
 import datetime
+import re
 import os
 import shutil
 import textwrap
@@ -485,3 +486,52 @@ def test_pandas_flags_round_trip(tmp_path):
     back = treepack.load(tmp_path / "t")
     assert back["df"].flags.allows_duplicate_labels is False and back["s"].flags.allows_duplicate_labels is False
     assert back["plain"].flags.allows_duplicate_labels is True and back["df"].equals(df)
+
+
+# ------------------------------------------------------------------ error messages that say what to do
+
+
+def test_refusals_of_framework_objects_say_what_to_do(tmp_path):
+    pd = pytest.importorskip("pandas")
+    torch = pytest.importorskip("torch")
+    cases = [
+        (pd.Timestamp("2020-01-01"), "to_datetime64()"),
+        (pd.Timedelta(1), "to_timedelta64()"),
+        (pd.NaT, "store None"),
+        (pd.Index([1, 2]), "index"),
+        (pd.Period("2020-01"), "pd.Series"),
+        (pd.array([1, None]), "pd.Series"),
+        (pd.offsets.Day(2), "freqstr"),
+        (torch.Generator(), "get_state()"),
+    ]
+    transformers = sys.modules.get("transformers") or pytest.importorskip("transformers")
+    cases.append((transformers.GenerationConfig(), "to_dict()"))
+    for value, words in cases:
+        with pytest.raises(TypeError, match=r"cannot save `x`") as e:
+            treepack.save({"x": value}, tmp_path / "t", overwrite=True)
+        assert words in str(e.value) and "make it a dataclass" not in str(e.value), str(e.value)
+
+
+def test_open_array_indexes_out_of_range_are_index_errors(tmp_path):
+    import numpy as np
+
+    treepack.save({"e": np.arange(5), "m": np.zeros((3, 4))}, tmp_path / "t")
+    v = treepack.open(tmp_path / "t")
+    for key, idx, words in (("e", 7, "index 7 is out of bounds for axis 0 with size 5"), ("e", -6, "index -6"),
+                            ("m", (1, 9), "axis 1 with size 4"), ("m", (..., 4), "axis 1"),
+                            ("e", (1, 2), "too many indices")):
+        with pytest.raises(IndexError, match=re.escape(words)):
+            v[key][idx]
+    assert v["e"][-5] == 0 and list(v["e"][2:99]) == [2, 3, 4] and list(v["m"][..., 3]) == [0, 0, 0]
+
+
+def test_a_map_location_torch_cannot_use_is_refused_before_reading(tmp_path):
+    torch = pytest.importorskip("torch")
+    treepack.save({"w": torch.ones(2)}, tmp_path / "t")
+    for m, words in (("cdua", "is not a torch device"), ({"cpu": "cdua"}, "is not a torch device")):
+        with pytest.raises(ValueError, match=f"{re.escape(str(tmp_path))}.*{words}"):
+            treepack.load(tmp_path / "t", map_location=m)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch.cuda.is_available\\(\\) is False.*map_location='cpu'"):
+            treepack.load(tmp_path / "t", map_location="cuda")
+    assert treepack.load(tmp_path / "t", map_location="meta")["w"].device.type == "meta"

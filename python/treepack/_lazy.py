@@ -34,6 +34,23 @@ def _slice_text(idx: Any, ndim: int) -> str:
     return ",".join(parts)
 
 
+def _in_bounds(idx: Any, shape: Tuple[int, ...]) -> None:
+    """numpy's IndexErrors for an index past the array's dimensions or an integer out of
+    range (what else a slice may not be, the reader says)."""
+    items = idx if isinstance(idx, tuple) else (idx,)
+    explicit = sum(1 for x in items if x is not Ellipsis)
+    if explicit > len(shape):
+        raise IndexError(f"too many indices for array: array is {len(shape)}-dimensional, but {explicit} were indexed")
+    axis = 0
+    for x in items:
+        if x is Ellipsis:
+            axis += len(shape) - explicit
+            continue
+        if isinstance(x, (int, np.integer)) and not isinstance(x, bool) and not -shape[axis] <= int(x) < shape[axis]:
+            raise IndexError(f"index {int(x)} is out of bounds for axis {axis} with size {shape[axis]}")
+        axis += 1
+
+
 def _is_foreign(reader: Any) -> bool:
     """Whether ``reader`` reads another tool's file (``_foreign_view``, imported only when such a
     file is opened: a reader of one exists only then)."""
@@ -70,6 +87,7 @@ class LazyArray:
         return self.shape[0]
 
     def __getitem__(self, idx: Any) -> np.ndarray:
+        _in_bounds(idx, self.shape)
         out = self._r.read_array(self.path, _slice_text(idx, self.ndim), _codec.np_dtype)
         return out
 

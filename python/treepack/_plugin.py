@@ -44,12 +44,14 @@ def storage_options(options: Optional[Dict[str, Any]]) -> Optional[Dict[str, str
 
 
 def integrate_nodes(module: str, accepts: Callable[[Any], bool], encode: Callable[[Any], Description],
-                    decode: Callable[[str, Dict[str, Any]], Any], names: Iterable[str]) -> Any:
+                    decode: Callable[[str, Dict[str, Any]], Any], names: Iterable[str],
+                    hint: Optional[Callable[[Any], Optional[str]]] = None) -> Any:
     """Register the integration ``module`` whose values are node types built from their children
     alone (pandas' frames, xarray's arrays): ``accepts`` picks its values, ``encode(obj)``
     describes one (its TypeError is worded with the place the value was met), ``decode(t,
     kids)`` builds one back (its LookupError, a library it needs missing, becomes the decoder's
-    placeholder for a missing node type)."""
+    placeholder for a missing node type); ``hint(obj)``, what to do with another object of
+    the framework that a save refuses (or None)."""
 
     def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Optional[Description]:
         if not accepts(obj):
@@ -65,4 +67,4 @@ def integrate_nodes(module: str, accepts: Callable[[Any], bool], encode: Callabl
         except LookupError as e:
             return dec.missing(t, None, str(e))
 
-    return integrate(module, encode=_encode, nodes={name: _decode for name in names})
+    return integrate(module, encode=_encode, nodes={name: _decode for name in names}, hint=hint)

@@ -336,7 +336,14 @@ def _unsupported_hint(obj: Any) -> Optional[str]:
     """What to do instead, for objects people try to save that treepack does not keep whole (a
     torch module, a scikit-learn estimator: said by the integration of their framework)."""
     h = reg.for_type(type(obj))
-    return h.hint(obj) if h is not None and h.hint is not None else None
+    hint = h.hint(obj) if h is not None and h.hint is not None else None
+    if hint is None and callable(getattr(type(obj), "to_dict", None)):
+        # (transformers' GenerationConfig, and many a library's settings object)
+        name = type(obj).__qualname__
+        again = f"{name}.from_dict(...)" if callable(getattr(type(obj), "from_dict", None)) else f"{name}(**...)"
+        hint = (f"it offers to_dict(): save obj.to_dict() and rebuild it with {again} after loading; or register the "
+                "type with treepack.register(...), or pass allow_pickle=True")
+    return hint
 
 
 # ---------------------------------------------------------------- decoding

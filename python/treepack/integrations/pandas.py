@@ -297,4 +297,28 @@ def _index_back(pd: Any, d: Dict[str, Any]) -> Any:
 NAMES = ("py.dataframe", "py.series")
 
 
-_plugin.integrate_nodes(__name__, is_frame, encode, decode, NAMES)
+def _hint(obj: Any) -> Optional[str]:
+    """What to do with a pandas object a save refuses: the ones that are not frames or series."""
+    pd = sys.modules.get("pandas")
+    if pd is None or not type(obj).__module__.startswith("pandas"):
+        return None
+    name = type(obj).__name__
+    if isinstance(obj, pd.Timestamp):
+        return ("a pandas Timestamp is kept in a Series or a DataFrame column; alone, convert it: "
+                "ts.to_datetime64() keeps the nanoseconds (ts.tz, if any, beside it), ts.to_pydatetime() keeps the "
+                "zone to the microsecond")
+    if isinstance(obj, pd.Timedelta):
+        return "a pandas Timedelta is kept in a Series; alone, convert it: td.to_timedelta64() (or td.to_pytimedelta())"
+    if obj is pd.NaT or obj is pd.NA:
+        return f"pd.{'NaT' if obj is pd.NaT else 'NA'} is kept as a missing value in a Series; alone, store None"
+    if isinstance(obj, pd.Index):
+        return (f"a pandas {name} is kept as a Series' or a DataFrame's index; alone, store it as one "
+                "(pd.Series(index=idx, dtype=object), or idx.to_frame())")
+    if isinstance(obj, (pd.Period, pd.Interval, pd.Categorical)) or hasattr(obj, "__array__") and name.endswith("Array"):
+        return f"a pandas {name} is kept in a Series (pd.Series([value]) or pd.Series(array)); store that"
+    if isinstance(obj, pd.offsets.BaseOffset):
+        return f"a pandas offset ({obj!r:.40}) is kept as its name: store obj.freqstr and rebuild it with pd.tseries.frequencies.to_offset"
+    return None
+
+
+_plugin.integrate_nodes(__name__, is_frame, encode, decode, NAMES, hint=_hint)

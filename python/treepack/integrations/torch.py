@@ -844,6 +844,8 @@ def _hint(obj: Any) -> Optional[str]:
         return "save optimizer.state_dict(), and load it with optimizer.load_state_dict(treepack.load(...))"
     if isinstance(obj, getattr(torch.optim.lr_scheduler, "LRScheduler", ())):
         return "save scheduler.state_dict(), and load it with scheduler.load_state_dict(...)"
+    if isinstance(obj, torch.Generator):
+        return "save generator.get_state() (a tensor), and load it with generator.set_state(...)"
     return None
 
 
@@ -870,6 +872,33 @@ def _like_leaf(like: Any, stored: Any, where: str) -> Optional[str]:
     return "keep" if is_meta(like) else "into"
 
 
+def _check_map_location(m: Any, path: str) -> None:
+    """A device ``map_location`` names (a string, a ``torch.device``, a dict's values) must be one
+    torch has here: checked before anything is read, the error naming the file and the device."""
+    if m is None or (callable(m) and not isinstance(m, str)):
+        return
+    targets = list(m.values()) if isinstance(m, dict) else [m]
+    if not any(isinstance(t, str) for t in targets) and "torch" not in sys.modules:
+        return
+    import torch
+
+    for t in targets:
+        if t is None:
+            continue
+        try:
+            dev = torch.device(t)
+        except (RuntimeError, TypeError, ValueError) as e:
+            raise ValueError(f"load of {path}: map_location={t!r} is not a torch device ({e})") from None
+        mod = getattr(torch, dev.type, None) if dev.type != "cpu" else None
+        available = getattr(mod, "is_available", None)
+        if available is not None and not available():
+            raise ValueError(f"load of {path}: map_location={t!r} names a {dev.type} device, but torch has none here "
+                             f"(torch.{dev.type}.is_available() is False); load onto the CPU with map_location='cpu'")
+        count = getattr(mod, "device_count", None)
+        if dev.index is not None and count is not None and dev.index >= count():
+            raise ValueError(f"load of {path}: map_location={t!r}, but this machine has {count()} {dev.type} device(s)")
+
+
 def _load(request: Any) -> Any:
     """``load(path, map_location=...)`` naming a device with staged copies (CUDA): the load's
     tensors go to it through one ``Stager`` (its ``finish`` called when the load ends), each
@@ -882,6 +911,7 @@ def _load(request: Any) -> Any:
     made through Dask). Always declines: the load itself is the usual one."""
     m = request.options.get("map_location")
     torch = sys.modules.get("torch")  # (a torch.device given means torch is imported)
+    _check_map_location(m, request.path)
 
     def kind(target: Any) -> Optional[str]:
         if isinstance(target, str):

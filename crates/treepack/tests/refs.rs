@@ -174,6 +174,39 @@ fn partial_loads_build_whole_objects_and_drop_refs_to_objects_not_built() {
     assert!(matches!(children[0].1, Tree::Leaf(Leaf::None)) && children[1].1.as_array().is_some(), "{back:?}");
 }
 
+/// A node that may be built in part keeps its attributes child (`PARTIAL_ATTRS`: a state
+/// dict's `_metadata`) whenever any of it is built; not otherwise, and not the other children.
+#[test]
+fn a_partial_node_built_in_part_comes_with_its_attributes() {
+    let custom = |t: &str, kids: Vec<(&str, Node)>| Tree::Custom {
+        type_name: t.into(),
+        data: serde_json::Value::Null,
+        children: kids.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+    };
+    let attrs = Node::dict([("meta", arr(&[7])), ("more", Node::dict([("x", arr(&[8]))]))]);
+    let od = custom("py.ordereddict", vec![("w", arr(&[1])), ("b", arr(&[2])), (read::PARTIAL_ATTRS, attrs)]);
+    let (_d, p) = saved(&Node::dict([("od", od), ("other", arr(&[3]))]));
+    let partial: std::collections::HashSet<String> = ["py.ordereddict".to_string()].into();
+    let opts = |sel: &[&str]| LoadOptions {
+        select: sel.iter().map(|s| s.to_string()).collect(),
+        partial_types: Some(partial.clone()),
+        ..Default::default()
+    };
+    let back = load(&p, &opts(&["od/w"])).unwrap();
+    let Tree::Dict(items) = &back else { panic!() };
+    let Tree::Custom { children, .. } = &items[0].1 else { panic!("{back:?}") };
+    assert!(children[0].1.as_array().is_some() && matches!(children[1].1, Tree::Leaf(Leaf::None)), "{back:?}");
+    let Tree::Dict(a) = &children[2].1 else { panic!("{back:?}") };
+    assert!(a[0].1.as_array().is_some(), "the attributes come whole: {back:?}");
+    let Tree::Dict(more) = &a[1].1 else { panic!("{back:?}") };
+    assert!(more[0].1.as_array().is_some(), "{back:?}");
+    assert!(matches!(items[1].1, Tree::Leaf(Leaf::None)), "{back:?}");
+    // Nothing of the node selected: nor its attributes.
+    let back = load(&p, &opts(&["other"])).unwrap();
+    let Tree::Dict(items) = &back else { panic!() };
+    assert!(matches!(items[0].1, Tree::Leaf(Leaf::None)), "{back:?}");
+}
+
 /// A select that matches nothing is refused naming each such pattern (a typo must not load as
 /// `None`); a pattern with a leading `?` may match nothing; a pattern through a ref place
 /// (`b/x` where `b` is a ref) reads the object the ref names.

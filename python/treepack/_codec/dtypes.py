@@ -20,12 +20,17 @@ def _dtype_desc(dt: np.dtype) -> Tuple[Any, np.dtype]:
     return json.loads(text), canon
 
 
+#: h5py's tags on the dtypes of the arrays it reads (how HDF5 stored a string): not kept, as
+#: docs/python.md says; the bytes are.
+_H5PY_TAGS = frozenset({"h5py_encoding"})
+
+
 def _nothing_dropped(dt: np.dtype) -> None:
     """Refuse a dtype with parts the format's dtypes do not hold, which a save would drop
     silently: ``metadata`` (``np.dtype("i4", metadata={...})``) and structured fields' titles
     (``[(("Title", "a"), "<i4")]``). (Byte order and padding are not parts: values are stored
     little-endian and packed, as docs/python.md says.)"""
-    if dt.metadata:
+    if dt.metadata and set(dt.metadata) - _H5PY_TAGS:
         raise TypeError(f"numpy dtype {dt} carries metadata {dict(dt.metadata)!r:.80}, which treepack does not keep; "
                         "save the array with the metadata dropped (a.astype(np.dtype(a.dtype.str))) and keep it beside")
     if dt.names is not None:

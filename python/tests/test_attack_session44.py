@@ -535,3 +535,31 @@ def test_a_map_location_torch_cannot_use_is_refused_before_reading(tmp_path):
         with pytest.raises(ValueError, match="torch.cuda.is_available\\(\\) is False.*map_location='cpu'"):
             treepack.load(tmp_path / "t", map_location="cuda")
     assert treepack.load(tmp_path / "t", map_location="meta")["w"].device.type == "meta"
+
+
+# ------------------------------------------------------------------ awkward buffers that index outside
+
+
+@pytest.mark.parametrize("offsets", [[-(2**40), 0], [-100000, 0], [0, 10**6]])
+@pytest.mark.parametrize("how", ["load", "open"])
+def test_awkward_buffers_indexing_outside_are_refused(attack, offsets, how):
+    pytest.importorskip("awkward")
+    # awkward's kernels trust offsets: -2**40 crashed the process at ak.sum, -100000 read other
+    # memory's bytes as values. Checked (awkward's validity_error) when built, or opened lazily.
+    code = RESEAL + textwrap.dedent(f"""
+        import base64, json, numpy as np, treepack, awkward as ak
+        treepack.save({{"x": 1}}, LOC)
+        b64 = lambda a: base64.b64encode(a.tobytes()).decode()
+        node = {{"t": "custom", "type": "py.awkward",
+                "data": {{"form": {{"class": "ListOffsetArray", "offsets": "i64", "form_key": "node0",
+                                  "content": {{"class": "NumpyArray", "primitive": "float64", "form_key": "node1"}}}},
+                         "length": 1}},
+                "children": [["buffers", {{
+                    "node0-offsets": {{"t": "array", "dtype": "int64", "shape": [2], "data": b64(np.array({offsets}))}},
+                    "node1-data": {{"t": "array", "dtype": "float64", "shape": [3], "data": b64(np.arange(3.0))}}}}]]}}
+        edit(lambda b: b[:b.index('"root":')] + '"root":' + json.dumps({{"x": node}}))
+        x = treepack.load(LOC)["x"] if {how!r} == "load" else treepack.open(LOC)["x"]
+        result = ak.sum(x, axis=-1).tolist()
+        """)
+    r = attack.error(code, "TreepackError", "ValueError")
+    assert "valid array" in r["message"] or "do not make an array" in r["message"], r["message"]

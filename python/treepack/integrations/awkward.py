@@ -56,16 +56,41 @@ def _rebuild(data: Any, container: Dict[str, Any]) -> Any:
         raise ValueError(f"{NAME}: the node's data is not {{'form': {{...}}, 'length': n}}")
     try:
         form = ak.forms.from_dict(data["form"])
-        return ak.from_buffers(form, data["length"], container)
+        out = ak.from_buffers(form, data["length"], container)
     except Exception as e:  # awkward raises many types for a form or buffers that do not fit
         raise ValueError(f"{NAME}: the stored form and buffers do not make an array: {e}") from None
+    return out
+
+
+def _valid(ak: Any, form: Any, length: int, container: Dict[str, Any]) -> None:
+    """Refuse buffers that index outside what they index into (offsets below 0 or past the
+    content, an index out of range...): awkward's kernels trust them, and read memory they do
+    not own (a crash, or other memory's bytes as values). Checked by awkward's own
+    ``validity_error`` over ``container`` (what each buffer holds, or for a data buffer only
+    its length: its values index nothing)."""
+    try:
+        err = ak.validity_error(ak.from_buffers(form, length, container))
+    except Exception as e:  # noqa: BLE001 (awkward raises many types for buffers that do not fit)
+        err = str(e)
+    if err:
+        raise ValueError(f"{NAME}: the stored buffers do not make a valid array (they would make awkward read outside "
+                         f"them): {err:.300}")
+
+
+def _zero_strided(a: Any) -> np.ndarray:
+    """A data buffer's stand-in for ``_valid`` (``a`` has ``shape`` and ``dtype``): its length and
+    dtype, no memory."""
+    return np.lib.stride_tricks.as_strided(np.zeros(1, a.dtype), shape=tuple(a.shape), strides=(0,) * len(a.shape))
 
 
 def decode(data: Any, kids: Dict[str, Any]) -> Any:
     buffers = kids.get("buffers")
     if not isinstance(buffers, dict) or not all(isinstance(v, np.ndarray) for v in buffers.values()):
         raise ValueError(f"{NAME}: the node's buffers are not a dict of arrays")
-    return _rebuild(data, buffers)
+    out = _rebuild(data, buffers)
+    ak = _awkward()
+    _valid(ak, ak.forms.from_dict(data["form"]), data["length"], buffers)
+    return out
 
 
 def lazy(data: Any, read: Callable[[str], np.ndarray], keys: List[str]) -> Any:
@@ -73,7 +98,8 @@ def lazy(data: Any, read: Callable[[str], np.ndarray], keys: List[str]) -> Any:
     ``arr["x"]`` then computing with it reads the buffers of field ``x`` alone (Awkward's
     virtual arrays)."""
     container = {k: (lambda k=k: read(k)) for k in keys}
-    return _rebuild(data, container)
+    out = _rebuild(data, container)
+    return out
 
 
 # ---------------------------------------------------------------- the plug-in
@@ -100,7 +126,14 @@ def _view(reader: Any, path: str, data: Any, where: Any) -> Any:
     base = f"{path}/buffers"
     keys = [k for _, k in reader.children(base)]
     segs = {k: seg for seg, k in reader.children(base)}
-    return lazy(data, lambda k: _plugin.LazyArray(reader, f"{base}/{segs[k]}", where).read(), keys)
+    buffer = lambda k: _plugin.LazyArray(reader, f"{base}/{segs[k]}", where)
+    out = lazy(data, lambda k: buffer(k).read(), keys)
+    # Checked now, from the buffers that index (read) and the lengths of those that hold data
+    # (not read): a lazy array is as safe to compute with as a loaded one.
+    ak = _awkward()
+    _valid(ak, ak.forms.from_dict(data["form"]), data["length"],
+           {k: _zero_strided(buffer(k)) if k.endswith("-data") else buffer(k).read() for k in keys})
+    return out
 
 
 _plugin.integrate(__name__, encode=_encode, nodes={NAME: _decode}, views={NAME: _view})

@@ -563,3 +563,54 @@ def test_awkward_buffers_indexing_outside_are_refused(attack, offsets, how):
         """)
     r = attack.error(code, "TreepackError", "ValueError")
     assert "valid array" in r["message"] or "do not make an array" in r["message"], r["message"]
+
+
+# ------------------------------------------------------------------ torch storages that overlap with other values
+
+STORAGE = '"storage":{"id":0,"offset":0,"stride":[%s]},'
+
+
+@pytest.mark.parametrize("case", ["conflict", "stride0", "dtypes", "sparse"])
+def test_tensors_sharing_a_storage_must_agree_where_they_overlap(attack, case):
+    pytest.importorskip("torch")
+    # A file naming two tensors at the same bytes of one storage made the later overwrite the
+    # earlier's verified values silently (`a` came back 7s); through a sparse tensor's indices,
+    # after torch had checked them, the process crashed at to_dense().
+    code = RESEAL + textwrap.dedent(f"""
+        import warnings, torch, treepack
+        warnings.simplefilter("ignore")
+        case = {case!r}
+        if case == "sparse":
+            s = torch.sparse_coo_tensor(torch.tensor([[0, 1], [0, 1]]), torch.tensor([1., 2.]), (2, 2))
+            treepack.save({{"s": s, "z": torch.tensor([[0, 1], [0, 10**11]])}}, LOC)
+            a = '"dtype":"int64","shape":[2,2],"as":{{"type":"torch.Tensor"}}'
+            edit(lambda b: b.replace(a, a[:-len('"type":"torch.Tensor"}}')] + '{STORAGE % "2,1"}' + '"type":"torch.Tensor"}}'))
+            out = treepack.load(LOC)
+            result = out["s"].to_dense().tolist()
+        else:
+            if case == "dtypes":
+                treepack.save({{"a": torch.arange(16.), "c": torch.full((16,), 7)}}, LOC)
+            else:
+                treepack.save({{"a": torch.arange(16.), "c": torch.full((16,), 7.0)}}, LOC)
+            stride = "0" if case == "stride0" else "1"
+            edit(lambda b: b.replace('"as":{{"type":"torch.Tensor"}}', '"as":{{{STORAGE % "1"}"type":"torch.Tensor"}}', 1)
+                 .replace('"as":{{"type":"torch.Tensor"}}', '"as":{{' + '{STORAGE}' % stride + '"type":"torch.Tensor"}}'))
+            out = treepack.load(LOC)
+            result = (out["a"][:4].tolist(), out["c"][:4].tolist())
+        """)
+    r = attack.error(code, "TreepackError", "ValueError", timeout=60, mem_bytes=16 << 30)
+    assert "overlap with different values" in r["message"], r["message"]
+
+
+def test_tensors_sharing_a_storage_that_agree_still_share(tmp_path):
+    torch = pytest.importorskip("torch")
+    w = torch.arange(64 * 32, dtype=torch.float32).reshape(64, 32)
+    tree = {"view": w[::2], "t": w.t(), "base": w, "rows": w[10:20], "tied": w, "bytes": w.view(torch.int32)[3],
+            "expanded": torch.ones(1).expand(5)}
+    treepack.save(tree, tmp_path / "t")
+    for mmap in (False, True):
+        out = treepack.load(tmp_path / "t", mmap=mmap)
+        for k, v in tree.items():
+            assert torch.equal(out[k], v), k
+        assert out["view"].untyped_storage().data_ptr() == out["base"].untyped_storage().data_ptr()
+        assert out["rows"].untyped_storage().data_ptr() == out["base"].untyped_storage().data_ptr()

@@ -34,14 +34,14 @@ def counted(monkeypatch):
 
 def test_tied_weights_load_into_the_first_tensors_memory(loc, counted):
     # GPT-2's lm_head.weight and wte.weight: two tensors over one storage. The storage is the
-    # first tensor's loaded buffer: nothing of its size is allocated and zeroed, and only the
-    # second tensor's values are copied into it.
+    # first tensor's loaded buffer: nothing of its size is allocated and zeroed, and the second
+    # tensor's values, equal to what is there, are compared, not copied.
     w = torch.randn(300, 64)
     sd = {"wte": w, "mid": torch.randn(8), "lm_head": w.detach()}  # two tensor objects, as state_dict() gives
     treepack.save(sd, loc)
     out = treepack.load(loc)
     assert counted["filled"] == 0
-    assert counted["copied"] == w.numel() * 4
+    assert counted["copied"] == 0
     assert out["wte"].data_ptr() == out["lm_head"].data_ptr()
     assert out["wte"].untyped_storage().nbytes() == w.numel() * 4
     assert torch.equal(out["wte"], w) and torch.equal(out["lm_head"], w)

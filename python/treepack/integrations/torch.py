@@ -127,6 +127,99 @@ class Storages(_plugin.SaveState):
         return not self.second and self.needs_second_walk()
 
 
+#: A tensor's place in a storage: (offset, shape, strides, element bytes), in elements.
+Footprint = Tuple[int, Tuple[int, ...], Tuple[int, ...], int]
+
+
+def _span(f: Footprint) -> Tuple[int, int]:
+    """The bytes of the storage between a footprint's first and last element, [start, end)."""
+    offset, shape, stride, item = f
+    return offset * item, _extent(offset, shape, stride) * item
+
+
+def _overlapping(f: Footprint, earlier: List[Footprint]) -> bool:
+    a, b = _span(f)
+    return a < b and any(a < e and s < b for s, e in (_span(g) for g in earlier))
+
+
+def _self_overlapping(f: Footprint) -> bool:
+    """Whether two elements of a footprint may lie at the same bytes (a stride too small for
+    the dimensions inside it, as a zero stride is): sorted by stride, each stride must pass
+    the extent of the dimensions below it."""
+    _, shape, stride, item = f
+    reach = 1
+    for n, st in sorted(((n, st) for n, st in zip(shape, stride) if n > 1), key=lambda d: d[1]):
+        if st < reach:
+            return True
+        reach = st * (n - 1) + reach
+    return False
+
+
+def _bytes_at(full: Any, f: Footprint) -> Any:
+    """The bytes of a footprint in a storage's bytes ``full`` (a 1-d uint8 numpy array or
+    tensor over the whole storage): shape (*shape, item)."""
+    offset, shape, stride, item = f
+    shape2, strides2 = (*shape, item), (*(st * item for st in stride), 1)
+    if isinstance(full, np.ndarray):
+        return np.lib.stride_tricks.as_strided(full[offset * item:], shape2, strides2, writeable=False)
+    return full.as_strided(shape2, strides2, offset * item)
+
+
+def _agrees(storage: Any, f: Footprint, earlier: List[Footprint], values: Any, sid: Any) -> bool:
+    """Whether ``values`` put at footprint ``f`` of ``storage`` leave every byte the
+    ``earlier`` footprints put there as it is (True: nothing to copy, ``values`` are there
+    already); False when some of ``f``'s bytes were not written yet (copy ``values``); a
+    ValueError when some written byte would change. On the CPU through numpy (see ``_fill``:
+    torch's own kernels hang in a forked worker)."""
+    import ctypes
+
+    import torch
+
+    shape = (*f[1], f[3])
+    if storage.device.type == "cpu":
+        n = storage.nbytes()
+        full = np.ndarray((n,), dtype=np.uint8, buffer=(ctypes.c_char * n).from_address(storage.data_ptr())) if n else \
+            np.zeros(0, np.uint8)
+        new = np.ascontiguousarray(_numpy_of(torch, values.detach())).reshape(-1).view(np.uint8).reshape(shape)
+        zeros = lambda: np.zeros(n, dtype=bool)
+    else:
+        full = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+        new = values.detach().reshape(-1).contiguous().view(torch.uint8).reshape(shape).to(storage.device)
+        zeros = lambda: torch.zeros(storage.nbytes(), dtype=torch.bool, device=storage.device)
+    cur = _bytes_at(full, f)
+    if f in earlier or any(_covers(g, f) for g in earlier):
+        written = None  # (every byte of f was written: the base before its view, tied weights)
+    else:
+        mask = zeros()
+        for g in earlier:
+            if isinstance(mask, np.ndarray):
+                np.lib.stride_tricks.as_strided(mask[g[0] * g[3]:], (*g[1], g[3]),
+                                                (*(st * g[3] for st in g[2]), 1))[...] = True
+            else:
+                _bytes_at(mask, g).fill_(True)
+        written = _bytes_at(mask, f)
+    differ = cur != new
+    if written is not None:
+        differ &= written
+    if bool(differ.any()):
+        raise ValueError(f"tensors stored at storage {sid} overlap with different values (one would overwrite "
+                         "another's): the file is damaged or made to mislead")
+    return written is None or bool(written.all())
+
+
+def _covers(g: Footprint, f: Footprint) -> bool:
+    """Whether footprint ``g`` is a C-contiguous run of bytes holding all of ``f``'s span."""
+    offset, shape, stride, item = g
+    expect = 1
+    for n, st in zip(reversed(shape), reversed(stride)):
+        if n > 1 and st != expect:
+            return False
+        expect *= n
+    s, e = _span(g)
+    a, b = _span(f)
+    return s <= a and b <= e
+
+
 def _extent(offset: int, shape: Any, stride: Any) -> int:
     """Elements of a storage a strided view reaches: one past its last element."""
     if any(n == 0 for n in shape):
@@ -419,6 +512,7 @@ class Loader:
         self._storage_bytes += grow
         self._held_bytes += nbytes
         held = (entry[1] if entry else 0) + nbytes
+        footprint = (offset, tuple(values.shape), tuple(stride), item)
         if (
             entry is None
             and own
@@ -428,11 +522,14 @@ class Loader:
             and list(values.stride()) == stride
             and values.untyped_storage().nbytes() == extent
         ):
-            # [storage, bytes held, tensors on it (None once the storage is torch's own)]
-            entry = self._storages[st["id"]] = [values.untyped_storage(), held, []]
+            # [storage, bytes held, tensors on it (None once the storage is torch's own),
+            #  the footprints of the tensors put on it]
+            entry = self._storages[st["id"]] = [values.untyped_storage(), held, [], [footprint]]
             return values, entry[2]
         if entry is None:
-            entry = self._storages[st["id"]] = [torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0, None]
+            entry = self._storages[st["id"]] = [
+                torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0, None, [],
+            ]
         storage = entry[0]
         if storage.nbytes() < extent:
             old = storage.nbytes()
@@ -447,7 +544,21 @@ class Loader:
         entry[1] = held
         t = torch.empty(0, dtype=values.dtype, device=storage.device).set_(storage, offset, values.shape, stride)
         if not (t.data_ptr() == values.data_ptr() and t.stride() == values.stride() and t.device == values.device):
-            _copy_into(t, values, self.stager)  # (a view of the very bytes it goes to needs no copy)
+            # Tensors that share a storage must agree where they overlap: a file could make a
+            # later tensor overwrite an earlier one's verified values (or a sparse tensor's
+            # indices after torch checked them) with other bytes.
+            overlaps, inside = _overlapping(footprint, entry[3]), _self_overlapping(footprint)
+            if overlaps and self.stager is not None:
+                self.stager.settle()  # (the earlier tensors' bytes are all there)
+            if not (overlaps and _agrees(storage, footprint, entry[3], values, st["id"])):
+                _copy_into(t, values, self.stager)  # (a view of the very bytes it goes to needs no copy)
+                if inside:
+                    # Elements at one place (a zero stride) must hold one value: the copy left
+                    # the last one there.
+                    if self.stager is not None:
+                        self.stager.settle()
+                    _agrees(storage, footprint, [footprint], values, st["id"])
+        entry[3].append(footprint)
         if self.map_location is not None and callable(self.map_location) and not isinstance(self.map_location, (str, dict)):
             t = self.map_location(t, saved or "cpu")
         return t, entry[2]

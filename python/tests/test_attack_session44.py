@@ -614,3 +614,33 @@ def test_tensors_sharing_a_storage_that_agree_still_share(tmp_path):
             assert torch.equal(out[k], v), k
         assert out["view"].untyped_storage().data_ptr() == out["base"].untyped_storage().data_ptr()
         assert out["rows"].untyped_storage().data_ptr() == out["base"].untyped_storage().data_ptr()
+
+
+# ------------------------------------------------------------------ a torch.save file of views that expand
+
+
+@pytest.mark.parametrize("read", ["load", "load_structure", "open"])
+def test_a_torch_checkpoint_whose_views_expand_past_its_size_is_refused(attack, read):
+    pytest.importorskip("torch")
+    # A 1 KB torch.save file whose view has shape (16384, 16384) and strides (0, 0) made every
+    # reader (inspect, ls, load, open) copy 1 GiB out of a 24-byte storage.
+    code = textwrap.dedent(f"""
+        import io, os, zipfile, torch, treepack
+        buf = io.BytesIO()
+        torch.save({{"w": torch.arange(6.).reshape(2, 3)}}, buf)
+        z = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+        parts = {{n: z.read(n) for n in z.namelist()}}
+        name = next(n for n in parts if n.endswith("data.pkl"))
+        old = b"K\\x02K\\x03\\x86q\\x08K\\x03K\\x01"
+        assert old in parts[name], parts[name]
+        parts[name] = parts[name].replace(old, b"M\\x00\\x40M\\x00\\x40\\x86q\\x08K\\x00K\\x00")
+        os.makedirs(LOC, exist_ok=True)
+        p = os.path.join(LOC, "bomb.pt")
+        with zipfile.ZipFile(p, "w", zipfile.ZIP_STORED) as o:
+            for n, b in parts.items():
+                o.writestr(n, b)
+        result = {{"load": lambda: treepack.load(p), "load_structure": lambda: treepack.load_structure(p),
+                   "open": lambda: treepack.open(p)["w"][0, :4]}}[{read!r}]()
+        """)
+    r = attack.error(code, "TreepackError", "ValueError", timeout=60, mem_bytes=6 << 30)
+    assert "8 times the file's size" in r["message"], r["message"]

@@ -276,6 +276,10 @@ impl Opened {
     /// The tree with every tensor's bytes read.
     fn materialise(&self, s: &Structure) -> Result<Node> {
         let mut cache: HashMap<String, Bytes> = HashMap::new();
+        // Bytes the views that are copied out of their storage (strided, or of zero stride)
+        // may make in all: as treepack's own storages (`Storages.RATIO` and `SLACK`), 8 times
+        // what the file holds and 1 MiB; a 1 KB file of views with zero strides asked for GiBs.
+        let mut budget = (self.data.len() as u64).saturating_mul(EXPANSION_RATIO).saturating_add(EXPANSION_SLACK);
         // Storages several tensors view, numbered as treepack's torch integration numbers them
         // (`"storage": {"id", "offset", "stride"}` on each view), so that a load rebuilds one
         // storage they share, as torch.load does (tied weights stay tied).
@@ -284,7 +288,7 @@ impl Opened {
             Item::Leaf(l) => Ok(l),
             Item::Tensor(t) => {
                 let shared = s.storages.get(&t.storage).is_some_and(|i| i.tensors > 1);
-                let data = self.tensor_bytes(&t, shared, s.big_endian, &mut cache, &path.to_string())?;
+                let data = self.tensor_bytes(&t, shared, s.big_endian, &mut cache, &path.to_string(), &mut budget)?;
                 let a = ArrayData::new(t.dtype.clone(), t.shape.clone(), data)?;
                 let mut ann = t.annotation();
                 if t.device != "cpu" {
@@ -307,6 +311,7 @@ impl Opened {
         big: bool,
         cache: &mut HashMap<String, Bytes>,
         key: &str,
+        budget: &mut u64,
     ) -> Result<Bytes> {
         let e = self
             .entry(&format!("data/{}", t.storage))?
@@ -344,11 +349,24 @@ impl Opened {
                 Err(self.bad(format!("{what}: a view past its end")))
             };
         }
+        let n = t.numel().saturating_mul(item);
+        *budget = budget.checked_sub(n).ok_or_else(|| {
+            self.bad(format!(
+                "{what}: its views copied out of their storages would make more than {EXPANSION_RATIO} times the \
+                 file's size in all (a view of zero stride repeats its elements): refused, as a file made to \
+                 exhaust memory"
+            ))
+        })?;
         tp::strided_copy(&whole, item, &t.shape, &t.stride, t.offset)
             .map(Bytes::from)
             .map_err(|r| self.bad(format!("{what}: {r}")))
     }
 }
+
+/// What copies of strided views of a checkpoint may make in all: this many times the file's
+/// size, plus [`EXPANSION_SLACK`].
+const EXPANSION_RATIO: u64 = 8;
+const EXPANSION_SLACK: u64 = 1 << 20;
 
 fn bad(file: &str, reason: impl Into<String>) -> Error {
     Error::InvalidForeign { file: file.to_string(), format: "PyTorch checkpoint".into(), reason: reason.into() }

@@ -644,3 +644,88 @@ def test_a_torch_checkpoint_whose_views_expand_past_its_size_is_refused(attack, 
         """)
     r = attack.error(code, "TreepackError", "ValueError", timeout=60, mem_bytes=6 << 30)
     assert "8 times the file's size" in r["message"], r["message"]
+
+
+# ------------------------------------------------------------------ the review's findings
+
+
+def test_a_state_dict_converts_to_flat_files_and_opens_with_its_keys_alone(tmp_path):
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    sd = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)).state_dict()
+    treepack.save(sd, tmp_path / "sd")
+    treepack.convert(tmp_path / "sd", tmp_path / "sd.safetensors")
+    treepack.convert(tmp_path / "sd", tmp_path / "sd.npz")
+    from safetensors.torch import load_file
+
+    assert sorted(load_file(tmp_path / "sd.safetensors")) == sorted(sd) == sorted(np.load(tmp_path / "sd.npz"))
+    v = treepack.open(tmp_path / "sd")
+    assert list(v.keys()) == list(sd) and len(v) == len(sd) and "__dict__" not in v
+
+
+def test_like_an_ordereddict_whose_attributes_are_empty(tmp_path):
+    torch = pytest.importorskip("torch")
+    od = collections.OrderedDict(w=torch.ones(3), b=torch.zeros(2))
+    od._metadata = {}
+    treepack.save(od, tmp_path / "t")
+    back = treepack.load(tmp_path / "t", like=collections.OrderedDict(w=torch.empty(3), b=torch.empty(2)))
+    assert list(back) == ["w", "b"] and torch.equal(back["w"], od["w"])
+
+
+def test_pydantic_values_must_be_of_their_fields_types(tmp_path):
+    pydantic = pytest.importorskip("pydantic")
+
+    class Sub(pydantic.BaseModel):
+        a: int
+
+    class Outer(pydantic.BaseModel):
+        sub: Sub
+        n: int
+
+    o = Outer.model_construct(sub={"a": "7"}, n="12")  # (what a crafted file could say)
+    with pytest.raises(ValueError, match="do not validate"):
+        _rt(o, tmp_path)
+    good = Outer(sub=Sub(a=7), n=12)
+    assert _rt(good, tmp_path) == good
+
+
+def test_dicts_whose_keys_share_hashes_in_small_groups_load(tmp_path):
+    for x in ({2.0**k: k for k in range(-1074, 1024)}, {2**k: k for k in range(2048)}, {2.0**k for k in range(-1074, 1024)}):
+        treepack.save(x, tmp_path / "t", overwrite=True)
+        assert treepack.load(tmp_path / "t") == x
+
+
+def test_xarray_read_from_zarr_saves_keeping_its_plain_encoding(tmp_path):
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("zarr")
+    import numpy as np
+
+    xr.Dataset({"t": ("x", np.arange(10.0))}).to_zarr(tmp_path / "z.zarr")
+    z = xr.open_zarr(tmp_path / "z.zarr").load()
+    assert any(not isinstance(v, (str, int, float, tuple, dict, type(None))) for v in z["t"].encoding.values())
+    treepack.save(z, tmp_path / "t")
+    back = treepack.load(tmp_path / "t")
+    xr.testing.assert_identical(back, z)
+    assert back["t"].encoding["chunks"] == (10,) and "compressors" not in back["t"].encoding
+
+
+def test_map_location_needs_no_torch_for_a_tree_without_tensors(tmp_path):
+    import subprocess
+
+    treepack.save({"a": 1}, tmp_path / "t")
+    code = ("import sys; sys.modules['torch'] = None\nimport treepack\n"
+            f"assert treepack.load({str(tmp_path / 't')!r}, map_location='cpu') == {{'a': 1}}\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_defaultdict_factory_that_is_no_name_is_refused_by_the_audit(attack):
+    code = RESEAL + textwrap.dedent("""
+        import collections, treepack
+        treepack.save({"d": collections.defaultdict(list, {"k": [1]})}, LOC)
+        edit(lambda b: b.replace('"factory":"list"', '"factory":[1,2]'))
+        result = treepack.load(LOC)
+        """)
+    r = attack.error(code, "UntrustedTypeError")
+    assert "defaultdict factory [1, 2]" in r["message"], r["message"]

@@ -454,7 +454,10 @@ def _write_numpy(src: str, dst: str, fmt: str, separator: Optional[str], overwri
         elif isinstance(node, (list, tuple)):
             items = enumerate(node)
         elif hasattr(node, "children") and not hasattr(node, "nbytes"):
-            items = node.children.items()  # records and custom nodes: their named children
+            # Records and custom nodes: their named children, less a mapping's attributes (a
+            # state dict's `_metadata`, which no flat file holds: torch's own writers drop it).
+            attrs = isinstance(node.data, dict) and node.data.get("attrs") is True
+            items = [(k, v) for k, v in node.children.items() if not (attrs and k == "__dict__")]
         else:
             if keep is not None and node.path not in keep:
                 return

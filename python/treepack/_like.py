@@ -95,9 +95,10 @@ def graft(out: Any, like: Any, stored: Any, done: Set[int], options: Optional[Di
         elif getattr(stored, "type_name", None) == "py.ordereddict" and not (stored.data or {}).get("items"):
             import collections
 
-            out = collections.OrderedDict((k, None) for k in stored.children)
-            for k, v in ((stored.data or {}).get("attrs") or {}).items():
-                setattr(out, k, v)
+            attrs = (stored.data or {}).get("attrs")
+            out = collections.OrderedDict((k, None) for k in stored.children if not (attrs is True and k == "__dict__"))
+            for k, v in (attrs if isinstance(attrs, dict) else {}).items():
+                setattr(out, k, v)  # (a file of before session 44: its attributes in the data)
     if isinstance(like, Mapping) and out is not None:
         kids = stored if isinstance(stored, dict) else getattr(stored, "children", {})
         for k in like:

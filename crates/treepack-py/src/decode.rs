@@ -4,32 +4,40 @@
 use super::*;
 use treepack::format::manifest::KeyRef;
 
-/// Most keys of one dict (or items of one set) that may share one Python hash. Python's hashes
-/// of strings are keyed per process, but those of ints, floats and tuples of them are not: a file
-/// can name thousands of keys with one hash (`i * (2**61 - 1)`), and a dict built of them takes
-/// time quadratic in their number (each insert scans the others). Distinct real keys sharing a
-/// hash are rare (-1 and -2 do); a dict with more than this many is refused.
-pub(crate) const MAX_SAME_HASH: u32 = 32;
+/// How much probing a dict (or set) of keys that share Python hashes may cost: the sum, over
+/// its hashes, of the square of the number of its keys with that hash (the probes a dict makes
+/// to insert them) may not pass `SAME_HASH_COST` times its keys plus `SAME_HASH_SLACK`. Python's
+/// hashes of strings are keyed per process, but those of ints, floats and tuples of them are
+/// not: a file can name thousands of keys with one hash (`i * (2**61 - 1)`), and a dict built of
+/// them takes time quadratic in their number. Real keys share hashes in small groups (the float
+/// powers of two, hashed modulo 2**61 - 1, fall into 61 groups): they pass.
+pub(crate) const SAME_HASH_COST: u64 = 64;
+pub(crate) const SAME_HASH_SLACK: u64 = 1 << 20;
 
 /// Counts the hashes of the keys of one dict that are not strings (`check`), refusing the
-/// dict past `MAX_SAME_HASH` keys of one hash. The counts are in a std `HashMap` (SipHash
-/// with a random key: the counts themselves cannot be made to collide).
+/// dict once the probing they cost passes the bound above. The counts are in a std `HashMap`
+/// (SipHash with a random key: the counts themselves cannot be made to collide).
 #[derive(Default)]
-pub(crate) struct SameHash(Option<HashMap<isize, u32>>);
+pub(crate) struct SameHash(Option<(HashMap<isize, u64>, u64, u64)>);
 
 impl SameHash {
-    /// `key`, once its hash is counted (a ValueError once too many share one).
+    /// `key`, once its hash is counted (a ValueError once the keys cost too much).
     pub(crate) fn check<'py>(&mut self, key: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         if key.is_exact_instance_of::<PyString>() {
             return Ok(key);
         }
         let h = key.hash()?;
-        let n = self.0.get_or_insert_with(HashMap::new).entry(h).or_insert(0);
+        let (counts, keys, cost) = self.0.get_or_insert_with(|| (HashMap::new(), 0, 0));
+        let n = counts.entry(h).or_insert(0);
+        // (n + 1)^2 - n^2: the probes this key adds
+        *cost += 2 * *n + 1;
         *n += 1;
-        if *n > MAX_SAME_HASH {
+        *keys += 1;
+        if *cost > SAME_HASH_COST * *keys + SAME_HASH_SLACK {
             return Err(PyValueError::new_err(format!(
-                "a dict in the file has more than {MAX_SAME_HASH} keys with one hash (keys such as {}): building it \
-                 would take time quadratic in their number, so it is refused (a file made to slow the load)",
+                "a dict in the file has {} keys with one hash (keys such as {}): building it would take time \
+                 quadratic in their number, so it is refused (a file made to slow the load)",
+                *n,
                 key.repr().map(|r| r.to_string()).unwrap_or_default().chars().take(60).collect::<String>()
             )));
         }

@@ -148,6 +148,9 @@ impl Reader {
         let dec = Decoder::new(py, None, None, false);
         let mut out = vec![];
         for (step, _) in t.children() {
+            if matches!(step, treepack::format::model::Step::Name(k) if treepack::read::is_attrs_child(t, k)) {
+                continue; // (a mapping's attributes, not one of its keys)
+            }
             let seg = treepack::format::keypath::Segment::from_step_pub(&step);
             let key = match &seg {
                 treepack::format::keypath::Segment::Index(i) => i.into_pyobject(py)?.into_any(),

@@ -605,6 +605,11 @@ fn walk_places<'a>(t: &'a Tree<Entry>, steps: &mut Vec<Step<'a>>, f: &mut dyn Fn
         }
         _ => {
             for (step, c) in t.children() {
+                if matches!(step, Step::Name(k) if crate::read::is_attrs_child(t, k)) {
+                    // A mapping's attributes (a state dict's `_metadata`) are no leaves of the
+                    // flat file: torch's and safetensors' own writers leave them out too.
+                    continue;
+                }
                 steps.push(step);
                 crate::format::model::grow(|| walk_places(c, steps, f));
                 steps.pop();

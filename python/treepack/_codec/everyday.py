@@ -138,26 +138,32 @@ def _factory(name: Any, trusted: Callable[[str], bool]) -> Tuple[Any, Optional[s
     return factory, None
 
 
-#: Most items of one set (keys of one dict) that may share one hash: as the extension's
-#: `MAX_SAME_HASH` (decode.rs), which says why.
-MAX_SAME_HASH = 32
+#: How much probing a set (or dict) of items sharing hashes may cost: as the extension's
+#: `SAME_HASH_COST` and `SAME_HASH_SLACK` (decode.rs), which say why.
+SAME_HASH_COST = 64
+SAME_HASH_SLACK = 1 << 20
 
 
 def few_same_hashes(items: Iterable[Any], what: str) -> List[Any]:
-    """``items`` (a list), once no more than ``MAX_SAME_HASH`` of them share one hash (strings
-    aside: their hashes are keyed per process); else a ValueError, before any set or dict of them
-    is built, which would take time quadratic in their number."""
+    """``items`` (a list), once the probing a set or dict of them would cost stays within
+    ``SAME_HASH_COST`` times their number plus ``SAME_HASH_SLACK`` (strings aside: their hashes
+    are keyed per process); else a ValueError, before any set or dict of them is built, which
+    would take time quadratic in their number."""
     items = list(items)
-    if len(items) > MAX_SAME_HASH:
+    if len(items) * len(items) > SAME_HASH_SLACK:
         counts: Dict[int, int] = {}
+        cost = keys = 0
         for x in items:
             if type(x) is not str:
                 h = hash(x)
-                n = counts[h] = counts.get(h, 0) + 1
-                if n > MAX_SAME_HASH:
-                    raise ValueError(f"{what} in the file has more than {MAX_SAME_HASH} items with one hash (such as "
-                                     f"{x!r:.60}): building it would take time quadratic in their number, so it is "
-                                     "refused (a file made to slow the load)")
+                n = counts.get(h, 0)
+                counts[h] = n + 1
+                cost += 2 * n + 1
+                keys += 1
+                if cost > SAME_HASH_COST * keys + SAME_HASH_SLACK:
+                    raise ValueError(f"{what} in the file has {n + 1} items with one hash (such as {x!r:.60}): "
+                                     "building it would take time quadratic in their number, so it is refused (a "
+                                     "file made to slow the load)")
     return items
 
 

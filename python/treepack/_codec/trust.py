@@ -27,8 +27,11 @@ def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ..
                 cls = json.loads(data_json).get("class", "?") if data_json else "?"
                 flag(f"pickle ({cls})", path)
         elif name == "py.defaultdict":
-            factory = (json.loads(data_json) or {}).get("factory") if data_json else None
-            if factory and factory not in FACTORIES and not (reg.is_trusted(factory, trust) or reg.lookup_name(factory)):
+            data = (json.loads(data_json) or {}) if data_json else {}
+            factory = data.get("factory") if isinstance(data, dict) else None
+            if factory is not None and not isinstance(factory, str):
+                flag(f"defaultdict factory {factory!r:.40}", path)
+            elif factory and factory not in FACTORIES and not (reg.is_trusted(factory, trust) or reg.lookup_name(factory)):
                 flag(factory, path)
         elif name in ("py.enum", "py.mapping"):
             data = (json.loads(data_json) or {}) if data_json else {}
@@ -37,7 +40,9 @@ def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ..
                 flag(cls, path)
             # (a defaultdict subclass's factory)
             factory = data.get("factory") if name == "py.mapping" and isinstance(data, dict) else None
-            if factory and factory not in FACTORIES and not (reg.is_trusted(factory, trust) or reg.lookup_name(factory)):
+            if factory is not None and not isinstance(factory, str):
+                flag(f"defaultdict factory {factory!r:.40}", path)
+            elif factory and factory not in FACTORIES and not (reg.is_trusted(factory, trust) or reg.lookup_name(factory)):
                 flag(factory, path)
         elif name in reg.CLASS_NODES:  # an integration's node naming its class (jax.pytree)
             cls = (json.loads(data_json) or {}).get("class", "?") if data_json else "?"

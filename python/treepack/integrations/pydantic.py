@@ -73,8 +73,11 @@ def build(cls: type, fields: Dict[str, Any]) -> Any:
 def _validate(cls: type, kids: Dict[str, Any]) -> None:
     """``model_validate`` of the stored fields, which are keyed by field name (a model with
     aliases takes its fields by alias unless told otherwise)."""
+    # Strict: the stored values are what the model held, of its fields' own types (a nested
+    # model is one, not a dict of its fields; an int field holds an int, not a string of
+    # digits), so what comes back, made of them, is a model that validates.
     try:
-        cls.model_validate(kids, by_name=True)
+        cls.model_validate(kids, by_name=True, strict=True)
     except TypeError as e:  # a pydantic before 2.11, without by_name: the aliases' keys
         if "by_name" not in str(e):
             raise
@@ -83,7 +86,7 @@ def _validate(cls: type, kids: Dict[str, Any]) -> None:
             f = cls.model_fields.get(k)
             alias = getattr(f, "validation_alias", None) or getattr(f, "alias", None)
             by_alias[alias if isinstance(alias, str) else k] = v
-        cls.model_validate(by_alias)
+        cls.model_validate(by_alias, strict=True)
 
 
 # ---------------------------------------------------------------- the plug-in

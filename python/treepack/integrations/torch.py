@@ -988,10 +988,10 @@ def _check_map_location(m: Any, path: str) -> None:
     torch has here: checked before anything is read, the error naming the file and the device."""
     if m is None or (callable(m) and not isinstance(m, str)):
         return
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return  # (a tree of tensors imports it, and then says what is wrong; one without needs none)
     targets = list(m.values()) if isinstance(m, dict) else [m]
-    if not any(isinstance(t, str) for t in targets) and "torch" not in sys.modules:
-        return
-    import torch
 
     for t in targets:
         if t is None:

@@ -5,7 +5,8 @@ Each variable (data variables and coordinates) is a subtree ``{"dims": [...], "d
 block by block by the tasks that compute it), so key paths read ``ds/data_vars/temp/data``,
 partial reads and ``open()`` slices reach every variable, and ``load(dask=True)`` gives the
 variables back as lazy Dask arrays. Dataset attributes are a child dict (numpy values allowed);
-each variable's ``encoding`` and the Dataset's are kept, and so are its indexes (``indexes``: a
+the plain entries of each variable's ``encoding`` and the Dataset's are kept (not codec objects
+of the file the data was read from), and so are its indexes (``indexes``: a
 multi-index, an index on a coordinate that is no dimension, a dimension coordinate left without
 one).
 Nothing a file names is imported or evaluated; xarray is imported only to rebuild these nodes.
@@ -50,9 +51,25 @@ def _variable(v: Any, index: bool = False) -> Dict[str, Any]:
     elif not isinstance(data, np.ndarray) and type(data).__module__.split(".")[0] != "dask":
         data = np.asarray(v.values)
     out = {"dims": [_name(d, "dimension") for d in v.dims], "data": data, "attrs": dict(v.attrs)}
-    if v.encoding:
-        out["encoding"] = dict(v.encoding)
+    encoding = _plain(v.encoding)
+    if encoding:
+        out["encoding"] = encoding
     return out
+
+
+def _plain(encoding: Dict[Any, Any]) -> Dict[str, Any]:
+    """The entries of an ``encoding`` that are plain values (names, numbers, dtypes, tuples and
+    sets of them: ``dtype``, ``scale_factor``, ``chunksizes``, ``unlimited_dims``). The others,
+    codec objects of the file the data was read from (zarr's ``compressors``), are how that file
+    stored it, not the data: not kept (docs/python.md)."""
+    def plain(x: Any) -> bool:
+        if x is None or isinstance(x, (str, bool, int, float, np.dtype, np.generic)):
+            return True
+        if isinstance(x, dict):
+            return all(isinstance(k, str) and plain(y) for k, y in x.items())
+        return isinstance(x, (tuple, list, set, frozenset)) and all(plain(y) for y in x)
+
+    return {k: v for k, v in encoding.items() if isinstance(k, str) and plain(v)}
 
 
 def _indexes(obj: Any) -> Tuple[List[Dict[str, Any]], List[str]]:
@@ -100,8 +117,8 @@ def encode(obj: Any) -> Description:
         kids = [("data_vars", data_vars), ("coords", coords), ("attrs", dict(obj.attrs))]
     if indexes:
         kids.append(("indexes", indexes))
-    if type(obj) is not xr.DataArray and obj.encoding:
-        kids.append(("encoding", dict(obj.encoding)))  # (a DataArray's is its variable's)
+    if type(obj) is not xr.DataArray and _plain(obj.encoding):
+        kids.append(("encoding", _plain(obj.encoding)))  # (a DataArray's is its variable's)
     return ("custom", DATAARRAY if type(obj) is xr.DataArray else DATASET, None, kids)
 
 

@@ -71,6 +71,16 @@ pub struct LoadOptions {
 /// gets it whole.
 pub const PARTIAL_ATTRS: &str = "__dict__";
 
+/// Whether `name` is the [`PARTIAL_ATTRS`] child of `node` that holds the node's attributes (a
+/// custom node whose data says `"attrs": true`), not one of its contents.
+pub fn is_attrs_child<L>(node: &Tree<L>, name: &str) -> bool {
+    match node {
+        Tree::Shared { node, .. } => is_attrs_child(node, name),
+        Tree::Custom { data, .. } => name == PARTIAL_ATTRS && data.get("attrs") == Some(&serde_json::Value::Bool(true)),
+        _ => false,
+    }
+}
+
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {

@@ -295,7 +295,7 @@ impl Places<'_> {
         let (whole, attrs) = match (t, self.partial) {
             (Tree::Custom { type_name, children, .. }, Some(partial)) => {
                 let in_part = partial.contains(type_name);
-                if in_part && !children.iter().any(|(k, _)| k == super::PARTIAL_ATTRS) {
+                if in_part && !children.iter().any(|(k, _)| super::is_attrs_child(t, k)) {
                     (None, false)
                 } else {
                     let x = self.whole.len();
@@ -313,7 +313,7 @@ impl Places<'_> {
                 path.push('/');
             }
             keypath::push_step_text(path, &step);
-            let own = attrs && matches!(step, crate::format::model::Step::Name(k) if k == super::PARTIAL_ATTRS);
+            let own = attrs && matches!(step, crate::format::model::Step::Name(k) if super::is_attrs_child(t, k));
             if let (true, Some(x)) = (own, whole) {
                 self.whole[x].range.0 = self.places.len();
             }

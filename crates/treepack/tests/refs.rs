@@ -180,7 +180,7 @@ fn partial_loads_build_whole_objects_and_drop_refs_to_objects_not_built() {
 fn a_partial_node_built_in_part_comes_with_its_attributes() {
     let custom = |t: &str, kids: Vec<(&str, Node)>| Tree::Custom {
         type_name: t.into(),
-        data: serde_json::Value::Null,
+        data: serde_json::json!({"attrs": true}),
         children: kids.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
     };
     let attrs = Node::dict([("meta", arr(&[7])), ("more", Node::dict([("x", arr(&[8]))]))]);
@@ -205,6 +205,18 @@ fn a_partial_node_built_in_part_comes_with_its_attributes() {
     let back = load(&p, &opts(&["other"])).unwrap();
     let Tree::Dict(items) = &back else { panic!() };
     assert!(matches!(items[0].1, Tree::Leaf(Leaf::None)), "{back:?}");
+    // A child of that name in a node whose data does not say it holds attributes (a key of an
+    // older file's mapping) is a child like the others.
+    let od = Tree::Custom {
+        type_name: "py.ordereddict".into(),
+        data: serde_json::Value::Null,
+        children: vec![("w".into(), arr(&[1])), (read::PARTIAL_ATTRS.into(), arr(&[9]))],
+    };
+    let (_d2, p2) = saved(&Node::dict([("od", od)]));
+    let back = load(&p2, &opts(&["od/w"])).unwrap();
+    let Tree::Dict(items) = &back else { panic!() };
+    let Tree::Custom { children, .. } = &items[0].1 else { panic!("{back:?}") };
+    assert!(matches!(children[1].1, Tree::Leaf(Leaf::None)), "{back:?}");
 }
 
 /// A select that matches nothing is refused naming each such pattern (a typo must not load as

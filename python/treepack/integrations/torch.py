@@ -12,6 +12,7 @@ imported torch never pays for it, and loading imports torch only when the file h
 
 from __future__ import annotations
 
+import bisect
 import json
 import sys
 import warnings
@@ -137,9 +138,33 @@ def _span(f: Footprint) -> Tuple[int, int]:
     return offset * item, _extent(offset, shape, stride) * item
 
 
-def _overlapping(f: Footprint, earlier: List[Footprint]) -> bool:
-    a, b = _span(f)
-    return a < b and any(a < e and s < b for s, e in (_span(g) for g in earlier))
+class _Spans:
+    """The byte spans the tensors put on one storage reach, merged and sorted: whether a new
+    one meets them in log time (a flat buffer of a thousand parameters' views is common)."""
+
+    __slots__ = ("starts", "ends", "footprints")
+
+    def __init__(self) -> None:
+        self.starts: List[int] = []
+        self.ends: List[int] = []
+        self.footprints: List[Footprint] = []
+
+    def meets(self, f: Footprint) -> bool:
+        a, b = _span(f)
+        i = bisect.bisect_left(self.ends, a + 1)  # the first span ending after a
+        return a < b and i < len(self.starts) and self.starts[i] < b
+
+    def add(self, f: Footprint) -> None:
+        self.footprints.append(f)
+        a, b = _span(f)
+        if a >= b:
+            return
+        i = bisect.bisect_left(self.ends, a)  # spans ending before a stay
+        j = bisect.bisect_right(self.starts, b)  # spans starting after b stay
+        if i < j:
+            a, b = min(a, self.starts[i]), max(b, self.ends[j - 1])
+        self.starts[i:j] = [a]
+        self.ends[i:j] = [b]
 
 
 def _self_overlapping(f: Footprint) -> bool:
@@ -524,11 +549,12 @@ class Loader:
         ):
             # [storage, bytes held, tensors on it (None once the storage is torch's own),
             #  the footprints of the tensors put on it]
-            entry = self._storages[st["id"]] = [values.untyped_storage(), held, [], [footprint]]
+            entry = self._storages[st["id"]] = [values.untyped_storage(), held, [], _Spans()]
+            entry[3].add(footprint)
             return values, entry[2]
         if entry is None:
             entry = self._storages[st["id"]] = [
-                torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0, None, [],
+                torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0, None, _Spans(),
             ]
         storage = entry[0]
         if storage.nbytes() < extent:
@@ -547,10 +573,10 @@ class Loader:
             # Tensors that share a storage must agree where they overlap: a file could make a
             # later tensor overwrite an earlier one's verified values (or a sparse tensor's
             # indices after torch checked them) with other bytes.
-            overlaps, inside = _overlapping(footprint, entry[3]), _self_overlapping(footprint)
+            overlaps, inside = entry[3].meets(footprint), _self_overlapping(footprint)
             if overlaps and self.stager is not None:
                 self.stager.settle()  # (the earlier tensors' bytes are all there)
-            if not (overlaps and _agrees(storage, footprint, entry[3], values, st["id"])):
+            if not (overlaps and _agrees(storage, footprint, entry[3].footprints, values, st["id"])):
                 _copy_into(t, values, self.stager)  # (a view of the very bytes it goes to needs no copy)
                 if inside:
                     # Elements at one place (a zero stride) must hold one value: the copy left
@@ -558,7 +584,7 @@ class Loader:
                     if self.stager is not None:
                         self.stager.settle()
                     _agrees(storage, footprint, [footprint], values, st["id"])
-        entry[3].append(footprint)
+        entry[3].add(footprint)
         if self.map_location is not None and callable(self.map_location) and not isinstance(self.map_location, (str, dict)):
             t = self.map_location(t, saved or "cpu")
         return t, entry[2]

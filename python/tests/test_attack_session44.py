@@ -729,3 +729,15 @@ def test_a_defaultdict_factory_that_is_no_name_is_refused_by_the_audit(attack):
         """)
     r = attack.error(code, "UntrustedTypeError")
     assert "defaultdict factory [1, 2]" in r["message"], r["message"]
+
+
+class SlotDict(dict):
+    __slots__ = ("me", "other")
+
+
+def test_a_dict_subclass_holding_itself_through_a_slot_round_trips(tmp_path):
+    s = SlotDict(a=1)
+    s.me = s
+    s.other = [s]
+    back = _rt({"s": s}, tmp_path)["s"]
+    assert type(back) is SlotDict and back == {"a": 1} and back.me is back and back.other[0] is back

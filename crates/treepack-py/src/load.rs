@@ -348,8 +348,8 @@ impl<'py> LoadBuilder<'py, '_> {
 
     /// The places in `obj`, a container built from copies of its children (`PATCHED_AFTER`),
     /// that hold a cycle's placeholder, noted to be patched as a list's or a dict's are: its
-    /// values (a dict or a dict subclass), its items (a deque), its instance attributes and a
-    /// `UserDict`'s `data`. A copy kept anywhere else is found by the count of references to
+    /// values (a dict or a dict subclass), its items (a deque), its instance attributes, its slots
+    /// and a `UserDict`'s `data`. A copy kept anywhere else is found by the count of references to
     /// the placeholder when its object is complete, and refused there.
     fn note_copied(&self, obj: &Bound<'py, PyAny>) -> PyResult<()> {
         let py = obj.py();
@@ -378,6 +378,17 @@ impl<'py> LoadBuilder<'py, '_> {
             for (k, v) in d.iter() {
                 if let Some(id) = self.placeholder_id(&v) {
                     self.put(id, Slot::Value(d.clone().into_any(), k));
+                }
+            }
+        }
+        // Its slots (a dict subclass's `__slots__`, put back from its attributes child).
+        let names = py.import("treepack._codec.records")?.getattr("slot_names")?.call1((obj.get_type(),))?;
+        let getattribute = py.import("builtins")?.getattr("object")?.getattr("__getattribute__")?;
+        for name in names.try_iter()? {
+            let name: String = name?.extract()?;
+            if let Ok(v) = getattribute.call1((obj, &name)) {
+                if let Some(id) = self.placeholder_id(&v) {
+                    self.put(id, Slot::Field(obj.clone(), name));
                 }
             }
         }

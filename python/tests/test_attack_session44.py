@@ -741,3 +741,13 @@ def test_a_dict_subclass_holding_itself_through_a_slot_round_trips(tmp_path):
     s.other = [s]
     back = _rt({"s": s}, tmp_path)["s"]
     assert type(back) is SlotDict and back == {"a": 1} and back.me is back and back.other[0] is back
+
+
+def test_load_structure_as_a_template_for_mappings_with_a_dict_key_and_attributes(tmp_path):
+    import numpy as np
+
+    od = collections.OrderedDict([("__dict__", 3), ("w", np.ones(2))])
+    od.meta = 5
+    treepack.save(od, tmp_path / "t")
+    back = treepack.load(tmp_path / "t", like=treepack.load_structure(tmp_path / "t"))
+    assert list(back) == ["__dict__", "w"] and back["__dict__"] == 3 and back.meta == 5

@@ -116,9 +116,17 @@ def graft(out: Any, like: Any, stored: Any, done: Set[int], options: Optional[Di
         # A node of load_structure's (a mask): its children are the record's fields, or the
         # keys of a mapping-like custom object (an OrderedDict state_dict).
         if isinstance(out, MutableMapping):
-            for k, l in like.children.items():
+            # The mapping's keys: its children, or those of its `items` child (keys that are no
+            # names, or one named `__dict__`); its attributes (`__dict__`) are no key.
+            data = like.data if isinstance(like.data, dict) else {}
+            kids, stored_kids = like.children, getattr(stored, "children", {})
+            if data.get("items") is True and isinstance(kids.get("items"), Mapping):
+                kids, stored_kids = kids["items"], stored_kids.get("items") if isinstance(stored_kids.get("items"), Mapping) else {}
+            elif data.get("attrs") is True:
+                kids = {k: v for k, v in kids.items() if k != "__dict__"}
+            for k, l in kids.items():
                 if k in out:
-                    v = graft(out[k], l, getattr(stored, "children", {}).get(k), done, options)
+                    v = graft(out[k], l, stored_kids.get(k), done, options)
                     if v is not out[k]:
                         out[k] = v
             return out

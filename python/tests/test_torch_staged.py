@@ -286,20 +286,17 @@ def test_map_location_staged_storage_grown_on_the_device_keeps_copies_started_be
     assert out["a_rows"].untyped_storage().data_ptr() == out["b_base"].untyped_storage().data_ptr()
 
 
-def test_map_location_staged_a_failed_copy_or_read_fails_the_load(tmp_path, staged):
+def test_map_location_staged_a_failed_copy_or_read_fails_the_load(tmp_path, staged, monkeypatch):
     tree = {f"t{i}": torch.full((1000,), float(i)) for i in range(20)}
     treepack.save(tree, tmp_path / "c", chunk_bytes=4096)
-    wait = Deferred.wait
 
     def broken(self, event):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    Deferred.wait = broken
-    try:
+    with monkeypatch.context() as m:
+        m.setattr(Deferred, "wait", broken)
         with pytest.raises(RuntimeError, match="illegal memory access"):
             treepack.load(tmp_path / "c", map_location="cpu")
-    finally:
-        Deferred.wait = wait
     # Its buffers may still be read by copies that never finished: never reused, never freed.
     assert _staging._abandoned and Deferred not in _staging._kept
     # A copy that cannot start, after others did: its error is the load's, and the copies
@@ -312,12 +309,9 @@ def test_map_location_staged_a_failed_copy_or_read_fails_the_load(tmp_path, stag
         return copy(self, dst, src)
 
     staged.made.clear()
-    Deferred.copy = refused
-    try:
-        with pytest.raises(RuntimeError, match="out of memory"):
-            treepack.load(tmp_path / "c", map_location="cpu")
-    finally:
-        Deferred.copy = copy
+    monkeypatch.setattr(Deferred, "copy", refused)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        treepack.load(tmp_path / "c", map_location="cpu")
     (copies,) = staged.made
     assert copies.n == 5 and copies.waited == 5 and not copies.queue
     assert len(_staging._kept[Deferred]) >= 1  # put back: every copy out of them finished

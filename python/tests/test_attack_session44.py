@@ -14,6 +14,7 @@ import os
 import shutil
 import textwrap
 
+import numpy as np
 import pytest
 
 import treepack
@@ -196,6 +197,8 @@ def test_keys_sharing_one_hash_are_refused_in_linear_time(attack, kind):
         """)
     r = attack.error(code, "TreepackError", "ValueError", "FormatError", timeout=60)
     assert "one hash" in r["message"] or "structure" in kind, r["message"]
+    # Where: the file and the key path of the refused container (session 45; it named neither).
+    assert re.search(r"/loc: .*at `x(/items)?`", r["message"]), r["message"]
 
 
 # ------------------------------------------------------------------ mappings: whole instance state
@@ -552,6 +555,30 @@ def test_a_map_location_torch_cannot_use_is_refused_before_reading(tmp_path):
         with pytest.raises(ValueError, match="torch.cuda.is_available\\(\\) is False.*map_location='cpu'"):
             treepack.load(tmp_path / "t", map_location="cuda")
     assert treepack.load(tmp_path / "t", map_location="meta")["w"].device.type == "meta"
+
+
+def test_a_map_location_is_checked_before_another_tools_file_is_converted(tmp_path, monkeypatch):
+    # Foreign files (safetensors split into keys, .npz) are converted into a location in memory,
+    # then loaded: map_location was checked only then, after the whole file was read, and the
+    # error named the memory location (memory://treepack-mem-…) instead of the file.
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import save_file
+    from treepack import _convert
+
+    save_file({"a.b": np.zeros(3, np.float32)}, str(tmp_path / "x.safetensors"))
+    np.savez(tmp_path / "x.npz", a=np.zeros(3))
+    converted = []
+    monkeypatch.setattr(_convert, "convert", lambda *a, **k: converted.append(a))
+    for name, kw in (("x.safetensors", {"separator": "."}), ("x.npz", {})):
+        f = str(tmp_path / name)
+        with pytest.raises(ValueError, match=f"^load of {re.escape(f)}: map_location='cdua' is not a torch device"):
+            treepack.load(f, map_location="cdua", **kw)
+        if not torch.cuda.is_available():
+            with pytest.raises(ValueError, match=f"^load of {re.escape(f)}: .*torch.cuda.is_available"):
+                treepack.load(f, map_location="cuda:1", **kw)
+    assert converted == []
+    monkeypatch.undo()
+    assert treepack.load(str(tmp_path / "x.npz"), map_location="cpu")["a"].tolist() == [0.0, 0.0, 0.0]
 
 
 # ------------------------------------------------------------------ awkward buffers that index outside

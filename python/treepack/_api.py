@@ -421,8 +421,9 @@ def load(
                        numpy=numpy or framework == "jax", expect_root=expect_root, separator=separator,
                        signed_by=signed_by, min_version=min_version, not_before=not_before, **options)
             return _as_framework(out, framework, options)
-    hooks = _registry.load_hooks(options)  # (a TypeError for a keyword no integration takes)
     p = _path(path)
+    # (a TypeError for a keyword no integration takes; options checked before the file is read)
+    hooks = _registry.load_hooks(options, p)
     fmt = _foreign(p)
     if fmt == "safetensors" and separator is None:
         fmt = None  # the core reads a safetensors file as the flat tree it holds, wherever a location is
@@ -485,7 +486,12 @@ def _load_reporting(request: "LoadRequest", progress: Progress, p: str, opts: An
     try:
         return _load(request, progress)
     except _codec.BuildError as e:
-        raise e.located(p, _build_paths(p, opts, e)) from e
+        raise (_placed(e, p) or e.located(p, _build_paths(p, opts, e))) from e
+    except (ValueError, TypeError, OverflowError) as e:
+        placed = _placed(e, p)
+        if placed is None:
+            raise
+        raise placed from e
     except _codec.MissingFramework as e:
         lib = e.type_name.partition(".")[0]
         paths = [path for t, path in _core.Reader(p, opts).array_types() if t.startswith(lib + ".")]
@@ -598,6 +604,20 @@ class LoadRequest:
         bad = _codec.audit(types, self.trust, self.allow_pickle)
         if bad and self.on_missing == "error":
             raise UntrustedTypeError(self.path, bad)
+
+
+def _placed(e: BaseException, p: str) -> Optional[BaseException]:
+    """A build's error the core marked with the key path of the node it failed at (an object
+    that could not be built, a dict of keys made to share one hash): the same error, its
+    message naming the file and that path. None for any other error."""
+    at = getattr(e, "_treepack_at", None)
+    if at is None:
+        return None
+    if isinstance(e, _codec.BuildError):
+        return e.located(p, [at])
+    if type(e) not in (ValueError, TypeError, OverflowError):
+        return None
+    return type(e)(f"{p}: at `{at or '<root>'}`: {e}")
 
 
 def _build_paths(p: str, opts: Any, e: Any) -> List[str]:
@@ -717,7 +737,10 @@ def load_structure(path: PathLike, *, storage_options: StorageOptions = None, en
         if fast is not None:
             return fast
         return _core.Reader(p, opts).structure(_struct_node)
-    except Exception:
+    except Exception as e:
+        placed = _placed(e, p)
+        if placed is not None:
+            raise placed from e
         # Not a treepack tree: an Orbax or JAX checkpoint is read as the tree it holds (asked
         # only here, so that a treepack load pays nothing for it).
         fmt = _foreign(p)

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _codec, _core, _encryption, _registry
-from ._api import PathLike, StorageOptions, UntrustedTypeError, _opts, _path, _struct_node
+from ._api import PathLike, StorageOptions, UntrustedTypeError, _opts, _path, _placed, _struct_node
 
 
 def _slice_text(idx: Any, ndim: int) -> str:
@@ -190,7 +190,13 @@ class View:
         if bad and on_missing == "error":
             raise UntrustedTypeError(path, bad)
         dec = _codec.Decoder(trust, allow_pickle, on_missing == "placeholder")
-        return self._r.load(dec, _codec.np_dtype, subpath=path)
+        try:
+            return self._r.load(dec, _codec.np_dtype, subpath=path)
+        except (_codec.BuildError, ValueError, TypeError, OverflowError) as e:
+            placed = _placed(e, str(self._where[0] or "the tree"))
+            if placed is None:
+                raise
+            raise placed from e
 
     def read(self) -> Any:
         """Load this subtree (trust rules apply)."""

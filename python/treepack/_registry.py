@@ -295,6 +295,9 @@ class Handlers:
     like_graft: Optional[Callable[[Any, Any, Mapping[str, Any]], Any]] = None
     #: ``load(request)`` when one of its options is given: the result, or DECLINE.
     load: Optional[Callable[[Any], Any]] = None
+    #: ``check_options(options, path)`` when one of its options is given, before anything of
+    #: ``path`` is read (or converted): raises naming the file for an option that cannot apply.
+    check_options: Optional[Callable[[Mapping[str, Any], str], None]] = None
     #: Gated: ``like(request, reader, like, structure)`` -> the result, or DECLINE.
     like: Optional[Callable[..., Any]] = None
     #: Gated: ``save(tree, location, prepare, write_opts, chunk_bytes)`` -> a function that
@@ -406,17 +409,22 @@ def array_handlers(annotation_type: str) -> Optional[Handlers]:
     return handlers(e) if e is not None else None
 
 
-def load_hooks(options: Mapping[str, Any]) -> List[Callable[[Any], Any]]:
-    """The ``load`` hooks of the integrations taking ``options`` (imported now); an option no
-    integration takes is a TypeError naming it."""
+def load_hooks(options: Mapping[str, Any], path: str) -> List[Callable[[Any], Any]]:
+    """The ``load`` hooks of the integrations taking ``options`` (imported now), once each has
+    checked them for a load of ``path``; an option no integration takes is a TypeError naming
+    it."""
     hooks: List[Callable[[Any], Any]] = []
+    checked: List[Handlers] = []
     for name in options:
         e = _BY_OPTION.get(name)
         if e is None:
             raise TypeError(f"load() got an unexpected keyword argument {name!r}")
-        fn = handlers(e).load
-        if fn is not None and fn not in hooks:
-            hooks.append(fn)
+        h = handlers(e)
+        if h.check_options is not None and h not in checked:
+            checked.append(h)
+            h.check_options(options, path)
+        if h.load is not None and h.load not in hooks:
+            hooks.append(h.load)
     return hooks
 
 

@@ -31,6 +31,8 @@ pub(crate) struct LoadBuilder<'py, 'a> {
     /// Sets and dicts built with elements or keys a cycle had not completed yet, with those
     /// elements: each must still be found in its container once every cycle is complete.
     hashed: std::cell::RefCell<Vec<HashedCheck<'py>>>,
+    /// The key path of the node whose build failed, innermost step first (`failed_under`).
+    failed: std::cell::RefCell<Vec<String>>,
 }
 
 /// The elements (`py.set`, `py.frozenset`: its children) or keys (`py.dict`: the first of each
@@ -96,6 +98,7 @@ impl<'py, 'a> LoadBuilder<'py, 'a> {
             open: Default::default(),
             refs: Default::default(),
             hashed: Default::default(),
+            failed: Default::default(),
         }
     }
 
@@ -107,9 +110,17 @@ impl<'py, 'a> LoadBuilder<'py, 'a> {
         })
     }
 
-    /// The Python error behind a failed build (or one made of its message).
-    pub(crate) fn error(&self, msg: String) -> PyErr {
-        self.err.borrow_mut().take().unwrap_or_else(|| PyValueError::new_err(msg))
+    /// The Python error behind a failed build (or one made of its message), with the key path
+    /// of the node that failed as its `_treepack_at` (under `subpath` when the build was of a
+    /// subtree), which `load` puts in its message.
+    pub(crate) fn error(&self, msg: String, subpath: Option<&str>) -> PyErr {
+        let e = self.err.borrow_mut().take().unwrap_or_else(|| PyValueError::new_err(msg));
+        let steps = self.failed.borrow();
+        let at = subpath.filter(|p| !p.is_empty()).into_iter().chain(steps.iter().rev().map(String::as_str));
+        let at = at.collect::<Vec<_>>().join("/");
+        // (an exception that takes no attribute is reported without its place)
+        let _ = e.value(self.py).setattr("_treepack_at", at);
+        e
     }
 }
 
@@ -117,6 +128,9 @@ impl<'py> Build for LoadBuilder<'py, '_> {
     type Node = Bound<'py, PyAny>;
     const HELPER: bool = true;
     const PATHS: bool = false;
+    fn failed_under(&self, step: treepack::format::model::Step<'_>) {
+        self.failed.borrow_mut().push(treepack::format::keypath::steps_text(&[step]));
+    }
     fn leaf_ref(&self, e: &Entry) -> Result<Self::Node, String> {
         let r = self.dec.borrow_mut().inline_entry(e);
         self.py_ok(r)

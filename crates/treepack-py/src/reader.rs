@@ -92,7 +92,7 @@ impl Reader {
                 .detach_releasing(|| self.inner.location().block_on(self.inner.fetch_stored_leaves_async(&opts)))
                 .map_err(py_err)?;
             let built = without_gc(py, || Ok(self.inner.build_whole(&b, leaves)))?;
-            return built.map_err(|m| b.error(m));
+            return built.map_err(|m| b.error(m, None));
         }
         let node = py
             .detach_releasing(|| match &subpath {
@@ -101,7 +101,7 @@ impl Reader {
             })
             .map_err(py_err)?;
         let built = without_gc(py, || Ok(treepack::format::manifest::replay_values(&b, node)))?;
-        built.map_err(|m| b.error(m))
+        built.map_err(|m| b.error(m, subpath.as_deref()))
     }
 
     /// What a conversion with `select` keeps: the key paths of the nodes kept

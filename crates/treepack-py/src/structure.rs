@@ -260,6 +260,9 @@ impl<'py, 'm> OutlineBuilder<'py, 'm> {
                 let k = match same.check(key.take()?) {
                     Ok(k) => k,
                     Err(e) => {
+                        let at = self.path_of_top();
+                        // (an exception that takes no attribute is reported without its place)
+                        let _ = e.value(self.dec.py).setattr("_treepack_at", at);
                         self.refused = Some(e);
                         return None;
                     }
@@ -277,6 +280,21 @@ impl<'py, 'm> OutlineBuilder<'py, 'm> {
             }
         }
         Some(())
+    }
+
+    /// The key path of the innermost open node (for errors): the step each node around it is
+    /// building.
+    fn path_of_top(&self) -> String {
+        let around = &self.stack[..self.stack.len().saturating_sub(1)];
+        let steps: Vec<String> = around
+            .iter()
+            .map(|f| match f {
+                Frame::Dict { key, .. } => key.as_ref().map_or_else(|| "?".into(), key_path_text),
+                Frame::Seq { items, .. } => items.len().to_string(),
+                Frame::Named { name, .. } => name.as_ref().map_or_else(|| "?".into(), key_path_text),
+            })
+            .collect();
+        steps.join("/")
     }
 
     pub(crate) fn finish(self) -> Option<Bound<'py, PyAny>> {
@@ -312,4 +330,32 @@ pub(crate) fn structure_one_pass<'py>(
                 .is_ok_and(|packs| packs.iter().all(|p| layout.allows_pack(&p.path)))
     };
     without_gc(py, || structure_here(py, &make_node, false, run))
+}
+
+/// The key-path text of a dict key or a name met while building (docs/format.md, "Key paths"),
+/// for errors: a key of a type a path cannot name is shown by its `repr`.
+fn key_path_text(k: &Bound<'_, PyAny>) -> String {
+    fn key_of(k: &Bound<'_, PyAny>) -> Option<Key> {
+        if let Ok(s) = k.cast::<PyString>() {
+            return s.to_str().ok().map(|s| Key::Str(s.to_owned()));
+        }
+        if k.is_none() {
+            return Some(Key::None);
+        }
+        if k.is_exact_instance_of::<PyBool>() {
+            return k.extract().ok().map(Key::Bool);
+        }
+        if k.is_exact_instance_of::<PyInt>() {
+            return int_of(k).ok().map(Key::Int);
+        }
+        if k.is_exact_instance_of::<PyFloat>() {
+            return k.extract().ok().map(Key::Float);
+        }
+        let t = k.cast::<PyTuple>().ok()?;
+        t.iter().map(|x| key_of(&x)).collect::<Option<Vec<_>>>().map(Key::Tuple)
+    }
+    match key_of(k) {
+        Some(key) => treepack::format::keypath::Segment::Key(key).text(),
+        None => k.repr().map(|r| r.to_string()).unwrap_or_else(|_| "?".into()),
+    }
 }

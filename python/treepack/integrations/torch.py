@@ -1009,9 +1009,11 @@ def _like_leaf(like: Any, stored: Any, where: str) -> Optional[str]:
     return "keep" if is_meta(like) else "into"
 
 
-def _check_map_location(m: Any, path: str) -> None:
+def _check_options(options: Dict[str, Any], path: str) -> None:
     """A device ``map_location`` names (a string, a ``torch.device``, a dict's values) must be one
-    torch has here: checked before anything is read, the error naming the file and the device."""
+    torch has here: checked before anything is read (or another tool's file converted), the
+    error naming the file and the device."""
+    m = options.get("map_location")
     if m is None or (callable(m) and not isinstance(m, str)):
         return
     torch = sys.modules.get("torch")
@@ -1048,7 +1050,6 @@ def _load(request: Any) -> Any:
     made through Dask). Always declines: the load itself is the usual one."""
     m = request.options.get("map_location")
     torch = sys.modules.get("torch")  # (a torch.device given means torch is imported)
-    _check_map_location(m, request.path)
 
     def kind(target: Any) -> Optional[str]:
         if isinstance(target, str):
@@ -1088,5 +1089,6 @@ _plugin.integrate(
     like_leaf=_like_leaf,
     read_into=lambda reader, items, verify: read_into(reader, items, verify),
     load=_load,
+    check_options=_check_options,
     like_graft=_like_graft,
 )

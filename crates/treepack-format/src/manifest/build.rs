@@ -179,6 +179,10 @@ pub trait Build {
     fn enter(&self, _step: Step<'_>) {}
     /// The parser has finished the child announced by the matching `enter`.
     fn exit(&self) {}
+    /// The child reached by `step` failed to build, its error on the way out: called by
+    /// [`replay`] from the failing node outward, so that a builder keeping no key paths as it
+    /// builds can still say where it failed (nothing is called while building succeeds).
+    fn failed_under(&self, _step: Step<'_>) {}
 }
 
 /// Hand an owned subtree to `b` node by node, bottom-up, with the same `enter`/`exit` calls the
@@ -262,10 +266,16 @@ fn replay_each<'t, B: Build, T: 't>(
 ) -> std::result::Result<Vec<B::Node>, String> {
     let mut out = Vec::with_capacity(kids.len());
     for (step, c) in kids {
-        b.enter(step);
+        b.enter(step.clone());
         let v = replay_with(b, c, leaf);
         b.exit();
-        out.push(v?);
+        match v {
+            Ok(v) => out.push(v),
+            Err(e) => {
+                b.failed_under(step);
+                return Err(e);
+            }
+        }
     }
     Ok(out)
 }

@@ -604,6 +604,8 @@ fn floats_are_written_as_ryu_writes_them() {
 struct Refusing {
     leaves: std::cell::Cell<usize>,
     asked: RefCell<Vec<(bool, String)>>,
+    /// The steps `failed_under` was called with, innermost first.
+    failed: RefCell<Vec<String>>,
 }
 impl Build for Refusing {
     type Node = Tree<Entry>;
@@ -628,6 +630,9 @@ impl Build for Refusing {
     fn custom(&self, n: String, d: Value, c: Vec<(String, Tree<Entry>)>) -> std::result::Result<Tree<Entry>, String> {
         Refusing::refuse(&n)?;
         OwnedTree.custom(n, d, c)
+    }
+    fn failed_under(&self, step: Step<'_>) {
+        self.failed.borrow_mut().push(crate::keypath::steps_text(&[step]));
     }
 }
 impl Refusing {
@@ -688,6 +693,16 @@ fn a_refused_type_stops_the_build_before_anything_under_it_is_built() {
             assert!(e.contains("needs the audit"), "{e}");
             assert_eq!(b.leaves.get(), 5, "{kind}, replayed");
             assert_eq!(b.asked.borrow().last(), Some(&(kind == "custom", "m:Refused".to_string())), "{kind}");
+            // Where it failed, told step by step as the error went out: `bad`, nothing else.
+            assert_eq!(*b.failed.borrow(), ["bad"], "{kind}");
+            // Deeper: under a list item and an int key, innermost step first.
+            let deep = Tree::Dict(vec![(
+                Key::Str("runs".into()),
+                Tree::List(vec![Tree::List(vec![]), { Tree::Dict(vec![(Key::Int(Int::Small(7)), refused.clone())]) }]),
+            )]);
+            let b = Refusing::default();
+            replay(&b, &deep).unwrap_err();
+            assert_eq!(*b.failed.borrow(), ["bad", "~i7", "1", "runs"], "{kind}");
         }
     }
 }

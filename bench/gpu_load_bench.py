@@ -8,10 +8,10 @@ checkpoint of `--gib` GiB as a treepack directory and a safetensors file, then i
 processes, page cache warm, times
 - `treepack.load(p, map_location=DEVICE)` (tensors read as views of the file, each copied into
   the next free bytes of three reused pinned buffers and on to the device while the load goes on
-  with the next tensor: integrations/torch.py `Stager`);
+  with the next tensor: integrations/torch/staging.py `Stager`);
 - `treepack.load(p, like=template_on_device)` (read into the device tensors of a template: rows
   read into the same reused pinned buffers, each piece copied to the device while the next is
-  read; integrations/torch.py `_read_staged`);
+  read; integrations/torch/staging.py `read_staged`);
 - `safetensors.torch.load_file(f, device=DEVICE)` and `safe_open(f, "pt", device=DEVICE)`;
 - fastsafetensors' loader when it is installed;
 - the limit: pinned host memory copied to the device (`torch.Tensor.copy_` of pinned buffers);

@@ -49,9 +49,9 @@ class Deferred:
 
 @pytest.fixture
 def staged(monkeypatch):
-    monkeypatch.setattr(tt, "STAGED", {"cpu": Deferred})
-    monkeypatch.setattr(tt, "STAGE_BYTES", 3 * 4096)
-    monkeypatch.setattr(tt, "STAGE_COUNT", 2)
+    monkeypatch.setattr(tt.staging, "STAGED", {"cpu": Deferred})
+    monkeypatch.setattr(tt.staging, "STAGE_BYTES", 3 * 4096)
+    monkeypatch.setattr(tt.staging, "STAGE_COUNT", 2)
     monkeypatch.setattr(_staging, "_kept", {})
     monkeypatch.setattr(_staging, "_abandoned", [])
     Deferred.made, Deferred.buffers = [], 0
@@ -87,7 +87,7 @@ def test_tensors_are_filled_in_place_through_reused_buffers(tmp_path, staged):
     # Two buffers cycled, each grown once at most for the long rows; one grown for a long row
     # (20000 bytes here) is not kept after the load.
     assert staged.buffers <= 4
-    assert all(b.size == tt.STAGE_BYTES for b in _staging._kept[Deferred])
+    assert all(b.size == tt.staging.STAGE_BYTES for b in _staging._kept[Deferred])
     # Without long rows, a second load allocates nothing: the buffers are reused.
     del sd["long"]
     treepack.save(sd, tmp_path / "short", chunk_bytes=8192)
@@ -270,7 +270,7 @@ def test_map_location_staged_copies_of_one_load_overlap_and_are_all_done_when_it
     (copies,) = staged.made
     assert copies.n == 40 and not copies.queue and copies.waited == 40
     assert max(depth) > 10  # many tensors' copies in flight at once
-    assert staged.buffers == tt.STAGE_COUNT
+    assert staged.buffers == tt.staging.STAGE_COUNT
     assert all(torch.equal(out[k], v) for k, v in tree.items())
 
 

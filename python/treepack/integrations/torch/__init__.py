@@ -12,7 +12,6 @@ imported torch never pays for it, and loading imports torch only when the file h
 
 from __future__ import annotations
 
-import bisect
 import json
 import sys
 import warnings
@@ -20,44 +19,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .. import _plugin
+from ... import _plugin
+from . import staging
+from .dtypes import DIRECT, HINTS, VIA, dtype_name, numpy_of
+from .storages import STORAGES, Spans, Storages, agrees, extent_of, self_overlapping
 
 TENSOR = "torch.Tensor"
 PARAMETER = "torch.nn.Parameter"
 TYPES = (TENSOR, PARAMETER)
-
-#: torch dtype name -> (dtype to view the tensor as for ``.numpy()``, numpy dtype name or
-#: ml_dtypes name the stored array has). Views keep the bytes: bfloat16 and float8 tensors are
-#: read as integers of their width and reinterpreted, since torch's ``.numpy()`` refuses them.
-_VIA = {
-    "bfloat16": ("int16", "bfloat16"),
-    "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
-    "float8_e5m2": ("uint8", "float8_e5m2"),
-    "float8_e4m3fnuz": ("uint8", "float8_e4m3fnuz"),
-    "float8_e5m2fnuz": ("uint8", "float8_e5m2fnuz"),
-    "float8_e8m0fnu": ("uint8", "float8_e8m0fnu"),  # format 1.5
-}
-_DIRECT = frozenset(
-    "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 float32 float64 complex64 complex128".split()
-)
-_HINTS = {
-    "complex32": "convert it with .to(torch.complex64)",
-    "quint8": "store .int_repr() and the quantization parameters, or .dequantize()",
-    "qint8": "store .int_repr() and the quantization parameters, or .dequantize()",
-    "qint32": "store .int_repr() and the quantization parameters, or .dequantize()",
-    "quint4x2": "store .int_repr() and the quantization parameters, or .dequantize()",
-    # Two float4 values in each byte: treepack's float4_e2m1fn holds one per byte (as ml_dtypes).
-    "float4_e2m1fn_x2": "it packs two float4_e2m1fn values into each byte; store .view(torch.uint8) "
-    "(and unpack it yourself), or unpack it into a numpy ml_dtypes.float4_e2m1fn array (one value per byte)",
-}
-# torch's int1-int7 and uint1-uint7 are placeholders: a byte each, with no defined value or
-# conversion (torch cannot copy into or read them), so no treepack dtype is their exact match.
-for _bits in range(1, 8):
-    for _name in (f"int{_bits}", f"uint{_bits}"):
-        _HINTS[_name] = (
-            "torch's sub-byte integer dtypes hold bits without defined values; store .view(torch.uint8) "
-            "with how it is packed, or a numpy ml_dtypes int4/int2/int1 (uint4/uint2/uint1) array"
-        )
 
 MapLocation = Union[None, str, Any, Dict[str, Any], Callable[[Any, Optional[str]], Any]]
 
@@ -68,190 +37,6 @@ def is_tensor(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
-def _dtype_name(dt: Any) -> str:
-    return str(dt).rpartition(".")[2]
-
-
-#: The key of a save's ``Storages`` in ``encode_other``'s per-save memo.
-STORAGES = "torch.storages"
-
-
-class Storages(_plugin.SaveState):
-    """One save's view of the storages its tensors use, so that tensors sharing one (tied
-    weights: GPT-2's ``lm_head.weight`` and ``wte.weight``; a tensor and a view of it) share one
-    again when loaded, as ``torch.load`` gives them.
-
-    A first walk counts the tensors of each storage. When some storage has several, the save
-    walks the tree again (``second``) and each of their tensors is annotated with the storage's
-    number in this save and where it lies in it (``"storage":{"id":N,"offset":O,"stride":[…]}``,
-    in elements of its dtype). Each tensor still stores its own values, so it loads alone too
-    (a ``select`` of one, another library): identical values are stored once, by hash."""
-
-    #: Storages are shared again on load only while their bytes together are at most this many
-    #: times the bytes of their tensors (plus ``SLACK``): a load must not allocate much more than the file
-    #: holds (a few rows of a huge embedding come back as their own tensors).
-    RATIO = 8
-    SLACK = 1 << 20
-
-    def __init__(self) -> None:
-        self.seen: Dict[Tuple[str, int], List[Any]] = {}  # key -> [tensors, extent, bytes]
-        self.shared: Dict[Tuple[str, int], int] = {}
-        self.second = False
-
-    def note(self, t: Any) -> Optional[Dict[str, Any]]:
-        """Count ``t`` (first walk), or its annotation (second walk; None when unshared)."""
-        st = t.untyped_storage()
-        if st.nbytes() == 0 or t.numel() == 0 or t.is_conj() or t.is_neg():
-            # (A conjugate or negative view is stored resolved: its values are not its storage's.)
-            return None
-        key = (str(t.device), st.data_ptr())
-        if self.second:
-            n = self.shared.get(key)
-            if n is None:
-                return None
-            return {"id": n, "offset": int(t.storage_offset()), "stride": [int(s) for s in t.stride()]}
-        rec = self.seen.setdefault(key, [0, 0, 0])
-        rec[0] += 1
-        rec[1] = max(rec[1], _extent(t.storage_offset(), t.shape, t.stride()) * t.element_size())
-        rec[2] += t.numel() * t.element_size()
-        return None
-
-    def needs_second_walk(self) -> bool:
-        """After the first walk: number the storages worth sharing; True if there are any."""
-        for key, (count, extent, nbytes) in self.seen.items():
-            if count > 1 and extent <= self.RATIO * nbytes + self.SLACK:
-                self.shared[key] = len(self.shared)
-        self.second = True
-        return bool(self.shared)
-
-    def walk_again(self) -> bool:
-        return not self.second and self.needs_second_walk()
-
-
-#: A tensor's place in a storage: (offset, shape, strides, element bytes), in elements.
-Footprint = Tuple[int, Tuple[int, ...], Tuple[int, ...], int]
-
-
-def _span(f: Footprint) -> Tuple[int, int]:
-    """The bytes of the storage between a footprint's first and last element, [start, end)."""
-    offset, shape, stride, item = f
-    return offset * item, _extent(offset, shape, stride) * item
-
-
-class _Spans:
-    """The byte spans the tensors put on one storage reach, merged and sorted: whether a new
-    one meets them in log time (a flat buffer of a thousand parameters' views is common)."""
-
-    __slots__ = ("starts", "ends", "footprints")
-
-    def __init__(self) -> None:
-        self.starts: List[int] = []
-        self.ends: List[int] = []
-        self.footprints: List[Footprint] = []
-
-    def meets(self, f: Footprint) -> bool:
-        a, b = _span(f)
-        i = bisect.bisect_left(self.ends, a + 1)  # the first span ending after a
-        return a < b and i < len(self.starts) and self.starts[i] < b
-
-    def add(self, f: Footprint) -> None:
-        self.footprints.append(f)
-        a, b = _span(f)
-        if a >= b:
-            return
-        i = bisect.bisect_left(self.ends, a)  # spans ending before a stay
-        j = bisect.bisect_right(self.starts, b)  # spans starting after b stay
-        if i < j:
-            a, b = min(a, self.starts[i]), max(b, self.ends[j - 1])
-        self.starts[i:j] = [a]
-        self.ends[i:j] = [b]
-
-
-def _self_overlapping(f: Footprint) -> bool:
-    """Whether two elements of a footprint may lie at the same bytes (a stride too small for
-    the dimensions inside it, as a zero stride is): sorted by stride, each stride must pass
-    the extent of the dimensions below it."""
-    _, shape, stride, item = f
-    reach = 1
-    for n, st in sorted(((n, st) for n, st in zip(shape, stride) if n > 1), key=lambda d: d[1]):
-        if st < reach:
-            return True
-        reach = st * (n - 1) + reach
-    return False
-
-
-def _bytes_at(full: Any, f: Footprint) -> Any:
-    """The bytes of a footprint in a storage's bytes ``full`` (a 1-d uint8 numpy array or
-    tensor over the whole storage): shape (*shape, item)."""
-    offset, shape, stride, item = f
-    shape2, strides2 = (*shape, item), (*(st * item for st in stride), 1)
-    if isinstance(full, np.ndarray):
-        return np.lib.stride_tricks.as_strided(full[offset * item:], shape2, strides2, writeable=False)
-    return full.as_strided(shape2, strides2, offset * item)
-
-
-def _agrees(storage: Any, f: Footprint, earlier: List[Footprint], values: Any, sid: Any) -> bool:
-    """Whether ``values`` put at footprint ``f`` of ``storage`` leave every byte the
-    ``earlier`` footprints put there as it is (True: nothing to copy, ``values`` are there
-    already); False when some of ``f``'s bytes were not written yet (copy ``values``); a
-    ValueError when some written byte would change. On the CPU through numpy (see ``_fill``:
-    torch's own kernels hang in a forked worker)."""
-    import ctypes
-
-    import torch
-
-    shape = (*f[1], f[3])
-    if storage.device.type == "cpu":
-        n = storage.nbytes()
-        full = np.ndarray((n,), dtype=np.uint8, buffer=(ctypes.c_char * n).from_address(storage.data_ptr())) if n else \
-            np.zeros(0, np.uint8)
-        new = np.ascontiguousarray(_numpy_of(torch, values.detach())).reshape(-1).view(np.uint8).reshape(shape)
-        zeros = lambda: np.zeros(n, dtype=bool)
-    else:
-        full = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-        new = values.detach().reshape(-1).contiguous().view(torch.uint8).reshape(shape).to(storage.device)
-        zeros = lambda: torch.zeros(storage.nbytes(), dtype=torch.bool, device=storage.device)
-    cur = _bytes_at(full, f)
-    if f in earlier or any(_covers(g, f) for g in earlier):
-        written = None  # (every byte of f was written: the base before its view, tied weights)
-    else:
-        mask = zeros()
-        for g in earlier:
-            if isinstance(mask, np.ndarray):
-                np.lib.stride_tricks.as_strided(mask[g[0] * g[3]:], (*g[1], g[3]),
-                                                (*(st * g[3] for st in g[2]), 1))[...] = True
-            else:
-                _bytes_at(mask, g).fill_(True)
-        written = _bytes_at(mask, f)
-    differ = cur != new
-    if written is not None:
-        differ &= written
-    if bool(differ.any()):
-        raise ValueError(f"tensors stored at storage {sid} overlap with different values (one would overwrite "
-                         "another's): the file is damaged or made to mislead")
-    return written is None or bool(written.all())
-
-
-def _covers(g: Footprint, f: Footprint) -> bool:
-    """Whether footprint ``g`` is a C-contiguous run of bytes holding all of ``f``'s span."""
-    offset, shape, stride, item = g
-    expect = 1
-    for n, st in zip(reversed(shape), reversed(stride)):
-        if n > 1 and st != expect:
-            return False
-        expect *= n
-    s, e = _span(g)
-    a, b = _span(f)
-    return s <= a and b <= e
-
-
-def _extent(offset: int, shape: Any, stride: Any) -> int:
-    """Elements of a storage a strided view reaches: one past its last element."""
-    if any(n == 0 for n in shape):
-        return offset
-    return offset + sum((n - 1) * s for n, s in zip(shape, stride)) + 1
-
-
 def encode(t: Any, where: str, storages: Optional[Storages] = None) -> Tuple[str, str, str, list]:
     """``encode_other``'s description of a tensor: an ``array`` with one numpy view, annotated."""
     import torch
@@ -259,7 +44,7 @@ def encode(t: Any, where: str, storages: Optional[Storages] = None) -> Tuple[str
     if t.layout != torch.strided:
         return _encode_sparse(t, where)
     if t.is_quantized:
-        raise TypeError(f"cannot save `{where}`: a quantized tensor ({t.dtype}); {_HINTS['qint8']}")
+        raise TypeError(f"cannot save `{where}`: a quantized tensor ({t.dtype}); {HINTS['qint8']}")
     if getattr(t, "is_nested", False):
         raise TypeError(f"cannot save `{where}`: a nested tensor; save t.unbind() (a list of tensors) instead")
     cls = type(t)
@@ -285,22 +70,22 @@ def encode(t: Any, where: str, storages: Optional[Storages] = None) -> Tuple[str
     if dev.type != "cpu":
         ann["device"] = str(dev)
         t = t.cpu()
-    name = _dtype_name(t.dtype)
+    name = dtype_name(t.dtype)
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
     if not t.is_contiguous():
         t = t.contiguous()
-    if name in _DIRECT:
+    if name in DIRECT:
         view = t.numpy()
-    elif name in _VIA:
+    elif name in VIA:
         import ml_dtypes
 
-        via, stored = _VIA[name]
+        via, stored = VIA[name]
         view = t.view(getattr(torch, via)).numpy().view(getattr(ml_dtypes, stored))
     else:
-        hint = _HINTS.get(name, "convert it to a supported dtype first (e.g. .to(torch.float32))")
+        hint = HINTS.get(name, "convert it to a supported dtype first (e.g. .to(torch.float32))")
         raise TypeError(f"cannot save `{where}`: torch dtype {name} has no treepack dtype; {hint}")
     return ("array", "", json.dumps(ann, separators=(",", ":")), [("value", view)])
 
@@ -319,7 +104,7 @@ def encode_value(obj: Any) -> Optional[Tuple[str, str, Optional[str], list]]:
         return None
     t = type(obj)
     if t is torch.dtype:
-        return ("custom", "py.torch_dtype", json.dumps(_dtype_name(obj)), [])
+        return ("custom", "py.torch_dtype", json.dumps(dtype_name(obj)), [])
     if t is torch.Size:
         return ("custom", "py.torch_size", None, [("dims", [int(n) for n in obj])])
     if t is torch.device:
@@ -438,9 +223,9 @@ class Loader:
     for tensors saved from the CPU) to devices; a callable gets ``(tensor, saved_device)`` and
     returns the tensor to use."""
 
-    def __init__(self, map_location: MapLocation = None, stager: Optional["Stager"] = None) -> None:
+    def __init__(self, map_location: MapLocation = None, stager: Optional["staging.Stager"] = None) -> None:
         self.map_location = map_location
-        # The load's copies to a device (see `Stager`), or None: each tensor's copy is its own.
+        # The load's copies to a device (see `staging.Stager`), or None: each tensor's copy is its own.
         self.stager = stager
         # Data pointers of mmap tensors already made: a chunk stored once for two equal tensors
         # is one mapping, so the second tensor gets its own copy (no aliasing between leaves).
@@ -458,8 +243,8 @@ class Loader:
         kind = _KINDS.get(arr.dtype)
         if kind is None:
             stored = arr.dtype.name
-            via = next((v for v, s in _VIA.values() if s == stored), None)
-            if via is None and stored not in _DIRECT:
+            via = next((v for v, s in VIA.values() if s == stored), None)
+            if via is None and stored not in DIRECT:
                 raise ValueError(f"a {ann.get('type')} leaf holds an array of dtype {arr.dtype}, which no torch dtype holds")
             kind = _KINDS[arr.dtype] = (stored, via)
         stored, via = kind
@@ -523,7 +308,7 @@ class Loader:
             raise ValueError(f"a tensor's storage annotation has a bad offset or strides: {st!r}")
         device = self._device(saved)
         item = values.element_size()
-        extent = _extent(offset, values.shape, stride) * item
+        extent = extent_of(offset, values.shape, stride) * item
         entry = self._storages.get(st["id"])
         grow = max(0, extent - (entry[0].nbytes() if entry else 0))
         nbytes = values.numel() * item
@@ -549,12 +334,12 @@ class Loader:
         ):
             # [storage, bytes held, tensors on it (None once the storage is torch's own),
             #  the footprints of the tensors put on it]
-            entry = self._storages[st["id"]] = [values.untyped_storage(), held, [], _Spans()]
+            entry = self._storages[st["id"]] = [values.untyped_storage(), held, [], Spans()]
             entry[3].add(footprint)
             return values, entry[2]
         if entry is None:
             entry = self._storages[st["id"]] = [
-                torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0, None, _Spans(),
+                torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0, None, Spans(),
             ]
         storage = entry[0]
         if storage.nbytes() < extent:
@@ -573,17 +358,17 @@ class Loader:
             # Tensors that share a storage must agree where they overlap: a file could make a
             # later tensor overwrite an earlier one's verified values (or a sparse tensor's
             # indices after torch checked them) with other bytes.
-            overlaps, inside = entry[3].meets(footprint), _self_overlapping(footprint)
+            overlaps, inside = entry[3].meets(footprint), self_overlapping(footprint)
             if overlaps and self.stager is not None:
                 self.stager.settle()  # (the earlier tensors' bytes are all there)
-            if not (overlaps and _agrees(storage, footprint, entry[3].footprints, values, st["id"])):
+            if not (overlaps and agrees(storage, footprint, entry[3].footprints, values, st["id"])):
                 _copy_into(t, values, self.stager)  # (a view of the very bytes it goes to needs no copy)
                 if inside:
                     # Elements at one place (a zero stride) must hold one value: the copy left
                     # the last one there.
                     if self.stager is not None:
                         self.stager.settle()
-                    _agrees(storage, footprint, [footprint], values, st["id"])
+                    agrees(storage, footprint, [footprint], values, st["id"])
         entry[3].add(footprint)
         if self.map_location is not None and callable(self.map_location) and not isinstance(self.map_location, (str, dict)):
             t = self.map_location(t, saved or "cpu")
@@ -612,16 +397,16 @@ class Loader:
         return _to(t, m, self.stager)
 
 
-def _to(t: Any, target: Any, stager: Optional["Stager"] = None) -> Any:
+def _to(t: Any, target: Any, stager: Optional["staging.Stager"] = None) -> Any:
     """``t.to(target)``; onto a device with staged copies (CUDA) a contiguous CPU tensor goes
-    through the staging buffers (``_stage_into``, by the load's ``stager`` if any), not through a
+    through the staging buffers (``staging.stage_into``, by the load's ``stager`` if any), not through a
     pageable copy."""
     import torch
 
     device = torch.device(target)
-    if device.type in STAGED and t.device.type == "cpu" and t.is_contiguous() and t.numel():
+    if device.type in staging.STAGED and t.device.type == "cpu" and t.is_contiguous() and t.numel():
         out = torch.empty(t.shape, dtype=t.dtype, device=device)
-        _stage_into(out, t, stager)
+        staging.stage_into(out, t, stager)
         return out
     return t.to(device)
 
@@ -660,9 +445,9 @@ def _fill(storage: Any, start: int, end: int) -> None:
         torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)[start:end].zero_()
 
 
-def _copy_into(dst: Any, src: Any, stager: Optional["Stager"] = None) -> None:
+def _copy_into(dst: Any, src: Any, stager: Optional["staging.Stager"] = None) -> None:
     """``dst[...] = src`` (same shape and dtype; ``src`` on the CPU, contiguous); onto a device
-    with staged copies by ``_stage_into`` (by the load's ``stager`` if any). On the CPU
+    with staged copies by ``staging.stage_into`` (by the load's ``stager`` if any). On the CPU
     through a numpy array over the storage's memory (see ``_fill``); a dtype numpy lacks
     (bfloat16, float8) as integers of its width."""
     import ctypes
@@ -670,13 +455,13 @@ def _copy_into(dst: Any, src: Any, stager: Optional["Stager"] = None) -> None:
     import torch
 
     with torch.no_grad():
-        if dst.device.type in STAGED and dst.is_contiguous() and src.is_contiguous() and dst.numel():
-            _stage_into(dst, src, stager)
+        if dst.device.type in staging.STAGED and dst.is_contiguous() and src.is_contiguous() and dst.numel():
+            staging.stage_into(dst, src, stager)
             return
         if dst.device.type != "cpu":
             dst.copy_(src)
             return
-        values = _numpy_of(torch, src)
+        values = numpy_of(torch, src)
         item = values.dtype.itemsize
         storage = dst.untyped_storage()
         memory = (ctypes.c_char * storage.nbytes()).from_address(storage.data_ptr())
@@ -692,7 +477,7 @@ def is_meta(x: Any) -> bool:
     return is_tensor(x) and x.device.type == "meta"
 
 
-def from_meta(v: Any, like: Any, map_location: Any = None, stager: Optional["Stager"] = None) -> Any:
+def from_meta(v: Any, like: Any, map_location: Any = None, stager: Optional["staging.Stager"] = None) -> Any:
     """The loaded leaf ``v`` for a ``like=`` tensor on the ``meta`` device: a real tensor (a
     numpy array becomes one) on ``map_location``'s device, the CPU by default; a parameter if
     ``like`` is one."""
@@ -711,7 +496,7 @@ def from_meta(v: Any, like: Any, map_location: Any = None, stager: Optional["Sta
 
 def check_like(t: Any, info: Any, where: str, stored: Optional[np.dtype]) -> None:
     """A ``like=`` tensor must match the stored array's shape and dtype (it is loaded into)."""
-    name = _dtype_name(t.dtype)
+    name = dtype_name(t.dtype)
     if stored is None:
         raise ValueError(f"like=: at {where} like= has a torch tensor ({name}) but the file holds a {info.kind} leaf; use True to load it as stored")
     have = tuple(info.shape)
@@ -726,7 +511,7 @@ def read_into(reader: Any, items: List[Tuple[str, Any]], verify: bool = True) ->
     """Read the stored arrays at the paths of ``items`` into their tensors in place: a
     contiguous CPU tensor straight into its memory; a contiguous tensor on a device with staged
     copies (CUDA) through a few reused pinned host buffers, each piece's copy to the device
-    overlapping the read of the next (``_read_staged``); anything else through one CPU buffer of
+    overlapping the read of the next (``staging.read_staged``); anything else through one CPU buffer of
     its size."""
     import torch
 
@@ -738,207 +523,25 @@ def read_into(reader: Any, items: List[Tuple[str, Any]], verify: bool = True) ->
         for path, t in items:
             dst = t.detach()
             plain = dst.is_contiguous() and not dst.is_conj() and not dst.is_neg()
-            if plain and dst.device.type in STAGED and dst.numel():
+            if plain and dst.device.type in staging.STAGED and dst.numel():
                 staged.append((path, dst))
             elif plain and dst.device.type == "cpu":
-                direct.append((path, _numpy_of(torch, dst)))
+                direct.append((path, numpy_of(torch, dst)))
             else:
                 # (Those before it first: a view here may share their memory, and comes later.)
                 if direct:
                     reader.read_many_into(direct, verify)
                     direct = []
                 if staged:
-                    _read_staged(reader, staged, verify)
+                    staging.read_staged(reader, staged, verify)
                     staged = []
                 buf = torch.empty(dst.shape, dtype=dst.dtype)
-                reader.read_into(path, _numpy_of(torch, buf), verify)
+                reader.read_into(path, numpy_of(torch, buf), verify)
                 dst.copy_(buf)
         if direct:
             reader.read_many_into(direct, verify)
         if staged:
-            _read_staged(reader, staged, verify)
-
-
-def _numpy_of(torch: Any, t: Any) -> np.ndarray:
-    """A numpy view of the CPU tensor ``t``'s memory (bf16 and the like as the integer type of
-    their size, which the reader fills byte for byte)."""
-    name = _dtype_name(t.dtype)
-    return (t.view(getattr(torch, _VIA[name][0])) if name in _VIA else t).numpy()
-
-
-class CudaCopies:
-    """Host-to-device copies for the staging buffers: pinned host buffers; each copy queued on
-    the device's current stream (after what is queued there, which may still be using the
-    destination tensor; before whatever the caller queues next, which may use it), an event per
-    copy."""
-
-    def __init__(self, device: Any) -> None:
-        import torch
-
-        self.torch = torch
-        self.device = device
-
-    def buffer(self, n: int) -> Any:
-        return self.torch.empty(n, dtype=self.torch.uint8, pin_memory=True)
-
-    def copy(self, dst: Any, src: Any) -> Any:
-        dst.copy_(src, non_blocking=True)
-        event = self.torch.cuda.Event()
-        event.record(self.torch.cuda.current_stream(self.device))
-        return event
-
-    def wait(self, event: Any) -> None:
-        event.synchronize()
-
-
-#: Device types whose tensors are filled through staged copies, and how.
-STAGED: Dict[str, Callable[[Any], Any]] = {"cuda": CudaCopies}
-#: Bytes of one staging buffer (small tensors are packed up to this), and how many a load cycles
-#: through (kept for later loads: pinned memory is slow to allocate). A row longer than a buffer
-#: gets a buffer of its size, which is not kept: what stays pinned is STAGE_COUNT * STAGE_BYTES.
-STAGE_BYTES = 64 << 20
-STAGE_COUNT = 3
-#: Where each piece starts in a buffer.
-ALIGN = 256
-#: Where a load's ``Stager`` travels to its ``Loader`` (the load's decoder options, private to
-#: treepack).
-OPTION = "_torch_stager"
-
-
-class _Pinned:
-    """A staging buffer (``_plugin.staging.Ring``'s): a host tensor of uint8 made by the copier."""
-
-    __slots__ = ("tensor", "size")
-
-    def __init__(self, tensor: Any) -> None:
-        self.tensor, self.size = tensor, int(tensor.numel())
-
-    def part(self, off: int, n: int) -> Any:
-        return self.tensor[off:off + n]
-
-    def release(self) -> None:
-        """(Freed once nothing refers to it.)"""
-
-
-def _ring(device: Any) -> Tuple[Any, Any]:
-    """The copier for ``device`` (a type in ``STAGED``) and the buffers a load cycles through for
-    it (those kept for its kind, ``_plugin.staging.Ring``)."""
-    kind = STAGED[device.type]
-    copies = kind(device)
-    ring = _plugin.staging.Ring(kind, lambda n: _Pinned(copies.buffer(n)), copies.wait, count=STAGE_COUNT,
-                         stage_bytes=STAGE_BYTES, keep_bytes=STAGE_BYTES, align=ALIGN)
-    return copies, ring
-
-
-class Stager:
-    """One load's copies onto devices with staged copies (``map_location="cuda"``): each tensor's
-    bytes (a view of the mapped file, or memory read for it) are copied into the next free bytes
-    of the load's staging buffers for its device, and on to the device from there, that copy
-    running while the load goes on with the next tensor; a buffer is written again only once the
-    copies out of it have finished. ``finish``, which the load calls when it ends, waits for
-    every copy still running: a load returns its tensors filled."""
-
-    __slots__ = ("rings",)
-
-    def __init__(self) -> None:
-        self.rings: Dict[Any, Tuple[Any, Any]] = {}
-
-    def put(self, dst: Any, src: Any) -> None:
-        """Start ``dst[...] = src``: ``dst`` a contiguous tensor on a device with staged copies,
-        ``src`` a contiguous CPU tensor of the same shape and dtype (read only now)."""
-        import torch
-
-        entry = self.rings.get(dst.device)
-        if entry is None:
-            entry = self.rings[dst.device] = _ring(dst.device)
-        copies, ring = entry
-        raw = src.reshape(-1).view(torch.uint8)
-        flat = dst.reshape(-1).view(torch.uint8)
-        n = raw.numel()
-        for lo in range(0, n, STAGE_BYTES):
-            hi = min(n, lo + STAGE_BYTES)
-            i, buf = ring.take(hi - lo)
-            buf.copy_(raw[lo:hi])
-            ring.copying(i, copies.copy(flat[lo:hi], buf))
-
-    def settle(self) -> None:
-        """Wait for every copy started so far (before the memory they go to is moved)."""
-        for _, ring in self.rings.values():
-            ring.settle()
-
-    def finish(self, ok: bool) -> None:
-        failed: Optional[BaseException] = None
-        for _, ring in self.rings.values():
-            try:
-                ring.close(ok)
-            except BaseException as e:  # noqa: BLE001 (every ring is closed first)
-                failed = failed or e
-        self.rings = {}
-        if failed is not None:
-            raise failed
-
-
-def _read_staged(reader: Any, items: List[Tuple[str, Any]], verify: bool) -> None:
-    """Fill device tensors from the file through ``_through_stages``: each piece of rows is read
-    from the file straight into a staging buffer (whole chunks along the first axis where they
-    fit, so each is read into place)."""
-    by_device: Dict[Any, List[Tuple[Any, Any, Any]]] = {}
-    for path, dst in items:
-        shaped = bool(dst.shape)
-
-        def fill(buf: Any, lo: int, hi: int, path: str = path, shaped: bool = shaped) -> None:
-            reader.read_into(path, buf.numpy(), verify, slice=f"{lo}:{hi}" if shaped else "")
-
-        by_device.setdefault(dst.device, []).append((dst, fill, reader.chunk_shape(path) if shaped else None))
-    for device, leaves in by_device.items():
-        _through_stages(device, leaves)
-
-
-def _stage_into(dst: Any, src: Any, stager: Optional[Stager] = None) -> None:
-    """``dst[...] = src`` for a contiguous tensor ``dst`` on a device with staged copies and a
-    contiguous CPU tensor ``src`` (a view of a file's mapping, say), through the staging
-    buffers, as ``torch.load(map_location=...)`` cannot from pageable memory: by the load's
-    ``stager`` (the copy may still run when this returns), else by one of its own (done when
-    this returns)."""
-    if stager is not None:
-        stager.put(dst, src)
-        return
-    own = Stager()
-    ok = False
-    try:
-        own.put(dst, src)
-        ok = True
-    finally:
-        own.finish(ok)
-
-
-def _through_stages(device: Any, leaves: List[Tuple[Any, Callable[[Any, int, int], None], Any]]) -> None:
-    """Fill contiguous tensors on ``device`` (a type in ``STAGED``): for each ``(dst, fill,
-    chunk)``, ``fill(buf, lo, hi)`` puts the bytes of rows ``lo:hi`` of its values into ``buf``,
-    the next free bytes of the load's staging buffers (``_ring``), which are then copied to the
-    device asynchronously while the next piece is filled. ``chunk``: the stored chunk shape, whose
-    whole rows a piece keeps to. Returns when every copy has."""
-    import torch
-
-    copies, ring = _ring(device)
-    ok = False
-    try:
-        for dst, fill, chunk in leaves:
-            flat = dst.reshape(-1).view(torch.uint8)
-            shape = tuple(dst.shape)
-            rows = shape[0] if shape else 1
-            row_bytes = flat.numel() // rows
-            per = max(1, STAGE_BYTES // row_bytes)
-            if chunk and per < rows and chunk[0] <= per:
-                per -= per % chunk[0]  # whole chunks: each read straight into place
-            for lo in range(0, rows, per):
-                hi = min(rows, lo + per)
-                i, buf = ring.take((hi - lo) * row_bytes)
-                fill(buf, lo, hi)
-                ring.copying(i, copies.copy(flat[lo * row_bytes:hi * row_bytes], buf))
-        ok = True
-    finally:
-        ring.close(ok)
+            staging.read_staged(reader, staged, verify)
 
 
 def missing_message(paths: list) -> str:
@@ -989,7 +592,7 @@ def _hint(obj: Any) -> Optional[str]:
 def _tensors(options: Dict[str, Any]) -> Callable[[np.ndarray, Dict[str, Any]], Any]:
     import torch  # noqa: F401  (an ImportError here: the load's tensors cannot be made)
 
-    return Loader(options.get("map_location"), options.get(OPTION)).tensor
+    return Loader(options.get("map_location"), options.get(staging.OPTION)).tensor
 
 
 def _decode_sparse(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
@@ -1040,7 +643,7 @@ def _check_options(options: Dict[str, Any], path: str) -> None:
 
 def _load(request: Any) -> Any:
     """``load(path, map_location=...)`` naming a device with staged copies (CUDA): the load's
-    tensors go to it through one ``Stager`` (its ``finish`` called when the load ends), each
+    tensors go to it through one ``staging.Stager`` (its ``finish`` called when the load ends), each
     tensor's copy to the device running while the next is read. And for a local tree whose
     arrays are all tensors, loaded onto one such device, the tensors are read as views of the
     file (``mmap``, hashes checked as the load asks), so that each goes to the device from the
@@ -1057,10 +660,10 @@ def _load(request: Any) -> Any:
         return target.type if torch is not None and isinstance(target, torch.device) else None
 
     targets = list(m.values()) if isinstance(m, dict) else [m]
-    if not any(kind(t) in STAGED for t in targets):
+    if not any(kind(t) in staging.STAGED for t in targets):
         return _plugin.DECLINE
-    stager = Stager()
-    request.decoder.options[OPTION] = stager
+    stager = staging.Stager()
+    request.decoder.options[staging.OPTION] = stager
     request.finishing.append(stager.finish)
     if isinstance(m, dict) or not request.may_map("map_location"):
         return _plugin.DECLINE
@@ -1075,7 +678,7 @@ def _load(request: Any) -> Any:
 
 def _like_graft(out: Any, like: Any, options: Dict[str, Any]) -> Any:
     if is_meta(like):
-        return from_meta(out, like, options.get("map_location"), options.get(OPTION))
+        return from_meta(out, like, options.get("map_location"), options.get(staging.OPTION))
     return _plugin.DECLINE
 
 

@@ -1,6 +1,6 @@
 """Type stubs for the compiled extension ``treepack._core`` (the Rust side of the package)."""
 
-from typing import AbstractSet, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 __version__: str
 
@@ -75,6 +75,11 @@ class Prepared:
     ) -> Tuple[bytes, SaveInfo]:
         """Write this process's part of a save shared by processes (packs only); returns the
         part's manifest, for ``commit_parts``."""
+
+def few_same_hashes(items: Iterable[Any], what: str) -> List[Any]:
+    """``items`` as a list, unless so many of them share a hash (strings aside) that a set or
+    dict of them would take time quadratic in their number: then a ``ValueError`` naming
+    ``what`` (``"a set"``), before anything is built (design decision 106)."""
 
 def release_snapshot_buffers() -> int:
     """Free the buffers background saves keep for the next one; the bytes freed."""

@@ -4,7 +4,8 @@
 use super::*;
 use treepack::format::manifest::KeyRef;
 
-/// How much probing a dict (or set) of keys that share Python hashes may cost: the sum, over
+/// How much probing a dict (or set) of keys that share Python hashes may cost (the one guard:
+/// the Python decoder's sets and `py.dict` pairs come through `few_same_hashes`): the sum, over
 /// its hashes, of the square of the number of its keys with that hash (the probes a dict makes
 /// to insert them) may not pass `SAME_HASH_COST` times its keys plus `SAME_HASH_SLACK`. Python's
 /// hashes of strings are keyed per process, but those of ints, floats and tuples of them are
@@ -23,6 +24,11 @@ pub(crate) struct SameHash(Option<(HashMap<isize, u64>, u64, u64)>);
 impl SameHash {
     /// `key`, once its hash is counted (a ValueError once the keys cost too much).
     pub(crate) fn check<'py>(&mut self, key: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        self.check_in(key, "a dict")
+    }
+
+    /// [`SameHash::check`] of a member of `what` (`"a set"`), which its error names.
+    fn check_in<'py>(&mut self, key: Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyAny>> {
         if key.is_exact_instance_of::<PyString>() {
             return Ok(key);
         }
@@ -35,7 +41,7 @@ impl SameHash {
         *keys += 1;
         if *cost > SAME_HASH_COST * *keys + SAME_HASH_SLACK {
             return Err(PyValueError::new_err(format!(
-                "a dict in the file has {} keys with one hash (keys such as {}): building it would take time \
+                "{what} in the file has {} members with one hash (such as {}): building it would take time \
                  quadratic in their number, so it is refused (a file made to slow the load)",
                 *n,
                 key.repr().map(|r| r.to_string()).unwrap_or_default().chars().take(60).collect::<String>()
@@ -43,6 +49,23 @@ impl SameHash {
         }
         Ok(key)
     }
+}
+
+/// `items` as a list, once [`SameHash`] has counted them as members of `what` (`"a set"`): the
+/// guard of the sets, frozensets and `py.dict` pairs the Python decoder builds, the one the
+/// extension's own dicts go through.
+#[pyfunction]
+pub(crate) fn few_same_hashes<'py>(items: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyList>> {
+    let py = items.py();
+    let items: Vec<Bound<'py, PyAny>> = items.try_iter()?.collect::<PyResult<_>>()?;
+    // Fewer than this many members cannot cost more than the slack, however they hash.
+    if (items.len() as u64).saturating_mul(items.len() as u64) > SAME_HASH_SLACK {
+        let mut same = SameHash::default();
+        for x in &items {
+            same.check_in(x.clone(), what)?;
+        }
+    }
+    PyList::new(py, items)
 }
 
 pub(crate) struct Decoder<'py> {

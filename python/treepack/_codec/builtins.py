@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _registry as reg
+from .. import _core
 from .._core import TreepackError, datetime_general_json
 from .. import _parts
 from . import everyday, files, records
@@ -530,9 +531,9 @@ class Decoder:
                 raise ValueError("py.bytearray: its data must be a bytes leaf")
             return bytearray(kids["data"])
         if t == "py.set":
-            return set(everyday.few_same_hashes(kids.values(), "a set"))
+            return set(_core.few_same_hashes(kids.values(), "a set"))
         if t == "py.frozenset":
-            return frozenset(everyday.few_same_hashes(kids.values(), "a frozenset"))
+            return frozenset(_core.few_same_hashes(kids.values(), "a frozenset"))
         if t == "py.range":
             return range(kids["start"], kids["stop"], kids["step"])
         if t == "py.slice":

@@ -9,10 +9,11 @@ import collections
 import json
 import re
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .. import _core
 from .. import _registry as reg
 from . import records
 from .classes import check_kind, resolve_class
@@ -138,35 +139,6 @@ def _factory(name: Any, trusted: Callable[[str], bool]) -> Tuple[Any, Optional[s
     return factory, None
 
 
-#: How much probing a set (or dict) of items sharing hashes may cost: as the extension's
-#: `SAME_HASH_COST` and `SAME_HASH_SLACK` (decode.rs), which say why.
-SAME_HASH_COST = 64
-SAME_HASH_SLACK = 1 << 20
-
-
-def few_same_hashes(items: Iterable[Any], what: str) -> List[Any]:
-    """``items`` (a list), once the probing a set or dict of them would cost stays within
-    ``SAME_HASH_COST`` times their number plus ``SAME_HASH_SLACK`` (strings aside: their hashes
-    are keyed per process); else a ValueError, before any set or dict of them is built, which
-    would take time quadratic in their number."""
-    items = list(items)
-    if len(items) * len(items) > SAME_HASH_SLACK:
-        counts: Dict[int, int] = {}
-        cost = keys = 0
-        for x in items:
-            if type(x) is not str:
-                h = hash(x)
-                n = counts.get(h, 0)
-                counts[h] = n + 1
-                cost += 2 * n + 1
-                keys += 1
-                if cost > SAME_HASH_COST * keys + SAME_HASH_SLACK:
-                    raise ValueError(f"{what} in the file has {n + 1} items with one hash (such as {x!r:.60}): "
-                                     "building it would take time quadratic in their number, so it is refused (a "
-                                     "file made to slow the load)")
-    return items
-
-
 def _time_dtype(kind: str, unit: str, count: int) -> np.dtype:
     if kind not in ("M", "m") or unit not in _UNITS or not isinstance(count, int) or not 1 <= count < 2**31:
         raise ValueError(f"bad datetime64/timedelta64 description {(kind, unit, count)!r}")
@@ -283,7 +255,7 @@ def decode(t: str, data: Any, kids: Dict[str, Any], trusted: Callable[[str], boo
         items = kids.get("items")
         if not isinstance(items, list) or not all(isinstance(p, tuple) and len(p) == 2 for p in items):
             raise ValueError("py.dict: the items must be a list of (key, value) pairs")
-        few_same_hashes([k for k, _ in items], "a dict")
+        _core.few_same_hashes([k for k, _ in items], "a dict")
         out = dict(items)
         if len(out) != len(items):
             raise ValueError("py.dict: two items have equal keys")

@@ -13,7 +13,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 
 from . import _codec, _core, _encryption, _like, _registry
-from ._async import SaveHandle, _executor
+from . import _async
+from ._async import SaveHandle
 from ._core import TreepackError
 from ._structure import LeafInfo, StructNode, _struct_node
 
@@ -240,12 +241,12 @@ def save(
         # A save an integration writes whole (every process of a JAX job writes its part).
         whole = hook(tree, p, prepare, write_opts, chunk_bytes)
         if whole is not None:
-            return whole() if blocking else SaveHandle(_executor().submit(whole), p)
+            return _in_order(whole, p, blocking)
     prepared = prepare(tree)
     other = run.writer(prepared, p, write_opts)
     if other is not None:
         # Written by an integration (Dask arrays: their blocks by the tasks computing them).
-        return other() if blocking else SaveHandle(_executor().submit(other), p)
+        return _in_order(other, p, blocking)
     callback, done = _progress_callback(progress, f"save {p}")
 
     def write() -> Any:
@@ -256,9 +257,17 @@ def save(
         finally:
             done()
 
+    return _in_order(write, p, blocking)
+
+
+def _in_order(write: Callable[[], Any], p: str, blocking: bool) -> Any:
+    """``write()`` after the background saves to ``p`` begun before (two saves of one place
+    commit in the order they were called): here when ``blocking``, else in the background (a
+    ``SaveHandle``)."""
     if blocking:
+        _async.after_earlier(p)
         return write()
-    return SaveHandle(_executor().submit(write), p)
+    return SaveHandle(_async.submit(write, p), p)
 
 
 def _compression_text(compression: Compression) -> Optional[str]:

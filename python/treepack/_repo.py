@@ -10,7 +10,7 @@ import re
 import threading
 from typing import Any, List, NamedTuple, Optional, Tuple
 
-from . import _core
+from . import _async, _core
 from ._api import PathLike, StorageOptions, _opts, _path, load, load_structure, save
 from ._async import SaveHandle
 from ._lazy import open as open_view
@@ -45,6 +45,11 @@ class Repository:
     def __init__(self, location: PathLike, *, storage_options: StorageOptions = None, create: bool = False) -> None:
         self.location = _path(location)
         self.storage_options = storage_options
+        if create and "@" in os.path.basename(self.location) and "://" not in self.location \
+                and not os.path.lexists(self.location):
+            # A path with an `@` that does not exist yet reads as LOCATION@NAME (a tree of the
+            # repository before the `@`): made first, the folder is this repository's.
+            os.mkdir(self.location)
         self._core = _core.Repository(self.location, _opts(storage_options), create)
 
     def tree(self, name: str) -> str:
@@ -108,6 +113,22 @@ class Repository:
 
 
 _STEP = re.compile(r"^step-(\d+)$")
+
+
+def _step(step: Any) -> int:
+    """A step number: an int 0 or more (a numpy integer too); anything else is refused rather
+    than saved under a name ``all_steps`` would not list (``step--1``) or another step's
+    (``7.9`` as ``step-7``)."""
+    if isinstance(step, bool) or not isinstance(step, int):
+        try:
+            import numpy as np
+        except ImportError:  # pragma: no cover (numpy is a dependency)
+            np = None
+        if np is None or not isinstance(step, np.integer):
+            raise TypeError(f"a checkpoint step is an int, not {type(step).__name__} ({step!r})")
+    if step < 0:
+        raise ValueError(f"a checkpoint step is 0 or more, not {step}")
+    return int(step)
 
 
 class CheckpointManager:
@@ -182,7 +203,7 @@ class CheckpointManager:
     @staticmethod
     def name(step: int) -> str:
         """The tree name of a step: ``step-<n>``."""
-        return f"step-{int(step)}"
+        return f"step-{_step(step)}"
 
     def all_steps(self) -> List[int]:
         """Every committed step, ascending."""
@@ -197,6 +218,7 @@ class CheckpointManager:
         """Whether ``save(step, ...)`` would save (as Orbax's ``should_save``): the step is a
         multiple of ``save_interval_steps`` (any step when it is ``None``) and newer than the
         latest step committed or being saved."""
+        step = _step(step)
         if self.save_interval_steps is not None and step % self.save_interval_steps != 0:
             return False
         latest = self.latest_step()
@@ -221,6 +243,7 @@ class CheckpointManager:
         nothing is written and ``None`` is returned (false, as Orbax's ``save`` returns
         ``False``); ``force=True`` saves it anyway. An error of the previous background save is
         raised here (once) before anything is saved."""
+        step = _step(step)
         if self.save_interval_steps is not None and not force and not self.should_save(step):
             return None
         name = self.name(step)
@@ -240,7 +263,8 @@ class CheckpointManager:
 
             def finish() -> Any:
                 try:
-                    info = handle.result()
+                    # (its error goes on to this manager's handle: not yet given to the program)
+                    info = handle._future.result()
                     self._apply_retention()
                 except BaseException as e:
                     self._end(ticket, (e, owner))
@@ -248,17 +272,16 @@ class CheckpointManager:
                 self._end(ticket, None)
                 return info
 
-            future = self._executor().submit(finish)
-        out = SaveHandle(future, self.repository.tree(name))
-        if not blocking:
-            return out
-        try:
-            return out.result()
-        finally:
-            # Its outcome was delivered here: a later wait must not raise it again.
-            with self._cond:
-                if self._error is not None and self._error[0] is future.exception():
-                    self._error = None
+            future = _async.submit(finish, self.repository.tree(name), self._executor())
+        # Its error, once the handle gives it to the program, is not raised again by a later
+        # save or wait.
+        out = SaveHandle(future, self.repository.tree(name), delivered=self._delivered)
+        return out if not blocking else out.result()
+
+    def _delivered(self, e: BaseException) -> None:
+        with self._cond:
+            if self._error is not None and self._error[0] is e:
+                self._error = None
 
     def _end(self, ticket: int, error: Optional[Tuple[BaseException, int]]) -> None:
         with self._cond:
@@ -272,7 +295,7 @@ class CheckpointManager:
         if self.keep_last is None:
             keep = set(steps)
         else:
-            keep = set(steps[len(steps) - self.keep_last:]) if self.keep_last else set()
+            keep = set(steps[max(0, len(steps) - self.keep_last):]) if self.keep_last else set()
         if self.keep_every is not None:
             keep |= {s for s in steps if s % self.keep_every == 0}
         for s in steps:
@@ -295,6 +318,7 @@ class CheckpointManager:
             error, owner = self._error
             if deliver or owner == threading.get_ident():
                 self._error = None
+        _async.retrieved(error)
         raise error
 
     def wait_until_finished(self) -> None:

@@ -122,7 +122,14 @@ pub async fn save_async(tree: &Node, location: impl IntoLocation, opts: &SaveOpt
 /// the pipeline. Decided here, above both, so that `save` knows nothing of repositories.
 async fn save_to(tree: &Node, loc: &Location, opts: &SaveOptions) -> Result<SaveInfo> {
     match loc.tree_name() {
-        Some(name) => Repository::open_async(loc.repository()).await?.save_async(tree, name, opts).await,
+        Some(name) => {
+            let repo = match Repository::open_async(loc.repository()).await {
+                // (said with how the location was read: a path with an `@` that does not exist)
+                Err(Error::NotFound { .. }) => return Err(location::no_repository(&loc.repository(), Some(loc))),
+                r => r?,
+            };
+            repo.save_async(tree, name, opts).await
+        }
         None => save::save_async(tree, loc, opts).await,
     }
 }

@@ -334,7 +334,7 @@ impl Location {
         let Some(b) = repo.get_opt(&rel, layout::MAX_SMALL_FILE).await? else {
             // Say whether the repository itself is missing.
             let Some(marker) = repo.get_opt(layout::MARKER, layout::MAX_SMALL_FILE).await? else {
-                return Err(no_repository(&repo));
+                return Err(no_repository(&repo, Some(self)));
             };
             layout::check_marker(&marker).map_err(|r| Error::manifest(&repo.file_name(layout::MARKER), "", r))?;
             return Err(unknown_tree(&repo, name));
@@ -475,14 +475,23 @@ pub(crate) async fn committed_manifest(repo: &Location, tree: &str) -> Result<(b
     Ok((b, file))
 }
 
-/// The error for a location that holds no repository.
-pub(crate) fn no_repository(repo: &Location) -> Error {
-    Error::NotFound {
-        location: repo.display().to_string(),
-        detail: "no treepack repository here; create one with Repository::create (Python: \
-                 treepack.Repository(location, create=True); CLI: treepack repo init)"
-            .into(),
+/// The error for a location that holds no repository; `tree`, the `LOCATION@NAME` location it
+/// was reached from, is said to have been read so (a path with an `@` that does not exist yet).
+pub(crate) fn no_repository(repo: &Location, tree: Option<&Location>) -> Error {
+    let mut detail = "no treepack repository here; create one with Repository::create (Python: \
+                      treepack.Repository(location, create=True); CLI: treepack repo init)"
+        .to_string();
+    if let Some(t) = tree.filter(|t| t.local_path().is_some()) {
+        detail.push_str(&format!(
+            ". `{}` was read as tree `{}` of a repository at `{}`, since nothing of that name exists \
+             (LOCATION@NAME, docs/repository.md); for a plain tree at a path with `@` in it, create \
+             its folder first, or leave the `@` out of the name",
+            t.display(),
+            t.tree_name().unwrap_or_default(),
+            repo.display()
+        ));
     }
+    Error::NotFound { location: repo.display().to_string(), detail }
 }
 
 /// The error for a name the repository at `repo` does not hold.

@@ -56,6 +56,24 @@ pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// A repository's own location: one that names a tree of a repository (`LOCATION@NAME`, as a
+/// path with an `@` that does not exist yet reads) is refused, since opening the repository
+/// it names instead would mix two runs' checkpoints (`exp@lr0.1` and `exp@lr0.01` both `exp`).
+fn not_a_tree(loc: Location) -> Result<Location> {
+    match loc.tree_name() {
+        None => Ok(loc),
+        Some(name) => Err(Error::BadLocation {
+            location: loc.display().to_string(),
+            reason: format!(
+                "reads as tree `{name}` of a repository at `{}` (LOCATION@NAME, docs/repository.md), not as a \
+                 repository's location; for a repository whose path holds an `@`, create its folder first, or \
+                 leave the `@` out of the name",
+                loc.repository().display()
+            ),
+        }),
+    }
+}
+
 impl Repository {
     fn new(loc: Location) -> Repository {
         Repository { loc, indexes: Mutex::default(), tree_packs: Mutex::default() }
@@ -67,14 +85,14 @@ impl Repository {
     /// [`Error::NotFound`] when there is no repository at the location (it says how to create
     /// one), [`Error::InvalidManifest`] for a damaged marker, storage errors.
     pub async fn open_async(location: impl IntoLocation) -> Result<Repository> {
-        let loc = location.into_location()?.repository();
+        let loc = not_a_tree(location.into_location()?)?;
         let marker = loc.get_opt(layout::MARKER, layout::MAX_SMALL_FILE).await?;
         match marker {
             Some(b) => {
                 layout::check_marker(&b).map_err(|r| Error::manifest(&loc.file_name(layout::MARKER), "", r))?;
                 Ok(Repository::new(loc))
             }
-            None => Err(crate::location::no_repository(&loc)),
+            None => Err(crate::location::no_repository(&loc, None)),
         }
     }
 
@@ -85,7 +103,7 @@ impl Repository {
     /// [`Error::BadLocation`] when the location holds a plain tree or files a repository does
     /// not hold, storage errors.
     pub async fn create_async(location: impl IntoLocation) -> Result<Repository> {
-        let loc = location.into_location()?.repository();
+        let loc = not_a_tree(location.into_location()?)?;
         loc.refuse_write()?;
         if loc.layout() == crate::store::Layout::SingleFile {
             return Err(Error::BadLocation {

@@ -38,6 +38,16 @@ MYPKG = textwrap.dedent(
             z: int
 
         helper = subprocess  # a module reached through a class
+
+    class _Lazy:
+        # A lazy proxy (django's settings, werkzeug's LocalProxy): its class is computed, by
+        # running its factory, the first time anything asks.
+        @property
+        def __class__(self):
+            Boom()
+            return Point
+
+    lazy = _Lazy()
     """
 )
 
@@ -112,6 +122,7 @@ REFUSED_NAMES = {
         # Through a dotted module name; a name that is not a name.
         ('"mypkg.subprocess:Popen"', "cannot be"),
         ('"mypkg:Point.__init__.__globals__"', "Point"),
+        ('"mypkg:lazy"', "not a class"),
     ],
     # An enum node naming a callable that is not an Enum.
     '"class":"mypkg:Color"': [
@@ -119,13 +130,16 @@ REFUSED_NAMES = {
         ('"class":"mypkg:Boom"', "defined elsewhere"),
         ('"class":"mypkg:Plain"', "Enum"),
         ('"class":"mypkg:os.system"', "module"),
+        ('"class":"mypkg:lazy"', "not a class"),
     ],
-    # Through a class attribute.
-    '"mypkg:Outer.Inner"': [('"mypkg:Outer.helper.Popen"', "not a class")],
+    # Through a class attribute; through a lazy proxy, whose class asked runs its factory
+    # (session 45: `isinstance(obj, type)` read `obj.__class__`).
+    '"mypkg:Outer.Inner"': [('"mypkg:Outer.helper.Popen"', "not a class"), ('"mypkg:lazy.Inner"', "not a class")],
     # A defaultdict's factory.
     '"factory":"mypkg:Plain"': [
         ('"factory":"mypkg:subprocess.Popen"', "module"),
         ('"factory":"mypkg:Boom"', "defined elsewhere"),
+        ('"factory":"mypkg:lazy"', "not a class"),
     ],
 }
 

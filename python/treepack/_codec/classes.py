@@ -26,6 +26,20 @@ def _bad_name(name: str, why: str) -> LookupError:
     return LookupError(f"class {name} cannot be used: {why}")
 
 
+#: A class's own namespace, module and qualified name, read through ``type``'s descriptors:
+#: nothing the object or its metaclass defines runs.
+_CLASS_DICT = type.__dict__["__dict__"].__get__
+_CLASS_MODULE = type.__dict__["__module__"].__get__
+_CLASS_QUALNAME = type.__dict__["__qualname__"].__get__
+
+
+def _is_class(obj: Any) -> bool:
+    """Whether ``obj`` is a class, asked of its type alone: ``isinstance(obj, type)`` reads
+    ``obj.__class__``, which a lazy proxy (django's settings, werkzeug's ``LocalProxy``,
+    ``lazy_object_proxy``) answers by running its factory."""
+    return issubclass(type(obj), type)
+
+
 def resolve_class(name: str) -> type:
     """The class a trusted ``module:qualname`` names: the class **defined** there, nothing else.
 
@@ -74,15 +88,16 @@ def resolve_class(name: str) -> type:
             raise LookupError(f"class {name} cannot be found: {where} defines no {part} (renamed or removed?)")
         where = f"{module}:{'.'.join(parts[: i + 1])}"
         if i + 1 < len(parts):
-            if not isinstance(obj, type):
+            if not _is_class(obj):
                 raise _bad_name(name, f"{where} is a {type(obj).__name__}, not a class, so {qual} is not defined in {module}")
-            namespace = obj.__dict__
-    if not isinstance(obj, type):
+            namespace = _CLASS_DICT(obj)
+    if not _is_class(obj):
         raise _bad_name(name, f"it is a {type(obj).__name__}, not a class")
-    if obj.__module__ != module or obj.__qualname__ != qual:
+    found_module, found_qual = _CLASS_MODULE(obj), _CLASS_QUALNAME(obj)
+    if found_module != module or found_qual != qual:
         raise _bad_name(
             name,
-            f"the name leads to {obj.__module__}:{obj.__qualname__}, which is defined elsewhere (a name only "
+            f"the name leads to {found_module}:{found_qual}, which is defined elsewhere (a name only "
             "reaches the class defined where it says)",
         )
     return obj
@@ -93,12 +108,12 @@ def check_kind(cls: type, name: str, kind: str) -> None:
     called: an enum node's class must be an ``Enum``, a record's a dataclass, a namedtuple or
     a pydantic model, a defaultdict's factory a class."""
     if kind == "enum":
-        ok, what = isinstance(cls, type) and issubclass(cls, enum.Enum), "an Enum"
+        ok, what = _is_class(cls) and issubclass(cls, enum.Enum), "an Enum"
     elif kind == "mapping":
-        ok, what = isinstance(cls, type) and issubclass(cls, (dict, collections.UserDict)), "a dict or UserDict subclass"
+        ok, what = _is_class(cls) and issubclass(cls, (dict, collections.UserDict)), "a dict or UserDict subclass"
     elif kind == "record":
         ok, what = records.is_record_class(cls), "a dataclass, an attrs class, a namedtuple or a pydantic model"
     else:
-        ok, what = isinstance(cls, type), "a class"
+        ok, what = _is_class(cls), "a class"
     if not ok:
         raise _bad_name(name, f"a {kind} node builds {what}, and this class is not one")

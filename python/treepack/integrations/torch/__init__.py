@@ -22,7 +22,7 @@ import numpy as np
 from ... import _plugin
 from . import staging
 from .dtypes import DIRECT, HINTS, VIA, dtype_name, numpy_of
-from .storages import STORAGES, Spans, Storages, agrees, extent_of, self_overlapping
+from .storages import STORAGES, Storages, Written, agrees_within, extent_of, self_overlapping
 
 TENSOR = "torch.Tensor"
 PARAMETER = "torch.nn.Parameter"
@@ -333,13 +333,13 @@ class Loader:
             and values.untyped_storage().nbytes() == extent
         ):
             # [storage, bytes held, tensors on it (None once the storage is torch's own),
-            #  the footprints of the tensors put on it]
-            entry = self._storages[st["id"]] = [values.untyped_storage(), held, [], Spans()]
+            #  what the tensors put on it wrote there]
+            entry = self._storages[st["id"]] = [values.untyped_storage(), held, [], Written()]
             entry[3].add(footprint)
             return values, entry[2]
         if entry is None:
             entry = self._storages[st["id"]] = [
-                torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0, None, Spans(),
+                torch.empty(0, dtype=torch.uint8, device=device).untyped_storage(), 0, None, Written(),
             ]
         storage = entry[0]
         if storage.nbytes() < extent:
@@ -363,14 +363,14 @@ class Loader:
             overlaps, inside = entry[3].meets(footprint), self_overlapping(footprint)
             if overlaps and self.stager is not None:
                 self.stager.settle()  # (the earlier tensors' bytes are all there)
-            if not (overlaps and agrees(storage, footprint, entry[3].footprints, values, st["id"])):
+            if not (overlaps and entry[3].agrees(storage, footprint, values, st["id"])):
                 _copy_into(t, values, self.stager)  # (a view of the very bytes it goes to needs no copy)
                 if inside:
                     # Elements at one place (a zero stride) must hold one value: the copy left
                     # the last one there.
                     if self.stager is not None:
                         self.stager.settle()
-                    agrees(storage, footprint, [footprint], values, st["id"])
+                    agrees_within(storage, footprint, values, st["id"])
         entry[3].add(footprint)
         if self.map_location is not None and callable(self.map_location) and not isinstance(self.map_location, (str, dict)):
             t = self.map_location(t, saved or "cpu")

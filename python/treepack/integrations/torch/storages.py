@@ -1,6 +1,6 @@
 """Tensors that share one storage (tied weights, views): found when saved (``Storages``), and
-checked when loaded, where a file could make tensors overlap (``Spans``, ``agrees``; design
-decision 108)."""
+checked when loaded, where a file could make tensors overlap (``Written``; design decision
+108)."""
 
 from __future__ import annotations
 
@@ -79,23 +79,27 @@ def span(f: Footprint) -> Tuple[int, int]:
 
 
 class Spans:
-    """The byte spans the tensors put on one storage reach, merged and sorted: whether a new
-    one meets them in log time (a flat buffer of a thousand parameters' views is common)."""
+    """Byte spans, merged (touching ones too) and sorted: whether a new span meets them, or lies
+    within one of them, in log time (a flat buffer of a thousand parameters' views is common)."""
 
-    __slots__ = ("starts", "ends", "footprints")
+    __slots__ = ("starts", "ends")
 
     def __init__(self) -> None:
         self.starts: List[int] = []
         self.ends: List[int] = []
-        self.footprints: List[Footprint] = []
 
     def meets(self, f: Footprint) -> bool:
         a, b = span(f)
         i = bisect.bisect_left(self.ends, a + 1)  # the first span ending after a
         return a < b and i < len(self.starts) and self.starts[i] < b
 
+    def holds(self, f: Footprint) -> bool:
+        """Whether ``f``'s whole span lies within one merged span."""
+        a, b = span(f)
+        i = bisect.bisect_right(self.starts, a) - 1
+        return i >= 0 and self.ends[i] >= b
+
     def add(self, f: Footprint) -> None:
-        self.footprints.append(f)
         a, b = span(f)
         if a >= b:
             return
@@ -105,6 +109,131 @@ class Spans:
             a, b = min(a, self.starts[i]), max(b, self.ends[j - 1])
         self.starts[i:j] = [a]
         self.ends[i:j] = [b]
+
+
+def contiguous(f: Footprint) -> bool:
+    """Whether a footprint is a C-contiguous run of bytes (every byte of its span its own)."""
+    _, shape, stride, _ = f
+    expect = 1
+    for n, st in zip(reversed(shape), reversed(stride)):
+        if n > 1 and st != expect:
+            return False
+        expect *= n
+    return True
+
+
+class Written:
+    """What the tensors put on one storage so far have written there: the spans they reach
+    (whether a new tensor meets them), the spans of the C-contiguous ones (every byte of those
+    written: tied weights, a base before its views), and, made the first time a tensor meets
+    them otherwise and kept up to date after, a mask of the bytes written. Checking T tensors
+    takes O(T log T) and the bytes of those that meet others: never T², whatever the file."""
+
+    __slots__ = ("spans", "dense", "pending", "mask")
+
+    def __init__(self) -> None:
+        self.spans = Spans()
+        self.dense = Spans()
+        self.pending: List[Footprint] = []  # (footprints not yet in the mask, until it is made)
+        self.mask: Any = None
+
+    def meets(self, f: Footprint) -> bool:
+        return self.spans.meets(f)
+
+    def add(self, f: Footprint) -> None:
+        self.spans.add(f)
+        if contiguous(f):
+            self.dense.add(f)
+        if self.mask is None:
+            self.pending.append(f)
+        else:
+            self.mask = _marked(self.mask, f)
+
+    def agrees(self, storage: Any, f: Footprint, values: Any, sid: Any) -> bool:
+        """Whether ``values`` put at footprint ``f`` of ``storage`` leave every byte the tensors
+        before put there as it is (True: nothing to copy, ``values`` are there already); False
+        when some of ``f``'s bytes were not written yet (copy ``values``); a ValueError when
+        some written byte would change."""
+        full, new = _bytes_and_values(storage, f, values)
+        if self.dense.holds(f):
+            written = None  # (every byte of f was written)
+        else:
+            if self.mask is None:
+                self.mask = _zeros_like(full)
+                for g in self.pending:
+                    self.mask = _marked(self.mask, g)
+                self.pending = []
+            self.mask = _grown(self.mask, len(full))
+            written = bytes_at(self.mask, f)
+        return _compare(bytes_at(full, f), new, written, sid)
+
+
+def agrees_within(storage: Any, f: Footprint, values: Any, sid: Any) -> None:
+    """``values``, just copied to footprint ``f`` whose elements share bytes (a zero stride),
+    must all have landed as they are: elements at one place must hold one value."""
+    full, new = _bytes_and_values(storage, f, values)
+    _compare(bytes_at(full, f), new, None, sid)
+
+
+def _bytes_and_values(storage: Any, f: Footprint, values: Any) -> Tuple[Any, Any]:
+    """The storage's bytes (1-d uint8), and ``values`` as bytes of footprint ``f``'s shape. On
+    the CPU through numpy (see ``_fill``: torch's own kernels hang in a forked worker)."""
+    import ctypes
+
+    import torch
+
+    shape = (*f[1], f[3])
+    if storage.device.type == "cpu":
+        n = storage.nbytes()
+        full = np.ndarray((n,), dtype=np.uint8, buffer=(ctypes.c_char * n).from_address(storage.data_ptr())) if n else \
+            np.zeros(0, np.uint8)
+        new = np.ascontiguousarray(numpy_of(torch, values.detach())).reshape(-1).view(np.uint8).reshape(shape)
+    else:
+        full = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+        new = values.detach().reshape(-1).contiguous().view(torch.uint8).reshape(shape).to(storage.device)
+    return full, new
+
+
+def _compare(cur: Any, new: Any, written: Any, sid: Any) -> bool:
+    differ = cur != new
+    if written is not None:
+        differ &= written
+    if bool(differ.any()):
+        raise ValueError(f"tensors stored at storage {sid} overlap with different values (one would overwrite "
+                         "another's): the file is damaged or made to mislead")
+    return written is None or bool(written.all())
+
+
+def _zeros_like(full: Any) -> Any:
+    if isinstance(full, np.ndarray):
+        return np.zeros(len(full), dtype=bool)
+    import torch
+
+    return torch.zeros(len(full), dtype=torch.bool, device=full.device)
+
+
+def _grown(mask: Any, n: int) -> Any:
+    """``mask`` over a storage grown to ``n`` bytes (the new bytes not written)."""
+    if len(mask) >= n:
+        return mask
+    if isinstance(mask, np.ndarray):
+        return np.concatenate([mask, np.zeros(n - len(mask), dtype=bool)])
+    import torch
+
+    return torch.cat([mask, torch.zeros(n - len(mask), dtype=torch.bool, device=mask.device)])
+
+
+def _marked(mask: Any, f: Footprint) -> Any:
+    """``mask`` with footprint ``f``'s bytes marked written (grown to reach them)."""
+    mask = _grown(mask, span(f)[1])
+    if span(f)[0] >= span(f)[1]:
+        return mask
+    if isinstance(mask, np.ndarray):
+        offset, shape, stride, item = f
+        np.lib.stride_tricks.as_strided(mask[offset * item:], (*shape, item), (*(st * item for st in stride), 1))[...] = True
+    else:
+        bytes_at(mask, f).fill_(True)
+    return mask
 
 
 def self_overlapping(f: Footprint) -> bool:
@@ -128,61 +257,6 @@ def bytes_at(full: Any, f: Footprint) -> Any:
     if isinstance(full, np.ndarray):
         return np.lib.stride_tricks.as_strided(full[offset * item:], shape2, strides2, writeable=False)
     return full.as_strided(shape2, strides2, offset * item)
-
-
-def agrees(storage: Any, f: Footprint, earlier: List[Footprint], values: Any, sid: Any) -> bool:
-    """Whether ``values`` put at footprint ``f`` of ``storage`` leave every byte the
-    ``earlier`` footprints put there as it is (True: nothing to copy, ``values`` are there
-    already); False when some of ``f``'s bytes were not written yet (copy ``values``); a
-    ValueError when some written byte would change. On the CPU through numpy (see ``_fill``:
-    torch's own kernels hang in a forked worker)."""
-    import ctypes
-
-    import torch
-
-    shape = (*f[1], f[3])
-    if storage.device.type == "cpu":
-        n = storage.nbytes()
-        full = np.ndarray((n,), dtype=np.uint8, buffer=(ctypes.c_char * n).from_address(storage.data_ptr())) if n else \
-            np.zeros(0, np.uint8)
-        new = np.ascontiguousarray(numpy_of(torch, values.detach())).reshape(-1).view(np.uint8).reshape(shape)
-        zeros = lambda: np.zeros(n, dtype=bool)
-    else:
-        full = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-        new = values.detach().reshape(-1).contiguous().view(torch.uint8).reshape(shape).to(storage.device)
-        zeros = lambda: torch.zeros(storage.nbytes(), dtype=torch.bool, device=storage.device)
-    cur = bytes_at(full, f)
-    if f in earlier or any(covers(g, f) for g in earlier):
-        written = None  # (every byte of f was written: the base before its view, tied weights)
-    else:
-        mask = zeros()
-        for g in earlier:
-            if isinstance(mask, np.ndarray):
-                np.lib.stride_tricks.as_strided(mask[g[0] * g[3]:], (*g[1], g[3]),
-                                                (*(st * g[3] for st in g[2]), 1))[...] = True
-            else:
-                bytes_at(mask, g).fill_(True)
-        written = bytes_at(mask, f)
-    differ = cur != new
-    if written is not None:
-        differ &= written
-    if bool(differ.any()):
-        raise ValueError(f"tensors stored at storage {sid} overlap with different values (one would overwrite "
-                         "another's): the file is damaged or made to mislead")
-    return written is None or bool(written.all())
-
-
-def covers(g: Footprint, f: Footprint) -> bool:
-    """Whether footprint ``g`` is a C-contiguous run of bytes holding all of ``f``'s span."""
-    offset, shape, stride, item = g
-    expect = 1
-    for n, st in zip(reversed(shape), reversed(stride)):
-        if n > 1 and st != expect:
-            return False
-        expect *= n
-    s, e = span(g)
-    a, b = span(f)
-    return s <= a and b <= e
 
 
 def extent_of(offset: int, shape: Any, stride: Any) -> int:

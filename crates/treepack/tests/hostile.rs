@@ -512,7 +512,7 @@ fn cases() -> Vec<Case> {
         case("packed-manifest-edited", "manifest_checksum", "a frame holding a manifest edited after sealing", Build::Dir { manifest: zstd_frame(String::from_utf8(m.clone()).unwrap().replace("hostile", "hostilE").as_bytes()), pack: Some(DATA.to_vec()) }),
         case("packed-manifest-garbled", "invalid_manifest", "the zstd magic followed by random bytes", Build::Dir { manifest: vec![0x28, 0xb5, 0x2f, 0xfd, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2], pack: Some(DATA.to_vec()) }),
         case("packed-manifest-bomb", "invalid_manifest", "a small frame of 64 MiB of spaces before the JSON (refused at its first bytes)", Build::Dir { manifest: spaces_then(64 << 20, &m), pack: Some(DATA.to_vec()) }),
-        case("packed-manifest-expands", "limit_exceeded", "a small frame of the manifest's first bytes, then 64 MiB of spaces (past 1024 times its size)", Build::Dir { manifest: spaces_then_with_head(b"{\"format\":\"treepack\",\"version\":[1,6],", 64 << 20, b"}"), pack: Some(DATA.to_vec()) }),
+        case("packed-manifest-expands", "limit_exceeded", "a small frame of the manifest's first bytes, then 64 MiB of spaces (past 32 times its size)", Build::Dir { manifest: spaces_then_with_head(b"{\"format\":\"treepack\",\"version\":[1,6],", 64 << 20, b"}"), pack: Some(DATA.to_vec()) }),
         case("packed-manifest-nested", "invalid_manifest", "a frame holding a frame holding the manifest", Build::Dir { manifest: zstd_frame(&zstd_frame(&m)), pack: Some(DATA.to_vec()) }),
         // --- shared nodes and refs (format 1.2)
         case("ref-unknown", "invalid_manifest", "a ref to an id no shared node has", sealed("[]", "[1,{\"t\":\"ref\",\"id\":7}]".into(), None)),

@@ -42,11 +42,19 @@ def _key(location: str) -> str:
     return location if "://" in location else os.path.abspath(location)
 
 
+#: The location a save thread is writing (a save its progress callback begins there must not
+#: wait for the save that called it).
+_WRITING = threading.local()
+
+
 def after_earlier(location: str) -> None:
     """Wait until the background saves to ``location`` begun before have ended (their errors
     stay theirs): a blocking save then writes after them."""
+    key = _key(location)
+    if getattr(_WRITING, "key", None) == key:
+        return
     with _STATE_LOCK:
-        prev = _LAST.get(_key(location))
+        prev = _LAST.get(key)
     if prev is not None:
         concurrent.futures.wait([prev])
 
@@ -62,9 +70,14 @@ def submit(fn: Callable[[], Any], location: str, pool: Optional[concurrent.futur
         prev = _LAST.get(key)
 
         def run() -> Any:
-            if prev is not None:
+            if prev is not None and getattr(_WRITING, "key", None) != key:
                 concurrent.futures.wait([prev])
-            return fn()
+            outer = getattr(_WRITING, "key", None)
+            _WRITING.key = key
+            try:
+                return fn()
+            finally:
+                _WRITING.key = outer
 
         try:
             fut = (pool or _executor()).submit(run)

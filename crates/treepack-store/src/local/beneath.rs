@@ -445,6 +445,40 @@ fn meta_of(m: &std::fs::Metadata) -> Meta {
     Meta { kind, len: m.len(), modified: m.modified().unwrap_or(SystemTime::UNIX_EPOCH) }
 }
 
+/// Which folder a location's root is, from the first time it is opened (its device and inode),
+/// shared by every clone of the location's backend. The root is opened by its path at each
+/// step; a folder another program moved, removed or swapped for another (or for a link) in
+/// the meantime would get the rest of a save — a manifest naming packs that went to the first
+/// folder, a tree written among the other folder's files — so it is refused instead.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RootPin(std::sync::Arc<std::sync::Mutex<Option<(u64, u64)>>>);
+
+impl RootPin {
+    /// The root folder at `path`, opened now: the one first opened through this pin (recorded
+    /// then), or an error saying it was replaced.
+    pub(crate) fn open(&self, path: &Path) -> io::Result<Dir> {
+        let dir = Dir::open_root(path)?;
+        #[cfg(unix)]
+        {
+            let st = rustix::fs::fstat(&dir.fd)?;
+            #[allow(clippy::unnecessary_cast)] // (the widths differ between platforms)
+            let id = (st.st_dev as u64, st.st_ino as u64);
+            let mut first = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match *first {
+                None => *first = Some(id),
+                Some(was) if was != id => {
+                    return Err(io::Error::other(
+                        "this folder was replaced while treepack used it (another program moved, removed or \
+                         swapped it): nothing more is written to or read from it; run the operation again",
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(dir)
+    }
+}
+
 /// A local file (or folder) of a location, described — nothing opened yet: the root folder
 /// and the path beneath it.
 #[derive(Debug, Clone)]
@@ -453,6 +487,8 @@ pub(crate) struct Target {
     pub(crate) root: PathBuf,
     /// `/`-separated path beneath the root; empty for the root itself.
     pub(crate) rel: String,
+    /// The root folder's identity (the location backend's).
+    pub(crate) pin: RootPin,
 }
 
 impl Target {
@@ -461,9 +497,9 @@ impl Target {
         self.rel.split('/').filter(|s| !s.is_empty()).fold(self.root.clone(), |p, s| p.join(s))
     }
 
-    /// Open the root folder.
+    /// Open the root folder (the one first opened: [`RootPin`]).
     pub(crate) fn root(&self) -> io::Result<Dir> {
-        Dir::open_root(&self.root)
+        self.pin.open(&self.root)
     }
 
     /// The folder the target names, opened beneath the root.
@@ -547,7 +583,7 @@ mod tests {
         let kinds: Vec<_> = real.entries().unwrap().into_iter().map(|(n, m)| (n, m.kind)).collect();
         assert!(kinds.contains(&("f".into(), Kind::Link)), "{kinds:?}");
         assert_eq!(std::fs::read(outside.join("f")).unwrap(), b"outside");
-        let t = Target { root: root.clone(), rel: "lnk/f".into() };
+        let t = Target { root: root.clone(), rel: "lnk/f".into(), pin: RootPin::default() };
         assert!(is_refused(&t.open_read().unwrap_err()));
         assert!(segments("a/../b").is_err() && segments("a//b").is_err() && segments("./a").is_err());
     }

@@ -6,7 +6,7 @@
 //! leaves the page cache intact) a renamed manifest could point at pack bytes that never reached
 //! the disk. With `durable` off the same steps run without the fsyncs.
 
-use super::beneath::{io_error, is_refused, Dir, Target};
+use super::beneath::{io_error, is_refused, Dir, RootPin, Target};
 use super::direct_write;
 use crate::backend::maybe_spawn_blocking;
 use crate::{Error, Result};
@@ -206,9 +206,9 @@ pub(super) fn create_dirs(dir: &Path, durable: bool) -> io::Result<()> {
 /// Open the folder `rel` beneath `root`, creating the root (by its path) and every missing
 /// folder beneath it (`mkdirat`, no link followed), each made durable in its parent when
 /// `durable` — the same operations, in the same order, as creating the whole path at once.
-pub(super) fn create_beneath(root: &Path, rel: &str, durable: bool) -> io::Result<Dir> {
+pub(super) fn create_beneath(root: &Path, pin: &RootPin, rel: &str, durable: bool) -> io::Result<Dir> {
     create_dirs(root, durable)?;
-    Dir::open_root(root)?.sub_creating(rel, |parent, name| {
+    pin.open(root)?.sub_creating(rel, |parent, name| {
         journal::run(|| parent.mkdir(name), || journal::FsOp::Mkdir(parent.join(name)))?;
         if durable {
             sync_dir(parent)?;
@@ -265,7 +265,7 @@ pub(super) async fn put_target_from(
 ) -> Result<()> {
     maybe_spawn_blocking(move || {
         let (folder, name) = split_target(&t).map_err(|e| io_error(t.path(), e))?;
-        let dir = create_beneath(&t.root, folder, durable).map_err(|e| io_error(t.path(), e))?;
+        let dir = create_beneath(&t.root, &t.pin, folder, durable).map_err(|e| io_error(t.path(), e))?;
         // A part that could not be made ends the write with its own error.
         let failed = std::cell::RefCell::new(None);
         let mut io_parts = parts.by_ref().map_while(|r| match r {
@@ -300,7 +300,7 @@ pub(super) async fn replace_target_if(
         let path = t.path();
         let io = |e: io::Error| io_error(path.clone(), e);
         let (folder, name) = split_target(&t).map_err(io)?;
-        let dir = create_beneath(&t.root, folder, durable).map_err(io)?;
+        let dir = create_beneath(&t.root, &t.pin, folder, durable).map_err(io)?;
         let lock_name = format!("{name}.lock");
         let lock = dir.open_or_create(&lock_name).map_err(|e| io_error(dir.join(&lock_name), e))?;
         lock_exclusive(&lock).map_err(|e| io_error(dir.join(&lock_name), e))?;

@@ -125,7 +125,8 @@ impl Local {
     /// I/O errors creating the folder or the marker; a link where the marker goes is refused.
     pub fn save_marker(&self, durable: bool) -> Result<Option<SaveMarker>> {
         let (dir, name) = self.marker_dir();
-        let opened = super::durable::create_beneath(&dir, "", durable).map_err(|e| io_error(dir.clone(), e))?;
+        let opened =
+            super::durable::create_beneath(&dir, &self.root_pin, "", durable).map_err(|e| io_error(dir.clone(), e))?;
         SaveMarker::create(opened, name.as_deref()).map_err(|e| io_error(dir, e))
     }
 
@@ -136,7 +137,7 @@ impl Local {
     /// I/O errors listing the folder; a marker name that is a link is refused.
     pub fn running_saves(&self) -> Result<(Option<std::time::SystemTime>, Vec<String>)> {
         let (dir, name) = self.marker_dir();
-        let opened = match Dir::open_root(&dir) {
+        let opened = match self.root_pin.open(&dir) {
             Ok(d) => d,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((None, vec![])),
             Err(e) => return Err(io_error(dir, e)),

@@ -23,7 +23,7 @@ pub use read::{direct_bytes_on_this_thread, ReadMode, DIRECT_MIN_BYTES};
 
 use crate::backend::{maybe_spawn_blocking, BoxFuture, Keep, Listed, RangeRead, Swap, Version, Write, WriteStream};
 use crate::{Error, Layout, Location, Result};
-use beneath::{io_error, Dir, Kind, Target};
+use beneath::{io_error, Kind, Target};
 use bytes::Bytes;
 use futures::FutureExt;
 use read::{normalize_local, open_pack, read_file_ranges};
@@ -59,6 +59,8 @@ pub struct Local {
     /// The single file opened once by [`Local::pin`]: reads go through it, even if a save
     /// replaces the file (rename) under the same name meanwhile.
     pinned: Option<Arc<File>>,
+    /// The root folder's identity once first opened (the folder, or a single file's parent).
+    root_pin: beneath::RootPin,
 }
 
 impl Local {
@@ -68,7 +70,7 @@ impl Local {
         let path = normalize_local(path);
         let is_file = std::fs::metadata(&path).map(|m| m.is_file()).unwrap_or(false);
         let layout = Layout::of(given, is_file);
-        (Local { path, single: layout == Layout::SingleFile, pinned: None }, layout)
+        (Local { path, single: layout == Layout::SingleFile, pinned: None, root_pin: Default::default() }, layout)
     }
 
     /// The location's folder or file.
@@ -83,10 +85,14 @@ impl Local {
         let whole = rel.is_empty() || rel == ".";
         if self.single && whole {
             if let (Some(parent), Some(name)) = (self.path.parent(), self.path.file_name().and_then(|n| n.to_str())) {
-                return Target { root: parent.to_path_buf(), rel: name.to_string() };
+                return Target { root: parent.to_path_buf(), rel: name.to_string(), pin: self.root_pin.clone() };
             }
         }
-        Target { root: self.path.clone(), rel: if whole { String::new() } else { rel.to_string() } }
+        Target {
+            root: self.path.clone(),
+            rel: if whole { String::new() } else { rel.to_string() },
+            pin: self.root_pin.clone(),
+        }
     }
 
     fn pinned_file(&self, rel: &str) -> Option<&Arc<File>> {
@@ -301,7 +307,7 @@ impl Local {
     pub fn leftovers_beside(&self) -> Result<Vec<Listed>> {
         let t = self.target(".");
         let prefix = format!("{}#", t.rel);
-        let dir = Dir::open_root(&t.root).map_err(|e| io_error(t.root.clone(), e))?;
+        let dir = t.root().map_err(|e| io_error(t.root.clone(), e))?;
         let found: Vec<_> = dir
             .entries()
             .map_err(|e| io_error(t.root.clone(), e))?
@@ -323,7 +329,7 @@ impl Local {
     /// [`leftovers_beside`]: Local::leftovers_beside
     pub fn remove_beside(&self, name: &str) -> Result<bool> {
         let t = self.target(".");
-        let dir = Dir::open_root(&t.root).map_err(|e| io_error(t.root.clone(), e))?;
+        let dir = t.root().map_err(|e| io_error(t.root.clone(), e))?;
         match dir.unlink(name) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -349,7 +355,7 @@ impl Local {
         let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
             return Err(Error::BadLocation { location: display.to_string(), reason: "no file name".into() });
         };
-        let dir = Dir::open_root(parent).map_err(|e| io_error(parent, e))?;
+        let dir = self.root_pin.open(parent).map_err(|e| io_error(parent, e))?;
         if dir.stat(name).map_err(|e| io_error(path, e))?.is_some() && !overwrite {
             return Err(Error::AlreadyExists { location: display.to_string() });
         }
@@ -584,6 +590,8 @@ impl crate::Backend for Local {
         // it is read and written whole).
         let mut name = self.path.file_name()?.to_os_string();
         name.push(suffix);
-        Some(Arc::new(Local { path: self.path.with_file_name(name), single: true, pinned: None }))
+        // (Its folder is a single file's root: the same pin; a folder location's parent is not.)
+        let root_pin = if self.single { self.root_pin.clone() } else { Default::default() };
+        Some(Arc::new(Local { path: self.path.with_file_name(name), single: true, pinned: None, root_pin }))
     }
 }

@@ -7,8 +7,10 @@ keys share one hash) named neither the file nor a path."""
 
 import fractions
 import os
+import re
 
 import blake3
+import numpy as np
 import pytest
 
 import treepack
@@ -73,3 +75,25 @@ def test_a_refused_dict_names_the_file_and_its_key_path(tmp_path):
     with pytest.raises(ValueError, match="one hash") as e:
         treepack.open(loc)["runs"][7].read()
     assert str(e.value).startswith(f"{loc}: at `runs/~i7/steps`: "), str(e.value)
+
+
+def test_a_like_that_does_not_match_names_the_file_and_what_to_do(tmp_path):
+    loc = str(tmp_path / "ckpt")
+    treepack.save({"w": np.zeros(3), "b": np.zeros(2)}, loc)
+    with pytest.raises(ValueError) as e:
+        treepack.load(loc, like={"w": np.zeros(3), "b": np.zeros(2), "lm_head": np.zeros(3)})
+    msg = str(e.value)
+    assert msg.startswith(f"{loc}: like=: at ") and "'lm_head' that the file does not hold" in msg, msg
+    assert "leave it out of like=" in msg and "strict=False" in msg, msg
+    with pytest.raises(ValueError, match=f"^{re.escape(loc)}: like=: .*float64.*float32"):
+        treepack.load(loc, like={"w": np.zeros(3, np.float32), "b": np.zeros(2)})
+
+
+def test_a_selection_that_matches_nothing_names_the_tree_as_the_user_does(tmp_path):
+    # In a repository it named the tree's internal manifest (`…/trees/de0d….json`).
+    mgr = treepack.CheckpointManager(tmp_path / "run1")
+    mgr.save(9, {"params": {"w": 1}}, blocking=True)
+    with pytest.raises(KeyError) as e:
+        mgr.restore(9, select=["parms/**"])
+    assert f"select matches nothing in {tmp_path / 'run1'}@step-9 " in str(e.value), str(e.value)
+    mgr.close()

@@ -702,13 +702,19 @@ def _through_reader(request: LoadRequest, r: Any, sel: Optional[List[str]], prog
     p, dec, like, mmap, verify = request.path, request.decoder, request.like, request.mmap, request.verify
     into: Dict[str, Any] = {}
     structure = r.structure(_struct_node) if like is not None else None
-    if like is not None:
-        for hook in _registry.gated("like"):
-            # A template an integration loads its own way (JAX: arrays onto shardings).
-            out = hook(request, r, like, structure)
-            if out is not _registry.DECLINE:
-                return out
-    keep = _like.keep_paths(like, structure, into) if like is not None else None
+    try:
+        if like is not None:
+            for hook in _registry.gated("like"):
+                # A template an integration loads its own way (JAX: arrays onto shardings).
+                out = hook(request, r, like, structure)
+                if out is not _registry.DECLINE:
+                    return out
+        keep = _like.keep_paths(like, structure, into) if like is not None else None
+    except (ValueError, TypeError) as e:
+        # A like= that does not match the file: said with the file's name.
+        if type(e) not in (ValueError, TypeError) or not str(e).startswith("like=:"):
+            raise
+        raise type(e)(f"{p}: {e}") from e
     _check(r, p, request.trust, request.allow_pickle, request.on_missing, sel, keep)
     callback, done = _progress_callback(progress, f"load {p}")
     try:

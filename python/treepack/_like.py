@@ -363,6 +363,9 @@ def _same_keys(stored: List[Any], like: List[Any], path: str) -> None:
         raise ValueError(
             f"like=: at {_where(path)} like= has a key {extra[0]!r} that the file does not hold"
             + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
+            + "; leave it out of like= to load what the file holds (a model's tied weights or buffers a "
+            "checkpoint left out: like={k: v for k, v in sd.items() if k in names}, then "
+            "load_state_dict(..., strict=False))"
         )
 
 

@@ -876,11 +876,11 @@ fn cat(path: &str, so: &StorageOptions, key: &str) -> Result<ExitCode> {
     let (k, slice) = split_key_slice(key);
     match slice {
         Some(s) => {
-            let a = r.read_array(k, s)?;
+            let a = r.read_array(k, s).with_context(|| format!("cannot read `{key}` of `{path}`"))?;
             println!("{}{:?} =\n{}", a.dtype().display(), a.shape(), show::format_array(&a));
         }
         None => {
-            let n = r.get(k)?;
+            let n = r.get(k).with_context(|| format!("cannot read `{key}` of `{path}`"))?;
             println!("{}", show::format_node(&n, 0));
         }
     }

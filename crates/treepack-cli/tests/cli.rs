@@ -96,6 +96,8 @@ fn errors_are_clear_and_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     let e = String::from_utf8(out.stderr).unwrap();
     assert!(e.contains("has no child `nope`") && e.contains("dense"), "{e}");
+    // Which file: the message names it (a new user's finding, session 45).
+    assert!(e.contains(&format!("cannot read `params/nope` of `{}`", c.display())), "{e}");
     let out = tp().args(["cat", c.to_str().unwrap(), "params/dense/kernel[999]"]).output().unwrap();
     assert!(String::from_utf8(out.stderr).unwrap().contains("out of bounds"));
     let out = tp().args(["demo", c.to_str().unwrap()]).output().unwrap();

@@ -371,7 +371,7 @@ impl Reader {
                 reason: format!(
                     "select matches nothing in {} (`treepack ls` lists its key paths; a pattern that may \
                      match nothing is written with a leading `?`, e.g. `?ema/**`)",
-                    self.manifest_file
+                    self.loc.display()
                 ),
             });
         }

@@ -408,10 +408,11 @@ def load(directory: Any, shardings: Any, *, mask: Any = None, ts_specs: Any = No
         return _plugin.load(p, like=template, trust=(*_plugin.trust_globs(trust), *_jax_registered()), **options)
     except (ValueError, TypeError) as e:
         # The like= checks speak of like=; here the template is what shardings asked for.
-        text = str(e)
-        if type(e) not in (ValueError, TypeError) or not text.startswith("like=: "):
+        # (`load` puts the file's name first: "<file>: like=: ...")
+        head, sep, rest = str(e).partition("like=: ")
+        if type(e) not in (ValueError, TypeError) or not sep or not (head == "" or head.endswith(": ")):
             raise
-        raise type(e)("treepack.jax.load: " + text[len("like=: "):].replace("like= ", "shardings ")) from None
+        raise type(e)("treepack.jax.load: " + rest.replace("like= ", "shardings ")) from None
 
 
 def nonblocking_load(directory: Any, shardings: Any, *, mask: Any = None, ts_specs: Any = None,

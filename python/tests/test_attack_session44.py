@@ -647,6 +647,7 @@ def test_tensors_sharing_a_storage_must_agree_where_they_overlap(attack, case):
 
 
 def test_many_overlapping_views_of_one_storage_load_in_linear_time(attack):
+    pytest.importorskip("torch")
     # A file treepack itself writes: T overlapping strided views of one storage (base[i:i+3:2]).
     # Each view's check marked every earlier view in a fresh mask: T = 2000 took 9 s, 8000 more
     # than a minute (session 45's attacker). Now each check costs log T plus its own bytes.

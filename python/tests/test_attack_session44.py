@@ -653,7 +653,7 @@ def test_many_overlapping_views_of_one_storage_load_in_linear_time(attack):
     # than a minute (session 45's attacker). Now each check costs log T plus its own bytes.
     code = textwrap.dedent("""
         import torch, treepack
-        T = 30_000
+        T = 12_000
         base = torch.arange(T + 2, dtype=torch.float32)
         treepack.save({f"v{i}": base[i:i + 3:2] for i in range(T)}, LOC)
         back = treepack.load(LOC)

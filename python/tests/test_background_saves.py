@@ -70,16 +70,16 @@ def test_a_checkpoint_step_is_an_int_0_or_more(tmp_path, step, error):
 def test_a_repository_location_is_never_cut_at_an_at_sign(tmp_path):
     # `exp@lr0.001` and `exp@lr0.01` (not existing yet) both opened the repository `exp`:
     # one run's retention would have deleted the other's checkpoints.
-    first = treepack.CheckpointManager(tmp_path / "exp@lr0.001")
+    first = treepack.CheckpointManager(tmp_path / "sweep" / "exp@lr0.001")  # (its parent made too)
     second = treepack.CheckpointManager(tmp_path / "exp@lr0.01")
     first.save(1, {"x": 1}, blocking=True)
     second.save(1, {"x": 2}, blocking=True)
     assert first.restore() == {"x": 1} and second.restore() == {"x": 2}
-    assert not (tmp_path / "exp").exists()
+    assert not (tmp_path / "exp").exists() and not (tmp_path / "sweep" / "exp").exists()
     # Opened without create, such a location is refused rather than read as another's tree.
-    with pytest.raises(ValueError, match=r"reads as tree `b` of a repository at `.*sweep`.*create its folder first"):
-        treepack.Repository(tmp_path / "sweep@b")
-    assert not (tmp_path / "sweep").exists()
+    with pytest.raises(ValueError, match=r"reads as tree `b` of a repository at `.*other`.*create its folder first"):
+        treepack.Repository(tmp_path / "other@b")
+    assert not (tmp_path / "other").exists()
     # A plain save to a path read as LOCATION@NAME says so.
     with pytest.raises(FileNotFoundError, match=r"`.*model@v2` was read as tree `v2` of a repository at `.*model`"):
         treepack.save({"x": 1}, tmp_path / "model@v2")

@@ -49,7 +49,7 @@ class Repository:
                 and not os.path.lexists(self.location):
             # A path with an `@` that does not exist yet reads as LOCATION@NAME (a tree of the
             # repository before the `@`): made first, the folder is this repository's.
-            os.mkdir(self.location)
+            os.makedirs(self.location)
         self._core = _core.Repository(self.location, _opts(storage_options), create)
 
     def tree(self, name: str) -> str:

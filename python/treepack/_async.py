@@ -79,18 +79,21 @@ def submit(fn: Callable[[], Any], location: str, pool: Optional[concurrent.futur
             finally:
                 _WRITING.key = outer
 
+        inline = False
         try:
             fut = (pool or _executor()).submit(run)
         except RuntimeError as e:
             if "shutdown" not in str(e):
                 raise
-            fut = concurrent.futures.Future()
-            fut.set_running_or_notify_cancel()
-            try:
-                fut.set_result(run())
-            except BaseException as err:  # noqa: BLE001 (the handle raises it)
-                fut.set_exception(err)
+            fut, inline = concurrent.futures.Future(), True
         _LAST[key] = fut
+    if inline:
+        # (here, outside the lock: the save's progress callback may begin another)
+        fut.set_running_or_notify_cancel()
+        try:
+            fut.set_result(run())
+        except BaseException as err:  # noqa: BLE001 (the handle raises it)
+            fut.set_exception(err)
 
     def ended(f: "concurrent.futures.Future[Any]") -> None:
         with _STATE_LOCK:

@@ -59,9 +59,10 @@ rm -f "$rust_status"
   rc=0
   cargo test --features treepack/failpoints >"$rust_log" 2>&1 || rc=$?
   if [ -n "${TREEPACK_LEAN_DISK:-}" ]; then
-    # CI (.ci/run) gives the Python stage the disk the test binaries held (~2 GB); the CLI binary
-    # the Python suite runs, target/debug/treepack, is a hard link and stays.
-    find target/debug/deps -maxdepth 1 -type f -perm -u+x -delete
+    # CI (.ci/run) gives the Python stage the disk the dev profile held (~3-4 GB: test binaries,
+    # rlibs, clippy's metadata). Only the CLI binary the Python suite runs stays:
+    # target/debug/treepack is a hard link, so it outlives deps/.
+    find target/debug -mindepth 1 -maxdepth 1 ! -name treepack -exec rm -rf {} +
   fi
   echo "$rc" >"$rust_status"
 ) &

@@ -47,6 +47,11 @@ cargo package -p treepack-format -p treepack-store -p treepack -p treepack-alloc
 stage "wait for the background installs: local object-store servers (moto, azurite, gcp-storage-emulator), the Python requirements, Chromium"
 finish_setup
 stage "cargo test --no-run (core + CLI, with the failpoints feature the crash tests need)"
+if [ -n "${TREEPACK_LEAN_DISK:-}" ]; then
+  # CI: test binaries without line tables, about half their size (~1.2 GB over ~45 binaries,
+  # on disk beside the wheels' build); a failing assertion still names its file and line.
+  export CARGO_PROFILE_DEV_DEBUG=0
+fi
 cargo test --features treepack/failpoints --no-run
 # The tests themselves mostly wait (child processes killed at random moments, the object-store
 # servers, sleeps), so they run in the background while the wheels compile in release (another

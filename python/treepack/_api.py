@@ -81,14 +81,22 @@ def _opts(storage_options: StorageOptions) -> Any:
 class UntrustedTypeError(TreepackError):
     """A file names types that are not allowed. ``.types`` maps each type name to its key paths."""
 
-    def __init__(self, path: str, types: Dict[str, List[str]]) -> None:
+    def __init__(self, path: str, types: Dict[str, List[str]], omitted: Sequence[str] = ()) -> None:
         self.types = types
         lines = [f"  {name}: at {', '.join(paths[:5])}{' …' if len(paths) > 5 else ''}" for name, paths in sorted(types.items())]
+        hints = _untrusted_hints(types)
+        if omitted:
+            # Trusting those would only lead to the next refusal: the static data is not there.
+            many = len(omitted) > 1
+            hints.insert(0, f"  - the node{'s' if many else ''} at {', '.join(omitted[:5])} {'were' if many else 'was'} "
+                         f"saved with omit_static=True: {'their' if many else 'its'} static data (code) was left out, and "
+                         "trust= cannot bring it back: load with like=<an instance> (say like=TrainState.create(...)), "
+                         "whose static data is used")
         super().__init__(
             f"{path}: refusing to load types that are not trusted (nothing was imported or constructed):\n"
             + "\n".join(lines)
             + "\nTo load them:\n"
-            + "\n".join(_untrusted_hints(types))
+            + "\n".join(hints)
             + "\nor pass on_missing='placeholder' to get treepack.Unloadable objects in their place."
         )
 
@@ -319,9 +327,25 @@ def _metadata_json(metadata: Any) -> str:
 def _check(reader: Any, p: str, trust: Tuple[str, ...], allow_pickle: bool, on_missing: str, select: Any = None, keep: Any = None) -> None:
     # Only what this load will construct is audited: records and custom objects with nothing
     # selected below them come back as None (never built), so they need no trust.
-    bad = _codec.audit(reader.types(_codec.AUDIT_FREE, select, keep, _codec.PARTIAL_TYPES), trust, allow_pickle)
+    types = reader.types(_codec.AUDIT_FREE, select, keep, _codec.PARTIAL_TYPES)
+    bad = _codec.audit(types, trust, allow_pickle)
     if bad and on_missing == "error":
-        raise UntrustedTypeError(p, bad)
+        raise UntrustedTypeError(p, bad, _static_omitted(types))
+
+
+def _static_omitted(types: List[Tuple[str, str, Optional[str], str]]) -> List[str]:
+    """The key paths of custom nodes saved without their static data (``"static": "omitted"``
+    in a ``jax.pytree`` node's data, docs/jax.md), which only ``like=`` loads."""
+    out = []
+    for _kind, _t, data, path in types:
+        if data and '"omitted"' in data:
+            try:
+                d = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(d, dict) and d.get("static") == "omitted":
+                out.append(f"`{path}`" if path else "the root")
+    return out
 
 
 def load(

@@ -129,12 +129,23 @@ class _Folder:
 
     def __init__(self, root: str, where: str) -> None:
         self.root, self.where = os.path.abspath(root), where
+        # A file of its own (flax.serialization's msgpack, `model.msgpack`): read as the one
+        # aggregated `checkpoint` file of an older Orbax checkpoint, and nothing beside it.
+        self.single = stat.S_ISREG(os.lstat(self.root).st_mode) if os.path.lexists(self.root) else False
         self.snapshot, self.bytes = self._walk()
 
     def refuse(self, what: str) -> ForeignFileError:
         return ForeignFileError(f"{self.where}: {what}")
 
     def _walk(self) -> Tuple[Dict[str, Tuple[str, int, int]], int]:
+        if self.single:
+            try:
+                st = os.lstat(self.root)
+            except OSError as e:
+                raise self.refuse(f"cannot be read: {e.strerror}") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise self.refuse("is no longer a regular file")
+            return {"checkpoint": ("f", st.st_dev, st.st_ino)}, st.st_size
         snap: Dict[str, Tuple[str, int, int]] = {}
         total = 0
         stack = [("", 0)]
@@ -185,8 +196,8 @@ class _Folder:
         pre = f"{rel}/" if rel else ""
         return sorted(r[len(pre):] for r in self.snapshot if r.startswith(pre) and "/" not in r[len(pre):])
 
-    def read(self, rel: str, limit: int = _MAX_JSON) -> bytes:
-        """The bytes of the file ``rel``, opened one segment at a time with ``O_NOFOLLOW``."""
+    def _open_in(self, rel: str) -> int:
+        """A descriptor of the file ``rel``, opened one segment at a time with ``O_NOFOLLOW``."""
         parts = rel.split("/")
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -194,13 +205,25 @@ class _Folder:
                 nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                 os.close(fd)
                 fd = nxt
-            f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+            return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise self.refuse(f"`{rel}` passes a symbolic link; no link in a checkpoint is followed") from None
             raise self.refuse(f"`{rel}` cannot be opened: {e.strerror}") from None
         finally:
             os.close(fd)
+
+    def read(self, rel: str, limit: int = _MAX_JSON) -> bytes:
+        """The bytes of the file ``rel``, opened one segment at a time with ``O_NOFOLLOW``."""
+        if self.single:
+            if rel != "checkpoint":
+                raise self.refuse(f"`{rel}`: a msgpack file holds no other file")
+            try:
+                f = os.open(self.root, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as e:
+                raise self.refuse(f"cannot be opened: {e.strerror}") from None
+        else:
+            f = self._open_in(rel)
         with os.fdopen(f, "rb") as fh:
             st = os.fstat(fh.fileno())
             if not stat.S_ISREG(st.st_mode):
@@ -665,7 +688,10 @@ def _walk(x: Any, path: Path, fn: Callable[[Any, Path], Any]) -> Any:
         return out
     if isinstance(x, (list, tuple)):
         items = [_walk(v, path + (i,), fn) for i, v in enumerate(x)]
-        return tuple(items) if isinstance(x, tuple) else items
+        if isinstance(x, tuple):
+            # (a like= template's namedtuples stay namedtuples)
+            return type(x)._make(items) if hasattr(type(x), "_make") else tuple(items)
+        return items
     return fn(x, path)
 
 

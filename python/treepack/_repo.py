@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as _dt
+import operator
 import os
 import re
 import threading
@@ -116,16 +117,20 @@ _STEP = re.compile(r"^step-(\d+)$")
 
 
 def _step(step: Any) -> int:
-    """A step number: an int 0 or more (a numpy integer too); anything else is refused rather
-    than saved under a name ``all_steps`` would not list (``step--1``) or another step's
-    (``7.9`` as ``step-7``)."""
-    if isinstance(step, bool) or not isinstance(step, int):
+    """A step number: an int 0 or more (a numpy integer, or a 0-d integer array such as a
+    TrainState's ``step``, too); anything else is refused rather than saved under a name
+    ``all_steps`` would not list (``step--1``) or another step's (``7.9`` as ``step-7``)."""
+    if not isinstance(step, int) or isinstance(step, bool):
+        dtype = getattr(step, "dtype", None)
         try:
-            import numpy as np
-        except ImportError:  # pragma: no cover (numpy is a dependency)
-            np = None
-        if np is None or not isinstance(step, np.integer):
+            # Integers alone have __index__ (numpy integers, 0-d integer numpy/JAX/torch arrays).
+            n = None if isinstance(step, bool) or getattr(dtype, "kind", None) == "b" or str(dtype) == "torch.bool" \
+                else operator.index(step)
+        except TypeError:
+            n = None
+        if n is None:
             raise TypeError(f"a checkpoint step is an int, not {type(step).__name__} ({step!r})")
+        step = n
     if step < 0:
         raise ValueError(f"a checkpoint step is 0 or more, not {step}")
     return int(step)
@@ -246,6 +251,7 @@ class CheckpointManager:
         step = _step(step)
         if self.save_interval_steps is not None and not force and not self.should_save(step):
             return None
+        self._check_kept(step)
         name = self.name(step)
         with self._lock:
             self._wait(deliver=True)
@@ -277,6 +283,26 @@ class CheckpointManager:
         # save or wait.
         out = SaveHandle(future, self.repository.tree(name), delivered=self._delivered)
         return out if not blocking else out.result()
+
+    def _check_kept(self, step: int) -> None:
+        """Refuse a step the retention would delete as soon as it committed (older than the
+        ``keep_last`` newest steps): the save would report success and leave nothing. (With
+        ``keep_last=0`` that is what is asked for the steps ``keep_every`` does not keep.)"""
+        if not self.keep_last or (self.keep_every is not None and step % self.keep_every == 0):
+            return
+        last = self._last_step if self._progress_pid == os.getpid() else None
+        if last is not None and step > last:
+            return  # the newest so far: kept (no listing for the usual save)
+        newer = {s for s in self.all_steps() if s > step}
+        if last is not None and last > step:
+            newer.add(last)  # (being saved)
+        if len(newer) >= self.keep_last:
+            shown = sorted(newer)[-self.keep_last:]
+            raise ValueError(
+                f"{self.repository.location}: step {step} is older than the {self.keep_last} newest steps "
+                f"({', '.join(map(str, shown))}): keep_last={self.keep_last} would delete it as soon as it was saved. "
+                "Keep it with keep_last=None or keep_every, or save it to another repository"
+            )
 
     def _delivered(self, e: BaseException) -> None:
         with self._cond:
@@ -337,7 +363,16 @@ class CheckpointManager:
             step = self.latest_step()
             if step is None:
                 raise FileNotFoundError(f"{self.repository.location}: no checkpoint saved yet")
-        return self.repository.load(self.name(step), **load_kwargs)
+        try:
+            return self.repository.load(self.name(step), **load_kwargs)
+        except FileNotFoundError as e:
+            steps = self.all_steps()
+            if _step(step) in steps:
+                raise
+            listed = ", ".join(map(str, steps[-10:])) if steps else "none"
+            raise FileNotFoundError(
+                f"{self.repository.location}: no step {step} (the steps kept: {'…, ' if len(steps) > 10 else ''}{listed})"
+            ) from e
 
     def close(self) -> None:
         """Finish the save in progress."""

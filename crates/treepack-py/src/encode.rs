@@ -168,40 +168,22 @@ impl<'py> Encoder<'py> {
     }
 
     pub(crate) fn key(&self, k: &Bound<'py, PyAny>) -> PyResult<Key> {
-        // Nearly every key is a str: checked first.
-        if let Some(s) = exact::<PyString>(k) {
-            return match s.to_str() {
-                Ok(v) => Ok(Key::Str(v.to_owned())),
-                Err(_) => Err(self.err(format!(
-                    "dict key {} is not valid Unicode (it holds lone surrogates, as os.fsdecode makes of file \
-                     names that are not UTF-8), and keys are stored as JSON strings: re-encode it \
-                     (os.fsencode(key).decode('latin-1')), or keep such names in values, where they are kept",
-                    k.repr().map(|r| r.to_string()).unwrap_or_default()
-                ))),
-            };
-        }
-        if k.is_none() {
-            return Ok(Key::None);
-        }
-        if k.is_exact_instance_of::<PyBool>() {
-            return Ok(Key::Bool(k.extract()?));
-        }
-        if k.is_exact_instance_of::<PyInt>() {
-            return Ok(Key::Int(int_of(k)?));
-        }
-        if k.is_exact_instance_of::<PyFloat>() {
-            return Ok(Key::Float(k.extract()?));
-        }
-        if let Some(t) = exact::<PyTuple>(k) {
-            return Ok(Key::Tuple(t.iter().map(|x| self.key(&x)).collect::<PyResult<_>>()?));
-        }
-        Err(self.err(format!(
-            "dict key {} of type {} is not supported in a dict whose first key is a str (keys may be str, int, \
-             float, bool, None or tuples of these; a dict whose first key is another value, such as a numpy \
-             integer or an enum member, is stored with its keys as values)",
-            k.repr().map(|r| r.to_string()).unwrap_or_default(),
-            k.get_type().name().map(|n| n.to_string()).unwrap_or_default()
-        )))
+        key_of(k).map_err(|e| match e {
+            NoKey::NotUnicode(k) => self.err(format!(
+                "dict key {} is not valid Unicode (it holds lone surrogates, as os.fsdecode makes of file \
+                 names that are not UTF-8), and keys are stored as JSON strings: re-encode it \
+                 (os.fsencode(key).decode('latin-1')), or keep such names in values, where they are kept",
+                k.repr().map(|r| r.to_string()).unwrap_or_default()
+            )),
+            NoKey::Unsupported(k) => self.err(format!(
+                "dict key {} of type {} is not supported in a dict whose first key is a str (keys may be str, int, \
+                 float, bool, None or tuples of these; a dict whose first key is another value, such as a numpy \
+                 integer or an enum member, is stored with its keys as values)",
+                k.repr().map(|r| r.to_string()).unwrap_or_default(),
+                k.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            )),
+            NoKey::Failed(e) => e,
+        })
     }
 
     pub(crate) fn child(&mut self, seg: PathStep<'py>, v: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
@@ -890,4 +872,42 @@ pub(crate) fn block_chunk_shape(
 #[pyfunction]
 pub(crate) fn check_compression(policy: &str) -> PyResult<()> {
     treepack::save::Compression::parse(policy).map(drop).map_err(py_err)
+}
+
+/// Why a dict key has no [`Key`], with the (innermost) Python value at fault.
+pub(crate) enum NoKey<'py> {
+    /// A str with lone surrogates: keys are JSON strings.
+    NotUnicode(Bound<'py, PyAny>),
+    /// Not a str, int, float, bool, None or a tuple of these (subclasses included).
+    Unsupported(Bound<'py, PyAny>),
+    Failed(PyErr),
+}
+
+/// The one conversion of a Python dict key to the file's [`Key`]: the encoder stores it, and
+/// error messages print a key path with it (`structure.rs`), so both spell a key alike.
+#[inline]
+pub(crate) fn key_of<'py>(k: &Bound<'py, PyAny>) -> Result<Key, NoKey<'py>> {
+    // Nearly every key is a str: checked first.
+    if let Some(s) = exact::<PyString>(k) {
+        return match s.to_str() {
+            Ok(v) => Ok(Key::Str(v.to_owned())),
+            Err(_) => Err(NoKey::NotUnicode(k.clone())),
+        };
+    }
+    if k.is_none() {
+        return Ok(Key::None);
+    }
+    if k.is_exact_instance_of::<PyBool>() {
+        return k.extract().map(Key::Bool).map_err(NoKey::Failed);
+    }
+    if k.is_exact_instance_of::<PyInt>() {
+        return int_of(k).map(Key::Int).map_err(NoKey::Failed);
+    }
+    if k.is_exact_instance_of::<PyFloat>() {
+        return k.extract().map(Key::Float).map_err(NoKey::Failed);
+    }
+    if let Some(t) = exact::<PyTuple>(k) {
+        return t.iter().map(|x| key_of(&x)).collect::<Result<_, _>>().map(Key::Tuple);
+    }
+    Err(NoKey::Unsupported(k.clone()))
 }

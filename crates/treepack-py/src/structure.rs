@@ -335,27 +335,8 @@ pub(crate) fn structure_one_pass<'py>(
 /// The key-path text of a dict key or a name met while building (docs/format.md, "Key paths"),
 /// for errors: a key of a type a path cannot name is shown by its `repr`.
 fn key_path_text(k: &Bound<'_, PyAny>) -> String {
-    fn key_of(k: &Bound<'_, PyAny>) -> Option<Key> {
-        if let Ok(s) = k.cast::<PyString>() {
-            return s.to_str().ok().map(|s| Key::Str(s.to_owned()));
-        }
-        if k.is_none() {
-            return Some(Key::None);
-        }
-        if k.is_exact_instance_of::<PyBool>() {
-            return k.extract().ok().map(Key::Bool);
-        }
-        if k.is_exact_instance_of::<PyInt>() {
-            return int_of(k).ok().map(Key::Int);
-        }
-        if k.is_exact_instance_of::<PyFloat>() {
-            return k.extract().ok().map(Key::Float);
-        }
-        let t = k.cast::<PyTuple>().ok()?;
-        t.iter().map(|x| key_of(&x)).collect::<Option<Vec<_>>>().map(Key::Tuple)
-    }
-    match key_of(k) {
-        Some(key) => treepack::format::keypath::Segment::Key(key).text(),
-        None => k.repr().map(|r| r.to_string()).unwrap_or_else(|_| "?".into()),
+    match crate::encode::key_of(k) {
+        Ok(key) => treepack::format::keypath::Segment::Key(key).text(),
+        Err(_) => k.repr().map(|r| r.to_string()).unwrap_or_else(|_| "?".into()),
     }
 }

@@ -50,7 +50,8 @@ fn folder_format(path: &std::path::Path) -> Option<&'static str> {
     // An Orbax checkpoint, or a CheckpointManager's folder of steps (or a step's folder of
     // items) with one a level down.
     const ORBAX: [&str; 3] = ["_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt"];
-    let orbax = |p: &std::path::Path| ORBAX.iter().any(|f| p.join(f).is_file());
+    // (An older Orbax or flax checkpoint is one aggregated `checkpoint` file of msgpack.)
+    let orbax = |p: &std::path::Path| ORBAX.iter().any(|f| p.join(f).is_file()) || msgpack_map(&p.join("checkpoint"));
     if orbax(path) {
         return Some("orbax");
     }
@@ -134,7 +135,8 @@ const EXTENSIONS: [(&str, &str); 9] = [
 /// the Python package. With `read` (a source), a local file or folder that exists is known by
 /// its content: a folder holding `treepack.json` is a treepack tree, one holding `zarr.json`,
 /// `.zgroup` or `.zarray` a Zarr store, `pytreedef.json` JAX's `pytree_serialization`, Orbax's
-/// metadata files (or a folder of such folders) Orbax, `.metadata` and `.distcp` files a torch
+/// metadata files or a msgpack `checkpoint` file (or a folder of such folders) Orbax, a
+/// `.msgpack` file of a msgpack map (`flax.serialization.to_bytes`) Orbax too, `.metadata` and `.distcp` files a torch
 /// distributed checkpoint, a Hugging Face index of shards or one `model.safetensors` /
 /// `pytorch_model.bin` those; a file by its first bytes (`GGUF`, (`TREEPACK`, numpy's
 /// `\x93NUMPY`, a zip whose first entry is `<name>/data.pkl` (a `torch.save` checkpoint; torch's
@@ -154,6 +156,18 @@ pub fn detect_format(path: &str, read: bool) -> &'static str {
     EXTENSIONS.iter().find(|(e, _)| *e == ext).map_or("treepack", |(_, f)| f)
 }
 
+/// Whether `path` is a file whose first byte begins a msgpack map (fixmap, map 16, map 32): what
+/// `flax.serialization.to_bytes` writes, and an older Orbax checkpoint's aggregated `checkpoint`
+/// file. (A TensorFlow checkpoint folder's `checkpoint` is text.)
+fn msgpack_map(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut b = [0u8; 1];
+    // (Not through a link: the reader refuses links, and a FIFO's open would block.)
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
+        && std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut b)).is_ok()
+        && matches!(b[0], 0x80..=0x8f | 0xde | 0xdf)
+}
+
 /// The format a local file or folder's content shows, if a rule of [`detect_format`] knows it.
 pub(crate) fn content_format(path: &std::path::Path) -> Option<&'static str> {
     use std::io::{Read, Seek, SeekFrom};
@@ -169,6 +183,9 @@ pub(crate) fn content_format(path: &std::path::Path) -> Option<&'static str> {
             return Some("treepack");
         }
         return folder_format(path);
+    }
+    if !meta.is_file() {
+        return None; // (a FIFO would block the open below until someone wrote to it)
     }
     let mut f = std::fs::File::open(path).ok()?;
     let mut head = [0u8; 512];
@@ -198,6 +215,12 @@ pub(crate) fn content_format(path: &std::path::Path) -> Option<&'static str> {
     }
     if head.starts_with(HDF5) {
         return Some("hdf5");
+    }
+    // flax.serialization's msgpack, by its extension and its first byte (a map).
+    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("msgpack"))
+        && matches!(head.first(), Some(0x80..=0x8f | 0xde | 0xdf))
+    {
+        return Some("orbax");
     }
     if n >= 9 && head[8] == b'{' {
         let len = u64::from_le_bytes(head[..8].try_into().ok()?);

@@ -216,3 +216,29 @@ fn a_corrupt_chunk_fails_a_conversion_to_safetensors() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3, "no staging file left");
     // t, ok, back
 }
+
+/// flax's msgpack (a `.msgpack` file, or an older Orbax folder's `checkpoint` file) is known by
+/// its first byte, a msgpack map; a TensorFlow folder's text `checkpoint`, a link, and a FIFO
+/// (whose open would block) are not taken for one.
+#[test]
+fn msgpack_checkpoints_are_known_by_their_first_byte() {
+    use treepack::convert::detect_format;
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    std::fs::write(p("model.msgpack"), b"\x82\xa1a\x01\xa1b\x02").unwrap();
+    std::fs::write(p("text.msgpack"), b"not msgpack").unwrap();
+    for (folder, byte) in [("old", &b"\xde\x00\x01"[..]), ("tf", &b"model_checkpoint_path: \"x\"\n"[..])] {
+        std::fs::create_dir(p(folder)).unwrap();
+        std::fs::write(dir.path().join(folder).join("checkpoint"), byte).unwrap();
+    }
+    std::fs::create_dir(p("linked")).unwrap();
+    std::os::unix::fs::symlink(p("old/checkpoint"), dir.path().join("linked").join("checkpoint")).unwrap();
+    assert_eq!(detect_format(&p("model.msgpack"), true), "orbax");
+    assert_eq!(detect_format(&p("text.msgpack"), true), "treepack");
+    assert_eq!(detect_format(&p("old"), true), "orbax");
+    assert_eq!(detect_format(&p("tf"), true), "treepack");
+    assert_eq!(detect_format(&p("linked"), true), "treepack");
+    let fifo = p("pipe.msgpack");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert_eq!(detect_format(&fifo, true), "treepack"); // (returned: did not block on the open)
+}

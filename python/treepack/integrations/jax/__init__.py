@@ -80,8 +80,10 @@ def _arrays(options: Dict[str, Any]) -> Callable[[Any, Dict[str, Any]], Any]:
 def _like(request: Any, reader: Any, like: Any, structure: Any) -> Any:
     if not applies(like):
         return _plugin.DECLINE
+    select = request.select
     return load_like(reader, like, structure, request.decoder, _plugin.np_dtype,
-                     lambda subtrees, nodes: request.audit_built(reader, subtrees, nodes), request.mmap, request.verify)
+                     lambda subtrees, nodes: request.audit_built(reader, subtrees, nodes), request.mmap, request.verify,
+                     [select] if isinstance(select, str) else select)
 
 
 def _save(tree: Any, p: str, prepare: Callable[[Any], Any], write_opts: Dict[str, Any],

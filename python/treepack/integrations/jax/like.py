@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -14,7 +15,10 @@ from ... import _plugin
 from ..._plugin import LeafInfo, StructNode
 from . import staging
 from .arrays import KEY as _KEY, weak
-from .pytrees import _NATIVE, _key_text, register
+from .pytrees import _NATIVE, PYTREE, _key_text, register
+
+#: Stored custom types whose children are a mapping's items (a like= mapping walks into them).
+_MAPPINGS = frozenset({"py.ordereddict", "py.counter", "py.defaultdict"})
 
 
 def applies(like: Any) -> bool:
@@ -258,14 +262,154 @@ def _read_target(reader: Any, info: Any, target: Any, where: str, np_dtype: Call
     return _read_sharded(reader, [p], np_dtype, verify)[0] if isinstance(p, _Sharded) else p
 
 
-def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callable[[str], Any],
-              audit: Callable[[List[str], List[Tuple[str, str, Optional[str], str]]], None], mmap: bool, verify: bool) -> Any:
-    """``load(path, like=template)`` for JAX templates (see the module docstring). ``audit(paths,
-    nodes)`` checks trust for the stored subtrees loaded whole and the ``StructNode``s built."""
-    import jax
+def _class_of_stored(stored: Any) -> str:
+    if isinstance(stored, (dict, list, tuple)):
+        return type(stored).__name__
+    if stored.type_name == PYTREE:
+        return str((stored.data or {}).get("class"))
+    return stored.type_name
+
+
+def _class_of(node: Any) -> str:
+    t = type(node)
+    return t.__name__ if t in (dict, list, tuple) else f"{t.__module__}:{t.__qualname__}"
+
+
+def _describe(stored: Any) -> str:
+    if isinstance(stored, (list, tuple)):
+        return f"a {type(stored).__name__} of {len(stored)} items"
+    if isinstance(stored, dict):
+        return "a dict"
+    if isinstance(stored, LeafInfo):
+        return _plugin.describe_stored(stored)
+    if stored.type_name == PYTREE:
+        return f"a JAX pytree node {_class_of_stored(stored)}"
+    return _plugin.describe_stored(stored)
+
+
+def _same_class(node: Any, stored: Any, where: str) -> None:
+    """A template container against the stored one (its pytree rebuilds the template's class).
+    A stored record or custom node names its class, and the template must be of it: a different
+    optimizer's state, or a plain dict for a stored TrainState, never loads. A stored dict (or
+    list, tuple) names none: a template class whose children are its keys (its items) may give
+    it one (an Orbax checkpoint holds a TrainState as a dict)."""
+    if isinstance(stored, dict):
+        ok = not isinstance(node, (list, tuple)) or (isinstance(node, tuple) and hasattr(node, "_fields"))
+    elif isinstance(stored, (list, tuple)):
+        ok = isinstance(node, (list, tuple))
+    elif isinstance(node, StructNode):
+        ok = (node.kind, node.type_name) == (stored.kind, stored.type_name)
+    elif stored.type_name in _MAPPINGS:
+        ok = isinstance(node, Mapping)  # (an OrderedDict: its items are the children)
+    else:
+        ok = _class_of(node) == _class_of_stored(stored)
+    if not ok:
+        have = f"a {type(node).__name__}" if type(node) in (dict, list, tuple) else _class_of(node)
+        if isinstance(node, StructNode):
+            have = f"{node.kind} {node.type_name}"
+        raise ValueError(f"like=: at {where} the file holds {_describe(stored)} but like= has {have}; build like= "
+                         "from the same classes (load_structure(path) shows what the file holds)")
+
+
+def _any_kept(stored: Any, keep: Set[str]) -> bool:
+    stack = [stored]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, dict):
+            stack.extend(s.values())
+        elif isinstance(s, (list, tuple)):
+            stack.extend(s)
+        elif isinstance(s, LeafInfo) or not s.children:
+            if s.path in keep:
+                return True
+        else:
+            stack.extend(s.children.values())
+    return False
+
+
+def _stored_keys(stored: Any) -> List[Any]:
+    if isinstance(stored, dict):
+        return list(stored)
+    if isinstance(stored, (list, tuple)):
+        return list(range(len(stored)))
+    return list(stored.children)
+
+
+def _is_template_leaf(x: Any) -> bool:
+    return isinstance(x, StructNode) and not x.children
+
+
+def _plan_tree(like: Any, structure: Any, keep: Optional[Set[str]]) -> List[Tuple[str, Any, Any]]:
+    """(key path, stored node, template leaf) for every leaf of ``like`` in pytree order, the
+    template checked against the file node by node first: every container must be the stored
+    one's class with the same keys or items (a key the file holds that the template lacks is
+    refused unless ``select`` leaves it out, ``keep``), so that nothing stored is silently
+    dropped or rebuilt as another class. A template leaf outside ``keep`` is skipped (False)."""
     import jax.tree_util as jtu
 
     _where, deref = _plugin.where, _plugin.deref
+    plan: List[Tuple[str, Any, Any]] = []
+
+    def walk(node: Any, stored: Any, path: str) -> None:
+        if node is None:
+            return  # (no leaves: a skipped subtree, as a mask's None)
+        stored = deref(stored, structure)[0]
+        kids = [] if _is_template_leaf(node) else jtu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
+        if _is_template_leaf(node) or (len(kids) == 1 and kids[0][0] == ()):
+            if keep is not None and not _any_kept(stored, keep):
+                node = False  # (left out by select)
+            elif isinstance(node, jax_types()) and not isinstance(stored, LeafInfo):
+                raise ValueError(f"like=: at {_where(path)} like= has a JAX array but the file holds {_describe(stored)}")
+            plan.append((path, stored, node))
+            return
+        if isinstance(stored, LeafInfo):
+            if not kids and stored.kind == "none":
+                return  # (an empty state, EmptyState(): Orbax writes None for it; nothing to load)
+            raise ValueError(f"like=: at {_where(path)} like= has {_class_of(node)} but the file holds {_plugin.describe_stored(stored)}")
+        _same_class(node, stored, _where(path))
+        names = _stored_keys(stored)
+        if isinstance(stored, (list, tuple)) and len(kids) != len(stored):
+            raise ValueError(f"like=: at {_where(path)} the file holds {_describe(stored)} but like= has {len(kids)}")
+        used = set()
+        for i, (keys, child) in enumerate(kids):
+            if isinstance(stored, (list, tuple)):
+                # By position, whatever the template's keys (a namedtuple's are its field names).
+                s, p = stored[i], _plugin.child_path(path, i)
+            else:
+                s, p = _stored_child(stored, keys[0], path)
+            used.add(p)
+            walk(child, s, p)
+        left = [n for n in names if _plugin.child_path(path, n) not in used]
+        if keep is not None:
+            kids_of = stored if isinstance(stored, (dict, list, tuple)) else stored.children
+            left = [n for n in left if _any_kept(kids_of[n], keep)]
+        if left:
+            raise ValueError(
+                f"like=: at {_where(path)} like= has no key {left[0]!r}, which the file holds"
+                + (f" (and {len(left) - 1} more)" if len(left) > 1 else "")
+                + "; set it to None in like= to skip it, or leave it out with select="
+            )
+
+    walk(like, structure, "")
+    return plan
+
+
+def jax_types() -> Tuple[type, ...]:
+    import jax
+
+    return (jax.Array, jax.ShapeDtypeStruct, Placement)
+
+
+def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callable[[str], Any],
+              audit: Callable[[List[str], List[Tuple[str, str, Optional[str], str]]], None], mmap: bool, verify: bool,
+              select: Optional[List[str]] = None) -> Any:
+    """``load(path, like=template)`` for JAX templates (see the module docstring). ``audit(paths,
+    nodes)`` checks trust for the stored subtrees loaded whole and the ``StructNode``s built;
+    ``select`` (key path patterns) leaves the template's other leaves out (None)."""
+    import jax
+    import jax.tree_util as jtu
+
+    _where = _plugin.where
     register()
     nodes: List[Tuple[str, str, Optional[str], str]] = []
     stack = [like]
@@ -274,15 +418,10 @@ def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callab
             if isinstance(n, StructNode):
                 nodes.append((n.kind, n.type_name, json.dumps(n.data) if n.data is not None else None, n.path))
                 stack.extend(n.children.values())
-    flat, treedef = jtu.tree_flatten_with_path(like, is_leaf=lambda x: isinstance(x, StructNode) and not x.children)
+    _, treedef = jtu.tree_flatten(like, is_leaf=_is_template_leaf)
     # Find every like leaf's stored node first: a wrong template fails before anything is read.
-    plan: List[Tuple[str, Any, Any]] = []
-    for keys, leaf in flat:
-        stored, path = structure, ""
-        for k in keys:
-            # Through a ref place (one object at two places): on in the object it names.
-            stored, path = _stored_child(deref(stored, structure)[0], k, path)
-        plan.append((path, deref(stored, structure)[0], leaf))
+    keep = reader.convert_keep(list(select)) if select else None
+    plan = _plan_tree(like, structure, keep)
     subtrees: List[str] = []
     for path, stored, leaf in plan:
         if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct, Placement)) and leaf is not None and leaf is not False:

@@ -390,9 +390,25 @@ def test_pydantic_models_come_back_as_saved_checked_by_their_validators(tmp_path
     # Coercion: a model made without validation keeps what it held (pickle does).
     back = _rt(Loose.model_construct(f=1), tmp_path)
     assert back.f == 1 and type(back.f) is int
-    # The file must still satisfy the model's rules.
-    with pytest.raises(ValueError, match="(?s)do not validate as .*Positive.*must be positive"):
+    # The file must still satisfy the model's rules: a save refuses a model that breaks them
+    # (session 46), and a file that says so anyway (written past that check) does not load.
+    with pytest.raises(TypeError, match="(?s)cannot save `<root>`: the fields of this .*Positive do not validate again"):
         _rt(Positive.model_construct(n=-1), tmp_path)
+    with pytest.raises(ValueError, match="(?s)do not validate as .*Positive.*must be positive"):
+        _rt_crafted(Positive.model_construct(n=-1), tmp_path)
+
+
+def _rt_crafted(x, tmp_path):
+    """``_rt`` of what a crafted file could say: saved past the save's own validation."""
+    from treepack.integrations import pydantic as tp_pydantic
+
+    real = tp_pydantic._validate
+    tp_pydantic._validate = lambda cls, kids: None
+    try:
+        treepack.save(x, tmp_path / "t", overwrite=True)
+    finally:
+        tp_pydantic._validate = real
+    return treepack.load(tmp_path / "t", trust=TRUST)
 
 
 # ------------------------------------------------------------------ JAX: weak types
@@ -747,8 +763,10 @@ def test_pydantic_values_must_be_of_their_fields_types(tmp_path):
         n: int
 
     o = Outer.model_construct(sub={"a": "7"}, n="12")  # (what a crafted file could say)
-    with pytest.raises(ValueError, match="do not validate"):
+    with pytest.raises(TypeError, match="do not validate again"):
         _rt(o, tmp_path)
+    with pytest.raises(ValueError, match="do not validate"):
+        _rt_crafted(o, tmp_path)
     good = Outer(sub=Sub(a=7), n=12)
     assert _rt(good, tmp_path) == good
 

@@ -625,15 +625,9 @@ class LoadRequest:
         """The audit of a load that builds the stored subtrees at ``subtrees`` whole and the
         records and custom nodes ``nodes`` ((kind, type, data JSON, path), from ``like``'s
         ``StructNode``s; the template's own containers are the caller's objects)."""
-        roots = set(subtrees)
-
-        def under(path: str) -> bool:
-            if "" in roots or path in roots:
-                return True
-            parts = path.split("/")
-            return any("/".join(parts[:i]) in roots for i in range(1, len(parts)))
-
-        types = [t for t in reader.types(_codec.AUDIT_FREE) if under(t[3])] + list(nodes)
+        # Those subtrees, and the objects their refs name wherever those are stored.
+        stored = reader.types_within(list(dict.fromkeys(subtrees)), _codec.AUDIT_FREE) if subtrees else []
+        types = list(stored) + list(nodes)
         bad = _codec.audit(types, self.trust, self.allow_pickle)
         if bad and self.on_missing == "error":
             raise UntrustedTypeError(self.path, bad)

@@ -76,6 +76,10 @@ class Prepared:
         """Write this process's part of a save shared by processes (packs only); returns the
         part's manifest, for ``commit_parts``."""
 
+def key_text(key: Any) -> str:
+    """The key-path segment of a dict key (or of a field's or child's name), as the core writes
+    it: ``~i1`` for the int key 1, ``a~1b`` for ``"a/b"``, ``~e`` for ``""``."""
+
 def few_same_hashes(items: Iterable[Any], what: str) -> List[Any]:
     """``items`` as a list, unless so many of them share a hash (strings aside) that a set or
     dict of them would take time quadratic in their number: then a ``ValueError`` naming
@@ -200,6 +204,7 @@ class Reader:
         self, skip: Optional[Set[str]] = None, select: Optional[List[str]] = None, keep: Optional[Set[str]] = None,
         partial_types: Optional[AbstractSet[str]] = None,
     ) -> List[Tuple[str, str, Optional[str], str]]: ...
+    def types_within(self, paths: List[str], skip: Optional[Set[str]] = None) -> List[Tuple[str, str, Optional[str], str]]: ...
     def array_types(self) -> List[Tuple[str, str]]: ...
     def read_into(self, path: str, out: Any, verify: bool = True, slice: Optional[str] = None) -> None: ...
     def read_many_into(self, items: Sequence[Tuple[str, Any]], verify: bool = True) -> None: ...

@@ -132,9 +132,15 @@ class _Folder:
         # A file of its own (flax.serialization's msgpack, `model.msgpack`): read as the one
         # aggregated `checkpoint` file of an older Orbax checkpoint, and nothing beside it.
         self.single = stat.S_ISREG(os.lstat(self.root).st_mode) if os.path.lexists(self.root) else False
+        if os.path.islink(self.root) and os.path.isfile(self.root):
+            raise self.refuse(f"is a symbolic link (to `{os.readlink(self.root)}`): a checkpoint file is read only "
+                              "where it is, no link is followed; pass the file it names")
         self.snapshot, self.bytes = self._walk()
 
     def refuse(self, what: str) -> ForeignFileError:
+        if self.single:
+            # (the reasons name the aggregated file of a folder; here that is the file itself)
+            what = what.replace("`checkpoint`: ", "").replace("`checkpoint`", "it")
         return ForeignFileError(f"{self.where}: {what}")
 
     def _walk(self) -> Tuple[Dict[str, Tuple[str, int, int]], int]:
@@ -230,7 +236,11 @@ class _Folder:
                 raise self.refuse(f"`{rel}` is not a regular file")
             if st.st_size > limit:
                 raise self.refuse(f"`{rel}` holds {st.st_size} bytes, more than the {limit} a metadata file may")
-            data = fh.read(st.st_size + 1)  # (a buffer of what is there, not of the limit)
+            try:
+                data = fh.read(st.st_size + 1)  # (a buffer of what is there, not of the limit)
+            except MemoryError:
+                raise self.refuse(f"`{rel}` holds {st.st_size} bytes, more than this process can read into "
+                                  "memory (the format is read whole)") from None
             if len(data) > limit:
                 raise self.refuse(f"`{rel}` grew past the {limit} bytes a metadata file may hold while it was read")
             return data

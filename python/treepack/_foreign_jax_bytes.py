@@ -14,6 +14,13 @@ from ._errors import ForeignFileError as RefusedError
 
 Refuse = Callable[[str], Exception]  # the refusal of the checkpoint (naming it), for a reason
 MAX_DEPTH = 400  # nesting, as the Zarr/HDF5 reader bounds it
+#: Tuples (msgpack extension 4) nested in tuples: each level is another msgpack decode on the C
+#: stack, a large frame (200 levels overflowed 8 MiB); flax's own are a few levels deep.
+MAX_TUPLE_DEPTH = 32
+#: Maps and arrays a msgpack file may hold: a byte can begin an empty one, and each costs a
+#: Python object of ~60-200 bytes, so without a bound a file of S bytes could take ~200·S.
+#: Real checkpoints hold far fewer (their bytes are arrays).
+MAX_CONTAINERS_BASE = 1_000_000
 
 
 class Flat:
@@ -95,6 +102,18 @@ def unpack(data: bytes, refuse: Refuse, rel: str) -> Any:
         raise ImportError("reading an older Orbax checkpoint (its aggregated `checkpoint` file) needs msgpack: "
                           "pip install msgpack") from None
     depth = [0]
+    containers = [MAX_CONTAINERS_BASE + len(data) // 16]
+
+    def count(x: Any) -> Any:
+        if isinstance(x, dict) and not all(type(k) is str for k in x):
+            # (flax writes str keys; msgpack would give bytes keys as bytes, which no key path names)
+            raise refuse(f"`{rel}`: a map with a key that is not a string ({next(k for k in x if type(k) is not str)!r:.40})")
+        containers[0] -= 1
+        if containers[0] < 0:
+            raise refuse(f"`{rel}`: more maps and arrays than a checkpoint of {len(data)} bytes holds "
+                         f"({MAX_CONTAINERS_BASE + len(data) // 16}): refused, as it would take memory out of "
+                         "proportion to its size")
+        return x
 
     def ext(code: int, payload: bytes) -> Any:
         if code in (1, 3):
@@ -107,16 +126,18 @@ def unpack(data: bytes, refuse: Refuse, rel: str) -> Any:
             return complex(c[0], c[1])
         if code == 4:
             depth[0] += 1
-            if depth[0] > MAX_DEPTH:
-                raise refuse(f"`{rel}`: tuples nested more than {MAX_DEPTH} deep")
+            if depth[0] > MAX_TUPLE_DEPTH:
+                raise refuse(f"`{rel}`: tuples nested more than {MAX_TUPLE_DEPTH} deep")
             try:
-                return tuple(msgpack.unpackb(payload, raw=False, ext_hook=ext))
+                return tuple(msgpack.unpackb(payload, raw=False, ext_hook=ext, object_hook=count, list_hook=count,
+                                             timestamp=3))
             finally:
                 depth[0] -= 1
         raise refuse(f"`{rel}`: a msgpack extension of type {code}, which flax and Orbax do not write")
 
     try:
-        return msgpack.unpackb(data, raw=False, ext_hook=ext)
+        # (msgpack's own timestamps, which flax does not write, as UTC datetimes)
+        return msgpack.unpackb(data, raw=False, ext_hook=ext, object_hook=count, list_hook=count, timestamp=3)
     except RefusedError:
         raise
     except Exception as e:  # msgpack's errors for damaged data are of many kinds (StackError, ValueError…)
@@ -136,7 +157,10 @@ def _dtype_named(name: str) -> Optional[np.dtype]:
             dt = np.dtype(getattr(ml_dtypes, name))
         except (ImportError, AttributeError, TypeError):
             return None
-    return None if dt.hasobject or dt.kind in "OUSMm" or dt.names else dt
+    # (not long double: no file format treepack writes holds it)
+    long = (dt.kind == "f" and dt.itemsize > 8) or (dt.kind == "c" and dt.itemsize > 16)
+    # (ml_dtypes' types are of kind "V" too: only numpy's raw void is refused)
+    return None if dt.hasobject or dt.kind in "OUSMm" or dt.type is np.void or dt.names or long else dt
 
 
 def _ext_array(msgpack: Any, payload: bytes, refuse: Refuse, rel: str) -> np.ndarray:
@@ -163,13 +187,19 @@ def unchunk(x: Dict[str, Any], refuse: Refuse, where: str) -> np.ndarray:
     shape, chunks = x.get("shape"), x.get("chunks")
     if not (isinstance(shape, dict) and isinstance(chunks, dict)):
         raise refuse(f"{where}: a chunked array without shape and chunks")
+    if len(shape) > 64:  # (numpy's limit; checked before any product of them)
+        raise refuse(f"{where}: a chunked array of {len(shape)} dimensions (numpy holds at most 64)")
     dims = [shape.get(str(i)) for i in range(len(shape))]
     parts = [chunks.get(str(i)) for i in range(len(chunks))]
-    if not all(type(n) is int and n >= 0 for n in dims) or not all(isinstance(p, np.ndarray) and p.ndim == 1 for p in parts):
+    if not all(type(n) is int and 0 <= n < 1 << 63 for n in dims) \
+            or not all(isinstance(p, np.ndarray) and p.ndim == 1 for p in parts):
         raise refuse(f"{where}: a chunked array whose shape or chunks are not what flax writes")
     count = 1
     for n in dims:
         count *= n
     if not parts or sum(p.size for p in parts) != count or len({p.dtype for p in parts}) != 1:
         raise refuse(f"{where}: a chunked array whose chunks do not make its shape {dims}")
-    return np.concatenate(parts).reshape(dims)
+    try:
+        return np.concatenate(parts).reshape(dims)
+    except ValueError as e:  # (a shape numpy cannot make, of no elements: [0, 2**62, 2**62])
+        raise refuse(f"{where}: a chunked array of shape {dims}, which numpy cannot make: {e}") from None

@@ -319,6 +319,9 @@ class ForeignReader:
     def types(self, *_: Any, **__: Any) -> List[Tuple[str, str, Optional[str], str]]:
         return []
 
+    def types_within(self, *_: Any, **__: Any) -> List[Tuple[str, str, Optional[str], str]]:
+        return []  # (another tool's file: nothing in it is built from a class)
+
     def metadata(self) -> Optional[str]:
         return json.dumps(self._metadata) if self._metadata is not None else None
 

@@ -186,7 +186,8 @@ class View:
 
     def _read(self, path: str) -> Any:
         trust, allow_pickle, on_missing = self._opts
-        bad = _codec.audit([t for t in self._r.types(_codec.AUDIT_FREE) if t[3] == path or t[3].startswith(path + "/") or not path], trust, allow_pickle)
+        # What the read builds: the subtree, and the objects its refs name wherever they are.
+        bad = _codec.audit(self._r.types_within([path], _codec.AUDIT_FREE), trust, allow_pickle)
         if bad and on_missing == "error":
             raise UntrustedTypeError(path, bad)
         dec = _codec.Decoder(trust, allow_pickle, on_missing == "placeholder")

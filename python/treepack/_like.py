@@ -21,6 +21,7 @@ key path: a wrong ``like`` never silently loads nothing.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 from collections.abc import MutableMapping
 
@@ -43,7 +44,10 @@ def keep_paths(like: Any, structure: Any, into: Optional[Dict[str, Any]] = None)
     the ``meta`` device, a model built without memory, has nothing to read into: its leaf is
     loaded, and the integration makes it a tensor in ``graft``.)"""
     keep: Set[str] = set()
-    _walk(like, structure, "", keep, into, structure)
+    try:
+        _walk(like, structure, "", keep, into, structure)
+    finally:
+        forget_places()
     return keep
 
 
@@ -57,22 +61,51 @@ def deref(stored: Any, root: Any) -> Tuple[Any, Optional[str]]:
     return stored, None
 
 
+class _Places:
+    """The stored nodes of one structure by key path, found one segment at a time: a list's
+    item by its index, a dict's entry or an object's child by the key-path text of its key
+    (each container's keys indexed once, when first gone through). A ref's object is found in
+    time linear in its path, however many refs a load meets (walking from the root each time
+    made 8000 refs take 50 s)."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.keys: Dict[int, Tuple[Any, Dict[str, Any]]] = {}  # id -> (the container: kept alive, its index)
+
+    def find(self, path: str) -> Any:
+        node = self.root
+        for seg in path.split("/") if path else ():
+            if isinstance(node, (list, tuple)):
+                if not (seg.isascii() and seg.isdigit()) or int(seg) >= len(node):
+                    return None
+                node = node[int(seg)]
+                continue
+            if isinstance(node, LeafInfo):
+                return None
+            entry = self.keys.get(id(node))
+            if entry is None:
+                items = node.items() if isinstance(node, dict) else getattr(node, "children", {}).items()
+                entry = self.keys[id(node)] = (node, {_core.key_text(k): v for k, v in items})
+            if seg not in entry[1]:
+                return None
+            node = entry[1][seg]
+        return node
+
+
+_PLACES = threading.local()
+
+
+def forget_places() -> None:
+    """Let go of the index of the last structure (a load's ``like=`` checks are done)."""
+    _PLACES.last = None
+
+
 def _find(root: Any, path: str) -> Any:
     """The stored node at the key path ``path`` of the structure ``root`` (None if not found)."""
-    stack = [(root, "")]
-    while stack:
-        node, p = stack.pop()
-        if p == path:
-            return node
-        if p and not path.startswith(p + "/"):
-            continue
-        if isinstance(node, dict):
-            stack.extend((v, _child(p, k)) for k, v in node.items())
-        elif isinstance(node, (list, tuple)):
-            stack.extend((v, _child(p, i)) for i, v in enumerate(node))
-        elif hasattr(node, "children") and not isinstance(node, LeafInfo):
-            stack.extend((v, _child(p, k)) for k, v in node.children.items())
-    return None
+    places = getattr(_PLACES, "last", None)
+    if places is None or places.root is not root:
+        places = _PLACES.last = _Places(root)
+    return places.find(path)
 
 
 def graft(out: Any, like: Any, stored: Any, done: Set[int], options: Optional[Dict[str, Any]] = None) -> Any:
@@ -146,7 +179,16 @@ def _where(path: str) -> str:
 
 
 def _child(path: str, key: Any) -> str:
-    seg = str(key).replace("~", "~0").replace("/", "~1")
+    """The key path of a list or tuple item (``key``: its index) or of a record field or custom
+    node's child (``key``: its name), as the core writes it (``_core.key_text``)."""
+    seg = str(key) if type(key) is int else _core.key_text(key)
+    return f"{path}/{seg}" if path else seg
+
+
+def _key_child(path: str, key: Any) -> str:
+    """The key path of a dict entry: its key of any type (the int key 1 is ``~i1``, where the
+    item 1 of a list is ``1``)."""
+    seg = _core.key_text(key)
     return f"{path}/{seg}" if path else seg
 
 
@@ -162,20 +204,33 @@ def _kind(stored: Any) -> str:
     return f"a {type(stored).__name__}"
 
 
-def _take_all(stored: Any, keep: Set[str]) -> None:
-    stack = [stored]
+def _take_all(stored: Any, keep: Set[str], path: Optional[str] = None) -> None:
+    """Keep the whole stored subtree ``stored`` (at ``path``; default: its own ``path``): its
+    leaves, its objects without children, and its empty lists and dicts, places of their own (a
+    record whose fields are ``[]`` is built from them)."""
+    if path is None:
+        path = getattr(stored, "path", None)
+    stack = [(stored, path)]
     while stack:
-        s = stack.pop()
+        s, p = stack.pop()
         if isinstance(s, LeafInfo):
             keep.add(s.path)
         elif isinstance(s, dict):
-            stack.extend(s.values())
+            if not s and p is not None:
+                keep.add(p)
+            # (paths only for what may be an empty container: leaves and objects hold theirs)
+            stack.extend((v, _key_child(p, k) if p is not None and isinstance(v, (dict, list, tuple)) else None)
+                         for k, v in s.items())
         elif isinstance(s, (list, tuple)):
-            stack.extend(s)
+            if not s and p is not None:
+                keep.add(p)
+            stack.extend((v, _child(p, i) if p is not None and isinstance(v, (dict, list, tuple)) else None)
+                         for i, v in enumerate(s))
         elif not s.children:
             keep.add(s.path)
         else:
-            stack.extend(s.children.values())
+            stack.extend((v, _child(s.path, k) if isinstance(v, (dict, list, tuple)) else None)
+                         for k, v in s.children.items())
 
 
 def _stored_dtype(info: Any) -> np.dtype:
@@ -224,7 +279,7 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
     if like is None or like is False:
         return
     if like is True:
-        _take_all(stored, keep)
+        _take_all(stored, keep, path)
         return
     stored, ref_place = deref(stored, root)
     if ref_place is not None:
@@ -275,8 +330,10 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
         if not isinstance(like, Mapping):
             raise ValueError(f"like=: at {_where(path)} the file holds a dict but like= has {_short_type(like)}")
         _same_keys(list(stored), list(like.keys()), path)
+        if not stored:
+            keep.add(path)  # (an empty dict is a place of its own, as a leaf)
         for k, v in stored.items():
-            _walk(like[k], v, _child(path, k), keep, into, root)
+            _walk(like[k], v, _key_child(path, k), keep, into, root)
         return
     if isinstance(stored, (list, tuple)):
         if not isinstance(like, type(stored)):
@@ -287,6 +344,8 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
             raise ValueError(
                 f"like=: at {_where(path)} the file holds a {type(stored).__name__} of {len(stored)} items but like= has {len(like)}"
             )
+        if not stored:
+            keep.add(path)
         for i, (l, s) in enumerate(zip(like, stored)):
             _walk(l, s, _child(path, i), keep, into, root)
         return
@@ -300,7 +359,7 @@ def _walk(like: Any, stored: Any, path: str, keep: Set[str], into: Optional[Dict
         if (stored.data or {}).get("attrs") is True and "__dict__" in stored.children:
             # The mapping's own attributes (a state_dict's `_metadata`): loaded whole, whatever
             # the template holds.
-            _take_all(stored.children["__dict__"], keep)
+            _take_all(stored.children["__dict__"], keep, _child(path, "__dict__"))
             attrs_only = {k: v for k, v in stored.children.items() if k != "__dict__"}
             _same_keys(list(attrs_only), list(like_children), path)
             for k, v in attrs_only.items():
@@ -384,6 +443,7 @@ def _short_type(x: Any) -> str:
 # The helpers integrations use (through treepack._plugin).
 where = _where
 child_path = _child
+key_child_path = _key_child
 describe_stored = _kind
 stored_dtype = _stored_dtype
 take_all = _take_all

@@ -22,7 +22,7 @@ from ._codec import PARTIAL_TYPES, encode_array, encode_other, np_dtype, resolve
 from ._codec.files import files_of
 from ._errors import ForeignFileError
 from ._lazy import LazyArray, slice_text
-from ._like import check_subtree, child_path, deref, describe_stored, stored_dtype, take_all, where
+from ._like import check_subtree, child_path, deref, describe_stored, forget_places, key_child_path, stored_dtype, take_all, where
 from ._parts import SHARDS, Piece
 from ._parts import commit as commit_parts
 from ._registry import DECLINE, Description, SaveRun, SaveState, integrate, save_state, trust_globs
@@ -31,7 +31,7 @@ from ._structure import LeafInfo, StructNode
 __all__ = [
     "DECLINE", "Description", "ForeignFileError", "LazyArray", "LeafInfo", "LoadRequest", "PARTIAL_TYPES", "Piece",
     "SHARDS", "SaveRun", "SaveState", "StructNode", "check_subtree", "child_path", "commit_parts", "core", "deref",
-    "describe_stored", "encode_array", "encode_other", "executor", "files_of", "integrate", "integrate_nodes", "load",
+    "describe_stored", "encode_array", "forget_places", "encode_other", "executor", "files_of", "integrate", "integrate_nodes", "key_child_path", "load",
     "load_structure", "np_dtype", "resolve_class", "save",
     "save_state", "slice_text", "staging", "storage_options", "stored_dtype", "take_all", "trust_globs", "tz_data", "tz_from",
     "where", "zone_key",

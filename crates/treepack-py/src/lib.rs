@@ -269,6 +269,7 @@ fn _release_deferred(py: Python<'_>) -> (usize, usize) {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(few_same_hashes, m)?)?;
+    m.add_function(wrap_pyfunction!(structure::key_text, m)?)?;
     m.add_function(wrap_pyfunction!(prepare, m)?)?;
     m.add_function(wrap_pyfunction!(commit_parts, m)?)?;
     m.add_function(wrap_pyfunction!(release_snapshot_buffers, m)?)?;

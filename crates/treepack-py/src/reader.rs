@@ -59,6 +59,41 @@ impl Reader {
         Ok(out)
     }
 
+    /// The records and custom nodes a load of the subtrees at `paths` builds whole: those
+    /// inside them, and inside the objects their refs name wherever those are stored (and so on,
+    /// through their refs); not the objects around them, which such a load does not build (a
+    /// `like=` template's own containers, a lazy view's `read` of a part). Each at the path it
+    /// is met by. What the audit of such a load checks.
+    #[pyo3(signature = (paths, skip=None))]
+    pub(crate) fn types_within(&self, paths: Vec<String>, skip: Option<HashSet<String>>) -> PyResult<Vec<TypeRow>> {
+        let root = &self.inner.manifest().root;
+        let skip = skip.unwrap_or_default();
+        let mut places: HashMap<u64, (String, &Tree<Entry>)> = HashMap::new();
+        shared_places(root, &mut vec![], &mut places);
+        let mut todo: Vec<(String, &Tree<Entry>)> = vec![];
+        for p in paths {
+            let prefix = treepack::format::keypath::split(&p).map_err(py_err)?.join("/");
+            todo.push((prefix, treepack::format::keypath::resolve_place(root, &p).map_err(py_err)?));
+        }
+        let (mut out, mut seen) = (vec![], HashSet::new());
+        while let Some((prefix, node)) = todo.pop() {
+            let mut rows = vec![];
+            walk_types(node, &mut vec![], &skip, &mut rows);
+            for mut row in rows {
+                row.3 = match (prefix.is_empty(), row.3.is_empty()) {
+                    (true, _) => row.3,
+                    (false, true) => prefix.clone(),
+                    (false, false) => format!("{prefix}/{}", row.3),
+                };
+                out.push(row);
+            }
+            let mut refs = vec![];
+            ids_in(node, &mut seen, &mut refs);
+            todo.extend(refs.into_iter().filter_map(|id| places.get(&id).cloned()));
+        }
+        Ok(out)
+    }
+
     /// Load the tree (or the subtree at `subpath`).
     #[pyo3(signature = (decode_other, np_dtype, select=None, keep=None, mmap=false, verify=true, subpath=None, progress=None, partial_types=None))]
     #[allow(clippy::too_many_arguments)]
@@ -340,6 +375,48 @@ pub(crate) fn root_hash_arg(expected: &str) -> PyResult<treepack::Hash32> {
             "expect_root must be 64 hex digits (as treepack.root_hash returns), not {expected:?}"
         ))
     })
+}
+
+/// Each shared object's place: its key path and its node, by id.
+fn shared_places<'a>(
+    t: &'a Tree<Entry>,
+    path: &mut Vec<treepack::format::model::Step<'a>>,
+    out: &mut HashMap<u64, (String, &'a Tree<Entry>)>,
+) {
+    if let Tree::Shared { id, .. } = t {
+        out.insert(*id, (treepack::format::keypath::steps_text(path), t));
+    }
+    for (step, c) in t.children() {
+        if matches!(c, Tree::Leaf(_) | Tree::Ref(_)) {
+            continue;
+        }
+        path.push(step);
+        treepack::format::model::grow(|| shared_places(c, path, out));
+        path.pop();
+    }
+}
+
+/// The ids `t` refers to that are not in `seen` (added to it, with the ids of the objects
+/// inside `t`, whose places are walked already).
+fn ids_in(t: &Tree<Entry>, seen: &mut HashSet<u64>, refs: &mut Vec<u64>) {
+    match t {
+        Tree::Ref(id) => {
+            if seen.insert(*id) {
+                refs.push(*id);
+            }
+        }
+        Tree::Shared { id, node } => {
+            seen.insert(*id);
+            treepack::format::model::grow(|| ids_in(node, seen, refs));
+        }
+        _ => {
+            for (_, c) in t.children() {
+                if !matches!(c, Tree::Leaf(_)) {
+                    treepack::format::model::grow(|| ids_in(c, seen, refs));
+                }
+            }
+        }
+    }
 }
 
 pub(crate) fn walk_types<'a>(

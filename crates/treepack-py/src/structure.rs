@@ -332,6 +332,15 @@ pub(crate) fn structure_one_pass<'py>(
     without_gc(py, || structure_here(py, &make_node, false, run))
 }
 
+/// The key-path segment of a dict key (a str: of a record field's or a child's name too), as
+/// the core writes it (docs/format.md, "Key paths": `~i1` for the int key 1, `~2` for `*`):
+/// the Python side builds the paths of a structure's places with it, so that they are the ones
+/// the core compares them with.
+#[pyfunction]
+pub(crate) fn key_text(key: &Bound<'_, PyAny>) -> String {
+    key_path_text(key)
+}
+
 /// The key-path text of a dict key or a name met while building (docs/format.md, "Key paths"),
 /// for errors: a key of a type a path cannot name is shown by its `repr`.
 fn key_path_text(k: &Bound<'_, PyAny>) -> String {

@@ -259,3 +259,51 @@ fn selects_that_match_nothing_are_refused_and_selects_go_through_refs() {
     assert!(matches!(&obj[0].1, Tree::Leaf(Leaf::Array(_))), "{back:?}");
     assert!(matches!(items[1].1, Tree::Ref(0)), "{back:?}");
 }
+
+/// A record whose fields are an empty list and an empty dict is selected by them, as by any
+/// field: a partial load builds it (it came back `None`: only leaves counted as selected), with
+/// a shared object elsewhere (the selection closed over refs) or without.
+#[test]
+fn records_of_empty_containers_come_back_from_a_partial_load() {
+    let record = || Tree::Record {
+        type_name: "m:Messages".into(),
+        fields: vec![("messages".into(), Node::list([])), ("meta".into(), Node::dict::<&str>([]))],
+    };
+    let obj = Node::dict([("k", Node::from(1i64))]);
+    for with_refs in [false, true] {
+        let mut call = vec![("inputs", record()), ("x", Node::from(1i64))];
+        if with_refs {
+            call.push(("a", Tree::Shared { id: 0, node: Box::new(obj.clone()) }));
+            call.push(("b", Tree::Ref(0)));
+        }
+        let (_d, p) = saved(&Node::dict([("call", Node::dict(call)), ("other", Node::from(2i64))]));
+        for sel in [&["call"][..], &["call/**"], &["call/inputs"], &["call/inputs/messages"]] {
+            let opts = LoadOptions { select: sel.iter().map(|s| s.to_string()).collect(), ..Default::default() };
+            let back = load(&p, &opts).unwrap();
+            let Tree::Dict(items) = &back else { panic!() };
+            let Tree::Dict(call) = &items[0].1 else { panic!("{back:?}") };
+            assert!(call[0].1.exact_eq(&record()), "refs {with_refs}, {sel:?}: {back:?}");
+        }
+    }
+}
+
+/// A read of a ref place whose object lies inside another object it refers to (a traced call
+/// that holds its parent, which lists it): the object once, its parent's list refers to it.
+#[test]
+fn a_ref_place_inside_the_object_it_refers_to_reads_whole() {
+    // {"calls": [<shared 0: {"children": [<shared 1: {"parent": ref 0}>]}>, ref 1]}
+    let child = Tree::Shared { id: 1, node: Box::new(Node::dict([("parent", Tree::Ref(0))])) };
+    let root = Tree::Shared { id: 0, node: Box::new(Node::dict([("children", Node::list([child]))])) };
+    let (_d, p) = saved(&Node::dict([("calls", Node::list([root, Tree::Ref(1)]))]));
+    let r = open(&p).unwrap();
+    // The child first (id 0), its parent inside it (id 1), whose list refers back to it.
+    let want = Tree::Shared {
+        id: 0,
+        node: Box::new(Node::dict([(
+            "parent",
+            Tree::Shared { id: 1, node: Box::new(Node::dict([("children", Node::list([Tree::Ref(0)]))])) },
+        )])),
+    };
+    let got = r.get("calls/1").unwrap();
+    assert!(got.exact_eq(&want), "{got:?}");
+}

@@ -338,6 +338,12 @@ def _unsupported_hint(obj: Any) -> Optional[str]:
     torch module, a scikit-learn estimator: said by the integration of their framework)."""
     h = reg.for_type(type(obj))
     hint = h.hint(obj) if h is not None and h.hint is not None else None
+    if hint is None and isinstance(obj, BaseException):
+        # (a traced call's error: its traceback holds frames, code state no file keeps)
+        hint = ("an exception holds a traceback of live frames: save what it says instead, e.g. {'type': "
+                "type(e).__qualname__, 'args': e.args, 'traceback': traceback.format_exception(e)}; or register "
+                "the exception class with treepack.register(cls, name=..., to_data=..., from_data=...), or pass "
+                "allow_pickle=True")
     if hint is None and callable(getattr(type(obj), "to_dict", None)):
         # (transformers' GenerationConfig, and many a library's settings object)
         name = type(obj).__qualname__
@@ -578,7 +584,8 @@ class Decoder:
             return f
         if t == "py.pickle":
             if not self.allow_pickle:
-                return self._missing(data.get("class", t), None, "pickled object (pass allow_pickle=True)")
+                cls = data.get("class") if isinstance(data, dict) else None
+                return self._missing(cls if isinstance(cls, str) else t, None, "pickled object (pass allow_pickle=True)")
             return pickle.loads(kids["data"])
         build = reg.node_decoder(t)
         if build is not None:  # an integration's (py.dataframe, py.image, py.torch_sparse…)

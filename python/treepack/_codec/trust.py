@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import _registry as reg
 from .builtins import BUILTIN_TYPES
@@ -18,14 +18,19 @@ def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ..
     def flag(name: str, path: str) -> None:
         bad.setdefault(name, []).append(path or "<root>")
 
+    def named_class(data_json: Optional[str]) -> Any:
+        # (a file's data may be any JSON: a class named by anything but a str names none)
+        data = json.loads(data_json) if data_json else None
+        cls = data.get("class", "?") if isinstance(data, dict) else "?"
+        return cls if isinstance(cls, str) else f"{cls!r:.40}"
+
     for kind, name, data_json, path in types:
         if kind == "record":
             if not (reg.is_trusted(name, trust) or reg.lookup_name(name)):
                 flag(name, path)
         elif name == "py.pickle":
             if not allow_pickle:
-                cls = json.loads(data_json).get("class", "?") if data_json else "?"
-                flag(f"pickle ({cls})", path)
+                flag(f"pickle ({named_class(data_json)})", path)
         elif name == "py.defaultdict":
             data = (json.loads(data_json) or {}) if data_json else {}
             factory = data.get("factory") if isinstance(data, dict) else None
@@ -35,7 +40,7 @@ def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ..
                 flag(factory, path)
         elif name in ("py.enum", "py.mapping"):
             data = (json.loads(data_json) or {}) if data_json else {}
-            cls = data.get("class", "?") if isinstance(data, dict) else "?"
+            cls = named_class(data_json)
             if not (reg.is_trusted(cls, trust) or reg.lookup_name(cls)):
                 flag(cls, path)
             # (a defaultdict subclass's factory)
@@ -45,7 +50,7 @@ def audit(types: List[Tuple[str, str, Optional[str], str]], trust: Tuple[str, ..
             elif factory and factory not in FACTORIES and not (reg.is_trusted(factory, trust) or reg.lookup_name(factory)):
                 flag(factory, path)
         elif name in reg.CLASS_NODES:  # an integration's node naming its class (jax.pytree)
-            cls = (json.loads(data_json) or {}).get("class", "?") if data_json else "?"
+            cls = named_class(data_json)
             if not (reg.is_trusted(cls, trust) or reg.lookup_name(cls)):
                 flag(cls, path)
         elif name.startswith("py."):

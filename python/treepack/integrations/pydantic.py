@@ -1,7 +1,8 @@
 """pydantic models as records: saved like dataclasses (a record named ``module:qualname`` holding
 the model's fields, then any extra fields the model allows), rebuilt, when the class is trusted,
 from the stored values once ``model_validate`` has checked them (the model's validators run on
-what the file says; what comes back is what was saved). Used only when
+what the file says; what comes back is what was saved). A save checks the same, so that a model
+whose fields do not validate again is refused rather than saved never to load. Used only when
 pydantic is already imported: ``import treepack`` never imports it."""
 
 from __future__ import annotations
@@ -30,6 +31,18 @@ def fields(obj: Any, where: str = "") -> List[Tuple[str, Any]]:
     t = type(obj)
     out = [(name, getattr(obj, name)) for name in t.model_fields]
     out += list((obj.model_extra or {}).items())
+    # A load validates the stored fields (`build`): a model whose own fields do not validate
+    # again (a validator that splits a str, or refuses its own output) would save and then never
+    # load. Refused here, where the user can still fix it.
+    try:
+        _validate(t, dict(out))
+    except Exception as e:  # pydantic.ValidationError is a ValueError; others are the model's own
+        raise TypeError(
+            f"cannot save `{where or '<root>'}`: the fields of this {t.__qualname__} do not validate again as one, "
+            f"and a load validates them (so it could never be loaded): {e}. Make its validators accept what they "
+            "return (a `mode='before'` validator that splits a str should pass a list through), or save "
+            "obj.model_dump() instead"
+        ) from None
     private = getattr(obj, "__pydantic_private__", None) or {}
     out += [(k, v) for k, v in private.items()]
     given = obj.model_fields_set

@@ -38,7 +38,10 @@ pub(super) fn mark_unbuilt<L>(
 ) -> bool {
     let t = t.unshared();
     let object = matches!(t, Tree::Record { .. } | Tree::Custom { .. });
-    if matches!(t, Tree::Leaf(_) | Tree::Ref(_)) || (object && t.children().is_empty()) {
+    let children = t.children();
+    // A place of its own: a leaf, a ref, and anything with no children, an empty list or dict
+    // too (a record whose fields are `[]` and `{}` is selected by them, as by any field).
+    if matches!(t, Tree::Leaf(_) | Tree::Ref(_)) || children.is_empty() {
         let taken = is_selected(sel, opts, path);
         if object && !taken {
             out.insert(path.clone());
@@ -46,7 +49,7 @@ pub(super) fn mark_unbuilt<L>(
         return taken;
     }
     let mut any = false;
-    for (step, c) in t.children() {
+    for (step, c) in children {
         let len = path.len();
         if len > 0 {
             path.push('/');
@@ -166,7 +169,8 @@ pub(super) fn is_selected(sel: &Selection, opts: &LoadOptions, path: &str) -> bo
 ///   all of it, unless its type may be built in part (a DataFrame or a sparse tensor with some
 ///   of its parts `None` cannot be built; an `OrderedDict` of tensors can).
 ///
-/// Records and custom nodes without children are places of their own. `None` when nothing
+/// Nodes without children (records, custom nodes, empty lists, tuples and dicts) are places of
+/// their own. `None` when nothing
 /// changes (a whole load, or nothing to close over).
 ///
 /// # Errors
@@ -234,8 +238,8 @@ pub fn close_selection<L>(subtree: &Tree<L>, prefix: &str, opts: &LoadOptions) -
     Ok(Some(LoadOptions { select: vec![], keep: Some(keep), ..opts.clone() }))
 }
 
-/// One place of a [`close_selection`] walk: a leaf, a ref, or a record/custom node without
-/// children.
+/// One place of a [`close_selection`] walk: a leaf, a ref, or a node without children (a
+/// record, a custom node, an empty list, tuple or dict).
 struct Place {
     path: String,
     /// The shared object a ref names.
@@ -287,6 +291,9 @@ impl Places<'_> {
             }
             Tree::Record { fields, .. } if fields.is_empty() => return self.place(path, None),
             Tree::Custom { children, .. } if children.is_empty() => return self.place(path, None),
+            // (an empty list or dict: the field of a record that selecting it builds)
+            Tree::List(v) | Tree::Tuple(v) if v.is_empty() => return self.place(path, None),
+            Tree::Dict(v) if v.is_empty() => return self.place(path, None),
             _ => {}
         }
         // A node built whole spans all its places; one built in part that holds its attributes
@@ -359,11 +366,17 @@ pub fn localize(root: &Tree<Entry>, place: &Tree<Entry>) -> Tree<Entry> {
             Tree::Custom { type_name, data, children } => {
                 Tree::Custom { type_name: type_name.clone(), data: data.clone(), children: named(children, ids) }
             }
-            Tree::Shared { id, node } => {
-                let new = ids.len() as u64;
-                ids.insert(*id, new);
-                Tree::Shared { id: new, node: Box::new(crate::format::model::grow(|| walk(root, node, ids))) }
-            }
+            // An object already brought here (the place asked for is a ref to an object whose
+            // own place lies inside another object it refers to: a child that holds its
+            // parent): a ref to it, not a second copy.
+            Tree::Shared { id, node } => match ids.get(id) {
+                Some(&new) => Tree::Ref(new),
+                None => {
+                    let new = ids.len() as u64;
+                    ids.insert(*id, new);
+                    Tree::Shared { id: new, node: Box::new(crate::format::model::grow(|| walk(root, node, ids))) }
+                }
+            },
             Tree::Ref(id) => match ids.get(id) {
                 Some(new) => Tree::Ref(*new),
                 // Stored outside: brought here.

@@ -32,7 +32,12 @@ def applies(like: Any) -> bool:
     stack = [like]
     while stack:
         # Into StructNodes too (a template built from load_structure's tree holds them).
-        leaves, td = jtu.tree_flatten(stack.pop(), is_leaf=lambda x: isinstance(x, StructNode))
+        try:
+            leaves, td = jtu.tree_flatten(stack.pop(), is_leaf=lambda x: isinstance(x, StructNode))
+        except (ValueError, TypeError):
+            # Not a pytree JAX can walk (a dict of keys of several types, which JAX cannot sort):
+            # the generic like= takes it.
+            return False
         for x in leaves:
             if isinstance(x, (jax.Array, jax.ShapeDtypeStruct, Placement)):
                 return True
@@ -75,7 +80,7 @@ def _stored_child(stored: Any, k: Any, path: str) -> Tuple[Any, str]:
     for cand in ((k.key,) if isinstance(k, jtu.DictKey) else ()) + (name,):
         try:
             if cand in kids:
-                return kids[cand], _child(path, cand)
+                return kids[cand], (_plugin.key_child_path if isinstance(stored, dict) else _child)(path, cand)
         except TypeError:
             continue
     raise ValueError(
@@ -379,7 +384,8 @@ def _plan_tree(like: Any, structure: Any, keep: Optional[Set[str]]) -> List[Tupl
                 s, p = _stored_child(stored, keys[0], path)
             used.add(p)
             walk(child, s, p)
-        left = [n for n in names if _plugin.child_path(path, n) not in used]
+        step = _plugin.key_child_path if isinstance(stored, dict) else _plugin.child_path
+        left = [n for n in names if step(path, n) not in used]
         if keep is not None:
             kids_of = stored if isinstance(stored, (dict, list, tuple)) else stored.children
             left = [n for n in left if _any_kept(kids_of[n], keep)]
@@ -406,6 +412,15 @@ def load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callab
     """``load(path, like=template)`` for JAX templates (see the module docstring). ``audit(paths,
     nodes)`` checks trust for the stored subtrees loaded whole and the ``StructNode``s built;
     ``select`` (key path patterns) leaves the template's other leaves out (None)."""
+    try:
+        return _load_like(reader, like, structure, dec, np_dtype, audit, mmap, verify, select)
+    finally:
+        _plugin.forget_places()  # (the index of the structure's places its refs were found by)
+
+
+def _load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Callable[[str], Any],
+               audit: Callable[[List[str], List[Tuple[str, str, Optional[str], str]]], None], mmap: bool,
+               verify: bool, select: Optional[List[str]]) -> Any:
     import jax
     import jax.tree_util as jtu
 

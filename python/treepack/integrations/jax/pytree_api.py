@@ -294,7 +294,7 @@ def _match(what: str, td: Any, kids: List[Tuple[Any, Any]], stored: Any, path: s
     out = []
     for key, child in kids:
         sk, sv = by_text[_key_text(key)]
-        out.append((child, sv, _plugin.child_path(path, sk)))
+        out.append((child, sv, (_plugin.key_child_path if isinstance(stored, dict) else _plugin.child_path)(path, sk)))
     return out
 
 
@@ -350,7 +350,7 @@ class _Template:
         self.active.add(id(stored))
         try:
             if isinstance(stored, dict):
-                return {k: child(v, _plugin.child_path(path, k)) for k, v in stored.items()}
+                return {k: child(v, _plugin.key_child_path(path, k)) for k, v in stored.items()}
             if isinstance(stored, (list, tuple)):
                 items = [child(v, _plugin.child_path(path, i)) for i, v in enumerate(stored)]
                 return items if isinstance(stored, list) else tuple(items)

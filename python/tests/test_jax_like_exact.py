@@ -24,8 +24,10 @@ def _adam_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("tx, message", [
-    ("sgd", r"at `opt/0` the file holds a record of type optax\S*:ScaleByAdamState but like= has optax\S*:EmptyState"),
-    ("momentum", r"at `opt/0` the file holds a record of type optax\S*:ScaleByAdamState but like= has \S*TraceState"),
+    ("sgd", r"at `opt/0` like= \(optax\S*:EmptyState; the file holds a record of type optax\S*:ScaleByAdamState\) "
+            r"has no key 'count', which the file holds \(and 2 more\)"),
+    ("momentum", r"at `opt/0` like= has the key 'trace' but the file holds no such key there \(a record of type "
+                 r"optax\S*:ScaleByAdamState"),
     ("lion", r"at `opt` the file holds a tuple of 2 items but like= has 3"),
     ("adamw", r"at `opt` the file holds a tuple of 2 items but like= has 3"),
 ])
@@ -88,23 +90,30 @@ def test_template_classes_against_stored_ones(tmp_path):
     # A plain tuple in the file takes the template's namedtuple, item by item.
     out = treepack.load(d, like={"plain": ZA(jnp.zeros(2), jnp.zeros(2)), "named": ZA(jnp.zeros(2), jnp.zeros(2))})
     assert type(out["plain"]) is ZA and float(out["plain"].z[0]) == 9.0 and float(out["plain"].a[0]) == 1.0
-    # A stored namedtuple is of its class: another class, or a plain container, is refused.
-    with pytest.raises(ValueError, match=r"at `named` the file holds a record of type \S+:ZA but like= has \S+:B"):
+    # Another class with other fields is refused; a template with the same keys gives its own
+    # class (the template's structure), a plain list where the file holds a tuple too.
+    with pytest.raises(ValueError, match=r"at `named` like= has the key 'y' but the file holds no such key there"):
         treepack.load(d, like={"plain": (jnp.zeros(2), jnp.zeros(2)), "named": B(jnp.zeros(2))})
-    with pytest.raises(ValueError, match=r"at `named` the file holds a record of type \S+:ZA but like= has a dict"):
-        treepack.load(d, like={"plain": (jnp.zeros(2), jnp.zeros(2)), "named": {"z": jnp.zeros(2), "a": jnp.zeros(2)}})
+    out = treepack.load(d, like={"plain": [jnp.zeros(2), jnp.zeros(2)], "named": {"z": jnp.zeros(2), "a": jnp.zeros(2)}})
+    assert type(out["plain"]) is list and type(out["named"]) is dict and float(out["named"]["z"][0]) == 1.0
+    with pytest.raises(ValueError, match=r"at `plain` the file holds a tuple of 2 items but like= has a dict"):
+        treepack.load(d, like={"plain": {"0": jnp.zeros(2), "1": jnp.zeros(2)}, "named": ZA(jnp.zeros(2), jnp.zeros(2))})
 
 
-def test_a_dict_template_for_a_stored_train_state_is_refused(tmp_path):
+def test_a_train_state_against_dict_templates(tmp_path):
     pytest.importorskip("flax")
     from flax.training import train_state
 
     state = train_state.TrainState.create(apply_fn=None, params={"w": jnp.ones(2)}, tx=optax.sgd(0.1))
     d = str(tmp_path / "ck")
     treepack.save(state, d, omit_static=True)
-    abstract = {"step": 0, "params": {"w": jnp.ones(2)}, "opt_state": state.opt_state}
-    with pytest.raises(ValueError, match=r"at the root the file holds a JAX pytree node \S+:TrainState but like= has a dict"):
-        treepack.load(d, like=abstract)
+    # A dict lacking a field is refused, naming the class it stands for; with every field it
+    # gives the dict it is (the template's structure: nothing of the file left out).
+    with pytest.raises(ValueError, match=r"at the root like= \(a dict; the file holds a JAX pytree node \S+:TrainState\) "
+                                         r"has no key 'opt_state'"):
+        treepack.load(d, like={"step": 0, "params": {"w": jnp.ones(2)}})
+    as_dict = treepack.load(d, like={"step": 0, "params": {"w": jnp.ones(2)}, "opt_state": state.opt_state})
+    assert type(as_dict) is dict and float(as_dict["params"]["w"][0]) == 1.0
     # Untrusted, the refusal says that only like= brings back what omit_static left out.
     with pytest.raises(treepack.UntrustedTypeError, match=r"the node at the root was saved with omit_static=True: its "
                                                           r"static data \(code\) was left out.*like=<an instance>"):
@@ -178,3 +187,38 @@ def test_flax_msgpack_files_and_older_orbax_folders_load(tmp_path):
             assert np.asarray(v).dtype == np.asarray(w).dtype and np.asarray(v).tobytes() == np.asarray(w).tobytes(), p
         treepack.convert(src, tmp_path / (src.name + ".tpk"))
         assert treepack.load(tmp_path / (src.name + ".tpk"))["step"] == 7
+        # flax writes tuples as dicts of "0", "1", ...: the state itself is the template.
+        back = treepack.load(src, like=state)
+        assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(state)
+        assert type(back["opt"][0]).__name__ == "ScaleByAdamState"
+    with pytest.raises(ValueError, match=r"model.msgpack: like=: at `opt/0` like= has no key 'count'"):
+        treepack.load(tmp_path / "model.msgpack", like={**state, "opt": optax.sgd(0.1).init(params)})
+
+
+def test_a_stored_frozendict_loads_into_a_dict_template(tmp_path):
+    flax_core = pytest.importorskip("flax.core")
+    d = str(tmp_path / "ck")
+    treepack.save({"v": flax_core.FrozenDict({"params": {"w": jnp.ones(3)}})}, d)
+    out = treepack.load(d, like={"v": {"params": {"w": jnp.zeros(3)}}})  # (flax's init gives dicts now)
+    assert type(out["v"]) is dict and float(out["v"]["params"]["w"][0]) == 1.0
+
+
+def test_select_through_a_ref_with_a_template_that_names_only_the_ref(tmp_path):
+    d = str(tmp_path / "ck")
+    shared = {"w": jnp.full(2, 3.0)}
+    treepack.save({"a": shared, "b": shared, "c": jnp.zeros(1)}, d)
+    sds = jax.ShapeDtypeStruct((2,), jnp.float32)
+    # `a` comes only because `b` refers to it: the template need not name it.
+    out = treepack.load(d, like={"b": {"w": sds}}, select=["b/**"])
+    assert float(out["b"]["w"][0]) == 3.0 and set(out) == {"b"}
+    with pytest.raises(ValueError, match="like= has no key 'c'"):
+        treepack.load(d, like={"b": {"w": sds}}, select=["b/**", "c"])
+
+
+def test_a_failed_save_does_not_count_as_a_step_kept(tmp_path):
+    mgr = treepack.CheckpointManager(str(tmp_path / "run"), keep_last=1)
+    mgr.save(10, {"s": 10}, blocking=True)
+    with pytest.raises(TypeError):
+        mgr.save(20, {"s": object()}, blocking=True)  # (refused: nothing committed)
+    mgr.save(15, {"s": 15}, blocking=True)  # newer than every step kept
+    assert mgr.all_steps() == [15]

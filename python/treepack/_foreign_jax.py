@@ -806,7 +806,14 @@ def _load(path: str, fmt: str, kwargs: Dict[str, Any]) -> Any:
         full = _walk(ck.tree, (), lambda x, _p: (values.get(id(x), np.zeros(0, x.dtype)) if isinstance(x, _Array) else x))
         with memory_location() as loc:
             _api.save(full, loc, durable=False)
-            out = _api.load(loc, **kwargs)
+            try:
+                out = _api.load(loc, **kwargs)
+            except (ValueError, TypeError, KeyError) as e:
+                # (a like= or select= that does not fit: said of the checkpoint, not of the copy)
+                first = e.args[0] if e.args and isinstance(e.args[0], str) else None
+                if first is None or str(loc) not in first:
+                    raise
+                raise type(e)(first.replace(str(loc), path)) from None
     # Saved jax.Arrays come back as jax.Arrays where JAX is installed, as torch tensors do where
     # torch is: built by the integration that builds treepack's own (the generic layer imports
     # no framework).

@@ -251,10 +251,10 @@ class CheckpointManager:
         step = _step(step)
         if self.save_interval_steps is not None and not force and not self.should_save(step):
             return None
-        self._check_kept(step)
         name = self.name(step)
         with self._lock:
             self._wait(deliver=True)
+            self._check_kept(step)  # (once the saves before it ended: what they committed counts)
             with self._cond:
                 self._begun += 1
                 ticket = self._begun
@@ -293,9 +293,7 @@ class CheckpointManager:
         last = self._last_step if self._progress_pid == os.getpid() else None
         if last is not None and step > last:
             return  # the newest so far: kept (no listing for the usual save)
-        newer = {s for s in self.all_steps() if s > step}
-        if last is not None and last > step:
-            newer.add(last)  # (being saved)
+        newer = {s for s in self.all_steps() if s > step}  # (committed: no save is in flight now)
         if len(newer) >= self.keep_last:
             shown = sorted(newer)[-self.keep_last:]
             raise ValueError(

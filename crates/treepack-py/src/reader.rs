@@ -70,28 +70,22 @@ impl Reader {
         let skip = skip.unwrap_or_default();
         let mut places: HashMap<u64, (String, &Tree<Entry>)> = HashMap::new();
         shared_places(root, &mut vec![], &mut places);
-        let mut todo: Vec<(String, &Tree<Entry>)> = vec![];
+        let mut w = Within { skip: &skip, walked: HashSet::new(), refs: vec![], out: vec![] };
         for p in paths {
             let prefix = treepack::format::keypath::split(&p).map_err(py_err)?.join("/");
-            todo.push((prefix, treepack::format::keypath::resolve_place(root, &p).map_err(py_err)?));
+            let node = treepack::format::keypath::resolve_place(root, &p).map_err(py_err)?;
+            w.walk(node, &mut vec![], &prefix);
         }
-        let (mut out, mut seen) = (vec![], HashSet::new());
-        while let Some((prefix, node)) = todo.pop() {
-            let mut rows = vec![];
-            walk_types(node, &mut vec![], &skip, &mut rows);
-            for mut row in rows {
-                row.3 = match (prefix.is_empty(), row.3.is_empty()) {
-                    (true, _) => row.3,
-                    (false, true) => prefix.clone(),
-                    (false, false) => format!("{prefix}/{}", row.3),
-                };
-                out.push(row);
+        // Each object once, wherever it is met again (a chain of objects each naming the next
+        // would otherwise be walked once per ref to it: rows quadratic in its length).
+        while let Some(id) = w.refs.pop() {
+            if let Some((path, node)) = places.get(&id) {
+                if !w.walked.contains(&id) {
+                    w.walk(node, &mut vec![], path);
+                }
             }
-            let mut refs = vec![];
-            ids_in(node, &mut seen, &mut refs);
-            todo.extend(refs.into_iter().filter_map(|id| places.get(&id).cloned()));
         }
-        Ok(out)
+        Ok(w.out)
     }
 
     /// Load the tree (or the subtree at `subpath`).
@@ -142,10 +136,16 @@ impl Reader {
     /// What a conversion with `select` keeps: the key paths of the nodes kept
     /// (`treepack::convert::selected_paths`), or None for an empty selection. Raises naming the
     /// patterns that match nothing, in `file` (default: this tree's location).
-    #[pyo3(signature = (select, file=None))]
-    pub(crate) fn convert_keep(&self, select: Vec<String>, file: Option<String>) -> PyResult<Option<HashSet<String>>> {
+    /// With `closed` false, the places the patterns select themselves (not those refs lead to).
+    #[pyo3(signature = (select, file=None, closed=true))]
+    pub(crate) fn convert_keep(
+        &self,
+        select: Vec<String>,
+        file: Option<String>,
+        closed: bool,
+    ) -> PyResult<Option<HashSet<String>>> {
         let file = file.unwrap_or_else(|| self.inner.location().display().to_string());
-        treepack::convert::selected_paths(&self.inner.manifest().root, &select, &file).map_err(py_err)
+        treepack::convert::selected_paths_by(&self.inner.manifest().root, &select, &file, closed).map_err(py_err)
     }
 
     /// The structure: containers as dict/list/tuple, records/custom nodes via `make_node`,
@@ -396,26 +396,65 @@ fn shared_places<'a>(
     }
 }
 
-/// The ids `t` refers to that are not in `seen` (added to it, with the ids of the objects
-/// inside `t`, whose places are walked already).
-fn ids_in(t: &Tree<Entry>, seen: &mut HashSet<u64>, refs: &mut Vec<u64>) {
-    match t {
-        Tree::Ref(id) => {
-            if seen.insert(*id) {
-                refs.push(*id);
-            }
-        }
-        Tree::Shared { id, node } => {
-            seen.insert(*id);
-            treepack::format::model::grow(|| ids_in(node, seen, refs));
-        }
-        _ => {
-            for (_, c) in t.children() {
-                if !matches!(c, Tree::Leaf(_)) {
-                    treepack::format::model::grow(|| ids_in(c, seen, refs));
+/// The walk of [`Reader::types_within`]: each shared object once (`walked`), the ids of those
+/// met by a ref only queued (`refs`).
+struct Within<'s> {
+    skip: &'s HashSet<String>,
+    walked: HashSet<u64>,
+    refs: Vec<u64>,
+    out: Vec<TypeRow>,
+}
+
+impl Within<'_> {
+    fn walk<'a>(&mut self, t: &'a Tree<Entry>, path: &mut Vec<treepack::format::model::Step<'a>>, prefix: &str) {
+        match t {
+            Tree::Leaf(_) => return,
+            Tree::Ref(id) => {
+                if !self.walked.contains(id) {
+                    self.refs.push(*id);
                 }
+                return;
             }
+            Tree::Shared { id, node } => {
+                if self.walked.insert(*id) {
+                    treepack::format::model::grow(|| self.walk(node, path, prefix));
+                }
+                return;
+            }
+            _ => {}
         }
+        if let Some(mut row) = type_row(t, path, self.skip) {
+            row.3 = match (prefix.is_empty(), row.3.is_empty()) {
+                (true, _) => row.3,
+                (false, true) => prefix.to_string(),
+                (false, false) => format!("{prefix}/{}", row.3),
+            };
+            self.out.push(row);
+        }
+        for (step, c) in t.children() {
+            if matches!(c, Tree::Leaf(_)) {
+                continue;
+            }
+            path.push(step);
+            treepack::format::model::grow(|| self.walk(c, path, prefix));
+            path.pop();
+        }
+    }
+}
+
+/// The audit row of a record or custom node (not of a custom type in `skip`).
+fn type_row(t: &Tree<Entry>, path: &[treepack::format::model::Step<'_>], skip: &HashSet<String>) -> Option<TypeRow> {
+    let text = || treepack::format::keypath::steps_text(path);
+    match t {
+        Tree::Record { type_name, .. } => Some(("record".into(), type_name.clone(), None, text())),
+        Tree::Custom { type_name, .. } if skip.contains(type_name) => None,
+        Tree::Custom { type_name, data, .. } => Some((
+            "custom".into(),
+            type_name.clone(),
+            if data.is_null() { None } else { Some(data.to_string()) },
+            text(),
+        )),
+        _ => None,
     }
 }
 
@@ -425,21 +464,12 @@ pub(crate) fn walk_types<'a>(
     skip: &HashSet<String>,
     out: &mut Vec<TypeRow>,
 ) {
-    let text = |path: &[treepack::format::model::Step<'_>]| treepack::format::keypath::steps_text(path);
     match t {
         Tree::Leaf(_) => return,
         // A shared object is audited at its place like any other (it was skipped: a record
         // held at two places went unaudited, and its load failed late with a LookupError).
         Tree::Shared { node, .. } => return treepack::format::model::grow(|| walk_types(node, path, skip, out)),
-        Tree::Record { type_name, .. } => out.push(("record".into(), type_name.clone(), None, text(path))),
-        Tree::Custom { type_name, .. } if skip.contains(type_name) => {}
-        Tree::Custom { type_name, data, .. } => out.push((
-            "custom".into(),
-            type_name.clone(),
-            if data.is_null() { None } else { Some(data.to_string()) },
-            text(path),
-        )),
-        _ => {}
+        _ => out.extend(type_row(t, path, skip)),
     }
     for (step, c) in t.children() {
         if matches!(c, Tree::Leaf(_)) {

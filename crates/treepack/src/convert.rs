@@ -350,6 +350,21 @@ pub fn convert(src: &Location, dst: &Location, from: Format, to: Format, opts: &
 /// [`Error::KeyNotFound`] naming the patterns (not marked optional with a leading `?`) that
 /// match nothing, as a load's; [`Error::BadKeyPath`] for a malformed pattern.
 pub fn selected_paths<L>(root: &Tree<L>, select: &[String], file: &str) -> Result<Option<HashSet<String>>> {
+    selected_paths_by(root, select, file, true)
+}
+
+/// [`selected_paths`], or with `close` false the key paths the patterns select themselves: not
+/// the objects refs lead to, nor the whole custom nodes around what is selected (what a caller
+/// that asks whether the user selected a place wants to know).
+///
+/// # Errors
+/// As [`selected_paths`].
+pub fn selected_paths_by<L>(
+    root: &Tree<L>,
+    select: &[String],
+    file: &str,
+    close: bool,
+) -> Result<Option<HashSet<String>>> {
     if select.is_empty() {
         return Ok(None);
     }
@@ -364,7 +379,7 @@ pub fn selected_paths<L>(root: &Tree<L>, select: &[String], file: &str) -> Resul
         });
     }
     let opts = crate::read::LoadOptions { select: select.to_vec(), ..Default::default() };
-    let closed = crate::read::close_selection(root, "", &opts)?;
+    let closed = if close { crate::read::close_selection(root, "", &opts)? } else { None };
     let sel = keypath::Selection::new(select)?;
     let mut keep = HashSet::new();
     mark_kept(root, &mut String::new(), &sel, closed.as_ref().and_then(|o| o.keep.as_ref()), &mut keep);

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
@@ -16,9 +15,6 @@ from ..._plugin import LeafInfo, StructNode
 from . import staging
 from .arrays import KEY as _KEY, weak
 from .pytrees import _NATIVE, PYTREE, _key_text, register
-
-#: Stored custom types whose children are a mapping's items (a like= mapping walks into them).
-_MAPPINGS = frozenset({"py.ordereddict", "py.counter", "py.defaultdict"})
 
 
 def applies(like: Any) -> bool:
@@ -292,28 +288,32 @@ def _describe(stored: Any) -> str:
     return _plugin.describe_stored(stored)
 
 
-def _same_class(node: Any, stored: Any, where: str) -> None:
-    """A template container against the stored one (its pytree rebuilds the template's class).
-    A stored record or custom node names its class, and the template must be of it: a different
-    optimizer's state, or a plain dict for a stored TrainState, never loads. A stored dict (or
-    list, tuple) names none: a template class whose children are its keys (its items) may give
-    it one (an Orbax checkpoint holds a TrainState as a dict)."""
-    if isinstance(stored, dict):
-        ok = not isinstance(node, (list, tuple)) or (isinstance(node, tuple) and hasattr(node, "_fields"))
-    elif isinstance(stored, (list, tuple)):
-        ok = isinstance(node, (list, tuple))
-    elif isinstance(node, StructNode):
-        ok = (node.kind, node.type_name) == (stored.kind, stored.type_name)
-    elif stored.type_name in _MAPPINGS:
-        ok = isinstance(node, Mapping)  # (an OrderedDict: its items are the children)
-    else:
-        ok = _class_of(node) == _class_of_stored(stored)
-    if not ok:
-        have = f"a {type(node).__name__}" if type(node) in (dict, list, tuple) else _class_of(node)
-        if isinstance(node, StructNode):
-            have = f"{node.kind} {node.type_name}"
-        raise ValueError(f"like=: at {where} the file holds {_describe(stored)} but like= has {have}; build like= "
-                         "from the same classes (load_structure(path) shows what the file holds)")
+def _have(node: Any) -> str:
+    if isinstance(node, StructNode):
+        return f"{node.kind} {node.type_name}"
+    return f"a {type(node).__name__}" if type(node) in (dict, list, tuple) else _class_of(node)
+
+
+def _same_shape(node: Any, n: int, stored: Any, where: str) -> None:
+    """A template container (of ``n`` children) against the stored one, before their children
+    are matched: a stored list or tuple is met by a list or tuple (a namedtuple too) of as many
+    items; a stored dict by anything keyed (its keys must be the template's, checked as the
+    children are matched), or by a list or tuple where its keys are "0", "1", ... (flax's
+    msgpack writes sequences so); a ``StructNode`` of ``load_structure``'s by a node of its kind
+    and type. A template's class may differ from the stored one's where the keys are the same:
+    its pytree rebuilds its own (a FrozenDict saved, a dict asked for; an Orbax dict, a
+    TrainState asked for)."""
+    if isinstance(stored, (list, tuple)):
+        if not isinstance(node, (list, tuple)):
+            raise ValueError(f"like=: at {where} the file holds {_describe(stored)} but like= has {_have(node)}")
+        if n != len(stored):
+            raise ValueError(f"like=: at {where} the file holds {_describe(stored)} but like= has {n}")
+    elif isinstance(stored, dict):
+        if isinstance(node, (list, tuple)) and not hasattr(node, "_fields") \
+                and list(stored) != [str(i) for i in range(len(stored))]:
+            raise ValueError(f"like=: at {where} the file holds a dict but like= has {_have(node)}")
+    elif isinstance(node, StructNode) and (node.kind, node.type_name) != (stored.kind, stored.type_name):
+        raise ValueError(f"like=: at {where} the file holds {_describe(stored)} but like= has {_have(node)}")
 
 
 def _any_kept(stored: Any, keep: Set[str]) -> bool:
@@ -344,7 +344,7 @@ def _is_template_leaf(x: Any) -> bool:
     return isinstance(x, StructNode) and not x.children
 
 
-def _plan_tree(like: Any, structure: Any, keep: Optional[Set[str]]) -> List[Tuple[str, Any, Any]]:
+def _plan_tree(like: Any, structure: Any, keep: Optional[Set[str]], asked: Optional[Set[str]] = None) -> List[Tuple[str, Any, Any]]:
     """(key path, stored node, template leaf) for every leaf of ``like`` in pytree order, the
     template checked against the file node by node first: every container must be the stored
     one's class with the same keys or items (a key the file holds that the template lacks is
@@ -371,10 +371,8 @@ def _plan_tree(like: Any, structure: Any, keep: Optional[Set[str]]) -> List[Tupl
             if not kids and stored.kind == "none":
                 return  # (an empty state, EmptyState(): Orbax writes None for it; nothing to load)
             raise ValueError(f"like=: at {_where(path)} like= has {_class_of(node)} but the file holds {_plugin.describe_stored(stored)}")
-        _same_class(node, stored, _where(path))
+        _same_shape(node, len(kids), stored, _where(path))
         names = _stored_keys(stored)
-        if isinstance(stored, (list, tuple)) and len(kids) != len(stored):
-            raise ValueError(f"like=: at {_where(path)} the file holds {_describe(stored)} but like= has {len(kids)}")
         used = set()
         for i, (keys, child) in enumerate(kids):
             if isinstance(stored, (list, tuple)):
@@ -386,12 +384,15 @@ def _plan_tree(like: Any, structure: Any, keep: Optional[Set[str]]) -> List[Tupl
             walk(child, s, p)
         step = _plugin.key_child_path if isinstance(stored, dict) else _plugin.child_path
         left = [n for n in names if step(path, n) not in used]
-        if keep is not None:
+        if asked is not None:
             kids_of = stored if isinstance(stored, (dict, list, tuple)) else stored.children
-            left = [n for n in left if _any_kept(kids_of[n], keep)]
+            left = [n for n in left if _any_kept(kids_of[n], asked)]
         if left:
+            # (another class than the stored one's, with other keys: said, as the likely cause)
+            theirs = "" if isinstance(stored, (dict, list, tuple)) or _class_of(node) == _class_of_stored(stored) \
+                else f" ({_have(node)}; the file holds {_describe(stored)})"
             raise ValueError(
-                f"like=: at {_where(path)} like= has no key {left[0]!r}, which the file holds"
+                f"like=: at {_where(path)} like={theirs} has no key {left[0]!r}, which the file holds"
                 + (f" (and {len(left) - 1} more)" if len(left) > 1 else "")
                 + "; set it to None in like= to skip it, or leave it out with select="
             )
@@ -436,7 +437,10 @@ def _load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Calla
     _, treedef = jtu.tree_flatten(like, is_leaf=_is_template_leaf)
     # Find every like leaf's stored node first: a wrong template fails before anything is read.
     keep = reader.convert_keep(list(select)) if select else None
-    plan = _plan_tree(like, structure, keep)
+    # (whether the user selected a stored key the template lacks: the patterns alone, not the
+    # objects the refs of what they select bring, which come at their own places unasked)
+    asked = reader.convert_keep(list(select), None, False) if select else None
+    plan = _plan_tree(like, structure, keep, asked)
     subtrees: List[str] = []
     for path, stored, leaf in plan:
         if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct, Placement)) and leaf is not None and leaf is not False:

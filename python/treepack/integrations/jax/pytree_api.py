@@ -401,7 +401,10 @@ def load(directory: Any, shardings: Any, *, mask: Any = None, ts_specs: Any = No
             raise TypeError(f"treepack.jax.load takes no {bad}=: shardings and mask say what is read (or use treepack.load)")
     p = _location(directory)
     structure = _plugin.load_structure(p, storage_options=options.get("storage_options"))
-    template = _Template(structure).build(structure, "", shardings, True if mask is None else mask, True)
+    try:
+        template = _Template(structure).build(structure, "", shardings, True if mask is None else mask, True)
+    finally:
+        _plugin.forget_places()  # (the index of the structure its refs were found by)
     if _nothing_to_read(template):
         return template  # (everything masked out: nothing is read, as with JAX)
     try:
@@ -473,7 +476,10 @@ def load_pytreedef(directory: Any, *, storage_options: Any = None) -> Any:
             return jax.ShapeDtypeStruct(tuple(stored.shape), _plugin.stored_dtype(stored))
         return t._rebuild(stored, path, one)
 
-    return one(structure, "")
+    try:
+        return one(structure, "")
+    finally:
+        _plugin.forget_places()
 
 
 # ---------------------------------------------------------------- the face's services

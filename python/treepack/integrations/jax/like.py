@@ -363,7 +363,7 @@ def _plan_tree(like: Any, structure: Any, keep: Optional[Set[str]], asked: Optio
         if _is_template_leaf(node) or (len(kids) == 1 and kids[0][0] == ()):
             if keep is not None and not _any_kept(stored, keep):
                 node = False  # (left out by select)
-            elif isinstance(node, jax_types()) and not isinstance(stored, LeafInfo):
+            elif isinstance(node, _jax_leaf_types()) and not isinstance(stored, LeafInfo):
                 raise ValueError(f"like=: at {_where(path)} like= has a JAX array but the file holds {_describe(stored)}")
             plan.append((path, stored, node))
             return
@@ -401,7 +401,8 @@ def _plan_tree(like: Any, structure: Any, keep: Optional[Set[str]], asked: Optio
     return plan
 
 
-def jax_types() -> Tuple[type, ...]:
+def _jax_leaf_types() -> Tuple[type, ...]:
+    """The template leaves read onto a device: arrays, their shapes, placements."""
     import jax
 
     return (jax.Array, jax.ShapeDtypeStruct, Placement)
@@ -441,9 +442,10 @@ def _load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Calla
     # objects the refs of what they select bring, which come at their own places unasked)
     asked = reader.convert_keep(list(select), None, False) if select else None
     plan = _plan_tree(like, structure, keep, asked)
+    device_leaf = _jax_leaf_types()
     subtrees: List[str] = []
     for path, stored, leaf in plan:
-        if not isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct, Placement)) and leaf is not None and leaf is not False:
+        if not isinstance(leaf, device_leaf) and leaf is not None and leaf is not False:
             # A Python number where a 0-d array is stored (a TrainState's step: 0 in a fresh
             # state, a JAX scalar once trained) loads the stored value; anything else gets the
             # usual checks (numpy arrays, scalars, True).
@@ -455,7 +457,7 @@ def _load_like(reader: Any, like: Any, structure: Any, dec: Any, np_dtype: Calla
     sharded: List[Tuple[int, _Sharded]] = []
     keys = _Keys(reader)
     for path, stored, leaf in plan:
-        if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct, Placement)):
+        if isinstance(leaf, device_leaf):
             if isinstance(leaf, Placement):
                 p = _place(reader, stored, leaf, _where(path), np_dtype, verify, dec, keys)
             else:

@@ -14,4 +14,6 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -qq
 "${sudo[@]}" apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+# CI (TREEPACK_LEAN_DISK) keeps no copy of the packages it installed (~0.1 GB in apt's cache).
+if [ -n "${TREEPACK_LEAN_DISK:-}" ]; then "${sudo[@]}" apt-get clean; fi
 echo "browser ready: $(command -v chromium) $(command -v chromedriver)"

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
 .venv/bin/python -m pip install -q -r python/requirements-dev.txt -r python/requirements-frameworks.txt
+bash scripts/torch.sh >&2
 profile_flag=()
 if [ "${TREEPACK_RELEASE:-0}" = "1" ]; then profile_flag=(--release); fi
 VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" .venv/bin/maturin develop -q "${profile_flag[@]}" >&2

@@ -5,6 +5,20 @@
 if [ -z "${TREEPACK_T0:-}" ]; then
   export TREEPACK_T0=$(date +%s) TREEPACK_STAGES=$(mktemp)
   trap 'stage_summary $?' EXIT
+  # The least disk free during the run, sampled every 5 s (the stage lines only see their starts):
+  # "KiB<TAB>seconds" in a file the summary prints.
+  TREEPACK_DISK_LOW=$(mktemp)
+  (
+    low=""
+    while sleep 5; do
+      f=$(df -Pk . 2>/dev/null | awk 'NR == 2 { print $4 }') || continue
+      if [ -n "$f" ] && { [ -z "$low" ] || [ "$f" -lt "$low" ]; }; then
+        low=$f
+        printf '%s\t%s\n' "$f" $(($(date +%s) - TREEPACK_T0)) >"$TREEPACK_DISK_LOW"
+      fi
+    done
+  ) </dev/null >/dev/null 2>&1 &
+  TREEPACK_DISK_PID=$!
 fi
 stage() {
   local t=$(($(date +%s) - TREEPACK_T0)) free
@@ -21,8 +35,10 @@ stage_summary() {
     awk -F'\t' -v end="$end" '{ t[NR] = $1; s[NR] = $2 }
       END { for (i = 1; i <= NR; i++) printf "%6d  %s\n", (i < NR ? t[i + 1] : end) - t[i], s[i] }' "$TREEPACK_STAGES"
     echo "== [${end}s] total ($outcome)"
+    awk -F'\t' 'NF == 2 { printf "== the least disk free: %.1f GiB, at %ds\n", $1 / 1048576, $2 }' "$TREEPACK_DISK_LOW"
   } >&2
-  rm -f "$TREEPACK_STAGES"
+  kill "$TREEPACK_DISK_PID" 2>/dev/null || true
+  rm -f "$TREEPACK_STAGES" "$TREEPACK_DISK_LOW"
 }
 # `stop_with_script PID`: when the calling script exits (a stage failed, or it ended), the
 # background job PID and its children are stopped too, so that they do not go on writing under

@@ -19,6 +19,8 @@ export TREEPACK_REQUIRE_BROWSER="${TREEPACK_REQUIRE_BROWSER:-1}"
 # and framework requirements, then Chromium for the viewer's browser test: scripts/browser.sh),
 # run in the background while the Rust checks below compile; on a fresh machine that hides
 # minutes. The Python ones go into .venv, one after the other (never two pips in one venv at once).
+# torch is not among them: scripts/wheels.sh installs it just before .venv's suite, once the
+# Rust build's ~3 GB are gone (scripts/torch.sh says why).
 setup_log=$(mktemp)
 (bash scripts/servers.sh && .venv/bin/python -m pip install -q -r python/requirements-dev.txt \
   -r python/requirements-frameworks.txt && bash scripts/browser.sh) >"$setup_log" 2>&1 &

@@ -8,9 +8,10 @@
 #     compiles it), a tree saved and loaded.
 # With --main-venv (what scripts/test.sh runs), the wheel for .venv's Python also replaces the
 # package in .venv (`scripts/python-env.sh` puts an editable build back) and the whole suite runs
-# there, slow tests and framework integrations (torch, JAX, Dask, ...) included; that CPython
-# then gets no second pytest run in a fresh venv. pytest runs once per CPython at most. The sdist
-# compiles in the background (niced) while the suites run. (The fresh venvs' suites side by side
+# there, slow tests and framework integrations (torch, JAX, Dask, ...) included, after the fresh
+# venvs' suites and after scripts/torch.sh; that CPython then gets no second pytest run in a fresh
+# venv. pytest runs once per CPython at most. The sdist compiles in the background (niced) while
+# the fresh venvs' suites run. (The fresh venvs' suites side by side
 # took as long as one after the other: both are CPU-bound on 2 cores.)
 #
 #   scripts/wheels.sh              build + test on 3.10-3.13
@@ -162,14 +163,6 @@ stage "the sdist: pip install $(basename "$sdist") into a fresh venv ($newest_py
 sdist_pid=$!
 stop_with_script "$sdist_pid"
 
-if [ -n "$main_v" ]; then
-  wheel=$(wheel_for "$main_v")
-  stage "CPython $main_v (.venv): pip install $(basename "$wheel") into .venv, the whole pytest suite (slow tests and framework integrations included)"
-  .venv/bin/python -m pip install -q --force-reinstall --no-deps "$wheel"
-  smoke "$root/.venv/bin/python"
-  .venv/bin/python -m pytest -q python/tests
-fi
-
 i=0
 for v in $versions; do
   py=${pythons[$i]}; i=$((i + 1))
@@ -188,9 +181,24 @@ for v in $versions; do
     (cd /tmp && "$root/$venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$root/python/tests" \
       -c /dev/null -m "not slow" "$root/python/tests")
   fi
+  # CI (TREEPACK_LEAN_DISK): each fresh venv (~0.8 GB with the test requirements) goes once used.
+  if [ -n "${TREEPACK_LEAN_DISK:-}" ]; then rm -rf "$venv"; fi
 done
 stage "wait for the sdist's build (started in the background above)"
 rc=0
 wait "$sdist_pid" || rc=$?
 cat "$sdist_log" >&2
 if [ "$rc" != 0 ]; then echo "error: the sdist did not install or its smoke test failed (exit status $rc)" >&2; exit 1; fi
+
+if [ -n "$main_v" ]; then
+  # .venv's suite comes last, after the fresh venvs and the release build are gone (in CI), so that
+  # torch's CUDA libraries (~4 GB, installed only now) never share the disk with them.
+  if [ -n "${TREEPACK_LEAN_DISK:-}" ]; then rm -rf .wheel-venvs target/release; fi
+  stage "torch into .venv (scripts/torch.sh: one package at a time, without triton; a no-op where it is installed)"
+  bash scripts/torch.sh
+  wheel=$(wheel_for "$main_v")
+  stage "CPython $main_v (.venv): pip install $(basename "$wheel") into .venv, the whole pytest suite (slow tests and framework integrations included)"
+  .venv/bin/python -m pip install -q --force-reinstall --no-deps "$wheel"
+  smoke "$root/.venv/bin/python"
+  .venv/bin/python -m pytest -q python/tests
+fi

@@ -178,8 +178,10 @@ for v in $versions; do
   "$venv/bin/python" -m pip install -q --no-deps "$wheel"
   smoke "$root/$venv/bin/python"
   if [ "$kind" = pytest ]; then
+    # (-c /dev/null leaves pyproject.toml's settings out: its tmp_path retention is said again.)
     (cd /tmp && "$root/$venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$root/python/tests" \
-      -c /dev/null -m "not slow" "$root/python/tests")
+      -c /dev/null -o tmp_path_retention_policy=failed -o tmp_path_retention_count=1 -m "not slow" \
+      "$root/python/tests")
   fi
   # CI (TREEPACK_LEAN_DISK): each fresh venv (~0.8 GB with the test requirements) goes once used.
   if [ -n "${TREEPACK_LEAN_DISK:-}" ]; then rm -rf "$venv"; fi

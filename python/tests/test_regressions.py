@@ -20,12 +20,11 @@ import treepack
 
 FORK_SCRIPT = textwrap.dedent(
     """
-    import multiprocessing, os, signal, sys, tempfile
+    import multiprocessing, os, signal, sys
     import numpy as np
     import treepack
 
-    parent_mode, child_mode = sys.argv[1], sys.argv[2]
-    d = tempfile.mkdtemp()
+    parent_mode, child_mode, d = sys.argv[1], sys.argv[2], sys.argv[3]
     # Big enough for the parallel hashing and multi-threaded I/O paths.
     # The log of plain records is written as megabytes of text: its buffer is kept between
     # saves (a lock the child must never wait for).
@@ -80,7 +79,8 @@ FORK_SCRIPT = textwrap.dedent(
 def test_a_forked_child_can_save_after_the_parent_did(tmp_path, parent, child):
     script = tmp_path / "fork.py"
     script.write_text(FORK_SCRIPT)
-    r = subprocess.run([sys.executable, str(script), parent, child], capture_output=True, text=True, timeout=240)
+    r = subprocess.run([sys.executable, str(script), parent, child, str(tmp_path)], capture_output=True, text=True,
+                       timeout=240)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
 
 
@@ -90,12 +90,11 @@ def test_a_forked_child_can_save_after_the_parent_did(tmp_path, parent, child):
 # treepack call, or in fork's own clean-up of the other threads. About 1 fork in 200 hung then.
 FORK_STRESS_SCRIPT = textwrap.dedent(
     """
-    import os, signal, sys, tempfile, threading, time
+    import os, signal, sys, threading, time
     import numpy as np
     import treepack
 
-    n_forks = int(sys.argv[1])
-    d = tempfile.mkdtemp()
+    n_forks, d = int(sys.argv[1]), sys.argv[2]
     tree = {"a": [np.full(600, i, dtype=np.float32) for i in range(300)],
             "b": [bytes([i % 256]) * 2400 for i in range(300)]}
     stop = threading.Event()
@@ -136,7 +135,7 @@ def test_forks_while_another_thread_saves_never_hang(tmp_path):
     script = tmp_path / "fork_stress.py"
     script.write_text(FORK_STRESS_SCRIPT)
     r = subprocess.run(
-        [sys.executable, "-W", "ignore::DeprecationWarning", str(script), "800"],
+        [sys.executable, "-W", "ignore::DeprecationWarning", str(script), "800", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=240,

@@ -32,7 +32,7 @@ from ._api import (
 from ._async import SaveHandle, aload, asave
 from ._codec import BuildError, File, Unloadable
 from ._core import CorruptError, FormatError, RootMismatchError, TreepackError
-from ._errors import ForeignFileError
+from ._errors import ForeignFileError, UnsupportedObjectError
 from ._lazy import LazyArray, View, open
 from ._registry import Registration, register, registered
 from ._core import (
@@ -80,7 +80,7 @@ def __dir__():  # noqa: ANN202
 __all__ = [
     "save", "load", "load_structure", "open", "untrusted_types", "verify", "gc", "asave", "aload", "SaveHandle",
     "register", "registered", "Registration", "File", "LeafInfo", "StructNode", "SaveInfo", "Unloadable", "BuildError",
-    "UntrustedTypeError", "TreepackError", "CorruptError", "FormatError", "ForeignFileError", "RootMismatchError", "root_hash", "diff", "convert", "dumps", "loads", "export_json", "schema", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
+    "UntrustedTypeError", "UnsupportedObjectError", "TreepackError", "CorruptError", "FormatError", "ForeignFileError", "RootMismatchError", "root_hash", "diff", "convert", "dumps", "loads", "export_json", "schema", "Repository", "TreeRef", "CheckpointManager", "View", "LazyArray",
     "view", "ViewServer", "html_tree", "HTMLTree",
     "sign", "verify_signature", "signature", "generate_key", "SignatureInfo", "SignatureError", "UnsignedError",
     "UntrustedSignerError", "SignatureMismatchError", "InvalidSignatureError",

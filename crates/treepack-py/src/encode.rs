@@ -89,6 +89,9 @@ pub(crate) struct Encoder<'py> {
     pub(crate) keys: Vec<Option<(Bound<'py, PyAny>, treepack::format::manifest::PairText)>>,
     /// Where a missed key's text is made ([`treepack::format::manifest::PairText::new_in`]).
     pub(crate) key_scratch: String,
+    /// The objects `encode_other` could not describe (`UnsupportedObjectError`s), in tree order:
+    /// the walk goes on past each, so that one error names them all (see `prepare`).
+    pub(crate) unsupported: Vec<PyErr>,
 }
 
 /// One step of the key path [`Encoder`] is at.
@@ -415,13 +418,22 @@ impl<'py> Encoder<'py> {
     /// An object of another kind met for the first time: described by `encode_other`.
     fn other_new(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<Node> {
         let here = self.here();
-        let desc = self.encode_other.call1((obj, here)).map_err(|e| {
-            if e.is_instance_of::<PyTypeError>(self.py) {
-                e
-            } else {
-                self.err(e)
+        let desc = match self.encode_other.call1((obj, here)) {
+            Ok(d) => d,
+            Err(e) if e.is_instance(self.py, &unsupported_class(self.py)?) => {
+                // Noted, and the walk goes on with None in its place (the tree is not written):
+                // a save that cannot keep several objects says so once, naming them all, not
+                // one per attempt. Past the class's LIMIT it stops looking.
+                self.unsupported.push(e);
+                let limit: usize = unsupported_class(self.py)?.getattr("LIMIT")?.extract()?;
+                if self.unsupported.len() >= limit {
+                    return Err(unsupported_error(self.py, std::mem::take(&mut self.unsupported), true));
+                }
+                return Ok(Node::none());
             }
-        })?;
+            Err(e) if e.is_instance_of::<PyTypeError>(self.py) => return Err(e),
+            Err(e) => return Err(self.err(e)),
+        };
         let (kind, type_name, data, children): NodeDescription<'py> = desc.extract()?;
         if kind == "array" {
             // An array of another library (a torch tensor, a JAX array): its canonical numpy
@@ -603,6 +615,25 @@ impl EncodeContext {
 /// The most either vector hint asks for (entries).
 const VEC_HINT_MAX: usize = 1 << 21;
 
+/// `treepack._errors.UnsupportedObjectError`: what `encode_other` raises for an object no
+/// codec keeps (looked up only when a description failed).
+fn unsupported_class(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    py.import("treepack._errors")?.getattr("UnsupportedObjectError")
+}
+
+/// One error for every object of a save that could not be described (`stopped`: the limit
+/// was reached, more may follow), made by the class's `combine`.
+fn unsupported_error(py: Python<'_>, errors: Vec<PyErr>, stopped: bool) -> PyErr {
+    let made = unsupported_class(py).and_then(|cls| {
+        let values: Vec<_> = errors.iter().map(|e| e.value(py).clone()).collect();
+        cls.call_method1("combine", (values, stopped))
+    });
+    match made {
+        Ok(e) => PyErr::from_value(e),
+        Err(e) => e,
+    }
+}
+
 /// A Python tree converted to treepack's model, ready to be written (possibly on another thread).
 #[pyclass(frozen)]
 pub(crate) struct Prepared {
@@ -671,6 +702,7 @@ pub(crate) fn prepare(
         key_scratch: String::new(),
         plain_counts,
         text_hint: true,
+        unsupported: Vec::new(),
     };
     let mut enc = new(text);
     let first = enc.top(tree);
@@ -698,6 +730,9 @@ pub(crate) fn prepare(
             r => r?,
         }
     };
+    if !enc.unsupported.is_empty() {
+        return Err(unsupported_error(py, std::mem::take(&mut enc.unsupported), false));
+    }
     if let Some(c) = &context {
         let mut h = c.get().hints.lock().unwrap_or_else(|p| p.into_inner());
         h.marks = enc.marks.capacity().min(VEC_HINT_MAX);

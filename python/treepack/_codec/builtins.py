@@ -21,6 +21,7 @@ import numpy as np
 from .. import _registry as reg
 from .. import _core
 from .._core import TreepackError, datetime_general_json
+from .._errors import UnsupportedObjectError
 from .. import _parts
 from . import everyday, files, records
 from .classes import _seen_classes, check_kind, resolve_class
@@ -315,20 +316,21 @@ def _describe(
     if allow_pickle:
         data = pickle.dumps(obj, protocol=5)
         return ("custom", "py.pickle", json.dumps({"class": reg.type_name(t)}), [("data", data)])
+    # (The save's walker gathers these, and raises one error for all of them.)
     if isinstance(obj, np.ndarray) and obj.dtype != object:  # a subclass not known here
-        raise TypeError(
-            f"cannot save `{where}`: {t.__module__}.{t.__qualname__} is a subclass of numpy.ndarray that treepack "
+        raise UnsupportedObjectError(
+            where, reg.type_name(t), f"{t.__module__}.{t.__qualname__} is a subclass of numpy.ndarray that treepack "
             "does not know; save np.asarray(x) (its values), register the class, or pass allow_pickle=True"
         )
     if isinstance(obj, np.ndarray):  # dtype=object (plain arrays of numbers never get here)
-        raise TypeError(
-            f"cannot save `{where}`: numpy arrays of dtype {obj.dtype} hold Python objects, not array data; "
+        raise UnsupportedObjectError(
+            where, "numpy.ndarray", f"numpy arrays of dtype {obj.dtype} hold Python objects, not array data; "
             "convert it to a list (obj.tolist()) or an array of a numeric, bytes or str dtype, "
             "or pass allow_pickle=True to store it pickled"
         )
     hint = _unsupported_hint(obj)
-    raise TypeError(
-        f"cannot save `{where}`: objects of type {reg.type_name(t)} are not supported; "
+    raise UnsupportedObjectError(
+        where, reg.type_name(t), f"objects of type {reg.type_name(t)} are not supported; "
         + (hint or "register the type with treepack.register(...), make it a dataclass, or pass allow_pickle=True")
     )
 

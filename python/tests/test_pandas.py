@@ -142,3 +142,38 @@ def test_a_file_cannot_name_other_dtypes(tmp_path, rewrite_manifest):
     rewrite_manifest(p, b'"Int64"', b'"object"')
     with pytest.raises(ValueError, match="unknown nullable dtype 'object'"):
         treepack.load(p)
+
+
+def test_object_columns_indexes_and_categories_stay_object(tmp_path):
+    # pandas infers a dtype from an object array it is given: pandas 3 made strings its `str`
+    # dtype (None became NaN), every version made datetimes datetime64. What was object comes
+    # back object, holding the same objects (session 47, a new user's report).
+    p = str(tmp_path / "t")
+    when = datetime.datetime(2020, 1, 1, 12)
+    df = pd.DataFrame(
+        {
+            "s": pd.Series(["a", None], dtype=object),
+            "t": pd.Series([when, None], dtype=object),
+            "d": pd.Series([datetime.timedelta(3), np.datetime64("2020-01-02")], dtype=object),
+            "n": [1, 2],
+        },
+    )
+    df.index = pd.Index(["x", None], dtype=object, name="k")
+    df.columns = pd.Index(list(df.columns), dtype=object)
+    series = pd.Series(["a", None, "c"], dtype=object, name="s", index=pd.Index([when, when, when], dtype=object))
+    cat = pd.Series(pd.Categorical(["a", "b"], categories=pd.Index(["a", "b", "z"], dtype=object)))
+    levels = pd.DataFrame({"v": [1, 2]}, index=pd.MultiIndex(
+        levels=[pd.Index(["a", "b"], dtype=object), [1, 2]], codes=[[0, 1], [0, 1]]))
+    treepack.save({"df": df, "series": series, "cat": cat, "levels": levels}, p)
+    back = treepack.load(p)
+    pd.testing.assert_frame_equal(back["df"], df)
+    assert [str(t) for t in back["df"].dtypes] == ["object", "object", "object", "int64"]
+    assert back["df"]["s"].tolist() == ["a", None] and back["df"]["t"].tolist() == [when, None]
+    assert [type(v) for v in back["df"]["d"]] == [datetime.timedelta, np.datetime64]
+    assert back["df"].index.dtype == object and back["df"].index.tolist() == ["x", None]
+    assert back["df"].columns.dtype == object
+    pd.testing.assert_series_equal(back["series"], series)
+    assert back["series"].dtype == object and back["series"].index.dtype == object
+    assert back["series"].index[0] is not None and type(back["series"].index[0]) is datetime.datetime
+    assert back["cat"].cat.categories.dtype == object
+    assert back["levels"].index.levels[0].dtype == object

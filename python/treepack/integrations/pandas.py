@@ -150,14 +150,20 @@ def decode(t: str, kids: Dict[str, Any]) -> Any:
     except ImportError:
         raise LookupError("loading pandas objects needs pandas (pip install pandas)") from None
     if t == "py.series":
-        s = pd.Series(_array(pd, kids["values"]), index=_index_back(pd, kids["index"]), name=kids["name"], copy=False)
+        s = pd.Series(_array(pd, kids["values"]), index=_index_back(pd, kids["index"]), name=kids["name"], copy=False,
+                      dtype=_dtype_of(kids["values"]))
         return _attrs_back(s, kids)
     columns = _index_back(pd, kids["columns"])
     values = kids["values"]
     if not isinstance(values, list) or len(values) != len(columns):
         raise ValueError(f"py.dataframe: {len(columns)} column labels but {len(values)} columns")
     index = _index_back(pd, kids["index"])
-    data = {i: _array(pd, v) for i, v in enumerate(values)}
+    data = {
+        # (an object column as a Series of that dtype, on the frame's own index: given as an
+        # array, pandas would infer another dtype from its values)
+        i: _array(pd, v) if _dtype_of(v) is None else pd.Series(_array(pd, v), index=index, dtype=object, copy=False)
+        for i, v in enumerate(values)
+    }
     df = pd.DataFrame(data, index=index, copy=False) if data else pd.DataFrame(index=index)
     df.columns = columns
     return _attrs_back(df, kids)
@@ -176,6 +182,14 @@ def _attrs_back(obj: Any, kids: Dict[str, Any]) -> Any:
             raise ValueError(f"py.dataframe: `attrs` must be a dict, not {type(attrs).__name__}")
         obj.attrs.update(attrs)
     return obj
+
+
+def _dtype_of(c: Any) -> Any:
+    """``object`` for a column stored as Python objects (an object column, strings included),
+    else None. pandas infers a dtype from an object array it is given (pandas 3 makes strings
+    its ``str`` dtype and ``None`` NaN; every version makes datetimes ``datetime64``), so such a
+    column is rebuilt with its dtype said."""
+    return object if isinstance(c, dict) and c.get("kind") in ("object", "strs") else None
 
 
 def _array(pd: Any, c: Dict[str, Any]) -> Any:
@@ -278,7 +292,7 @@ def _index_back(pd: Any, d: Dict[str, Any]) -> Any:
         levels = [_index_back(pd, level) for level in d["levels"]]
         return pd.MultiIndex(levels=levels, codes=d["codes"], names=d["names"])
     if kind == "index":
-        idx = pd.Index(_array(pd, d["values"]), name=d["name"], copy=False)
+        idx = pd.Index(_array(pd, d["values"]), name=d["name"], copy=False, dtype=_dtype_of(d["values"]))
         freq = d.get("freq")
         if freq is None:
             return idx

@@ -62,9 +62,11 @@ def test_numpy_scalar_and_enum_keys(tmp_path):
     assert same_types(back, pickle.loads(pickle.dumps(tree)))
 
 
-def test_a_str_first_dict_with_a_numpy_key_is_refused_clearly(tmp_path):
-    with pytest.raises(TypeError, match=r"cannot save `d`: dict key np.int64\(1\) of type int64 is not supported in a dict whose first key is a str"):
-        treepack.save({"d": {"a": 1, np.int64(1): 2}}, str(tmp_path / "t"))
+def test_a_str_first_dict_with_a_numpy_key_is_kept(tmp_path):
+    # (It was refused; since session 47 the save starts over looking at every key:
+    # test_save_unsupported.py.)
+    back = rt({"d": {"a": 1, np.int64(1): 2}}, tmp_path)
+    assert back == {"d": {"a": 1, 1: 2}} and [type(k) for k in back["d"]] == [str, np.int64]
 
 
 def test_torch_dtype_size_device_in_configs(tmp_path):

@@ -94,8 +94,69 @@ def test_one_object_at_two_places_is_named_at_both(tmp_path):
     w = Widget()
     for shared in (True, False):
         with pytest.raises(UnsupportedObjectError) as info:
-            treepack.save({"a": w, "b": [w]}, tmp_path / f"t{shared}", shared=shared)
-        assert [x for x, _, _ in info.value.objects] == ["a", "b/0"]
+            treepack.save({"a": w, "b": [w], "c": Widget()}, tmp_path / f"t{shared}", shared=shared)
+        assert [x for x, _, _ in info.value.objects] == ["a", "b/0", "c"]
+        # Two objects (one of them at two places), not three.
+        assert str(info.value).startswith("cannot save 2 objects (one kind; 3 places, the first at `a`):\n"
+                                          "  - `a`, `b/0`, `c`: objects of type"), str(info.value)
+    with pytest.raises(UnsupportedObjectError) as info:
+        treepack.save({"a": w, "b": [w]}, tmp_path / "one")
+    assert str(info.value).startswith("cannot save 1 object (one kind; 2 places, the first at `a`):"), str(info.value)
+
+
+def test_refused_dtypes_zones_and_tensors_are_named_with_the_rest(tmp_path):
+    import datetime
+
+    class OwnZone(datetime.tzinfo):
+        def utcoffset(self, d):
+            return datetime.timedelta(hours=1)
+
+    tree = {
+        "f128": np.ones(2, np.longdouble),
+        "meta": np.zeros(2, dtype=np.dtype(np.float32, metadata={"unit": "m"})),
+        "when": datetime.datetime(2026, 1, 1, tzinfo=OwnZone()),
+        "ok": [1, 2, np.arange(3)],
+        "w": Widget(),
+    }
+    with pytest.raises(UnsupportedObjectError) as info:
+        treepack.save(tree, tmp_path / "t")
+    got = {w: (t, r) for w, t, r in info.value.objects}
+    assert list(got) == ["f128", "meta", "when", "w"], got
+    assert got["f128"][0] == "numpy:ndarray" and "long double" in got["f128"][1]
+    assert "carries metadata" in got["meta"][1]
+    assert got["when"][0] == "datetime:datetime" and "OwnZone" in got["when"][1] and "cannot be kept" in got["when"][1]
+    assert "x.astimezone(datetime.timezone.utc)" in got["when"][1]
+    assert not (tmp_path / "t").exists()
+
+
+def test_refused_tensors_are_named_with_the_rest(tmp_path):
+    torch = pytest.importorskip("torch")
+    tagged = torch.ones(2)
+    tagged.tp_dim = 0
+    param = torch.nn.Parameter(torch.ones(2))
+    param._is_sharded = True
+    tree = {
+        "c32": torch.ones(2, dtype=torch.complex32),
+        "meta": torch.ones(2, device="meta"),
+        "tagged": tagged,
+        "param": param,
+        "ok": torch.arange(3),
+        "w": Widget(),
+    }
+    with pytest.raises(UnsupportedObjectError) as info:
+        treepack.save(tree, tmp_path / "t")
+    got = {w: (t, r) for w, t, r in info.value.objects}
+    assert list(got) == ["c32", "meta", "tagged", "param", "w"], got
+    assert got["c32"][0] == "torch:Tensor" and "complex32" in got["c32"][1]
+    assert "meta device" in got["meta"][1]
+    # Python attributes on a tensor (torch.save keeps them) were dropped silently.
+    assert "Python attributes (tp_dim)" in got["tagged"][1] and "t.detach()" in got["tagged"][1]
+    assert got["param"][0] == "torch.nn.parameter:Parameter" and "(_is_sharded)" in got["param"][1]
+    assert not (tmp_path / "t").exists()
+    # What the message says to do works.
+    treepack.save({"tagged": {"tensor": tagged.detach(), "attrs": vars(tagged)}}, tmp_path / "t")
+    back = treepack.load(tmp_path / "t")
+    assert back["tagged"]["attrs"] == {"tp_dim": 0} and back["tagged"]["tensor"].tolist() == [1.0, 1.0]
 
 
 def test_inside_text_walks_records_and_background_saves(tmp_path):
@@ -136,3 +197,22 @@ def test_allow_pickle_keeps_them(tmp_path):
     treepack.save({"a": Widget(), "b": [Gadget()]}, p, allow_pickle=True)
     back = treepack.load(p, allow_pickle=True)
     assert type(back["a"]) is Widget and back["b"][0].fd == 3
+
+
+def test_value_keys_after_str_keys_are_kept_not_refused(tmp_path):
+    # A dict whose first key is a str was taken for one of plain keys, and a later numpy integer
+    # or enum key was refused with no way out but reordering: the save now starts over looking
+    # at every key, and such a dict is stored as pairs (py.dict), keys and all.
+    import enum
+
+    class Color(enum.Enum):
+        RED = 1
+
+    p = tmp_path / "t"
+    shared = {"x": 1}
+    tree = {"a": {"s": 1, np.int64(2): 2}, "b": [{"k": "v", Color.RED: 3}], "c": shared, "d": shared}
+    treepack.save(tree, p)
+    back = treepack.load(p, trust=[f"{__name__}.*"])
+    assert back["a"] == {"s": 1, 2: 2} and [type(k) for k in back["a"]] == [str, np.int64]
+    assert list(back["b"][0]) == ["k", Color.RED] and back["b"][0][Color.RED] == 3
+    assert back["c"] is back["d"]

@@ -81,10 +81,10 @@ def _opts(storage_options: StorageOptions) -> Any:
 class UntrustedTypeError(TreepackError):
     """A file names types that are not allowed. ``.types`` maps each type name to its key paths."""
 
-    def __init__(self, path: str, types: Dict[str, List[str]], omitted: Sequence[str] = ()) -> None:
+    def __init__(self, path: str, types: Dict[str, List[str]], omitted: Sequence[str] = (), call: str = "load") -> None:
         self.types = types
         lines = [f"  {name}: at {', '.join(paths[:5])}{' …' if len(paths) > 5 else ''}" for name, paths in sorted(types.items())]
-        hints = _untrusted_hints(types)
+        hints = _untrusted_hints(types, call)
         if omitted:
             # Trusting those would only lead to the next refusal: the static data is not there.
             many = len(omitted) > 1
@@ -101,7 +101,7 @@ class UntrustedTypeError(TreepackError):
         )
 
 
-def _untrusted_hints(types: Dict[str, List[str]]) -> List[str]:
+def _untrusted_hints(types: Dict[str, List[str]], call: str = "load") -> List[str]:
     # Each kind of name is allowed a different way: say the one that works for each.
     classes = sorted(n for n in types if ":" in n and not n.startswith("pickle ("))
     registered = sorted(n for n in types if ":" not in n and not n.startswith(("pickle (", "py.")))
@@ -110,7 +110,7 @@ def _untrusted_hints(types: Dict[str, List[str]]) -> List[str]:
         modules = sorted({n.split(":", 1)[0] for n in classes})
         out.append(
             f"  - dataclasses, attrs classes, namedtuples, pydantic models, enums and dict subclasses: "
-            f"load(..., trust={[m + '.*' for m in modules]!r}) (imports those modules)"
+            f"{call}(..., trust={[m + '.*' for m in modules]!r}) (imports those modules)"
         )
     if registered:
         out.append(

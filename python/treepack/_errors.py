@@ -35,9 +35,12 @@ class UnsupportedObjectError(TreepackError, TypeError):
         self.stopped = False
 
     @classmethod
-    def combine(cls, errors: "list[UnsupportedObjectError]", stopped: bool) -> "UnsupportedObjectError":
-        """One error for everything a save met (called by the save's walker, in tree order)."""
+    def combine(cls, errors: "list[UnsupportedObjectError]", stopped: bool,
+                ids: "list[int] | None" = None) -> "UnsupportedObjectError":
+        """One error for everything a save met (called by the save's walker, in tree order;
+        ``ids`` tells the objects apart: one met at two places is one object)."""
         objects = [o for e in errors for o in e.objects]
+        count = len(set(ids)) if ids is not None and len(ids) == len(errors) else len(objects)
         if len(objects) == 1 and not stopped:
             return errors[0]
         groups: dict = {}
@@ -48,11 +51,12 @@ class UnsupportedObjectError(TreepackError, TypeError):
             shown = ", ".join(f"`{p}`" for p in places[:5])
             more = f" and {len(places) - 5} more places" if len(places) > 5 else ""
             lines.append(f"  - {shown}{more}: {reason}")
-        many = f"at least {len(objects)}" if stopped else str(len(objects))
+        many = f"at least {count} objects" if stopped else ("1 object" if count == 1 else f"{count} objects")
         kinds = f"{len(groups)} kinds" if len(groups) > 1 else "one kind"
+        at = f"{len(objects)} places, the first" if count < len(objects) else "the first"
         e = cls(objects[0][0], objects[0][1], objects[0][2])
         e.objects = objects
         e.stopped = stopped
-        e.args = (f"cannot save {many} objects ({kinds}; the first at `{objects[0][0]}`):\n" + "\n".join(lines)
+        e.args = (f"cannot save {many} ({kinds}; {at} at `{objects[0][0]}`):\n" + "\n".join(lines)
                   + ("\n  (the save stopped looking there)" if stopped else ""),)
         return e

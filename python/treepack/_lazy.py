@@ -189,7 +189,7 @@ class View:
         # What the read builds: the subtree, and the objects its refs name wherever they are.
         bad = _codec.audit(self._r.types_within([path], _codec.AUDIT_FREE), trust, allow_pickle)
         if bad and on_missing == "error":
-            raise UntrustedTypeError(path, bad)
+            raise UntrustedTypeError((self._where[0] if self._where else "") or path, bad, call="open")
         dec = _codec.Decoder(trust, allow_pickle, on_missing == "placeholder")
         try:
             return self._r.load(dec, _codec.np_dtype, subpath=path)

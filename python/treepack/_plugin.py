@@ -20,7 +20,7 @@ from ._api import LoadRequest, _opts, load, load_structure, save
 from ._async import _executor as executor
 from ._codec import PARTIAL_TYPES, encode_array, encode_other, np_dtype, resolve_class, tz_data, tz_from, zone_key
 from ._codec.files import files_of
-from ._errors import ForeignFileError
+from ._errors import ForeignFileError, UnsupportedObjectError
 from ._lazy import LazyArray, slice_text
 from ._like import check_subtree, child_path, deref, describe_stored, forget_places, key_child_path, stored_dtype, take_all, where
 from ._parts import SHARDS, Piece
@@ -34,6 +34,7 @@ __all__ = [
     "describe_stored", "encode_array", "forget_places", "encode_other", "executor", "files_of", "integrate", "integrate_nodes", "key_child_path", "load",
     "load_structure", "np_dtype", "resolve_class", "save",
     "save_state", "slice_text", "staging", "storage_options", "stored_dtype", "take_all", "trust_globs", "tz_data", "tz_from",
+    "UnsupportedObjectError",
     "where", "zone_key",
 ]
 
@@ -59,7 +60,9 @@ def integrate_nodes(module: str, accepts: Callable[[Any], bool], encode: Callabl
         try:
             return encode(obj)
         except TypeError as e:
-            raise TypeError(f"cannot save `{where}`: {e}") from None
+            # (a value the framework's codec cannot keep: named with the save's other refusals)
+            t = type(obj)
+            raise UnsupportedObjectError(where, f"{t.__module__}:{t.__qualname__}", str(e)) from None
 
     def _decode(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
         try:

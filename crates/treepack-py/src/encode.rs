@@ -91,7 +91,13 @@ pub(crate) struct Encoder<'py> {
     pub(crate) key_scratch: String,
     /// The objects `encode_other` could not describe (`UnsupportedObjectError`s), in tree order:
     /// the walk goes on past each, so that one error names them all (see `prepare`).
-    pub(crate) unsupported: Vec<PyErr>,
+    /// (each with the object's address: one object met at two places is one object).
+    pub(crate) unsupported: Vec<(usize, PyErr)>,
+    /// Look at every key of a dict to tell whether it is a `py.dict` (keys that are values),
+    /// not only its first (see `prepare`: a walk that meets such a key late starts over so).
+    pub(crate) scan_keys: bool,
+    /// This walk met such a key in a dict it took for one of plain keys.
+    pub(crate) key_restart: std::cell::Cell<bool>,
 }
 
 /// One step of the key path [`Encoder`] is at.
@@ -178,6 +184,10 @@ impl<'py> Encoder<'py> {
                  (os.fsencode(key).decode('latin-1')), or keep such names in values, where they are kept",
                 k.repr().map(|r| r.to_string()).unwrap_or_default()
             )),
+            NoKey::Unsupported(_) if !self.scan_keys => {
+                self.key_restart.set(true);
+                PyValueError::new_err("treepack: a dict key that is a value met after a str key; starting over")
+            }
             NoKey::Unsupported(k) => self.err(format!(
                 "dict key {} of type {} is not supported in a dict whose first key is a str (keys may be str, int, \
                  float, bool, None or tuples of these; a dict whose first key is another value, such as a numpy \
@@ -299,7 +309,7 @@ impl<'py> Encoder<'py> {
             return Ok(self.wrap_shared(obj, Tree::Tuple(out)));
         }
         if let Some(d) = exact::<PyDict>(obj) {
-            if needs_py_dict(d) {
+            if needs_py_dict(d, self.scan_keys) {
                 return self.other(obj, depth, fragile);
             }
             if let Some(r) = self.again(obj, fragile)? {
@@ -378,14 +388,22 @@ impl<'py> Encoder<'py> {
             None => {
                 // Slow path (big-endian, strided, structured, strings, ml_dtypes): Python makes a
                 // canonical copy and describes its dtype.
-                // (a TypeError of the helper says what is wrong: only where is added)
-                let r = self.encode_array.call1((obj,)).map_err(|e| {
-                    if e.is_instance_of::<PyTypeError>(self.py) {
-                        self.err(e.value(self.py))
-                    } else {
-                        self.err(e)
+                // A TypeError of the helper is a dtype treepack does not keep (it says which and
+                // what to do): noted like an object `encode_other` refuses, where it stands, and
+                // the walk goes on with an empty array in its place (never written).
+                let r = match self.encode_array.call1((obj,)) {
+                    Ok(r) => r,
+                    Err(e) if e.is_instance_of::<PyTypeError>(self.py) => {
+                        let reason = e.value(self.py).str()?;
+                        let cls = obj.get_type();
+                        let type_name = format!("{}:{}", cls.module()?, cls.qualname()?);
+                        let e =
+                            PyErr::from_value(unsupported_class(self.py)?.call1((self.here(), type_name, reason))?);
+                        self.unsupported_at(obj, e)?;
+                        return ArrayData::new(DType::U8, vec![0], Bytes::new()).map_err(|e| self.err(e));
                     }
-                })?;
+                    Err(e) => return Err(self.err(e)),
+                };
                 let (c, dj): (Bound<'py, PyAny>, String) = r.extract()?;
                 let v: serde_json::Value = serde_json::from_str(&dj).map_err(|e| self.err(e))?;
                 (c, DType::from_json(&v).map_err(|e| self.err(e))?)
@@ -407,6 +425,18 @@ impl<'py> Encoder<'py> {
         ArrayData::new(dtype, shape, data).map_err(|e| self.err(e))
     }
 
+    /// Note an object the save cannot keep (an `UnsupportedObjectError`): a save that cannot
+    /// keep several says so once, naming them all, not one per attempt. Past the class's
+    /// `LIMIT` it stops looking (the error, with all noted so far).
+    fn unsupported_at(&mut self, obj: &Bound<'py, PyAny>, e: PyErr) -> PyResult<()> {
+        self.unsupported.push((obj.as_ptr() as usize, e));
+        let limit: usize = unsupported_class(self.py)?.getattr("LIMIT")?.extract()?;
+        if self.unsupported.len() >= limit {
+            return Err(unsupported_error(self.py, std::mem::take(&mut self.unsupported), true));
+        }
+        Ok(())
+    }
+
     pub(crate) fn other(&mut self, obj: &Bound<'py, PyAny>, depth: usize, fragile: bool) -> PyResult<Node> {
         if let Some(r) = self.again(obj, fragile)? {
             return Ok(r);
@@ -421,14 +451,8 @@ impl<'py> Encoder<'py> {
         let desc = match self.encode_other.call1((obj, here)) {
             Ok(d) => d,
             Err(e) if e.is_instance(self.py, &unsupported_class(self.py)?) => {
-                // Noted, and the walk goes on with None in its place (the tree is not written):
-                // a save that cannot keep several objects says so once, naming them all, not
-                // one per attempt. Past the class's LIMIT it stops looking.
-                self.unsupported.push(e);
-                let limit: usize = unsupported_class(self.py)?.getattr("LIMIT")?.extract()?;
-                if self.unsupported.len() >= limit {
-                    return Err(unsupported_error(self.py, std::mem::take(&mut self.unsupported), true));
-                }
+                // Noted, and the walk goes on with None in its place (the tree is not written).
+                self.unsupported_at(obj, e)?;
                 return Ok(Node::none());
             }
             Err(e) if e.is_instance_of::<PyTypeError>(self.py) => return Err(e),
@@ -519,7 +543,9 @@ impl<'py> Encoder<'py> {
 /// `py.dict` node whose items are tree values (keys included), made by `encode_other`. Only a
 /// dict whose first key is not a str is looked at whole; the first key is read without a
 /// reference, so the dicts of str keys that trees are made of cost one type check.
-pub(crate) fn needs_py_dict(d: &Bound<'_, PyDict>) -> bool {
+/// Whether `d` is a `py.dict` (a key is not a format key). A dict whose first key is a str is
+/// taken for one of format keys (the walk looks no further) unless `scan_all`.
+pub(crate) fn needs_py_dict(d: &Bound<'_, PyDict>, scan_all: bool) -> bool {
     let (mut pos, mut k, mut v) = (0isize, std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: a dict we hold; PyDict_Next lends its first key without a new reference.
     let first_is_str = unsafe {
@@ -528,7 +554,7 @@ pub(crate) fn needs_py_dict(d: &Bound<'_, PyDict>) -> bool {
         }
         pyo3::ffi::PyUnicode_CheckExact(k) != 0
     };
-    !first_is_str && d.keys().iter().any(|k| !format_key(&k))
+    (scan_all || !first_is_str) && d.keys().iter().any(|k| !format_key(&k))
 }
 
 fn format_key(k: &Bound<'_, PyAny>) -> bool {
@@ -622,11 +648,13 @@ fn unsupported_class(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 }
 
 /// One error for every object of a save that could not be described (`stopped`: the limit
-/// was reached, more may follow), made by the class's `combine`.
-fn unsupported_error(py: Python<'_>, errors: Vec<PyErr>, stopped: bool) -> PyErr {
+/// was reached, more may follow), made by the class's `combine`, which the objects' addresses
+/// tell what was met at two places (the objects are alive: the tree holds them).
+fn unsupported_error(py: Python<'_>, errors: Vec<(usize, PyErr)>, stopped: bool) -> PyErr {
     let made = unsupported_class(py).and_then(|cls| {
-        let values: Vec<_> = errors.iter().map(|e| e.value(py).clone()).collect();
-        cls.call_method1("combine", (values, stopped))
+        let values: Vec<_> = errors.iter().map(|(_, e)| e.value(py).clone()).collect();
+        let ids: Vec<usize> = errors.iter().map(|(id, _)| *id).collect();
+        cls.call_method1("combine", (values, stopped, ids))
     });
     match made {
         Ok(e) => PyErr::from_value(e),
@@ -669,6 +697,7 @@ pub(crate) fn prepare(
     let np = py.import("numpy")?;
     let (ndarray, generic) = (np.getattr("ndarray")?, np.getattr("generic")?);
     let plain_counts = !free_threaded(py);
+    let scan_keys = std::cell::Cell::new(false);
     let new = |text: bool| Encoder {
         py,
         ndarray: ndarray.clone(),
@@ -703,9 +732,22 @@ pub(crate) fn prepare(
         plain_counts,
         text_hint: true,
         unsupported: Vec::new(),
+        scan_keys: scan_keys.get(),
+        key_restart: Default::default(),
     };
+    let forget = || reset.as_ref().map_or(Ok(()), |r| r.call0().map(drop));
     let mut enc = new(text);
-    let first = enc.top(tree);
+    let mut first = enc.top(tree);
+    if enc.key_restart.get() {
+        // A dict whose first key is a str holds a key that is a value (a numpy integer, an enum
+        // member): the walk, which took the first key's word for the rest, starts over looking
+        // at every key of every dict, and such a dict becomes a `py.dict` node (pairs).
+        drop(first);
+        forget()?;
+        scan_keys.set(true);
+        enc = new(text);
+        first = enc.top(tree);
+    }
     let mut node = if !enc.restart {
         first?
     } else {
@@ -717,7 +759,6 @@ pub(crate) fn prepare(
         // walk), the tree is walked a third time as nodes.
         drop(first);
         let known = std::mem::take(&mut enc.again_met);
-        let forget = || reset.as_ref().map_or(Ok(()), |r| r.call0().map(drop));
         forget()?;
         enc = new(text);
         enc.known = Some(known);

@@ -419,7 +419,7 @@ impl<'py> Encoder<'py> {
                 pairs.push((key, self.child_piece(PathStep::Key(k), &v, depth, false)?));
                 continue;
             }
-            if i == 0 && !k.is_exact_instance_of::<PyString>() && needs_py_dict(d) {
+            if i == 0 && (self.scan_keys || !k.is_exact_instance_of::<PyString>()) && needs_py_dict(d, self.scan_keys) {
                 // Keys that are values (numpy scalars, enum members): a `py.dict` node, which
                 // text cannot be. Rare: the walk starts over without text (see `prepare`)
                 // rather than every dict's first key being looked up before its text begins.

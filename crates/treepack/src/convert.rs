@@ -373,7 +373,7 @@ pub fn selected_paths_by<L>(
         return Err(Error::KeyNotFound {
             path: unmatched.join("`, `"),
             reason: format!(
-                "select matches nothing in {file} (`treepack ls` lists its key paths; a pattern that may match \
+                "select matches nothing in {file} (`treepack ls` or Python's `treepack.load_structure` lists its key paths; a pattern that may match \
                  nothing is written with a leading `?`, e.g. `?ema/**`)"
             ),
         });

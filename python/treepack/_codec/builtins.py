@@ -105,10 +105,16 @@ def _tz_data(tz: Optional[_dt.tzinfo]) -> Any:
     if isinstance(tz, _dt.timezone):
         off = tz.utcoffset(None)
         return {"offset": [off.days, off.seconds, off.microseconds], "name": tz.tzname(None)}
-    raise TypeError(
-        f"cannot save timezone {tz!r}: datetime.timezone, zoneinfo.ZoneInfo and dateutil's tzutc, tzoffset, "
-        "tzlocal and gettz zones are supported"
+    raise _UnkeptZone(
+        f"timezone {tz!r} cannot be kept (datetime.timezone, zoneinfo.ZoneInfo and dateutil's tzutc, tzoffset, "
+        "tzlocal and gettz zones can): convert it first, e.g. x.astimezone(datetime.timezone.utc), or use a "
+        "zoneinfo.ZoneInfo of the same zone"
     )
+
+
+class _UnkeptZone(TypeError):
+    """A time zone of a class treepack does not keep (``_tz_data``); ``encode_other`` says
+    where, as an ``UnsupportedObjectError``."""
 
 
 def _dateutil_tz(tz: Any) -> Optional[Dict[str, Any]]:
@@ -216,7 +222,10 @@ def encode_other(
             return hit[1]
     if embed and isinstance(obj, pathlib.Path) and obj.is_file():
         obj = files.File(obj)
-    d = _describe(obj, where, allow_pickle, omit_static, memo)
+    try:
+        d = _describe(obj, where, allow_pickle, omit_static, memo)
+    except _UnkeptZone as e:
+        raise UnsupportedObjectError(where, reg.type_name(type(obj)), str(e)) from None
     if memo is not None and (d[1] in _BY_IDENTITY or not d[1].startswith("py.")) and d[0] == "custom" \
             and d[1] != _parts.SHARDS:  # (a shards node stands for one place's blocks, written by the save)
         memo[id(obj)] = (obj, d)  # the object is kept alive, so its id is not reused meanwhile
@@ -492,6 +501,10 @@ class Decoder:
                     name = json.loads(data_json).get("class") or type_name
                 except (ValueError, AttributeError, RecursionError):
                     pass
+            if self.placeholder:
+                # (on_missing="placeholder" covers objects that cannot be built from what the file
+                # holds as well as classes that cannot be found: the error's hint says so)
+                return Unloadable(name, dict(children), f"{type(e).__name__}: {e}")
             raise BuildError(name, f"{type(e).__name__}: {e}", type_name) from e
 
     def _build(self, kind: str, type_name: str, data_json: Optional[str], children: List[Tuple[str, Any]]) -> Any:

@@ -96,9 +96,14 @@ def state(obj: Any, fields: List[str], where: str) -> Pairs:
     out: Pairs = []
     seen = set()
     d = _instance_dict(obj)
+    slots = set(slot_names(t)) if d is not None else ()
     for name in fields:
         if d is not None and name in d:
             out.append((name, d[name]))
+        elif d is not None and name not in slots:
+            # Not the instance's own (a default that no __init__ set, init=False): read from
+            # the class, before the save as after the load.
+            continue
         else:
             try:
                 out.append((name, getattr(obj, name)))
@@ -180,6 +185,31 @@ def is_record_class(cls: type) -> bool:
     return dataclasses.is_dataclass(cls) or is_namedtuple(cls) or _integration_record(cls) is not None or is_attrs(cls)
 
 
+def _check_fields(cls: type, kids: Dict[str, Any], slots: Any) -> None:
+    """Refuse a stored dataclass or attrs record that lacks a field the class declares and
+    the instance could not do without (the class changed since the save: a field renamed or
+    added). A field missing is fine where the class itself holds its default (a plain default
+    of a class without slots, which reads as that default), or where ``__init__`` does not set
+    it (``init=False``: the saved instance may never have had it)."""
+    if dataclasses.is_dataclass(cls):
+        declared = [(f.name, f.init and (f.default is dataclasses.MISSING or f.name in slots))
+                    for f in dataclasses.fields(cls)]
+    elif is_attrs(cls):
+        import attr
+
+        declared = [(a.name, a.init) for a in attr.fields(cls)]
+    else:
+        return
+    missing = [name for name, needed in declared if needed and name not in kids]
+    if missing:
+        others = sorted(k for k in kids if k not in {n for n, _ in declared})
+        raise ValueError(
+            f"the stored record lacks the fields {missing} of {cls.__qualname__}"
+            + (f" and holds {others[:5]} it does not declare" if others else "")
+            + ": the class changed since the save (a field renamed, or added without a plain default)"
+        )
+
+
 def build(cls: type, kids: Dict[str, Any]) -> Any:
     """The instance a record node stands for (see the module's docs)."""
     if is_namedtuple(cls):
@@ -197,11 +227,13 @@ def build(cls: type, kids: Dict[str, Any]) -> Any:
     h = _integration_record(cls)
     if h is not None:
         return h.record_build(cls, kids)
+    slots = set(slot_names(cls))
+    if not _own(cls, "__setstate__"):
+        _check_fields(cls, kids, slots)
     obj = cls.__new__(cls)
     if _own(cls, "__setstate__"):
         obj.__setstate__(dict(kids))
         return obj
-    slots = set(slot_names(cls))
     d = _instance_dict(obj)
     for k, v in kids.items():
         if k in slots:

@@ -124,7 +124,8 @@ def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Any:
     try:
         data, image = encode(obj)
     except TypeError as e:
-        raise TypeError(f"cannot save `{where}`: {e}") from None
+        t = type(obj)
+        raise _plugin.UnsupportedObjectError(where, f"{t.__module__}:{t.__qualname__}", str(e)) from None
     return ("custom", NAME, json.dumps(data), [("files", {"image": image})])
 
 

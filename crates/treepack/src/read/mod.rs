@@ -369,7 +369,7 @@ impl Reader {
             return Err(Error::KeyNotFound {
                 path: unmatched.join("`, `"),
                 reason: format!(
-                    "select matches nothing in {} (`treepack ls` lists its key paths; a pattern that may \
+                    "select matches nothing in {} (`treepack ls` or Python's `treepack.load_structure` lists its key paths; a pattern that may \
                      match nothing is written with a leading `?`, e.g. `?ema/**`)",
                     self.loc.display()
                 ),

@@ -37,6 +37,12 @@ def is_tensor(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+def _refuse(t: Any, where: str, reason: str) -> Exception:
+    """The error of a tensor a save cannot keep (the save names every such object at once)."""
+    cls = type(t)
+    return _plugin.UnsupportedObjectError(where, f"{cls.__module__}:{cls.__qualname__}", reason)
+
+
 def encode(t: Any, where: str, storages: Optional[Storages] = None) -> Tuple[str, str, str, list]:
     """``encode_other``'s description of a tensor: an ``array`` with one numpy view, annotated."""
     import torch
@@ -44,9 +50,9 @@ def encode(t: Any, where: str, storages: Optional[Storages] = None) -> Tuple[str
     if t.layout != torch.strided:
         return _encode_sparse(t, where)
     if t.is_quantized:
-        raise TypeError(f"cannot save `{where}`: a quantized tensor ({t.dtype}); {HINTS['qint8']}")
+        raise _refuse(t, where, f"a quantized tensor ({t.dtype}); {HINTS['qint8']}")
     if getattr(t, "is_nested", False):
-        raise TypeError(f"cannot save `{where}`: a nested tensor; save t.unbind() (a list of tensors) instead")
+        raise _refuse(t, where, "a nested tensor; save t.unbind() (a list of tensors) instead")
     cls = type(t)
     if cls is torch.nn.Parameter:
         ann: Dict[str, Any] = {"type": PARAMETER, "requires_grad": bool(t.requires_grad)}
@@ -55,13 +61,22 @@ def encode(t: Any, where: str, storages: Optional[Storages] = None) -> Tuple[str
         if t.requires_grad:
             ann["requires_grad"] = True
     else:
-        raise TypeError(
-            f"cannot save `{where}`: a tensor of the subclass {cls.__module__}.{cls.__qualname__}; convert it with "
-            "torch.Tensor(t) / t.as_subclass(torch.Tensor), or register the subclass with treepack.register(...)"
+        raise _refuse(
+            t, where, f"a tensor of the subclass {cls.__module__}.{cls.__qualname__}; "
+            "convert it with torch.Tensor(t) / t.as_subclass(torch.Tensor), or register the subclass with treepack.register(...)"
+        )
+    if t.__dict__:
+        # Python attributes set on the tensor (torch.save keeps them): the annotation has no
+        # place for them yet, and dropping them would lose them silently.
+        raise _refuse(
+            t, where, f"a tensor with Python attributes ({', '.join(sorted(map(str, t.__dict__))[:5])}), which treepack "
+            "does not keep: save them beside it ({'tensor': t.detach(), 'attrs': vars(t)}), or save t.detach() (the "
+            "tensor alone)",
         )
     dev = t.device
     if dev.type == "meta":
-        raise TypeError(f"cannot save `{where}`: a tensor on the meta device has no data")
+        raise _refuse(t, where, "a tensor on the meta device has no data (materialize it first, e.g. "
+                                     "module.to_empty(device='cpu') and its initialization)")
     if storages is not None:
         shared = storages.note(t)
         if shared is not None:
@@ -86,7 +101,7 @@ def encode(t: Any, where: str, storages: Optional[Storages] = None) -> Tuple[str
         view = t.view(getattr(torch, via)).numpy().view(getattr(ml_dtypes, stored))
     else:
         hint = HINTS.get(name, "convert it to a supported dtype first (e.g. .to(torch.float32))")
-        raise TypeError(f"cannot save `{where}`: torch dtype {name} has no treepack dtype; {hint}")
+        raise _refuse(t, where, f"torch dtype {name} has no treepack dtype; {hint}")
     return ("array", "", json.dumps(ann, separators=(",", ":")), [("value", view)])
 
 
@@ -158,7 +173,7 @@ def _encode_sparse(t: Any, where: str) -> Tuple[str, str, str, list]:
         comp, plain = _COMPRESSED[name]
         kids = [("compressed_indices", getattr(t, comp)()), ("plain_indices", getattr(t, plain)()), ("values", t.values())]
     else:
-        raise TypeError(f"cannot save `{where}`: a {t.layout} tensor; convert it with .to_dense() or .to_sparse()")
+        raise _refuse(t, where, f"a {t.layout} tensor; convert it with .to_dense() or .to_sparse()")
     return ("custom", SPARSE, json.dumps(data, separators=(",", ":")), kids)
 
 

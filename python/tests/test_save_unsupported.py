@@ -6,6 +6,7 @@ stand-in that is never written, and raises one error for all of them, grouped by
 `UnsupportedObjectError.LIMIT` it stops looking. Other errors still stop the save where they
 happen."""
 
+import dataclasses
 import os
 
 import numpy as np
@@ -216,3 +217,34 @@ def test_value_keys_after_str_keys_are_kept_not_refused(tmp_path):
     assert back["a"] == {"s": 1, 2: 2} and [type(k) for k in back["a"]] == [str, np.int64]
     assert list(back["b"][0]) == ["k", Color.RED] and back["b"][0][Color.RED] == 3
     assert back["c"] is back["d"]
+
+
+@dataclasses.dataclass
+class ListRecord(list):
+    tag: str = "x"
+
+
+@dataclasses.dataclass
+class OddState:
+    n: int = 1
+
+    def __getstate__(self):
+        return [1, 2]
+
+
+def test_refused_containers_and_records_are_named_with_the_rest(tmp_path):
+    import collections
+
+    tree = {
+        "dd": collections.defaultdict(lambda: 0),
+        "lr": ListRecord(),
+        "odd": OddState(),
+        "w": Widget(),
+    }
+    with pytest.raises(UnsupportedObjectError) as info:
+        treepack.save(tree, tmp_path / "t")
+    got = {w: r for w, _, r in info.value.objects}
+    assert list(got) == ["dd", "lr", "odd", "w"], got
+    assert "default_factory" in got["dd"] and "also derives from list" in got["lr"]
+    assert "__getstate__ returns a list" in got["odd"]
+    assert not (tmp_path / "t").exists()

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import _core
 from .. import _registry as reg
+from .._errors import UnsupportedObjectError
 from . import records
 from .classes import check_kind, resolve_class
 from .dtypes import _dtype_desc, np_dtype
@@ -150,7 +151,8 @@ def encode(obj: Any, t: type, where: str) -> Optional[Description]:
     try:
         return _encode(obj, t)
     except TypeError as e:
-        raise TypeError(f"cannot save `{where}` ({reg.type_name(t)}): {e}") from None
+        # (refused by what it is: named with the save's other refusals)
+        raise UnsupportedObjectError(where, reg.type_name(t), f"a {reg.type_name(t)}: {e}") from None
 
 
 def _encode(obj: Any, t: type) -> Optional[Description]:

@@ -26,6 +26,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import _registry as reg
+from .._errors import UnsupportedObjectError
 
 Pairs = List[Tuple[str, Any]]
 
@@ -87,8 +88,8 @@ def state(obj: Any, fields: List[str], where: str) -> Pairs:
         if isinstance(st, tuple) and len(st) == 2 and (st[0] is None or isinstance(st[0], dict)) and isinstance(st[1], dict):
             st = {**(st[0] or {}), **st[1]}
         if not isinstance(st, dict) or not all(type(k) is str for k in st):
-            raise TypeError(
-                f"cannot save `{where}`: {t.__module__}.{t.__qualname__}.__getstate__ returns a {type(st).__name__}, "
+            raise UnsupportedObjectError(
+                where, reg.type_name(t), f"{t.__module__}.{t.__qualname__}.__getstate__ returns a {type(st).__name__}, "
                 "but treepack keeps an instance's state as named values (a dict with str keys); return one, "
                 "register the class with treepack.register(...), or pass allow_pickle=True"
             )
@@ -113,7 +114,9 @@ def state(obj: Any, fields: List[str], where: str) -> Pairs:
     if d:
         for k, v in d.items():
             if type(k) is not str:
-                raise TypeError(f"cannot save `{where}`: its __dict__ holds a key that is not a str ({k!r})")
+                raise UnsupportedObjectError(
+                    where, reg.type_name(t), f"its __dict__ holds a key that is not a str ({k!r}), which treepack does not "
+                    "keep: use str attribute names, register the class with treepack.register(...), or pass allow_pickle=True")
             if k not in seen:
                 out.append((k, v))
                 seen.add(k)
@@ -135,8 +138,8 @@ def _no_builtin_contents(t: type, where: str) -> None:
     dict subclass is saved as a mapping, its items kept.)"""
     for base in t.__mro__[1:]:
         if base is not object and (base.__module__ == "builtins" or base in _CONTENT_TYPES):
-            raise TypeError(
-                f"cannot save `{where}`: {t.__module__}.{t.__qualname__} is a "
+            raise UnsupportedObjectError(
+                where, reg.type_name(t), f"{t.__module__}.{t.__qualname__} is a "
                 f"{'dataclass' if dataclasses.is_dataclass(t) else 'attrs class'} that also derives from "
                 f"{base.__qualname__}, whose contents a record does not keep (only its fields and attributes); "
                 f"hold the {base.__qualname__} in a field instead, register the class with treepack.register(...), "

@@ -160,7 +160,10 @@ class View:
         else:
             found = [seg for seg, k in children if _same_key(k, key)]
             if not found:
-                raise KeyError(f"{key!r} not found in `{self.path or '<root>'}` ({kind})")
+                keys = [k for _, k in children]
+                shown = ", ".join(repr(k) for k in keys[:10]) + (f", … ({len(keys)} in all)" if len(keys) > 10 else "")
+                more = (" (its children as stored; .read() builds the object)" if kind in ("custom", "record") else "")
+                raise KeyError(f"{key!r} not found in `{self.path or '<root>'}` ({kind}); its keys: {shown or 'none'}{more}")
             seg = found[0]
         child = f"{self.path}/{seg}" if self.path else seg
         ck = self._r.kind(child)

@@ -177,3 +177,12 @@ def test_object_columns_indexes_and_categories_stay_object(tmp_path):
     assert back["series"].index[0] is not None and type(back["series"].index[0]) is datetime.datetime
     assert back["cat"].cat.categories.dtype == object
     assert back["levels"].index.levels[0].dtype == object
+
+
+def test_pd_na_in_an_object_column_says_what_keeps_it(tmp_path):
+    with pytest.raises(treepack.UnsupportedObjectError, match=r"cannot save `s/values/values/1`: .*pd.NA is kept as a "
+                       r"missing value of a column of a nullable dtype .*; in an object column or alone, store None"):
+        treepack.save({"s": pd.Series(["a", pd.NA], dtype=object)}, str(tmp_path / "t"))
+    s = pd.Series(["a", pd.NA], dtype="string")
+    treepack.save({"s": s}, str(tmp_path / "u"))
+    pd.testing.assert_series_equal(treepack.load(str(tmp_path / "u"))["s"], s)

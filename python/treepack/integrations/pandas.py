@@ -324,7 +324,10 @@ def _hint(obj: Any) -> Optional[str]:
     if isinstance(obj, pd.Timedelta):
         return "a pandas Timedelta is kept in a Series; alone, convert it: td.to_timedelta64() (or td.to_pytimedelta())"
     if obj is pd.NaT or obj is pd.NA:
-        return f"pd.{'NaT' if obj is pd.NaT else 'NA'} is kept as a missing value in a Series; alone, store None"
+        what = "NaT" if obj is pd.NaT else "NA"
+        typed = "a datetime or timedelta column" if obj is pd.NaT else "a column of a nullable dtype (Int64, boolean, string…)"
+        return (f"pd.{what} is kept as a missing value of {typed}; in an object column or alone, store None, or "
+                "give the column such a dtype (s.astype(...))")
     if isinstance(obj, pd.Index):
         return (f"a pandas {name} is kept as a Series' or a DataFrame's index; alone, store it as one "
                 "(pd.Series(index=idx, dtype=object), or idx.to_frame())")

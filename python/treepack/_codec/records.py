@@ -97,7 +97,8 @@ def state(obj: Any, fields: List[str], where: str) -> Pairs:
     out: Pairs = []
     seen = set()
     d = _instance_dict(obj)
-    slots = set(slot_names(t)) if d is not None else ()
+    names = slot_names(t)
+    slots = set(names) if d is not None and names else ()
     for name in fields:
         if d is not None and name in d:
             out.append((name, d[name]))
@@ -120,7 +121,7 @@ def state(obj: Any, fields: List[str], where: str) -> Pairs:
             if k not in seen:
                 out.append((k, v))
                 seen.add(k)
-    for k in slot_names(t):
+    for k in names:
         if k in seen:
             continue
         try:

@@ -269,6 +269,11 @@ fn error_text(e: &anyhow::Error) -> String {
             text.push_str(&t);
         }
     }
+    // What to do, where the core's error leaves it to the caller (a damaged chunk).
+    if let Some(hint) = e.chain().find_map(|c| c.downcast_ref::<treepack::Error>()).and_then(|t| t.hint()) {
+        text.push_str("; ");
+        text.push_str(hint);
+    }
     text
 }
 

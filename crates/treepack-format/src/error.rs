@@ -485,6 +485,20 @@ impl Error {
         Error::LimitExceeded { what: what.into(), limit, detail: detail.into() }
     }
 
+    /// What to do, for the errors a load reports that their own message leaves it out of
+    /// (damaged chunks: `treepack verify` reports each with the message alone). The Python
+    /// binding and the CLI add it to what a failed load says.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            Error::ChunkCorrupt { .. } | Error::BadChunk { .. } => Some(
+                "the stored bytes changed since they were written (a damaged disk, file or copy): `treepack verify` \
+                 (Python: `treepack.verify`) lists every damaged leaf; load the rest with select=, or restore the \
+                 tree from a copy",
+            ),
+            _ => None,
+        }
+    }
+
     /// A short, stable name for the kind of error (used by the CLI's `--json` output and tests).
     pub fn kind(&self) -> &'static str {
         match self {

@@ -2,6 +2,7 @@
 //! `encode_text.rs`); anything else goes to Python's `encode_other`.
 
 use super::*;
+use crate::encode_refusals::{unsupported_class, unsupported_error};
 use crate::encode_text::bare_json_scalar;
 use treepack::format::manifest::{FragmentWriter, Mark};
 
@@ -425,18 +426,6 @@ impl<'py> Encoder<'py> {
         ArrayData::new(dtype, shape, data).map_err(|e| self.err(e))
     }
 
-    /// Note an object the save cannot keep (an `UnsupportedObjectError`): a save that cannot
-    /// keep several says so once, naming them all, not one per attempt. Past the class's
-    /// `LIMIT` it stops looking (the error, with all noted so far).
-    fn unsupported_at(&mut self, obj: &Bound<'py, PyAny>, e: PyErr) -> PyResult<()> {
-        self.unsupported.push((obj.as_ptr() as usize, e));
-        let limit: usize = unsupported_class(self.py)?.getattr("LIMIT")?.extract()?;
-        if self.unsupported.len() >= limit {
-            return Err(unsupported_error(self.py, std::mem::take(&mut self.unsupported), true));
-        }
-        Ok(())
-    }
-
     pub(crate) fn other(&mut self, obj: &Bound<'py, PyAny>, depth: usize, fragile: bool) -> PyResult<Node> {
         if let Some(r) = self.again(obj, fragile)? {
             return Ok(r);
@@ -640,27 +629,6 @@ impl EncodeContext {
 
 /// The most either vector hint asks for (entries).
 const VEC_HINT_MAX: usize = 1 << 21;
-
-/// `treepack._errors.UnsupportedObjectError`: what `encode_other` raises for an object no
-/// codec keeps (looked up only when a description failed).
-fn unsupported_class(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    py.import("treepack._errors")?.getattr("UnsupportedObjectError")
-}
-
-/// One error for every object of a save that could not be described (`stopped`: the limit
-/// was reached, more may follow), made by the class's `combine`, which the objects' addresses
-/// tell what was met at two places (the objects are alive: the tree holds them).
-fn unsupported_error(py: Python<'_>, errors: Vec<(usize, PyErr)>, stopped: bool) -> PyErr {
-    let made = unsupported_class(py).and_then(|cls| {
-        let values: Vec<_> = errors.iter().map(|(_, e)| e.value(py).clone()).collect();
-        let ids: Vec<usize> = errors.iter().map(|(id, _)| *id).collect();
-        cls.call_method1("combine", (values, stopped, ids))
-    });
-    match made {
-        Ok(e) => PyErr::from_value(e),
-        Err(e) => e,
-    }
-}
 
 /// A Python tree converted to treepack's model, ready to be written (possibly on another thread).
 #[pyclass(frozen)]

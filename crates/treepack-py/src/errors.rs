@@ -40,7 +40,10 @@ pyo3::create_exception!(
 /// Map a core error to the most fitting Python exception (message keeps file and key path).
 pub(crate) fn py_err(e: treepack::Error) -> PyErr {
     use treepack::Error as E;
-    let msg = e.to_string();
+    let msg = match e.hint() {
+        Some(hint) => format!("{e}; {hint}"),
+        None => e.to_string(),
+    };
     match e {
         E::NotFound { .. } => PyFileNotFoundError::new_err(msg),
         E::AlreadyExists { .. } | E::Conflict { .. } => PyFileExistsError::new_err(msg),

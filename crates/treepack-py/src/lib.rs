@@ -18,6 +18,7 @@ mod datetime;
 mod decode;
 mod dtypes;
 mod encode;
+mod encode_refusals;
 mod encode_shared;
 mod encode_text;
 mod errors;

@@ -25,7 +25,7 @@ from ._lazy import LazyArray, slice_text
 from ._like import check_subtree, child_path, deref, describe_stored, forget_places, key_child_path, stored_dtype, take_all, where
 from ._parts import SHARDS, Piece
 from ._parts import commit as commit_parts
-from ._registry import DECLINE, Description, SaveRun, SaveState, integrate, save_state, trust_globs
+from ._registry import DECLINE, Description, SaveRun, SaveState, integrate, save_state, trust_globs, type_name
 from ._structure import LeafInfo, StructNode
 
 __all__ = [
@@ -34,7 +34,7 @@ __all__ = [
     "describe_stored", "encode_array", "forget_places", "encode_other", "executor", "files_of", "integrate", "integrate_nodes", "key_child_path", "load",
     "load_structure", "np_dtype", "resolve_class", "save",
     "save_state", "slice_text", "staging", "storage_options", "stored_dtype", "take_all", "trust_globs", "tz_data", "tz_from",
-    "UnsupportedObjectError",
+    "UnsupportedObjectError", "type_name",
     "where", "zone_key",
 ]
 
@@ -61,8 +61,7 @@ def integrate_nodes(module: str, accepts: Callable[[Any], bool], encode: Callabl
             return encode(obj)
         except TypeError as e:
             # (a value the framework's codec cannot keep: named with the save's other refusals)
-            t = type(obj)
-            raise UnsupportedObjectError(where, f"{t.__module__}:{t.__qualname__}", str(e)) from None
+            raise UnsupportedObjectError(where, type_name(type(obj)), str(e)) from None
 
     def _decode(dec: Any, t: str, data: Any, kids: Dict[str, Any]) -> Any:
         try:

@@ -189,29 +189,41 @@ def is_record_class(cls: type) -> bool:
     return dataclasses.is_dataclass(cls) or is_namedtuple(cls) or _integration_record(cls) is not None or is_attrs(cls)
 
 
-def _check_fields(cls: type, kids: Dict[str, Any], slots: Any) -> None:
-    """Refuse a stored dataclass or attrs record that lacks a field the class declares and
-    the instance could not do without (the class changed since the save: a field renamed or
-    added). A field missing is fine where the class itself holds its default (a plain default
-    of a class without slots, which reads as that default), or where ``__init__`` does not set
-    it (``init=False``: the saved instance may never have had it)."""
+#: ``_declared`` by class (a class is looked at once, not per record loaded).
+_DECLARED: Dict[type, Tuple[Tuple[str, ...], frozenset]] = {}
+
+
+def _declared(cls: type) -> Tuple[Tuple[str, ...], frozenset]:
+    """(the fields a dataclass or attrs class declares, those of them a stored record must
+    hold): once per class, not per record loaded. A field may be missing where the class itself
+    holds its default (a plain default of a field that is no slot, which reads as that
+    default), or where ``__init__`` does not set it (``init=False``: the saved instance may
+    never have had it)."""
     if dataclasses.is_dataclass(cls):
-        declared = [(f.name, f.init and (f.default is dataclasses.MISSING or f.name in slots))
-                    for f in dataclasses.fields(cls)]
+        slots = set(slot_names(cls))
+        fields = [(f.name, f.init and (f.default is dataclasses.MISSING or f.name in slots))
+                  for f in dataclasses.fields(cls)]
     elif is_attrs(cls):
         import attr
 
-        declared = [(a.name, a.init) for a in attr.fields(cls)]
+        fields = [(a.name, a.init) for a in attr.fields(cls)]
     else:
-        return
-    missing = [name for name, needed in declared if needed and name not in kids]
-    if missing:
-        others = sorted(k for k in kids if k not in {n for n, _ in declared})
-        raise ValueError(
-            f"the stored record lacks the fields {missing} of {cls.__qualname__}"
-            + (f" and holds {others[:5]} it does not declare" if others else "")
-            + ": the class changed since the save (a field renamed, or added without a plain default)"
-        )
+        fields = []
+    out = _DECLARED[cls] = (tuple(n for n, _ in fields), frozenset(n for n, needed in fields if needed))
+    return out
+
+
+def _lacking_fields(cls: type, kids: Dict[str, Any], declared: Tuple[str, ...], needed: frozenset) -> ValueError:
+    """The refusal of a stored dataclass or attrs record that lacks a field the class declares
+    and the instance could not do without: the class changed since the save (a field renamed
+    or added; see ``_declared``)."""
+    missing = [name for name in declared if name in needed and name not in kids]
+    others = sorted(k for k in kids if k not in declared)
+    return ValueError(
+        f"the stored record lacks the fields {missing} of {cls.__qualname__}"
+        + (f" and holds {others[:5]} it does not declare" if others else "")
+        + ": the class changed since the save (a field renamed, or added without a plain default)"
+    )
 
 
 def build(cls: type, kids: Dict[str, Any]) -> Any:
@@ -231,13 +243,14 @@ def build(cls: type, kids: Dict[str, Any]) -> Any:
     h = _integration_record(cls)
     if h is not None:
         return h.record_build(cls, kids)
-    slots = set(slot_names(cls))
-    if not _own(cls, "__setstate__"):
-        _check_fields(cls, kids, slots)
     obj = cls.__new__(cls)
     if _own(cls, "__setstate__"):
         obj.__setstate__(dict(kids))
         return obj
+    declared, needed = _DECLARED.get(cls) or _declared(cls)
+    if not kids.keys() >= needed:
+        raise _lacking_fields(cls, kids, declared, needed)
+    slots = set(slot_names(cls))
     d = _instance_dict(obj)
     for k, v in kids.items():
         if k in slots:

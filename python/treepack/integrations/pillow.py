@@ -124,8 +124,7 @@ def _encode(obj: Any, where: str, memo: Any, omit_static: bool) -> Any:
     try:
         data, image = encode(obj)
     except TypeError as e:
-        t = type(obj)
-        raise _plugin.UnsupportedObjectError(where, f"{t.__module__}:{t.__qualname__}", str(e)) from None
+        raise _plugin.UnsupportedObjectError(where, _plugin.type_name(type(obj)), str(e)) from None
     return ("custom", NAME, json.dumps(data), [("files", {"image": image})])
 
 

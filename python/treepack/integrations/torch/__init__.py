@@ -39,8 +39,7 @@ def is_tensor(obj: Any) -> bool:
 
 def _refuse(t: Any, where: str, reason: str) -> Exception:
     """The error of a tensor a save cannot keep (the save names every such object at once)."""
-    cls = type(t)
-    return _plugin.UnsupportedObjectError(where, f"{cls.__module__}:{cls.__qualname__}", reason)
+    return _plugin.UnsupportedObjectError(where, _plugin.type_name(type(t)), reason)
 
 
 def encode(t: Any, where: str, storages: Optional[Storages] = None) -> Tuple[str, str, str, list]:
